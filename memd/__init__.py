@@ -1,0 +1,3 @@
+"""memd: a memory-compaction daemon for AI agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from memd.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The ``memd`` command line (typer + rich). Each command lives in its own module."""

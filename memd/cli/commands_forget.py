@@ -1,0 +1,5 @@
+"""memd forget commands."""
+
+from memd.cli.app import app
+
+__all__ = ["app"]

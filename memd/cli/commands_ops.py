@@ -1,0 +1,5 @@
+"""memd ops commands."""
+
+from memd.cli.app import app
+
+__all__ = ["app"]

@@ -1,0 +1,1 @@
+"""Pure core: values in, values out. No filesystem, clock, network or env."""

@@ -1,0 +1,168 @@
+"""The configuration model and per-agent policy resolution (pure).
+
+Loading (TOML file, ``MEMD_*`` env vars, flags) lives in :mod:`memd.settings`;
+this module only defines what a valid configuration is.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+
+
+class TriggerConfig(_Section):
+    threshold: float = Field(0.9, gt=0, le=1, description="fraction of context_length")
+    context_length: int = Field(200_000, gt=0, description="tokens")
+    max_tokens: int = Field(0, ge=0, description="absolute cap in tokens (0 = off)")
+    debounce_ms: int = Field(500, ge=0, le=600_000)
+    max_wait_ms: int = Field(5_000, ge=0, le=3_600_000, description="debounce ceiling")
+    low_water: float = Field(
+        0.6, gt=0, lt=1, description="a compaction must end below low_water × threshold"
+    )
+
+
+class TokenizerConfig(_Section):
+    encoding: str = Field("cl100k_base", min_length=1)
+
+
+class SummarizerConfig(_Section):
+    model: str = Field("builtin", min_length=1)
+    api_base: str = ""
+    api_key: SecretStr = SecretStr("")
+    temperature: float = Field(0.2, ge=0, le=2)
+    max_tokens: int = Field(4000, gt=0, le=200_000)
+    timeout_s: float = Field(120, gt=0, le=3600)
+    retries: int = Field(2, ge=0, le=10)
+    summary_instructions: str = ""
+
+
+class CompactionConfig(_Section):
+    drain_quiet_s: float = Field(1.0, ge=0, le=60, description="old-inode quiet period")
+    drain_max_s: float = Field(10.0, ge=0, le=600)
+    lock_wait_s: float = Field(300.0, ge=0, description="compact-now default --wait")
+    max_restarts: int = Field(3, ge=0, le=20, description="re-summarize when prefix changed")
+
+
+class WatchConfig(_Section):
+    poll: bool = False
+    poll_interval_s: float = Field(1.0, gt=0, le=3600)
+    reconcile_s: float = Field(30.0, gt=0, le=86_400)
+
+
+class DaemonConfig(_Section):
+    max_concurrent_llm: int = Field(2, ge=1, le=256)
+    retry_base_s: float = Field(5.0, gt=0)
+    retry_max_s: float = Field(600.0, gt=0)
+    cooldown_s: float = Field(60.0, ge=0)
+    breaker_failures: int = Field(5, ge=1)
+    breaker_reset_s: float = Field(1800.0, gt=0)
+    state_flush_s: float = Field(5.0, gt=0)
+
+
+class LogConfig(_Section):
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class MetricsConfig(_Section):
+    port: int = Field(0, ge=0, le=65535, description="0 = off")
+    bind: str = "127.0.0.1"
+
+
+class AgentOverride(_Section):
+    model: str | None = None
+    threshold: float | None = Field(None, gt=0, le=1)
+    context_length: int | None = Field(None, gt=0)
+    max_tokens: int | None = Field(None, ge=0)
+    summary_instructions: str | None = None
+    context_compression: bool | None = None
+
+
+class MemdConfig(_Section):
+    workspace: str = ""
+    state_dir: str = ""
+    trigger: TriggerConfig = TriggerConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    summarizer: SummarizerConfig = SummarizerConfig()
+    compaction: CompactionConfig = CompactionConfig()
+    watch: WatchConfig = WatchConfig()
+    daemon: DaemonConfig = DaemonConfig()
+    log: LogConfig = LogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    agents: dict[str, AgentOverride] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPolicy:
+    """Everything memd decides about one agent, after overrides."""
+
+    agent: str
+    context_length: int
+    threshold: float
+    max_tokens: int
+    threshold_tokens: int
+    compress: bool
+    summary_instructions: str
+    low_water_tokens: int
+
+
+ContextLengthLookup = Callable[[str], int | None]
+
+
+def resolve_policy(
+    config: MemdConfig, agent: str, context_length_of: ContextLengthLookup | None = None
+) -> AgentPolicy:
+    """Apply ``[agents."glob"]`` tables in file order (later tables win)."""
+    trigger = config.trigger
+    context_length = trigger.context_length
+    threshold = trigger.threshold
+    max_tokens = trigger.max_tokens
+    instructions = config.summarizer.summary_instructions
+    compress = True
+    for pattern, override in config.agents.items():
+        if not fnmatch.fnmatchcase(agent, pattern):
+            continue
+        if override.model is not None and context_length_of is not None:
+            derived = context_length_of(override.model)
+            if derived:
+                context_length = derived
+        if override.context_length is not None:
+            context_length = override.context_length
+        if override.threshold is not None:
+            threshold = override.threshold
+        if override.max_tokens is not None:
+            max_tokens = override.max_tokens
+        if override.summary_instructions is not None:
+            instructions = override.summary_instructions
+        if override.context_compression is not None:
+            compress = override.context_compression
+    threshold_tokens = max(1, int(threshold * context_length))
+    if max_tokens > 0:
+        threshold_tokens = min(threshold_tokens, max_tokens)
+    return AgentPolicy(
+        agent=agent,
+        context_length=context_length,
+        threshold=threshold,
+        max_tokens=max_tokens,
+        threshold_tokens=threshold_tokens,
+        compress=compress,
+        summary_instructions=instructions,
+        low_water_tokens=max(1, int(threshold_tokens * trigger.low_water)),
+    )
+
+
+def agent_models(config: MemdConfig, agent: str) -> list[str]:
+    """The ``model`` values that apply to ``agent`` (for context-length lookup)."""
+    return [
+        override.model
+        for pattern, override in config.agents.items()
+        if override.model is not None and fnmatch.fnmatchcase(agent, pattern)
+    ]

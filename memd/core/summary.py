@@ -1,0 +1,34 @@
+"""The summarizer interface (pure types): what a summary is asked for and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from memd.core.memfile import MemoryDocument
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRequest:
+    agent: str
+    document: MemoryDocument  # the snapshot prefix 0..N, parsed
+    max_tokens: int  # the summary's budget
+    instructions: str = ""  # extra, per-agent summary_instructions
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryResult:
+    text: str
+    model: str
+    cost_usd: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class Summarizer(Protocol):
+    """Turns a memory snapshot into summary text; raises SummarizerError on failure."""
+
+    @property
+    def model(self) -> str: ...
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult: ...

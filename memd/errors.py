@@ -1,0 +1,61 @@
+"""Exceptions: small subclasses of built-ins, each carrying a one-line reason.
+
+Every error a user can cause or meet names the thing at fault (the agent, the
+key, the file), so the CLI can print ``str(exc)`` as its single stderr line.
+"""
+
+from __future__ import annotations
+
+
+class MemdError(Exception):
+    """Base for errors memd reports to the operator as one line."""
+
+    exit_code = 1
+
+
+class ConfigError(MemdError, ValueError):
+    """Bad config file, env var or flag; the message names key and source."""
+
+    exit_code = 2
+
+
+class InvalidAgentName(MemdError, ValueError):
+    exit_code = 2
+
+
+class UnknownAgent(MemdError, LookupError):
+    exit_code = 3
+
+
+class WorkspaceError(MemdError, OSError):
+    """Missing workspace, or a path that escapes it."""
+
+    exit_code = 2
+
+
+class LockTimeout(MemdError, TimeoutError):
+    """Another compaction of the same agent held the lock past ``--wait``."""
+
+    exit_code = 4
+
+
+class NothingToCompact(MemdError):
+    """No raw entries since the last summary: success, not a failure."""
+
+    exit_code = 0
+
+
+class SummarizerError(MemdError, RuntimeError):
+    """The summarizer failed, timed out or returned unusable output."""
+
+    exit_code = 5
+
+
+class CompactionAborted(MemdError, RuntimeError):
+    """The transaction gave up before its commit; nothing was changed."""
+
+    exit_code = 6
+
+
+class TokenizerError(MemdError, RuntimeError):
+    exit_code = 2

@@ -1,0 +1,171 @@
+"""Load the configuration: TOML file, then ``MEMD_<SECTION>_<KEY>`` env vars, then flags.
+
+Resolution order (DESIGN.md §3): the config file is ``--config``, else
+``MEMD_CONFIG``, else ``/etc/memd/memd.toml`` when present. The workspace is
+``--workspace`` > ``MEMD_WORKSPACE`` > ``WORKSPACE_DIR`` > ``workspace`` in the
+file > ``./agent_workspace``.
+
+We merge the sources ourselves rather than through pydantic-settings because
+every validation error must name its source (the file, or the env var), and a
+nested-delimiter parser cannot tell ``MEMD_TRIGGER_CONTEXT_LENGTH`` apart from
+a ``context`` section.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from memd.core.config import MemdConfig
+from memd.errors import ConfigError
+
+SYSTEM_CONFIG = Path("/etc/memd/memd.toml")
+DEFAULT_WORKSPACE = Path("agent_workspace")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    config: MemdConfig
+    source: Path | None  # the TOML file used, if any
+    workspace: Path  # absolute, resolved per the precedence rules
+    env_overrides: tuple[str, ...]  # names of MEMD_* vars that applied
+
+
+def find_config_file(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
+    if explicit is not None:
+        return explicit
+    from_env = environ.get("MEMD_CONFIG")
+    if from_env:
+        return Path(from_env)
+    return SYSTEM_CONFIG if SYSTEM_CONFIG.is_file() else None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory") from None
+    except PermissionError:
+        raise ConfigError(f"config file {path} is not readable (permission denied)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not valid UTF-8") from None
+
+
+def _env_overrides(
+    environ: Mapping[str, str],
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """Map ``MEMD_SECTION_KEY`` vars onto the model's fields.
+
+    Returns the nested override dict and, for error messages, which env var
+    set each field path.
+    """
+    overrides: dict[str, Any] = {}
+    origin: dict[tuple[str, ...], str] = {}
+    for name, field in MemdConfig.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            for key in annotation.model_fields:
+                var = f"MEMD_{name}_{key}".upper()
+                if var in environ:
+                    overrides.setdefault(name, {})[key] = environ[var]
+                    origin[(name, key)] = var
+        elif name != "agents":
+            var = f"MEMD_{name}".upper()
+            if var in environ:
+                overrides[name] = environ[var]
+                origin[(name,)] = var
+    return overrides, origin
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, Mapping):
+            merged[key] = _merge(current, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _describe(exc: ValidationError, source: str, origin: dict[tuple[str, ...], str]) -> str:
+    error = exc.errors()[0]
+    location = tuple(str(part) for part in error["loc"])
+    dotted = ".".join(location) or "(top level)"
+    where = origin.get(location)
+    if error["type"] == "extra_forbidden":
+        reason = "unknown key"
+    else:
+        reason = error["msg"]
+    value = error.get("input")
+    shown = "" if error["type"] == "extra_forbidden" or isinstance(value, dict) else f" (got {value!r})"
+    if "api_key" in dotted:
+        shown = ""  # never echo secrets
+    more = len(exc.errors()) - 1
+    suffix = f" (+{more} more)" if more > 0 else ""
+    if where is not None:
+        return f"invalid setting {where} ({dotted}): {reason}{shown}{suffix}"
+    return f"invalid config {source}: {dotted}: {reason}{shown}{suffix}"
+
+
+def build_config(
+    file_data: Mapping[str, Any],
+    environ: Mapping[str, str],
+    source: str = "<defaults>",
+) -> tuple[MemdConfig, tuple[str, ...]]:
+    """Validate file data with env overrides on top; errors name key and source."""
+    overrides, origin = _env_overrides(environ)
+    try:
+        MemdConfig.model_validate(file_data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source, {})) from None
+    try:
+        config = MemdConfig.model_validate(_merge(dict(file_data), overrides))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source, origin)) from None
+    return config, tuple(sorted(origin.values()))
+
+
+def resolve_workspace(
+    flag: Path | None, config: MemdConfig, environ: Mapping[str, str], cwd: Path
+) -> Path:
+    # MEMD_WORKSPACE is already folded into config.workspace by the env layer,
+    # but WORKSPACE_DIR (what Swarms uses) ranks above the file's value.
+    if flag is not None:
+        chosen = flag
+    elif environ.get("MEMD_WORKSPACE"):
+        chosen = Path(environ["MEMD_WORKSPACE"])
+    elif environ.get("WORKSPACE_DIR"):
+        chosen = Path(environ["WORKSPACE_DIR"])
+    elif config.workspace:
+        chosen = Path(config.workspace)
+    else:
+        chosen = DEFAULT_WORKSPACE
+    chosen = chosen.expanduser()
+    return chosen if chosen.is_absolute() else cwd / chosen
+
+
+def load_settings(
+    config_file: Path | None = None,
+    workspace: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> LoadedConfig:
+    env = os.environ if environ is None else environ
+    path = find_config_file(config_file, env)
+    data = read_toml(path) if path is not None else {}
+    config, applied = build_config(data, env, str(path) if path else "<defaults>")
+    resolved = resolve_workspace(workspace, config, env, cwd or Path.cwd())
+    config = config.model_copy(update={"workspace": str(resolved)})
+    return LoadedConfig(config=config, source=path, workspace=resolved, env_overrides=applied)

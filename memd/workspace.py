@@ -1,0 +1,168 @@
+"""Workspace layout: where an agent's files live, and refusing paths that escape.
+
+``$WORKSPACE/agents/{agent}/MEMORY.md``, ``archive/``, ``.memd/`` (DESIGN.md §1).
+A symlinked agent folder, MEMORY.md or archive dir is followed only when it
+resolves inside the workspace.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from memd.core.names import is_valid_agent_name, validate_agent_name
+from memd.errors import UnknownAgent, WorkspaceError
+
+AGENTS_DIR = "agents"
+MEMORY_FILE = "MEMORY.md"
+ARCHIVE_DIR = "archive"
+PRIVATE_DIR = ".memd"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPaths:
+    workspace: Path
+    agent: str
+    dir: Path
+    memory: Path
+    archive_dir: Path
+    private_dir: Path
+
+    @property
+    def lock(self) -> Path:
+        # Never renamed or replaced: flock() on a renamed file would let two
+        # processes hold "the" lock on different inodes.
+        return self.private_dir / "lock"
+
+    @property
+    def journal(self) -> Path:
+        return self.private_dir / "journal.json"
+
+    @property
+    def drain_link(self) -> Path:
+        return self.private_dir / "drain.md"
+
+    @property
+    def new_memory_temp(self) -> Path:
+        return self.private_dir / "MEMORY.md.new"
+
+    @property
+    def archive_temp(self) -> Path:
+        return self.private_dir / "archive.tmp"
+
+    @property
+    def status_file(self) -> Path:
+        return self.private_dir / "status.json"
+
+
+def require_workspace(workspace: Path) -> Path:
+    if not workspace.exists():
+        raise WorkspaceError(f"workspace {workspace} does not exist")
+    if not workspace.is_dir():
+        raise WorkspaceError(f"workspace {workspace} is not a directory")
+    return workspace
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_contained(path: Path, root: Path, what: str) -> None:
+    if path.is_symlink() or path.exists():
+        target = path.resolve()
+        if not _inside(target, root):
+            raise WorkspaceError(f"{what} {path} resolves outside the workspace ({target})")
+
+
+def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> AgentPaths:
+    """Paths for ``agent``, after refusing bad names and escaping symlinks."""
+    validate_agent_name(agent)
+    root = workspace.resolve()
+    agents_dir = root / AGENTS_DIR
+    _check_contained(agents_dir, root, "agents folder")
+    agent_dir = agents_dir / agent
+    _check_contained(agent_dir, root, f"agent {agent!r} folder")
+    if must_exist and not agent_dir.is_dir():
+        raise UnknownAgent(f"unknown agent {agent!r}: no folder {agent_dir}")
+    memory = agent_dir / MEMORY_FILE
+    _check_contained(memory, root, f"agent {agent!r} MEMORY.md")
+    archive = agent_dir / ARCHIVE_DIR
+    _check_contained(archive, root, f"agent {agent!r} archive folder")
+    private = agent_dir / PRIVATE_DIR
+    _check_contained(private, root, f"agent {agent!r} state folder")
+    return AgentPaths(
+        workspace=root,
+        agent=agent,
+        dir=agent_dir,
+        memory=memory,
+        archive_dir=archive,
+        private_dir=private,
+    )
+
+
+def list_agents(workspace: Path) -> list[str]:
+    """Agent folder names under ``agents/`` (valid names only), sorted."""
+    agents_dir = workspace / AGENTS_DIR
+    try:
+        entries = list(os.scandir(agents_dir))
+    except FileNotFoundError:
+        return []
+    names = []
+    for entry in entries:
+        if not is_valid_agent_name(entry.name):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=True):
+                names.append(entry.name)
+        except OSError:
+            continue
+    return sorted(names)
+
+
+def archives_of(paths: AgentPaths) -> list[Path]:
+    """The agent's archive files, oldest first (by name, which sorts by time)."""
+    try:
+        found = [
+            Path(entry.path)
+            for entry in os.scandir(paths.archive_dir)
+            if entry.name.startswith("history_") and entry.name.endswith(".md")
+        ]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(found, key=_archive_sort_key)
+
+
+def _archive_sort_key(path: Path) -> tuple[str, int]:
+    # history_2026-01-01_10-00-00_3.md sorts after history_2026-01-01_10-00-00.md
+    parts = path.stem.removeprefix("history_").split("_")
+    if len(parts) == 3 and parts[2].isdigit():
+        return ("_".join(parts[:2]), int(parts[2]))
+    return ("_".join(parts), 0)
+
+
+def resolve_agents(workspace: Path, names: list[str], all_agents: bool) -> list[str]:
+    if all_agents:
+        return list_agents(workspace)
+    for name in names:
+        agent_paths(workspace, name)
+    return names
+
+
+__all__ = [
+    "AGENTS_DIR",
+    "ARCHIVE_DIR",
+    "MEMORY_FILE",
+    "PRIVATE_DIR",
+    "AgentPaths",
+    "UnknownAgent",
+    "agent_paths",
+    "archives_of",
+    "list_agents",
+    "require_workspace",
+    "resolve_agents",
+]
