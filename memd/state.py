@@ -1,0 +1,582 @@
+"""The state DB: per-agent counts, the compaction ledger and the daemon's heartbeat.
+
+One SQLite file per workspace in memd's state dir. The daemon writes it; the
+CLI (``memd status``, ``history``, ``health``, ``forget``) reads it from other
+processes, which is why it runs in WAL mode (readers never block the writer)
+with a busy timeout.
+
+The DB is a cache and a log, never the source of truth for memory: a corrupt
+or unreadable file is moved aside to ``*.corrupt-<ts>`` and rebuilt empty, and
+a state dir that cannot be used at all degrades to an in-memory DB. Either way
+memd keeps running and says so (``StateStore.warnings`` and the log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from memd.errors import MemdError
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+# Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
+LEDGER_KEEP_PER_AGENT = 1000
+
+AgentState = Literal["idle", "pending", "running", "cooldown", "breaker_open", "disabled", "error"]
+Trigger = Literal["daemon", "compact-now"]
+
+_log = logging.getLogger("memd.state")
+_T = TypeVar("_T")
+
+# SQLite primary result codes that mean "this file is not a (sound) database".
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agents (
+    agent TEXT PRIMARY KEY,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    safe_offset INTEGER NOT NULL,
+    safe_tokens INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    threshold_tokens INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    state TEXT NOT NULL,
+    last_error TEXT,
+    last_compaction_at REAL,
+    consecutive_failures INTEGER NOT NULL,
+    next_attempt_at REAL
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    duration_s REAL NOT NULL,
+    archive TEXT,
+    tokens_before INTEGER,
+    tokens_after INTEGER,
+    model TEXT,
+    cost_usd REAL,
+    error TEXT,
+    trigger TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_by_agent ON ledger (agent, id);
+CREATE TABLE IF NOT EXISTS heartbeat (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    pid INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    healthy INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    agents INTEGER NOT NULL,
+    ts REAL NOT NULL
+);
+"""
+
+
+class StateError(MemdError, RuntimeError):
+    """The state DB could not be read or written (e.g. locked past the busy timeout)."""
+
+
+class _CorruptDatabase(Exception):
+    """Internal: the file exists but is not a usable memd state DB."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    agent: str
+    dev: int
+    ino: int
+    size: int
+    safe_offset: int
+    safe_tokens: int
+    tokens: int
+    threshold_tokens: int
+    updated_at: float
+    state: AgentState = "idle"
+    last_error: str | None = None
+    last_compaction_at: float | None = None
+    consecutive_failures: int = 0
+    next_attempt_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    agent: str
+    started_at: float
+    duration_s: float
+    archive: str | None
+    tokens_before: int | None
+    tokens_after: int | None
+    model: str | None
+    cost_usd: float | None
+    error: str | None
+    trigger: Trigger
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pid: int
+    started_at: float
+    healthy: bool
+    detail: str
+    agents: int
+    ts: float
+
+    def age(self, now: float) -> float:
+        return now - self.ts
+
+    def is_fresh(self, now: float, max_age_s: float) -> bool:
+        # A heartbeat from the (slightly skewed) future still counts as fresh.
+        return self.age(now) <= max_age_s
+
+    def pid_alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists (another user's process counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``MEMD_STATE_DIR``, else systemd's ``$STATE_DIRECTORY``, else ``~/.local/state/memd``."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("MEMD_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    systemd = env.get("STATE_DIRECTORY")
+    if systemd:
+        # systemd passes every StateDirectory= entry, colon-separated.
+        return Path(systemd.split(":")[0])
+    home = env.get("HOME")
+    base = Path(home) if home else Path.home()
+    return base / ".local" / "state" / "memd"
+
+
+def resolve_state_dir(
+    flag: Path | None, configured: str, environ: Mapping[str, str] | None = None
+) -> Path:
+    """``--state-dir`` > config ``state_dir`` (which ``MEMD_STATE_DIR`` also sets) > default."""
+    if flag is not None:
+        return flag.expanduser()
+    if configured:
+        return Path(configured).expanduser()
+    return default_state_dir(environ)
+
+
+def state_db_path(state_dir: Path, workspace: Path) -> Path:
+    digest = hashlib.sha256(str(workspace.resolve()).encode("utf-8", "surrogateescape"))
+    return state_dir / f"{digest.hexdigest()[:16]}.sqlite3"
+
+
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    if isinstance(exc, sqlite3.OperationalError):
+        return False  # locked, I/O, read-only: not the file's content
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return True
+    return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
+@contextlib.contextmanager
+def _rebuild_lock(db_path: Path) -> Iterator[None]:
+    """Serialize open/rebuild across processes, so two of them never both move a DB aside."""
+    fd = os.open(f"{db_path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+class StateStore:
+    """Thread-safe handle on one workspace's state DB (one connection behind a lock)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | None, warnings: list[str]) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        self.path = path  # None when running on the in-memory fallback
+        self.warnings = warnings
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(cls, state_dir: Path, workspace: Path) -> StateStore:
+        """Open (creating, or rebuilding when corrupt) the DB for ``workspace``. Never raises."""
+        warnings: list[str] = []
+        path = state_db_path(state_dir, workspace)
+        try:
+            _ensure_private_dir(state_dir)
+            with _rebuild_lock(path):
+                conn = _open_checked(path, warnings)
+        except (OSError, sqlite3.Error) as exc:
+            message = (
+                f"state DB {path} is unusable ({_reason(exc)}); "
+                "using a temporary in-memory state (live figures and history unavailable)"
+            )
+            _log.warning(message)
+            warnings.append(message)
+            conn = _connect(":memory:")
+            _create_schema(conn)
+            return cls(conn, None, warnings)
+        return cls(conn, path, warnings)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------- internals
+
+    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._lock:
+            try:
+                return operation(self._conn)
+            except sqlite3.DatabaseError as exc:
+                if not _is_corruption(exc) or self.path is None:
+                    raise StateError(f"state DB {self.path or ':memory:'}: {exc}") from None
+                self._rebuild_after(exc)
+            try:
+                return operation(self._conn)
+            except sqlite3.DatabaseError as exc:
+                raise StateError(f"state DB {self.path}: {exc}") from None
+
+    def _rebuild_after(self, exc: sqlite3.DatabaseError) -> None:
+        # Corruption noticed while running (the file was damaged under us).
+        assert self.path is not None
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+        with _rebuild_lock(self.path):
+            if _probe(self.path) is None:
+                # Another process has rebuilt it already.
+                self._conn = _open_checked(self.path, self.warnings)
+                return
+            moved = _move_aside(self.path)
+            message = f"state DB {self.path} was corrupt ({exc}); moved to {moved.name}, rebuilt"
+            _log.warning(message)
+            self.warnings.append(message)
+            self._conn = _open_checked(self.path, self.warnings)
+
+    @contextlib.contextmanager
+    def _write(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        # BEGIN IMMEDIATE takes the write lock up front: no SQLITE_BUSY when a
+        # read transaction would later need upgrading.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # ------------------------------------------------------------------ agents
+
+    def upsert_agents(self, records: Iterable[AgentRecord]) -> None:
+        rows = [
+            (
+                r.agent,
+                r.dev,
+                r.ino,
+                r.size,
+                r.safe_offset,
+                r.safe_tokens,
+                r.tokens,
+                r.threshold_tokens,
+                r.updated_at,
+                r.state,
+                r.last_error,
+                r.last_compaction_at,
+                r.consecutive_failures,
+                r.next_attempt_at,
+            )
+            for r in records
+        ]
+
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.executemany(
+                    "INSERT OR REPLACE INTO agents VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
+                )
+
+        self._run(operation)
+
+    def get_agent(self, name: str) -> AgentRecord | None:
+        def operation(conn: sqlite3.Connection) -> AgentRecord | None:
+            row = conn.execute("SELECT * FROM agents WHERE agent = ?", (name,)).fetchone()
+            return None if row is None else _agent_from_row(row)
+
+        return self._run(operation)
+
+    def agents(self) -> list[AgentRecord]:
+        def operation(conn: sqlite3.Connection) -> list[AgentRecord]:
+            rows = conn.execute("SELECT * FROM agents ORDER BY agent").fetchall()
+            return [_agent_from_row(row) for row in rows]
+
+        return self._run(operation)
+
+    def remove_agent(self, name: str) -> None:
+        """Drop the agent's count record (its ledger stays; see :meth:`forget_agent`)."""
+
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.execute("DELETE FROM agents WHERE agent = ?", (name,))
+
+        self._run(operation)
+
+    def forget_agent(self, name: str) -> int:
+        """Drop everything memd remembers about ``name``; returns the rows removed."""
+
+        def operation(conn: sqlite3.Connection) -> int:
+            with self._write(conn):
+                removed = conn.execute("DELETE FROM agents WHERE agent = ?", (name,)).rowcount
+                removed += conn.execute("DELETE FROM ledger WHERE agent = ?", (name,)).rowcount
+            return int(removed)
+
+        return self._run(operation)
+
+    # ------------------------------------------------------------------ ledger
+
+    def record_compaction(self, entry: LedgerEntry) -> None:
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.execute(
+                    "INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before,"
+                    " tokens_after, model, cost_usd, error, trigger)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        entry.agent,
+                        entry.started_at,
+                        entry.duration_s,
+                        entry.archive,
+                        entry.tokens_before,
+                        entry.tokens_after,
+                        entry.model,
+                        entry.cost_usd,
+                        entry.error,
+                        entry.trigger,
+                    ),
+                )
+                conn.execute(
+                    "DELETE FROM ledger WHERE agent = ? AND id <= ("
+                    " SELECT id FROM ledger WHERE agent = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (entry.agent, entry.agent, LEDGER_KEEP_PER_AGENT),
+                )
+
+        self._run(operation)
+
+    def history(self, agent: str, limit: int = 50) -> list[LedgerEntry]:
+        """The agent's compactions and failed attempts, newest first."""
+
+        def operation(conn: sqlite3.Connection) -> list[LedgerEntry]:
+            rows = conn.execute(
+                "SELECT agent, started_at, duration_s, archive, tokens_before, tokens_after,"
+                " model, cost_usd, error, trigger FROM ledger WHERE agent = ?"
+                " ORDER BY id DESC LIMIT ?",
+                (agent, max(0, limit)),
+            ).fetchall()
+            return [LedgerEntry(*row) for row in rows]
+
+        return self._run(operation)
+
+    # --------------------------------------------------------------- heartbeat
+
+    def write_heartbeat(
+        self, pid: int, started_at: float, healthy: bool, detail: str, agents: int, ts: float
+    ) -> None:
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.execute(
+                    "INSERT OR REPLACE INTO heartbeat VALUES (1,?,?,?,?,?,?)",
+                    (pid, started_at, int(healthy), detail, agents, ts),
+                )
+
+        self._run(operation)
+
+    def read_heartbeat(self) -> Heartbeat | None:
+        def operation(conn: sqlite3.Connection) -> Heartbeat | None:
+            row = conn.execute(
+                "SELECT pid, started_at, healthy, detail, agents, ts FROM heartbeat WHERE id = 1"
+            ).fetchone()
+            if row is None:
+                return None
+            pid, started_at, healthy, detail, agents, ts = row
+            return Heartbeat(pid, started_at, bool(healthy), detail, agents, ts)
+
+        return self._run(operation)
+
+    def clear_heartbeat(self, pid: int) -> None:
+        """Remove the heartbeat if ``pid`` wrote it (a daemon's clean shutdown)."""
+
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.execute("DELETE FROM heartbeat WHERE id = 1 AND pid = ?", (pid,))
+
+        self._run(operation)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:
+    return AgentRecord(*row)  # type: ignore[arg-type]  # columns mirror the fields
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc)
+
+
+def _ensure_private_dir(state_dir: Path) -> None:
+    if state_dir.is_dir():
+        return
+    # Created 0700: the DB names agents and holds error texts.
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        state_dir.chmod(0o700)  # mkdir's mode is filtered by the umask
+
+
+def _connect(target: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    return conn
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    # Fast path without the write lock: an up-to-date DB needs nothing.
+    with contextlib.suppress(sqlite3.OperationalError):  # "no such table": a new file
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is not None and row[0] == SCHEMA_VERSION:
+            return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+        elif row[0] != SCHEMA_VERSION:
+            raise _CorruptDatabase(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _open_db(path: Path) -> sqlite3.Connection:
+    """Open and verify ``path``; raises _CorruptDatabase when its content is bad."""
+    if not path.exists():
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    conn = _connect(str(path))
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        check = conn.execute("PRAGMA quick_check(1)").fetchone()
+        if check is None or check[0] != "ok":
+            raise _CorruptDatabase(f"integrity check: {check[0] if check else 'no result'}")
+        _create_schema(conn)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        if _is_corruption(exc):
+            raise _CorruptDatabase(str(exc)) from None
+        raise
+    except _CorruptDatabase:
+        conn.close()
+        raise
+    return conn
+
+
+def _probe(path: Path) -> str | None:
+    """None when ``path`` opens as a sound DB now, else why not."""
+    try:
+        _open_db(path).close()
+    except _CorruptDatabase as exc:
+        return str(exc)
+    return None
+
+
+def _open_checked(path: Path, warnings: list[str]) -> sqlite3.Connection:
+    try:
+        return _open_db(path)
+    except _CorruptDatabase as exc:
+        moved = _move_aside(path)
+        message = f"state DB {path} was corrupt ({exc}); moved to {moved.name}, rebuilt"
+        _log.warning(message)
+        warnings.append(message)
+    return _open_db(path)
+
+
+def _move_aside(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.corrupt-{stamp}")
+    counter = 0
+    while target.exists():
+        counter += 1
+        target = path.with_name(f"{path.name}.corrupt-{stamp}_{counter}")
+    path.rename(target)
+    # The WAL and shared-memory files belong to the old content: replaying
+    # them onto a fresh DB would resurrect the corruption.
+    for suffix in ("-wal", "-shm"):
+        companion = Path(f"{path}{suffix}")
+        try:
+            companion.rename(Path(f"{target}{suffix}"))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                with contextlib.suppress(OSError):
+                    companion.unlink()
+    return target
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AgentRecord",
+    "AgentState",
+    "Heartbeat",
+    "LedgerEntry",
+    "StateError",
+    "StateStore",
+    "Trigger",
+    "default_state_dir",
+    "pid_alive",
+    "resolve_state_dir",
+    "state_db_path",
+]

@@ -1,0 +1,309 @@
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import memd.state
+from memd.state import (
+    AgentRecord,
+    LedgerEntry,
+    StateStore,
+    default_state_dir,
+    resolve_state_dir,
+    state_db_path,
+)
+
+
+def record(agent: str, tokens: int = 100, **changes: object) -> AgentRecord:
+    fields: dict[str, object] = dict(
+        agent=agent,
+        dev=1,
+        ino=2,
+        size=400,
+        safe_offset=300,
+        safe_tokens=80,
+        tokens=tokens,
+        threshold_tokens=1000,
+        updated_at=1_700_000_000.5,
+    )
+    fields.update(changes)
+    return AgentRecord(**fields)  # type: ignore[arg-type]
+
+
+def entry(agent: str, started_at: float, error: str | None = None) -> LedgerEntry:
+    return LedgerEntry(
+        agent=agent,
+        started_at=started_at,
+        duration_s=1.25,
+        archive=None if error else f"history_{int(started_at)}.md",
+        tokens_before=5000,
+        tokens_after=None if error else 700,
+        model="builtin",
+        cost_usd=None if error else 0.0012,
+        error=error,
+        trigger="daemon",
+    )
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "agents").mkdir(parents=True)
+    return ws
+
+
+def test_default_state_dir_precedence(tmp_path: Path) -> None:
+    assert default_state_dir({"MEMD_STATE_DIR": "/x/y", "STATE_DIRECTORY": "/a"}) == Path("/x/y")
+    assert default_state_dir({"STATE_DIRECTORY": "/var/lib/memd:/var/lib/other"}) == Path(
+        "/var/lib/memd"
+    )
+    assert default_state_dir({"HOME": str(tmp_path)}) == tmp_path / ".local/state/memd"
+    assert resolve_state_dir(Path("/flag"), "/conf", {}) == Path("/flag")
+    assert resolve_state_dir(None, "/conf", {"MEMD_STATE_DIR": "/env"}) == Path("/conf")
+    assert resolve_state_dir(None, "", {"MEMD_STATE_DIR": "/env"}) == Path("/env")
+
+
+def test_one_db_per_workspace(tmp_path: Path, workspace: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    a = state_db_path(tmp_path / "s", workspace)
+    assert a != state_db_path(tmp_path / "s", other)
+    # A relative or unresolved spelling of the same workspace maps to the same DB.
+    assert a == state_db_path(tmp_path / "s", workspace / "agents" / "..")
+    assert a.name.endswith(".sqlite3") and len(a.stem) == 16
+
+
+def test_roundtrip_agents_ledger_heartbeat(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "deep" / "missing" / "state"
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []
+        assert store.agents() == [] and store.get_agent("a") is None
+        assert store.read_heartbeat() is None
+        a = record("a", state="running", last_error="boom", last_compaction_at=5.0)
+        b = record("b", consecutive_failures=3, next_attempt_at=99.5, state="breaker_open")
+        store.upsert_agents([b, a])
+        store.record_compaction(entry("a", 10.0))
+        store.record_compaction(entry("a", 20.0, error="summarizer: timeout"))
+        store.record_compaction(entry("b", 15.0))
+        store.write_heartbeat(pid=123, started_at=1.0, healthy=True, detail="ok", agents=2, ts=50)
+    # Reopen: everything persisted.
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.agents() == [a, b]
+        assert store.get_agent("b") == b
+        history = store.history("a")
+        assert [h.started_at for h in history] == [20.0, 10.0]  # newest first
+        assert history[0].error == "summarizer: timeout" and not history[0].ok
+        assert history[1] == entry("a", 10.0) and history[1].ok
+        assert store.history("a", limit=1) == history[:1]
+        beat = store.read_heartbeat()
+        assert beat is not None and (beat.pid, beat.healthy, beat.agents) == (123, True, 2)
+        assert beat.is_fresh(now=55, max_age_s=15) and not beat.is_fresh(now=70, max_age_s=15)
+        store.upsert_agents([record("a", tokens=999)])  # replaces
+        assert store.get_agent("a") == record("a", tokens=999)
+        store.clear_heartbeat(pid=999)  # someone else's pid: kept
+        assert store.read_heartbeat() is not None
+        store.clear_heartbeat(pid=123)
+        assert store.read_heartbeat() is None
+
+
+def test_remove_and_forget(tmp_path: Path, workspace: Path) -> None:
+    with StateStore.open(tmp_path / "s", workspace) as store:
+        store.upsert_agents([record("a"), record("b")])
+        store.record_compaction(entry("a", 1.0))
+        store.record_compaction(entry("b", 1.0))
+        store.remove_agent("a")
+        assert store.get_agent("a") is None and len(store.history("a")) == 1
+        assert store.forget_agent("b") == 2
+        assert store.get_agent("b") is None and store.history("b") == []
+        assert [r.agent for r in store.agents()] == []
+
+
+def test_ledger_is_pruned_per_agent(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memd.state, "LEDGER_KEEP_PER_AGENT", 5)
+    with StateStore.open(tmp_path / "s", workspace) as store:
+        store.record_compaction(entry("other", 0.0))
+        for i in range(12):
+            store.record_compaction(entry("a", float(i)))
+        assert [h.started_at for h in store.history("a", limit=100)] == [
+            11.0,
+            10.0,
+            9.0,
+            8.0,
+            7.0,
+        ]
+        assert len(store.history("other")) == 1
+
+
+def test_private_modes_and_wal(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "state"
+    with StateStore.open(state_dir, workspace) as store:
+        store.upsert_agents([record("a")])
+        assert store.path is not None
+        assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+        assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+        mode = sqlite3.connect(store.path).execute("PRAGMA journal_mode").fetchone()[0]
+        assert mode == "wal"
+
+
+def test_garbage_db_is_moved_aside_and_rebuilt(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "state"
+    with StateStore.open(state_dir, workspace) as store:
+        store.upsert_agents([record("a")])
+        path = store.path
+    assert path is not None
+    garbage = os.urandom(8192)
+    path.write_bytes(garbage)
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.path == path
+        assert len(store.warnings) == 1 and "corrupt" in store.warnings[0]
+        assert store.agents() == []  # rebuilt empty, and usable
+        store.upsert_agents([record("b")])
+        assert [r.agent for r in store.agents()] == ["b"]
+    aside = sorted(state_dir.glob(f"{path.name}.corrupt-*"))
+    assert [p.name for p in aside if not p.name.endswith(("-wal", "-shm"))] != []
+    kept = next(p for p in aside if not p.name.endswith(("-wal", "-shm")))
+    assert kept.read_bytes() == garbage  # kept for inspection, not deleted
+
+
+def test_damaged_pages_are_detected(tmp_path: Path, workspace: Path) -> None:
+    # A valid SQLite header with garbage after it passes "is it a database" but
+    # not the integrity check.
+    state_dir = tmp_path / "state"
+    with StateStore.open(state_dir, workspace) as store:
+        store.upsert_agents([record(f"agent{i}") for i in range(300)])
+        path = store.path
+    assert path is not None
+    data = bytearray(path.read_bytes())
+    assert len(data) > 8192
+    data[4096:] = b"\xff" * (len(data) - 4096)
+    path.write_bytes(bytes(data))
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings and "corrupt" in store.warnings[0]
+        assert store.agents() == []
+
+
+def test_other_schema_version_is_rebuilt(tmp_path: Path, workspace: Path) -> None:
+    path = state_db_path(tmp_path, workspace)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (99)")
+    conn.commit()
+    conn.close()
+    with StateStore.open(tmp_path, workspace) as store:
+        assert "schema version 99" in store.warnings[0]
+        store.upsert_agents([record("a")])
+
+
+def test_unusable_state_dir_falls_back_to_memory(tmp_path: Path, workspace: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with StateStore.open(blocker, workspace) as store:
+        assert store.path is None
+        assert "in-memory" in store.warnings[0]
+        store.upsert_agents([record("a")])
+        assert store.get_agent("a") == record("a")
+
+
+def test_threads_share_one_store(tmp_path: Path, workspace: Path) -> None:
+    with StateStore.open(tmp_path / "s", workspace) as store:
+
+        def work(n: int) -> None:
+            for i in range(50):
+                store.record_compaction(entry(f"t{n}", float(i)))
+                store.upsert_agents([record(f"t{n}", tokens=i)])
+                store.agents()
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(len(store.history(f"t{n}", limit=1000)) for n in range(4)) == 200
+        assert {r.tokens for r in store.agents()} == {49}
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from memd.state import AgentRecord, StateStore
+    state_dir, workspace, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+    store = StateStore.open(state_dir, workspace)
+    print("ready", flush=True)
+    for i in range(1, rounds + 1):
+        store.upsert_agents(
+            AgentRecord(f"agent{n}", 1, n, i, i, i, i, 10_000, time.time()) for n in range(20)
+        )
+        store.write_heartbeat(pid=1, started_at=0.0, healthy=True, detail="", agents=20, ts=i)
+    store.close()
+    """
+)
+
+
+def test_concurrent_writer_and_reader_processes(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "state"
+    rounds = 300
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(state_dir), str(workspace), str(rounds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None
+    assert writer.stdout.readline().strip() == "ready"
+    seen: list[int] = []
+    with StateStore.open(state_dir, workspace) as reader:
+        deadline = time.monotonic() + 60
+        while writer.poll() is None and time.monotonic() < deadline:
+            records = reader.agents()
+            if records:
+                # Each upsert is one transaction: a reader never sees a half-written round.
+                assert len(records) == 20
+                assert len({r.tokens for r in records}) == 1
+                seen.append(records[0].tokens)
+            reader.read_heartbeat()
+        assert writer.wait(timeout=60) == 0
+        final = reader.agents()
+    assert seen == sorted(seen)  # never goes backwards
+    assert len(set(seen)) > 1  # really read while the writer was writing
+    assert {r.tokens for r in final} == {rounds}
+
+
+OPENER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from memd.state import StateStore
+    store = StateStore.open(Path(sys.argv[1]), Path(sys.argv[2]))
+    store.agents()
+    print(len(store.warnings))
+    """
+)
+
+
+def test_two_processes_rebuild_a_corrupt_db_once(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    path = state_db_path(state_dir, workspace)
+    path.write_bytes(b"this is not sqlite" * 500)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(state_dir), str(workspace)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    warnings = sorted(int(p.communicate(timeout=60)[0]) for p in procs)
+    assert warnings == [0, 0, 1]  # exactly one of them rebuilt it
+    assert len([p for p in state_dir.iterdir() if ".corrupt-" in p.name]) == 1
