@@ -1,0 +1,357 @@
+"""systemd/: the unit is valid, hardened (score <= 1.5), and still lets memd work.
+
+The pure tests parse the unit file; the others run systemd's own tools
+(`systemd-analyze`, `systemd-sysusers`, `systemd-tmpfiles`) on it and are
+skipped where those are not installed. None of them needs a running systemd.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memd.core.config import MemdConfig
+
+SYSTEMD_DIR = Path(__file__).resolve().parents[1] / "systemd"
+UNIT = SYSTEMD_DIR / "memd.service"
+SYSUSERS = SYSTEMD_DIR / "memd.sysusers.conf"
+TMPFILES = SYSTEMD_DIR / "memd.tmpfiles.conf"
+ENV_EXAMPLE = SYSTEMD_DIR / "memd.env.example"
+
+MAX_EXPOSURE = 1.5
+QUIET_ENV = {**os.environ, "SYSTEMD_LOG_LEVEL": "err", "SYSTEMD_COLORS": "0"}
+
+# What `memd run` does at the syscall level: inotify, flock'd lock files,
+# fsync'd temp + link/rename commits, chmod of the re-seeded MEMORY.md,
+# SQLite (pread/pwrite/fcntl locks), sockets (notify datagram, HTTPS),
+# threads and a process pool for the cold scan.
+SYSCALLS_MEMD_NEEDS = (
+    "inotify_init1",
+    "inotify_add_watch",
+    "inotify_rm_watch",
+    "flock",
+    "fcntl",
+    "fsync",
+    "fdatasync",
+    "openat",
+    "linkat",
+    "renameat2",
+    "rename",
+    "unlinkat",
+    "mkdirat",
+    "fchmod",
+    "fstatfs",
+    "statx",
+    "getdents64",
+    "pread64",
+    "pwrite64",
+    "socket",
+    "connect",
+    "sendto",
+    "recvfrom",
+    "epoll_wait",
+    "poll",
+    "clone3",
+    "futex",
+    "kill",
+    "getrandom",
+    "sched_getaffinity",
+)
+
+
+def parse_unit(text: str) -> list[tuple[str, str, str]]:
+    """(section, key, value) in file order; systemd allows repeated keys."""
+    entries: list[tuple[str, str, str]] = []
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, sep, value = line.partition("=")
+        assert sep, f"not a key=value line: {raw!r}"
+        entries.append((section, key.strip(), value.strip()))
+    return entries
+
+
+@pytest.fixture(scope="module")
+def unit() -> list[tuple[str, str, str]]:
+    return parse_unit(UNIT.read_text(encoding="utf-8"))
+
+
+def values(unit: list[tuple[str, str, str]], key: str, section: str = "Service") -> list[str]:
+    return [value for sect, name, value in unit if sect == section and name == key]
+
+
+def single(unit: list[tuple[str, str, str]], key: str, section: str = "Service") -> str:
+    found = values(unit, key, section)
+    assert len(found) == 1, f"{key}= set {len(found)} times in [{section}]"
+    return found[0]
+
+
+def seconds(value: str) -> float:
+    units = {"": 1, "s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "ms": 0.001}
+    total = 0.0
+    for number, suffix in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", value):
+        total += float(number) * units[suffix]
+    return total
+
+
+def environment(unit: list[tuple[str, str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for assignment in values(unit, "Environment"):
+        for item in assignment.split():
+            name, _, value = item.strip('"').partition("=")
+            env[name] = value
+    return env
+
+
+# --- pure checks of the unit file ------------------------------------------------
+
+
+def test_lifecycle_keys(unit: list[tuple[str, str, str]]) -> None:
+    service_type = single(unit, "Type")
+    assert service_type in {"notify", "notify-reload"}
+    if service_type == "notify":
+        # notify-reload sends SIGHUP itself; plain notify needs the ExecReload.
+        assert re.fullmatch(r"/bin/kill -HUP \$MAINPID", single(unit, "ExecReload"))
+    assert single(unit, "NotifyAccess") == "main"
+    assert 10 <= seconds(single(unit, "WatchdogSec")) <= 300
+    assert single(unit, "Restart") == "on-failure"
+    assert single(unit, "ExecStart").split()[-1] == "run"
+    assert single(unit, "ExecStart").split()[0].endswith("/memd")
+    assert single(unit, "WantedBy", section="Install") == "multi-user.target"
+
+
+def test_stop_timeout_outlasts_the_llm_timeout(unit: list[tuple[str, str, str]]) -> None:
+    llm_timeout = MemdConfig().summarizer.timeout_s
+    assert seconds(single(unit, "TimeoutStopSec")) > llm_timeout
+
+
+def test_fixed_user_state_dir_and_workspace(unit: list[tuple[str, str, str]]) -> None:
+    assert single(unit, "User") == "memd"
+    assert single(unit, "Group") == "memd"
+    assert values(unit, "DynamicUser") in ([], ["no"])
+    assert single(unit, "StateDirectory") == "memd"
+    assert single(unit, "UMask") == "0077"
+    workspace = environment(unit)["MEMD_WORKSPACE"]
+    assert workspace in single(unit, "ReadWritePaths").split()
+    assert single(unit, "ProtectSystem") == "strict"
+
+
+def test_keys_come_from_an_environment_file_never_from_the_unit(
+    unit: list[tuple[str, str, str]],
+) -> None:
+    assert single(unit, "EnvironmentFile") == "-/etc/memd/memd.env"
+    for name, value in environment(unit).items():
+        if re.search(r"KEY|TOKEN|SECRET|PASSWORD", name):
+            pytest.fail(f"{name} is set in the unit: secrets belong in the EnvironmentFile")
+        assert not re.match(r"sk-|sk_|xox", value)
+    text = UNIT.read_text(encoding="utf-8")
+    assert not re.search(r"sk-[A-Za-z0-9]{8,}", text)
+
+
+def test_env_example_holds_no_real_key() -> None:
+    for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.partition("=")
+        if "KEY" in name:
+            assert value == "", f"{name} has a value in the example"
+
+
+def test_sandbox_keeps_what_memd_needs(unit: list[tuple[str, str, str]]) -> None:
+    families = " ".join(values(unit, "RestrictAddressFamilies")).split()
+    assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= set(families)
+    assert values(unit, "PrivateNetwork") in ([], ["no"])
+    assert values(unit, "IPAddressDeny") == []  # remote LLM APIs
+    assert values(unit, "PrivateUsers") in ([], ["no"])  # agents' files keep real owners
+
+
+def test_tmpfiles_workspace_matches_the_unit(unit: list[tuple[str, str, str]]) -> None:
+    workspace = environment(unit)["MEMD_WORKSPACE"]
+    paths = {
+        fields[1]: fields
+        for line in TMPFILES.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+        for fields in [line.split()]
+    }
+    assert workspace in paths
+    assert f"{workspace}/agents" in paths
+    mode = paths[workspace][2]
+    assert int(mode, 8) & 0o2000, "the workspace must be setgid to the shared group"
+
+
+# --- systemd's own tools -------------------------------------------------------------
+
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
+
+
+def an_existing_memd() -> str:
+    candidate = Path(sys.executable).parent / "memd"
+    found = str(candidate) if candidate.exists() else shutil.which("memd")
+    return found or "/bin/true"
+
+
+@pytest.fixture()
+def verifiable_unit(tmp_path: Path) -> Path:
+    """The unit with ExecStart= pointing at a binary that exists on this machine."""
+    text = UNIT.read_text(encoding="utf-8")
+    text, count = re.subn(
+        r"^ExecStart=\S+", f"ExecStart={an_existing_memd()}", text, flags=re.MULTILINE
+    )
+    assert count == 1
+    copy = tmp_path / "memd.service"
+    copy.write_text(text, encoding="utf-8")
+    return copy
+
+
+@needs_analyze
+def test_systemd_analyze_verify_passes(verifiable_unit: Path) -> None:
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(verifiable_unit)],
+        capture_output=True,
+        text=True,
+        env=QUIET_ENV,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "memd.service" not in result.stderr, result.stderr
+
+
+def exposure(unit_path: Path) -> tuple[float, str]:
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit_path)],
+        capture_output=True,
+        text=True,
+        env=QUIET_ENV,
+        timeout=60,
+    )
+    match = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", result.stdout)
+    assert match, result.stdout + result.stderr
+    return float(match.group(1)), result.stdout
+
+
+@needs_analyze
+def test_security_exposure_is_at_most_1_5() -> None:
+    score, report = exposure(UNIT)
+    failing = "\n".join(line for line in report.splitlines() if line.startswith("✗"))
+    assert score <= MAX_EXPOSURE, f"exposure {score} > {MAX_EXPOSURE}:\n{failing}"
+
+
+@needs_analyze
+def test_security_score_reacts_to_weaker_hardening(tmp_path: Path) -> None:
+    # The score parser must see a real change, or the test above proves nothing.
+    weaker = tmp_path / "memd.service"
+    weaker.write_text(
+        re.sub(
+            r"^(ProtectSystem|ProtectHome|SystemCallFilter|CapabilityBoundingSet)=.*$",
+            "",
+            UNIT.read_text(encoding="utf-8"),
+            flags=re.MULTILINE,
+        ),
+        encoding="utf-8",
+    )
+    assert exposure(weaker)[0] > MAX_EXPOSURE
+
+
+def syscall_groups() -> dict[str, list[str]]:
+    listing = subprocess.run(
+        ["systemd-analyze", "syscall-filter", "--no-pager"],
+        capture_output=True,
+        text=True,
+        env=QUIET_ENV,
+        timeout=60,
+        check=True,
+    ).stdout
+    groups: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in listing.splitlines():
+        if line.startswith("@"):
+            current = groups.setdefault(line.strip(), [])
+        elif line.strip() and not line.strip().startswith("#") and line.startswith(" "):
+            current.append(line.strip())
+    return groups
+
+
+def expand(name: str, groups: dict[str, list[str]]) -> Iterator[str]:
+    if not name.startswith("@"):
+        yield name
+        return
+    for member in groups[name]:
+        yield from expand(member, groups)
+
+
+@needs_analyze
+def test_syscall_filter_allows_what_memd_needs(unit: list[tuple[str, str, str]]) -> None:
+    groups = syscall_groups()
+    allowed: set[str] = set()
+    filters = values(unit, "SystemCallFilter")
+    assert filters and not filters[0].startswith("~"), "expected an allow list first"
+    for entry in filters:
+        deny = entry.startswith("~")
+        names = {call for item in entry.lstrip("~").split() for call in expand(item, groups)}
+        allowed = allowed - names if deny else allowed | names
+    missing = [call for call in SYSCALLS_MEMD_NEEDS if call not in allowed]
+    assert not missing, f"SystemCallFilter= blocks syscalls memd uses: {missing}"
+
+
+# --- sysusers.d / tmpfiles.d, applied to a scratch root -------------------------------
+
+needs_sysusers = pytest.mark.skipif(
+    shutil.which("systemd-sysusers") is None or shutil.which("systemd-tmpfiles") is None,
+    reason="systemd-sysusers/systemd-tmpfiles are not installed",
+)
+
+
+def read_db(path: Path) -> dict[str, list[str]]:
+    """/etc/passwd or /etc/group, by name."""
+    return {line.split(":")[0]: line.split(":") for line in path.read_text().splitlines()}
+
+
+@needs_sysusers
+@pytest.mark.skipif(os.geteuid() != 0, reason="systemd-tmpfiles --root chowns: needs root")
+def test_sysusers_and_tmpfiles_create_user_group_and_dirs(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    subprocess.run(
+        ["systemd-sysusers", f"--root={root}", str(SYSUSERS)],
+        check=True,
+        capture_output=True,
+        env=QUIET_ENV,
+        timeout=60,
+    )
+    passwd = read_db(root / "etc/passwd")
+    group = read_db(root / "etc/group")
+    memd_user = passwd["memd"]
+    assert memd_user[5] == "/var/lib/memd"
+    assert memd_user[6] == "/usr/sbin/nologin"
+    assert int(memd_user[2]) != 0
+    assert "memd" in group["agents"][3].split(",")
+
+    subprocess.run(
+        ["systemd-tmpfiles", f"--root={root}", "--create", str(TMPFILES)],
+        check=True,
+        capture_output=True,
+        env=QUIET_ENV,
+        timeout=60,
+    )
+    agents_gid = int(group["agents"][2])
+    for workspace_dir in (root / "srv/agents", root / "srv/agents/agents"):
+        info = workspace_dir.stat()
+        assert info.st_gid == agents_gid
+        assert info.st_mode & 0o7777 == 0o2770
+    etc = (root / "etc/memd").stat()
+    assert etc.st_gid == int(group["memd"][2])
+    assert etc.st_mode & 0o777 == 0o750
