@@ -1,0 +1,198 @@
+"""The per-agent compaction job state machine (pure).
+
+States::
+
+    idle ──over threshold──▶ pending ──slot free──▶ running
+      ▲                                        │
+      │◀── success, ended below low water ─────┤
+      │                                        ├─ success above low water ─▶ cooldown
+      │                                        ├─ nothing to compact ──────▶ cooldown
+      │                                        ├─ lock busy elsewhere ─────▶ backoff, not a failure
+      │                                        ├─ failure n < breaker ─────▶ backoff (exponential)
+      │                                        └─ failure n ≥ breaker ─────▶ breaker_open
+      └── cooldown / backoff / breaker_open expire: the next count re-evaluates
+
+``disabled`` is an agent with compression off: counted, never compacted.
+
+A count that arrives while a job is pending or running sets ``rerun_requested``
+instead of starting a second job; when the job ends, a still-over-threshold
+count starts exactly one more (unless hysteresis put the agent in cooldown).
+Hysteresis: a compaction that could not bring the file below the low-water
+mark goes to cooldown instead of re-triggering at once, so an oversized
+summary cannot loop.
+
+Every function takes the current job and returns a :class:`Decision`: the new
+job plus what the caller must do (start a compaction now, or wake this agent
+up at ``wake_at`` to evaluate again). Times are floats from the caller's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from memd.core.config import DaemonConfig
+
+
+class JobState(StrEnum):
+    IDLE = "idle"
+    PENDING = "pending"
+    RUNNING = "running"
+    COOLDOWN = "cooldown"
+    BACKOFF = "backoff"
+    BREAKER_OPEN = "breaker_open"
+    DISABLED = "disabled"
+
+
+# States whose hold ends at ``next_attempt_at``.
+_WAITING = frozenset({JobState.COOLDOWN, JobState.BACKOFF, JobState.BREAKER_OPEN})
+_BUSY = frozenset({JobState.PENDING, JobState.RUNNING})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    retry_base_s: float = 5.0
+    retry_max_s: float = 600.0
+    cooldown_s: float = 60.0
+    breaker_failures: int = 5
+    breaker_reset_s: float = 1800.0
+
+    @classmethod
+    def from_config(cls, daemon: DaemonConfig) -> RetryPolicy:
+        return cls(
+            retry_base_s=daemon.retry_base_s,
+            retry_max_s=daemon.retry_max_s,
+            cooldown_s=daemon.cooldown_s,
+            breaker_failures=daemon.breaker_failures,
+            breaker_reset_s=daemon.breaker_reset_s,
+        )
+
+    def backoff_delay(self, failures: int) -> float:
+        """Exponential: base, 2×base, 4×base, … capped at retry_max_s."""
+        exponent = max(0, failures - 1)
+        # Cap the exponent so huge failure counts do not overflow a float.
+        return float(min(self.retry_max_s, self.retry_base_s * (2 ** min(exponent, 60))))
+
+
+@dataclass(frozen=True, slots=True)
+class AgentJob:
+    state: JobState = JobState.IDLE
+    rerun_requested: bool = False
+    consecutive_failures: int = 0
+    next_attempt_at: float | None = None
+    last_error: str | None = None
+    last_compaction_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    job: AgentJob
+    start: bool = False  # submit a compaction now (job is already PENDING)
+    wake_at: float | None = None  # evaluate this agent again at that time
+
+
+def on_count(
+    job: AgentJob, tokens: int, threshold_tokens: int, compress: bool, now: float
+) -> Decision:
+    """A fresh token count for the agent arrived: decide whether to compact."""
+    if job.state in _BUSY:
+        if tokens >= threshold_tokens and compress and not job.rerun_requested:
+            return Decision(replace(job, rerun_requested=True))
+        return Decision(job)
+    if not compress:
+        return Decision(replace(job, state=JobState.DISABLED, rerun_requested=False))
+    over = tokens >= threshold_tokens
+    if job.state in _WAITING and job.next_attempt_at is not None and now < job.next_attempt_at:
+        return Decision(job, wake_at=job.next_attempt_at if over else None)
+    if over:
+        return Decision(replace(job, state=JobState.PENDING, rerun_requested=False), start=True)
+    return Decision(replace(job, state=JobState.IDLE, next_attempt_at=None))
+
+
+def on_started(job: AgentJob) -> AgentJob:
+    return replace(job, state=JobState.RUNNING)
+
+
+def on_cancelled(job: AgentJob) -> AgentJob:
+    """A pending job was dropped before it ran (shutdown): nothing happened."""
+    return replace(job, state=JobState.IDLE, rerun_requested=False)
+
+
+def on_success(
+    job: AgentJob,
+    *,
+    achieved_tokens: int | None,
+    current_tokens: int,
+    threshold_tokens: int,
+    low_water_tokens: int,
+    policy: RetryPolicy,
+    now: float,
+) -> Decision:
+    """The compaction committed. ``achieved_tokens`` is the size it produced,
+    ``current_tokens`` the count now (late appends included)."""
+    done = replace(
+        job,
+        consecutive_failures=0,
+        last_error=None,
+        last_compaction_at=now,
+        rerun_requested=False,
+    )
+    achieved = current_tokens if achieved_tokens is None else achieved_tokens
+    if achieved > low_water_tokens:
+        until = now + policy.cooldown_s
+        cooled = replace(done, state=JobState.COOLDOWN, next_attempt_at=until)
+        return Decision(cooled, wake_at=until if current_tokens >= threshold_tokens else None)
+    idle = replace(done, state=JobState.IDLE, next_attempt_at=None)
+    return on_count(idle, current_tokens, threshold_tokens, True, now)
+
+
+def on_nothing_to_compact(job: AgentJob, *, policy: RetryPolicy, now: float) -> Decision:
+    """Over threshold but no raw entries since the last summary: wait, don't loop."""
+    until = now + policy.cooldown_s
+    return Decision(
+        replace(job, state=JobState.COOLDOWN, next_attempt_at=until, rerun_requested=False),
+        wake_at=until,
+    )
+
+
+def on_busy_elsewhere(job: AgentJob, *, policy: RetryPolicy, now: float) -> Decision:
+    """Another process (compact-now, a second daemon) held the agent's lock."""
+    until = now + policy.retry_base_s
+    return Decision(
+        replace(job, state=JobState.BACKOFF, next_attempt_at=until, rerun_requested=False),
+        wake_at=until,
+    )
+
+
+def on_failure(job: AgentJob, error: str, *, policy: RetryPolicy, now: float) -> Decision:
+    failures = job.consecutive_failures + 1
+    if failures >= policy.breaker_failures:
+        state = JobState.BREAKER_OPEN
+        until = now + policy.breaker_reset_s
+    else:
+        state = JobState.BACKOFF
+        until = now + policy.backoff_delay(failures)
+    failed = replace(
+        job,
+        state=state,
+        consecutive_failures=failures,
+        next_attempt_at=until,
+        last_error=error,
+        rerun_requested=False,
+    )
+    return Decision(failed, wake_at=until)
+
+
+__all__ = [
+    "AgentJob",
+    "Decision",
+    "JobState",
+    "RetryPolicy",
+    "on_busy_elsewhere",
+    "on_cancelled",
+    "on_count",
+    "on_failure",
+    "on_nothing_to_compact",
+    "on_started",
+    "on_success",
+]

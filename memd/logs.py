@@ -1,0 +1,94 @@
+"""Logging: structlog for memd, with the stdlib loggers of watchdog, apscheduler
+and litellm routed through the same renderer.
+
+JSON lines when stderr is not a terminal (systemd, docker) or when asked for;
+a readable console format otherwise. Lines about one agent carry ``agent=``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal, TextIO
+
+import structlog
+
+LogFormat = Literal["auto", "json", "console"]
+
+# Third-party loggers that are chatty at INFO (apscheduler logs every job run).
+_QUIET_AT_INFO = ("apscheduler", "watchdog", "LiteLLM", "litellm", "httpx", "httpcore")
+_HANDLER_NAME = "memd"
+
+
+def resolve_format(fmt: LogFormat, stream: TextIO) -> Literal["json", "console"]:
+    if fmt != "auto":
+        return fmt
+    isatty = getattr(stream, "isatty", None)
+    return "console" if isatty is not None and isatty() else "json"
+
+
+def configure_logging(
+    fmt: LogFormat = "auto", level: str = "info", stream: TextIO | None = None
+) -> Literal["json", "console"]:
+    """Install memd's logging; safe to call again (e.g. after a reload)."""
+    out = stream if stream is not None else sys.stderr
+    chosen = resolve_format(fmt, out)
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any
+    if chosen == "json":
+        renderer = structlog.processors.JSONRenderer()
+        shared.append(structlog.processors.format_exc_info)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=bool(getattr(out, "isatty", bool)()))
+
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = logging.StreamHandler(out)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(formatter)
+
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        if existing.get_name() == _HANDLER_NAME:
+            root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    for name in _QUIET_AT_INFO:
+        logging.getLogger(name).setLevel(numeric if numeric <= logging.DEBUG else logging.WARNING)
+
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    return chosen
+
+
+def get_logger(name: str = "memd", **initial: Any) -> structlog.stdlib.BoundLogger:
+    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name)
+    return logger.bind(**initial) if initial else logger
+
+
+def agent_logger(agent: str, name: str = "memd") -> structlog.stdlib.BoundLogger:
+    """A logger whose every line names the agent."""
+    return get_logger(name, agent=agent)
+
+
+__all__ = ["LogFormat", "agent_logger", "configure_logging", "get_logger", "resolve_format"]

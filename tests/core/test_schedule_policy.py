@@ -1,0 +1,184 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memd.core.config import DaemonConfig
+from memd.core.schedule_policy import (
+    AgentJob,
+    JobState,
+    RetryPolicy,
+    on_busy_elsewhere,
+    on_count,
+    on_failure,
+    on_nothing_to_compact,
+    on_started,
+    on_success,
+)
+
+POLICY = RetryPolicy(
+    retry_base_s=5, retry_max_s=60, cooldown_s=30, breaker_failures=3, breaker_reset_s=600
+)
+
+
+def test_below_threshold_stays_idle_and_over_threshold_starts() -> None:
+    job = AgentJob()
+    d = on_count(job, 99, 100, True, 0)
+    assert d.job.state is JobState.IDLE and not d.start
+    d = on_count(job, 100, 100, True, 0)
+    assert d.job.state is JobState.PENDING and d.start
+
+
+def test_trigger_while_running_sets_rerun_and_runs_once_more() -> None:
+    d = on_count(AgentJob(), 150, 100, True, 0)
+    job = on_started(d.job)
+    again = on_count(job, 160, 100, True, 1)
+    assert not again.start and again.job.rerun_requested
+    assert not on_count(again.job, 170, 100, True, 2).start  # still one job
+    # the run ended well below low water, but late appends put it over again
+    after = on_success(
+        again.job,
+        achieved_tokens=10,
+        current_tokens=120,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        policy=POLICY,
+        now=3,
+    )
+    assert after.start and after.job.state is JobState.PENDING
+    assert after.job.consecutive_failures == 0 and after.job.last_compaction_at == 3
+
+
+def test_success_below_low_water_goes_idle() -> None:
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    d = on_success(
+        job,
+        achieved_tokens=20,
+        current_tokens=20,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        policy=POLICY,
+        now=5,
+    )
+    assert d.job.state is JobState.IDLE and not d.start and d.wake_at is None
+
+
+def test_hysteresis_cooldown_instead_of_retrigger() -> None:
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    d = on_success(
+        job,
+        achieved_tokens=110,
+        current_tokens=110,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        policy=POLICY,
+        now=10,
+    )
+    assert d.job.state is JobState.COOLDOWN and not d.start and d.wake_at == 40
+    # counts during the cooldown do not start a job
+    held = on_count(d.job, 200, 100, True, 39)
+    assert not held.start and held.wake_at == 40
+    # after it, a still-large file is tried again
+    assert on_count(d.job, 200, 100, True, 40).start
+
+
+def test_backoff_is_exponential_and_capped_then_breaker_opens() -> None:
+    assert [POLICY.backoff_delay(n) for n in (1, 2, 3, 4, 5)] == [5, 10, 20, 40, 60]
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    d = on_failure(job, "boom", policy=POLICY, now=0)
+    assert d.job.state is JobState.BACKOFF and d.wake_at == 5 and d.job.last_error == "boom"
+    assert not on_count(d.job, 150, 100, True, 4).start
+    d2 = on_failure(on_started(on_count(d.job, 150, 100, True, 5).job), "x", policy=POLICY, now=5)
+    assert d2.job.state is JobState.BACKOFF and d2.wake_at == 15
+    d3 = on_failure(
+        on_started(on_count(d2.job, 150, 100, True, 15).job), "y", policy=POLICY, now=15
+    )
+    assert d3.job.state is JobState.BREAKER_OPEN and d3.wake_at == 615
+    assert not on_count(d3.job, 150, 100, True, 600).start
+    # half-open after the reset: one attempt; another failure reopens at once
+    trial = on_count(d3.job, 150, 100, True, 615)
+    assert trial.start
+    reopened = on_failure(on_started(trial.job), "z", policy=POLICY, now=616)
+    assert reopened.job.state is JobState.BREAKER_OPEN
+    ok = on_success(
+        on_started(on_count(reopened.job, 150, 100, True, 1300).job),
+        achieved_tokens=1,
+        current_tokens=1,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        policy=POLICY,
+        now=1301,
+    )
+    assert ok.job.state is JobState.IDLE and ok.job.consecutive_failures == 0
+
+
+def test_compress_off_is_counted_never_compacted() -> None:
+    d = on_count(AgentJob(), 10**9, 100, False, 0)
+    assert d.job.state is JobState.DISABLED and not d.start
+
+
+def test_nothing_to_compact_and_busy_elsewhere_wait_without_counting_failures() -> None:
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    d = on_nothing_to_compact(job, policy=POLICY, now=0)
+    assert d.job.state is JobState.COOLDOWN and d.wake_at == 30
+    b = on_busy_elsewhere(job, policy=POLICY, now=0)
+    assert b.job.state is JobState.BACKOFF and b.job.consecutive_failures == 0
+
+
+def test_policy_from_config() -> None:
+    p = RetryPolicy.from_config(DaemonConfig(retry_base_s=1, breaker_failures=2))
+    assert p.retry_base_s == 1 and p.breaker_failures == 2
+
+
+_EVENTS = st.lists(
+    st.tuples(
+        st.sampled_from(["count", "ok", "low", "fail", "nothing", "busy"]), st.integers(0, 300)
+    ),
+    max_size=80,
+)
+
+
+@given(_EVENTS)
+def test_never_two_jobs_and_never_a_silent_drop(events: list[tuple[str, int]]) -> None:
+    """Model a daemon: at most one job in flight; an over-threshold count while a
+    job runs always leads to another start once the job ends healthily."""
+    job = AgentJob()
+    in_flight = False
+    now = 0.0
+    for kind, tokens in events:
+        now += 7
+        if kind == "count" or not in_flight:
+            d = on_count(job, tokens, 100, True, now)
+            if d.start:
+                assert not in_flight
+                in_flight = True
+                job = on_started(d.job)
+            else:
+                job = d.job
+            continue
+        rerun = job.rerun_requested
+        if kind in ("ok", "low"):
+            achieved = 10 if kind == "ok" else 90
+            d = on_success(
+                job,
+                achieved_tokens=achieved,
+                current_tokens=tokens,
+                threshold_tokens=100,
+                low_water_tokens=60,
+                policy=POLICY,
+                now=now,
+            )
+            if kind == "ok" and tokens >= 100:
+                assert d.start  # the pending trigger is honoured
+            if rerun and kind == "low" and tokens >= 100:
+                assert d.wake_at is not None  # held, not dropped
+        elif kind == "fail":
+            d = on_failure(job, "e", policy=POLICY, now=now)
+            assert d.wake_at is not None
+        elif kind == "nothing":
+            d = on_nothing_to_compact(job, policy=POLICY, now=now)
+        else:
+            d = on_busy_elsewhere(job, policy=POLICY, now=now)
+        in_flight = d.start
+        job = on_started(d.job) if d.start else d.job
+        assert d.start or job.state not in (JobState.PENDING, JobState.RUNNING)
