@@ -29,7 +29,8 @@ MAX_EXPOSURE = 1.5
 QUIET_ENV = {**os.environ, "SYSTEMD_LOG_LEVEL": "err", "SYSTEMD_COLORS": "0"}
 
 # What `memd run` does at the syscall level: inotify, flock'd lock files,
-# fsync'd temp + link/rename commits, chmod of the re-seeded MEMORY.md,
+# fsync'd temp + link/rename commits, chmod/chown of the re-seeded MEMORY.md
+# (it keeps the old file's mode and group),
 # SQLite (pread/pwrite/fcntl locks), sockets (notify datagram, HTTPS),
 # threads and a process pool for the cold scan.
 SYSCALLS_MEMD_NEEDS = (
@@ -47,6 +48,11 @@ SYSCALLS_MEMD_NEEDS = (
     "unlinkat",
     "mkdirat",
     "fchmod",
+    "chmod",
+    "fchmodat",
+    "chown",
+    "fchown",
+    "fchownat",
     "fstatfs",
     "statx",
     "getdents64",
