@@ -78,6 +78,15 @@ CREATE TABLE IF NOT EXISTS ledger (
     trigger TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ledger_by_agent ON ledger (agent, id);
+CREATE TABLE IF NOT EXISTS file_counts (
+    agent TEXT PRIMARY KEY,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    encoding TEXT NOT NULL,
+    tokens INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     pid INTEGER NOT NULL,
@@ -132,6 +141,21 @@ class LedgerEntry:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class FileKey:
+    """What a cached token count is valid for: this exact file version and encoding."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    encoding: str
+
+    @classmethod
+    def of(cls, result: os.stat_result, encoding: str) -> FileKey:
+        return cls(result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns, encoding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,9 +388,38 @@ class StateStore:
             with self._write(conn):
                 removed = conn.execute("DELETE FROM agents WHERE agent = ?", (name,)).rowcount
                 removed += conn.execute("DELETE FROM ledger WHERE agent = ?", (name,)).rowcount
+                conn.execute("DELETE FROM file_counts WHERE agent = ?", (name,))
             return int(removed)
 
         return self._run(operation)
+
+    # ------------------------------------------------------------- count cache
+
+    def cached_count(self, agent: str, key: FileKey) -> int | None:
+        """A token count ``memd status`` saved for exactly this file version, if any."""
+
+        def operation(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT tokens FROM file_counts WHERE agent = ? AND dev = ? AND ino = ?"
+                " AND size = ? AND mtime_ns = ? AND encoding = ?",
+                (agent, key.dev, key.ino, key.size, key.mtime_ns, key.encoding),
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        return self._run(operation)
+
+    def save_counts(self, counts: Iterable[tuple[str, FileKey, int]]) -> None:
+        """Remember exact counts so the next ``memd status`` without a daemon is cheap."""
+        rows = [
+            (agent, k.dev, k.ino, k.size, k.mtime_ns, k.encoding, tokens)
+            for agent, k, tokens in counts
+        ]
+
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.executemany("INSERT OR REPLACE INTO file_counts VALUES (?,?,?,?,?,?,?)", rows)
+
+        self._run(operation)
 
     # ------------------------------------------------------------------ ledger
 
@@ -570,6 +623,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AgentRecord",
     "AgentState",
+    "FileKey",
     "Heartbeat",
     "LedgerEntry",
     "StateError",
