@@ -104,12 +104,12 @@ def _describe(exc: ValidationError, source: str, origin: dict[tuple[str, ...], s
     location = tuple(str(part) for part in error["loc"])
     dotted = ".".join(location) or "(top level)"
     where = origin.get(location)
-    if error["type"] == "extra_forbidden":
-        reason = "unknown key"
-    else:
-        reason = error["msg"]
+    unknown = error["type"] == "extra_forbidden"
+    reason = "unknown key" if unknown else error["msg"]
     value = error.get("input")
-    shown = "" if error["type"] == "extra_forbidden" or isinstance(value, dict) else f" (got {value!r})"
+    shown = (
+        "" if error["type"] == "extra_forbidden" or isinstance(value, dict) else f" (got {value!r})"
+    )
     if "api_key" in dotted:
         shown = ""  # never echo secrets
     more = len(exc.errors()) - 1

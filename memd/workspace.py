@@ -40,6 +40,10 @@ class AgentPaths:
         return self.private_dir / "journal.json"
 
     @property
+    def journal_temp(self) -> Path:
+        return self.private_dir / "journal.json.tmp"
+
+    @property
     def drain_link(self) -> Path:
         return self.private_dir / "drain.md"
 

@@ -24,7 +24,13 @@ app = typer.Typer(
 def _register() -> None:
     # Imported for their side effect of adding commands to ``app``; one module
     # per command keeps each command's code and tests side by side.
-    from memd.cli import commands_compact, commands_forget, commands_ops, commands_run, commands_status
+    from memd.cli import (
+        commands_compact,
+        commands_forget,
+        commands_ops,
+        commands_run,
+        commands_status,
+    )
 
     del commands_compact, commands_forget, commands_ops, commands_run, commands_status
 

@@ -1,5 +1,166 @@
-"""memd compact commands."""
+"""``memd compact-now``: compact agents now, serialized with any running daemon."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memd.cli.app import app
+from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.errors import MemdError, NothingToCompact
 
-__all__ = ["app"]
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="memd state dir (ledger); default MEMD_STATE_DIR etc."),
+]
+
+
+@app.command("compact-now")
+def compact_now(
+    agents: Annotated[list[str] | None, typer.Argument(help="Agent names.")] = None,
+    all_agents: Annotated[
+        bool, typer.Option("--all", help="Every agent in the workspace.")
+    ] = False,
+    summary: Annotated[
+        str | None,
+        typer.Option("--summary", help="Use this text as the summary (no LLM call)."),
+    ] = None,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            min=0,
+            help="Seconds to wait for a running compaction of the same agent "
+            "(default: compaction.lock_wait_s).",
+        ),
+    ] = None,
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Compact AGENT… (or --all) now; waits for a compaction already running."""
+    from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
+    from memd.core.config import resolve_policy
+    from memd.modelinfo import context_length_for_model
+    from memd.summarizers import make_summarizer
+    from memd.tokenizer import TokenCounter
+    from memd.workspace import agent_paths, require_workspace, resolve_agents
+
+    names = agents or []
+    if all_agents and names:
+        raise typer.BadParameter("give agent names or --all, not both")
+    if not all_agents and not names:
+        raise typer.BadParameter("name at least one agent, or use --all")
+    if summary is not None and not summary.strip():
+        raise typer.BadParameter("--summary must not be empty")
+
+    loaded = load(workspace, config)
+    cfg = loaded.config
+    ws = require_workspace(loaded.workspace)
+    targets = resolve_agents(ws, names, all_agents)
+    counter = TokenCounter(cfg.tokenizer.encoding)
+    summarizer = (
+        ProvidedSummary(summary)
+        if summary is not None
+        else make_summarizer(cfg.summarizer, counter.count_text)
+    )
+    ledger = _open_ledger(state_dir, cfg.state_dir, ws)
+    out = Console()
+    err = Console(stderr=True)
+    failures = 0
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not all_agents or not err.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("compacting", total=len(targets))
+        for name in targets:
+            progress.update(task, description=f"compacting {name}")
+            paths = agent_paths(ws, name)
+            policy = resolve_policy(cfg, name, context_length_for_model)
+            options = dataclasses.replace(
+                CompactionOptions.from_config(cfg, policy),
+                require_shrink=False,
+                **({"lock_wait_s": wait} if wait is not None else {}),
+            )
+            started = time.time()
+            try:
+                outcome = compact_agent(
+                    paths,
+                    summarizer,
+                    options,
+                    count_bytes=counter.count_bytes,
+                    manual=summary is not None,
+                )
+            except NothingToCompact:
+                out.print(f"{name}: nothing to compact (no raw entries since the last summary)")
+            except MemdError as exc:
+                failures += 1
+                _record(ledger, name, started, None, error=str(exc))
+                if not all_agents and len(targets) == 1:
+                    raise
+                err.print(f"memd: error: {exc}", markup=False, highlight=False)
+            else:
+                _record(ledger, name, started, outcome, error=None)
+                out.print(
+                    f"{name}: compacted {outcome.tokens_before:,} → {outcome.tokens_after:,} "
+                    f"tokens; archive {outcome.archive.name} ({outcome.duration_s:.1f}s)",
+                    markup=False,
+                    highlight=False,
+                )
+            progress.advance(task)
+    if failures:
+        sys.exit(1)
+
+
+def _open_ledger(flag: Path | None, configured: str, workspace: Path) -> object | None:
+    # The ledger is what `memd history` and `memd status` read; failing to open
+    # it must not stop a manual compaction.
+    try:
+        from memd.state import StateStore, default_state_dir
+
+        directory = flag or (Path(configured) if configured else default_state_dir())
+        return StateStore.open(directory, workspace)
+    except Exception:
+        return None
+
+
+def _record(
+    ledger: object | None, agent: str, started: float, outcome: object, error: str | None
+) -> None:
+    if ledger is None:
+        return
+    try:
+        from memd.compaction import CompactionOutcome
+        from memd.state import LedgerEntry, StateStore
+
+        assert isinstance(ledger, StateStore)
+        done = outcome if isinstance(outcome, CompactionOutcome) else None
+        ledger.record_compaction(
+            LedgerEntry(
+                agent=agent,
+                started_at=started,
+                duration_s=done.duration_s if done else time.time() - started,
+                archive=str(done.archive) if done else None,
+                tokens_before=done.tokens_before if done else None,
+                tokens_after=done.tokens_after if done else None,
+                model=done.model if done else None,
+                cost_usd=done.cost_usd if done else None,
+                error=error,
+                trigger="compact-now",
+            )
+        )
+    except Exception:  # noqa: S110
+        pass

@@ -29,11 +29,20 @@ SUMMARY_PREAMBLE: Final = (
 
 _NL = rb"\r?\n"
 _HEADER_RE: Final = re.compile(
-    rb"# Agent Memory" + _NL + _NL
-    + rb"\*\*Conversation:\*\* ([^\r\n]*)" + _NL
-    + rb"\*\*Created:\*\* ([^\r\n]*)" + _NL + _NL
-    + rb"---" + _NL + _NL
-    + rb"## Interaction Log" + _NL + _NL
+    rb"# Agent Memory"
+    + _NL
+    + _NL
+    + rb"\*\*Conversation:\*\* ([^\r\n]*)"
+    + _NL
+    + rb"\*\*Created:\*\* ([^\r\n]*)"
+    + _NL
+    + _NL
+    + rb"---"
+    + _NL
+    + _NL
+    + rb"## Interaction Log"
+    + _NL
+    + _NL
 )
 # Greedy role: when a role itself contains " — ", the timestamp is what follows
 # the last one, and it must parse as ISO-8601 for the line to count.

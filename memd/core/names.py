@@ -15,7 +15,7 @@ def validate_agent_name(name: str) -> str:
     """
     if not name:
         raise InvalidAgentName("invalid agent name '': empty")
-    shown = name.encode("unicode_escape").decode("ascii")
+    shown = repr(name)[1:-1]
     if "\x00" in name:
         raise InvalidAgentName(f"invalid agent name '{shown}': contains NUL")
     if "/" in name or "\\" in name:

@@ -1,0 +1,761 @@
+"""The compaction transaction (DESIGN.md §2): archive, summarize, re-seed, drain.
+
+Shape (logrotate ``create`` mode, not ``copytruncate``):
+
+1. take the agent's lock (held for the whole job; it serializes compactors,
+   never writers) and finish or roll back any crashed job from its journal;
+2. snapshot MEMORY.md: (dev, ino), a size N at an entry boundary, sha256 of
+   bytes 0..N;
+3. summarize 0..N (the slow part; writers keep appending meanwhile);
+4. re-check that 0..N is unchanged (else start over, a bounded number of times);
+5. write the archive: temp in ``.memd/`` + fsync, journal, ``link()`` to a name
+   that does not exist yet, fsync the archive dir;
+6. hard-link the old inode as ``.memd/drain.md``; pick M ≥ N at an entry
+   boundary; write header + summary block + bytes N..M to a temp, give it the
+   old file's mode and owner, fsync, journal (old and new inode numbers),
+   ``os.replace`` over MEMORY.md, fsync the dir: this is the commit point;
+7. drain: bytes a late writer appended to the old inode past M are appended to
+   the new file (journaled by offset, idempotent) until the old inode has been
+   quiet for ``drain_quiet_s`` (bounded by ``drain_max_s``); drop the link.
+
+Recovery reads the journal and decides by inode numbers, never by guessing:
+before the replace it rolls back (removes the archive it had linked, by
+inode), after it rolls forward (finishes the drain).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from memd.core.config import AgentPolicy, MemdConfig
+from memd.core.memfile import (
+    HeaderSegment,
+    MemoryDocument,
+    RawSegment,
+    parse,
+    render_header,
+    render_summary_block,
+)
+from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
+from memd.errors import (
+    CompactionAborted,
+    MemdError,
+    NothingToCompact,
+    SummarizerError,
+)
+from memd.fsutil import (
+    AgentLock,
+    ensure_private_dir,
+    fsync_dir,
+    link_unique,
+    read_json,
+    read_range,
+    read_to_end,
+    sha256_prefix,
+    unlink_quiet,
+    write_all,
+    write_json_atomic,
+    write_new_file,
+)
+from memd.workspace import AgentPaths
+
+JOURNAL_VERSION = 1
+
+# Named points between durable steps; tests crash the process at each one.
+CHECKPOINTS = (
+    "locked",
+    "summarized",
+    "archive-written",
+    "journal-archiving",
+    "archive-linked",
+    "drain-linked",
+    "new-written",
+    "journal-swapping",
+    "replaced",
+    "journal-draining",
+    "drained",
+    "cleaned",
+)
+
+Checkpoint = Callable[[str], None]
+ByteCounter = Callable[[bytes], int]
+
+
+def _no_checkpoint(_name: str) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOptions:
+    lock_wait_s: float = 300.0
+    drain_quiet_s: float = 1.0
+    drain_max_s: float = 10.0
+    drain_poll_s: float = 0.05
+    max_restarts: int = 3
+    summary_max_tokens: int = 4000
+    instructions: str = ""
+    # The daemon needs a compaction to shrink the file (else it would loop);
+    # an operator's explicit compact-now may re-seed even a small file.
+    require_shrink: bool = True
+
+    @classmethod
+    def from_config(
+        cls, config: MemdConfig, policy: AgentPolicy | None = None
+    ) -> CompactionOptions:
+        return cls(
+            lock_wait_s=config.compaction.lock_wait_s,
+            drain_quiet_s=config.compaction.drain_quiet_s,
+            drain_max_s=config.compaction.drain_max_s,
+            max_restarts=config.compaction.max_restarts,
+            summary_max_tokens=config.summarizer.max_tokens,
+            instructions=(
+                policy.summary_instructions
+                if policy is not None
+                else config.summarizer.summary_instructions
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionOutcome:
+    agent: str
+    archive: Path
+    tokens_before: int | None
+    tokens_after: int | None
+    bytes_archived: int
+    model: str
+    cost_usd: float | None
+    duration_s: float
+    llm_duration_s: float
+    drained_bytes: int
+    started_at: datetime
+    restarts: int = 0
+
+
+class ProvidedSummary:
+    """A summarizer that returns fixed text (``compact-now --summary``)."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    @property
+    def model(self) -> str:
+        return "provided"
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        return SummaryResult(text=self._text, model="provided")
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    dev: int
+    ino: int
+    size: int  # bytes read
+    boundary: int  # N
+    digest: str
+    data: bytes
+    document: MemoryDocument
+    st_mode: int
+    st_uid: int
+    st_gid: int
+
+
+@dataclass(slots=True)
+class _Journal:
+    path: Path
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, **changes: Any) -> None:
+        self.payload.update(changes)
+        self.payload["version"] = JOURNAL_VERSION
+        write_json_atomic(self.path, self.payload)
+
+
+def _now_local_iso() -> str:
+    # Swarms writes naive local time; so does memd, to match the file.
+    return datetime.now().isoformat()  # noqa: DTZ005
+
+
+def _archive_stem() -> str:
+    return "history_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S")  # noqa: DTZ005
+
+
+def _has_compactable(document: MemoryDocument) -> bool:
+    if document.raw_entries_since_summary():
+        return True
+    # Unparseable bytes before the boundary count too: archiving them is how
+    # they leave the active file (still verbatim, in the archive).
+    return any(
+        isinstance(segment, RawSegment) and segment.raw.strip()
+        for segment in document.segments_before(document.boundary)
+    )
+
+
+class _Transaction:
+    def __init__(
+        self,
+        paths: AgentPaths,
+        summarizer: Summarizer,
+        options: CompactionOptions,
+        count_bytes: ByteCounter | None,
+        checkpoint: Checkpoint,
+    ) -> None:
+        self.paths = paths
+        self.agent = paths.agent
+        self.summarizer = summarizer
+        self.options = options
+        self.count_bytes = count_bytes
+        self.checkpoint = checkpoint
+        self.journal = _Journal(paths.journal)
+        self.memory = paths.memory
+        self.archive: Path | None = None
+        self.archive_ino: int | None = None
+        self.committed = False
+
+    # -- snapshot -------------------------------------------------------------
+    def _memory_target(self) -> Path:
+        # A MEMORY.md symlink (already checked to stay in the workspace) is
+        # compacted in place: the link survives, its target is replaced.
+        return self.memory.resolve() if self.memory.is_symlink() else self.memory
+
+    def take_snapshot(self) -> _Snapshot:
+        target = self._memory_target()
+        try:
+            fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NothingToCompact(f"agent {self.agent!r}: no MEMORY.md to compact") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CompactionAborted(f"agent {self.agent!r}: MEMORY.md is not a regular file")
+            data = read_to_end(fd)
+        finally:
+            os.close(fd)
+        document = parse(data)
+        boundary = document.boundary
+        digest = hashlib.sha256(data[:boundary]).hexdigest()
+        return _Snapshot(
+            dev=st.st_dev,
+            ino=st.st_ino,
+            size=len(data),
+            boundary=boundary,
+            digest=digest,
+            data=data,
+            document=document,
+            st_mode=st.st_mode,
+            st_uid=st.st_uid,
+            st_gid=st.st_gid,
+        )
+
+    def prefix_unchanged(self, snap: _Snapshot) -> bool:
+        try:
+            fd = os.open(self._memory_target(), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (snap.dev, snap.ino) or st.st_size < snap.boundary:
+                return False
+            return sha256_prefix(fd, snap.boundary) == snap.digest
+        finally:
+            os.close(fd)
+
+    def summarize(self, snap: _Snapshot) -> tuple[SummaryResult, float]:
+        prefix_doc = parse(snap.data[: snap.boundary])
+        request = SummaryRequest(
+            agent=self.agent,
+            document=prefix_doc,
+            max_tokens=self.options.summary_max_tokens,
+            instructions=self.options.instructions,
+        )
+        started = time.monotonic()
+        try:
+            result = self.summarizer.summarize(request)
+        except MemdError:
+            raise
+        except Exception as exc:  # a summarizer bug must not take the daemon down
+            raise SummarizerError(
+                f"agent {self.agent!r}: summarizer failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        elapsed = time.monotonic() - started
+        text = (result.text or "").strip()
+        if not text:
+            raise SummarizerError(f"agent {self.agent!r}: summarizer returned an empty summary")
+        return result, elapsed
+
+    def check_summary_size(self, block: bytes, snap: _Snapshot, manual: bool) -> None:
+        """Refuse summaries that are over the cap or would not shrink the file.
+
+        Bytes are the shrink proxy so the check costs nothing on a large file;
+        only the (small) summary is tokenized for the cap.
+        """
+        if manual:
+            return
+        if self.count_bytes is not None:
+            summary_tokens = self.count_bytes(block)
+            cap = self.options.summary_max_tokens
+            # The block adds a fixed preamble and markup around the model output.
+            if summary_tokens > cap + 64:
+                raise SummarizerError(
+                    f"agent {self.agent!r}: summary has {summary_tokens} tokens, over the "
+                    f"cap of {cap}"
+                )
+        if not self.options.require_shrink:
+            return
+        header = snap.document.header
+        replaced = snap.boundary - (len(header.raw) if header is not None else 0)
+        if len(block) >= replaced:
+            raise CompactionAborted(
+                f"agent {self.agent!r}: summary ({len(block)} bytes) would not shrink the "
+                f"memory it replaces ({replaced} bytes)"
+            )
+
+    # -- commit ---------------------------------------------------------------
+    def write_archive(self, snap: _Snapshot) -> None:
+        archive_dir = self.paths.archive_dir
+        if archive_dir.is_symlink():
+            archive_dir = archive_dir.resolve()
+        ensure_private_dir(archive_dir)
+        temp = self.paths.archive_temp
+        st = write_new_file(temp, [snap.data[: snap.boundary]])
+        self.checkpoint("archive-written")
+        self.archive_ino = st.st_ino
+        self.journal.write(
+            phase="archiving",
+            agent=self.agent,
+            archive_dev=st.st_dev,
+            archive_ino=st.st_ino,
+            snapshot_size=snap.boundary,
+            snapshot_sha256=snap.digest,
+            old_dev=snap.dev,
+            old_ino=snap.ino,
+            started_at=time.time(),
+        )
+        self.checkpoint("journal-archiving")
+        self.archive = link_unique(temp, archive_dir, _archive_stem())
+        fsync_dir(archive_dir)
+        self.checkpoint("archive-linked")
+
+    def swap(self, snap: _Snapshot, summary: bytes) -> tuple[int, int]:
+        """Write and install the new MEMORY.md; returns (M, new inode)."""
+        drain = self.paths.drain_link
+        unlink_quiet(drain)
+        target = self._memory_target()
+        os.link(target, drain, follow_symlinks=True)
+        fsync_dir(self.paths.private_dir)
+        self.checkpoint("drain-linked")
+        drain_fd = os.open(drain, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(drain_fd)
+            if (st.st_dev, st.st_ino) != (snap.dev, snap.ino):
+                raise CompactionAborted(
+                    f"agent {self.agent!r}: MEMORY.md was replaced during compaction"
+                )
+            tail = read_range(drain_fd, snap.boundary, st.st_size)
+        finally:
+            os.close(drain_fd)
+        # Copy only whole entries now; the drain copies the rest, so a new
+        # writer's entry can never land in the middle of a half-copied one.
+        copy_until = snap.boundary + parse(tail).boundary
+        header = snap.document.header
+        conversation = header.conversation if isinstance(header, HeaderSegment) else self.agent
+        new_header = render_header(conversation, _now_local_iso())
+        temp = self.paths.new_memory_temp
+        new_st = write_new_file(
+            temp,
+            [new_header, summary, tail[: copy_until - snap.boundary]],
+            mode=stat.S_IMODE(snap.st_mode),
+        )
+        self._preserve_owner(temp, snap)
+        self.checkpoint("new-written")
+        self.journal.write(
+            phase="swapping",
+            archive=str(self.archive),
+            copied_to=copy_until,
+            new_dev=new_st.st_dev,
+            new_ino=new_st.st_ino,
+        )
+        self.checkpoint("journal-swapping")
+        os.replace(temp, target)
+        fsync_dir(target.parent)
+        self.committed = True
+        self.checkpoint("replaced")
+        return copy_until, new_st.st_ino
+
+    def _preserve_owner(self, temp: Path, snap: _Snapshot) -> None:
+        # Agents may run under other UIDs: the re-seeded file must stay
+        # appendable by them, so it keeps the old owner, group and mode.
+        os.chmod(temp, stat.S_IMODE(snap.st_mode))
+        if (snap.st_uid, snap.st_gid) == (os.geteuid(), os.getegid()):
+            return
+        try:
+            os.chown(temp, snap.st_uid, snap.st_gid)
+        except PermissionError:
+            with contextlib.suppress(PermissionError):
+                os.chown(temp, -1, snap.st_gid)
+            if snap.st_uid != os.geteuid() and not (snap.st_mode & stat.S_IWGRP):
+                raise CompactionAborted(
+                    f"agent {self.agent!r}: cannot give the new MEMORY.md its owner uid "
+                    f"{snap.st_uid} (run memd as that user or make the file group-writable)"
+                ) from None
+
+    def rollback(self) -> None:
+        _rollback_files(self.paths, self.archive_ino)
+
+
+def _rollback_files(paths: AgentPaths, archive_ino: int | None) -> None:
+    """Undo an uncommitted job: its archive (found by inode), temps, link, journal."""
+    if archive_ino is not None:
+        _remove_archive_by_inode(paths, archive_ino)
+    for leftover in (
+        paths.archive_temp,
+        paths.new_memory_temp,
+        paths.drain_link,
+        paths.journal_temp,
+    ):
+        unlink_quiet(leftover)
+    unlink_quiet(paths.journal)
+    with contextlib.suppress(FileNotFoundError):
+        fsync_dir(paths.private_dir)
+
+
+def _remove_archive_by_inode(paths: AgentPaths, inode: int) -> None:
+    archive_dir = paths.archive_dir.resolve()
+    try:
+        entries = list(os.scandir(archive_dir))
+    except FileNotFoundError:
+        return
+    removed = False
+    for entry in entries:
+        try:
+            if entry.inode() == inode and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed = True
+        except FileNotFoundError:
+            continue
+    if removed:
+        fsync_dir(archive_dir)
+
+
+def _drain(
+    paths: AgentPaths,
+    journal: _Journal,
+    target: Path,
+    copied_to: int,
+    quiet_s: float,
+    max_s: float,
+    poll_s: float,
+    checkpoint: Checkpoint,
+) -> int:
+    """Move bytes appended to the old inode past ``copied_to`` into the new file.
+
+    Each chunk is journaled as pending (range + hash) before it is appended,
+    so a crash mid-append is resolved on recovery by looking for the chunk.
+    Returns the number of bytes moved.
+    """
+    try:
+        fd = os.open(paths.drain_link, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    moved = 0
+    try:
+        started = last_change = time.monotonic()
+        last_size = copied_to
+        while True:
+            size = os.fstat(fd).st_size
+            now = time.monotonic()
+            if size != last_size:
+                last_change, last_size = now, size
+            finishing = now - last_change >= quiet_s or now - started >= max_s
+            if size > copied_to:
+                chunk = read_range(fd, copied_to, size)
+                # Whole entries only while writers may still be mid-entry; the
+                # final pass takes whatever is left, so nothing stays behind.
+                take = len(chunk) if finishing else parse(chunk).boundary
+                if take > 0:
+                    piece = chunk[:take]
+                    journal.write(
+                        phase="draining",
+                        copied_to=copied_to,
+                        pending_to=copied_to + take,
+                        pending_sha256=hashlib.sha256(piece).hexdigest(),
+                    )
+                    _append(target, piece)
+                    copied_to += take
+                    moved += take
+                    journal.write(phase="draining", copied_to=copied_to, pending_to=None)
+                    continue
+            if finishing and size <= copied_to:
+                break
+            if now - started >= 2 * max_s + quiet_s:
+                # A writer that never reopens the file would keep us here
+                # forever; what it writes later is its own (documented) loss.
+                break
+            time.sleep(poll_s)
+    finally:
+        os.close(fd)
+    checkpoint("drained")
+    return moved
+
+
+def _append(target: Path, data: bytes) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _finish(paths: AgentPaths, checkpoint: Checkpoint) -> None:
+    for leftover in (
+        paths.drain_link,
+        paths.archive_temp,
+        paths.new_memory_temp,
+        paths.journal_temp,
+    ):
+        unlink_quiet(leftover)
+    unlink_quiet(paths.journal)
+    fsync_dir(paths.private_dir)
+    checkpoint("cleaned")
+
+
+def compact_agent(
+    paths: AgentPaths,
+    summarizer: Summarizer,
+    options: CompactionOptions | None = None,
+    *,
+    count_bytes: ByteCounter | None = None,
+    checkpoint: Checkpoint | None = None,
+    manual: bool = False,
+    measure_tokens: bool = True,
+) -> CompactionOutcome:
+    """Compact one agent's MEMORY.md; see the module docstring for the steps.
+
+    Raises NothingToCompact, LockTimeout, SummarizerError or CompactionAborted;
+    in every one of those cases MEMORY.md and the archive dir are as they were.
+    """
+    try:
+        return _compact(paths, summarizer, options, count_bytes, checkpoint, manual, measure_tokens)
+    except MemdError:
+        raise  # LockTimeout is also an OSError (TimeoutError); it speaks for itself
+    except OSError as exc:
+        raise CompactionAborted(f"agent {paths.agent!r}: {_describe_os_error(exc)}") from exc
+
+
+def _describe_os_error(exc: OSError) -> str:
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = f" ({exc.filename})" if isinstance(exc.filename, str) else ""
+    return f"{reason}{where}"
+
+
+def _compact(
+    paths: AgentPaths,
+    summarizer: Summarizer,
+    options: CompactionOptions | None,
+    count_bytes: ByteCounter | None,
+    checkpoint: Checkpoint | None,
+    manual: bool,
+    measure_tokens: bool,
+) -> CompactionOutcome:
+    opts = options or CompactionOptions()
+    hook = checkpoint or _no_checkpoint
+    started_at = datetime.now(UTC)
+    started = time.monotonic()
+    ensure_private_dir(paths.private_dir)
+    lock = AgentLock(paths.lock, paths.agent)
+    with lock.held(opts.lock_wait_s):
+        hook("locked")
+        _recover_locked(paths, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s)
+        txn = _Transaction(paths, summarizer, opts, count_bytes, hook)
+        restarts = 0
+        while True:
+            snap = txn.take_snapshot()
+            if not _has_compactable(snap.document):
+                raise NothingToCompact(
+                    f"agent {paths.agent!r}: nothing to compact (no raw entries since the "
+                    "last summary)"
+                )
+            result, llm_s = txn.summarize(snap)
+            hook("summarized")
+            if txn.prefix_unchanged(snap):
+                break
+            restarts += 1
+            if restarts > opts.max_restarts:
+                raise CompactionAborted(
+                    f"agent {paths.agent!r}: MEMORY.md was rewritten during compaction "
+                    f"{restarts} times; giving up"
+                )
+        block = render_summary_block(result.text, _now_local_iso())
+        txn.check_summary_size(block, snap, manual)
+        try:
+            txn.write_archive(snap)
+            copied_to, _new_ino = txn.swap(snap, block)
+        except BaseException as exc:
+            if not txn.committed:
+                txn.rollback()
+                if isinstance(exc, OSError):
+                    raise CompactionAborted(
+                        f"agent {paths.agent!r}: compaction rolled back: {_describe_os_error(exc)}"
+                    ) from exc
+            raise
+        txn.journal.write(phase="draining", copied_to=copied_to, pending_to=None)
+        hook("journal-draining")
+        try:
+            drained = _drain(
+                paths,
+                txn.journal,
+                txn._memory_target(),
+                copied_to,
+                opts.drain_quiet_s,
+                opts.drain_max_s,
+                opts.drain_poll_s,
+                hook,
+            )
+            _finish(paths, hook)
+        except OSError as exc:
+            # Past the commit point nothing can be rolled back; the journal
+            # keeps the drain offsets and the next run finishes it.
+            raise CompactionAborted(
+                f"agent {paths.agent!r}: compaction committed ({txn.archive}) but moving "
+                f"late appends failed: {_describe_os_error(exc)}; the next run finishes it"
+            ) from exc
+        tokens_before = count_bytes(snap.data) if count_bytes and measure_tokens else None
+        tokens_after = None
+        if count_bytes is not None and measure_tokens:
+            with contextlib.suppress(OSError):
+                tokens_after = count_bytes(txn._memory_target().read_bytes())
+        assert txn.archive is not None
+        return CompactionOutcome(
+            agent=paths.agent,
+            archive=txn.archive,
+            tokens_before=tokens_before,
+            tokens_after=tokens_after,
+            bytes_archived=snap.boundary,
+            model=result.model,
+            cost_usd=result.cost_usd,
+            duration_s=time.monotonic() - started,
+            llm_duration_s=llm_s,
+            drained_bytes=drained,
+            started_at=started_at,
+            restarts=restarts,
+        )
+
+
+def recover_agent(
+    paths: AgentPaths, wait_s: float = 0.0, quiet_s: float = 1.0, max_s: float = 10.0
+) -> str | None:
+    """Finish or roll back a crashed compaction of ``paths.agent``.
+
+    Returns a description of what was done, or None when there was nothing to
+    do (or another process holds the lock and is doing it).
+    """
+    if not paths.private_dir.is_dir():
+        return None
+    lock = AgentLock(paths.lock, paths.agent)
+    try:
+        lock.acquire(wait_s)
+    except MemdError:
+        return None
+    try:
+        return _recover_locked(paths, quiet_s=quiet_s, max_s=max_s)
+    finally:
+        lock.release()
+
+
+def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | None:
+    try:
+        payload = read_json(paths.journal)
+    except (ValueError, UnicodeDecodeError):
+        payload = {"phase": "corrupt"}
+    if payload is None:
+        # No journal: any temp or link is from a job that never reached its
+        # first journal write, so nothing outside .memd/ was touched.
+        leftovers = [
+            p
+            for p in (
+                paths.archive_temp,
+                paths.new_memory_temp,
+                paths.drain_link,
+                paths.journal_temp,
+            )
+            if unlink_quiet(p)
+        ]
+        return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
+    journal = _Journal(paths.journal, dict(payload))
+    phase = payload.get("phase")
+    target = paths.memory.resolve() if paths.memory.is_symlink() else paths.memory
+    try:
+        current = os.stat(target)
+        current_id: tuple[int, int] | None = (current.st_dev, current.st_ino)
+    except FileNotFoundError:
+        current_id = None
+    old_id = (payload.get("old_dev"), payload.get("old_ino"))
+    new_id = (payload.get("new_dev"), payload.get("new_ino"))
+    archive_ino = payload.get("archive_ino")
+
+    if phase in {"archiving", "corrupt"} or (phase == "swapping" and current_id == old_id):
+        # Crashed before the replace: MEMORY.md still holds everything.
+        _rollback_files(paths, archive_ino if isinstance(archive_ino, int) else None)
+        return f"rolled back an interrupted compaction (phase {phase})"
+    if phase in {"swapping", "draining"} and current_id == new_id:
+        copied_to = int(payload.get("copied_to", 0))
+        pending_to = payload.get("pending_to")
+        if isinstance(pending_to, int):
+            copied_to = _resolve_pending(paths, target, copied_to, pending_to, payload)
+            journal.write(phase="draining", copied_to=copied_to, pending_to=None)
+        _drain(paths, journal, target, copied_to, quiet_s, max_s, 0.05, _no_checkpoint)
+        _finish(paths, _no_checkpoint)
+        return "finished an interrupted compaction (drained the old file)"
+    # MEMORY.md is neither the old nor the new inode: someone replaced it while
+    # memd was down. Keep every byte: the old inode's content becomes an
+    # extra archive, and our journal is dropped.
+    if paths.drain_link.exists():
+        archive_dir = paths.archive_dir.resolve()
+        ensure_private_dir(archive_dir)
+        link_unique(paths.drain_link, archive_dir, _archive_stem())
+        fsync_dir(archive_dir)
+    _finish(paths, _no_checkpoint)
+    return (
+        "MEMORY.md was replaced by another program during an interrupted compaction; "
+        "kept the old file as an archive"
+    )
+
+
+def _resolve_pending(
+    paths: AgentPaths, target: Path, copied_to: int, pending_to: int, payload: dict[str, Any]
+) -> int:
+    """Was the journaled chunk appended before the crash? Look for its bytes."""
+    try:
+        fd = os.open(paths.drain_link, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return copied_to
+    try:
+        chunk = read_range(fd, copied_to, pending_to)
+    finally:
+        os.close(fd)
+    if hashlib.sha256(chunk).hexdigest() != payload.get("pending_sha256"):
+        return copied_to
+    current = target.read_bytes()
+    if chunk and chunk in current:
+        return pending_to
+    return copied_to
+
+
+__all__ = [
+    "CHECKPOINTS",
+    "CompactionOptions",
+    "CompactionOutcome",
+    "ProvidedSummary",
+    "compact_agent",
+    "recover_agent",
+]

@@ -1,0 +1,208 @@
+"""Files and locks: the durable-write and flock primitives the transaction is built from.
+
+Everything that must survive a crash goes through ``write_new_file`` (create
+exclusively, write, fsync) followed by a rename or link and ``fsync_dir``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from memd.errors import LockTimeout
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+_READ_CHUNK = 1 << 20
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` as 0700 (or tighten it when we own it)."""
+    try:
+        path.mkdir(mode=PRIVATE_DIR_MODE)
+        fsync_dir(path.parent)
+    except FileExistsError:
+        if not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path)) from None
+        st = path.stat()
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            with contextlib.suppress(PermissionError):
+                path.chmod(PRIVATE_DIR_MODE)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_new_file(
+    path: Path, chunks: list[bytes], mode: int = PRIVATE_FILE_MODE
+) -> os.stat_result:
+    """Create ``path`` exclusively, write ``chunks``, fsync; returns its stat.
+
+    A stale file at ``path`` (a temp left by a crash) is removed first.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        for chunk in chunks:
+            write_all(fd, chunk)
+        os.fsync(fd)
+        return os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        fd = -1
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Replace ``path`` with ``payload`` durably (temp + fsync + rename + fsync dir)."""
+    temp = path.with_name(path.name + ".tmp")
+    write_new_file(temp, [json.dumps(payload, sort_keys=True).encode()])
+    os.replace(temp, path)
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    loaded = json.loads(data)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return loaded
+
+
+def read_range(fd: int, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of an open file (short only at end of file)."""
+    parts: list[bytes] = []
+    offset = start
+    while offset < end:
+        chunk = os.pread(fd, min(_READ_CHUNK, end - offset), offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
+def read_to_end(fd: int) -> bytes:
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, _READ_CHUNK, offset)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        offset += len(chunk)
+
+
+def sha256_prefix(fd: int, length: int) -> str:
+    digest = hashlib.sha256()
+    offset = 0
+    while offset < length:
+        chunk = os.pread(fd, min(_READ_CHUNK, length - offset), offset)
+        if not chunk:
+            break
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest() if offset == length else ""
+
+
+def link_unique(source: Path, directory: Path, stem: str, suffix: str = ".md") -> Path:
+    """Hard-link ``source`` as ``stem{suffix}``, else ``stem_1{suffix}``, ``stem_2``, …
+
+    ``link()`` fails when the name exists, so an existing file is never
+    overwritten, even by a racing process.
+    """
+    attempt = 0
+    while True:
+        name = f"{stem}{suffix}" if attempt == 0 else f"{stem}_{attempt}{suffix}"
+        target = directory / name
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            attempt += 1
+            continue
+        return target
+
+
+class AgentLock:
+    """The per-agent compaction lock: ``flock`` on a file that is never renamed.
+
+    It serializes compactors (daemons, ``compact-now``, ``forget``) across
+    processes; writers never take it.
+    """
+
+    def __init__(self, path: Path, agent: str) -> None:
+        self.path = path
+        self.agent = agent
+        self._fd = -1
+
+    def acquire(self, wait_s: float, poll_s: float = 0.05) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        deadline = time.monotonic() + max(0.0, wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise LockTimeout(
+                        f"agent {self.agent!r}: another compaction holds its lock "
+                        f"(waited {wait_s:g}s)"
+                    ) from None
+                time.sleep(poll_s)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
+            return
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+    @contextlib.contextmanager
+    def held(self, wait_s: float) -> Iterator[None]:
+        self.acquire(wait_s)
+        try:
+            yield
+        finally:
+            self.release()
+
+
+def unlink_quiet(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True

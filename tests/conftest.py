@@ -1,0 +1,27 @@
+"""Shared fixtures: real workspaces in tmp dirs, written in the Swarms format."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# litellm must never phone home from the test suite.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# A developer's own config must not leak into tests.
+for _var in [v for v in os.environ if v.startswith("MEMD_")] + ["WORKSPACE_DIR"]:
+    os.environ.pop(_var, None)
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from support.memfiles import AgentWorkspace  # noqa: E402
+
+
+@pytest.fixture
+def agent_ws(tmp_path: Path) -> AgentWorkspace:
+    """A workspace with one agent, ``alpha``, whose MEMORY.md has a Swarms header."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    return ws
