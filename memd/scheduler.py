@@ -1,0 +1,121 @@
+"""The scheduler adapter: the only module that imports APScheduler (3.x).
+
+One ``BackgroundScheduler`` runs everything timed: the periodic jobs
+(reconcile, state flush) on a small default pool, compactions on a pool whose
+size is the global cap on concurrent LLM calls, and per-agent wake-ups (end of
+a backoff or cooldown).
+
+APScheduler 3's traps (DESIGN.md §5) are defused here: ``misfire_grace_time``
+is None for every job (a late run is still a run, never silently dropped),
+one-shot jobs get unique ids so a ``max_instances`` skip cannot eat them, and
+who-runs-when per agent is decided by the daemon's own job state machine
+(:mod:`memd.core.schedule_policy`), not by APScheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.schedulers.background import BackgroundScheduler
+
+COMPACTION_EXECUTOR = "compaction"
+DEFAULT_EXECUTOR = "default"
+
+Task = Callable[..., Any]
+
+
+class JobScheduler:
+    def __init__(self, *, compaction_slots: int, periodic_workers: int = 2) -> None:
+        self.compaction_slots = compaction_slots
+        self._scheduler = BackgroundScheduler(
+            executors={
+                DEFAULT_EXECUTOR: ThreadPoolExecutor(max_workers=periodic_workers),
+                COMPACTION_EXECUTOR: ThreadPoolExecutor(max_workers=compaction_slots),
+            },
+            job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
+            timezone=UTC,
+        )
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._scheduler.start()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop; with ``wait`` the jobs already handed to a pool run to the end."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=wait)
+
+    def is_alive(self) -> bool:
+        thread = getattr(self._scheduler, "_thread", None)
+        return bool(self._scheduler.running) and thread is not None and thread.is_alive()
+
+    def every(
+        self, name: str, interval_s: float, task: Task, *, first_in_s: float | None = None
+    ) -> None:
+        """Run ``task`` every ``interval_s`` seconds; re-adding ``name`` replaces it.
+
+        Overlapping or missed runs coalesce into one (a periodic job that is
+        late simply runs once, then keeps its interval).
+        """
+        delay = interval_s if first_in_s is None else first_in_s
+        self._scheduler.add_job(
+            task,
+            "interval",
+            seconds=interval_s,
+            id=name,
+            name=name,
+            replace_existing=True,
+            next_run_time=datetime.now(UTC) + timedelta(seconds=delay),
+            executor=DEFAULT_EXECUTOR,
+        )
+
+    def submit(self, name: str, task: Task, *args: Any) -> str:
+        """Run ``task(*args)`` now on the compaction pool (queued when all slots are busy)."""
+        with self._lock:
+            job_id = f"{name}#{next(self._ids)}"
+        self._scheduler.add_job(
+            task,
+            "date",
+            run_date=datetime.now(UTC),
+            args=args,
+            id=job_id,
+            name=name,
+            executor=COMPACTION_EXECUTOR,
+            # Unique ids make this moot, but a one-shot job must never be skipped.
+            max_instances=1_000_000,
+        )
+        return job_id
+
+    def wake_at(self, key: str, when_epoch: float, task: Task, *args: Any) -> None:
+        """Run ``task(*args)`` once at ``when_epoch`` (a wall-clock time); one per key."""
+        self._scheduler.add_job(
+            task,
+            "date",
+            run_date=datetime.fromtimestamp(when_epoch, UTC),
+            args=args,
+            id=key,
+            name=key,
+            replace_existing=True,
+            executor=DEFAULT_EXECUTOR,
+        )
+
+    def cancel(self, key: str) -> None:
+        with contextlib.suppress(JobLookupError):
+            self._scheduler.remove_job(key)
+
+    def has_job(self, key: str) -> bool:
+        return self._scheduler.get_job(key) is not None
+
+    def job_ids(self) -> list[str]:
+        return [job.id for job in self._scheduler.get_jobs()]
+
+
+__all__ = ["COMPACTION_EXECUTOR", "DEFAULT_EXECUTOR", "JobScheduler"]

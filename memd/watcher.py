@@ -1,0 +1,383 @@
+"""File-system watching with watchdog: ``agents/`` and each agent folder, never recursively.
+
+Events are hints. The daemon's periodic reconcile rescan is the source of
+truth, so a dropped event, an inotify queue overflow or a dead watcher thread
+costs latency, never correctness. Every handler is wrapped: an exception is
+logged and the watcher keeps running (watchdog would otherwise let it kill the
+observer thread silently).
+
+Backends, behind one swappable name (:func:`make_backend`):
+
+* ``inotify`` (Linux default): watchdog's inotify layer (``InotifyFD``) with a
+  single callback for every folder: one inotify instance and one thread for
+  any number of agents. watchdog's ``Observer`` starts one emitter thread per
+  watched folder; with 10,000 agents that measured 238 MB RSS and 3.6 s to
+  schedule, against the 150 MB / 3 s budget.
+* ``polling``: watchdog's ``PollingObserver`` (``--poll``), for NFS/CIFS and
+  Docker Desktop mounts where inotify sees nothing.
+* ``observer``: watchdog's platform ``Observer`` (portable fallback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+
+from memd.logs import get_logger
+from memd.workspace import AGENTS_DIR, MEMORY_FILE
+
+BackendKind = Literal["inotify", "polling", "observer"]
+ROOT_KEY = ""  # the agents/ folder itself; agent keys are valid agent names (never empty)
+
+_log = get_logger("memd.watcher")
+
+
+class WatchSink(Protocol):
+    def agents_changed(self, name: str | None) -> None:
+        """Something changed in ``agents/`` (``name``), or None: rescan everything."""
+
+    def memory_changed(self, agent: str) -> None:
+        """The agent's MEMORY.md was written, created, replaced or removed."""
+
+
+class DirWatchBackend(Protocol):
+    kind: BackendKind
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def is_alive(self) -> bool: ...
+
+    def watch(self, key: str, path: Path) -> None: ...
+
+    def unwatch(self, key: str) -> None: ...
+
+    def watched(self) -> set[str]: ...
+
+
+def _guarded(sink: WatchSink) -> tuple[Callable[[str | None], None], Callable[[str], None]]:
+    """The sink's methods, each logging (never raising) on failure."""
+
+    def agents_changed(name: str | None) -> None:
+        try:
+            sink.agents_changed(name)
+        except Exception:
+            _log.exception("watch handler failed", name=name)
+
+    def memory_changed(agent: str) -> None:
+        try:
+            sink.memory_changed(agent)
+        except Exception:
+            _log.exception("watch handler failed", agent=agent)
+
+    return agents_changed, memory_changed
+
+
+class InotifyBackend:
+    """All folders on one private watchdog ``InotifyFD``: one thread, one fd."""
+
+    kind: BackendKind = "inotify"
+
+    def __init__(self, sink: WatchSink) -> None:
+        from watchdog.observers.inotify_c import InotifyConstants as C
+
+        self._agents_changed, self._memory_changed = _guarded(sink)
+        self._mask = (
+            C.IN_MODIFY
+            | C.IN_ATTRIB
+            | C.IN_CREATE
+            | C.IN_DELETE
+            | C.IN_MOVED_FROM
+            | C.IN_MOVED_TO
+            | C.IN_DELETE_SELF
+            | C.IN_MOVE_SELF
+            | C.IN_ONLYDIR
+        )
+        self._fd: Any = None
+        self._lock = threading.Lock()
+        self._wd_by_key: dict[str, int] = {}
+        self._key_by_wd: dict[int, str] = {}
+        self._memory_name = os.fsencode(MEMORY_FILE)
+        self._stopping = False
+
+    def start(self) -> None:
+        from watchdog.observers.inotify_c import InotifyFD
+
+        self._stopping = False
+        self._fd = InotifyFD()  # private instance: restartable, not shared
+        self._fd.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fd.stop()
+            fd.join(timeout=2)
+        with self._lock:
+            self._wd_by_key.clear()
+            self._key_by_wd.clear()
+
+    def is_alive(self) -> bool:
+        return self._fd is not None and bool(self._fd.is_alive())
+
+    def watch(self, key: str, path: Path) -> None:
+        if self._fd is None:
+            raise RuntimeError("watcher is not started")
+        wd = self._fd.add_callback(os.fsencode(path), self._mask, self, id(self))
+        with self._lock:
+            self._wd_by_key[key] = wd
+            self._key_by_wd[wd] = key
+
+    def unwatch(self, key: str) -> None:
+        with self._lock:
+            wd = self._wd_by_key.pop(key, None)
+            if wd is None:
+                return
+            if self._key_by_wd.get(wd) == key:
+                del self._key_by_wd[wd]
+        if self._fd is not None:
+            self._fd.remove_callbacks([(wd, id(self))])
+
+    def watched(self) -> set[str]:
+        with self._lock:
+            return set(self._wd_by_key)
+
+    # watchdog's WatchCallback protocol, called on the InotifyFD thread.
+    def on_event(self, event: Any) -> None:
+        with self._lock:
+            key = self._key_by_wd.get(event.wd)
+        if key is None:
+            return
+        if key == ROOT_KEY:
+            if event.is_delete_self or event.is_move_self:
+                self._agents_changed(None)
+            elif event.name and not event.is_modify:
+                self._agents_changed(os.fsdecode(event.name))
+            return
+        if event.name == self._memory_name:
+            self._memory_changed(key)
+        elif event.is_delete_self or event.is_move_self:
+            self._agents_changed(key)
+
+    def on_watch_deleted(self, wd: int) -> None:
+        with self._lock:
+            key = self._key_by_wd.pop(wd, None)
+            if key is not None and self._wd_by_key.get(key) == wd:
+                del self._wd_by_key[key]
+        if key is not None and not self._stopping:
+            self._agents_changed(None if key == ROOT_KEY else key)
+
+    def on_queue_overflow(self) -> None:
+        _log.warning("inotify queue overflowed; rescanning every agent")
+        self._agents_changed(None)
+
+
+class _KeyedHandler(FileSystemEventHandler):
+    def __init__(self, key: str, backend: ObserverBackend) -> None:
+        self.key = key
+        self.backend = backend
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self.backend.dispatch(self.key, event)
+
+
+class ObserverBackend:
+    """watchdog's ``Observer`` or ``PollingObserver``: one scheduled watch per folder."""
+
+    def __init__(self, sink: WatchSink, kind: BackendKind, poll_interval_s: float) -> None:
+        self.kind = kind
+        self._agents_changed, self._memory_changed = _guarded(sink)
+        self._poll_interval_s = poll_interval_s
+        self._observer: Any = None
+        self._watches: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _new_observer(self) -> Any:
+        if self.kind == "polling":
+            from watchdog.observers.polling import PollingObserver
+
+            return PollingObserver(timeout=self._poll_interval_s)
+        from watchdog.observers import Observer
+
+        return Observer()
+
+    def start(self) -> None:
+        self._observer = self._new_observer()
+        self._observer.start()
+
+    def stop(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            observer.join(timeout=5)
+        with self._lock:
+            self._watches.clear()
+
+    def is_alive(self) -> bool:
+        return self._observer is not None and bool(self._observer.is_alive())
+
+    def watch(self, key: str, path: Path) -> None:
+        if self._observer is None:
+            raise RuntimeError("watcher is not started")
+        handle = self._observer.schedule(_KeyedHandler(key, self), str(path), recursive=False)
+        with self._lock:
+            self._watches[key] = handle
+
+    def unwatch(self, key: str) -> None:
+        with self._lock:
+            handle = self._watches.pop(key, None)
+        if handle is not None and self._observer is not None:
+            with contextlib.suppress(KeyError):
+                self._observer.unschedule(handle)
+
+    def watched(self) -> set[str]:
+        with self._lock:
+            return set(self._watches)
+
+    def dispatch(self, key: str, event: FileSystemEvent) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return
+        src = os.fsdecode(event.src_path)
+        dest = os.fsdecode(event.dest_path) if event.dest_path else ""
+        if key == ROOT_KEY:
+            if event.event_type == "modified":
+                return
+            for path in (src, dest):
+                if path and os.path.dirname(path) != path:
+                    self._agents_changed(os.path.basename(path))
+            return
+        names = {os.path.basename(src), os.path.basename(dest) if dest else ""}
+        if MEMORY_FILE in names:
+            self._memory_changed(key)
+        elif (
+            event.is_directory
+            and event.event_type in ("deleted", "moved")
+            and (os.path.basename(src) == key)
+        ):
+            self._agents_changed(key)
+
+
+def make_backend(
+    kind: BackendKind, sink: WatchSink, poll_interval_s: float = 1.0
+) -> DirWatchBackend:
+    if kind == "inotify":
+        return InotifyBackend(sink)
+    return ObserverBackend(sink, kind, poll_interval_s)
+
+
+def default_backend_kind(poll: bool) -> BackendKind:
+    if poll:
+        return "polling"
+    try:
+        import watchdog.observers.inotify_c  # noqa: F401  (Linux only)
+    except (ImportError, OSError):
+        return "observer"
+    return "inotify"
+
+
+class Watcher:
+    """Keeps the watches matching the set of agents; restartable when it dies."""
+
+    def __init__(
+        self,
+        workspace: Path,
+        sink: WatchSink,
+        *,
+        kind: BackendKind,
+        poll_interval_s: float = 1.0,
+    ) -> None:
+        self.workspace = workspace
+        self.agents_dir = workspace / AGENTS_DIR
+        self.kind = kind
+        self._sink = sink
+        self._poll_interval_s = poll_interval_s
+        self._backend: DirWatchBackend | None = None
+        self._failed: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        backend = make_backend(self.kind, self._sink, self._poll_interval_s)
+        backend.start()
+        self._backend = backend
+        self._failed.clear()
+
+    def stop(self) -> None:
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.stop()
+
+    def restart(self) -> None:
+        with self._lock:
+            self.stop()
+            self.start()
+
+    def is_alive(self) -> bool:
+        backend = self._backend
+        return backend is not None and backend.is_alive()
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Agents whose folder could not be watched (they still get reconciled)."""
+        return dict(self._failed)
+
+    def watched(self) -> set[str]:
+        backend = self._backend
+        return set() if backend is None else backend.watched() - {ROOT_KEY}
+
+    def sync(self, agent_dirs: Mapping[str, Path]) -> None:
+        """Watch ``agents/`` and exactly the given agent folders."""
+        with self._lock:
+            backend = self._backend
+            if backend is None:
+                return
+            current = backend.watched()
+            if ROOT_KEY not in current and self.agents_dir.is_dir():
+                self._try_watch(backend, ROOT_KEY, self.agents_dir)
+            for agent, path in agent_dirs.items():
+                if agent not in current:
+                    self._try_watch(backend, agent, path)
+            for agent in current - set(agent_dirs) - {ROOT_KEY}:
+                backend.unwatch(agent)
+                self._failed.pop(agent, None)
+
+    def _try_watch(self, backend: DirWatchBackend, key: str, path: Path) -> None:
+        try:
+            backend.watch(key, path)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if self._failed.get(key) != reason:
+                # Logged once per reason; the reconcile rescan still covers the agent.
+                _log.warning(
+                    "cannot watch folder; relying on the periodic rescan",
+                    agent=key or None,
+                    path=str(path),
+                    error=reason,
+                )
+            self._failed[key] = reason
+        else:
+            self._failed.pop(key, None)
+
+    def unwatch(self, agent: str) -> None:
+        backend = self._backend
+        if backend is not None:
+            backend.unwatch(agent)
+
+
+__all__ = [
+    "ROOT_KEY",
+    "BackendKind",
+    "DirWatchBackend",
+    "InotifyBackend",
+    "ObserverBackend",
+    "WatchSink",
+    "Watcher",
+    "default_backend_kind",
+    "make_backend",
+]

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memd.core.tokens import CountState
+from memd.counting import CountKind, NotARegularFile, TrackedCount, count_file, restored
+from memd.tokenizer import TokenCounter
+
+COUNTER = TokenCounter("cl100k_base")
+
+
+def entry(role: str, text: str) -> bytes:
+    return f"### {role} — 2026-01-01T10:00:00\n\n{text}\n\n---\n\n".encode()
+
+
+def full(path: Path) -> int:
+    return COUNTER.count_bytes(path.read_bytes())
+
+
+def test_append_tokenizes_only_the_new_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "hello " * 5000))
+    seen: list[int] = []
+
+    def spy(data: bytes) -> int:
+        seen.append(len(data))
+        return COUNTER.count_bytes(data)
+
+    tracked, kind = count_file(path, None, spy)
+    assert kind is CountKind.RECOUNTED and tracked.tokens == full(path)
+    with path.open("ab") as f:
+        f.write(entry("AI", "short answer"))
+    # the first append settles the old unsafe tail (the last entry); after
+    # that only the last entry and the new bytes are read
+    tracked, kind = count_file(path, tracked, spy)
+    seen.clear()
+    with path.open("ab") as f:
+        f.write(entry("AI", "another"))
+    tracked, kind = count_file(path, tracked, spy)
+    assert kind is CountKind.APPENDED and tracked.tokens == full(path)
+    assert sum(seen) < 200  # the 30 KB prefix was not tokenized again
+    again, kind = count_file(path, tracked, spy)
+    assert kind is CountKind.UNCHANGED and again.tokens == tracked.tokens
+
+
+def test_replace_truncate_and_rewrite_force_a_full_recount(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "a b c " * 300) + entry("AI", "x"))
+    tracked, _ = count_file(path, None, COUNTER.count_bytes)
+    # rewrite in place, same size, inside the verified window
+    data = bytearray(path.read_bytes())
+    data[-60:-50] = b"ZZZZZZZZZZ"
+    with path.open("r+b") as f:
+        f.write(bytes(data))
+    tracked, kind = count_file(path, tracked, COUNTER.count_bytes)
+    assert kind is CountKind.RECOUNTED and tracked.tokens == full(path)
+    # truncation
+    with path.open("r+b") as f:
+        f.truncate(100)
+    tracked, kind = count_file(path, tracked, COUNTER.count_bytes)
+    assert kind is CountKind.RECOUNTED and tracked.tokens == full(path)
+    # replaced by rename: new inode
+    tmp = tmp_path / "new"
+    tmp.write_bytes(entry("System", "summary") + b"more")
+    os.replace(tmp, path)
+    tracked, kind = count_file(path, tracked, COUNTER.count_bytes)
+    assert kind is CountKind.RECOUNTED and tracked.tokens == full(path)
+
+
+def test_restored_count_is_extended_without_reading_the_prefix(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "hi " * 1000))
+    first, _ = count_file(path, None, COUNTER.count_bytes)
+    saved = restored(CountState(**{f: getattr(first.state, f) for f in first.state.__slots__}))
+    with path.open("ab") as f:
+        f.write(entry("AI", "ok"))
+    tracked, kind = count_file(path, saved, COUNTER.count_bytes)
+    assert kind is CountKind.APPENDED and tracked.tokens == full(path)
+    assert tracked.window_digest is not None
+
+
+def test_non_regular_files_and_missing_files_raise(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(NotARegularFile):
+        count_file(tmp_path / "dir", None, COUNTER.count_bytes)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(NotARegularFile):
+        count_file(tmp_path / "fifo", None, COUNTER.count_bytes)
+    with pytest.raises(FileNotFoundError):
+        count_file(tmp_path / "missing", None, COUNTER.count_bytes)
+
+
+_TEXT = st.text(
+    alphabet=st.sampled_from(list("abc XYZ\n\r#-—é😀123.,:!")), min_size=0, max_size=120
+)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("entry"), st.sampled_from(["Human", "AI", "System"]), _TEXT),
+        st.tuples(st.just("raw"), st.binary(max_size=60), st.just("")),
+        st.tuples(st.just("text"), _TEXT, st.just("")),
+        st.tuples(st.just("truncate"), st.integers(0, 400), st.just("")),
+        st.tuples(st.just("replace"), _TEXT, st.just("")),
+        st.tuples(st.just("poke"), st.integers(1, 200), st.just("")),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_OPS)
+def test_incremental_count_always_equals_a_full_recount(tmp_path: Path, ops: list[tuple]) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(b"")
+    tracked: TrackedCount | None = None
+    for op, a, b in ops:
+        if op == "entry":
+            with path.open("ab") as f:
+                f.write(entry(a, b))
+        elif op == "raw":
+            with path.open("ab") as f:
+                f.write(a)
+        elif op == "text":
+            with path.open("ab") as f:
+                f.write(a.encode())
+        elif op == "truncate":
+            with path.open("r+b") as f:
+                f.truncate(min(a, os.path.getsize(path)))
+        elif op == "replace":
+            tmp = tmp_path / "tmp"
+            tmp.write_bytes(entry("System", a))
+            os.replace(tmp, path)
+        elif op == "poke":
+            # in-place rewrite of a byte near the end (what the window guards)
+            size = os.path.getsize(path)
+            if size:
+                with path.open("r+b") as f:
+                    f.seek(max(0, size - a))
+                    f.write(b"#")
+        tracked, _ = count_file(path, tracked, COUNTER.count_bytes)
+        assert tracked.tokens == full(path)
+        assert tracked.size == os.path.getsize(path)

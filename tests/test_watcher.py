@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memd.watcher import BackendKind, Watcher, default_backend_kind
+
+KINDS: list[BackendKind] = ["inotify", "polling", "observer"]
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str | None]] = []
+        self.cond = threading.Condition()
+        self.explode = False
+
+    def agents_changed(self, name: str | None) -> None:
+        self._add(("agents", name))
+
+    def memory_changed(self, agent: str) -> None:
+        self._add(("memory", agent))
+
+    def _add(self, event: tuple[str, str | None]) -> None:
+        with self.cond:
+            self.events.append(event)
+            self.cond.notify_all()
+        if self.explode:
+            raise RuntimeError("handler bug")
+
+    def wait_for(self, event: tuple[str, str | None], timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while event not in self.events:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def clear(self) -> None:
+        with self.cond:
+            self.events.clear()
+
+
+@pytest.fixture(params=KINDS)
+def setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Watcher, Sink, Path]]:
+    agents = tmp_path / "agents"
+    (agents / "alice").mkdir(parents=True)
+    sink = Sink()
+    watcher = Watcher(tmp_path, sink, kind=request.param, poll_interval_s=0.05)
+    watcher.start()
+    watcher.sync({"alice": agents / "alice"})
+    time.sleep(0.1)  # let a polling emitter take its first snapshot
+    yield watcher, sink, agents
+    watcher.stop()
+
+
+def test_memory_writes_and_replacement_are_reported(setup: tuple[Watcher, Sink, Path]) -> None:
+    _watcher, sink, agents = setup
+    memory = agents / "alice" / "MEMORY.md"
+    memory.write_bytes(b"# Agent Memory\n")
+    assert sink.wait_for(("memory", "alice"))
+    sink.clear()
+    time.sleep(0.06)
+    with memory.open("ab") as f:
+        f.write(b"more bytes\n")
+    assert sink.wait_for(("memory", "alice"))
+    sink.clear()
+    tmp = agents / "alice" / "MEMORY.md.tmp"
+    tmp.write_bytes(b"replaced")
+    os.replace(tmp, memory)
+    assert sink.wait_for(("memory", "alice"))
+
+
+def test_agent_folders_created_renamed_deleted(setup: tuple[Watcher, Sink, Path]) -> None:
+    watcher, sink, agents = setup
+    (agents / "bob").mkdir()
+    assert sink.wait_for(("agents", "bob"))
+    (agents / "bob").rename(agents / "carol")
+    assert sink.wait_for(("agents", "carol"))
+    (agents / "carol").rmdir()
+    sink.clear()
+    time.sleep(0.1)
+    watcher.sync({"alice": agents / "alice", "dave": agents / "dave"})  # dave is missing
+    assert "dave" in watcher.failed
+    assert watcher.watched() == {"alice"}
+    watcher.sync({})
+    assert watcher.watched() == set()
+
+
+def test_private_and_archive_files_are_not_watched(setup: tuple[Watcher, Sink, Path]) -> None:
+    _watcher, sink, agents = setup
+    private = agents / "alice" / ".memd"
+    private.mkdir()
+    time.sleep(0.2)
+    sink.clear()
+    for n in range(5):
+        (private / f"journal{n}.json").write_text("{}")
+    (agents / "alice" / "MEMORY.md").write_text("x")
+    assert sink.wait_for(("memory", "alice"))
+    assert all(event == ("memory", "alice") for event in sink.events)
+
+
+def test_handler_exception_is_logged_and_watching_continues(
+    setup: tuple[Watcher, Sink, Path],
+) -> None:
+    watcher, sink, agents = setup
+    sink.explode = True
+    memory = agents / "alice" / "MEMORY.md"
+    memory.write_text("a")
+    assert sink.wait_for(("memory", "alice"))
+    sink.clear()
+    time.sleep(0.06)
+    memory.write_text("ab")
+    assert sink.wait_for(("memory", "alice"))
+    assert watcher.is_alive()
+
+
+def test_dead_watcher_is_detected_and_restarted(setup: tuple[Watcher, Sink, Path]) -> None:
+    watcher, sink, agents = setup
+    backend = watcher._backend
+    assert backend is not None and watcher.is_alive()
+    backend.stop()  # the thread dies under us
+    assert not watcher.is_alive()
+    watcher.restart()
+    watcher.sync({"alice": agents / "alice"})
+    time.sleep(0.1)
+    sink.clear()
+    (agents / "alice" / "MEMORY.md").write_text("after restart")
+    assert sink.wait_for(("memory", "alice"))
+
+
+def test_inotify_backend_uses_one_thread_for_many_folders(tmp_path: Path) -> None:
+    before = threading.active_count()
+    agents = tmp_path / "agents"
+    dirs = {f"a{n}": agents / f"a{n}" for n in range(300)}
+    for path in dirs.values():
+        path.mkdir(parents=True)
+    sink = Sink()
+    watcher = Watcher(tmp_path, sink, kind="inotify")
+    watcher.start()
+    try:
+        watcher.sync(dirs)
+        assert len(watcher.watched()) == 300
+        assert threading.active_count() - before <= 1
+        (agents / "a299" / "MEMORY.md").write_text("x")
+        assert sink.wait_for(("memory", "a299"))
+    finally:
+        watcher.stop()
+
+
+def test_default_backend() -> None:
+    assert default_backend_kind(True) == "polling"
+    assert default_backend_kind(False) == "inotify"
