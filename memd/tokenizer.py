@@ -1,0 +1,215 @@
+"""Load tiktoken encodings offline, and count tokens exactly.
+
+tiktoken fetches its BPE files over HTTP the first time an encoding is used,
+unless they already sit in ``$TIKTOKEN_CACHE_DIR`` under the sha1 of their
+URL.  litellm's wheel ships exactly such a cache directory
+(``litellm/litellm_core_utils/tokenizers``), so we point tiktoken at it for
+the duration of the load.  litellm is located with ``importlib.util.find_spec``
+and never imported: importing it is slow and phones home.
+
+Before letting tiktoken read a file we check that it is there and that its
+sha256 is the one tiktoken pins.  Otherwise tiktoken would fall back to the
+network, and on a hash mismatch it would delete the file from litellm's
+package directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from memd.core.tokens import safe_chunk_bounds
+from memd.errors import TokenizerError
+
+if TYPE_CHECKING:
+    import tiktoken
+
+DEFAULT_ENCODING: Final = "cl100k_base"
+_BLOB_BASE: Final = "https://openaipublic.blob.core.windows.net/encodings/"
+_CACHE_ENV: Final = "TIKTOKEN_CACHE_DIR"
+
+
+@dataclass(frozen=True, slots=True)
+class _BpeFile:
+    url: str
+    sha256: str
+
+    @property
+    def cache_key(self) -> str:
+        # tiktoken.load.read_file_cached names cache entries by sha1 of the URL.
+        return hashlib.sha1(self.url.encode(), usedforsecurity=False).hexdigest()
+
+
+_CL100K: Final = _BpeFile(
+    _BLOB_BASE + "cl100k_base.tiktoken",
+    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+)
+_O200K: Final = _BpeFile(
+    _BLOB_BASE + "o200k_base.tiktoken",
+    "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+)
+_P50K: Final = _BpeFile(
+    _BLOB_BASE + "p50k_base.tiktoken",
+    "94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
+)
+_R50K: Final = _BpeFile(
+    _BLOB_BASE + "r50k_base.tiktoken",
+    "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+)
+
+# The single BPE file each encoding's constructor in tiktoken_ext.openai_public
+# reads (URLs and hashes copied from there).  "gpt2" reads two other files that
+# no wheel bundles, so it is not offered.  r50k_base is not in litellm's wheel
+# either; it works when the user put it in $TIKTOKEN_CACHE_DIR themselves.
+OFFLINE_ENCODINGS: Final[dict[str, _BpeFile]] = {
+    "cl100k_base": _CL100K,
+    "o200k_base": _O200K,
+    "o200k_harmony": _O200K,
+    "p50k_base": _P50K,
+    "p50k_edit": _P50K,
+    "r50k_base": _R50K,
+}
+
+_load_lock = threading.Lock()
+_loaded: dict[str, tiktoken.Encoding] = {}
+
+
+def bundled_tokenizer_dir() -> Path | None:
+    """litellm's bundled tiktoken cache directory, found without importing litellm."""
+    try:
+        spec = importlib.util.find_spec("litellm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "litellm_core_utils" / "tokenizers"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _search_dirs() -> list[Path]:
+    dirs: list[Path] = []
+    bundled = bundled_tokenizer_dir()
+    if bundled is not None:
+        dirs.append(bundled)
+    user_dir = os.environ.get(_CACHE_ENV)
+    if user_dir and Path(user_dir) not in dirs:
+        dirs.append(Path(user_dir))
+    return dirs
+
+
+def _file_is_valid(path: Path, bpe: _BpeFile) -> bool:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return hashlib.sha256(data).hexdigest() == bpe.sha256
+
+
+def _locate(name: str, bpe: _BpeFile) -> Path:
+    dirs = _search_dirs()
+    for directory in dirs:
+        if _file_is_valid(directory / bpe.cache_key, bpe):
+            return directory
+    searched = ", ".join(str(d) for d in dirs) or "no litellm install, TIKTOKEN_CACHE_DIR unset"
+    filename = bpe.url.rsplit("/", 1)[-1]
+    raise TokenizerError(
+        f"tokenizer encoding {name!r}: {filename} (as {bpe.cache_key}) "
+        f"not found offline in {searched}"
+    )
+
+
+def load_encoding(name: str) -> tiktoken.Encoding:
+    """The tiktoken encoding ``name``, loaded from local files only (cached)."""
+    cached = _loaded.get(name)
+    if cached is not None:
+        return cached
+    bpe = OFFLINE_ENCODINGS.get(name)
+    if bpe is None:
+        offered = ", ".join(sorted(OFFLINE_ENCODINGS))
+        raise TokenizerError(
+            f"tokenizer encoding {name!r} is unknown or not available offline "
+            f"(use one of: {offered})"
+        )
+    with _load_lock:
+        cached = _loaded.get(name)
+        if cached is not None:
+            return cached
+        directory = _locate(name, bpe)
+        import tiktoken
+
+        previous = os.environ.get(_CACHE_ENV)
+        os.environ[_CACHE_ENV] = str(directory)
+        try:
+            encoding = tiktoken.get_encoding(name)
+        except Exception as exc:  # tiktoken raises ValueError, OSError, requests errors...
+            raise TokenizerError(f"tokenizer encoding {name!r} failed to load: {exc}") from exc
+        finally:
+            # Put the variable back unless someone (an import of litellm in another
+            # thread) changed it meanwhile: their value wins.
+            if os.environ.get(_CACHE_ENV) == str(directory):
+                if previous is None:
+                    del os.environ[_CACHE_ENV]
+                else:
+                    os.environ[_CACHE_ENV] = previous
+        _loaded[name] = encoding
+        return encoding
+
+
+_CHUNK_BYTES: Final = 1 << 20
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            workers = max(1, min(8, os.cpu_count() or 1))
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memd-tokens")
+        return _pool
+
+
+class TokenCounter:
+    """Exact token counts: ``len(encode_ordinary(data.decode("utf-8", "replace")))``.
+
+    Large inputs are cut at token-safe boundaries (see ``memd.core.tokens``) and
+    counted on a thread pool: tiktoken releases the GIL while encoding, so a cold
+    scan uses every core, and memory stays bounded by the chunk size instead of
+    a token list for the whole file.
+    """
+
+    def __init__(self, encoding_name: str = DEFAULT_ENCODING, *, chunk_bytes: int = _CHUNK_BYTES):
+        self.encoding_name = encoding_name
+        self.encoding = load_encoding(encoding_name)
+        self._chunk_bytes = max(1, chunk_bytes)
+
+    def count_text(self, text: str) -> int:
+        return len(self.encoding.encode_ordinary(text))
+
+    def _count_slice(self, data: bytes, start: int, end: int) -> int:
+        text = str(memoryview(data)[start:end], "utf-8", "replace")
+        return len(self.encoding.encode_ordinary(text))
+
+    def count_bytes(self, data: bytes) -> int:
+        if len(data) <= self._chunk_bytes:
+            return self._count_slice(data, 0, len(data))
+        bounds = safe_chunk_bounds(data, self._chunk_bytes)
+        return sum(self.count_many(data, bounds))
+
+    def count_many(self, data: bytes, bounds: Sequence[tuple[int, int]]) -> list[int]:
+        """Count each ``data[start:end]`` on the shared pool, in order."""
+        if len(bounds) <= 1:
+            return [self._count_slice(data, start, end) for start, end in bounds]
+        pool = _shared_pool()
+        futures = [pool.submit(self._count_slice, data, start, end) for start, end in bounds]
+        return [future.result() for future in futures]

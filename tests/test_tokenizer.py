@@ -1,0 +1,191 @@
+"""Tokenizer loading works with no network and no tiktoken cache; counts are exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from memd.errors import TokenizerError
+from memd.tokenizer import TokenCounter, bundled_tokenizer_dir, load_encoding
+
+SAMPLE = "### User \u2014 2024-01-01T00:00:00\n\nHello, wörld! 日本語 ###\n\n---\n\n"
+SAMPLE_BYTES = SAMPLE.encode() + b"\xff\xe2\x80 tail"
+
+# Cuts the network off inside the child even where `unshare -n` is not allowed.
+NO_NETWORK_PRELUDE = textwrap.dedent(
+    """
+    import socket
+
+    def _no_network(*args, **kwargs):
+        raise OSError("network disabled by the test")
+
+    socket.socket.connect = _no_network
+    socket.socket.connect_ex = _no_network
+    socket.create_connection = _no_network
+    socket.getaddrinfo = _no_network
+    """
+)
+
+# Makes `litellm` unfindable, as on a machine without it.
+NO_LITELLM_PRELUDE = textwrap.dedent(
+    """
+    import sys
+
+    class _HideLitellm:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            if name == "litellm" or name.startswith("litellm."):
+                raise ModuleNotFoundError(name)
+            return None
+
+    sys.meta_path.insert(0, _HideLitellm)
+    """
+)
+
+
+@cache
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def run_offline(
+    code: str, cache_dir: Path, *, prelude: str = NO_NETWORK_PRELUDE
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter: no network, an empty tiktoken cache."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LITELLM")}
+    env["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
+    env.pop("DATA_GYM_CACHE_DIR", None)
+    argv = [sys.executable, "-c", prelude + "\n" + textwrap.dedent(code)]
+    if _unshare_works():
+        argv = ["unshare", "-n", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path) -> Path:
+    cache_dir = tmp_path / "tiktoken-cache"
+    cache_dir.mkdir()
+    return cache_dir
+
+
+def test_the_sandbox_really_blocks_downloads(empty_cache: Path) -> None:
+    # Control experiment: plain tiktoken must fail here, or the test below proves nothing.
+    result = run_offline(
+        """
+        import tiktoken
+        tiktoken.get_encoding("cl100k_base")
+        """,
+        empty_cache,
+    )
+    assert result.returncode != 0
+    assert list(empty_cache.iterdir()) == []
+
+
+def test_encodings_load_offline_with_an_empty_cache(empty_cache: Path) -> None:
+    result = run_offline(
+        f"""
+        import json, os, sys
+        from memd.tokenizer import TokenCounter, load_encoding
+        data = {SAMPLE_BYTES!r}
+        out = {{}}
+        for name in ("cl100k_base", "o200k_base", "p50k_base"):
+            out[name] = [TokenCounter(name).count_bytes(data), len(load_encoding(name).encode_ordinary({SAMPLE!r}))]
+        out["cache_env"] = os.environ.get("TIKTOKEN_CACHE_DIR")
+        out["litellm_imported"] = "litellm" in sys.modules
+        print(json.dumps(out))
+        """,
+        empty_cache,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for name in ("cl100k_base", "o200k_base", "p50k_base"):
+        encoding = load_encoding(name)
+        expected = len(encoding.encode_ordinary(SAMPLE_BYTES.decode("utf-8", "replace")))
+        assert report[name] == [expected, len(encoding.encode_ordinary(SAMPLE))]
+    assert report["cache_env"] == str(empty_cache)  # restored after the load
+    assert report["litellm_imported"] is False
+    assert list(empty_cache.iterdir()) == []  # nothing downloaded or written
+
+
+def test_without_litellm_the_error_names_the_encoding(empty_cache: Path) -> None:
+    result = run_offline(
+        """
+        from memd.tokenizer import load_encoding
+        load_encoding("cl100k_base")
+        """,
+        empty_cache,
+        prelude=NO_NETWORK_PRELUDE + NO_LITELLM_PRELUDE,
+    )
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("memd.errors.TokenizerError: tokenizer encoding 'cl100k_base'")
+    assert "not found offline" in last_line
+
+
+def test_a_bpe_file_missing_from_every_dir_is_a_tokenizer_error(empty_cache: Path) -> None:
+    # r50k_base is a real tiktoken encoding, but no wheel bundles its file.
+    result = run_offline(
+        """
+        from memd.tokenizer import load_encoding
+        load_encoding("r50k_base")
+        """,
+        empty_cache,
+    )
+    assert result.returncode != 0
+    assert "TokenizerError: tokenizer encoding 'r50k_base'" in result.stderr
+    assert list(empty_cache.iterdir()) == []
+
+
+def test_a_corrupt_cached_file_is_refused_and_left_alone(empty_cache: Path) -> None:
+    corrupt = empty_cache / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4"  # sha1 of r50k's URL
+    corrupt.write_bytes(b"not a bpe file\n")
+    result = run_offline(
+        """
+        from memd.tokenizer import load_encoding
+        load_encoding("r50k_base")
+        """,
+        empty_cache,
+    )
+    assert "TokenizerError: tokenizer encoding 'r50k_base'" in result.stderr
+    assert corrupt.read_bytes() == b"not a bpe file\n"  # tiktoken would have deleted it
+
+
+@pytest.mark.parametrize("name", ["no_such_encoding", "gpt2", ""])
+def test_unknown_or_unsupported_encoding_names_raise(name: str) -> None:
+    with pytest.raises(TokenizerError, match=f"tokenizer encoding '{name}'") as caught:
+        load_encoding(name)
+    assert "\n" not in str(caught.value)
+    assert "cl100k_base" in str(caught.value)  # says what would work
+
+
+def test_loaded_encodings_are_cached() -> None:
+    assert load_encoding("cl100k_base") is load_encoding("cl100k_base")
+
+
+def test_bundled_dir_is_litellms_tokenizer_dir() -> None:
+    bundled = bundled_tokenizer_dir()
+    assert bundled is not None
+    assert bundled.parts[-3:] == ("litellm", "litellm_core_utils", "tokenizers")
+
+
+@pytest.mark.parametrize("name", ["cl100k_base", "o200k_base", "p50k_base"])
+def test_counts_equal_one_encode_ordinary_of_the_decoded_bytes(name: str) -> None:
+    counter = TokenCounter(name, chunk_bytes=4096)
+    encoding = load_encoding(name)
+    big = (SAMPLE_BYTES + b"\nSome prose.\nMore prose here.\r\n###\n") * 3000
+    for data in (b"", SAMPLE_BYTES, big, b"\xff" * 10_000, b" \r\n" * 5000):
+        expected = len(encoding.encode_ordinary(data.decode("utf-8", "replace")))
+        assert counter.count_bytes(data) == expected
+    assert counter.count_text(SAMPLE) == len(encoding.encode_ordinary(SAMPLE))
+    assert counter.count_text("<|endoftext|>") > 1  # special tokens are plain text here
