@@ -1,5 +1,161 @@
-"""memd forget commands."""
+"""``memd forget AGENT --yes``: erase an agent's memory, archives and memd state.
+
+What goes: ``MEMORY.md``, ``archive/`` (every snapshot), everything under
+``.memd/`` (journal, drain link, temp files), and the agent's rows in the state
+DB (counts, ledger, cached counts).
+
+What stays, on purpose:
+
+* the agent folder itself: a running agent may append again at any moment,
+  and Swarms expects its folder to exist;
+* ``.memd/lock`` (an empty file): compactors ``flock`` it and never expect it
+  to be renamed or removed. Unlinking it while a compactor waits on it would
+  let that compactor and the next one lock two different inodes and run at
+  the same time.
+
+The whole erase runs under the agent's compaction lock, so it never races a
+compaction by the daemon or ``compact-now`` (it waits for one in flight).
+Symlinks are never followed out of the workspace (``agent_paths`` refuses
+them); a symlink inside it is removed as a link, its target left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from memd.cli.app import app
+from memd.cli.commands_status import StateDirOption, open_state
+from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.errors import MemdError, UnknownAgent
+from memd.fsutil import AgentLock
+from memd.state import StateError, StateStore
+from memd.workspace import AgentPaths, agent_paths, require_workspace
 
-__all__ = ["app"]
+
+class ConfirmationRequired(MemdError, ValueError):
+    """A destructive command was run without ``--yes``."""
+
+    exit_code = 2
+
+
+@dataclass
+class ForgetReport:
+    agent: str
+    memory_removed: bool = False
+    archives_removed: int = 0
+    private_entries_removed: int = 0
+    state_rows_removed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = []
+        if self.memory_removed:
+            parts.append("MEMORY.md")
+        parts.append(f"{self.archives_removed} archive(s)")
+        parts.append(f"{self.private_entries_removed} private file(s)")
+        parts.append(f"{self.state_rows_removed} state row(s)")
+        return f"forgot agent {self.agent!r}: removed " + ", ".join(parts)
+
+
+def _remove_path(path: Path) -> int:
+    """Remove a file, a link (not its target) or a whole tree; returns files removed."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+            return 1
+    except FileNotFoundError:
+        return 0
+    count = sum(len(files) for _, _, files in os.walk(path))
+    # rmtree uses fd-based traversal on Linux: symlinks inside are unlinked, never followed.
+    shutil.rmtree(path)
+    return count
+
+
+def erase_agent_files(paths: AgentPaths) -> ForgetReport:
+    """Delete the agent's memory, archives and private files. Caller holds the lock."""
+    report = ForgetReport(agent=paths.agent)
+    report.memory_removed = _remove_path(paths.memory) > 0
+    if paths.archive_dir.is_symlink():
+        _remove_path(paths.archive_dir)
+    elif paths.archive_dir.exists():
+        report.archives_removed = _remove_path(paths.archive_dir)
+    if paths.private_dir.is_dir() and not paths.private_dir.is_symlink():
+        for entry in paths.private_dir.iterdir():
+            if entry.name != paths.lock.name:
+                report.private_entries_removed += _remove_path(entry)
+    return report
+
+
+def _forget_state(report: ForgetReport, store: StateStore) -> None:
+    try:
+        report.state_rows_removed = store.forget_agent(report.agent)
+    except StateError as exc:
+        report.notes.append(f"state DB not cleaned: {exc}")
+
+
+def forget(
+    paths: AgentPaths, store: StateStore, wait_s: float, *, folder_exists: bool
+) -> ForgetReport:
+    """Erase under the agent's compaction lock (waiting up to ``wait_s`` for a compaction)."""
+    if not folder_exists:
+        report = ForgetReport(agent=paths.agent)
+        _forget_state(report, store)
+        return report
+    # The lock file lives in .memd/: create the folder so the lock can be taken
+    # even for an agent memd has never compacted.
+    paths.private_dir.mkdir(mode=0o700, exist_ok=True)
+    with AgentLock(paths.lock, paths.agent).held(wait_s):
+        report = erase_agent_files(paths)
+        _forget_state(report, store)
+    return report
+
+
+@app.command("forget")
+def forget_command(
+    agent: Annotated[str, typer.Argument(help="The agent to erase.", show_default=False)],
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Really erase (required: nothing is kept).")
+    ] = False,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            help="Seconds to wait for a compaction in flight (default: compaction.lock_wait_s).",
+            show_default=False,
+        ),
+    ] = None,
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    state_dir: StateDirOption = None,
+) -> None:
+    """Erase an agent's MEMORY.md, archives and memd state (the folder stays)."""
+    loaded = load(workspace, config)
+    require_workspace(loaded.workspace)
+    paths = agent_paths(loaded.workspace, agent, must_exist=False)
+    folder_exists = paths.dir.is_dir()
+    if not yes:
+        raise ConfirmationRequired(
+            f"memd forget {agent}: erases its memory and every archive; add --yes to confirm"
+        )
+    wait_s = loaded.config.compaction.lock_wait_s if wait is None else wait
+    with open_state(loaded, state_dir) as store:
+        if not folder_exists and not _known_to_state(store, agent):
+            raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir}")
+        report = forget(paths, store, wait_s, folder_exists=folder_exists)
+    for note in report.notes:
+        print(f"memd: warning: {note}", file=sys.stderr)
+    print(report.summary())
+
+
+def _known_to_state(store: StateStore, agent: str) -> bool:
+    return store.get_agent(agent) is not None or bool(store.history(agent, limit=1))
+
+
+__all__ = ["ConfirmationRequired", "ForgetReport", "erase_agent_files", "forget", "forget_command"]

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support.memfiles import AgentWorkspace, snapshot_tree
+
+from memd.cli.app import main
+from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    captured = capsys.readouterr()
+    code = info.value.code
+    return (code if isinstance(code, int) else 1), captured.out, captured.err
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def ws(tmp_path: Path, state_dir: Path) -> AgentWorkspace:
+    workspace = AgentWorkspace(tmp_path / "ws")
+    for name in ("alpha", "beta"):
+        paths = workspace.create_agent(name, entries=4)
+        paths.archive_dir.mkdir()
+        (paths.archive_dir / "history_2026-01-01_10-00-00.md").write_text(f"{name} archive")
+        (paths.archive_dir / "history_2026-01-01_10-00-00_1.md").write_text(f"{name} archive 2")
+        paths.private_dir.mkdir()
+        paths.lock.touch()
+        paths.journal.write_text("{}")
+    with StateStore.open(state_dir, workspace.root) as store:
+        for name in ("alpha", "beta"):
+            store.upsert_agents([AgentRecord(name, 1, 2, 3, 3, 3, 10, 100, 1.0)])
+            store.record_compaction(
+                LedgerEntry(name, 1.0, 1.0, "a", 1, 1, "builtin", None, None, "daemon")
+            )
+            store.save_counts([(name, FileKey(1, 2, 3, 4, "cl100k_base"), 10)])
+    return workspace
+
+
+def base_args(ws: AgentWorkspace, state_dir: Path) -> list[str]:
+    return ["-w", str(ws.root), "--state-dir", str(state_dir)]
+
+
+def state_of(state_dir: Path, ws: AgentWorkspace, agent: str) -> tuple[object, int, object]:
+    with StateStore.open(state_dir, ws.root) as store:
+        return (
+            store.get_agent(agent),
+            len(store.history(agent)),
+            store.cached_count(agent, FileKey(1, 2, 3, 4, "cl100k_base")),
+        )
+
+
+def test_refuses_without_yes_and_touches_nothing(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    before = snapshot_tree(ws.root)
+    code, out, err = run(capsys, "forget", "alpha", *base_args(ws, state_dir))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--yes" in err
+    assert snapshot_tree(ws.root) == before
+    assert state_of(state_dir, ws, "alpha")[1] == 1
+
+
+def test_forget_erases_files_and_state_but_keeps_folder_and_lock(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    beta_before = snapshot_tree(ws.root / "agents" / "beta")
+    code, out, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    assert "forgot agent 'alpha'" in out and "2 archive(s)" in out
+    paths = ws.paths("alpha")
+    assert paths.dir.is_dir()
+    assert not paths.memory.exists() and not paths.archive_dir.exists()
+    assert [p.name for p in paths.private_dir.iterdir()] == ["lock"]
+    assert state_of(state_dir, ws, "alpha") == (None, 0, None)
+    # The other agent is untouched, files and state.
+    assert snapshot_tree(ws.root / "agents" / "beta") == beta_before
+    assert state_of(state_dir, ws, "beta")[1] == 1
+    # Forgetting twice is fine (nothing left to remove).
+    code, out, _ = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 0 and "0 archive(s)" in out
+
+
+def test_agent_memd_never_compacted(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    paths = ws.create_agent("fresh", entries=1)
+    code, _, err = run(capsys, "forget", "fresh", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    assert not paths.memory.exists()
+    assert [p.name for p in paths.private_dir.iterdir()] == ["lock"]
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from memd.fsutil import AgentLock
+    lock = AgentLock(Path(sys.argv[1]), "alpha")
+    lock.acquire(5)
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+    lock.release()
+    """
+)
+
+
+def hold_lock(path: Path, seconds: float) -> subprocess.Popen[str]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_waits_for_a_compaction_in_flight(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    holder = hold_lock(ws.paths("alpha").lock, 1.0)
+    started = time.monotonic()
+    code, _, err = run(
+        capsys, "forget", "alpha", "--yes", "--wait", "20", *base_args(ws, state_dir)
+    )
+    waited = time.monotonic() - started
+    holder.wait(timeout=10)
+    assert code == 0, err
+    assert waited >= 0.5  # it really waited for the holder
+    assert not ws.paths("alpha").memory.exists()
+
+
+def test_lock_timeout_leaves_everything(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    holder = hold_lock(ws.paths("alpha").lock, 5.0)
+    try:
+        before = snapshot_tree(ws.root)
+        code, _, err = run(
+            capsys, "forget", "alpha", "--yes", "--wait", "0.2", *base_args(ws, state_dir)
+        )
+        assert code == 4 and "alpha" in err and err.count("\n") == 1
+        assert snapshot_tree(ws.root) == before
+        assert state_of(state_dir, ws, "alpha")[1] == 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_refuses_symlink_out_of_workspace(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "precious.md"
+    outside.write_text("keep me")
+    paths = ws.paths("alpha")
+    paths.memory.unlink()
+    paths.memory.symlink_to(outside)
+    before = snapshot_tree(ws.root)
+    code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 2 and "outside the workspace" in err
+    assert outside.read_text() == "keep me"
+    assert snapshot_tree(ws.root) == before
+
+
+def test_symlink_inside_workspace_removed_as_link(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    shared = ws.root / "shared-archive"
+    shared.mkdir()
+    (shared / "history_x.md").write_text("shared")
+    paths = ws.paths("alpha")
+    for child in paths.archive_dir.iterdir():
+        child.unlink()
+    paths.archive_dir.rmdir()
+    paths.archive_dir.symlink_to(shared)
+    code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    assert not paths.archive_dir.is_symlink() and not paths.archive_dir.exists()
+    assert (shared / "history_x.md").read_text() == "shared"
+
+
+def test_unknown_and_invalid_agents(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    code, _, err = run(capsys, "forget", "nobody", "--yes", *base_args(ws, state_dir))
+    assert code == 3 and "unknown agent 'nobody'" in err
+    code, _, err = run(capsys, "forget", "..", "--yes", *base_args(ws, state_dir))
+    assert code == 2 and "invalid agent name" in err
+
+
+def test_state_only_agent_can_be_forgotten(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    # The folder was deleted by hand; memd's rows for it remain until forgotten.
+    with StateStore.open(state_dir, ws.root) as store:
+        store.record_compaction(LedgerEntry("gone", 1.0, 1.0, "a", 1, 1, "m", None, None, "daemon"))
+    code, out, err = run(capsys, "forget", "gone", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    assert "1 state row(s)" in out
+    assert state_of(state_dir, ws, "gone")[1] == 0
+
+
+def test_end_to_end_exit_codes(ws: AgentWorkspace, state_dir: Path) -> None:
+    cmd = [sys.executable, "-m", "memd", "forget", "alpha", *base_args(ws, state_dir)]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.startswith("memd: error: ")
+    assert len(refused.stderr.splitlines()) == 1
+    done = subprocess.run([*cmd, "--yes"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not ws.paths("alpha").memory.exists()
