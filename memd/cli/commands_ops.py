@@ -1,5 +1,300 @@
-"""memd ops commands."""
+"""Operator commands: ``memd health``, ``memd history``, ``memd doctor``, ``memd config check``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
 
 from memd.cli.app import app
+from memd.cli.commands_status import (
+    StateDirOption,
+    ago,
+    heartbeat_max_age,
+    iso_utc,
+    local_time,
+    open_state,
+)
+from memd.cli.common import ConfigOption, JsonOption, WorkspaceOption, load
+from memd.errors import MemdError, UnknownAgent
+from memd.settings import LoadedConfig
+from memd.state import LedgerEntry, resolve_state_dir
+from memd.workspace import agent_paths, require_workspace
 
-__all__ = ["app"]
+
+class Unhealthy(MemdError, RuntimeError):
+    """No running, healthy daemon on the workspace (``memd health`` exits 1)."""
+
+    exit_code = 1
+
+
+class DoctorFailed(MemdError, RuntimeError):
+    exit_code = 1
+
+
+# ---------------------------------------------------------------------- health
+
+
+@app.command("health")
+def health(
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    state_dir: StateDirOption = None,
+    max_age: Annotated[
+        float | None,
+        typer.Option(
+            "--max-age",
+            help="Seconds a heartbeat stays fresh (default: 3 × daemon.state_flush_s).",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Exit 0 when a daemon runs on the workspace and is healthy, else 1 with the reason."""
+    loaded = load(workspace, config)
+    limit = heartbeat_max_age(loaded.config) if max_age is None else max_age
+    now = time.time()
+    with open_state(loaded, state_dir) as store:
+        beat = store.read_heartbeat()
+    reason = None
+    if beat is None:
+        reason = f"no daemon has run on workspace {loaded.workspace} (no heartbeat)"
+    elif not beat.is_fresh(now, limit):
+        reason = f"daemon heartbeat is stale: last {ago(now - beat.ts)} (limit {limit:g}s)"
+    elif not beat.pid_alive():
+        reason = f"daemon pid {beat.pid} is not running"
+    elif not beat.healthy:
+        reason = f"daemon pid {beat.pid} reports unhealthy: {beat.detail or 'no detail'}"
+    if as_json:
+        payload = {
+            "healthy": reason is None,
+            "reason": reason,
+            "workspace": str(loaded.workspace),
+            "pid": beat.pid if beat else None,
+            "heartbeat_at": iso_utc(beat.ts) if beat else None,
+            "heartbeat_age_s": round(now - beat.ts, 3) if beat else None,
+            "started_at": iso_utc(beat.started_at) if beat else None,
+            "agents": beat.agents if beat else None,
+            "detail": beat.detail if beat else None,
+        }
+        print(json.dumps(payload, indent=2))
+    if reason is not None:
+        raise Unhealthy(reason)
+    assert beat is not None
+    if not as_json:
+        print(
+            f"healthy: daemon pid {beat.pid}, {beat.agents} agents, "
+            f"heartbeat {ago(now - beat.ts)}" + (f" ({beat.detail})" if beat.detail else "")
+        )
+
+
+# --------------------------------------------------------------------- history
+
+
+def _entry_json(entry: LedgerEntry) -> dict[str, Any]:
+    return {
+        "agent": entry.agent,
+        "started_at": iso_utc(entry.started_at),
+        "duration_s": round(entry.duration_s, 3),
+        "trigger": entry.trigger,
+        "ok": entry.ok,
+        "archive": entry.archive,
+        "tokens_before": entry.tokens_before,
+        "tokens_after": entry.tokens_after,
+        "model": entry.model,
+        "cost_usd": entry.cost_usd,
+        "error": entry.error,
+    }
+
+
+@app.command("history")
+def history(
+    agent: Annotated[str, typer.Argument(help="The agent.", show_default=False)],
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Newest N entries.")] = 50,
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The agent's compaction ledger, newest first (time, archive, tokens, model, cost, error)."""
+    loaded = load(workspace, config)
+    require_workspace(loaded.workspace)
+    paths = agent_paths(loaded.workspace, agent, must_exist=False)
+    with open_state(loaded, state_dir) as store:
+        entries = store.history(agent, limit=limit)
+    if not entries and not paths.dir.is_dir():
+        raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir} and no history")
+    if as_json:
+        print(json.dumps([_entry_json(e) for e in entries], indent=2))
+        return
+    if not entries:
+        print(f"agent {agent!r}: no compactions recorded")
+        return
+    _history_table(agent, entries)
+
+
+def _history_table(agent: str, entries: list[LedgerEntry]) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    now = time.time()
+    table = Table(title=f"memd history: {agent}", title_justify="left")
+    for column in ("started", "took", "trigger", "tokens", "archive", "model", "cost", "result"):
+        table.add_column(column, no_wrap=column != "result", overflow="fold")
+    for entry in entries:
+        tokens = (
+            f"{entry.tokens_before or 0:,} → {entry.tokens_after:,}" if entry.tokens_after else ""
+        )
+        table.add_row(
+            local_time(entry.started_at, now),
+            f"{entry.duration_s:.1f}s",
+            entry.trigger,
+            tokens,
+            Path(entry.archive).name if entry.archive else "",
+            entry.model or "",
+            f"${entry.cost_usd:.4f}" if entry.cost_usd is not None else "",
+            "ok" if entry.ok else f"[red]{escape(entry.error or '')}[/]",
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+# ---------------------------------------------------------------------- doctor
+
+
+@app.command("doctor")
+def doctor(
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check this host: inotify limits, workspace access, locks, filesystem, tokenizer, LLM."""
+    from memd.doctor import run_checks, worst
+
+    loaded = load(workspace, config)
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    checks = run_checks(loaded.config, loaded.workspace, directory)
+    overall = worst(checks)
+    if as_json:
+        print(json.dumps({"result": overall, "checks": [c.to_json() for c in checks]}, indent=2))
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        # One line per check, however narrow the terminal: greppable in CI logs.
+        console = Console(highlight=False, soft_wrap=True)
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        for check in checks:
+            label = f"[{colour[check.status]}]{check.status:<4}[/]"
+            console.print(f"{label} {check.name}: {escape(check.message)}")
+            if check.fix and check.status != "ok":
+                console.print(f"     fix: {escape(check.fix)}")
+    failed = [c.name for c in checks if c.status == "fail"]
+    if failed:
+        raise DoctorFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")
+
+
+# ---------------------------------------------------------------- config check
+
+config_app = typer.Typer(
+    name="config",
+    help="Inspect the configuration.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(config_app, name="config")
+
+MASK = "********"
+
+
+def effective_config(loaded: LoadedConfig) -> dict[str, Any]:
+    """The validated config as plain data, secrets masked."""
+    data: dict[str, Any] = loaded.config.model_dump(mode="json")
+    secret = loaded.config.summarizer.api_key.get_secret_value()
+    data["summarizer"]["api_key"] = MASK if secret else ""
+    return data
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if value is None:
+        return '""'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML string
+
+
+def render_toml(data: dict[str, Any]) -> str:
+    lines: list[str] = []
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    for key, value in scalars.items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    for section, table in data.items():
+        if not isinstance(table, dict) or section == "agents":
+            continue
+        lines.append("")
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+    for pattern, override in (data.get("agents") or {}).items():
+        lines.append("")
+        lines.append(f"[agents.{json.dumps(pattern)}]")
+        lines.extend(
+            f"{key} = {_toml_value(value)}" for key, value in override.items() if value is not None
+        )
+    return "\n".join(lines) + "\n"
+
+
+@config_app.command("check")
+def config_check(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Config file to check (default: --config, MEMD_CONFIG, /etc/memd/memd.toml).",
+            show_default=False,
+        ),
+    ] = None,
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Validate a config file and print the effective config (env overrides applied)."""
+    loaded = load(workspace, file if file is not None else config)
+    data = effective_config(loaded)
+    source = str(loaded.source) if loaded.source else "(no file: defaults)"
+    if as_json:
+        payload = {
+            "source": source,
+            "env_overrides": list(loaded.env_overrides),
+            "config": data,
+        }
+        print(json.dumps(payload, indent=2))
+        return
+    print(f"# valid: {source}")
+    if loaded.env_overrides:
+        print(f"# overridden by environment: {', '.join(loaded.env_overrides)}")
+    state_dir = resolve_state_dir(None, loaded.config.state_dir, os.environ)
+    print(f"# state dir: {state_dir}")
+    print(render_toml(data), end="")
+
+
+__all__ = [
+    "DoctorFailed",
+    "Unhealthy",
+    "config_app",
+    "config_check",
+    "doctor",
+    "effective_config",
+    "health",
+    "history",
+    "render_toml",
+]

@@ -1,0 +1,547 @@
+"""``memd doctor``: check that memd can work on this host, and say how to fix what can't.
+
+Each check returns :class:`Check` results (ok / warn / fail, a message and the
+fix). A check never raises: whatever goes wrong becomes a ``fail`` line, so the
+report is always complete. Nothing here calls an LLM or sends data anywhere;
+the summarizer check only opens a TCP connection to the API host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from memd.core.config import MemdConfig, SummarizerConfig
+from memd.workspace import AGENTS_DIR, MEMORY_FILE, list_agents
+
+Status = Literal["ok", "warn", "fail"]
+
+# Filesystems where flock is emulated, local-only or missing, or where inotify
+# never sees writes made by other hosts/VMs.
+REMOTE_FILESYSTEMS: dict[str, str] = {
+    "nfs": "NFS",
+    "nfs4": "NFS",
+    "cifs": "CIFS/SMB",
+    "smb3": "CIFS/SMB",
+    "smbfs": "CIFS/SMB",
+    "9p": "9p (WSL/VM share)",
+    "virtiofs": "virtiofs (Docker Desktop / VM share)",
+    "fuse.grpcfuse": "gRPC FUSE (Docker Desktop)",
+    "fakeowner": "Docker Desktop file share",
+    "vboxsf": "VirtualBox shared folder",
+    "ceph": "CephFS",
+    "glusterfs": "GlusterFS",
+    "fuse.sshfs": "sshfs",
+    "lustre": "Lustre",
+}
+
+# Where litellm providers look for their key, for "is a key configured?".
+PROVIDER_KEY_VARS: dict[str, tuple[str, ...]] = {
+    "openai": ("OPENAI_API_KEY",),
+    "text-completion-openai": ("OPENAI_API_KEY",),
+    "azure": ("AZURE_API_KEY", "AZURE_OPENAI_API_KEY"),
+    "anthropic": ("ANTHROPIC_API_KEY",),
+    "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    "groq": ("GROQ_API_KEY",),
+    "mistral": ("MISTRAL_API_KEY",),
+    "cohere": ("COHERE_API_KEY",),
+    "cohere_chat": ("COHERE_API_KEY",),
+    "deepseek": ("DEEPSEEK_API_KEY",),
+    "openrouter": ("OPENROUTER_API_KEY",),
+    "together_ai": ("TOGETHERAI_API_KEY", "TOGETHER_API_KEY"),
+    "xai": ("XAI_API_KEY",),
+    "fireworks_ai": ("FIREWORKS_AI_API_KEY", "FIREWORKS_API_KEY"),
+    "perplexity": ("PERPLEXITYAI_API_KEY", "PERPLEXITY_API_KEY"),
+}
+# Providers that run locally and need no key.
+KEYLESS_PROVIDERS = frozenset({"ollama", "ollama_chat", "lm_studio", "vllm", "hosted_vllm"})
+
+PROVIDER_DEFAULT_BASE: dict[str, str] = {
+    "openai": "https://api.openai.com",
+    "text-completion-openai": "https://api.openai.com",
+    "anthropic": "https://api.anthropic.com",
+    "gemini": "https://generativelanguage.googleapis.com",
+    "groq": "https://api.groq.com",
+    "mistral": "https://api.mistral.ai",
+    "cohere": "https://api.cohere.ai",
+    "cohere_chat": "https://api.cohere.ai",
+    "deepseek": "https://api.deepseek.com",
+    "openrouter": "https://openrouter.ai",
+    "together_ai": "https://api.together.xyz",
+    "xai": "https://api.x.ai",
+    "fireworks_ai": "https://api.fireworks.ai",
+    "perplexity": "https://api.perplexity.ai",
+    "ollama": "http://localhost:11434",
+    "ollama_chat": "http://localhost:11434",
+}
+
+CONNECT_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: Status
+    message: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ok(name: str, message: str) -> Check:
+    return Check(name, "ok", message)
+
+
+def _warn(name: str, message: str, fix: str) -> Check:
+    return Check(name, "warn", message, fix)
+
+
+def _fail(name: str, message: str, fix: str) -> Check:
+    return Check(name, "fail", message, fix)
+
+
+# --------------------------------------------------------------------- inotify
+
+
+def check_inotify(agent_count: int, poll: bool, proc_root: Path = Path("/proc")) -> list[Check]:
+    """inotify limits vs what the watcher needs: one watch and one instance per agent folder + 1.
+
+    (watchdog gives every scheduled directory its own inotify instance.)
+    """
+    if poll:
+        return [_ok("inotify", "watch.poll = true: polling, inotify limits do not apply")]
+    needed = agent_count + 1
+    checks = []
+    for key, sysctl in (
+        ("max_user_watches", "fs.inotify.max_user_watches"),
+        ("max_user_instances", "fs.inotify.max_user_instances"),
+    ):
+        name = f"inotify {key}"
+        path = proc_root / "sys" / "fs" / "inotify" / key
+        try:
+            limit = int(path.read_text().strip())
+        except (OSError, ValueError) as exc:
+            checks.append(
+                _warn(
+                    name,
+                    f"cannot read {path} ({exc.__class__.__name__}): no inotify here?",
+                    "run memd with --poll (or [watch] poll = true)",
+                )
+            )
+            continue
+        # Room for everything else this user runs (editors, IDEs, other daemons).
+        wanted = max(needed * 2, needed + 128)
+        fix = (
+            f"sysctl -w {sysctl}={wanted} and persist it: "
+            f"echo '{sysctl}={wanted}' > /etc/sysctl.d/60-memd.conf "
+            "(or run memd with --poll)"
+        )
+        if limit < needed:
+            checks.append(_fail(name, f"{limit} < {needed} needed for {agent_count} agents", fix))
+        elif limit < needed + 64:
+            checks.append(
+                _warn(name, f"{limit}: little headroom over {needed} needed (other programs)", fix)
+            )
+        else:
+            checks.append(_ok(name, f"{limit} (needs {needed} for {agent_count} agents)"))
+    return checks
+
+
+# ------------------------------------------------------------------- workspace
+
+
+def check_workspace(workspace: Path) -> list[Check]:
+    name = "workspace"
+    if not workspace.exists():
+        return [
+            _fail(
+                name,
+                f"{workspace} does not exist",
+                f"create it (mkdir -p {workspace / AGENTS_DIR}) or pass --workspace",
+            )
+        ]
+    if not workspace.is_dir():
+        return [_fail(name, f"{workspace} is not a directory", "point --workspace at a folder")]
+    agents_dir = workspace / AGENTS_DIR
+    if not agents_dir.is_dir():
+        return [
+            _warn(
+                name,
+                f"{workspace} has no {AGENTS_DIR}/ folder yet (no agents)",
+                f"mkdir {agents_dir}; agents create agents/<name>/MEMORY.md",
+            )
+        ]
+    if not os.access(agents_dir, os.R_OK | os.X_OK):
+        return [
+            _fail(
+                name,
+                f"{agents_dir} is not readable by uid {os.getuid()}",
+                "run memd as the agents' user or group, or grant it r-x on the folder",
+            )
+        ]
+    problems = []
+    agents = list_agents(workspace)
+    for agent in agents:
+        folder = agents_dir / agent
+        memory = folder / MEMORY_FILE
+        # Re-seeding replaces MEMORY.md and adds archive/ and .memd/: memd needs
+        # write access to the folder, and read access to the file.
+        if not os.access(folder, os.R_OK | os.W_OK | os.X_OK):
+            problems.append(f"{agent}/ not writable")
+        elif memory.exists() and not os.access(memory, os.R_OK | os.W_OK):
+            problems.append(f"{agent}/{MEMORY_FILE} not readable+writable")
+    if problems:
+        shown = ", ".join(problems[:5]) + (
+            f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
+        )
+        return [
+            _fail(
+                name,
+                f"uid {os.getuid()} lacks access: {shown}",
+                "run memd as the agents' user/group (User=/Group= in systemd, --user in docker) "
+                "and make agent folders group-writable",
+            )
+        ]
+    return [_ok(name, f"{workspace}: {len(agents)} agents, readable and writable")]
+
+
+# ------------------------------------------------------------------------ lock
+
+_LOCK_PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+except BlockingIOError:
+    sys.exit(0)  # the parent's lock is seen: locking works across processes
+sys.exit(3)
+"""
+
+
+def check_flock(workspace: Path) -> list[Check]:
+    """Take a lock on the workspace filesystem and check another process sees it."""
+    name = "file locks"
+    directory = workspace / AGENTS_DIR if (workspace / AGENTS_DIR).is_dir() else workspace
+    fix = "put the workspace on a local filesystem (ext4, xfs, btrfs, a docker named volume)"
+    try:
+        handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed in finally)
+            prefix=".memd-doctor-lock-", dir=directory, delete=False
+        )
+    except OSError as exc:
+        return [_fail(name, f"cannot create a file in {directory}: {exc.strerror}", fix)]
+    path = Path(handle.name)
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                return [_fail(name, f"flock is not supported in {directory}: {exc}", fix)]
+            raise
+        probe = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _LOCK_PROBE, str(path)],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        if probe.returncode == 3:
+            return [
+                _fail(
+                    name,
+                    f"a second process could take a lock already held in {directory}: "
+                    "locks are not enforced, two compactions could overlap",
+                    fix,
+                )
+            ]
+        if probe.returncode != 0:
+            detail = probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+            return [_fail(name, f"lock probe failed: {detail[0]}", fix)]
+        return [_ok(name, f"flock works across processes in {directory}")]
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [_fail(name, f"lock test in {directory} failed: {exc}", fix)]
+    finally:
+        handle.close()
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+# ------------------------------------------------------------------ filesystem
+
+
+def _unescape_mount(field: str) -> str:
+    # /proc/mounts escapes space, tab, newline and backslash as \\ooo octal.
+    out, index = [], 0
+    while index < len(field):
+        if field[index] == "\\" and field[index + 1 : index + 4].isdigit():
+            out.append(chr(int(field[index + 1 : index + 4], 8)))
+            index += 4
+        else:
+            out.append(field[index])
+            index += 1
+    return "".join(out)
+
+
+def mount_of(path: Path, mounts_text: str) -> tuple[str, str] | None:
+    """(mount point, fs type) of the mount holding ``path`` (longest prefix wins)."""
+    target = str(path)
+    best: tuple[str, str] | None = None
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point, fstype = _unescape_mount(fields[1]), fields[2]
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        # Later lines win on equal length: they are mounted over earlier ones.
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, fstype)
+    return best
+
+
+def check_filesystem(workspace: Path, mounts_file: Path = Path("/proc/mounts")) -> list[Check]:
+    name = "filesystem"
+    try:
+        mounts_text = mounts_file.read_text(errors="replace")
+    except OSError as exc:
+        return [_warn(name, f"cannot read {mounts_file}: {exc.strerror}", "")]
+    found = mount_of(workspace.resolve(), mounts_text)
+    if found is None:
+        return [_warn(name, f"no mount found for {workspace}", "")]
+    point, fstype = found
+    label = REMOTE_FILESYSTEMS.get(fstype)
+    if label is None and fstype.startswith("fuse."):
+        label = f"FUSE ({fstype})"
+    if label is not None:
+        return [
+            _warn(
+                name,
+                f"{workspace} is on {fstype} ({label}, mounted at {point}): "
+                "file events from other hosts/VMs are not delivered and locks may not work",
+                "use a local disk or docker named volume; else set [watch] poll = true "
+                "and run a single memd per workspace",
+            )
+        ]
+    return [_ok(name, f"{fstype} at {point}")]
+
+
+# ------------------------------------------------------------------- tokenizer
+
+
+def check_tokenizer(encoding: str) -> list[Check]:
+    name = "tokenizer"
+    from memd.errors import MemdError
+
+    try:
+        from memd.tokenizer import TokenCounter
+
+        started = time.perf_counter()
+        counter = TokenCounter(encoding)
+        sample = counter.count_text("memd doctor: hello, tokenizer")
+        elapsed = time.perf_counter() - started
+    except MemdError as exc:
+        return [
+            _fail(
+                name,
+                str(exc),
+                "set [tokenizer] encoding to cl100k_base or o200k_base, or put the .tiktoken "
+                "file in $TIKTOKEN_CACHE_DIR",
+            )
+        ]
+    except Exception as exc:  # anything else from tiktoken: report, don't crash doctor
+        return [_fail(name, f"tokenizer {encoding!r} failed: {exc}", "reinstall memd")]
+    if sample <= 0:
+        return [_fail(name, f"tokenizer {encoding!r} counted {sample} tokens", "reinstall memd")]
+    return [_ok(name, f"{encoding} loaded offline in {elapsed * 1000:.0f} ms")]
+
+
+# ------------------------------------------------------------------ summarizer
+
+
+def provider_of(model: str) -> str:
+    if "/" in model:
+        return model.split("/", 1)[0]
+    lowered = model.lower()
+    if lowered.startswith("claude"):
+        return "anthropic"
+    if lowered.startswith(("gpt-", "gpt4", "o1", "o3", "o4", "chatgpt", "text-")):
+        return "openai"
+    if lowered.startswith("gemini"):
+        return "gemini"
+    if lowered.startswith(("mistral", "codestral")):
+        return "mistral"
+    return ""
+
+
+def endpoint_of(url: str) -> tuple[str, int] | None:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname:
+        return None
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
+
+
+Connector = Callable[[tuple[str, int], float], None]
+
+
+def _tcp_connect(address: tuple[str, int], timeout: float) -> None:
+    with socket.create_connection(address, timeout=timeout):
+        pass
+
+
+def check_summarizer(
+    summarizer: SummarizerConfig,
+    environ: Mapping[str, str],
+    connect: Connector = _tcp_connect,
+) -> list[Check]:
+    name = "summarizer"
+    model = summarizer.model
+    if model == "builtin":
+        return [_ok(name, "builtin extractive summarizer: offline, no key needed")]
+    provider = provider_of(model)
+    checks: list[Check] = []
+    has_key = bool(summarizer.api_key.get_secret_value())
+    key_vars = PROVIDER_KEY_VARS.get(provider, ())
+    env_key = next((var for var in key_vars if environ.get(var)), None)
+    if has_key:
+        checks.append(_ok(f"{name} key", f"{model}: api_key set in the config"))
+    elif env_key:
+        checks.append(_ok(f"{name} key", f"{model}: key from ${env_key}"))
+    elif provider in KEYLESS_PROVIDERS:
+        checks.append(_ok(f"{name} key", f"{model}: local provider {provider!r}, no key needed"))
+    elif summarizer.api_base:
+        checks.append(
+            _warn(
+                f"{name} key",
+                f"{model}: no api_key for {summarizer.api_base} (fine if that server needs none)",
+                "set [summarizer] api_key or MEMD_SUMMARIZER_API_KEY",
+            )
+        )
+    else:
+        wanted = " or ".join(f"${var}" for var in key_vars) or "the provider's key env var"
+        checks.append(
+            _fail(
+                f"{name} key",
+                f"{model}: no API key found (summarizer.api_key, {wanted})",
+                f"export {key_vars[0] if key_vars else 'MEMD_SUMMARIZER_API_KEY'}=... "
+                '(systemd: EnvironmentFile=), or use model = "builtin"',
+            )
+        )
+    base = summarizer.api_base or PROVIDER_DEFAULT_BASE.get(provider, "")
+    if not base:
+        checks.append(
+            _warn(
+                f"{name} endpoint",
+                f"{model}: cannot tell which host provider {provider or '?'!r} uses",
+                "set [summarizer] api_base to test reachability",
+            )
+        )
+        return checks
+    endpoint = endpoint_of(base)
+    if endpoint is None:
+        checks.append(
+            _fail(
+                f"{name} endpoint", f"api_base {base!r} is not a URL", "fix [summarizer] api_base"
+            )
+        )
+        return checks
+    started = time.perf_counter()
+    try:
+        connect(endpoint, CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        if isinstance(exc, TimeoutError):
+            reason = f"timed out after {CONNECT_TIMEOUT_S:g}s"
+        checks.append(
+            _fail(
+                f"{name} endpoint",
+                f"{base} ({endpoint[0]}:{endpoint[1]}) unreachable: {reason}",
+                "check the network, proxy and firewall (systemd: IPAddressDeny/RestrictAddress"
+                "Families), or start the local model server",
+            )
+        )
+        return checks
+    elapsed = (time.perf_counter() - started) * 1000
+    checks.append(_ok(f"{name} endpoint", f"{base} reachable (TCP connect {elapsed:.0f} ms)"))
+    return checks
+
+
+# ------------------------------------------------------------------- state dir
+
+
+def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
+    from memd.state import StateStore
+
+    with StateStore.open(state_dir, workspace) as store:
+        if store.path is None:
+            return [
+                _fail(
+                    "state dir",
+                    store.warnings[-1],
+                    f"make {state_dir} writable by memd's user, or pass --state-dir",
+                )
+            ]
+        notes = "; ".join(store.warnings)
+        if notes:
+            return [_warn("state dir", notes, "none needed: the DB was rebuilt")]
+        return [_ok("state dir", f"{store.path}")]
+
+
+# ------------------------------------------------------------------------- all
+
+
+def run_checks(
+    config: MemdConfig,
+    workspace: Path,
+    state_dir: Path,
+    environ: Mapping[str, str] | None = None,
+) -> list[Check]:
+    env = os.environ if environ is None else environ
+    agents = list_agents(workspace) if workspace.is_dir() else []
+    results: list[Check] = []
+    results += check_workspace(workspace)
+    results += check_inotify(len(agents), config.watch.poll)
+    if workspace.is_dir():
+        results += check_filesystem(workspace)
+        results += check_flock(workspace)
+    results += check_state_dir(state_dir, workspace)
+    results += check_tokenizer(config.tokenizer.encoding)
+    results += check_summarizer(config.summarizer, env)
+    return results
+
+
+def worst(checks: Iterable[Check]) -> Status:
+    statuses = {check.status for check in checks}
+    if "fail" in statuses:
+        return "fail"
+    return "warn" if "warn" in statuses else "ok"
+
+
+__all__ = [
+    "Check",
+    "check_filesystem",
+    "check_flock",
+    "check_inotify",
+    "check_state_dir",
+    "check_summarizer",
+    "check_tokenizer",
+    "check_workspace",
+    "endpoint_of",
+    "mount_of",
+    "provider_of",
+    "run_checks",
+    "worst",
+]

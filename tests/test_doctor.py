@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from memd.core.config import MemdConfig, SummarizerConfig
+from memd.doctor import (
+    check_filesystem,
+    check_flock,
+    check_inotify,
+    check_state_dir,
+    check_summarizer,
+    check_tokenizer,
+    check_workspace,
+    endpoint_of,
+    mount_of,
+    provider_of,
+    run_checks,
+    worst,
+)
+
+
+def fake_proc(tmp_path: Path, watches: int, instances: int) -> Path:
+    folder = tmp_path / "proc" / "sys" / "fs" / "inotify"
+    folder.mkdir(parents=True)
+    (folder / "max_user_watches").write_text(f"{watches}\n")
+    (folder / "max_user_instances").write_text(f"{instances}\n")
+    return tmp_path / "proc"
+
+
+def test_inotify_limits(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path, watches=8192, instances=128)
+    few = check_inotify(10, poll=False, proc_root=proc)
+    assert [c.status for c in few] == ["ok", "ok"]
+    many = check_inotify(500, poll=False, proc_root=proc)
+    watches, instances = many
+    assert watches.status == "ok"
+    assert instances.status == "fail" and "128 < 501" in instances.message
+    assert "fs.inotify.max_user_instances=" in instances.fix and "--poll" in instances.fix
+    tight = check_inotify(100, poll=False, proc_root=proc)
+    assert tight[1].status == "warn"  # 101 needed of 128: no room for anything else
+    assert check_inotify(10_000, poll=True, proc_root=proc)[0].status == "ok"
+    missing = check_inotify(3, poll=False, proc_root=tmp_path / "nothing")
+    assert {c.status for c in missing} == {"warn"}
+
+
+def test_real_inotify_limits_are_read() -> None:
+    if not Path("/proc/sys/fs/inotify/max_user_watches").exists():
+        pytest.skip("no inotify on this host")
+    checks = check_inotify(1, poll=False)
+    assert all("needs 2" in c.message or c.status != "ok" for c in checks)
+
+
+MOUNTS = """\
+overlay / overlay rw,relatime 0 0
+proc /proc proc rw 0 0
+/dev/sda1 /srv ext4 rw 0 0
+server:/export /srv/agents nfs4 rw,vers=4.2 0 0
+grpcfuse /Users/me/my\\040work fuse.grpcfuse rw 0 0
+tmpfs /srv/agents/tmp tmpfs rw 0 0
+"""
+
+
+def test_mount_of_longest_prefix_and_escapes() -> None:
+    assert mount_of(Path("/srv/agents/x/y"), MOUNTS) == ("/srv/agents", "nfs4")
+    assert mount_of(Path("/srv/agentsX"), MOUNTS) == ("/srv", "ext4")
+    assert mount_of(Path("/srv/agents/tmp"), MOUNTS) == ("/srv/agents/tmp", "tmpfs")
+    assert mount_of(Path("/Users/me/my work/ws"), MOUNTS) == ("/Users/me/my work", "fuse.grpcfuse")
+    assert mount_of(Path("/home"), MOUNTS) == ("/", "overlay")
+
+
+def test_filesystem_warnings(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"server:/x {tmp_path} nfs rw 0 0\n/dev/sda1 / ext4 rw 0 0\n")
+    nfs = check_filesystem(tmp_path, mounts)[0]
+    assert nfs.status == "warn" and "NFS" in nfs.message and "poll" in nfs.fix
+    mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\ngrpcfuse {tmp_path} fuse.grpcfuse rw 0 0\n")
+    assert "Docker Desktop" in check_filesystem(tmp_path, mounts)[0].message
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\n")
+    assert check_filesystem(tmp_path, mounts)[0].status == "ok"
+    assert check_filesystem(tmp_path)[0].status in {"ok", "warn"}  # the real /proc/mounts
+
+
+def test_flock_works_here(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    result = check_flock(tmp_path)[0]
+    assert result.status == "ok", result
+    assert list((tmp_path / "agents").iterdir()) == []  # probe file cleaned up
+
+
+def test_flock_in_unwritable_place(tmp_path: Path) -> None:
+    result = check_flock(tmp_path / "missing")[0]
+    assert result.status == "fail" and "cannot create" in result.message
+
+
+def test_workspace_checks(tmp_path: Path) -> None:
+    assert check_workspace(tmp_path / "nope")[0].status == "fail"
+    (tmp_path / "file").write_text("")
+    assert check_workspace(tmp_path / "file")[0].status == "fail"
+    assert check_workspace(tmp_path)[0].status == "warn"  # no agents/ yet
+    (tmp_path / "agents" / "a").mkdir(parents=True)
+    (tmp_path / "agents" / "a" / "MEMORY.md").write_text("x")
+    ok = check_workspace(tmp_path)[0]
+    assert ok.status == "ok" and "1 agents" in ok.message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_workspace_permissions(tmp_path: Path) -> None:
+    folder = tmp_path / "agents" / "a"
+    folder.mkdir(parents=True)
+    folder.chmod(0o500)
+    try:
+        result = check_workspace(tmp_path)[0]
+    finally:
+        folder.chmod(0o700)
+    assert result.status == "fail" and "a/ not writable" in result.message
+
+
+def test_tokenizer_check() -> None:
+    assert check_tokenizer("cl100k_base")[0].status == "ok"
+    bad = check_tokenizer("no_such_encoding")[0]
+    assert bad.status == "fail" and "no_such_encoding" in bad.message and bad.fix
+
+
+def test_provider_and_endpoint_parsing() -> None:
+    assert provider_of("openai/gpt-4o-mini") == "openai"
+    assert provider_of("claude-haiku-4-5") == "anthropic"
+    assert provider_of("gpt-4o") == "openai"
+    assert provider_of("mystery") == ""
+    assert endpoint_of("https://api.openai.com/v1") == ("api.openai.com", 443)
+    assert endpoint_of("http://127.0.0.1:11434") == ("127.0.0.1", 11434)
+    assert endpoint_of("localhost:8000") == ("localhost", 8000)
+    assert endpoint_of("http://:bad") is None
+
+
+@pytest.fixture
+def listener() -> object:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server
+    server.close()
+
+
+def closed_port() -> int:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = int(probe.getsockname()[1])
+    probe.close()
+    return port
+
+
+def test_summarizer_builtin() -> None:
+    checks = check_summarizer(SummarizerConfig(), {})
+    assert [c.status for c in checks] == ["ok"]
+
+
+def test_summarizer_reachable_with_key(listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    config = SummarizerConfig(model="openai/gpt-4o-mini", api_base=f"http://127.0.0.1:{port}/v1")
+    key, endpoint = check_summarizer(config, {"OPENAI_API_KEY": "sk-test"})
+    assert key.status == "ok" and "OPENAI_API_KEY" in key.message
+    assert endpoint.status == "ok" and "reachable" in endpoint.message
+
+
+def test_summarizer_missing_key_and_unreachable() -> None:
+    port = closed_port()
+    config = SummarizerConfig(model="anthropic/claude-haiku-4-5")
+    key, _ = check_summarizer(config, {}, connect=lambda address, timeout: None)
+    assert key.status == "fail" and "ANTHROPIC_API_KEY" in key.fix
+    config = SummarizerConfig(
+        model="openai/gpt-4o-mini", api_base=f"http://127.0.0.1:{port}", api_key="sk-x"
+    )
+    key, endpoint = check_summarizer(config, {})
+    assert key.status == "ok" and "config" in key.message
+    assert endpoint.status == "fail" and f"127.0.0.1:{port}" in endpoint.message
+
+
+def test_summarizer_keyless_local_provider(listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    config = SummarizerConfig(model="ollama/llama3.1", api_base=f"http://127.0.0.1:{port}")
+    assert [c.status for c in check_summarizer(config, {})] == ["ok", "ok"]
+    # A custom OpenAI-compatible server may need no key: a warning, not a failure.
+    config = SummarizerConfig(model="openai/local", api_base=f"http://127.0.0.1:{port}")
+    assert [c.status for c in check_summarizer(config, {})] == ["warn", "ok"]
+
+
+def test_state_dir_check(tmp_path: Path) -> None:
+    assert check_state_dir(tmp_path / "state", tmp_path)[0].status == "ok"
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    assert check_state_dir(blocker, tmp_path)[0].status == "fail"
+
+
+def test_run_checks_on_a_healthy_workspace(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "agents" / "a").mkdir(parents=True)
+    checks = run_checks(MemdConfig(), ws, tmp_path / "state", environ={})
+    names = [c.name for c in checks]
+    for expected in ("workspace", "file locks", "filesystem", "tokenizer", "summarizer"):
+        assert expected in names
+    assert worst(checks) in {"ok", "warn"}
+    assert not [c for c in checks if c.status == "fail"]
