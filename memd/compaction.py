@@ -270,7 +270,10 @@ class _Transaction:
             os.close(fd)
 
     def summarize(self, snap: _Snapshot) -> tuple[SummaryResult, float]:
-        prefix_doc = parse(snap.data[: snap.boundary])
+        # The snapshot is already parsed; its segments before N are the prefix's.
+        prefix_doc = MemoryDocument(
+            segments=tuple(snap.document.segments_before(snap.boundary)), size=snap.boundary
+        )
         request = SummaryRequest(
             agent=self.agent,
             document=prefix_doc,
@@ -350,8 +353,9 @@ class _Transaction:
         drain = self.paths.drain_link
         unlink_quiet(drain)
         target = self._memory_target()
+        # No fsync of .memd/ here: if this link is lost in a crash, the job
+        # had not committed yet and recovery rolls it back without it.
         os.link(target, drain, follow_symlinks=True)
-        fsync_dir(self.paths.private_dir)
         self.checkpoint("drain-linked")
         drain_fd = os.open(drain, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -524,8 +528,10 @@ def _finish(paths: AgentPaths, checkpoint: Checkpoint) -> None:
         paths.journal_temp,
     ):
         unlink_quiet(leftover)
+    # No fsync: if these unlinks are lost in a crash, recovery finds a
+    # committed journal whose drain has nothing left to move, and finishes
+    # again (idempotent).
     unlink_quiet(paths.journal)
-    fsync_dir(paths.private_dir)
     checkpoint("cleaned")
 
 
@@ -608,7 +614,8 @@ def _compact(
                         f"agent {paths.agent!r}: compaction rolled back: {_describe_os_error(exc)}"
                     ) from exc
             raise
-        txn.journal.write(phase="draining", copied_to=copied_to, pending_to=None)
+        # The "swapping" journal (new inode, copied_to) already lets recovery
+        # roll forward; the drain journals again only if it moves bytes.
         hook("journal-draining")
         try:
             drained = _drain(

@@ -205,13 +205,16 @@ def parse(data: bytes) -> MemoryDocument:
             opener = starts[index]
             body_start = opener.end()
             end = -1
-            for candidate in starts[index + 1 :]:
+            # Index walk, not a slice: slicing ``starts`` per entry would make
+            # parsing quadratic in the number of entries.
+            for later in range(index + 1, len(starts)):
+                candidate = starts[later].start()
                 # The terminator must close *this* entry's body, not overlap
                 # its header.
-                if candidate.start() < body_start:
+                if candidate < body_start:
                     continue
-                if _ends_with_terminator(data, candidate.start(), body_start):
-                    end = candidate.start()
+                if _ends_with_terminator(data, candidate, body_start):
+                    end = candidate
                     break
             if end < 0 and _ends_with_terminator(data, size, body_start):
                 end = size
@@ -230,7 +233,10 @@ def parse(data: bytes) -> MemoryDocument:
             )
             pos = end
             continue
-        next_start = next((m.start() for m in starts[index:] if m.start() > pos), size)
+        next_start = next(
+            (starts[i].start() for i in range(index, len(starts)) if starts[i].start() > pos),
+            size,
+        )
         segments.append(RawSegment(start=pos, raw=data[pos:next_start]))
         pos = next_start
     return MemoryDocument(segments=tuple(segments), size=size)
