@@ -157,13 +157,20 @@ class _Pending:
     data: bytes
 
 
-def _read_memory(paths: AgentPaths, encoding: str) -> tuple[FileKey | None, bytes | None]:
+def _memory_count(
+    store: StateStore, paths: AgentPaths, encoding: str
+) -> tuple[int | None, _Pending | None]:
+    """(cached or trivial count, or the file's bytes to count). Reads only on a cache miss."""
     try:
+        cached = store.cached_count(paths.agent, FileKey.of(paths.memory.stat(), encoding))
+        if cached is not None:
+            return cached, None
         with paths.memory.open("rb") as handle:
+            # The key of the bytes actually read (the file may have grown since stat).
             key = FileKey.of(os.fstat(handle.fileno()), encoding)
-            return key, handle.read()
+            return None, _Pending(paths.agent, key, handle.read())
     except FileNotFoundError:
-        return None, None
+        return 0, None
 
 
 def _count_all(pending: Sequence[_Pending], encoding: str) -> dict[str, int]:
@@ -208,16 +215,15 @@ def collect_status(
             partial.append((paths, name, {"record": record}))
             continue
         try:
-            key, data = _read_memory(paths, encoding)
+            tokens, to_count = _memory_count(store, paths, encoding)
         except OSError as exc:
             if strict:
                 raise
             partial.append((paths, name, {"error": f"agent {name!r}: {exc}"}))
             continue
-        cached = store.cached_count(name, key) if key is not None else 0
-        if cached is None and key is not None and data is not None:
-            pending.append(_Pending(name, key, data))
-        partial.append((paths, name, {"tokens": cached, "key": key}))
+        if to_count is not None:
+            pending.append(to_count)
+        partial.append((paths, name, {"tokens": tokens}))
 
     counted = _count_all(pending, encoding)
     if counted:
