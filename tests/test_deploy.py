@@ -10,6 +10,7 @@ sends memd's summary to its LLM.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -158,8 +159,8 @@ def test_hadolint_is_clean_on_the_agent_image() -> None:
 # --- the placeholder agent, run with the real swarms package ---------------------------
 
 
-def run_agent(workspace: Path, api_base: str, *tasks: str) -> subprocess.CompletedProcess[str]:
-    env = {
+def agent_env(workspace: Path, api_base: str) -> dict[str, str]:
+    return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(workspace.parent),
         "WORKSPACE_DIR": str(workspace),
@@ -170,14 +171,29 @@ def run_agent(workspace: Path, api_base: str, *tasks: str) -> subprocess.Complet
         "OPENAI_API_KEY": "test-key",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
+
+
+def run_agent(workspace: Path, api_base: str, *tasks: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(SWARMS_PYTHON), str(AGENT_SCRIPT), *tasks],
         capture_output=True,
         text=True,
-        env=env,
+        env=agent_env(workspace, api_base),
         cwd=workspace.parent,
         timeout=120,
     )
+
+
+# What Swarms loaded from MEMORY.md at construction, then one more run of the agent.
+PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from agent import build_agent
+agent = build_agent()
+loaded = json.dumps(agent.short_memory.conversation_history)
+agent.run(sys.argv[2])
+print(loaded)
+"""
 
 
 @pytest.mark.swarms
@@ -191,25 +207,18 @@ def test_real_swarms_agent_and_memd_share_the_memory_file(tmp_path: Path) -> Non
         first = run_agent(workspace, server.api_base, "Remember the launch code word: PELICAN.")
         assert first.returncode == 0, first.stderr[-2000:]
         assert len(server.requests) == 1
+        paths = agent_paths(workspace, "research-agent")
 
         # The agent wrote its turns where memd looks for them, in a format memd parses.
-        memory = agent_paths(workspace, "research-agent").memory
-        document = memfile.parse(memory.read_bytes())
-        assert len(document.entries) == 2
-        assert document.boundary == len(memory.read_bytes())
+        document = memfile.parse(paths.memory.read_bytes())
+        assert [entry.role for entry in document.entries] == ["Human", "research-agent"]
+        assert document.boundary == len(paths.memory.read_bytes())
 
-        summary = "The user asked the agent to remember the code word PELICAN."
+        summary = "The user asked the agent to remember a launch code word."
         compacted = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "memd",
-                "compact-now",
-                "research-agent",
-                "--workspace",
-                str(workspace),
-                "--summary",
-                summary,
+                *(sys.executable, "-m", "memd", "compact-now", "research-agent"),
+                *("--workspace", str(workspace), "--summary", summary),
             ],
             capture_output=True,
             text=True,
@@ -217,12 +226,28 @@ def test_real_swarms_agent_and_memd_share_the_memory_file(tmp_path: Path) -> Non
         )
         assert compacted.returncode == 0, compacted.stderr
 
-        # persistent_memory reloads the re-seeded file: memd's summary reaches the LLM.
-        second = run_agent(workspace, server.api_base, "What was the code word?")
-        assert second.returncode == 0, second.stderr[-2000:]
-        assert summary in server.requests[-1].prompt_text
-        assert "[Compressed Memory Summary]" in server.requests[-1].prompt_text
-        # And the raw turns went to the archive, not lost.
-        archives = list(agent_paths(workspace, "research-agent").archive_dir.glob("history_*.md"))
-        assert len(archives) == 1
-        assert b"PELICAN" in archives[0].read_bytes()
+        # Swarms' persistent memory loads memd's re-seeded file: the summary, not the raw turns.
+        probe = subprocess.run(
+            [str(SWARMS_PYTHON), "-c", PROBE, str(AGENT_SCRIPT.parent), "What was the word?"],
+            capture_output=True,
+            text=True,
+            env=agent_env(workspace, server.api_base),
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        loaded = "\n".join(
+            str(row.get("content")) for row in json.loads(probe.stdout.splitlines()[-1])
+        )
+        assert "[Compressed Memory Summary]" in loaded
+        assert summary in loaded
+        assert "PELICAN" not in loaded
+        assert len(server.requests) == 2
+    # The agent kept appending after memd's summary block.
+    entries = memfile.parse(paths.memory.read_bytes()).entries
+    assert entries[0].is_summary
+    assert [entry.role for entry in entries[1:]] == ["Human", "research-agent"]
+    # And the raw turns went to the archive, not lost.
+    archives = list(paths.archive_dir.glob("history_*.md"))
+    assert len(archives) == 1
+    assert b"PELICAN" in archives[0].read_bytes()

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -361,3 +362,126 @@ def test_sysusers_and_tmpfiles_create_user_group_and_dirs(tmp_path: Path) -> Non
     etc = (root / "etc/memd").stat()
     assert etc.st_gid == int(group["memd"][2])
     assert etc.st_mode & 0o777 == 0o750
+
+
+# --- memd itself, run inside an emulation of the unit's sandbox -------------------------
+# (support/sandbox.py: the unit's seccomp filter, address families, W^X, read-only
+# system, hidden homes, an unprivileged user; systemd is not running here)
+
+AGENT_UID, SHARED_GID, MEMD_UID = 4242, 4243, 4300
+
+
+def sandbox_skip_reason() -> str | None:
+    from support.sandbox import sandbox_available
+
+    return sandbox_available()
+
+
+needs_sandbox = pytest.mark.skipif(
+    sys.platform != "linux" or os.geteuid() != 0 or shutil.which("systemd-analyze") is None,
+    reason="the sandbox emulation needs Linux, root and systemd-analyze",
+)
+
+
+def shared_workspace(root: Path) -> Path:
+    """The tmpfiles layout: setgid shared-group workspace; the agent's own folder
+    is 0770 without setgid (an agent that created it itself), the hard case."""
+    from support.memfiles import AgentWorkspace
+
+    workspace = root / "srv-agents"
+    agents = AgentWorkspace(workspace)
+    paths = agents.create_agent("alpha", entries=40)
+    for directory in (workspace, workspace / "agents"):
+        os.chown(directory, 0, SHARED_GID)
+        directory.chmod(0o2770)
+    os.chown(paths.dir, AGENT_UID, SHARED_GID)
+    paths.dir.chmod(0o770)
+    os.chown(paths.memory, AGENT_UID, SHARED_GID)
+    paths.memory.chmod(0o660)
+    return workspace
+
+
+def run_sandboxed(
+    unit_file: Path, writable: Path, command: list[str]
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "PYTHONPATH": str(Path(__file__).parent),
+    }
+    launcher = [sys.executable, "-m", "support.sandbox", "--unit", str(unit_file)]
+    launcher += ["--rw", str(writable), "--user", f"{MEMD_UID}:{MEMD_UID}"]
+    launcher += ["--group", str(SHARED_GID), "--"]
+    return subprocess.run(launcher + command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def append_as_agent(memory: Path, text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", "-c", f'printf "%s" "$1" >> "{memory}"', "sh", text],
+        user=AGENT_UID,
+        group=SHARED_GID,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.fixture()
+def sandbox_root() -> Iterator[Path]:
+    """A scratch dir other users can traverse (pytest's tmp_path root is 0700)."""
+    reason = sandbox_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="memd-sandbox-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def compact_in_sandbox(unit_file: Path, tmp_path: Path) -> tuple[Path, Path]:
+    tmp_path.mkdir(mode=0o755, exist_ok=True)
+    workspace = shared_workspace(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, MEMD_UID, MEMD_UID)
+    memd = str(Path(sys.executable).parent / "memd")
+    result = run_sandboxed(
+        unit_file,
+        tmp_path,
+        [memd, "compact-now", "alpha", "--workspace", str(workspace), "--state-dir", str(state)],
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return workspace, workspace / "agents" / "alpha" / "MEMORY.md"
+
+
+@needs_sandbox
+def test_compaction_works_inside_the_sandbox_and_the_agent_keeps_appending(
+    sandbox_root: Path,
+) -> None:
+    from support.memfiles import swarms_block
+
+    workspace, memory = compact_in_sandbox(UNIT, sandbox_root)
+    archives = list((workspace / "agents" / "alpha" / "archive").glob("history_*.md"))
+    assert len(archives) == 1
+    assert b"[Compressed Memory Summary]" in memory.read_bytes()
+    info = memory.stat()
+    assert info.st_mode & 0o777 == 0o660, "the re-seeded file keeps the old mode"
+    assert info.st_gid == SHARED_GID, "the re-seeded file keeps the shared group"
+    appended = append_as_agent(memory, swarms_block("Human", "still appending"))
+    assert appended.returncode == 0, appended.stderr
+    assert memory.read_bytes().endswith(b"\n\nstill appending\n\n---\n\n")
+
+
+@needs_sandbox
+def test_without_chown_in_the_filter_the_shared_group_is_lost(sandbox_root: Path) -> None:
+    # Why the unit re-allows @chown (and pays 0.2 of its exposure score for it).
+    stricter = sandbox_root / "memd.service"
+    text = UNIT.read_text(encoding="utf-8")
+    stricter.write_text(text.replace("SystemCallFilter=@chown\n", ""), encoding="utf-8")
+    assert stricter.read_text(encoding="utf-8") != text
+    _, memory = compact_in_sandbox(stricter, sandbox_root / "run")
+    assert memory.stat().st_gid != SHARED_GID
