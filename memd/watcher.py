@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -130,7 +131,11 @@ class InotifyBackend:
     def watch(self, key: str, path: Path) -> None:
         if self._fd is None:
             raise RuntimeError("watcher is not started")
-        wd = self._fd.add_callback(os.fsencode(path), self._mask, self, id(self))
+        with warnings.catch_warnings():
+            # A renamed agent folder keeps its inotify watch descriptor, so
+            # watching it under its new name re-registers the same callback.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            wd = self._fd.add_callback(os.fsencode(path), self._mask, self, id(self))
         with self._lock:
             self._wd_by_key[key] = wd
             self._key_by_wd[wd] = key
@@ -140,8 +145,9 @@ class InotifyBackend:
             wd = self._wd_by_key.pop(key, None)
             if wd is None:
                 return
-            if self._key_by_wd.get(wd) == key:
-                del self._key_by_wd[wd]
+            if self._key_by_wd.get(wd) != key:
+                return  # the descriptor now belongs to the folder's new name
+            del self._key_by_wd[wd]
         if self._fd is not None:
             self._fd.remove_callbacks([(wd, id(self))])
 

@@ -1,5 +1,75 @@
-"""memd run commands."""
+"""``memd run``: the daemon, in the foreground (systemd, docker, a terminal)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
 
 from memd.cli.app import app
+from memd.cli.common import ConfigOption, WorkspaceOption, load
 
-__all__ = ["app"]
+LogFormatChoice = Literal["auto", "json", "console"]
+LogLevelChoice = Literal["debug", "info", "warning", "error"]
+
+
+@app.command("run")
+def run_command(
+    workspace: WorkspaceOption = None,
+    config: ConfigOption = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="State DB dir (default: config state_dir, MEMD_STATE_DIR, "
+            "$STATE_DIRECTORY, ~/.local/state/memd).",
+            show_default=False,
+        ),
+    ] = None,
+    poll: Annotated[
+        bool | None,
+        typer.Option(
+            "--poll/--no-poll",
+            help="Poll instead of inotify (NFS/CIFS/Docker Desktop mounts). Default: [watch] poll.",
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        LogFormatChoice | None,
+        typer.Option(
+            "--log-format",
+            help="json, console, or auto (JSON unless stderr is a terminal). "
+            "Default: [log] format.",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        LogLevelChoice | None,
+        typer.Option("--log-level", help="Default: [log] level.", show_default=False),
+    ] = None,
+) -> None:
+    """Watch every agents/*/MEMORY.md, keep exact token counts, compact over threshold."""
+    from memd.daemon import EXIT_FORCED, Daemon, DaemonOptions
+    from memd.logs import configure_logging
+    from memd.state import resolve_state_dir
+
+    loaded = load(workspace, config)
+    configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
+    options = DaemonOptions(
+        config_file=config,
+        workspace_flag=workspace,
+        state_dir=resolve_state_dir(state_dir, loaded.config.state_dir),
+        poll=poll,
+        log_format=log_format,
+        log_level=log_level,
+    )
+    code = Daemon(loaded, options).run()
+    if code == EXIT_FORCED:
+        # A forced stop does not wait for a slow LLM call in a worker thread;
+        # the transaction is crash-safe, so leave now.
+        sys.stderr.flush()
+        os._exit(code)
+    raise typer.Exit(code)

@@ -48,6 +48,10 @@ class Debouncer(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._bursts
 
+    def keys(self) -> list[K]:
+        """Keys waiting to become due."""
+        return list(self._bursts)
+
     def deadline_of(self, key: K) -> float | None:
         burst = self._bursts.get(key)
         return None if burst is None else self._deadline(burst)
