@@ -250,6 +250,7 @@ class StateStore:
         self._lock = threading.RLock()
         self.path = path  # None when running on the in-memory fallback
         self.warnings = warnings
+        self._identity = _file_identity(path)
 
     # ------------------------------------------------------------------ opening
 
@@ -262,6 +263,7 @@ class StateStore:
             _ensure_private_dir(state_dir)
             with _rebuild_lock(path):
                 conn = _open_checked(path, warnings)
+                store = cls(conn, path, warnings)  # records the file's identity under the lock
         except (OSError, sqlite3.Error) as exc:
             message = (
                 f"state DB {path} is unusable ({_reason(exc)}); "
@@ -272,7 +274,7 @@ class StateStore:
             conn = _connect(":memory:")
             _create_schema(conn)
             return cls(conn, None, warnings)
-        return cls(conn, path, warnings)
+        return store
 
     def close(self) -> None:
         with self._lock:
@@ -288,6 +290,8 @@ class StateStore:
 
     def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
         with self._lock:
+            if self.path is not None and _file_identity(self.path) != self._identity:
+                self._reopen()
             try:
                 return operation(self._conn)
             except sqlite3.DatabaseError as exc:
@@ -299,21 +303,39 @@ class StateStore:
             except sqlite3.DatabaseError as exc:
                 raise StateError(f"state DB {self.path}: {exc}") from None
 
+    def _reopen(self) -> None:
+        # The file at our path is no longer the one we opened: another process
+        # moved a corrupt DB aside and rebuilt it, or someone deleted it. Follow
+        # the path, or we would keep writing into a file nobody reads.
+        assert self.path is not None
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+        try:
+            _ensure_private_dir(self.path.parent)
+            with _rebuild_lock(self.path):
+                self._conn = _open_checked(self.path, self.warnings)
+                self._identity = _file_identity(self.path)
+        except (OSError, sqlite3.Error) as exc:
+            self._conn = _connect(":memory:")
+            _create_schema(self._conn)
+            raise StateError(f"state DB {self.path}: cannot reopen: {_reason(exc)}") from None
+
     def _rebuild_after(self, exc: sqlite3.DatabaseError) -> None:
         # Corruption noticed while running (the file was damaged under us).
         assert self.path is not None
         with contextlib.suppress(sqlite3.Error):
             self._conn.close()
         with _rebuild_lock(self.path):
-            if _probe(self.path) is None:
-                # Another process has rebuilt it already.
-                self._conn = _open_checked(self.path, self.warnings)
-                return
-            moved = _move_aside(self.path)
-            message = f"state DB {self.path} was corrupt ({exc}); moved to {moved.name}, rebuilt"
-            _log.warning(message)
-            self.warnings.append(message)
+            if _probe(self.path) is not None:
+                moved = _move_aside(self.path)
+                message = (
+                    f"state DB {self.path} was corrupt ({exc}); moved to {moved.name}, rebuilt"
+                )
+                _log.warning(message)
+                self.warnings.append(message)
+            # else another process has rebuilt it already: just reopen.
             self._conn = _open_checked(self.path, self.warnings)
+            self._identity = _file_identity(self.path)
 
     @contextlib.contextmanager
     def _write(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
@@ -506,6 +528,16 @@ class StateStore:
 
 def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:
     return AgentRecord(*row)  # type: ignore[arg-type]  # columns mirror the fields
+
+
+def _file_identity(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    try:
+        result = path.stat()
+    except OSError:
+        return None
+    return result.st_dev, result.st_ino
 
 
 def _reason(exc: BaseException) -> str:

@@ -307,3 +307,41 @@ def test_two_processes_rebuild_a_corrupt_db_once(tmp_path: Path, workspace: Path
     warnings = sorted(int(p.communicate(timeout=60)[0]) for p in procs)
     assert warnings == [0, 0, 1]  # exactly one of them rebuilt it
     assert len([p for p in state_dir.iterdir() if ".corrupt-" in p.name]) == 1
+
+
+def test_corruption_while_open_is_rebuilt(tmp_path: Path, workspace: Path) -> None:
+    store = StateStore.open(tmp_path / "s", workspace)
+    store.upsert_agents([record(f"a{i}") for i in range(200)])
+    assert store.path is not None
+    size = store.path.stat().st_size
+    with store.path.open("r+b") as handle:  # damaged in place, same inode
+        handle.write(os.urandom(size))
+    for suffix in ("-wal", "-shm"):
+        companion = Path(f"{store.path}{suffix}")
+        if companion.exists():
+            companion.write_bytes(os.urandom(companion.stat().st_size))
+    assert store.agents() == []  # noticed, moved aside, rebuilt: no exception
+    assert "corrupt" in store.warnings[-1]
+    store.upsert_agents([record("z")])
+    assert [r.agent for r in store.agents()] == ["z"]
+    store.close()
+
+
+def test_follows_a_rebuild_by_another_process(tmp_path: Path, workspace: Path) -> None:
+    daemon = StateStore.open(tmp_path / "s", workspace)
+    daemon.upsert_agents([record("a")])
+    path = daemon.path
+    assert path is not None
+    # Another process finds the file corrupt, moves it aside and rebuilds it.
+    path.rename(path.with_name("moved-away"))
+    with StateStore.open(tmp_path / "s", workspace) as cli:
+        assert cli.agents() == []
+        # The long-running handle now writes where readers look.
+        daemon.upsert_agents([record("b")])
+        assert [r.agent for r in cli.agents()] == ["b"]
+    # Even a deleted DB file is recreated on the next write.
+    path.unlink()
+    daemon.write_heartbeat(pid=1, started_at=0, healthy=True, detail="", agents=0, ts=1)
+    with StateStore.open(tmp_path / "s", workspace) as cli:
+        assert cli.read_heartbeat() is not None
+    daemon.close()
