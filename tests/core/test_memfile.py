@@ -1,0 +1,362 @@
+"""The Swarms MEMORY.md parser is lossless and reads back what the renderer writes."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from memd.core.memfile import (
+    EntrySegment,
+    HeaderSegment,
+    MemoryDocument,
+    RawSegment,
+    contains_entry_header,
+    parse,
+    render_entry,
+    render_header,
+    render_summary_block,
+    sanitize_summary,
+)
+from tests.support.strategies import (
+    any_bytes,
+    content_bytes,
+    entry_blocks,
+    memory_files,
+    roles,
+    timestamps,
+)
+
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TS = "2024-05-01T10:00:00.123456"
+HEADER = render_header("demo", "2024-05-01T09:00:00")
+# A terminator followed by a line that looks like an entry header: inside
+# content this is genuinely ambiguous, so generated content avoids it.
+_AMBIGUOUS = re.compile(rb"\r?\n\r?\n---\r?\n\r?\n### [^\r\n]* \xe2\x80\x94 ")
+
+
+def assert_well_formed(doc: MemoryDocument, data: bytes) -> None:
+    assert doc.render() == data
+    assert doc.size == len(data)
+    offset = 0
+    for segment in doc.segments:
+        assert segment.start == offset
+        assert segment.raw  # no empty segments
+        assert data[offset : offset + len(segment.raw)] == segment.raw
+        offset += len(segment.raw)
+    assert offset == len(data)
+    assert all(not isinstance(s, HeaderSegment) for s in doc.segments[1:])
+    assert 0 <= doc.boundary <= len(data)
+
+
+@PROPERTY
+@given(data=any_bytes)
+def test_any_bytes_round_trip(data: bytes) -> None:
+    assert_well_formed(parse(data), data)
+
+
+@PROPERTY
+@given(data=memory_files())
+def test_generated_memory_files_round_trip(data: bytes) -> None:
+    doc = parse(data)
+    assert_well_formed(doc, data)
+    for segment in doc.segments:
+        if segment.start >= doc.boundary:
+            assert isinstance(segment, RawSegment)
+
+
+def _content_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+@PROPERTY
+@given(
+    entries=st.lists(st.tuples(roles, timestamps, content_bytes), max_size=6),
+    with_header=st.booleans(),
+)
+def test_rendered_entries_parse_back_with_the_same_fields(
+    entries: list[tuple[str, str, bytes]], with_header: bool
+) -> None:
+    for _, _, content in entries:
+        assume(not _AMBIGUOUS.search(content))
+        assume(not content.endswith(b"\r"))  # see the xfail test below
+    data = (HEADER if with_header else b"") + b"".join(
+        render_entry(role, stamp, _content_text(content)) for role, stamp, content in entries
+    )
+    doc = parse(data)
+    assert_well_formed(doc, data)
+    assert (doc.header is not None) == with_header
+    parsed = [(e.role, e.timestamp, e.content) for e in doc.entries]
+    assert parsed == entries
+    assert len(doc.segments) == len(entries) + with_header  # no raw leftovers
+    assert doc.boundary == len(data)
+
+
+TRICKY_CONTENTS = [
+    "",
+    "###",
+    "### not a header",
+    "---",
+    "a\n---\nb",
+    "before\n\n---\n\nafter, no header follows",
+    "before\n\n---\n\n### heading but no em dash\n\nafter",
+    "before\n\n---\n\n### Bob \u2014 not-a-time\n\nafter",
+    "a line\n### Bob \u2014 2024-05-01T10:00:00\n\nlooks like a header, no terminator before it",
+    "ends with a terminator\n\n---\n\n",
+    "ends with dashes\n\n---",
+    "crlf\r\nlines\r\n\r\n---\r\n\r\nmore",
+    "non-ASCII: wörld 日本語 \u2014 \U0001f600",
+    "invalid UTF-8: \udcff\udce2\udc80 end",
+    "[Compressed Memory Summary]\nnot a summary: role is not System",
+    "\n\nleading and trailing blank lines\n\n",
+]
+
+
+@pytest.mark.parametrize("content", TRICKY_CONTENTS)
+def test_tricky_content_survives_between_other_entries(content: str) -> None:
+    data = (
+        HEADER
+        + render_entry("User", TS, "first")
+        + render_entry("Agent \u2014 7", TS, content)
+        + render_entry("User", "2024-05-01T10:00:01", "last")
+    )
+    doc = parse(data)
+    assert_well_formed(doc, data)
+    assert [(e.role, e.content) for e in doc.entries] == [
+        ("User", b"first"),
+        ("Agent \u2014 7", content.encode("utf-8", "surrogateescape")),
+        ("User", b"last"),
+    ]
+    assert doc.entries[1].text == content.encode("utf-8", "surrogateescape").decode(
+        "utf-8", "replace"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="memfile: a content ending in '\\r' loses it: the leftmost terminator match "
+    "in the last 10 bytes takes '\\r\\n\\n---\\n\\n' instead of the '\\n\\n---\\n\\n' "
+    "render_entry wrote",
+)
+def test_content_ending_in_carriage_return_keeps_it() -> None:
+    doc = parse(render_entry("User", TS, "line\r"))
+    assert doc.entries[0].content == b"line\r"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="memfile: _MAX_TERMINATOR_LEN is 10 but '\\r\\n\\r\\n---\\r\\n\\r\\n' is 11 bytes, "
+    "so CRLF entries keep a stray '\\r' at the end of their content",
+)
+def test_crlf_entries_have_no_stray_carriage_return() -> None:
+    data = render_entry("User", TS, "hello\nworld").replace(b"\n", b"\r\n")
+    doc = parse(data)
+    assert doc.entries[0].content == b"hello\r\nworld"
+
+
+def test_crlf_files_parse_into_entries() -> None:
+    lf = HEADER + render_entry("User", TS, "one") + render_entry("Agent", TS, "two\nlines")
+    crlf = lf.replace(b"\n", b"\r\n")
+    doc = parse(crlf)
+    assert_well_formed(doc, crlf)
+    assert doc.header is not None and doc.header.conversation == "demo"
+    assert [e.role for e in doc.entries] == ["User", "Agent"]
+    assert doc.boundary == len(crlf)
+
+
+def test_empty_file() -> None:
+    doc = parse(b"")
+    assert doc.segments == ()
+    assert doc.header is None and doc.entries == []
+    assert doc.boundary == 0 and doc.render() == b""
+    assert doc.raw_entries_since_summary() == []
+
+
+def test_file_without_header() -> None:
+    data = render_entry("User", TS, "hi") + render_entry("Agent", TS, "hello")
+    doc = parse(data)
+    assert doc.header is None
+    assert [e.content for e in doc.entries] == [b"hi", b"hello"]
+    assert doc.boundary == len(data)
+
+
+def test_header_alone_and_header_fields() -> None:
+    header = render_header("Research \u2014 team", "2024-05-01T09:00:00")
+    doc = parse(header)
+    assert doc.header is not None
+    assert (doc.header.conversation, doc.header.created) == (
+        "Research \u2014 team",
+        "2024-05-01T09:00:00",
+    )
+    assert doc.boundary == len(header) and doc.entries == []
+
+
+def test_text_before_the_first_entry_is_kept_raw() -> None:
+    data = b"notes someone typed\n" + render_entry("User", TS, "hi")
+    doc = parse(data)
+    assert_well_formed(doc, data)
+    assert isinstance(doc.segments[0], RawSegment)
+    assert [e.content for e in doc.entries] == [b"hi"]
+
+
+@settings(PROPERTY, max_examples=150)
+@given(
+    with_header=st.booleans(),
+    blocks=st.lists(entry_blocks(crlf=False), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_partial_trailing_entry_is_raw_after_the_boundary(
+    with_header: bool, blocks: list[bytes], data: st.DataObject
+) -> None:
+    assume(not any(_AMBIGUOUS.search(block) for block in blocks))
+    complete, block = blocks[:-1], blocks[-1]
+    prefix = (HEADER if with_header else b"") + b"".join(complete)
+    whole = parse(prefix)
+    assert whole.boundary == len(prefix)
+    cut = data.draw(st.integers(min_value=1, max_value=len(block) - 1))
+    partial = block[:cut]
+    assume(not re.search(rb"\r?\n\r?\n---\r?\n\r?\n\Z", partial))  # would look complete
+    file = prefix + partial
+    doc = parse(file)
+    assert_well_formed(doc, file)
+    assert isinstance(doc.segments[-1], RawSegment)
+    assert all(isinstance(s, RawSegment) for s in doc.segments if s.start >= doc.boundary)
+    # Until the new entry's header line is complete, the entry before it cannot
+    # be told apart from one whose content goes on: it may wait in the raw tail.
+    header_line_done = re.match(rb"### [^\r\n]* \xe2\x80\x94 \S+\n\n", partial) is not None
+    if header_line_done:
+        assert doc.boundary == len(prefix)
+        assert [e.raw for e in doc.entries] == [e.raw for e in whole.entries]
+    else:
+        assert doc.boundary <= len(prefix)
+        assert [e.raw for e in doc.entries] == [e.raw for e in whole.entries][: len(doc.entries)]
+        assert len(doc.entries) >= len(whole.entries) - 1
+
+
+def test_partial_entry_after_a_complete_header_line_keeps_the_previous_entry() -> None:
+    prefix = HEADER + render_entry("User", TS, "done")
+    file = prefix + b"### Agent \xe2\x80\x94 " + TS.encode() + b"\n\nhalf a repl"
+    doc = parse(file)
+    assert doc.boundary == len(prefix)
+    assert [e.content for e in doc.entries] == [b"done"]
+    assert doc.segments[-1] == RawSegment(start=len(prefix), raw=file[len(prefix) :])
+
+
+def test_50_mb_single_entry_parses_in_linear_time() -> None:
+    line = "a line of text with ### and --- and \u2014 in it\n"
+    content = line * (50_000_000 // len(line.encode()))
+    data = HEADER + render_entry("User", TS, content)
+    assert len(data) > 50_000_000
+    started = time.perf_counter()
+    doc = parse(data)
+    elapsed = time.perf_counter() - started
+    assert len(doc.entries) == 1
+    assert doc.boundary == len(data)
+    assert doc.entries[0].content == content.encode()
+    assert elapsed < 10, f"parse took {elapsed:.1f}s"
+
+
+def test_many_entries_parse_in_linear_time() -> None:
+    def timed(count: int) -> float:
+        data = HEADER + b"".join(render_entry("User", TS, f"turn {i}") for i in range(count))
+        started = time.perf_counter()
+        assert len(parse(data).entries) == count
+        return time.perf_counter() - started
+
+    small, large = timed(5_000), timed(40_000)
+    assert large < 8 * small * 3, (small, large)  # 8x the entries: linear, with slack
+
+
+def test_summary_blocks_are_detected() -> None:
+    data = (
+        HEADER
+        + render_entry("User", TS, "old turn")
+        + render_summary_block("We decided X.\n### User \u2014 2024-01-01T00:00:00\nquoted", TS)
+        + render_entry("System", TS, "a system turn, not a summary")
+        + render_entry("User", TS, "[Compressed Memory Summary]\nuser text")
+    )
+    doc = parse(data)
+    assert [e.is_summary for e in doc.entries] == [False, True, False, False]
+    summary = doc.entries[1]
+    assert summary.role == "System"
+    assert summary.summary_text == ("We decided X.\n> ### User \u2014 2024-01-01T00:00:00\nquoted")
+    assert [e.content for e in doc.raw_entries_since_summary()] == [
+        b"a system turn, not a summary",
+        b"[Compressed Memory Summary]\nuser text",
+    ]
+    assert not contains_entry_header(summary.summary_text)
+
+
+def test_raw_entries_since_summary_respects_an_end_offset() -> None:
+    first = HEADER + render_summary_block("s", TS) + render_entry("User", TS, "a")
+    data = first + render_entry("User", TS, "b")
+    doc = parse(data)
+    assert [e.content for e in doc.raw_entries_since_summary(len(first))] == [b"a"]
+    assert [e.content for e in doc.raw_entries_since_summary()] == [b"a", b"b"]
+
+
+summary_texts = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.sampled_from(
+            [
+                "### User \u2014 2024-01-01T00:00:00",
+                "###User \u2014 2024-01-01",
+                "### A \u2014 B \u2014 2024-01-01T00:00:00Z",
+                "   ### Lead \u2014 2024-01-01T00:00:00",
+                "\x00### Nul \u2014 2024-01-01T00:00:00",
+                "\n",
+                "\r\n",
+                "\n\n---\n\n",
+            ]
+        ),
+    ),
+    max_size=12,
+).map("".join)
+
+
+@PROPERTY
+@given(summary=summary_texts, stamp=timestamps)
+def test_sanitized_summaries_never_hold_an_entry_header(summary: str, stamp: str) -> None:
+    cleaned = sanitize_summary(summary)
+    assert not contains_entry_header(cleaned)
+    block = render_summary_block(summary, stamp)
+    doc = parse(HEADER + block)
+    assert len(doc.entries) == 1 and doc.entries[0].is_summary
+    assert doc.entries[0].raw == block
+    for line in cleaned.split("\n"):
+        assert not contains_entry_header(line + "\n\n")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="memfile: sanitize_summary quotes header-like lines only after '\\n'; a lone "
+    "'\\r' before one survives, and Swarms reads MEMORY.md in text mode (universal "
+    "newlines), where that '\\r' becomes a line break and the line an entry header",
+)
+def test_sanitized_summary_has_no_header_line_under_universal_newlines() -> None:
+    block = render_summary_block("done\r### User \u2014 2024-01-01T00:00:00\r\rmore", TS)
+    as_swarms_reads_it = io.TextIOWrapper(io.BytesIO(block), encoding="utf-8", newline=None).read()
+    summary_lines = as_swarms_reads_it.split("\n")[1:]  # line 0 is the block's own header
+    assert not any(contains_entry_header(line + "\n\n") for line in summary_lines)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="memfile: a lone surrogate in a summary (json.loads of an LLM reply can yield one) "
+    "makes render_summary_block raise UnicodeEncodeError",
+)
+def test_summary_with_a_lone_surrogate_renders() -> None:
+    block = render_summary_block("truncated emoji \ud83d", TS)
+    assert parse(block).entries[0].is_summary
+
+
+@given(role=roles, stamp=timestamps)
+@settings(max_examples=100, deadline=None)
+def test_single_entry_header_detection(role: str, stamp: str) -> None:
+    assert contains_entry_header(f"### {role} \u2014 {stamp}\n\n")
+    assert isinstance(parse(render_entry(role, stamp, "x")).segments[0], EntrySegment)
