@@ -236,7 +236,7 @@ def build_summary_messages(
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-_LINE_START = re.compile(r"(?m)^(?!> )")
+_LINE_START = re.compile(r"(?m)^(?!>)")
 
 
 def _requote(text: str) -> str:

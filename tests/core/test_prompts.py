@@ -145,7 +145,8 @@ def test_budget_drops_oldest_turns_first_and_keeps_the_summary(
 
 def test_budget_cuts_an_oversized_previous_summary_and_newest_turn() -> None:
     huge_summary = "Facts:\n" + "\n".join(f"- fact {i}" for i in range(2_000))
-    huge_turn = " ".join(f"w{i}" for i in range(5_000)) + " NEWEST-TAIL"
+    # Paragraphs: blank lines inside a quoted turn must stay cheap when re-quoted.
+    huge_turn = "\n\n".join(f"w{i} x" for i in range(2_500)) + " NEWEST-TAIL"
     doc = document(("Human", huge_turn), summary=huge_summary)
     messages = build_summary_messages(
         doc, summary_max_tokens=100, input_token_budget=1_000, count_text=word_count

@@ -1,0 +1,259 @@
+"""The LLM summarizer: one litellm ``completion`` call per summary, with our own retries.
+
+litellm is imported lazily, on the first summary, because importing it takes
+seconds and (unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set) fetches a price
+map from the network; it also rewrites ``TIKTOKEN_CACHE_DIR``, which our own
+offline tokenizer depends on, so that variable is restored after the import.
+
+Errors are reported as one line naming the agent and a reason built from the
+exception's *type and status code* only: provider messages can echo request
+content or credentials, so they never reach our messages or logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Final
+
+from memd.core.config import SummarizerConfig
+from memd.core.prompts import CountText, build_summary_messages
+from memd.core.summary import SummaryRequest, SummaryResult
+from memd.errors import SummarizerError
+
+_RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
+_RETRYABLE_TYPE_NAMES: Final = frozenset(
+    {
+        "Timeout",
+        "APITimeoutError",
+        "APIConnectionError",
+        "ServiceUnavailableError",
+        "InternalServerError",
+        "BadGatewayError",
+        "RateLimitError",
+    }
+)
+_BACKOFF_BASE_S: Final = 1.0
+_BACKOFF_MAX_S: Final = 30.0
+
+_import_lock = threading.Lock()
+_litellm: ModuleType | None = None
+
+
+def import_litellm() -> ModuleType:
+    """Import litellm once, offline, without letting it change TIKTOKEN_CACHE_DIR."""
+    global _litellm
+    with _import_lock:
+        if _litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            saved_cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
+            try:
+                import litellm
+            finally:
+                if saved_cache_dir is None:
+                    os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+                else:
+                    os.environ["TIKTOKEN_CACHE_DIR"] = saved_cache_dir
+            # No "Give Feedback / Get Help" banners on stderr for every error.
+            litellm.suppress_debug_info = True
+            # litellm's debug logs carry request bodies (memory content) and
+            # httpx's request lines carry URLs (some providers put the key in
+            # the query string): neither may reach memd's logs.
+            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+            _litellm = litellm
+        return _litellm
+
+
+def _status_of(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Timeouts, rate limits, 5xx and connection errors; never 4xx such as 401/400."""
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    status = _status_of(exc)
+    if status is not None:
+        return status in _RETRYABLE_STATUS or status >= 500
+    return type(exc).__name__ in _RETRYABLE_TYPE_NAMES
+
+
+def describe_failure(exc: BaseException, timeout_s: float) -> str:
+    """A reason safe to log: exception type and status code, never its message."""
+    name = type(exc).__name__
+    status = _status_of(exc)
+    if isinstance(exc, TimeoutError) or name in {"Timeout", "APITimeoutError"}:
+        return f"timed out after {timeout_s:g}s ({name})"
+    if status == 401:
+        return f"authentication failed ({name}, HTTP 401): check summarizer.api_key"
+    if status == 429:
+        return f"rate limited ({name}, HTTP 429)"
+    if status is not None:
+        return f"{name} (HTTP {status})"
+    return name
+
+
+def backoff_delay(attempt: int, rng: random.Random, base_s: float = _BACKOFF_BASE_S) -> float:
+    """Exponential backoff with jitter: uniform in [c/2, c], c = min(cap, base * 2**attempt).
+
+    Half the ceiling is kept so a retry never fires at once; the random half
+    spreads the retries of many agents hitting the same rate limit.
+    """
+    ceiling = min(_BACKOFF_MAX_S, base_s * (2**attempt))
+    return rng.uniform(ceiling / 2, ceiling)
+
+
+def _field(obj: Any, name: str) -> Any:
+    """Read a field from a litellm object or a plain dict alike."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _missing_credentials(litellm: ModuleType, kwargs: dict[str, Any]) -> list[str]:
+    """Names of the provider's key env vars, when no key is configured or set."""
+    try:
+        report = litellm.validate_environment(
+            model=kwargs["model"], api_key=kwargs.get("api_key"), api_base=kwargs.get("api_base")
+        )
+    except Exception:
+        return []  # unknown to litellm: let the call itself report it
+    missing = report.get("missing_keys", []) if isinstance(report, dict) else []
+    return [str(name) for name in missing if "KEY" in str(name).upper()]
+
+
+class LiteLLMSummarizer:
+    """Summaries from any litellm model (``openai/…``, ``anthropic/…``, ``ollama/…``)."""
+
+    def __init__(
+        self,
+        config: SummarizerConfig,
+        count_text: CountText | None = None,
+        *,
+        input_token_budget: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        backoff_base_s: float = _BACKOFF_BASE_S,
+    ) -> None:
+        self._config = config
+        self._count_text = count_text
+        self._input_token_budget = input_token_budget
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
+        self._backoff_base_s = backoff_base_s
+
+    @property
+    def model(self) -> str:
+        return self._config.model
+
+    def _completion_kwargs(self, request: SummaryRequest) -> dict[str, Any]:
+        config = self._config
+        messages = build_summary_messages(
+            request.document,
+            summary_max_tokens=min(request.max_tokens, config.max_tokens),
+            instructions=request.instructions,
+            input_token_budget=self._input_token_budget,
+            count_text=self._count_text,
+        )
+        kwargs: dict[str, Any] = {
+            "model": config.model,
+            "messages": messages,
+            "temperature": config.temperature,
+            "max_tokens": min(request.max_tokens, config.max_tokens),
+            "timeout": config.timeout_s,
+            # Retries are ours (counted, with backoff); neither litellm nor the
+            # provider SDK underneath may retry on their own.
+            "num_retries": 0,
+            "max_retries": 0,
+            # Parameters a provider does not support (e.g. temperature on some
+            # reasoning models) are dropped rather than failing the summary.
+            "drop_params": True,
+        }
+        if config.api_base:
+            kwargs["api_base"] = config.api_base
+        api_key = config.api_key.get_secret_value()
+        if api_key:
+            kwargs["api_key"] = api_key  # else: the provider's usual env var
+        return kwargs
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        agent = request.agent
+        try:
+            litellm = import_litellm()
+        except Exception as exc:
+            raise SummarizerError(
+                f"summarizer for agent {agent!r}: cannot import litellm ({type(exc).__name__})"
+            ) from None
+        kwargs = self._completion_kwargs(request)
+        missing = _missing_credentials(litellm, kwargs)
+        if missing:
+            # litellm would report this as a retryable "HTTP 500"; say what to set.
+            raise SummarizerError(
+                f"summarizer {self.model!r} failed for agent {agent!r}: no API key "
+                f"(set summarizer.api_key or {' / '.join(missing)})"
+            )
+        attempts = self._config.retries + 1
+        for attempt in range(attempts):
+            try:
+                response = litellm.completion(**kwargs)
+            except Exception as exc:
+                reason = describe_failure(exc, self._config.timeout_s)
+                if is_retryable(exc) and attempt + 1 < attempts:
+                    self._sleep(backoff_delay(attempt, self._rng, self._backoff_base_s))
+                    continue
+                tried = f" after {attempt + 1} attempts" if attempt else ""
+                # ``from None``: the provider exception's text may hold content.
+                raise SummarizerError(
+                    f"summarizer {self.model!r} failed for agent {agent!r}{tried}: {reason}"
+                ) from None
+            return self._result_of(response, agent, litellm)
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _result_of(self, response: Any, agent: str, litellm: ModuleType) -> SummaryResult:
+        def fail(reason: str) -> SummarizerError:
+            return SummarizerError(
+                f"summarizer {self.model!r} failed for agent {agent!r}: {reason}"
+            )
+
+        choices = _field(response, "choices") or []
+        if not choices:
+            raise fail("response has no choices")
+        choice = choices[0]
+        finish_reason = _field(choice, "finish_reason")
+        if finish_reason == "length":
+            raise fail(
+                "summary truncated (finish_reason=length): raise summarizer.max_tokens "
+                "or ask for a shorter summary"
+            )
+        content = _field(_field(choice, "message"), "content")
+        if content is None:
+            raise fail("response content is null")
+        if not isinstance(content, str) or not content.strip():
+            raise fail("response content is empty")
+        usage = _field(response, "usage")
+        input_tokens = _field(usage, "prompt_tokens") if usage is not None else None
+        output_tokens = _field(usage, "completion_tokens") if usage is not None else None
+        return SummaryResult(
+            text=content.strip(),
+            model=self.model,
+            cost_usd=self._cost_of(response, litellm),
+            input_tokens=input_tokens if isinstance(input_tokens, int) else None,
+            output_tokens=output_tokens if isinstance(output_tokens, int) else None,
+        )
+
+    @staticmethod
+    def _cost_of(response: Any, litellm: ModuleType) -> float | None:
+        """USD cost when litellm knows the model's prices; ``None`` otherwise."""
+        try:
+            cost = litellm.completion_cost(completion_response=response)
+        except Exception:
+            return None
+        return float(cost) if isinstance(cost, int | float) and cost >= 0 else None
