@@ -111,6 +111,17 @@ def backoff_delay(attempt: int, rng: random.Random, base_s: float = _BACKOFF_BAS
     return rng.uniform(ceiling / 2, ceiling)
 
 
+def retry_after_s(exc: BaseException) -> float | None:
+    """The server's ``Retry-After`` in seconds (numeric form), when sane."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    value = headers.get("retry-after") if headers is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds is not None and 0 <= seconds <= _BACKOFF_MAX_S else None
+
+
 def _field(obj: Any, name: str) -> Any:
     """Read a field from a litellm object or a plain dict alike."""
     if isinstance(obj, dict):
@@ -207,7 +218,9 @@ class LiteLLMSummarizer:
             except Exception as exc:
                 reason = describe_failure(exc, self._config.timeout_s)
                 if is_retryable(exc) and attempt + 1 < attempts:
-                    self._sleep(backoff_delay(attempt, self._rng, self._backoff_base_s))
+                    delay = backoff_delay(attempt, self._rng, self._backoff_base_s)
+                    # A rate limiter that says when to come back knows best.
+                    self._sleep(max(delay, retry_after_s(exc) or 0.0))
                     continue
                 tried = f" after {attempt + 1} attempts" if attempt else ""
                 # ``from None``: the provider exception's text may hold content.

@@ -136,6 +136,13 @@ def test_retries_are_bounded_and_backed_off(openai_server: OpenAITestServer) -> 
         assert gap >= 0.02 * 2**attempt / 2
 
 
+def test_retry_after_header_is_honoured(openai_server: OpenAITestServer) -> None:
+    openai_server.script("http:429:0.4")
+    summarizer(openai_server, retries=1).summarize(request())
+    first, second = (r.received_at for r in openai_server.requests)
+    assert second - first >= 0.4  # backoff alone would be ~0.02 s
+
+
 @pytest.mark.parametrize(
     ("failure", "reason"),
     [

@@ -8,6 +8,7 @@ Behaviours (strings):
     "ok"             200, a summary echoing the request (message count, last line)
     "ok:<text>"      200 with exactly <text> as the content
     "http:<code>"    that HTTP status with an OpenAI-style error body (500, 401, 429, 400…)
+    "http:<code>:<s>" the same with a ``Retry-After: <s>`` header
     "sleep:<secs>"   wait that long, then reply "ok" (for client timeouts)
     "null"           200, content null
     "empty"          200, content ""
@@ -133,12 +134,18 @@ class OpenAITestServer:
                     return
                 server._respond(self, server._next_behaviour(), body)
 
-            def _send_json(self, status: int, payload: Any) -> None:
-                self._send_raw(status, json.dumps(payload).encode())
+            def _send_json(
+                self, status: int, payload: Any, headers: dict[str, str] | None = None
+            ) -> None:
+                self._send_raw(status, json.dumps(payload).encode(), headers)
 
-            def _send_raw(self, status: int, data: bytes) -> None:
+            def _send_raw(
+                self, status: int, data: bytes, headers: dict[str, str] | None = None
+            ) -> None:
                 try:
                     self.send_response(status)
+                    for name, value in (headers or {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
@@ -155,7 +162,8 @@ class OpenAITestServer:
             self._stopping.wait(float(argument))
             kind, argument = "ok", ""
         if kind == "http":
-            status = int(argument)
+            code, _, retry_after = argument.partition(":")
+            status = int(code)
             handler._send_json(
                 status,
                 {
@@ -165,6 +173,7 @@ class OpenAITestServer:
                         "code": str(status),
                     }
                 },
+                {"Retry-After": retry_after} if retry_after else None,
             )
         elif kind == "malformed":
             handler._send_raw(200, b"{this is not json")
