@@ -19,8 +19,6 @@ import hashlib
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -166,26 +164,20 @@ def load_encoding(name: str) -> tiktoken.Encoding:
 
 
 _CHUNK_BYTES: Final = 1 << 20
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _shared_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            workers = max(1, min(8, os.cpu_count() or 1))
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memd-tokens")
-        return _pool
 
 
 class TokenCounter:
     """Exact token counts: ``len(encode_ordinary(data.decode("utf-8", "replace")))``.
 
-    Large inputs are cut at token-safe boundaries (see ``memd.core.tokens``) and
-    counted on a thread pool: tiktoken releases the GIL while encoding, so a cold
-    scan uses every core, and memory stays bounded by the chunk size instead of
-    a token list for the whole file.
+    Inputs larger than ``chunk_bytes`` are cut at token-safe boundaries (see
+    ``memd.core.tokens``) and counted piece by piece: the sum is the same, and
+    memory stays bounded by a chunk's token list instead of one Python int per
+    token of the whole file (hundreds of MB for a 20 MB file).
+
+    tiktoken keeps the GIL while encoding, so threads do not make counting
+    faster; to use several cores, count different files (or chunks from
+    :func:`memd.core.tokens.safe_chunk_bounds`) in a process pool with
+    :func:`count_bytes_with`.
     """
 
     def __init__(self, encoding_name: str = DEFAULT_ENCODING, *, chunk_bytes: int = _CHUNK_BYTES):
@@ -204,12 +196,15 @@ class TokenCounter:
         if len(data) <= self._chunk_bytes:
             return self._count_slice(data, 0, len(data))
         bounds = safe_chunk_bounds(data, self._chunk_bytes)
-        return sum(self.count_many(data, bounds))
+        return sum(self._count_slice(data, start, end) for start, end in bounds)
 
-    def count_many(self, data: bytes, bounds: Sequence[tuple[int, int]]) -> list[int]:
-        """Count each ``data[start:end]`` on the shared pool, in order."""
-        if len(bounds) <= 1:
-            return [self._count_slice(data, start, end) for start, end in bounds]
-        pool = _shared_pool()
-        futures = [pool.submit(self._count_slice, data, start, end) for start, end in bounds]
-        return [future.result() for future in futures]
+
+_counters: dict[str, TokenCounter] = {}
+
+
+def count_bytes_with(encoding_name: str, data: bytes) -> int:
+    """``TokenCounter(encoding_name).count_bytes(data)``, picklable for process pools."""
+    counter = _counters.get(encoding_name)
+    if counter is None:
+        counter = _counters.setdefault(encoding_name, TokenCounter(encoding_name))
+    return counter.count_bytes(data)

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from pathlib import Path
 
 import pytest
 
+from memd.core.tokens import safe_chunk_bounds
 from memd.errors import TokenizerError
-from memd.tokenizer import TokenCounter, bundled_tokenizer_dir, load_encoding
+from memd.tokenizer import TokenCounter, bundled_tokenizer_dir, count_bytes_with, load_encoding
 
 SAMPLE = "### User \u2014 2024-01-01T00:00:00\n\nHello, wörld! 日本語 ###\n\n---\n\n"
 SAMPLE_BYTES = SAMPLE.encode() + b"\xff\xe2\x80 tail"
@@ -189,3 +192,16 @@ def test_counts_equal_one_encode_ordinary_of_the_decoded_bytes(name: str) -> Non
         assert counter.count_bytes(data) == expected
     assert counter.count_text(SAMPLE) == len(encoding.encode_ordinary(SAMPLE))
     assert counter.count_text("<|endoftext|>") > 1  # special tokens are plain text here
+
+
+def test_chunks_counted_in_a_process_pool_add_up_to_the_whole() -> None:
+    data = (SAMPLE_BYTES + b"\nSome prose.\nMore prose here.\n") * 2000
+    expected = TokenCounter("o200k_base").count_bytes(data)
+    bounds = safe_chunk_bounds(data, len(data) // 3)
+    assert len(bounds) >= 3
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+        counts = pool.map(
+            count_bytes_with, ["o200k_base"] * len(bounds), [data[a:b] for a, b in bounds]
+        )
+        assert sum(counts) == expected
