@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -122,6 +123,19 @@ def retry_after_s(exc: BaseException) -> float | None:
     return seconds if seconds is not None and 0 <= seconds <= _BACKOFF_MAX_S else None
 
 
+# Reasoning models served raw (e.g. deepseek-r1 on Ollama) put their thinking
+# inline; some models wrap the whole answer in a code fence.  Neither belongs
+# in the agent's memory.
+_THINKING_RE: Final = re.compile(r"\A\s*<think>.*?</think>", re.DOTALL)
+_OUTER_FENCE_RE: Final = re.compile(r"\A```[\w-]*\n(.*)\n```\Z", re.DOTALL)
+
+
+def clean_summary_text(content: str) -> str:
+    text = _THINKING_RE.sub("", content).strip()
+    fenced = _OUTER_FENCE_RE.match(text)
+    return fenced.group(1).strip() if fenced else text
+
+
 def _field(obj: Any, name: str) -> Any:
     """Read a field from a litellm object or a plain dict alike."""
     if isinstance(obj, dict):
@@ -196,6 +210,11 @@ class LiteLLMSummarizer:
         return kwargs
 
     def summarize(self, request: SummaryRequest) -> SummaryResult:
+        """One summary; ``timeout_s`` bounds each attempt, ``retries`` their number.
+
+        Worst case wall time: ``(retries + 1) * timeout_s`` plus the backoff
+        sleeps between attempts (exponential from 1 s, capped at 30 s).
+        """
         agent = request.agent
         try:
             litellm = import_litellm()
@@ -249,13 +268,14 @@ class LiteLLMSummarizer:
         content = _field(_field(choice, "message"), "content")
         if content is None:
             raise fail("response content is null")
-        if not isinstance(content, str) or not content.strip():
+        text = clean_summary_text(content) if isinstance(content, str) else ""
+        if not text:
             raise fail("response content is empty")
         usage = _field(response, "usage")
         input_tokens = _field(usage, "prompt_tokens") if usage is not None else None
         output_tokens = _field(usage, "completion_tokens") if usage is not None else None
         return SummaryResult(
-            text=content.strip(),
+            text=text,
             model=self.model,
             cost_usd=self._cost_of(response, litellm),
             input_tokens=input_tokens if isinstance(input_tokens, int) else None,

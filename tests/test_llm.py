@@ -101,6 +101,25 @@ def test_summary_over_http(openai_server: OpenAITestServer) -> None:
     assert not [line for line in prompt.splitlines() if line.startswith("###")]
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "<think>\nthe user wants brevity\n</think>\n\nGoals:\n- ship it",
+        "```markdown\nGoals:\n- ship it\n```",
+        "  Goals:\n- ship it \n",
+    ],
+)
+def test_reply_is_cleaned(openai_server: OpenAITestServer, reply: str) -> None:
+    openai_server.script(f"ok:{reply}")
+    assert summarizer(openai_server).summarize(request()).text == "Goals:\n- ship it"
+
+
+def test_thinking_only_reply_is_empty(openai_server: OpenAITestServer) -> None:
+    openai_server.script("ok:<think>hmm</think>  ")
+    with pytest.raises(SummarizerError, match="content is empty"):
+        summarizer(openai_server).summarize(request())
+
+
 def test_config_max_tokens_caps_the_request(openai_server: OpenAITestServer) -> None:
     summarizer(openai_server, max_tokens=123).summarize(request(max_tokens=4000))
     assert openai_server.requests[0].body["max_tokens"] == 123
