@@ -64,7 +64,7 @@ path, count = sys.argv[1], int(sys.argv[2])
 conversation = Conversation(name="loop", memory_md_path=path)
 for i in range(count):
     conversation.add("Human", f"swarms-loop-{i} " + "talk " * (i % 9))
-    time.sleep(0.004)
+    time.sleep(0.012)
 """
 
 
@@ -90,6 +90,7 @@ def memd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
         check=False,
         timeout=120,
         cwd=cwd,
+        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1"},
     )
 
 

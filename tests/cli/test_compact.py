@@ -1,0 +1,186 @@
+"""``memd compact-now`` end to end: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
+
+from memd.core.memfile import parse
+
+
+def memd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        # The 1 s drain quiet window is for real late writers; tests have none.
+        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1", **(env or {})},
+    )
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> AgentWorkspace:
+    workspace = AgentWorkspace(tmp_path / "ws")
+    for name in ("alpha", "beta", "gamma"):
+        workspace.create_agent(name, entries=12)
+    return workspace
+
+
+def test_compact_one_agent_with_builtin_summarizer(ws: AgentWorkspace, tmp_path: Path) -> None:
+    result = memd(
+        "compact-now", "alpha", "--workspace", str(ws.root), "--state-dir", str(tmp_path / "state")
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("alpha: compacted ")
+    assert "tokens; archive history_" in result.stdout
+    paths = ws.paths("alpha")
+    assert len(list(paths.archive_dir.iterdir())) == 1
+    doc = parse(paths.memory.read_bytes())
+    assert doc.entries[0].is_summary and doc.entries[0].summary_text.strip()
+    # The others were not touched.
+    assert not ws.paths("beta").archive_dir.exists()
+    # The ledger saw it (memd history reads it).
+    history = memd(
+        "history",
+        "alpha",
+        "--workspace",
+        str(ws.root),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--json",
+    )
+    assert history.returncode == 0, history.stderr
+    assert "compact-now" in history.stdout
+
+
+def test_nothing_to_compact_exits_zero_without_archive(ws: AgentWorkspace) -> None:
+    first = memd("compact-now", "alpha", "--workspace", str(ws.root), "--summary", "all done")
+    assert first.returncode == 0, first.stderr
+    second = memd("compact-now", "alpha", "--workspace", str(ws.root))
+    assert second.returncode == 0, second.stderr
+    assert "nothing to compact" in second.stdout
+    assert len(list(ws.paths("alpha").archive_dir.iterdir())) == 1
+
+
+def test_summary_flag_skips_the_llm(ws: AgentWorkspace) -> None:
+    result = memd(
+        "compact-now",
+        "alpha",
+        "--workspace",
+        str(ws.root),
+        "--summary",
+        "Ada likes tea.",
+        env={
+            "MEMD_SUMMARIZER_MODEL": "openai/never-called",
+            "MEMD_SUMMARIZER_API_BASE": "http://127.0.0.1:9",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    doc = parse(ws.paths("alpha").memory.read_bytes())
+    assert doc.entries[0].summary_text.strip() == "Ada likes tea."
+
+
+def test_all_agents(ws: AgentWorkspace) -> None:
+    result = memd("compact-now", "--all", "--workspace", str(ws.root), "--summary", "s")
+    assert result.returncode == 0, result.stderr
+    for name in ("alpha", "beta", "gamma"):
+        assert f"{name}: compacted" in result.stdout
+        assert len(list(ws.paths(name).archive_dir.iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["compact-now", "nobody"], "unknown agent 'nobody'", 3),
+        (["compact-now", "../alpha"], "invalid agent name '../alpha'", 2),
+        (["compact-now", "a/b"], "invalid agent name 'a/b'", 2),
+    ],
+)
+def test_bad_agent_is_one_line_error_and_touches_nothing(
+    ws: AgentWorkspace, args: list[str], message: str, code: int
+) -> None:
+    before = snapshot_tree(ws.root)
+    result = memd(*args, "--workspace", str(ws.root))
+    assert result.returncode == code
+    assert result.stderr.strip().count("\n") == 0
+    assert message in result.stderr
+    assert snapshot_tree(ws.root) == before
+
+
+def test_missing_workspace(tmp_path: Path) -> None:
+    result = memd("compact-now", "alpha", "--workspace", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"memd: error: workspace {tmp_path / 'nope'} does not exist"
+
+
+def test_bad_config_names_key_and_file(ws: AgentWorkspace, tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[trigger]\nthreshold = 7\n")
+    before = snapshot_tree(ws.root)
+    result = memd("compact-now", "alpha", "--workspace", str(ws.root), "--config", str(config))
+    assert result.returncode == 2
+    assert "trigger.threshold" in result.stderr and str(config) in result.stderr
+    assert result.stderr.strip().count("\n") == 0
+    assert snapshot_tree(ws.root) == before
+
+
+def test_summarizer_failure_exits_at_once_with_reason(ws: AgentWorkspace) -> None:
+    paths = ws.paths("alpha")
+    before = paths.memory.read_bytes()
+    result = memd(
+        "compact-now",
+        "alpha",
+        "--workspace",
+        str(ws.root),
+        env={
+            "MEMD_SUMMARIZER_MODEL": "openai/test-model",
+            "MEMD_SUMMARIZER_API_BASE": "http://127.0.0.1:9/v1",
+            "MEMD_SUMMARIZER_API_KEY": "sk-test",
+            "MEMD_SUMMARIZER_RETRIES": "0",
+            "MEMD_SUMMARIZER_TIMEOUT_S": "5",
+        },
+    )
+    assert result.returncode != 0
+    assert "alpha" in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "sk-test" not in result.stderr
+    assert paths.memory.read_bytes() == before
+    assert not paths.archive_dir.exists()
+
+
+def test_wait_gives_up_when_another_compaction_holds_the_lock(ws: AgentWorkspace) -> None:
+    paths = ws.paths("alpha")
+    paths.private_dir.mkdir(mode=0o700)
+    with paths.lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        result = memd(
+            "compact-now", "alpha", "--workspace", str(ws.root), "--wait", "0.3", "--summary", "s"
+        )
+    assert result.returncode == 4
+    assert "another compaction holds its lock" in result.stderr
+    append_entry(paths.memory, "Human", "after the lock was released")
+    result = memd(
+        "compact-now", "alpha", "--workspace", str(ws.root), "--wait", "5", "--summary", "s"
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_python_dash_m_and_console_script_agree(ws: AgentWorkspace) -> None:
+    script = Path(sys.executable).parent / "memd"
+    if not script.exists():
+        pytest.skip("console script not installed in this environment")
+    help_module = memd("--help").stdout
+    help_script = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, check=False
+    ).stdout
+    assert help_module == help_script
+    for command in ("run", "compact-now", "status", "forget"):
+        assert command in help_module

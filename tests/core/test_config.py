@@ -1,0 +1,48 @@
+"""Per-agent policy resolution: [agents."glob"] tables, later tables win."""
+
+from __future__ import annotations
+
+from memd.core.config import MemdConfig, resolve_policy
+
+
+def config(**data: object) -> MemdConfig:
+    return MemdConfig.model_validate(data)
+
+
+def test_default_threshold_is_fraction_of_context() -> None:
+    policy = resolve_policy(config(), "any")
+    assert policy.threshold_tokens == 180_000
+    assert policy.low_water_tokens == 108_000
+    assert policy.compress
+
+
+def test_absolute_cap_wins_when_lower() -> None:
+    policy = resolve_policy(config(trigger={"max_tokens": 5000}), "any")
+    assert policy.threshold_tokens == 5000
+
+
+def test_glob_overrides_apply_in_order() -> None:
+    cfg = config(
+        agents={
+            "Research*": {"threshold": 0.5, "context_length": 1000},
+            "ResearchBot": {"context_compression": False, "summary_instructions": "keep URLs"},
+        }
+    )
+    bot = resolve_policy(cfg, "ResearchBot")
+    assert (bot.threshold_tokens, bot.compress, bot.summary_instructions) == (
+        500,
+        False,
+        "keep URLs",
+    )
+    other = resolve_policy(cfg, "ResearchOther")
+    assert other.compress and other.threshold_tokens == 500
+    assert resolve_policy(cfg, "Writer").threshold_tokens == 180_000
+
+
+def test_model_derives_context_length_unless_given() -> None:
+    cfg = config(agents={"A*": {"model": "m"}, "AB": {"context_length": 42}})
+    lookup = {"m": 8000}.get
+    assert resolve_policy(cfg, "AX", lookup).context_length == 8000
+    assert resolve_policy(cfg, "AB", lookup).context_length == 42
+    unknown = config(agents={"*": {"model": "nope"}})
+    assert resolve_policy(unknown, "x", lookup).context_length == 200_000

@@ -1,0 +1,100 @@
+"""Config loading: TOML + MEMD_* env + flags, with errors naming the key and the source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memd.errors import ConfigError
+from memd.settings import build_config, load_settings, resolve_workspace
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_any_file(tmp_path: Path) -> None:
+    loaded = load_settings(environ={}, cwd=tmp_path)
+    assert loaded.source is None
+    assert loaded.workspace == tmp_path / "agent_workspace"
+    assert loaded.config.summarizer.model == "builtin"
+    assert loaded.config.trigger.threshold == 0.9
+
+
+def test_file_then_env_then_flag(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "memd.toml",
+        'workspace = "/from/file"\n[trigger]\nthreshold = 0.5\ncontext_length = 1000\n'
+        '[summarizer]\nmodel = "openai/gpt-4o-mini"\n',
+    )
+    env = {"MEMD_TRIGGER_THRESHOLD": "0.75", "MEMD_TRIGGER_CONTEXT_LENGTH": "2048"}
+    loaded = load_settings(config_file=config, environ=env, cwd=tmp_path)
+    assert loaded.source == config
+    assert loaded.config.trigger.threshold == 0.75
+    assert loaded.config.trigger.context_length == 2048
+    assert loaded.config.summarizer.model == "openai/gpt-4o-mini"
+    assert loaded.workspace == Path("/from/file")
+    assert loaded.env_overrides == ("MEMD_TRIGGER_CONTEXT_LENGTH", "MEMD_TRIGGER_THRESHOLD")
+
+
+def test_workspace_precedence(tmp_path: Path) -> None:
+    config, _ = build_config({"workspace": "/file"}, {})
+    flag = Path("/flag")
+    env_all = {"MEMD_WORKSPACE": "/memd", "WORKSPACE_DIR": "/swarms"}
+    assert resolve_workspace(flag, config, env_all, tmp_path) == flag
+    assert resolve_workspace(None, config, env_all, tmp_path) == Path("/memd")
+    assert resolve_workspace(None, config, {"WORKSPACE_DIR": "/swarms"}, tmp_path) == Path(
+        "/swarms"
+    )
+    assert resolve_workspace(None, config, {}, tmp_path) == Path("/file")
+    default, _ = build_config({}, {})
+    assert resolve_workspace(None, default, {}, tmp_path) == tmp_path / "agent_workspace"
+
+
+def test_config_file_from_env(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", "[tokenizer]\nencoding = 'o200k_base'\n")
+    loaded = load_settings(environ={"MEMD_CONFIG": str(config)}, cwd=tmp_path)
+    assert loaded.config.tokenizer.encoding == "o200k_base"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "[trigger]\nthreshold = 1.5\n",
+            r"invalid config .*c\.toml: trigger\.threshold: .*less than or equal to 1",
+        ),
+        ("[trigger]\nthresold = 0.5\n", r"trigger\.thresold: unknown key"),
+        ("[nosuch]\nx = 1\n", r"nosuch: unknown key"),
+        ("[trigger\nthreshold = 0.5\n", r"c\.toml: invalid TOML"),
+        ("[summarizer]\ntimeout_s = 'soon'\n", r"summarizer\.timeout_s"),
+        ('[agents."R*"]\nthreshold = 0\n', r"agents\.R\*\.threshold"),
+    ],
+)
+def test_bad_files_name_key_and_file(tmp_path: Path, text: str, expected: str) -> None:
+    config = write(tmp_path / "c.toml", text)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_settings(config_file=config, environ={}, cwd=tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_env_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"MEMD_TRIGGER_THRESHOLD \(trigger\.threshold\)"):
+        load_settings(environ={"MEMD_TRIGGER_THRESHOLD": "lots"}, cwd=tmp_path)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(config_file=tmp_path / "nope.toml", environ={}, cwd=tmp_path)
+
+
+def test_api_key_is_never_echoed(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", "[summarizer]\napi_key = 12345\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(config_file=config, environ={}, cwd=tmp_path)
+    assert "12345" not in str(info.value)
+    loaded = load_settings(environ={"MEMD_SUMMARIZER_API_KEY": "sk-secret"}, cwd=tmp_path)
+    assert "sk-secret" not in repr(loaded.config)
+    assert loaded.config.summarizer.api_key.get_secret_value() == "sk-secret"
