@@ -90,7 +90,8 @@ def main() -> None:
         total_mb = options.agents * options.size_kb / 1024
         print(
             f"memd status cold start: {options.agents} agents x {options.size_kb} KB "
-            f"({total_mb:.1f} MB), median of {options.runs} runs, {os.cpu_count()} CPUs"
+            f"({total_mb:.1f} MB), median of {options.runs} runs, {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f}"
         )
         baseline = []
         for _ in range(options.runs):
@@ -98,6 +99,8 @@ def main() -> None:
             subprocess.run(env_python, check=True)
             baseline.append(time.perf_counter() - started)
         print(f"  python -c pass (interpreter floor)   {statistics.median(baseline):6.3f} s")
+        cli_floor = time_status(["--help"], options.runs)
+        print(f"  memd status --help (CLI import floor) {statistics.median(cli_floor):6.3f} s")
 
         live_state = root / "live-state"
         fake_daemon(live_state, workspace, options.agents)
