@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -179,10 +178,9 @@ def _count_all(pending: Sequence[_Pending], encoding: str) -> dict[str, int]:
     from memd.tokenizer import TokenCounter
 
     counter = TokenCounter(encoding)
-    # tiktoken releases the GIL while encoding: files are counted in parallel.
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        counts = list(pool.map(lambda item: counter.count_bytes(item.data), pending))
-    return {item.agent: count for item, count in zip(pending, counts, strict=True)}
+    # Sequential on purpose: tiktoken holds the GIL, so threads do not help, and a
+    # process pool costs more to start than a CLI run is allowed to take.
+    return {item.agent: counter.count_bytes(item.data) for item in pending}
 
 
 def collect_status(
