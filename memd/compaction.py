@@ -31,7 +31,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,21 +54,21 @@ from memd.errors import (
 )
 from memd.fsutil import (
     AgentLock,
+    SlotJournal,
     ensure_private_dir,
     fsync_dir,
     link_unique,
-    read_json,
     read_range,
     read_to_end,
     sha256_prefix,
     unlink_quiet,
     write_all,
-    write_json_atomic,
     write_new_file,
 )
 from memd.workspace import AgentPaths
 
 JOURNAL_VERSION = 1
+IDLE_PHASE = "idle"
 
 # Named points between durable steps; tests crash the process at each one.
 CHECKPOINTS = (
@@ -169,15 +169,21 @@ class _Snapshot:
     st_gid: int
 
 
-@dataclass(slots=True)
 class _Journal:
-    path: Path
-    payload: dict[str, Any] = field(default_factory=dict)
+    """The job's record in ``.memd/journal``: merged fields, written durably."""
+
+    def __init__(self, paths: AgentPaths, payload: dict[str, Any] | None = None) -> None:
+        self._store = SlotJournal(paths.journal)
+        self.payload: dict[str, Any] = dict(payload or {})
 
     def write(self, **changes: Any) -> None:
         self.payload.update(changes)
         self.payload["version"] = JOURNAL_VERSION
-        write_json_atomic(self.path, self.payload)
+        self._store.write(self.payload)
+
+    def clear(self) -> None:
+        self.payload = {"phase": IDLE_PHASE}
+        self._store.write(self.payload)
 
 
 def _now_local_iso() -> str:
@@ -215,7 +221,7 @@ class _Transaction:
         self.options = options
         self.count_bytes = count_bytes
         self.checkpoint = checkpoint
-        self.journal = _Journal(paths.journal)
+        self.journal = _Journal(paths)
         self.memory = paths.memory
         self.archive: Path | None = None
         self.archive_ino: int | None = None
@@ -417,19 +423,13 @@ class _Transaction:
 
 
 def _rollback_files(paths: AgentPaths, archive_ino: int | None) -> None:
-    """Undo an uncommitted job: its archive (found by inode), temps, link, journal."""
+    """Undo an uncommitted job: its archive (found by inode), temps, link; idle journal."""
     if archive_ino is not None:
         _remove_archive_by_inode(paths, archive_ino)
-    for leftover in (
-        paths.archive_temp,
-        paths.new_memory_temp,
-        paths.drain_link,
-        paths.journal_temp,
-    ):
+    for leftover in (paths.archive_temp, paths.new_memory_temp, paths.drain_link):
         unlink_quiet(leftover)
-    unlink_quiet(paths.journal)
-    with contextlib.suppress(FileNotFoundError):
-        fsync_dir(paths.private_dir)
+    if paths.journal.exists():
+        _Journal(paths).clear()
 
 
 def _remove_archive_by_inode(paths: AgentPaths, inode: int) -> None:
@@ -521,17 +521,11 @@ def _append(target: Path, data: bytes) -> None:
 
 
 def _finish(paths: AgentPaths, checkpoint: Checkpoint) -> None:
-    for leftover in (
-        paths.drain_link,
-        paths.archive_temp,
-        paths.new_memory_temp,
-        paths.journal_temp,
-    ):
+    # Order matters: the journal goes idle last, so a crash in between leaves
+    # a committed journal whose drain has nothing left to move (idempotent).
+    for leftover in (paths.drain_link, paths.archive_temp, paths.new_memory_temp):
         unlink_quiet(leftover)
-    # No fsync: if these unlinks are lost in a crash, recovery finds a
-    # committed journal whose drain has nothing left to move, and finishes
-    # again (idempotent).
-    unlink_quiet(paths.journal)
+    _Journal(paths).clear()
     checkpoint("cleaned")
 
 
@@ -680,25 +674,20 @@ def recover_agent(
 
 
 def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | None:
-    try:
-        payload = read_json(paths.journal)
-    except (ValueError, UnicodeDecodeError):
-        payload = {"phase": "corrupt"}
-    if payload is None:
-        # No journal: any temp or link is from a job that never reached its
-        # first journal write, so nothing outside .memd/ was touched.
+    if paths.journal.exists():
+        payload = SlotJournal(paths.journal).read() or {"phase": "corrupt"}
+    else:
+        payload = {"phase": IDLE_PHASE}
+    if payload.get("phase") == IDLE_PHASE:
+        # No job in flight: any temp or link is from a job that never reached
+        # its first journal write, so nothing outside .memd/ was touched.
         leftovers = [
             p
-            for p in (
-                paths.archive_temp,
-                paths.new_memory_temp,
-                paths.drain_link,
-                paths.journal_temp,
-            )
+            for p in (paths.archive_temp, paths.new_memory_temp, paths.drain_link)
             if unlink_quiet(p)
         ]
         return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
-    journal = _Journal(paths.journal, dict(payload))
+    journal = _Journal(paths, payload)
     phase = payload.get("phase")
     target = paths.memory.resolve() if paths.memory.is_symlink() else paths.memory
     try:

@@ -206,3 +206,82 @@ def unlink_quiet(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+class SlotJournal:
+    """A small durable record updated in place: two checksummed slots, A/B.
+
+    Each write goes to the slot not holding the latest record, then
+    ``fdatasync``: a torn write can only damage the slot being written, so
+    the previous record stays readable. The file is created once and kept
+    (like the lock), so an update costs one data sync and no directory sync.
+    """
+
+    SLOT_SIZE = 4096
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seq = -1
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+            os.fsync(fd)
+            fsync_dir(self.path.parent)
+            return fd
+
+    @classmethod
+    def _decode(cls, raw: bytes) -> tuple[int, dict[str, Any]] | None:
+        text = raw.rstrip(b" \x00\n")
+        if not text:
+            return None
+        try:
+            record = json.loads(text)
+            body = record["body"]
+            canonical = json.dumps(body, sort_keys=True).encode()
+            if hashlib.sha256(canonical).hexdigest() != record["sha256"]:
+                return None
+            return int(record["seq"]), dict(body)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def read(self) -> dict[str, Any] | None:
+        """The latest intact record, or None when there is none."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            records = [
+                decoded
+                for slot in (0, 1)
+                if (decoded := self._decode(os.pread(fd, self.SLOT_SIZE, slot * self.SLOT_SIZE)))
+            ]
+        finally:
+            os.close(fd)
+        if not records:
+            return None
+        seq, body = max(records, key=lambda record: record[0])
+        self._seq = max(self._seq, seq)
+        return body
+
+    def write(self, body: dict[str, Any]) -> None:
+        if self._seq < 0:
+            self.read()
+        seq = self._seq + 1
+        canonical = json.dumps(body, sort_keys=True)
+        record = json.dumps(
+            {"seq": seq, "sha256": hashlib.sha256(canonical.encode()).hexdigest(), "body": body},
+            sort_keys=True,
+        ).encode()
+        if len(record) >= self.SLOT_SIZE:
+            raise ValueError(f"journal record too large ({len(record)} bytes)")
+        fd = self._open()
+        try:
+            os.pwrite(fd, record.ljust(self.SLOT_SIZE, b" "), (seq % 2) * self.SLOT_SIZE)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self._seq = seq

@@ -37,11 +37,8 @@ class AgentPaths:
 
     @property
     def journal(self) -> Path:
-        return self.private_dir / "journal.json"
-
-    @property
-    def journal_temp(self) -> Path:
-        return self.private_dir / "journal.json.tmp"
+        # Created once and kept, like the lock: updated in place (A/B slots).
+        return self.private_dir / "journal"
 
     @property
     def drain_link(self) -> Path:

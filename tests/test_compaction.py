@@ -67,7 +67,7 @@ class FailingSummarizer:
 def private_leftovers(paths: AgentPaths) -> list[str]:
     if not paths.private_dir.exists():
         return []
-    return sorted(p.name for p in paths.private_dir.iterdir() if p.name != "lock")
+    return sorted(p.name for p in paths.private_dir.iterdir() if p.name not in {"lock", "journal"})
 
 
 def archive_names(paths: AgentPaths) -> list[str]:

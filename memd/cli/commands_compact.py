@@ -91,10 +91,10 @@ def compact_now(
             paths = agent_paths(ws, name)
             policy = resolve_policy(cfg, name, context_length_for_model)
             options = dataclasses.replace(
-                CompactionOptions.from_config(cfg, policy),
-                require_shrink=False,
-                **({"lock_wait_s": wait} if wait is not None else {}),
+                CompactionOptions.from_config(cfg, policy), require_shrink=False
             )
+            if wait is not None:
+                options = dataclasses.replace(options, lock_wait_s=wait)
             started = time.time()
             try:
                 outcome = compact_agent(
