@@ -79,25 +79,6 @@ def write_new_file(
             os.close(fd)
 
 
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Replace ``path`` with ``payload`` durably (temp + fsync + rename + fsync dir)."""
-    temp = path.with_name(path.name + ".tmp")
-    write_new_file(temp, [json.dumps(payload, sort_keys=True).encode()])
-    os.replace(temp, path)
-    fsync_dir(path.parent)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    loaded = json.loads(data)
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return loaded
-
-
 def read_range(fd: int, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of an open file (short only at end of file)."""
     parts: list[bytes] = []

@@ -1,0 +1,99 @@
+"""Durable-write and lock primitives."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memd.errors import LockTimeout
+from memd.fsutil import AgentLock, SlotJournal, ensure_private_dir, write_new_file
+
+
+def test_slot_journal_keeps_the_latest_record(tmp_path: Path) -> None:
+    journal = SlotJournal(tmp_path / "journal")
+    assert journal.read() is None
+    for step in range(5):
+        journal.write({"phase": "p", "step": step})
+    assert SlotJournal(tmp_path / "journal").read() == {"phase": "p", "step": 4}
+    assert stat.S_IMODE((tmp_path / "journal").stat().st_mode) == 0o600
+
+
+def test_slot_journal_survives_a_torn_write(tmp_path: Path) -> None:
+    path = tmp_path / "journal"
+    journal = SlotJournal(path)
+    journal.write({"step": 1})  # slot 1 (seq 0 → slot 0, seq 1 → slot 1)
+    journal.write({"step": 2})
+    # Tear the slot holding the latest record: the previous one must win.
+    latest_slot = 1
+    with path.open("r+b") as handle:
+        handle.seek(latest_slot * SlotJournal.SLOT_SIZE + 20)
+        handle.write(b"\x00garbage\x00")
+    assert SlotJournal(path).read() == {"step": 1}
+    # And the next write goes on from there.
+    reopened = SlotJournal(path)
+    reopened.write({"step": 3})
+    assert SlotJournal(path).read() == {"step": 3}
+
+
+def test_slot_journal_rejects_oversized_records(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="too large"):
+        SlotJournal(tmp_path / "j").write({"x": "y" * 5000})
+
+
+def test_write_new_file_replaces_stale_temp_and_syncs(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    target.write_text("stale")
+    st = write_new_file(target, [b"a", b"b"], mode=0o640)
+    assert target.read_bytes() == b"ab"
+    assert st.st_size == 2
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+def test_ensure_private_dir_tightens_mode(tmp_path: Path) -> None:
+    folder = tmp_path / "p"
+    folder.mkdir(mode=0o755)
+    ensure_private_dir(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(NotADirectoryError):
+        ensure_private_dir(file)
+
+
+HOLD = """
+import fcntl, sys, time
+fd = open(sys.argv[1], "a")
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_agent_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
+    lock_path = tmp_path / "lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdin is not None
+    assert holder.stdout.readline().strip() == "held"
+    lock = AgentLock(lock_path, "alpha")
+    with pytest.raises(LockTimeout, match="agent 'alpha'"):
+        lock.acquire(0.2)
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    holder.wait(timeout=10)
+    with lock.held(2.0):
+        assert lock_path.exists()
+    inode = lock_path.stat().st_ino
+    with lock.held(0):
+        pass
+    assert lock_path.stat().st_ino == inode  # never replaced
+    assert os.path.exists(lock_path)
