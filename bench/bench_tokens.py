@@ -58,6 +58,7 @@ def make_file(size: int, seed: int = 1) -> bytes:
 
 
 def best_of(runs: int, func: object) -> tuple[float, int]:
+    """Best wall time of ``runs`` (the machine may be shared: best is least disturbed)."""
     assert callable(func)
     best = float("inf")
     result = 0
@@ -90,14 +91,18 @@ def cold_scan(counter: TokenCounter, data: bytes) -> None:
         pieces = [data[start:end] for start, end in bounds]
         return sum(pool.map(count_bytes_with, [counter.encoding_name] * len(pieces), pieces))
 
-    raw_s, raw_tokens = best_of(3, raw)
-    one_s, one_tokens = best_of(3, single_thread)
-    memd_s, memd_tokens = best_of(3, memd_scan)
-    pool_s, pool_tokens = best_of(3, pooled_scan)
+    raw_s, raw_tokens = best_of(5, raw)
+    one_s, one_tokens = best_of(5, single_thread)
+    memd_s, memd_tokens = best_of(5, memd_scan)
+    pool_s, pool_tokens = best_of(5, pooled_scan)
     pool.shutdown()
     counts = (raw_tokens, one_tokens, memd_tokens, pool_tokens)
     assert len(set(counts)) == 1, counts
-    print(f"cold scan of {mb:.1f} MB ({raw_tokens:,} tokens, {os.cpu_count()} CPUs):")
+    load = os.getloadavg()[0]
+    print(
+        f"cold scan of {mb:.1f} MB ({raw_tokens:,} tokens, {os.cpu_count()} CPUs, "
+        f"load average {load:.1f}; best of 5 wall times):"
+    )
     print(f"  raw encode_ordinary        {raw_s:6.3f} s  {mb / raw_s:6.1f} MB/s  1.00x")
     print(
         f"  full_count, one thread     {one_s:6.3f} s  {mb / one_s:6.1f} MB/s  "
@@ -159,6 +164,7 @@ def main() -> None:
     cold_scan(counter, data)
 
     with tempfile.TemporaryDirectory() as tmp:
+        append_cost(counter, 20_000, 50, Path(tmp))  # warm-up: caches, allocator
         small = append_cost(counter, 20_000, args.appends, Path(tmp))
         large = append_cost(counter, int(args.mb * 1e6), args.appends, Path(tmp))
     print(f"incremental append cost ({args.appends} appends, CPU per append):")
