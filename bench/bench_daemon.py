@@ -1,10 +1,10 @@
 """Daemon benchmarks (issue 3). Prints figures; each part runs alone and is time-bounded.
 
     python bench/bench_daemon.py                 # all parts
-    python bench/bench_daemon.py --part cpu      # (a) CPU per append: 20 MB vs 20 KB file
-    python bench/bench_daemon.py --part latency  # (b) event -> count p99, 1000 agents, 200 appends/s
-    python bench/bench_daemon.py --part idle     # (c) 10,000 idle agents: RSS, idle CPU, restart-to-READY
-    python bench/bench_daemon.py --part scan     # (d) cold scan throughput vs raw encode_ordinary
+    python bench/bench_daemon.py --part cpu      # (a) CPU per append, 20 MB vs 20 KB
+    python bench/bench_daemon.py --part latency  # (b) event->count p99, 1000 agents
+    python bench/bench_daemon.py --part idle     # (c) 10,000 idle agents
+    python bench/bench_daemon.py --part scan     # (d) cold scan vs encode_ordinary
 
 (a) and (c) run ``python -m memd run`` as a real subprocess and measure it with
 psutil; (b) and (d) run the daemon in this process (writers in a separate
@@ -14,6 +14,7 @@ process for (b)) to observe counts as they happen.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -33,7 +34,12 @@ HEADER = (
     "# Agent Memory\n\n**Conversation:** {name}\n**Created:** 2026-01-01T00:00:00\n\n"
     "---\n\n## Interaction Log\n\n"
 )
-WORDS = ["the", "agent", "considered", "the", "user's", "request", "about", "deployment", "schedules", "and", "replied", "with", "a", "detailed", "plan", "including", "rollback", "steps,", "owners,", "and", "open", "questions", "for", "the", "next", "review"]
+_PROSE = (
+    "the agent considered the user's request about deployment schedules and replied "
+    "with a detailed plan including rollback steps, owners, and open questions for "
+    "the next review"
+)
+WORDS = _PROSE.split(" ")
 
 
 def entry(role: str, n: int, words: int = 40) -> str:
@@ -242,7 +248,7 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
         for index, (agent, _when, _size) in enumerate(writes):
             by_agent.setdefault(agent, []).append(index)
         for indexes in by_agent.values():
-            for a, b in zip(indexes, indexes[1:]):
+            for a, b in itertools.pairwise(indexes):
                 next_write[a] = writes[b][1]
         for index, (agent, when, size) in enumerate(writes):
             seen = [t for t, s in counts.get(agent, []) if s >= size and t >= when]
@@ -262,7 +268,8 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
             f"(b) event->count latency, {agents} agents, {len(writes)} appends at "
             f"{len(writes) / seconds:.0f}/s, debounce {debounce_s * 1000:.0f} ms "
             f"(target p99 <= {debounce_s * 1000 + 50:.0f} ms): last append of a burst -> count "
-            f"p50 {pct(last, 0.5):.0f} ms, p99 {pct(last, 0.99):.0f} ms, max {pct(last, 1):.0f} ms; "
+            f"p50 {pct(last, 0.5):.0f} ms, p99 {pct(last, 0.99):.0f} ms, "
+            f"max {pct(last, 1):.0f} ms; "
             f"every append (a later append in the quiet period restarts it) p50 "
             f"{pct(every, 0.5):.0f} ms, p99 {pct(every, 0.99):.0f} ms; uncounted {missing}"
         )
@@ -346,7 +353,8 @@ def part_scan(agents: int, mb_each: float) -> None:
         assert counted == raw_tokens, (counted, raw_tokens)
         print(
             f"(d) cold scan of {agents} files, {total / 1e6:.0f} MB, {raw_tokens} tokens on "
-            f"{os.cpu_count()} cores: raw encode_ordinary (1 thread) {total / raw_s / 1e6:.2f} MB/s, "
+            f"{os.cpu_count()} cores: raw encode_ordinary (1 thread) "
+            f"{total / raw_s / 1e6:.2f} MB/s, "
             f"daemon scan {total / scan_s / 1e6:.2f} MB/s = {raw_s / scan_s * 100:.0f} % "
             f"(target >= 80 %)"
         )
