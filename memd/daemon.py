@@ -159,6 +159,8 @@ class DaemonOptions:
     log_format: LogFormat | None = None
     log_level: str | None = None
     install_signal_handlers: bool = True
+    # Applied to every loaded config, the first and each reload (``--demo``).
+    config_transform: Callable[[MemdConfig], MemdConfig] | None = None
 
 
 def _context_length_lookup() -> Callable[[str], int | None] | None:
@@ -1123,6 +1125,8 @@ class Daemon:
             )
         old = self.config
         new = loaded.config.model_copy(update={"workspace": str(self.workspace)})
+        if self.options.config_transform is not None:
+            new = self.options.config_transform(new)
         self.config = new
         self.retry_policy = RetryPolicy.from_config(new.daemon)
         configure_logging(

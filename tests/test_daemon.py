@@ -685,3 +685,14 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
             assert time.monotonic() - started < 10
         assert memory.read_bytes() == before
         assert not list((ws.root / "agents/slowpoke/archive").glob("history_*.md"))
+
+
+def test_subprocess_demo_compacts_with_the_builtin_summarizer(tmp_path: Path) -> None:
+    demo = tmp_path / "demo"
+    with DaemonProcess(demo, tmp_path / "state", extra_args=["--demo"]) as daemon:
+        ready = daemon.wait_ready()
+        assert ready["agents"] == 2 and ready["summarizer"] == "builtin"
+        line = daemon.wait_for("compacted")
+        assert line["model"] == "builtin"
+        assert daemon.stop() == 0
+    assert list((demo / "agents").glob("*/archive/history_*.md"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -50,13 +51,31 @@ def run_command(
         LogLevelChoice | None,
         typer.Option("--log-level", help="Default: [log] level.", show_default=False),
     ] = None,
+    demo: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="Seed a demo workspace (./memd-demo unless --workspace) with a tiny "
+            "context window, so the built-in summarizer compacts it within seconds.",
+        ),
+    ] = False,
 ) -> None:
     """Watch every agents/*/MEMORY.md, keep exact token counts, compact over threshold."""
     from memd.daemon import EXIT_FORCED, Daemon, DaemonOptions
     from memd.logs import configure_logging
     from memd.state import resolve_state_dir
 
+    transform = None
+    if demo:
+        from memd.demo import DEMO_DIR, demo_config, seed_demo_workspace
+
+        workspace = (workspace or DEMO_DIR).absolute()
+        workspace.mkdir(parents=True, exist_ok=True)
+        seed_demo_workspace(workspace)
+        transform = demo_config
     loaded = load(workspace, config)
+    if transform is not None:
+        loaded = dataclasses.replace(loaded, config=transform(loaded.config))
     configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
     options = DaemonOptions(
         config_file=config,
@@ -65,6 +84,7 @@ def run_command(
         poll=poll,
         log_format=log_format,
         log_level=log_level,
+        config_transform=transform,
     )
     code = Daemon(loaded, options).run()
     if code == EXIT_FORCED:
