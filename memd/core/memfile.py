@@ -49,8 +49,9 @@ _HEADER_RE: Final = re.compile(
 _ENTRY_HEADER_RE: Final = re.compile(
     rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*(\r?\n)\r?\n"
 )
+BLOCK_TERMINATOR: Final = b"\n\n---\n\n"
 _TERMINATOR_RE: Final = re.compile(rb"\r?\n\r?\n---\r?\n\r?\n\Z")
-_MAX_TERMINATOR_LEN: Final = 10  # "\r\n\r\n---\r\n\r\n"
+_MAX_TERMINATOR_LEN: Final = 11  # len("\r\n\r\n---\r\n\r\n")
 
 
 def parse_timestamp(text: str) -> datetime | None:
@@ -173,6 +174,11 @@ def _ends_with_terminator(data: bytes, end: int, floor: int) -> bool:
 
 
 def _terminator_start(data: bytes, end: int, floor: int) -> int:
+    # The plain LF terminator wins when present: the regex's leftmost match
+    # would otherwise swallow a "\r" that ends the content itself.
+    plain = len(BLOCK_TERMINATOR)
+    if end - plain >= floor and data[end - plain : end] == BLOCK_TERMINATOR:
+        return end - plain
     window_start = max(floor, end - _MAX_TERMINATOR_LEN)
     match = _TERMINATOR_RE.search(data, window_start, end)
     assert match is not None
@@ -255,6 +261,7 @@ def render_entry(role: str, timestamp: str, content: str) -> bytes:
     )
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _SUMMARY_UNSAFE_LINE = re.compile(r"(?m)^(?=###[^\r\n]* \u2014 )")
 
 
@@ -267,7 +274,11 @@ def sanitize_summary(summary: str) -> str:
     ``---`` lines are left alone; without an entry header after them they
     never close a block.
     """
-    cleaned = summary.strip().replace("\x00", "")
+    # Lone surrogates (from JSON-decoded LLM output) cannot be encoded, and a
+    # lone "\r" is a line break to readers in text mode (Swarms): normalize
+    # both before quoting, so the quoting sees the lines every reader sees.
+    cleaned = _LONE_SURROGATE.sub("\ufffd", summary)
+    cleaned = cleaned.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "").strip()
     return _SUMMARY_UNSAFE_LINE.sub("> ", cleaned)
 
 

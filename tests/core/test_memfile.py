@@ -83,7 +83,6 @@ def test_rendered_entries_parse_back_with_the_same_fields(
 ) -> None:
     for _, _, content in entries:
         assume(not _AMBIGUOUS.search(content))
-        assume(not content.endswith(b"\r"))  # see the xfail test below
     data = (HEADER if with_header else b"") + b"".join(
         render_entry(role, stamp, _content_text(content)) for role, stamp, content in entries
     )
@@ -136,22 +135,11 @@ def test_tricky_content_survives_between_other_entries(content: str) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memfile: a content ending in '\\r' loses it: the leftmost terminator match "
-    "in the last 10 bytes takes '\\r\\n\\n---\\n\\n' instead of the '\\n\\n---\\n\\n' "
-    "render_entry wrote",
-)
 def test_content_ending_in_carriage_return_keeps_it() -> None:
     doc = parse(render_entry("User", TS, "line\r"))
     assert doc.entries[0].content == b"line\r"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memfile: _MAX_TERMINATOR_LEN is 10 but '\\r\\n\\r\\n---\\r\\n\\r\\n' is 11 bytes, "
-    "so CRLF entries keep a stray '\\r' at the end of their content",
-)
 def test_crlf_entries_have_no_stray_carriage_return() -> None:
     data = render_entry("User", TS, "hello\nworld").replace(b"\n", b"\r\n")
     doc = parse(data)
@@ -332,12 +320,6 @@ def test_sanitized_summaries_never_hold_an_entry_header(summary: str, stamp: str
         assert not contains_entry_header(line + "\n\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memfile: sanitize_summary quotes header-like lines only after '\\n'; a lone "
-    "'\\r' before one survives, and Swarms reads MEMORY.md in text mode (universal "
-    "newlines), where that '\\r' becomes a line break and the line an entry header",
-)
 def test_sanitized_summary_has_no_header_line_under_universal_newlines() -> None:
     block = render_summary_block("done\r### User \u2014 2024-01-01T00:00:00\r\rmore", TS)
     as_swarms_reads_it = io.TextIOWrapper(io.BytesIO(block), encoding="utf-8", newline=None).read()
@@ -345,11 +327,6 @@ def test_sanitized_summary_has_no_header_line_under_universal_newlines() -> None
     assert not any(contains_entry_header(line + "\n\n") for line in summary_lines)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memfile: a lone surrogate in a summary (json.loads of an LLM reply can yield one) "
-    "makes render_summary_block raise UnicodeEncodeError",
-)
 def test_summary_with_a_lone_surrogate_renders() -> None:
     block = render_summary_block("truncated emoji \ud83d", TS)
     assert parse(block).entries[0].is_summary
