@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -485,3 +488,104 @@ def test_without_chown_in_the_filter_the_shared_group_is_lost(sandbox_root: Path
     assert stricter.read_text(encoding="utf-8") != text
     _, memory = compact_in_sandbox(stricter, sandbox_root / "run")
     assert memory.stat().st_gid != SHARED_GID
+
+
+class NotifyListener:
+    """The $NOTIFY_SOCKET end of the sd_notify protocol, as systemd holds it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        path.chmod(0o777)  # the daemon runs as another user
+        self.messages: list[str] = []
+
+    def wait_for(self, field: str, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                message = self.sock.recv(4096).decode()
+            except TimeoutError:
+                return False
+            self.messages.append(message)
+            if field in message.splitlines():
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@needs_sandbox
+def test_daemon_lifecycle_inside_the_sandbox(sandbox_root: Path) -> None:
+    """memd run under the unit's restrictions: READY, WATCHDOG, a compaction,
+    SIGHUP reload, SIGTERM stop with exit 0, and `memd health` while it runs."""
+    from support.memfiles import append_entry
+
+    workspace = shared_workspace(sandbox_root)
+    memory = workspace / "agents" / "alpha" / "MEMORY.md"
+    state = sandbox_root / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, MEMD_UID, MEMD_UID)
+    listener = NotifyListener(sandbox_root / "notify")
+    memd = str(Path(sys.executable).parent / "memd")
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "PYTHONPATH": str(Path(__file__).parent),
+        "NOTIFY_SOCKET": str(listener.path),
+        "WATCHDOG_USEC": "1000000",
+        "MEMD_TRIGGER_CONTEXT_LENGTH": "8000",
+        "MEMD_TRIGGER_DEBOUNCE_MS": "100",
+        "MEMD_DAEMON_STATE_FLUSH_S": "0.5",
+        "MEMD_LOG_FORMAT": "json",
+    }
+    launcher = [sys.executable, "-m", "support.sandbox", "--unit", str(UNIT)]
+    launcher += ["--rw", str(sandbox_root), "--user", f"{MEMD_UID}:{MEMD_UID}"]
+    launcher += ["--group", str(SHARED_GID), "--"]
+    log = sandbox_root / "daemon.log"  # a file, not a pipe nobody drains while it runs
+    with log.open("wb") as sink:
+        daemon = subprocess.Popen(
+            [*launcher, memd, "run", "--workspace", str(workspace), "--state-dir", str(state)],
+            env=env,
+            stdout=sink,
+            stderr=sink,
+        )
+    try:
+        assert listener.wait_for("READY=1"), listener.messages
+        assert listener.wait_for("WATCHDOG=1", timeout=5), listener.messages
+        health = subprocess.run(
+            [memd, "health", "--workspace", str(workspace), "--state-dir", str(state)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert health.returncode == 0, health.stdout + health.stderr
+
+        for turn in range(60):  # from ~4.3k to ~11k tokens: over the 7.2k threshold
+            append_entry(memory, "Human", f"turn {turn} " + "lorem ipsum dolor " * 30)
+        archive_dir = memory.parent / "archive"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list(archive_dir.glob("history_*.md")):
+            time.sleep(0.2)
+        assert list(archive_dir.glob("history_*.md")), "no compaction:\n" + log.read_text()[-4000:]
+
+        daemon.send_signal(signal.SIGHUP)
+        assert listener.wait_for("RELOADING=1", timeout=15), listener.messages
+        assert listener.wait_for("READY=1", timeout=15), listener.messages
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+        stopping = listener.wait_for("STOPPING=1", timeout=5)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        listener.close()
+    stderr = log.read_text(encoding="utf-8", errors="replace")
+    assert daemon.returncode == 0, stderr[-3000:]
+    assert stopping, listener.messages
+    assert "Operation not permitted" not in stderr, stderr[-3000:]
+    info = memory.stat()
+    assert (info.st_gid, info.st_mode & 0o777) == (SHARED_GID, 0o660)
