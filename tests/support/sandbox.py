@@ -234,11 +234,8 @@ def main(argv: list[str]) -> int:
     executable = shutil.which(command[0]) or command[0]
 
     libc = ctypes.CDLL(None, use_errno=True)
-    # The interpreter's install may sit under a home dir (pyenv in /root here).
-    interpreter_prefix = Path(os.path.realpath(sys.executable)).parents[1]
-    exposed = [interpreter_prefix] if interpreter_prefix.is_relative_to("/root") else []
-    exposed += [p for p in args.expose if p.is_relative_to("/root") or p.is_relative_to("/home")]
-    protect_filesystems(libc, [path.resolve() for path in args.rw], exposed)
+    exposed = [path for path in code_locations() + args.expose if under_hidden_home(path)]
+    protect_filesystems(libc, [path.resolve() for path in args.rw], outermost(exposed))
     if args.user:
         drop_privileges(args.user, args.group)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
@@ -249,12 +246,57 @@ def main(argv: list[str]) -> int:
     return 127  # not reached
 
 
+HIDDEN_HOMES = (Path("/root"), Path("/home"), Path("/run/user"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def code_locations() -> list[Path]:
+    """What the sandboxed memd must read: the interpreter, the venv, the repo
+    (an editable install, and tests/support on PYTHONPATH)."""
+    return [
+        Path(os.path.realpath(sys.executable)).parents[1],
+        Path(sys.prefix).resolve(),
+        REPO_ROOT,
+    ]
+
+
+def under_hidden_home(path: Path) -> bool:
+    return any(path.is_relative_to(home) and path != home for home in HIDDEN_HOMES)
+
+
+def outermost(paths: list[Path]) -> list[Path]:
+    unique = sorted(set(paths), key=lambda path: len(path.parts))
+    kept: list[Path] = []
+    for path in unique:
+        if not any(path.is_relative_to(outer) for outer in kept):
+            kept.append(path)
+    return kept
+
+
+def unreachable_by_others(path: Path) -> Path | None:
+    """A directory on the way to ``path`` an unprivileged user cannot traverse.
+
+    The hidden homes themselves do not count: the sandbox replaces them with
+    a traversable tmpfs holding only the exposed paths.
+    """
+    for parent in [*reversed(path.parents), path]:
+        if parent in HIDDEN_HOMES or parent == Path("/"):
+            continue
+        if not os.stat(parent).st_mode & 0o001:
+            return parent
+    return None
+
+
 def sandbox_available() -> str | None:
     """None when this machine can run the emulation, else why not."""
     if sys.platform != "linux":
         return "Linux only"
     if os.geteuid() != 0:
         return "needs root (mount namespace, dropping to another user)"
+    for location in code_locations():
+        blocked = unreachable_by_others(location)
+        if blocked is not None:
+            return f"{blocked} is not traversable by other users (the sandbox runs memd as one)"
     if shutil.which("systemd-analyze") is None:
         return "systemd-analyze is not installed"
     if ctypes.util.find_library("seccomp") is None:
