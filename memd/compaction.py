@@ -68,6 +68,7 @@ from memd.fsutil import (
 from memd.workspace import AgentPaths
 
 JOURNAL_VERSION = 1
+MIN_SUMMARY_TOKENS = 256
 IDLE_PHASE = "idle"
 
 # Named points between durable steps; tests crash the process at each one.
@@ -111,12 +112,17 @@ class CompactionOptions:
     def from_config(
         cls, config: MemdConfig, policy: AgentPolicy | None = None
     ) -> CompactionOptions:
+        summary_cap = config.summarizer.max_tokens
+        if policy is not None:
+            # A summary must leave room under the low-water mark, or the
+            # compaction could never end below it (and would only cool down).
+            summary_cap = min(summary_cap, max(MIN_SUMMARY_TOKENS, policy.low_water_tokens // 2))
         return cls(
             lock_wait_s=config.compaction.lock_wait_s,
             drain_quiet_s=config.compaction.drain_quiet_s,
             drain_max_s=config.compaction.drain_max_s,
             max_restarts=config.compaction.max_restarts,
-            summary_max_tokens=config.summarizer.max_tokens,
+            summary_max_tokens=summary_cap,
             instructions=(
                 policy.summary_instructions
                 if policy is not None

@@ -59,7 +59,7 @@ def demo_config(config: MemdConfig) -> MemdConfig:
     return config.model_copy(update={"trigger": trigger})
 
 
-def seed_demo_workspace(root: Path, repeat: int = 12) -> list[str]:
+def seed_demo_workspace(root: Path, rounds: int = 14) -> list[str]:
     """Create the demo agents under ``root`` unless they already exist."""
     created = []
     # Fixed and naive (Swarms writes naive local time), so demo files are reproducible.
@@ -72,10 +72,12 @@ def seed_demo_workspace(root: Path, repeat: int = 12) -> list[str]:
         folder.mkdir(parents=True, exist_ok=True)
         parts = [render_header(f"{agent}-demo", start.isoformat())]
         stamp = start
-        for round_index in range(repeat):
+        # The writer's turns are shorter: more rounds put it over threshold too.
+        # Repeated turns, as real sessions repeat themselves.
+        for _ in range(rounds if agent == "researcher" else rounds * 3 // 2):
             for role, content in turns:
                 stamp += timedelta(seconds=37)
-                parts.append(render_entry(role, stamp.isoformat(), f"[{round_index}] {content}"))
+                parts.append(render_entry(role, stamp.isoformat(), content))
         memory.write_bytes(b"".join(parts))
         created.append(agent)
     return created
