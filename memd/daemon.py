@@ -196,6 +196,38 @@ def _default_counter(encoding: str) -> _Counter:
     return TokenCounter(encoding)
 
 
+# Below this many bytes to count, forking workers costs more than it saves.
+_POOL_MIN_BYTES = 8 << 20
+
+# (tracked, kind, failure reason); tracked None with no failure = no MEMORY.md yet.
+_PoolResult = tuple["TrackedCount | None", CountKind, "str | None"]
+
+
+class _CountFailed(MemdError):
+    """A count that failed in a scan worker process (the reason travels as text)."""
+
+
+def _pool_count(job: tuple[str, TrackedCount | None]) -> _PoolResult:
+    """Runs in a forked scan worker: count one file with the inherited tokenizer."""
+    path, previous = job
+    if not _POOL_COUNTER:
+        _POOL_COUNTER.append(_default_counter(_POOL_ENCODING[0]))
+    counter = _POOL_COUNTER[0]
+    try:
+        tracked, kind = count_file(Path(path), previous, counter.count_bytes)
+    except FileNotFoundError:
+        return None, CountKind.RECOUNTED, None
+    except (OSError, MemdError, ValueError) as exc:
+        return None, CountKind.RECOUNTED, _reason(exc)
+    return tracked, kind, None
+
+
+# The encoding name the scan workers use (set in the parent before forking),
+# and each worker's counter (made on its first job; the encoding is inherited).
+_POOL_ENCODING: list[str] = []
+_POOL_COUNTER: list[_Counter] = []
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and not isinstance(exc, MemdError) and exc.strerror:
         name = f" ({exc.filename})" if exc.filename else ""
@@ -325,17 +357,6 @@ class Daemon:
             self.store = StateStore.open(self.options.state_dir, self.workspace)
             for warning in getattr(self.store, "warnings", []):
                 _log.warning("state database", detail=warning)
-        self._start_metrics()
-        self.scheduler = JobScheduler(compaction_slots=self.config.daemon.max_concurrent_llm)
-        self.scheduler.start()
-
-        poll = self.config.watch.poll if self.options.poll is None else self.options.poll
-        kind: BackendKind = default_backend_kind(poll)
-        self.watcher = Watcher(
-            self.workspace, self, kind=kind, poll_interval_s=self.config.watch.poll_interval_s
-        )
-        self.watcher.start()
-
         records = self._stored_records()
         scanned = self._scan_agents()
         entries = [
@@ -348,10 +369,25 @@ class Daemon:
             for entry in entries:
                 self._agents[entry.name] = entry
             self._removed.update(set(records) - set(self._agents))
-        # Watches go live before counting: an append during the scan is an
-        # event that gets counted again afterwards, never a missed one.
-        self.watcher.sync({e.name: e.paths.dir for e in entries})
+        # Counted before any thread exists, so the scan may fork a process
+        # pool safely; changes made meanwhile are caught just below.
         self._initial_count(entries, records)
+
+        self._start_metrics()
+        self.scheduler = JobScheduler(compaction_slots=self.config.daemon.max_concurrent_llm)
+        self.scheduler.start()
+        poll = self.config.watch.poll if self.options.poll is None else self.options.poll
+        kind: BackendKind = default_backend_kind(poll)
+        self.watcher = Watcher(
+            self.workspace, self, kind=kind, poll_interval_s=self.config.watch.poll_interval_s
+        )
+        self.watcher.start()
+        self.watcher.sync({e.name: e.paths.dir for e in entries})
+        # Watches are live: anything written during the scan shows in a stat
+        # (size, inode, mtime) and is counted now, incrementally.
+        for entry in entries:
+            if entry.count_error is None and self._changed_on_disk(entry):
+                self._count_locked(entry)
 
         self._count_thread = threading.Thread(
             target=self._count_loop, name="memd-count", daemon=True
@@ -586,20 +622,62 @@ class Daemon:
         if not to_count:
             return
         started = time.monotonic()
-        # tiktoken releases the GIL while encoding: threads use every core.
         workers = max(1, min(len(to_count), os.cpu_count() or 1))
-        if workers == 1:
-            for entry in to_count:
-                self._count_locked(entry)
-        else:
+        mode = "serial"
+        if workers > 1 and self._pool_worth_it(to_count):
+            mode = "processes"
+            self._count_in_processes(to_count, workers)
+        elif workers > 1:
+            # tiktoken releases the GIL for part of its work: threads help some.
+            mode = "threads"
             with ThreadPoolExecutor(workers, thread_name_prefix="memd-scan") as pool:
                 list(pool.map(self._count_locked, to_count))
+        else:
+            for entry in to_count:
+                self._count_locked(entry)
         _log.info(
             "initial count",
             counted=len(to_count),
             reused=len(entries) - len(to_count),
+            mode=mode,
             seconds=round(time.monotonic() - started, 3),
         )
+
+    def _pool_worth_it(self, entries: list[AgentEntry]) -> bool:
+        """A process pool pays for its fork only on a large cold scan, and only
+        with the real tokenizer (a test's counter may not survive a fork)."""
+        if self._counter_factory is not _default_counter or threading.active_count() > 1:
+            return False
+        total = 0
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                total += os.stat(entry.paths.memory).st_size
+            if total >= _POOL_MIN_BYTES:
+                return True
+        return False
+
+    def _count_in_processes(self, entries: list[AgentEntry], workers: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        jobs: list[tuple[AgentEntry, tuple[str, TrackedCount | None]]] = []
+        for entry in entries:
+            try:
+                self._check_contained(entry)
+            except MemdError:
+                self._count_locked(entry)  # records the refusal
+                continue
+            jobs.append((entry, (str(entry.paths.memory), entry.tracked)))
+        _POOL_ENCODING[:] = [self.config.tokenizer.encoding]
+        # fork: no other thread exists yet (checked by the caller), and the
+        # children inherit the loaded encoding instead of loading it again.
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            chunk = max(1, len(jobs) // (workers * 8))
+            results = pool.map(_pool_count, [job for _, job in jobs], chunksize=chunk)
+            for (entry, _job), result in zip(jobs, results, strict=True):
+                with entry.count_lock:
+                    self._count(entry, result)
 
     def _add_agent(self, name: str) -> None:
         entry = self._make_entry(name)
@@ -713,7 +791,7 @@ class Daemon:
                     f"agent {entry.name!r} MEMORY.md resolves outside the workspace ({target})"
                 ) from None
 
-    def _count(self, entry: AgentEntry) -> bool:
+    def _count(self, entry: AgentEntry, precounted: _PoolResult | None = None) -> bool:
         """Update the entry's count; False (logged once) when the file cannot be counted."""
         counter = self._counter
         assert counter is not None
@@ -721,8 +799,13 @@ class Daemon:
         entry.burst_started = None
         before = entry.tokens
         try:
-            self._check_contained(entry)
-            tracked, kind = count_file(entry.paths.memory, entry.tracked, counter.count_bytes)
+            if precounted is not None:
+                tracked, kind, failure = precounted
+                if failure is not None:
+                    raise _CountFailed(failure)
+            else:
+                self._check_contained(entry)
+                tracked, kind = count_file(entry.paths.memory, entry.tracked, counter.count_bytes)
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED
         except (OSError, MemdError, ValueError) as exc:

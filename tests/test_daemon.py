@@ -395,7 +395,7 @@ def test_failures_back_off_then_open_the_breaker(ws: AgentWorkspace, run_daemon:
 def test_hysteresis_cooldown_instead_of_a_loop(ws: AgentWorkspace, run_daemon: Any) -> None:
     ws.create_agent("stubborn")
     compact = ScriptedCompaction("big", "ok")
-    h = run_daemon(ws, compact=compact)
+    h = run_daemon(ws, compact=compact, config={"daemon": {"cooldown_s": 2.0}})
     fill(ws, "stubborn", 20)
     assert wait_until(lambda: compact.committed == 1)
     assert wait_until(lambda: h.job("stubborn") is JobState.COOLDOWN)
@@ -403,7 +403,7 @@ def test_hysteresis_cooldown_instead_of_a_loop(ws: AgentWorkspace, run_daemon: A
     fill(ws, "stubborn", 10)
     time.sleep(0.3)
     assert compact.calls == ["stubborn"]  # not re-triggered during the cooldown
-    assert wait_until(lambda: compact.committed == 2, timeout=5)  # tried again after it
+    assert wait_until(lambda: compact.committed == 2, timeout=10)  # tried again after it
     h.stop()
 
 
