@@ -696,3 +696,32 @@ def test_subprocess_demo_compacts_with_the_builtin_summarizer(tmp_path: Path) ->
         assert line["model"] == "builtin"
         assert daemon.stop() == 0
     assert list((demo / "agents").glob("*/archive/history_*.md"))
+
+
+def test_subprocess_large_cold_scan_uses_a_process_pool_and_counts_exactly(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    names = ["big1", "big2", "big3"]
+    for name in names:
+        memory = ws.create_agent(name).memory
+        block = "".join(
+            swarms_block("Human", f"{name} {n} " + "é lorem ipsum " * 30) for n in range(100)
+        )
+        with memory.open("a", encoding="utf-8") as handle:
+            for _ in range(60):  # ~3 MB each
+                handle.write(block)
+    with (ws.root / "agents" / "big2" / "MEMORY.md").open("ab") as handle:
+        handle.write(b"\xff\xfe garbage tail")
+    config = write_config(tmp_path / "memd.toml").read_text()
+    path = tmp_path / "memd.toml"
+    path.write_text(config.replace("context_length = 1000", "context_length = 100000000"))
+    with DaemonProcess(ws.root, tmp_path / "state", config=path) as daemon:
+        line = daemon.wait_for("initial count")
+        assert line["mode"] == "processes" and line["counted"] == 3
+        daemon.wait_ready()
+        assert daemon.stop() == 0
+    with StateStore.open(tmp_path / "state", ws.root) as store:
+        for name in names:
+            record = store.get_agent(name)
+            assert record is not None
+            assert record.tokens == full_tokens(ws.root / "agents" / name / "MEMORY.md")
