@@ -293,6 +293,7 @@ class Daemon:
         self.compactions_ok = 0
         self.compactions_failed = 0
         self._previous_handlers: dict[int, Any] = {}
+        self._last_status = ""
         self._root = self.workspace
         self._agents_root = self.workspace / AGENTS_DIR
         self._agents_dir_plain = False
@@ -890,6 +891,15 @@ class Daemon:
             raise CompactionAborted(f"shutdown forced; aborted before commit (at {name})")
 
     def _compaction_job(self, entry: AgentEntry) -> None:
+        try:
+            self._compact_one(entry)
+        finally:
+            # `memd status` and the ledger readers see the result at once,
+            # not at the next periodic flush.
+            if not self._stopping:
+                self._flush_state()
+
+    def _compact_one(self, entry: AgentEntry) -> None:
         name = entry.name
         with self._lock:
             if self._stopping or self._agents.get(name) is not entry:
@@ -1149,7 +1159,8 @@ class Daemon:
                         entry.dirty = True
                     self._removed.update(removed)
                 _log.warning("cannot write the state database", error=_reason(exc))
-        if not final:
+        if not final and status != self._last_status:
+            self._last_status = status
             self.notifier.status(status)
 
     def _status_text(self) -> str:
