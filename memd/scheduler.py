@@ -50,8 +50,18 @@ class JobScheduler:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop; with ``wait`` the jobs already handed to a pool run to the end."""
-        if self._scheduler.running:
-            self._scheduler.shutdown(wait=wait)
+        if not self._scheduler.running:
+            return
+        # APScheduler 3 marks itself stopped before taking its job-store lock,
+        # so a shutdown racing the scheduler thread's removal of a one-shot
+        # job raises JobLookupError in that thread. Pause, then wait for the
+        # lock (the in-progress pass to end), then stop.
+        self._scheduler.pause()
+        lock = getattr(self._scheduler, "_jobstores_lock", None)
+        if lock is not None:
+            with lock:
+                pass
+        self._scheduler.shutdown(wait=wait)
 
     def is_alive(self) -> bool:
         thread = getattr(self._scheduler, "_thread", None)
