@@ -335,11 +335,13 @@ class Daemon:
         """Run until asked to stop; returns the process exit code."""
         if self.options.install_signal_handlers:
             self._install_signal_handlers()
+        started = False
         try:
             self._startup()
+            started = True
             self._main_loop()
         finally:
-            code = self._shutdown()
+            code = self._shutdown(quiet=not started)
             self._restore_signal_handlers()
             self.stopped.set()
         return code
@@ -426,10 +428,13 @@ class Daemon:
                 next_ping = time.monotonic() + ping_every
             time.sleep(_MAIN_TICK_S)
 
-    def _shutdown(self) -> int:
+    def _shutdown(self, quiet: bool = False) -> int:
+        """Stop everything that started; ``quiet`` after a failed start-up
+        (the caller reports that error, not a clean stop)."""
         self._stopping = True
         self.notifier.stopping()
-        _log.info("stopping", compacting=sorted(self._running))
+        if not quiet:
+            _log.info("stopping", compacting=sorted(self._running))
         if self.watcher is not None:
             self.watcher.stop()
         with self._count_cond:
@@ -466,7 +471,8 @@ class Daemon:
                 self._metrics_server.close()
         self.notifier.close()
         code = EXIT_FORCED if self.force_exit else EXIT_OK
-        _log.info("stopped", exit_code=code)
+        if not quiet:
+            _log.info("stopped", exit_code=code)
         return code
 
     def healthy(self) -> bool:

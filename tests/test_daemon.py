@@ -725,3 +725,27 @@ def test_subprocess_large_cold_scan_uses_a_process_pool_and_counts_exactly(
             record = store.get_agent(name)
             assert record is not None
             assert record.tokens == full_tokens(ws.root / "agents" / name / "MEMORY.md")
+
+
+def test_run_refuses_a_missing_workspace_or_bad_config_with_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    base = [sys.executable, "-m", "memd", "run", "--state-dir", str(tmp_path / "state")]
+    missing = subprocess.run(
+        [*base, "--workspace", str(tmp_path / "nope")], capture_output=True, text=True, env=env
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"memd: error: workspace {tmp_path / 'nope'} does not exist"
+    ]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nmax_concurrent_llm = 0\n")
+    (tmp_path / "ws").mkdir()
+    refused = subprocess.run(
+        [*base, "--workspace", str(tmp_path / "ws"), "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert refused.returncode == 2
+    [line] = refused.stderr.strip().splitlines()
+    assert "daemon.max_concurrent_llm" in line and str(bad) in line
