@@ -749,3 +749,50 @@ def test_run_refuses_a_missing_workspace_or_bad_config_with_one_line(tmp_path: P
     assert refused.returncode == 2
     [line] = refused.stderr.strip().splitlines()
     assert "daemon.max_concurrent_llm" in line and str(bad) in line
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KB tmpfs (root only): a disk that really fills up."""
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_full_disk_fails_the_compaction_cleanly_and_it_is_retried(
+    tiny_fs: Path, run_daemon: Any
+) -> None:
+    ws = AgentWorkspace(tiny_fs / "ws")
+    paths = ws.create_agent("hoarder")
+    ws.create_agent("bystander")
+    h = run_daemon(ws, config={"daemon": {"retry_base_s": 0.3, "retry_max_s": 0.6}})
+    filler = tiny_fs / "filler"
+    filler.write_bytes(b"\0" * (512 * 1024 - 200 * 1024))
+    # ~150 KB of entries: fits once, but not a second time as the archive
+    with paths.memory.open("a", encoding="utf-8") as handle:
+        for n in range(300):
+            handle.write(swarms_block("Human", f"entry {n} " + "lorem ipsum dolor " * 25))
+    assert wait_until(lambda: h.daemon.compactions_failed >= 1, timeout=15)
+    entry = h.daemon.agents()["hoarder"]
+    assert "space" in (entry.job.last_error or "").lower()
+    assert not list(paths.archive_dir.glob("history_*.md"))
+    before = entry_contents_everywhere(paths)
+    assert len(before) == 300 and set(before.values()) == {1}
+    bystander = fill(ws, "bystander", 2)
+    assert wait_until(lambda: h.tokens("bystander") == full_tokens(bystander))
+    filler.unlink()  # space comes back: the backoff retry succeeds
+    assert wait_until(lambda: h.daemon.compactions_ok >= 1, timeout=15)
+    after = entry_contents_everywhere(paths)
+    assert after == before
+    h.stop()
