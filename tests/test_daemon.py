@@ -796,3 +796,41 @@ def test_full_disk_fails_the_compaction_cleanly_and_it_is_retried(
     after = entry_contents_everywhere(paths)
     assert after == before
     h.stop()
+
+
+def test_subprocess_unreadable_agent_folder_is_skipped_then_picked_up(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the daemon as another user")
+    import shutil
+    import tempfile
+
+    nobody = 65534
+    base = Path(tempfile.mkdtemp(prefix="memd-perm-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        ws.create_agent("open", entries=1)
+        ws.create_agent("locked", entries=1)
+        (base / "state").mkdir()
+        for path in [base / "ws", base / "state", *(base / "ws").rglob("*")]:
+            os.chown(path, nobody, nobody)
+        locked = base / "ws" / "agents" / "locked"
+        os.chown(locked, 0, 0)
+        locked.chmod(0o000)
+        config = write_config(base / "memd.toml")
+        config.chmod(0o644)
+        with DaemonProcess(ws.root, base / "state", config=config, user=nobody) as daemon:
+            ready = daemon.wait_ready()
+            assert ready["agents"] == 1
+            skipped = daemon.wait_for("agent skipped")
+            assert skipped["agent"] == "locked" and "ermission" in skipped["error"]
+            # the other agent works normally
+            fill(ws, "open", 20)
+            daemon.wait_for("compacted", lambda line: line.get("agent") == "open")
+            # fixed permissions are picked up by the next reconcile
+            locked.chmod(0o755)
+            os.chown(locked, nobody, nobody)
+            daemon.wait_for("agent added", lambda line: line.get("agent") == "locked")
+            assert daemon.stop() == 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

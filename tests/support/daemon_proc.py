@@ -16,6 +16,21 @@ from typing import Any
 
 LogLine = dict[str, Any]
 
+_AS_USER = """
+import os, sys
+import apscheduler.triggers.date, apscheduler.triggers.interval
+import watchdog.observers.inotify_c
+import memd.cli.app, memd.compaction, memd.counting, memd.daemon, memd.scheduler
+import memd.state, memd.summarizers, memd.tokenizer, memd.watcher, memd.core.builtin_summary
+memd.tokenizer.load_encoding("cl100k_base")
+memd.cli.app._register()
+uid = int(sys.argv[1])
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+memd.cli.app.main(sys.argv[2:])
+"""
+
 
 class DaemonProcess:
     """``with DaemonProcess(ws, state) as d: d.wait_ready(); d.signal(SIGTERM); d.wait()``."""
@@ -29,7 +44,9 @@ class DaemonProcess:
         extra_args: list[str] | None = None,
         env: Mapping[str, str] | None = None,
         log_level: str = "info",
+        user: int | None = None,
     ) -> None:
+        self.user = user
         args = [
             sys.executable,
             "-m",
@@ -47,6 +64,10 @@ class DaemonProcess:
         if config is not None:
             args += ["--config", str(config)]
         args += extra_args or []
+        if user is not None:
+            # Drop to ``user`` after the imports: this machine's Python may live
+            # where that user cannot read (e.g. under /root).
+            args = [sys.executable, "-c", _AS_USER, str(user), *args[3:]]
         full_env = {
             k: v
             for k, v in os.environ.items()
