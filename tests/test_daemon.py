@@ -238,6 +238,22 @@ def test_counts_at_startup_and_follows_appends_and_replacements(
     assert h.stop() == 0
 
 
+def test_polling_mode_counts_and_compacts(ws: AgentWorkspace, run_daemon: Any) -> None:
+    ws.create_agent("nfs")
+    compact = ScriptedCompaction()
+    h = run_daemon(
+        ws,
+        compact=compact,
+        config={"watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 60}},
+    )
+    assert h.daemon.watcher is not None and h.daemon.watcher.kind == "polling"
+    memory = fill(ws, "nfs", 2)
+    assert wait_until(lambda: h.tokens("nfs") == full_tokens(memory))
+    fill(ws, "nfs", 20)
+    assert wait_until(lambda: compact.committed == 1)
+    h.stop()
+
+
 def test_concurrent_writer_processes_final_count_equals_full_recount(
     ws: AgentWorkspace, run_daemon: Any
 ) -> None:
