@@ -37,8 +37,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from memd.compaction import CompactionOptions, CompactionOutcome
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.debounce import Debouncer
 from memd.core.names import is_valid_agent_name
@@ -82,6 +83,10 @@ from memd.workspace import (
     require_workspace,
 )
 
+if TYPE_CHECKING:
+    from memd.metrics import Metrics, MetricsServer
+    from memd.state import AgentRecord, AgentState, StateStore
+
 _log = get_logger("memd.daemon")
 
 EXIT_OK = 0
@@ -104,6 +109,17 @@ _PRE_COMMIT = frozenset(
 # While the daemon compacts, another compactor (compact-now, a second daemon)
 # holding the lock means "try again later", not "wait minutes holding a slot".
 _DAEMON_LOCK_WAIT_S = 1.0
+# How a job state reads in the state DB (``memd status``): a backoff is an
+# error being retried.
+_STORED_STATE: dict[JobState, AgentState] = {
+    JobState.IDLE: "idle",
+    JobState.PENDING: "pending",
+    JobState.RUNNING: "running",
+    JobState.COOLDOWN: "cooldown",
+    JobState.BACKOFF: "error",
+    JobState.BREAKER_OPEN: "breaker_open",
+    JobState.DISABLED: "disabled",
+}
 _MAIN_TICK_S = 0.2
 
 
@@ -112,11 +128,11 @@ class CompactFn(Protocol):
         self,
         paths: AgentPaths,
         summarizer: Summarizer,
-        options: Any,
+        options: CompactionOptions,
         *,
         count_bytes: Callable[[bytes], int] | None = ...,
         checkpoint: Callable[[str], None] | None = ...,
-    ) -> Any: ...
+    ) -> CompactionOutcome: ...
 
 
 RecoverFn = Callable[[AgentPaths], "str | None"]
@@ -278,9 +294,9 @@ class Daemon:
 
         self.scheduler: JobScheduler | None = None
         self.watcher: Watcher | None = None
-        self.store: Any = None
-        self.metrics: Any = None
-        self._metrics_server: Any = None
+        self.store: StateStore | None = None
+        self.metrics: Metrics | None = None
+        self._metrics_server: MetricsServer | None = None
 
         # Flags set by signal handlers (and by tests, through the methods).
         self.should_exit = False
@@ -358,7 +374,7 @@ class Daemon:
             from memd.state import StateStore
 
             self.store = StateStore.open(self.options.state_dir, self.workspace)
-            for warning in getattr(self.store, "warnings", []):
+            for warning in self.store.warnings:
                 _log.warning("state database", detail=warning)
         records = self._stored_records()
         scanned = self._scan_agents()
@@ -408,7 +424,7 @@ class Daemon:
             workspace=str(self.workspace),
             agents=len(entries),
             watcher=kind,
-            state_db=str(getattr(self.store, "path", None)) if self.store else None,
+            state_db=str(self.store.path) if self.store else None,
             summarizer=self.config.summarizer.model,
             # Proof for operators (and tests) that litellm stays unloaded until
             # a summary is made with a litellm model.
@@ -576,7 +592,7 @@ class Daemon:
         if done:
             _log.warning("recovered an interrupted compaction", agent=entry.name, action=done)
 
-    def _stored_records(self) -> dict[str, Any]:
+    def _stored_records(self) -> dict[str, AgentRecord]:
         if self.store is None:
             return {}
         try:
@@ -585,7 +601,7 @@ class Daemon:
             _log.warning("state database unreadable; counting every file", error=_reason(exc))
             return {}
 
-    def _restore(self, entry: AgentEntry, record: Any) -> bool:
+    def _restore(self, entry: AgentEntry, record: AgentRecord) -> bool:
         """Reuse a stored count when the file is the same inode and size."""
         now = time.time()
         job = AgentJob(
@@ -620,7 +636,7 @@ class Daemon:
         entry.dirty = False
         return True
 
-    def _initial_count(self, entries: list[AgentEntry], records: Mapping[str, Any]) -> None:
+    def _initial_count(self, entries: list[AgentEntry], records: Mapping[str, AgentRecord]) -> None:
         to_count = [
             entry
             for entry in entries
@@ -884,9 +900,7 @@ class Daemon:
                 self._summarizer = self._summarizer_factory(self.config, self._counter.count_text)
             return self._summarizer
 
-    def _compaction_options(self, policy: AgentPolicy) -> Any:
-        from memd.compaction import CompactionOptions
-
+    def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
         options = CompactionOptions.from_config(self.config, policy)
         return dataclasses.replace(
             options, lock_wait_s=min(options.lock_wait_s, _DAEMON_LOCK_WAIT_S)
@@ -919,7 +933,7 @@ class Daemon:
         _log.info("compaction started", agent=name, tokens=tokens_before)
         started_wall = time.time()
         started = time.monotonic()
-        outcome: Any = None
+        outcome: CompactionOutcome | None = None
         error: BaseException | None = None
         try:
             compact = self._compact or _default_compact()
@@ -942,15 +956,16 @@ class Daemon:
         policy = self.retry_policy
         if error is None:
             self.compactions_ok += 1
-            achieved = getattr(outcome, "tokens_after", None)
+            assert outcome is not None
+            achieved = outcome.tokens_after
             _log.info(
                 "compacted",
                 agent=name,
-                tokens_before=getattr(outcome, "tokens_before", tokens_before),
+                tokens_before=outcome.tokens_before,
                 tokens_after=achieved,
-                archive=str(getattr(outcome, "archive", "")),
-                model=getattr(outcome, "model", None),
-                cost_usd=getattr(outcome, "cost_usd", None),
+                archive=str(outcome.archive),
+                model=outcome.model,
+                cost_usd=outcome.cost_usd,
                 seconds=round(duration, 3),
             )
             self._ledger(entry, started_wall, duration, outcome, None)
@@ -958,8 +973,8 @@ class Daemon:
                 self.metrics.record_compaction(
                     name,
                     "ok",
-                    llm_seconds=getattr(outcome, "llm_duration_s", None),
-                    cost_usd=getattr(outcome, "cost_usd", None),
+                    llm_seconds=outcome.llm_duration_s,
+                    cost_usd=outcome.cost_usd,
                 )
             with self._lock:
                 decision = on_success(
@@ -1023,24 +1038,24 @@ class Daemon:
         entry: AgentEntry,
         started_at: float,
         duration: float,
-        outcome: Any,
+        outcome: CompactionOutcome | None,
         error: str | None,
     ) -> None:
         if self.store is None:
             return
         from memd.state import LedgerEntry
 
-        archive = getattr(outcome, "archive", None)
+        archive = outcome.archive if outcome is not None else None
         record = LedgerEntry(
             agent=entry.name,
             started_at=started_at,
             duration_s=duration,
             archive=str(archive) if archive is not None else None,
-            tokens_before=getattr(outcome, "tokens_before", None),
-            tokens_after=getattr(outcome, "tokens_after", None),
-            model=getattr(outcome, "model", None)
+            tokens_before=outcome.tokens_before if outcome is not None else None,
+            tokens_after=outcome.tokens_after if outcome is not None else None,
+            model=(outcome.model if outcome is not None else None)
             or (self._summarizer.model if self._summarizer is not None else None),
-            cost_usd=getattr(outcome, "cost_usd", None),
+            cost_usd=outcome.cost_usd if outcome is not None else None,
             error=error,
             trigger="daemon",
         )
@@ -1114,13 +1129,13 @@ class Daemon:
             tracked.mtime_ns,
         )
 
-    def _record_of(self, entry: AgentEntry, now: float) -> Any:
+    def _record_of(self, entry: AgentEntry, now: float) -> AgentRecord:
         from memd.state import AgentRecord
 
         state = entry.tracked.state if entry.tracked is not None else None
         job = entry.job
-        job_state = str(job.state)
-        if entry.count_error is not None or job.state is JobState.BACKOFF:
+        job_state: AgentState = _STORED_STATE[job.state]
+        if entry.count_error is not None:
             job_state = "error"
         return AgentRecord(
             agent=entry.name,
@@ -1132,7 +1147,7 @@ class Daemon:
             tokens=entry.tokens,
             threshold_tokens=entry.policy.threshold_tokens,
             updated_at=now,
-            state=job_state,  # type: ignore[arg-type]
+            state=job_state,
             last_error=entry.count_error or job.last_error,
             last_compaction_at=job.last_compaction_at,
             consecutive_failures=job.consecutive_failures,
