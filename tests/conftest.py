@@ -10,9 +10,11 @@ import pytest
 
 # litellm must never phone home from the test suite.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-# A developer's own config must not leak into tests.
+# A developer's own config must not leak into tests (MEMD_SWARMS_PYTHON is
+# not config: it points the interop tests at the swarms virtualenv).
 for _var in [v for v in os.environ if v.startswith("MEMD_")] + ["WORKSPACE_DIR"]:
-    os.environ.pop(_var, None)
+    if _var != "MEMD_SWARMS_PYTHON":
+        os.environ.pop(_var, None)
 
 sys.path.insert(0, str(Path(__file__).parent))
 

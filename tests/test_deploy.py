@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.swarms import swarms_python
 
 from memd.core import memfile
 from memd.workspace import agent_paths
@@ -31,7 +32,8 @@ AGENT_SCRIPT = DEPLOY / "agent" / "agent.py"
 # PyYAML arrives with litellm's dependencies; the lead may list it in the test extra.
 yaml = pytest.importorskip("yaml")
 
-SWARMS_PYTHON = Path(os.environ.get("MEMD_SWARMS_PYTHON", "/work/venv-swarms/bin/python"))
+_FOUND_SWARMS = swarms_python()
+SWARMS_PYTHON = Path(_FOUND_SWARMS or "swarms-not-installed")
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +199,7 @@ print(loaded)
 
 
 @pytest.mark.swarms
-@pytest.mark.skipif(not SWARMS_PYTHON.exists(), reason=f"no swarms venv at {SWARMS_PYTHON}")
+@pytest.mark.skipif(_FOUND_SWARMS is None, reason="swarms is not installed (MEMD_SWARMS_PYTHON)")
 def test_real_swarms_agent_and_memd_share_the_memory_file(tmp_path: Path) -> None:
     from support.openai_server import OpenAITestServer
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.memfiles import entry_contents_everywhere
+from support.swarms import swarms_python
 
 from memd.core.memfile import parse
 from memd.workspace import agent_paths
@@ -24,21 +25,7 @@ from memd.workspace import agent_paths
 pytestmark = pytest.mark.swarms
 
 
-def _swarms_python() -> str | None:
-    candidates = [os.environ.get("MEMD_SWARMS_PYTHON", ""), sys.executable]
-    for python in filter(None, candidates):
-        probe = subprocess.run(
-            [python, "-c", "import swarms.structs.conversation"],
-            capture_output=True,
-            check=False,
-            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-        )
-        if probe.returncode == 0:
-            return python
-    return None
-
-
-SWARMS_PYTHON = _swarms_python()
+SWARMS_PYTHON = swarms_python()
 needs_swarms = pytest.mark.skipif(SWARMS_PYTHON is None, reason="swarms is not installed")
 
 WRITE = """
