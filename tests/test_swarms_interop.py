@@ -59,6 +59,8 @@ def run_swarms(script: str, *args: str) -> str:
     assert SWARMS_PYTHON is not None
     result = subprocess.run(
         [SWARMS_PYTHON, "-c", script, *args],
+        # swarms writes its own agent_workspace/ (logs) under the cwd.
+        cwd=Path(args[0]).parents[3],  # the test's tmp dir, above the workspace
         capture_output=True,
         text=True,
         check=False,
@@ -134,6 +136,7 @@ def test_swarms_writer_appending_during_compactions_loses_nothing(tmp_path: Path
     assert SWARMS_PYTHON is not None
     writer = subprocess.Popen(
         [SWARMS_PYTHON, "-c", WRITE_LOOP, str(memory), str(count)],
+        cwd=tmp_path,
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
     )
     deadline = time.monotonic() + 60
