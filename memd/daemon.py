@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import os
 import signal
@@ -217,6 +218,10 @@ _POOL_MIN_BYTES = 8 << 20
 
 # (tracked, kind, failure reason); tracked None with no failure = no MEMORY.md yet.
 _PoolResult = tuple["TrackedCount | None", CountKind, "str | None"]
+
+
+class _AlreadyCompacted(CompactionAborted):
+    """Raised at the "locked" checkpoint: the file is under threshold by now."""
 
 
 class _CountFailed(MemdError):
@@ -890,6 +895,11 @@ class Daemon:
         if decision.wake_at is not None:
             scheduler.wake_at(f"wake:{entry.name}", decision.wake_at, self._wake, entry.name)
 
+    def _reevaluate(self, entry: AgentEntry, job: AgentJob) -> Decision:
+        return on_count(
+            job, entry.tokens, entry.policy.threshold_tokens, entry.policy.compress, time.time()
+        )
+
     def _wake(self, agent: str) -> None:
         self._request_count(agent, now=True)
 
@@ -906,9 +916,19 @@ class Daemon:
             options, lock_wait_s=min(options.lock_wait_s, _DAEMON_LOCK_WAIT_S)
         )
 
-    def _checkpoint(self, name: str) -> None:
+    def _checkpoint(self, entry: AgentEntry, name: str) -> None:
         if self.force_exit and name in _PRE_COMMIT:
             raise CompactionAborted(f"shutdown forced; aborted before commit (at {name})")
+        if name == "locked":
+            # The lock may have been held by another compactor (compact-now,
+            # a second daemon) that just did the work: count again, now that
+            # nobody else can change the file's prefix, before summarizing.
+            self._count_locked(entry)
+            if entry.count_error is None and entry.tokens < entry.policy.threshold_tokens:
+                raise _AlreadyCompacted(
+                    f"agent {entry.name!r}: under threshold once locked "
+                    f"({entry.tokens} < {entry.policy.threshold_tokens} tokens)"
+                )
 
     def _compaction_job(self, entry: AgentEntry) -> None:
         try:
@@ -942,7 +962,7 @@ class Daemon:
                 self._get_summarizer(),
                 self._compaction_options(entry.policy),
                 count_bytes=self._counter.count_bytes if self._counter else None,
-                checkpoint=self._checkpoint,
+                checkpoint=functools.partial(self._checkpoint, entry),
             )
         except Exception as exc:
             error = exc
@@ -995,6 +1015,11 @@ class Daemon:
                         cooldown_s=policy.cooldown_s,
                     )
                 self._apply(entry, decision)
+            return
+        if isinstance(error, _AlreadyCompacted):
+            _log.info("already under threshold; skipped", agent=name, tokens=entry.tokens)
+            with self._lock:
+                self._apply(entry, self._reevaluate(entry, on_cancelled(entry.job)))
             return
         if isinstance(error, NothingToCompact):
             _log.info("nothing to compact; cooling down", agent=name, tokens=entry.tokens)

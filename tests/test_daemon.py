@@ -114,6 +114,13 @@ class ScriptedCompaction:
             if behaviour == "slow":
                 assert self.release.wait(20)
                 behaviour = "ok"
+            if behaviour == "preempted":
+                # another compactor finished just before we got the lock
+                tmp = paths.dir / "MEMORY.md.other"
+                tmp.write_text(swarms_header(paths.agent) + swarms_block("System", "done"))
+                os.replace(tmp, paths.memory)
+                checkpoint("locked")  # the daemon should give up here
+                behaviour = "ok"
             if behaviour == "checkpoints":
                 for name in ("locked", "summarized", "archive-written"):
                     checkpoint(name)
@@ -435,6 +442,20 @@ def test_busy_lock_and_nothing_to_compact_are_retried_without_counting_failures(
     h.stop()
 
 
+def test_recount_under_the_lock_skips_work_another_compactor_did(
+    ws: AgentWorkspace, run_daemon: Any
+) -> None:
+    ws.create_agent("alice")
+    compact = ScriptedCompaction("preempted")
+    h = run_daemon(ws, compact=compact)
+    fill(ws, "alice", 20)
+    assert wait_until(lambda: compact.calls == ["alice"])
+    assert wait_until(lambda: h.job("alice") is JobState.IDLE)
+    assert compact.committed == 0
+    assert h.daemon.compactions_failed == 0 and h.daemon.compactions_ok == 0
+    h.stop()
+
+
 def test_compress_off_agents_are_counted_never_compacted(
     ws: AgentWorkspace, run_daemon: Any
 ) -> None:
@@ -568,6 +589,33 @@ def test_end_to_end_real_compaction_with_concurrent_writers(
     finally:
         store.close()
     assert h.stop() == 0
+
+
+def test_two_daemons_on_one_workspace_are_serialized_by_the_agent_lock(
+    ws: AgentWorkspace, run_daemon: Any
+) -> None:
+    paths = ws.create_agent("shared")
+    config = {"trigger": {"context_length": 4000}, "daemon": {"retry_base_s": 0.2}}
+    first = run_daemon(ws, config=config)
+    second = run_daemon(ws, config=config)
+    for n in range(150):
+        append_entry(paths.memory, "Human", f"entry {n} " + "lorem ipsum " * 12)
+        if n % 10 == 0:
+            time.sleep(0.02)
+    daemons = (first.daemon, second.daemon)
+    assert wait_until(lambda: sum(d.compactions_ok for d in daemons) >= 1, timeout=20)
+    assert wait_until(
+        lambda: (
+            all(not d._running for d in daemons)
+            and all(h.tokens("shared") == full_tokens(paths.memory) for h in (first, second))
+        ),
+        timeout=20,
+    )
+    seen = entry_contents_everywhere(paths)
+    assert len(seen) == 150 and set(seen.values()) == {1}
+    assert all(d.compactions_failed == 0 for d in daemons)
+    first.stop()
+    second.stop()
 
 
 def test_forced_shutdown_aborts_before_commit(ws: AgentWorkspace, run_daemon: Any) -> None:
