@@ -11,6 +11,7 @@ import functools
 import os
 import subprocess
 import sys
+import tempfile
 
 SWARMS_ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
@@ -23,6 +24,8 @@ def swarms_python() -> str | None:
             capture_output=True,
             check=False,
             env=SWARMS_ENV,
+            # Importing swarms creates agent_workspace/error.txt under the cwd.
+            cwd=tempfile.gettempdir(),
         )
         if probe.returncode == 0:
             return python
