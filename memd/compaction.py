@@ -87,6 +87,9 @@ CHECKPOINTS = (
     "cleaned",
 )
 
+# Raising at one of these rolls the job back; from "replaced" on it is committed.
+PRE_COMMIT_CHECKPOINTS = frozenset(CHECKPOINTS[: CHECKPOINTS.index("replaced")])
+
 Checkpoint = Callable[[str], None]
 ByteCounter = Callable[[bytes], int]
 
@@ -755,6 +758,7 @@ def _resolve_pending(
 
 __all__ = [
     "CHECKPOINTS",
+    "PRE_COMMIT_CHECKPOINTS",
     "CompactionOptions",
     "CompactionOutcome",
     "ProvidedSummary",

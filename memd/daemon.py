@@ -40,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from memd.compaction import CompactionOptions, CompactionOutcome
+from memd.compaction import PRE_COMMIT_CHECKPOINTS, CompactionOptions, CompactionOutcome
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.debounce import Debouncer
 from memd.core.names import is_valid_agent_name
@@ -95,18 +95,7 @@ EXIT_FORCED = 130
 
 # Checkpoints of memd.compaction before its commit (the os.replace of
 # MEMORY.md): raising at one of them rolls the transaction back.
-_PRE_COMMIT = frozenset(
-    {
-        "locked",
-        "summarized",
-        "archive-written",
-        "journal-archiving",
-        "archive-linked",
-        "drain-linked",
-        "new-written",
-        "journal-swapping",
-    }
-)
+_PRE_COMMIT = PRE_COMMIT_CHECKPOINTS
 # While the daemon compacts, another compactor (compact-now, a second daemon)
 # holding the lock means "try again later", not "wait minutes holding a slot".
 _DAEMON_LOCK_WAIT_S = 1.0
@@ -369,6 +358,7 @@ class Daemon:
 
     def _startup(self) -> None:
         require_workspace(self.workspace)
+        self._warn_about_filesystem()
         self._root = self.workspace.resolve()
         self._agents_root = self._root / AGENTS_DIR
         self._agents_dir_plain = not self._agents_root.is_symlink()
@@ -435,6 +425,16 @@ class Daemon:
             # a summary is made with a litellm model.
             litellm_loaded="litellm" in sys.modules,
         )
+
+    def _warn_about_filesystem(self) -> None:
+        # NFS without lockd, CIFS and Docker Desktop shares (virtiofs, gRPC
+        # FUSE) break flock between hosts/VMs and drop inotify events: say so
+        # at start, where operators look, not only in `memd doctor`.
+        from memd.doctor import check_filesystem
+
+        for check in check_filesystem(self.workspace):
+            if check.status != "ok":
+                _log.warning("workspace filesystem", detail=check.message, fix=check.fix)
 
     def _main_loop(self) -> None:
         ping_every = self.notifier.watchdog_ping_interval_s

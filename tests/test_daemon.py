@@ -898,3 +898,23 @@ def test_subprocess_unreadable_agent_folder_is_skipped_then_picked_up(tmp_path: 
             assert daemon.stop() == 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_warns_at_start_when_the_workspace_filesystem_breaks_locks(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import structlog
+
+    import memd.doctor as doctor
+
+    found = doctor.mount_of(ws.root.resolve(), Path("/proc/mounts").read_text())
+    assert found is not None
+    # Pretend this machine's own filesystem type is a network share.
+    monkeypatch.setitem(doctor.REMOTE_FILESYSTEMS, found[1], "pretend NFS")
+    ws.create_agent("a")
+    with structlog.testing.capture_logs() as logs:
+        h = run_daemon(ws, compact=ScriptedCompaction())
+        h.stop()
+    warnings = [e for e in logs if e["event"] == "workspace filesystem"]
+    assert warnings and "pretend NFS" in warnings[0]["detail"]
+    assert warnings[0]["log_level"] == "warning"
