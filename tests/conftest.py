@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 for _var in [v for v in os.environ if v.startswith("MEMD_")] + ["WORKSPACE_DIR"]:
     if _var != "MEMD_SWARMS_PYTHON":
         os.environ.pop(_var, None)
+
+# memd's parsed-tokenizer cache goes to a throwaway dir, not the user's ~/.cache.
+os.environ["MEMD_CACHE_DIR"] = tempfile.mkdtemp(prefix="memd-test-cache-")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -68,6 +68,7 @@ def run_offline(
     """Run ``code`` in a fresh interpreter: no network, an empty tiktoken cache."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("LITELLM")}
     env["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
+    env["MEMD_CACHE_DIR"] = str(cache_dir.parent / "memd-parsed")  # no parsed table: a cold load
     env.pop("DATA_GYM_CACHE_DIR", None)
     argv = [sys.executable, "-c", prelude + "\n" + textwrap.dedent(code)]
     if _unshare_works():
@@ -205,3 +206,57 @@ def test_chunks_counted_in_a_process_pool_add_up_to_the_whole() -> None:
             count_bytes_with, ["o200k_base"] * len(bounds), [data[a:b] for a, b in bounds]
         )
         assert sum(counts) == expected
+
+
+PARSED_CACHE_PROBE = """
+import sys
+import tiktoken.load
+if sys.argv[1] == "forbid-parse":
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsed the BPE file although the cache was there")
+    tiktoken.load.load_tiktoken_bpe = refuse
+from memd.tokenizer import load_encoding
+encoding = load_encoding("cl100k_base")
+print(encoding.encode_ordinary(sys.argv[2]))
+"""
+
+
+def _probe(cache: Path, mode: str, text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PARSED_CACHE_PROBE, mode, text],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "MEMD_CACHE_DIR": str(cache)},
+    )
+
+
+def test_parsed_table_cache_is_used_and_gives_identical_tokens(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    text = "Ünïcödé ### Human — 2026-01-01T00:00:00\n\n---\n\n tokens 12345 ✓"
+    first = _probe(cache, "parse", text)
+    assert first.returncode == 0, first.stderr
+    assert len(list(cache.glob("tiktoken-cl100k_base-*.ranks"))) == 1
+    second = _probe(cache, "forbid-parse", text)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+
+
+def test_damaged_parsed_cache_falls_back_to_the_bpe_file(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert _probe(cache, "parse", "x").returncode == 0
+    (entry,) = cache.glob("*.ranks")
+    data = entry.read_bytes()
+    entry.write_bytes(data[: len(data) // 2])  # truncated
+    damaged = _probe(cache, "forbid-parse", "x")
+    assert damaged.returncode != 0  # the damaged cache was not trusted...
+    repaired = _probe(cache, "parse", "hello")
+    assert repaired.returncode == 0, repaired.stderr  # ...the BPE file was parsed again
+    assert _probe(cache, "forbid-parse", "hello").stdout == repaired.stdout
+
+
+def test_unwritable_cache_dir_still_loads(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = _probe(blocker / "cache", "parse", "hi")
+    assert result.returncode == 0, result.stderr

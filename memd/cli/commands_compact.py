@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memd.cli.app import app
 from memd.cli.common import ConfigOption, WorkspaceOption, load
@@ -46,6 +44,11 @@ def compact_now(
     state_dir: StateDirOption = None,
 ) -> None:
     """Compact AGENT… (or --all) now; waits for a compaction already running."""
+    # rich's progress machinery costs ~0.15 s to import: only load it here,
+    # so `memd status` and friends stay quick to start.
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
     from memd.core.config import resolve_policy
     from memd.modelinfo import context_length_for_model

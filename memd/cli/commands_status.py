@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -172,15 +173,33 @@ def _memory_count(
         return 0, None
 
 
+_PARALLEL_COUNT_BYTES = 1 << 20
+
+
 def _count_all(pending: Sequence[_Pending], encoding: str) -> dict[str, int]:
     if not pending:
         return {}
-    from memd.tokenizer import TokenCounter
+    from memd.tokenizer import count_bytes_with
 
-    counter = TokenCounter(encoding)
-    # Sequential on purpose: tiktoken holds the GIL, so threads do not help, and a
-    # process pool costs more to start than a CLI run is allowed to take.
-    return {item.agent: counter.count_bytes(item.data) for item in pending}
+    # Loaded before any fork, so forked workers inherit the tokenizer.
+    count_bytes_with(encoding, b"")
+    total = sum(len(item.data) for item in pending)
+    workers = min(os.cpu_count() or 1, len(pending))
+    if total < _PARALLEL_COUNT_BYTES or workers < 2 or threading.active_count() > 1:
+        return {item.agent: count_bytes_with(encoding, item.data) for item in pending}
+    # tiktoken holds the GIL, so only processes use the other cores; fork
+    # start-up (~10 ms) pays off once there is about a megabyte to count.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        counts = pool.map(
+            count_bytes_with,
+            [encoding] * len(pending),
+            [item.data for item in pending],
+        )
+        return {item.agent: count for item, count in zip(pending, counts, strict=True)}
 
 
 def collect_status(
