@@ -75,8 +75,8 @@ def compact_now(
         else make_summarizer(cfg.summarizer, counter.count_text)
     )
     ledger = _open_ledger(state_dir, cfg.state_dir, ws)
-    out = Console()
-    err = Console(stderr=True)
+    out = Console(emoji=False)
+    err = Console(stderr=True, emoji=False)
     failures = 0
     progress = Progress(
         TextColumn("{task.description}"),
