@@ -8,11 +8,12 @@ map over the network, neither of which ``memd status`` can afford.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import threading
 from pathlib import Path
 from typing import Any, Final
+
+from memd.litellm_data import litellm_file
 
 MODEL_MAP_FILENAME: Final = "model_prices_and_context_window_backup.json"
 
@@ -21,17 +22,8 @@ _context_lengths: dict[str, int] | None = None
 
 
 def bundled_model_map_path() -> Path | None:
-    try:
-        spec = importlib.util.find_spec("litellm")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / MODEL_MAP_FILENAME
-        if candidate.is_file():
-            return candidate
-    return None
+    found = litellm_file(MODEL_MAP_FILENAME)
+    return found if found is not None and found.is_file() else None
 
 
 def _positive_int(value: Any) -> int | None:

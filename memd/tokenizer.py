@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import array
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 from memd.core.tokens import safe_chunk_bounds
 from memd.errors import TokenizerError
+from memd.litellm_data import litellm_file
 
 if TYPE_CHECKING:
     import tiktoken
@@ -85,17 +85,8 @@ _loaded: dict[str, tiktoken.Encoding] = {}
 
 def bundled_tokenizer_dir() -> Path | None:
     """litellm's bundled tiktoken cache directory, found without importing litellm."""
-    try:
-        spec = importlib.util.find_spec("litellm")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "litellm_core_utils" / "tokenizers"
-        if candidate.is_dir():
-            return candidate
-    return None
+    found = litellm_file("litellm_core_utils", "tokenizers")
+    return found if found is not None and found.is_dir() else None
 
 
 def _search_dirs() -> list[Path]:
