@@ -38,6 +38,7 @@ from typing import Any
 
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
+    BLOCK_TERMINATOR,
     HeaderSegment,
     MemoryDocument,
     RawSegment,
@@ -55,6 +56,7 @@ from memd.errors import (
 from memd.fsutil import (
     AgentLock,
     SlotJournal,
+    ensure_dir_created,
     ensure_private_dir,
     fsync_dir,
     link_unique,
@@ -62,7 +64,6 @@ from memd.fsutil import (
     read_to_end,
     sha256_prefix,
     unlink_quiet,
-    write_all,
     write_new_file,
 )
 from memd.workspace import AgentPaths
@@ -91,6 +92,8 @@ CHECKPOINTS = (
 PRE_COMMIT_CHECKPOINTS = frozenset(CHECKPOINTS[: CHECKPOINTS.index("replaced")])
 
 Checkpoint = Callable[[str], None]
+# The drain link is a hard link memd made; a symlink there was planted.
+_READ_PRIVATE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 ByteCounter = Callable[[bytes], int]
 
 
@@ -195,6 +198,32 @@ class _Journal:
         self._store.write(self.payload)
 
 
+def _contained(path: Path, paths: AgentPaths, what: str) -> Path:
+    """``path`` with symlinks resolved, refused when it leaves the workspace.
+
+    Checked again here, under the lock, because a link can change between
+    ``agent_paths()`` and the moment memd reads or replaces the file.
+    """
+    if not path.is_symlink():
+        return path
+    target = path.resolve()
+    if not target.is_relative_to(paths.workspace):
+        raise CompactionAborted(
+            f"agent {paths.agent!r}: {what} resolves outside the workspace ({target})"
+        )
+    return target
+
+
+def _memory_target_of(paths: AgentPaths) -> Path:
+    # A MEMORY.md symlink inside the workspace is compacted in place: the link
+    # survives, its target is replaced.
+    return _contained(paths.memory, paths, "MEMORY.md")
+
+
+def _archive_dir_of(paths: AgentPaths) -> Path:
+    return _contained(paths.archive_dir, paths, "archive folder")
+
+
 def _now_local_iso() -> str:
     # Swarms writes naive local time; so does memd, to match the file.
     return datetime.now().isoformat()  # noqa: DTZ005
@@ -234,13 +263,12 @@ class _Transaction:
         self.memory = paths.memory
         self.archive: Path | None = None
         self.archive_ino: int | None = None
+        self.created_archive_dir = False
         self.committed = False
 
     # -- snapshot -------------------------------------------------------------
     def _memory_target(self) -> Path:
-        # A MEMORY.md symlink (already checked to stay in the workspace) is
-        # compacted in place: the link survives, its target is replaced.
-        return self.memory.resolve() if self.memory.is_symlink() else self.memory
+        return _memory_target_of(self.paths)
 
     def take_snapshot(self) -> _Snapshot:
         target = self._memory_target()
@@ -339,10 +367,8 @@ class _Transaction:
 
     # -- commit ---------------------------------------------------------------
     def write_archive(self, snap: _Snapshot) -> None:
-        archive_dir = self.paths.archive_dir
-        if archive_dir.is_symlink():
-            archive_dir = archive_dir.resolve()
-        ensure_private_dir(archive_dir)
+        archive_dir = _archive_dir_of(self.paths)
+        self.created_archive_dir = ensure_dir_created(archive_dir)
         temp = self.paths.archive_temp
         st = write_new_file(temp, [snap.data[: snap.boundary]])
         self.checkpoint("archive-written")
@@ -372,7 +398,7 @@ class _Transaction:
         # had not committed yet and recovery rolls it back without it.
         os.link(target, drain, follow_symlinks=True)
         self.checkpoint("drain-linked")
-        drain_fd = os.open(drain, os.O_RDONLY | os.O_CLOEXEC)
+        drain_fd = os.open(drain, _READ_PRIVATE)
         try:
             st = os.fstat(drain_fd)
             if (st.st_dev, st.st_ino) != (snap.dev, snap.ino):
@@ -429,6 +455,10 @@ class _Transaction:
 
     def rollback(self) -> None:
         _rollback_files(self.paths, self.archive_ino)
+        if self.created_archive_dir:
+            # Failure changes nothing: not even an empty archive folder.
+            with contextlib.suppress(OSError):
+                _archive_dir_of(self.paths).rmdir()
 
 
 def _rollback_files(paths: AgentPaths, archive_ino: int | None) -> None:
@@ -442,7 +472,7 @@ def _rollback_files(paths: AgentPaths, archive_ino: int | None) -> None:
 
 
 def _remove_archive_by_inode(paths: AgentPaths, inode: int) -> None:
-    archive_dir = paths.archive_dir.resolve()
+    archive_dir = _archive_dir_of(paths)
     try:
         entries = list(os.scandir(archive_dir))
     except FileNotFoundError:
@@ -476,7 +506,7 @@ def _drain(
     Returns the number of bytes moved.
     """
     try:
-        fd = os.open(paths.drain_link, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(paths.drain_link, _READ_PRIVATE)
     except FileNotFoundError:
         return 0
     moved = 0
@@ -501,8 +531,17 @@ def _drain(
                         copied_to=copied_to,
                         pending_to=copied_to + take,
                         pending_sha256=hashlib.sha256(piece).hexdigest(),
+                        # Where the new file ended before this append: on
+                        # recovery the chunk can only be found past it.
+                        pending_at=os.stat(target).st_size,
                     )
-                    _append(target, piece)
+                    try:
+                        _append(target, piece)
+                    except _PartialAppend as partial:
+                        journal.write(
+                            phase="draining", copied_to=copied_to + partial.written, pending_to=None
+                        )
+                        raise partial.error from None
                     copied_to += take
                     moved += take
                     journal.write(phase="draining", copied_to=copied_to, pending_to=None)
@@ -520,11 +559,24 @@ def _drain(
     return moved
 
 
+class _PartialAppend(Exception):
+    def __init__(self, error: OSError, written: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.written = written
+
+
 def _append(target: Path, data: bytes) -> None:
+    """Append ``data``; on failure say how much of it landed (ENOSPC is short)."""
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    written = 0
     try:
-        write_all(fd, data)
+        view = memoryview(data)
+        while written < len(data):
+            written += os.write(fd, view[written:])
         os.fsync(fd)
+    except OSError as exc:
+        raise _PartialAppend(exc, written) from exc
     finally:
         os.close(fd)
 
@@ -698,7 +750,7 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
         return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
     journal = _Journal(paths, payload)
     phase = payload.get("phase")
-    target = paths.memory.resolve() if paths.memory.is_symlink() else paths.memory
+    target = _memory_target_of(paths)
     try:
         current = os.stat(target)
         current_id: tuple[int, int] | None = (current.st_dev, current.st_ino)
@@ -721,12 +773,15 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
         _drain(paths, journal, target, copied_to, quiet_s, max_s, 0.05, _no_checkpoint)
         _finish(paths, _no_checkpoint)
         return "finished an interrupted compaction (drained the old file)"
-    # MEMORY.md is neither the old nor the new inode: someone replaced it while
-    # memd was down. Keep every byte: the old inode's content becomes an
-    # extra archive, and our journal is dropped.
+    # MEMORY.md is neither the old nor the new inode: someone replaced (or
+    # removed) it while memd was down. Keep every byte, each once: the old
+    # inode's whole content becomes the archive, in place of this job's
+    # archive (which holds its first N bytes only).
     if paths.drain_link.exists():
-        archive_dir = paths.archive_dir.resolve()
-        ensure_private_dir(archive_dir)
+        if isinstance(archive_ino, int):
+            _remove_archive_by_inode(paths, archive_ino)
+        archive_dir = _archive_dir_of(paths)
+        ensure_dir_created(archive_dir)
         link_unique(paths.drain_link, archive_dir, _archive_stem())
         fsync_dir(archive_dir)
     _finish(paths, _no_checkpoint)
@@ -739,21 +794,51 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
 def _resolve_pending(
     paths: AgentPaths, target: Path, copied_to: int, pending_to: int, payload: dict[str, Any]
 ) -> int:
-    """Was the journaled chunk appended before the crash? Look for its bytes."""
+    """How much of the journaled chunk reached the new file before the crash.
+
+    The chunk was appended (O_APPEND) at or after ``pending_at``, the new
+    file's size journaled just before; writers may have appended after it.
+    Returns the old-inode offset the drain continues from.
+    """
     try:
-        fd = os.open(paths.drain_link, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(paths.drain_link, _READ_PRIVATE)
     except FileNotFoundError:
         return copied_to
     try:
         chunk = read_range(fd, copied_to, pending_to)
     finally:
         os.close(fd)
-    if hashlib.sha256(chunk).hexdigest() != payload.get("pending_sha256"):
+    if not chunk or hashlib.sha256(chunk).hexdigest() != payload.get("pending_sha256"):
         return copied_to
-    current = target.read_bytes()
-    if chunk and chunk in current:
-        return pending_to
-    return copied_to
+    pending_at = payload.get("pending_at")
+    if not isinstance(pending_at, int):
+        return copied_to
+    after = target.read_bytes()[pending_at:]
+    return copied_to + _landed_prefix(after, chunk)
+
+
+def _landed_prefix(after: bytes, chunk: bytes) -> int:
+    """Length of the longest prefix of ``chunk`` that starts where an append could.
+
+    An append lands at the end of the file as it was then: right at
+    ``pending_at`` or after other writers' whole appends, so a candidate start
+    is 0 or just after an entry terminator.
+    """
+    best = 0
+    starts = [0]
+    position = after.find(BLOCK_TERMINATOR)
+    while position >= 0:
+        starts.append(position + len(BLOCK_TERMINATOR))
+        position = after.find(BLOCK_TERMINATOR, position + 1)
+    for start in starts:
+        window = after[start : start + len(chunk)]
+        if window == chunk:
+            return len(chunk)
+        # A short prefix only counts when it runs to the end of the file: a
+        # write cut short is the last thing in the file unless others wrote after.
+        if window and start + len(window) == len(after) and chunk.startswith(window):
+            best = max(best, len(window))
+    return best
 
 
 __all__ = [

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,9 @@ from memd.errors import LockTimeout
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+# memd's own files are never symlinks: refusing to follow one means a planted
+# link cannot make memd write (or read) outside the workspace.
+_PRIVATE_RW = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ_CHUNK = 1 << 20
 
 
@@ -33,17 +37,43 @@ def fsync_dir(path: Path) -> None:
 
 
 def ensure_private_dir(path: Path) -> None:
-    """Create ``path`` as 0700 (or tighten it when we own it)."""
+    """Create ``path`` as 0700, or accept it if it is a real directory we own.
+
+    A symlink, or a folder owned by another user (an agent could plant one,
+    full of symlinks), is refused: memd writes its lock and journal in here.
+    """
     try:
         path.mkdir(mode=PRIVATE_DIR_MODE)
         fsync_dir(path.parent)
+        return
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(errno.ENOTDIR, "not a real directory", str(path))
+    if st.st_uid != os.geteuid():
+        raise PermissionError(
+            errno.EPERM, f"owned by uid {st.st_uid}, not memd's uid {os.geteuid()}", str(path)
+        )
+    if st.st_mode & 0o077:
+        with contextlib.suppress(PermissionError):
+            path.chmod(PRIVATE_DIR_MODE)
+
+
+def ensure_dir_created(path: Path, mode: int = PRIVATE_DIR_MODE) -> bool:
+    """Create ``path`` if missing (never touching an existing one); True if created.
+
+    For the archive folder: agents may own it and read it, so an existing
+    folder keeps its mode; only one memd creates is private.
+    """
+    try:
+        path.mkdir(mode=mode)
     except FileExistsError:
         if not path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path)) from None
-        st = path.stat()
-        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
-            with contextlib.suppress(PermissionError):
-                path.chmod(PRIVATE_DIR_MODE)
+        return False
+    fsync_dir(path.parent)
+    return True
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -146,7 +176,7 @@ class AgentLock:
         self._fd = -1
 
     def acquire(self, wait_s: float, poll_s: float = 0.05) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        fd = os.open(self.path, _PRIVATE_RW | os.O_CREAT, PRIVATE_FILE_MODE)
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
             try:
@@ -206,9 +236,9 @@ class SlotJournal:
 
     def _open(self) -> int:
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            return os.open(self.path, _PRIVATE_RW)
         except FileNotFoundError:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+            fd = os.open(self.path, _PRIVATE_RW | os.O_CREAT, PRIVATE_FILE_MODE)
             os.fsync(fd)
             fsync_dir(self.path.parent)
             return fd
@@ -231,7 +261,7 @@ class SlotJournal:
     def read(self) -> dict[str, Any] | None:
         """The latest intact record, or None when there is none."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
         try:

@@ -1,0 +1,171 @@
+"""Adversarial cases for the transaction: partial drains, planted symlinks, outside interference."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.memfiles import entry_contents_everywhere
+
+import memd.compaction as c
+from memd.compaction import CompactionOptions, compact_agent, recover_agent
+from memd.core.summary import SummaryResult
+from memd.errors import CompactionAborted
+
+FAST = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2)
+LATE = "### AI \u2014 2026-01-01T00:00:00\n\nalpha turn late " + "x" * 200 + "\n\n---\n\n"
+
+
+class Fixed:
+    model = "fixed"
+
+    def summarize(self, request):
+        return SummaryResult(text="short summary", model="fixed")
+
+
+def everything(paths) -> bytes:
+    out = b""
+    if paths.archive_dir.exists():
+        for p in sorted(paths.archive_dir.glob("history_*.md")):
+            out += p.read_bytes()
+    return out + paths.memory.read_bytes()
+
+
+# 1. Partial drain append (ENOSPC / short write) is re-appended whole on recovery.
+def test_partial_drain_append_is_finished_not_doubled_on_recovery(agent_ws, monkeypatch):
+    paths = agent_ws.create_agent("alpha", entries=3)
+    handle = []
+
+    def checkpoint(name):
+        if name == "journal-swapping":
+            handle.append(
+                open(paths.memory, "a", encoding="utf-8")
+            )  # writer opened before the swap
+        if name == "replaced":
+            handle[0].write(LATE)
+            handle[0].close()
+
+    def enospc_after_half(target, data):
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+        os.write(fd, data[: len(data) // 2])  # the kernel took half, then the disk filled
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(c, "_append", enospc_after_half)
+    with pytest.raises(CompactionAborted):
+        compact_agent(paths, Fixed(), FAST, checkpoint=checkpoint)
+    monkeypatch.undo()
+    assert recover_agent(paths) is not None
+    data = paths.memory.read_bytes()
+    # The late entry's header must be in MEMORY.md exactly once, and the entry intact.
+    assert data.count("### AI \u2014 2026-01-01T00:00:00".encode()) == 1, data[-700:]
+    assert entry_contents_everywhere(paths)["alpha turn late " + "x" * 200] == 1
+
+
+# 2. Recovery decides "was the pending chunk appended?" by substring search of the
+#    whole new file: identical bytes already present => chunk dropped (loss).
+def test_pending_chunk_is_resolved_past_its_journaled_offset(agent_ws, tmp_path):
+    paths = agent_ws.create_agent("alpha", entries=3)
+    script = f"""
+import os
+import memd.compaction as c
+from memd.core.summary import SummaryResult
+from memd.workspace import agent_paths
+from pathlib import Path
+paths = agent_paths(Path({str(agent_ws.root)!r}), "alpha")
+h = []
+def crash_before_append(target, data):
+    os._exit(137)  # journaled as pending, not appended
+c._append = crash_before_append
+def checkpoint(name):
+    if name == "journal-swapping":
+        h.append(open(paths.memory, "a", encoding="utf-8"))
+        # a new-file writer (opened after the swap) writes a trailing newline too
+    if name == "replaced":
+        with open(paths.memory, "a") as f: f.write("\\n")
+        h[0].write("\\n")   # late writer's last byte(s) to the old inode
+        h[0].close()
+class S:
+    model = "x"
+    def summarize(self, request): return SummaryResult(text="sum", model="x")
+c.compact_agent(paths, S(), c.CompactionOptions(drain_quiet_s=0.05), checkpoint=checkpoint)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 137, r.stderr
+    before = paths.memory.read_bytes()
+    recover_agent(paths, quiet_s=0.05)
+    after = paths.memory.read_bytes()
+    # the old inode's byte past copied_to was never appended: recovery must append it
+    assert len(after) == len(before) + 1
+
+
+# 3. Recovery's "MEMORY.md replaced by another program" branch archives the
+#    WHOLE old inode although this job's archive (bytes 0..N) is already linked.
+def test_recovery_after_external_replace_archives_each_byte_once(agent_ws):
+    paths = agent_ws.create_agent("alpha", entries=3)
+    child = Path("/work/main/tests/support/compaction_child.py")
+    r = subprocess.run(
+        [sys.executable, str(child), str(agent_ws.root), "alpha", "--crash-at", "journal-swapping"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 137, r.stderr
+    # While memd is down, another program (e.g. an operator / Swarms) moves the old
+    # file away and starts a new one.
+    os.rename(paths.memory, paths.dir / "MEMORY.old")
+    paths.memory.write_text("# fresh\n")
+    os.unlink(paths.dir / "MEMORY.old")
+    recover_agent(paths)
+    counts = entry_contents_everywhere(paths)
+    assert counts and max(counts.values()) == 1, counts
+
+
+# 4. .memd/journal (and .memd/lock) are opened following symlinks: a symlink
+#    planted in .memd/ makes memd overwrite a file outside the workspace.
+def test_planted_journal_symlink_is_refused(agent_ws, tmp_path):
+    paths = agent_ws.create_agent("alpha", entries=3)
+    victim = tmp_path / "outside" / "victim.txt"
+    victim.parent.mkdir()
+    original = b"precious data\n" * 1000
+    victim.write_bytes(original)
+    paths.private_dir.mkdir(mode=0o700)
+    os.symlink(victim, paths.journal)
+    with pytest.raises(CompactionAborted):
+        compact_agent(paths, Fixed(), FAST)
+    assert victim.read_bytes() == original
+
+
+# 5. MEMORY.md turned into a symlink after agent_paths() checked it (daemon caches
+#    AgentPaths; compact-now waits up to lock_wait_s): compaction re-resolves it with
+#    no containment check and replaces a file outside the workspace.
+def test_memory_symlink_made_after_the_check_is_refused(agent_ws, tmp_path):
+    paths = agent_ws.create_agent("alpha", entries=3)
+    outside = tmp_path / "outside.md"
+    outside.write_bytes(paths.memory.read_bytes())
+    paths.memory.unlink()
+    paths.memory.symlink_to(outside)
+    before = outside.read_bytes()
+    with pytest.raises(CompactionAborted):
+        compact_agent(paths, Fixed(), FAST)
+    assert outside.read_bytes() == before
+
+
+# 6. Failure must change nothing, incl. the archive dir: a rolled-back compaction
+#    chmods an existing archive dir to 0700 (and keeps a newly created one).
+def test_failed_compaction_leaves_the_archive_dir_alone(agent_ws, monkeypatch):
+    paths = agent_ws.create_agent("alpha", entries=3)
+    paths.archive_dir.mkdir()
+    os.chmod(paths.archive_dir, 0o755)
+
+    def boom(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(c, "write_new_file", boom)
+    with pytest.raises(CompactionAborted):
+        compact_agent(paths, Fixed(), FAST)
+    assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o755
