@@ -45,6 +45,7 @@ from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.debounce import Debouncer
 from memd.core.names import is_valid_agent_name
 from memd.core.schedule_policy import (
+    NOT_COMPACTABLE,
     AgentJob,
     Decision,
     JobState,
@@ -1022,7 +1023,13 @@ class Daemon:
                 self._apply(entry, self._reevaluate(entry, on_cancelled(entry.job)))
             return
         if isinstance(error, NothingToCompact):
-            _log.info("nothing to compact; cooling down", agent=name, tokens=entry.tokens)
+            if entry.job.last_error != NOT_COMPACTABLE:  # say it once, not every cooldown
+                _log.warning(
+                    "over threshold but nothing to compact; cooling down",
+                    agent=name,
+                    tokens=entry.tokens,
+                    detail=NOT_COMPACTABLE,
+                )
             if self.metrics is not None:
                 self.metrics.record_compaction(name, "nothing")
             with self._lock:

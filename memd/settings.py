@@ -75,6 +75,16 @@ def _env_overrides(
     for name, field in MemdConfig.model_fields.items():
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            # A misspelled variable must not be silently ignored: the same
+            # typo in the TOML file is an "unknown key" error.
+            prefix = f"MEMD_{name}_".upper()
+            known = {f"{prefix}{key.upper()}" for key in annotation.model_fields}
+            for var in environ:
+                if var.startswith(prefix) and var not in known:
+                    raise ConfigError(
+                        f"invalid setting {var}: [{name}] has no key "
+                        f"{var.removeprefix(prefix).lower()!r}"
+                    )
             for key in annotation.model_fields:
                 var = f"MEMD_{name}_{key}".upper()
                 if var in environ:

@@ -98,3 +98,12 @@ def test_api_key_is_never_echoed(tmp_path: Path) -> None:
     loaded = load_settings(environ={"MEMD_SUMMARIZER_API_KEY": "sk-secret"}, cwd=tmp_path)
     assert "sk-secret" not in repr(loaded.config)
     assert loaded.config.summarizer.api_key.get_secret_value() == "sk-secret"
+
+
+def test_misspelled_env_var_is_an_error_like_an_unknown_key(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"MEMD_TRIGGER_THRESHHOLD: \[trigger\] has no key 'threshhold'"
+    ):
+        load_settings(environ={"MEMD_TRIGGER_THRESHHOLD": "0.5"}, cwd=tmp_path)
+    # Variables that are not config keys of a section are left alone.
+    load_settings(environ={"MEMD_CACHE_DIR": "/x", "MEMD_SWARMS_PYTHON": "/y"}, cwd=tmp_path)

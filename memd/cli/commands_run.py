@@ -34,7 +34,8 @@ def run_command(
         bool | None,
         typer.Option(
             "--poll/--no-poll",
-            help="Poll instead of inotify (NFS/CIFS/Docker Desktop mounts). Default: [watch] poll.",
+            help="Poll instead of inotify (NFS/CIFS/Docker Desktop mounts). "
+            "Default: \\[watch] poll.",
             show_default=False,
         ),
     ] = None,
@@ -43,13 +44,13 @@ def run_command(
         typer.Option(
             "--log-format",
             help="json, console, or auto (JSON unless stderr is a terminal). "
-            "Default: [log] format.",
+            "Default: \\[log] format.",
             show_default=False,
         ),
     ] = None,
     log_level: Annotated[
         LogLevelChoice | None,
-        typer.Option("--log-level", help="Default: [log] level.", show_default=False),
+        typer.Option("--log-level", help="Default: \\[log] level.", show_default=False),
     ] = None,
     demo: Annotated[
         bool,

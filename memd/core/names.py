@@ -20,7 +20,9 @@ def validate_agent_name(name: str) -> str:
         raise InvalidAgentName(f"invalid agent name '{shown}': contains NUL")
     if "/" in name or "\\" in name:
         raise InvalidAgentName(f"invalid agent name '{shown}': contains a path separator")
-    if name in {".", ".."} or ".." in name:
+    if name == ".":
+        raise InvalidAgentName("invalid agent name '.': is the agents folder itself")
+    if name == ".." or ".." in name:
         raise InvalidAgentName(f"invalid agent name '{shown}': contains '..'")
     if name.startswith("."):
         raise InvalidAgentName(f"invalid agent name '{shown}': starts with '.'")

@@ -84,6 +84,12 @@ class AgentJob:
     last_compaction_at: float | None = None
 
 
+NOT_COMPACTABLE = (
+    "over its threshold with nothing to compact: the bytes after the last complete "
+    "entry cannot be parsed (they are kept verbatim; fix or remove them)"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     job: AgentJob
@@ -102,11 +108,23 @@ def on_count(
     if not compress:
         return Decision(replace(job, state=JobState.DISABLED, rerun_requested=False))
     over = tokens >= threshold_tokens
+    if not over:
+        # Under threshold there is nothing to retry: whatever failed before (a
+        # breaker, a backoff) was overcome, e.g. by `memd compact-now` or
+        # `memd forget`, so the agent is healthy again.
+        return Decision(
+            replace(
+                job,
+                state=JobState.IDLE,
+                next_attempt_at=None,
+                consecutive_failures=0,
+                last_error=None,
+                rerun_requested=False,
+            )
+        )
     if job.state in _WAITING and job.next_attempt_at is not None and now < job.next_attempt_at:
-        return Decision(job, wake_at=job.next_attempt_at if over else None)
-    if over:
-        return Decision(replace(job, state=JobState.PENDING, rerun_requested=False), start=True)
-    return Decision(replace(job, state=JobState.IDLE, next_attempt_at=None))
+        return Decision(job, wake_at=job.next_attempt_at)
+    return Decision(replace(job, state=JobState.PENDING, rerun_requested=False), start=True)
 
 
 def on_started(job: AgentJob) -> AgentJob:
@@ -147,10 +165,20 @@ def on_success(
 
 
 def on_nothing_to_compact(job: AgentJob, *, policy: RetryPolicy, now: float) -> Decision:
-    """Over threshold but no raw entries since the last summary: wait, don't loop."""
+    """Over threshold but no raw entries since the last summary: wait, don't loop.
+
+    Still an error for the operator: the file is over its threshold and memd
+    cannot shrink it (typically unparseable bytes after the last entry).
+    """
     until = now + policy.cooldown_s
     return Decision(
-        replace(job, state=JobState.COOLDOWN, next_attempt_at=until, rerun_requested=False),
+        replace(
+            job,
+            state=JobState.COOLDOWN,
+            next_attempt_at=until,
+            rerun_requested=False,
+            last_error=NOT_COMPACTABLE,
+        ),
         wake_at=until,
     )
 

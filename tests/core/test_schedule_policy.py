@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from memd.core.config import DaemonConfig
 from memd.core.schedule_policy import (
+    NOT_COMPACTABLE,
     AgentJob,
     JobState,
     RetryPolicy,
@@ -121,6 +122,8 @@ def test_nothing_to_compact_and_busy_elsewhere_wait_without_counting_failures() 
     job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
     d = on_nothing_to_compact(job, policy=POLICY, now=0)
     assert d.job.state is JobState.COOLDOWN and d.wake_at == 30
+    # Still over threshold and stuck: the operator must see why.
+    assert d.job.last_error == NOT_COMPACTABLE
     b = on_busy_elsewhere(job, policy=POLICY, now=0)
     assert b.job.state is JobState.BACKOFF and b.job.consecutive_failures == 0
 
@@ -182,3 +185,20 @@ def test_never_two_jobs_and_never_a_silent_drop(events: list[tuple[str, int]]) -
         in_flight = d.start
         job = on_started(d.job) if d.start else d.job
         assert d.start or job.state not in (JobState.PENDING, JobState.RUNNING)
+
+
+def test_dropping_under_threshold_clears_a_breaker_and_its_error() -> None:
+    """compact-now (or forget) fixed what the daemon's attempts could not."""
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    for now in range(3):
+        job = on_failure(job, "HTTP 500", policy=POLICY, now=now).job
+    assert job.state is JobState.BREAKER_OPEN
+    healed = on_count(job, 40, 100, True, 10).job
+    assert healed.state is JobState.IDLE
+    assert (healed.last_error, healed.consecutive_failures, healed.next_attempt_at) == (
+        None,
+        0,
+        None,
+    )
+    # And the next time it grows over threshold it is compacted at once.
+    assert on_count(healed, 150, 100, True, 11).start
