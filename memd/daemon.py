@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from memd.compaction import PRE_COMMIT_CHECKPOINTS, CompactionOptions, CompactionOutcome
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.debounce import Debouncer
-from memd.core.names import is_valid_agent_name
+from memd.core.names import is_valid_agent_name, validate_agent_name
 from memd.core.schedule_policy import (
     NOT_COMPACTABLE,
     AgentJob,
@@ -526,6 +526,7 @@ class Daemon:
         with listing:
             for item in listing:
                 if not is_valid_agent_name(item.name):
+                    self._note_invalid_name(item)
                     continue
                 try:
                     if item.is_dir(follow_symlinks=True):
@@ -533,6 +534,23 @@ class Daemon:
                 except OSError:
                     continue
         return found
+
+    def _note_invalid_name(self, item: os.DirEntry[str]) -> None:
+        # Hidden entries (.git, .DS_Store) are expected; anything else that
+        # cannot be an agent name is said once, so a fleet with a badly named
+        # agent folder is not silently left uncounted.
+        if item.name.startswith(".") or item.name in self._rejected:
+            return
+        try:
+            is_folder = item.is_dir(follow_symlinks=False)
+        except OSError:
+            return
+        if is_folder:
+            try:
+                validate_agent_name(item.name)
+            except MemdError as exc:
+                self._rejected[item.name] = str(exc)
+                _log.warning("agent skipped", agent=repr(item.name), error=str(exc))
 
     def _paths_of(self, name: str, is_link: bool | None = None) -> tuple[AgentPaths, bool]:
         """The agent's paths and whether it has a ``.memd/`` dir (maybe a crashed job).

@@ -918,3 +918,20 @@ def test_warns_at_start_when_the_workspace_filesystem_breaks_locks(
     warnings = [e for e in logs if e["event"] == "workspace filesystem"]
     assert warnings and "pretend NFS" in warnings[0]["detail"]
     assert warnings[0]["log_level"] == "warning"
+
+
+def test_agent_folder_with_an_invalid_name_is_reported_once(
+    ws: AgentWorkspace, run_daemon: Any
+) -> None:
+    import structlog
+
+    ws.create_agent("fine")
+    (ws.root / "agents" / "bad\nname").mkdir()
+    (ws.root / "agents" / ".hidden").mkdir()
+    with structlog.testing.capture_logs() as logs:
+        h = run_daemon(ws, compact=ScriptedCompaction())
+        h.stop()
+    skipped = [e for e in logs if e["event"] == "agent skipped"]
+    assert [e["agent"] for e in skipped] == [repr("bad\nname")]
+    assert "control character" in skipped[0]["error"]
+    assert set(h.daemon.agents()) == {"fine"}
