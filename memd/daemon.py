@@ -855,6 +855,7 @@ class Daemon:
                 tracked, kind = count_file(entry.paths.memory, entry.tracked, counter.count_bytes)
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED
+            self._reset_if_erased(entry)
         except (OSError, MemdError, ValueError) as exc:
             reason = _reason(exc)
             if entry.count_error != reason:
@@ -878,6 +879,19 @@ class Daemon:
         if self._on_counted is not None:
             self._on_counted(entry.name, entry.tokens)
         return True
+
+    def _reset_if_erased(self, entry: AgentEntry) -> None:
+        # No MEMORY.md and no archive: the agent's memory was erased (`memd
+        # forget`, or by hand). Its past (last compaction, failures, a breaker)
+        # goes with it, or the next state flush would write it back.
+        if entry.paths.archive_dir.exists():
+            return
+        with self._lock:
+            if entry.job.state not in (JobState.PENDING, JobState.RUNNING) and (
+                entry.job != AgentJob()
+            ):
+                entry.job = AgentJob()
+                entry.dirty = True
 
     # --------------------------------------------------------------- scheduling
 

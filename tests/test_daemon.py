@@ -935,3 +935,21 @@ def test_agent_folder_with_an_invalid_name_is_reported_once(
     assert [e["agent"] for e in skipped] == [repr("bad\nname")]
     assert "control character" in skipped[0]["error"]
     assert set(h.daemon.agents()) == {"fine"}
+
+
+def test_erased_agent_memory_resets_its_job(ws: AgentWorkspace, run_daemon: Any) -> None:
+    """`memd forget` removes MEMORY.md and archive/: the daemon drops the agent's past."""
+    import shutil
+
+    ws.create_agent("gone")
+    compact = ScriptedCompaction("ok")
+    h = run_daemon(ws, compact=compact)
+    fill(ws, "gone", 20)
+    assert wait_until(lambda: compact.committed == 1)
+    assert wait_until(lambda: h.daemon.agents()["gone"].job.last_compaction_at is not None)
+    folder = ws.root / "agents" / "gone"
+    (folder / "archive").mkdir(exist_ok=True)
+    shutil.rmtree(folder / "archive")
+    (folder / "MEMORY.md").unlink()
+    assert wait_until(lambda: h.daemon.agents()["gone"].job.last_compaction_at is None)
+    assert h.stop() == 0
