@@ -11,8 +11,11 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.memfiles import (
     AgentWorkspace,
     append_entry,
@@ -618,3 +621,60 @@ def test_agent_paths_refuse_escapes(tmp_path: Path) -> None:
     for bad in ["../x", "a/b", "..", "a\x00b", ".memd"]:
         with pytest.raises(InvalidAgentName):
             agent_paths(ws.root, bad)
+
+
+# -- any interleaving of writers with the transaction's steps ------------------------
+
+WRITE_POINTS = [c for c in CHECKPOINTS if CHECKPOINTS.index(c) < CHECKPOINTS.index("drained")]
+
+
+@given(
+    events=st.lists(
+        st.tuples(st.sampled_from(WRITE_POINTS), st.sampled_from(["append", "open", "write"])),
+        max_size=10,
+    )
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_interleaving_of_writers_keeps_every_entry_exactly_once(
+    events: list[tuple[str, str]],
+) -> None:
+    """Writers that append at any step, or hold a handle opened at any step
+    (so possibly on the old inode), never lose or double an entry."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="memd-interleave-"))
+    try:
+        ws = AgentWorkspace(root / "ws")
+        paths = ws.create_agent("alpha", entries=4)
+        expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
+        handles: list[Any] = []
+        written: list[str] = []
+
+        def checkpoint(name: str) -> None:
+            for point, action in events:
+                if point != name:
+                    continue
+                if action == "open":
+                    handles.append(paths.memory.open("a", encoding="utf-8"))
+                    continue
+                text = f"alpha turn {len(written)} at {name} via {action}"
+                if action == "append":
+                    append_entry(paths.memory, "Human", text)
+                elif handles:
+                    handles[-1].write(swarms_block("AI", text))
+                    handles[-1].flush()
+                else:
+                    continue
+                written.append(text)
+
+        compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint)
+        for handle in handles:
+            handle.close()
+        assert recover_agent(paths) is None  # nothing left to finish
+        seen = entry_contents_everywhere(paths)
+        for text in expected | set(written):
+            assert seen[text] == 1, (text, seen[text], events)
+        assert private_leftovers(paths) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
