@@ -12,7 +12,7 @@ import typer
 
 from memd.cli.app import app
 from memd.cli.common import ConfigOption, WorkspaceOption, load
-from memd.errors import MemdError, NothingToCompact
+from memd.errors import ConfigError, MemdError, NothingToCompact
 
 StateDirOption = Annotated[
     Path | None,
@@ -68,6 +68,14 @@ def compact_now(
     cfg = loaded.config
     ws = require_workspace(loaded.workspace)
     targets = resolve_agents(ws, names, all_agents)
+    # context_compression = false means "count, never compact": --all skips
+    # such agents; naming one explicitly is refused rather than overridden.
+    disabled = [n for n in targets if not resolve_policy(cfg, n, context_length_for_model).compress]
+    if disabled and not all_agents:
+        raise ConfigError(
+            f"agent {disabled[0]!r} has context_compression = false in the config: "
+            "memd counts it but never compacts it"
+        )
     counter = TokenCounter(cfg.tokenizer.encoding)
     summarizer = (
         ProvidedSummary(summary)
@@ -91,6 +99,10 @@ def compact_now(
         task = progress.add_task("compacting", total=len(targets))
         for name in targets:
             progress.update(task, description=f"compacting {name}")
+            if name in disabled:
+                out.print(f"{name}: skipped (context_compression = false)")
+                progress.advance(task)
+                continue
             paths = agent_paths(ws, name)
             policy = resolve_policy(cfg, name, context_length_for_model)
             options = dataclasses.replace(

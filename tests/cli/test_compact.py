@@ -184,3 +184,28 @@ def test_python_dash_m_and_console_script_agree(ws: AgentWorkspace) -> None:
     assert help_module == help_script
     for command in ("run", "compact-now", "status", "forget"):
         assert command in help_module
+
+
+def test_agents_with_compression_off_are_never_compacted(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    config = tmp_path / "memd.toml"
+    config.write_text('[agents."beta"]\ncontext_compression = false\n')
+    before = ws.paths("beta").memory.read_bytes()
+    named = memd("compact-now", "beta", "--workspace", str(ws.root), "--config", str(config))
+    assert named.returncode == 2
+    assert "agent 'beta' has context_compression = false" in named.stderr
+    everyone = memd(
+        "compact-now",
+        "--all",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        str(config),
+        "--summary",
+        "s",
+    )
+    assert everyone.returncode == 0, everyone.stderr
+    assert "beta: skipped (context_compression = false)" in everyone.stdout
+    assert "alpha: compacted" in everyone.stdout
+    assert ws.paths("beta").memory.read_bytes() == before
