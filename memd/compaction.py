@@ -206,7 +206,9 @@ def _contained(path: Path, paths: AgentPaths, what: str) -> Path:
     """
     if not path.is_symlink():
         return path
-    target = path.resolve()
+    # realpath, not Path.resolve(): a symlink loop must fail the open below with
+    # ELOOP (an OSError), not raise RuntimeError out of the transaction.
+    target = Path(os.path.realpath(path))
     if not target.is_relative_to(paths.workspace):
         raise CompactionAborted(
             f"agent {paths.agent!r}: {what} resolves outside the workspace ({target})"

@@ -60,7 +60,7 @@ from memd.core.schedule_policy import (
 )
 from memd.core.summary import Summarizer
 from memd.core.tokens import CountState
-from memd.counting import CountKind, TrackedCount, count_file, restored
+from memd.counting import CountKind, TrackedCount, count_file
 from memd.errors import (
     CompactionAborted,
     ConfigError,
@@ -275,6 +275,7 @@ class Daemon:
         self._lock = threading.RLock()  # agents table, job states
         self._agents: dict[str, AgentEntry] = {}
         self._removed: set[str] = set()
+        self._flush_lock = threading.Lock()
         self._rejected: dict[str, str] = {}
         self._running: set[str] = set()
         self._summarizer: Summarizer | None = None
@@ -644,7 +645,15 @@ class Daemon:
         except OSError:
             return False
         same_file = (info.st_dev, info.st_ino) == (record.dev, record.ino)
-        if not same_file or info.st_size < record.size or record.tokens < record.safe_tokens:
+        if (
+            not same_file
+            or info.st_size < record.size
+            or record.tokens < record.safe_tokens
+            or record.encoding != self.config.tokenizer.encoding
+            # Same size but touched: rewritten in place while memd was down.
+            or (info.st_size == record.size and info.st_mtime_ns != record.mtime_ns)
+            or record.window_digest is None
+        ):
             return False
         count = CountState(
             dev=record.dev,
@@ -654,7 +663,14 @@ class Daemon:
             safe_tokens=record.safe_tokens,
             tail_tokens=record.tokens - record.safe_tokens,
         )
-        entry.tracked = restored(count, info.st_mtime_ns)
+        # The stored window digest is verified by the next incremental count,
+        # so a file truncated and regrown past its old size is recounted.
+        entry.tracked = TrackedCount(
+            count,
+            record.mtime_ns if info.st_size == record.size else 0,
+            record.window_start,
+            record.window_digest,
+        )
         if info.st_size > record.size:
             return False  # grew while we were down: count just the new bytes
         entry.dirty = False
@@ -820,8 +836,11 @@ class Daemon:
             entry = self._agents.get(name)
             if entry is None:
                 continue
-            if self._count_locked(entry):
-                self._evaluate(entry)
+            try:
+                if self._count_locked(entry):
+                    self._evaluate(entry)
+            except Exception:  # one agent's surprise must not drop the rest of `due`
+                _log.exception("counting failed", agent=name)
 
     def _count_locked(self, entry: AgentEntry) -> bool:
         with entry.count_lock:
@@ -830,7 +849,7 @@ class Daemon:
     def _check_contained(self, entry: AgentEntry) -> None:
         memory = entry.paths.memory
         if memory.is_symlink():
-            target = memory.resolve()
+            target = Path(os.path.realpath(memory))  # no RuntimeError on a loop
             try:
                 target.relative_to(entry.paths.workspace)
             except ValueError:
@@ -1004,7 +1023,10 @@ class Daemon:
                 self._running.discard(name)
         duration = time.monotonic() - started
         # The file was replaced (or not): count it again before deciding.
-        self._count_locked(entry)
+        try:
+            self._count_locked(entry)
+        except Exception:  # the job's outcome must still be applied below
+            _log.exception("recount after compaction failed", agent=name)
         now = time.time()
         policy = self.retry_policy
         if error is None:
@@ -1171,8 +1193,15 @@ class Daemon:
             self._add_agent(name)
         for name in sorted(known - names):
             self._remove_agent(name)
-        if self.watcher is not None and (force_sync or names != known or self.watcher.failed):
+        if self.watcher is None:
+            return
+        # Agents whose watch went away (their folder was replaced under the
+        # same name) are watched again and recounted: events may have been missed.
+        unwatched = (names & known) - self.watcher.watched()
+        if force_sync or names != known or self.watcher.failed or unwatched:
             self.watcher.sync(self._agent_dirs())
+            for name in sorted(unwatched):
+                self._request_count(name, now=True)
 
     @staticmethod
     def _changed_on_disk(entry: AgentEntry) -> bool:
@@ -1216,9 +1245,19 @@ class Daemon:
             last_compaction_at=job.last_compaction_at,
             consecutive_failures=job.consecutive_failures,
             next_attempt_at=job.next_attempt_at,
+            mtime_ns=entry.tracked.mtime_ns if entry.tracked else 0,
+            encoding=self.config.tokenizer.encoding,
+            window_start=entry.tracked.window_start if entry.tracked else 0,
+            window_digest=entry.tracked.window_digest if entry.tracked else None,
         )
 
     def _flush_state(self, final: bool = False) -> None:
+        # Snapshot and write as one step: two flushes at once (the periodic job
+        # and a compaction's) could otherwise write an older snapshot last.
+        with self._flush_lock:
+            self._flush_state_serialized(final)
+
+    def _flush_state_serialized(self, final: bool) -> None:
         now = time.time()
         with self._lock:
             dirty = [entry for entry in self._agents.values() if entry.dirty]
@@ -1321,6 +1360,7 @@ class Daemon:
             for entry in self._agents.values():
                 entry.policy = self._policy(entry.name)
                 entry.dirty = True
+        recounting = False
         if new.tokenizer.encoding != old.tokenizer.encoding:
             try:
                 counter = self._counter_factory(new.tokenizer.encoding)
@@ -1328,10 +1368,13 @@ class Daemon:
                 _log.error("reload: tokenizer unavailable; keeping the old one", error=str(exc))
             else:
                 self._counter = counter
-                with self._lock:
-                    for entry in self._agents.values():
+                recounting = True
+                for entry in self.agents().values():
+                    # Under the count lock: a count still running with the old
+                    # encoding finishes first, then its result is dropped.
+                    with entry.count_lock:
                         entry.tracked = None
-                        self._request_count(entry.name, now=True)
+                    self._request_count(entry.name, now=True)
         if (
             new.watch.reconcile_s != old.watch.reconcile_s
             or new.daemon.state_flush_s != old.daemon.state_flush_s
@@ -1341,8 +1384,11 @@ class Daemon:
             _log.warning("daemon.max_concurrent_llm takes effect at the next restart")
         if new.watch.poll != old.watch.poll and self.options.poll is None:
             _log.warning("watch.poll takes effect at the next restart")
-        for entry in self.agents().values():
-            self._evaluate(entry)
+        if not recounting:
+            # After an encoding change each agent is evaluated when its recount
+            # lands: judged on "0 tokens" now, a breaker would look healed.
+            for entry in self.agents().values():
+                self._evaluate(entry)
         self.notifier.ready(self._status_text())
         _log.info("reloaded", config=str(loaded.source) if loaded.source else None)
 

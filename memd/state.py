@@ -29,7 +29,7 @@ from typing import Literal, TypeVar
 
 from memd.errors import MemdError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -62,7 +62,11 @@ CREATE TABLE IF NOT EXISTS agents (
     last_error TEXT,
     last_compaction_at REAL,
     consecutive_failures INTEGER NOT NULL,
-    next_attempt_at REAL
+    next_attempt_at REAL,
+    mtime_ns INTEGER NOT NULL DEFAULT 0,
+    encoding TEXT NOT NULL DEFAULT '',
+    window_start INTEGER NOT NULL DEFAULT 0,
+    window_digest BLOB
 );
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -123,6 +127,20 @@ class AgentRecord:
     last_compaction_at: float | None = None
     consecutive_failures: int = 0
     next_attempt_at: float | None = None
+    # What a restarted daemon checks before trusting ``tokens`` without
+    # re-reading the file: same mtime, same encoding, same bytes before the
+    # safe offset (digest of [window_start, safe_offset)).
+    mtime_ns: int = 0
+    encoding: str = ""
+    window_start: int = 0
+    window_digest: bytes | None = None
+
+
+# One placeholder per AgentRecord field (the table's columns mirror them).
+_UPSERT_AGENT = (
+    "INSERT OR REPLACE INTO agents VALUES "
+    "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"  # 18 = len(AgentRecord.__slots__)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,15 +386,17 @@ class StateStore:
                 r.last_compaction_at,
                 r.consecutive_failures,
                 r.next_attempt_at,
+                r.mtime_ns,
+                r.encoding,
+                r.window_start,
+                r.window_digest,
             )
             for r in records
         ]
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
-                conn.executemany(
-                    "INSERT OR REPLACE INTO agents VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
-                )
+                conn.executemany(_UPSERT_AGENT, rows)
 
         self._run(operation)
 

@@ -137,6 +137,12 @@ class InotifyBackend:
             warnings.simplefilter("ignore", RuntimeWarning)
             wd = self._fd.add_callback(os.fsencode(path), self._mask, self, id(self))
         with self._lock:
+            # inotify gave back a descriptor another key holds: that folder
+            # was renamed to this path, so the old key is no longer watched
+            # (a new folder under the old name needs a watch of its own).
+            displaced = self._key_by_wd.get(wd)
+            if displaced is not None and displaced != key:
+                self._wd_by_key.pop(displaced, None)
             self._wd_by_key[key] = wd
             self._key_by_wd[wd] = key
 
@@ -306,23 +312,38 @@ class Watcher:
         self._poll_interval_s = poll_interval_s
         self._backend: DirWatchBackend | None = None
         self._failed: dict[str, str] = {}
+        self._stopped = False
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        with self._lock:
+            self._stopped = False
+            self._start_unlocked()
+
+    def _start_unlocked(self) -> None:
         backend = make_backend(self.kind, self._sink, self._poll_interval_s)
         backend.start()
         self._backend = backend
         self._failed.clear()
 
     def stop(self) -> None:
+        # Under the lock, and remembered: a restart racing shutdown must not
+        # start a backend nobody will stop.
+        with self._lock:
+            self._stopped = True
+            self._stop_unlocked()
+
+    def _stop_unlocked(self) -> None:
         backend, self._backend = self._backend, None
         if backend is not None:
             backend.stop()
 
     def restart(self) -> None:
         with self._lock:
-            self.stop()
-            self.start()
+            if self._stopped:
+                return
+            self._stop_unlocked()
+            self._start_unlocked()
 
     def is_alive(self) -> bool:
         backend = self._backend

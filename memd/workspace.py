@@ -75,7 +75,9 @@ def _inside(path: Path, root: Path) -> bool:
 
 def _check_contained(path: Path, root: Path, what: str) -> None:
     if path.is_symlink() or path.exists():
-        target = path.resolve()
+        # realpath never raises on a symlink loop (Path.resolve() raises
+        # RuntimeError on 3.11); the later open() fails with ELOOP instead.
+        target = Path(os.path.realpath(path))
         if not _inside(target, root):
             raise WorkspaceError(f"{what} {path} resolves outside the workspace ({target})")
 

@@ -8,6 +8,7 @@ end-to-end tests use the real transaction and the built-in summarizer.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from support.memfiles import (
 
 from memd.core.schedule_policy import JobState
 from memd.daemon import Daemon, DaemonOptions
-from memd.settings import LoadedConfig, build_config
+from memd.settings import LoadedConfig, build_config, load_settings
 from memd.state import StateStore
 from memd.tokenizer import TokenCounter
 from memd.workspace import AgentPaths
@@ -953,3 +954,276 @@ def test_erased_agent_memory_resets_its_job(ws: AgentWorkspace, run_daemon: Any)
     (folder / "MEMORY.md").unlink()
     assert wait_until(lambda: h.daemon.agents()["gone"].job.last_compaction_at is None)
     assert h.stop() == 0
+
+
+# -- from review: restart trust --------------------
+BIG = {"trigger": {"context_length": 10**6}}
+
+
+def _settle(h):
+    from support.daemon_proc import wait_until
+
+    assert wait_until(lambda: not any(e.dirty for e in h.daemon.agents().values()))
+
+
+def test_same_size_rewrite_while_down_is_recounted(ws, run_daemon):
+    ws.create_agent("a", entries=3)
+    mem = ws.root / "agents/a/MEMORY.md"
+    first = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
+    _settle(first)
+    assert first.stop() == 0
+    ino = mem.stat().st_ino
+    data = mem.read_bytes()
+    # in-place rewrite (nano, `open('r+')`, an agent rewriting its file): same inode, same size
+    new = data.replace(
+        b"lorem ipsum", b"\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96"
+    )  # 11 bytes -> 9 bytes
+    new = new + b" " * (len(data) - len(new))
+    assert len(new) == len(data)
+    with open(mem, "r+b") as f:
+        f.write(new)
+    assert mem.stat().st_ino == ino
+    second = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
+    assert second.tokens("a") == full_tokens(mem), (second.tokens("a"), full_tokens(mem))
+
+
+def test_truncate_and_regrow_while_down_is_recounted(ws, run_daemon):
+    ws.create_agent("a", entries=3)
+    mem = ws.root / "agents/a/MEMORY.md"
+    first = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
+    _settle(first)
+    assert first.stop() == 0
+    size = mem.stat().st_size
+    # `: > MEMORY.md` then the agent writes a new header and more turns (same inode)
+    with open(mem, "w") as f:
+        f.write(swarms_header("a"))
+    while mem.stat().st_size <= size:
+        append_entry(mem, "AI", "完全不同的内容 " * 30)
+    second = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
+    assert second.tokens("a") == full_tokens(mem), (second.tokens("a"), full_tokens(mem))
+
+
+def test_encoding_change_across_restart_recounts(ws, run_daemon):
+    ws.create_agent("a", entries=0)
+    mem = ws.root / "agents/a/MEMORY.md"
+    for i in range(3):
+        append_entry(mem, "AI", "これは日本語のテキストです。" * 20)
+    first = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
+    _settle(first)
+    assert first.stop() == 0
+    cfg = {"trigger": {"context_length": 10**6}, "tokenizer": {"encoding": "o200k_base"}}
+    second = run_daemon(ws, compact=ScriptedCompaction(), config=cfg)
+    expected = TokenCounter("o200k_base").count_bytes(mem.read_bytes())
+    print("DBG", second.tokens("a"), expected, full_tokens(mem))
+    assert second.tokens("a") == expected
+
+
+# -- from review: reload encoding --------------------
+TOML = """
+[trigger]
+context_length = {ctx}
+threshold = 0.5
+debounce_ms = 40
+max_wait_ms = 200
+[watch]
+reconcile_s = 60
+[daemon]
+state_flush_s = 0.2
+retry_base_s = 0.1
+retry_max_s = 0.4
+cooldown_s = 0.6
+breaker_failures = 2
+breaker_reset_s = 3600
+[tokenizer]
+encoding = "{enc}"
+"""
+
+gate = threading.Event()
+blocking = threading.Event()
+entered = threading.Event()
+
+
+class GatedCounter:
+    def __init__(self, encoding):
+        self.encoding = encoding
+        self.inner = TokenCounter(encoding)
+
+    def count_bytes(self, data):
+        if self.encoding == "cl100k_base" and blocking.is_set():
+            entered.set()
+            gate.wait(10)
+        return self.inner.count_bytes(data)
+
+    def count_text(self, text):
+        return self.inner.count_text(text)
+
+
+def start(tmp_path, ws, compact, ctx):
+    cfg = tmp_path / "memd.toml"
+    cfg.write_text(TOML.format(ctx=ctx, enc="cl100k_base"))
+    loaded = load_settings(config_file=cfg, workspace=ws.root, environ={})
+    opts = DaemonOptions(config_file=cfg, workspace_flag=ws.root, install_signal_handlers=False)
+    d = Daemon(loaded, opts, compact=compact, counter_factory=GatedCounter, environ={})
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    assert d.ready.wait(20)
+    return d, t, cfg
+
+
+def jp(mem, n=1):
+    for _ in range(n):
+        append_entry(mem, "AI", "これは日本語のテキストです。" * 20)
+
+
+def test_count_in_flight_during_reload_does_not_mix_encodings(tmp_path):
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("a")
+    mem = ws.root / "agents/a/MEMORY.md"
+    jp(mem, 3)
+    d, t, cfg = start(tmp_path, ws, ScriptedCompaction(), 10**7)
+    blocking.set()
+    jp(mem)
+    assert entered.wait(10)  # count thread is counting with cl100k
+    cfg.write_text(TOML.format(ctx=10**7, enc="o200k_base"))
+    d.request_reload()
+    assert wait_until(lambda: d._counter.encoding == "o200k_base")
+    time.sleep(0.3)
+    blocking.clear()
+    gate.set()  # the old-encoding count lands after the reset
+    time.sleep(0.5)
+    jp(mem)
+    o200k = TokenCounter("o200k_base")
+    ok = wait_until(
+        lambda: d.agents()["a"].tokens == o200k.count_bytes(mem.read_bytes()), timeout=3
+    )
+    got = d.agents()["a"].tokens
+    d.request_exit()
+    t.join(20)
+    assert ok, (
+        got,
+        o200k.count_bytes(mem.read_bytes()),
+        TokenCounter("cl100k_base").count_bytes(mem.read_bytes()),
+    )
+
+
+def test_encoding_reload_keeps_an_open_breaker(tmp_path):
+    gate.set()
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("a")
+    mem = ws.root / "agents/a/MEMORY.md"
+    compact = ScriptedCompaction("fail", "fail", "fail", "fail")
+    d, t, cfg = start(tmp_path, ws, compact, 2000)
+    jp(mem, 6)
+    assert wait_until(lambda: d.agents()["a"].job.state is JobState.BREAKER_OPEN, timeout=10)
+    calls = len(compact.calls)
+    cfg.write_text(TOML.format(ctx=2000, enc="o200k_base"))
+    d.request_reload()
+    time.sleep(1.5)
+    state = d.agents()["a"].job.state
+    d.request_exit()
+    t.join(20)
+    assert state is JobState.BREAKER_OPEN and len(compact.calls) == calls, (state, compact.calls)
+
+
+# -- from review: flush race --------------------
+BIG = {"trigger": {"context_length": 10**6}, "daemon": {"state_flush_s": 0.2}}
+
+
+def test_concurrent_flushes_never_leave_a_stale_row(ws, run_daemon, tmp_path):
+    ws.create_agent("a", entries=2)
+    mem = ws.root / "agents/a/MEMORY.md"
+    h = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
+    d = h.daemon
+    assert wait_until(lambda: not any(e.dirty for e in d.agents().values()))
+    store = d.store
+    real = store.upsert_agents
+    entered, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_upsert(records):
+        records = list(records)
+        calls.append(records)
+        if len(calls) == 1:  # the periodic flush: snapshot taken, write delayed
+            entered.set()
+            release.wait(10)
+        return real(records)
+
+    store.upsert_agents = slow_upsert
+    append_entry(mem, "AI", "first append " * 10)
+    assert entered.wait(10)  # periodic flush holds snapshot #1
+    append_entry(mem, "AI", "second append " * 10)
+    assert wait_until(lambda: h.tokens("a") == full_tokens(mem))
+    d._flush_state()  # what _compaction_job's finally does
+    release.set()  # periodic flush now writes snapshot #1
+    time.sleep(1.0)  # several more periodic flushes
+    store.upsert_agents = real
+    row = store.get_agent("a")
+    entry = d.agents()["a"]
+    assert row.tokens == entry.tokens, (row.tokens, entry.tokens, entry.dirty)
+    h.stop()
+
+
+# -- from review: symlink loop --------------------
+BIG = {"trigger": {"context_length": 10**6}}
+
+
+def test_symlink_loop_at_startup_does_not_kill_the_daemon(ws, run_daemon):
+    ws.create_agent("good", entries=2)
+    bad = ws.root / "agents/bad"
+    bad.mkdir()
+    os.symlink("MEMORY.md", bad / "MEMORY.md")  # self-loop
+    h = run_daemon(ws, compact=ScriptedCompaction(), config=BIG, wait_ready=False)
+    assert h.daemon.ready.wait(10), f"daemon never became ready; exit code {h.code}"
+    assert h.tokens("good") == full_tokens(ws.root / "agents/good/MEMORY.md")
+
+
+def test_symlink_loop_appearing_while_running_does_not_starve_others(ws, run_daemon):
+    ws.create_agent("good", entries=2)
+    ws.create_agent("bad", entries=1)
+    h = run_daemon(ws, compact=ScriptedCompaction(), config={**BIG, "watch": {"reconcile_s": 60}})
+    bad = ws.root / "agents/bad/MEMORY.md"
+    bad.unlink()
+    os.symlink("MEMORY.md", bad)
+    good = ws.root / "agents/good/MEMORY.md"
+    append_entry(good, "AI", "counted? " * 10)
+    assert wait_until(lambda: h.tokens("good") == full_tokens(good), timeout=5)
+
+
+# -- from review: watch lost --------------------
+CFG = {"trigger": {"context_length": 10**6}, "watch": {"reconcile_s": 3600}}
+
+
+def test_folder_moved_away_and_replaced_is_watched_again(ws, run_daemon):
+    ws.create_agent("a", entries=1)
+    h = run_daemon(ws, compact=ScriptedCompaction(), config=CFG)
+    agents = ws.root / "agents"
+    os.rename(agents / "a", agents / "b")  # e.g. `mv a b && mkdir a` / restore from backup
+    (agents / "a").mkdir()
+    mem = agents / "a" / "MEMORY.md"
+    mem.write_text(swarms_header("a"))
+    assert wait_until(lambda: set(h.daemon.agents()) == {"a", "b"})
+    time.sleep(0.5)
+    append_entry(mem, "AI", "hello " * 50)
+    assert wait_until(lambda: h.tokens("a") == full_tokens(mem), timeout=3), (
+        h.tokens("a"),
+        full_tokens(mem),
+        h.daemon.watcher._backend._wd_by_key,
+    )
+
+
+def test_folder_deleted_and_recreated_is_watched_again(ws, run_daemon):
+    ws.create_agent("a", entries=1)
+    ws.create_agent("z", entries=1)
+    h = run_daemon(ws, compact=ScriptedCompaction(), config=CFG)
+    agents = ws.root / "agents"
+    shutil.rmtree(agents / "a")
+    (agents / "a").mkdir()
+    mem = agents / "a" / "MEMORY.md"
+    mem.write_text(swarms_header("a"))
+    time.sleep(1.0)
+    append_entry(mem, "AI", "hello " * 50)
+    assert wait_until(lambda: h.tokens("a") == full_tokens(mem), timeout=3), (
+        h.tokens("a"),
+        full_tokens(mem),
+        h.daemon.watcher.watched(),
+    )
