@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,3 +32,11 @@ def agent_ws(tmp_path: Path) -> AgentWorkspace:
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alpha")
     return ws
+
+
+@pytest.fixture(scope="session")
+def cl100k() -> Callable[[str], int]:
+    """Exact cl100k_base token counts, loaded offline like memd loads them."""
+    from memd.tokenizer import TokenCounter
+
+    return TokenCounter("cl100k_base").count_text

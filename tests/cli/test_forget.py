@@ -7,23 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import run
 from support.memfiles import AgentWorkspace, snapshot_tree
 
-from memd.cli.app import main
 from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    captured = capsys.readouterr()
-    code = info.value.code
-    return (code if isinstance(code, int) else 1), captured.out, captured.err
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "state"
 
 
 @pytest.fixture

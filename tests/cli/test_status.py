@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.cli import run
 from support.memfiles import AgentWorkspace, append_entry
 
-from memd.cli.app import main
 from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore
 from memd.tokenizer import TokenCounter
 
@@ -28,25 +28,12 @@ STATUS_KEYS = {
 }
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    captured = capsys.readouterr()
-    code = info.value.code
-    return (code if isinstance(code, int) else 1), captured.out, captured.err
-
-
 @pytest.fixture
 def ws(tmp_path: Path) -> AgentWorkspace:
     workspace = AgentWorkspace(tmp_path / "ws")
     workspace.create_agent("alpha", entries=6)
     workspace.create_agent("beta", entries=2)
     return workspace
-
-
-@pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
-    return tmp_path / "state"
 
 
 def status_json(

@@ -1,9 +1,6 @@
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,26 +12,6 @@ from memd.core.builtin_summary import extractive_summary, sentence_score, split_
 
 def word_count(text: str) -> int:
     return len(text.split())
-
-
-@pytest.fixture(scope="module")
-def cl100k() -> Callable[[str], int]:
-    """A real tokenizer, loaded offline from the cache litellm's wheel ships."""
-    spec = importlib.util.find_spec("litellm")
-    assert spec is not None and spec.origin is not None
-    cache = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
-    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
-    try:
-        import tiktoken
-
-        encoding = tiktoken.get_encoding("cl100k_base")
-    finally:
-        if saved is None:
-            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = saved
-    return lambda text: len(encoding.encode_ordinary(text))
 
 
 def build(turns: list[tuple[str, str]], summary: str | None = None) -> bytes:
