@@ -112,6 +112,9 @@ _STORED_STATE: dict[JobState, AgentState] = {
     JobState.DISABLED: "disabled",
 }
 _MAIN_TICK_S = 0.2
+# New counts reach the state DB (what `memd status` reads) within about this
+# long, instead of waiting for the periodic flush (daemon.state_flush_s).
+_LIVE_FLUSH_S = 1.0
 
 
 class CompactFn(Protocol):
@@ -276,6 +279,7 @@ class Daemon:
         self._agents: dict[str, AgentEntry] = {}
         self._removed: set[str] = set()
         self._flush_lock = threading.Lock()
+        self._last_flush = 0.0
         self._rejected: dict[str, str] = {}
         self._running: set[str] = set()
         self._summarizer: Summarizer | None = None
@@ -841,6 +845,8 @@ class Daemon:
                     self._evaluate(entry)
             except Exception:  # one agent's surprise must not drop the rest of `due`
                 _log.exception("counting failed", agent=name)
+        if due and self.store is not None and time.monotonic() - self._last_flush >= _LIVE_FLUSH_S:
+            self._flush_state()
 
     def _count_locked(self, entry: AgentEntry) -> bool:
         with entry.count_lock:
@@ -1258,6 +1264,7 @@ class Daemon:
             self._flush_state_serialized(final)
 
     def _flush_state_serialized(self, final: bool) -> None:
+        self._last_flush = time.monotonic()
         now = time.time()
         with self._lock:
             dirty = [entry for entry in self._agents.values() if entry.dirty]

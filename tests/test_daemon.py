@@ -1227,3 +1227,23 @@ def test_folder_deleted_and_recreated_is_watched_again(ws, run_daemon):
         full_tokens(mem),
         h.daemon.watcher.watched(),
     )
+
+
+def test_new_counts_reach_the_state_db_without_waiting_for_the_periodic_flush(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    """`memd status` reads the DB: it should lag the daemon by about a second, not a minute."""
+    ws.create_agent("live", entries=2)
+    h = run_daemon(ws, compact=ScriptedCompaction(), config={"daemon": {"state_flush_s": 600}})
+    time.sleep(1.2)  # past the live-flush interval since start-up's flush
+    fill(ws, "live", 3)
+    expected = full_tokens(ws.root / "agents/live/MEMORY.md")
+    assert wait_until(lambda: h.tokens("live") == expected)
+    store = StateStore.open(tmp_path / "state", ws.root)
+    try:
+        assert wait_until(
+            lambda: (r := store.get_agent("live")) is not None and r.tokens == expected, timeout=4
+        )
+    finally:
+        store.close()
+    assert h.stop() == 0
