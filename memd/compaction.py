@@ -52,6 +52,7 @@ from memd.errors import (
     MemdError,
     NothingToCompact,
     SummarizerError,
+    WorkspaceError,
 )
 from memd.fsutil import (
     AgentLock,
@@ -66,7 +67,7 @@ from memd.fsutil import (
     unlink_quiet,
     write_new_file,
 )
-from memd.workspace import AgentPaths
+from memd.workspace import AgentPaths, contained_path
 
 JOURNAL_VERSION = 1
 MIN_SUMMARY_TOKENS = 256
@@ -204,16 +205,10 @@ def _contained(path: Path, paths: AgentPaths, what: str) -> Path:
     Checked again here, under the lock, because a link can change between
     ``agent_paths()`` and the moment memd reads or replaces the file.
     """
-    if not path.is_symlink():
-        return path
-    # realpath, not Path.resolve(): a symlink loop must fail the open below with
-    # ELOOP (an OSError), not raise RuntimeError out of the transaction.
-    target = Path(os.path.realpath(path))
-    if not target.is_relative_to(paths.workspace):
-        raise CompactionAborted(
-            f"agent {paths.agent!r}: {what} resolves outside the workspace ({target})"
-        )
-    return target
+    try:
+        return contained_path(path, paths.workspace, what)
+    except WorkspaceError as exc:
+        raise CompactionAborted(f"agent {paths.agent!r}: {exc}") from None
 
 
 def _memory_target_of(paths: AgentPaths) -> Path:

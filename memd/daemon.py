@@ -68,7 +68,6 @@ from memd.errors import (
     MemdError,
     NothingToCompact,
     UnknownAgent,
-    WorkspaceError,
 )
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
@@ -82,6 +81,7 @@ from memd.workspace import (
     PRIVATE_DIR,
     AgentPaths,
     agent_paths,
+    contained_path,
     require_workspace,
 )
 
@@ -852,16 +852,9 @@ class Daemon:
         with entry.count_lock:
             return self._count(entry)
 
-    def _check_contained(self, entry: AgentEntry) -> None:
-        memory = entry.paths.memory
-        if memory.is_symlink():
-            target = Path(os.path.realpath(memory))  # no RuntimeError on a loop
-            try:
-                target.relative_to(entry.paths.workspace)
-            except ValueError:
-                raise WorkspaceError(
-                    f"agent {entry.name!r} MEMORY.md resolves outside the workspace ({target})"
-                ) from None
+    @staticmethod
+    def _check_contained(entry: AgentEntry) -> None:
+        contained_path(entry.paths.memory, entry.paths.workspace, f"agent {entry.name!r} MEMORY.md")
 
     def _count(self, entry: AgentEntry, precounted: _PoolResult | None = None) -> bool:
         """Update the entry's count; False (logged once) when the file cannot be counted."""

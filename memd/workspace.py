@@ -73,13 +73,20 @@ def _inside(path: Path, root: Path) -> bool:
     return True
 
 
-def _check_contained(path: Path, root: Path, what: str) -> None:
-    if path.is_symlink() or path.exists():
-        # realpath never raises on a symlink loop (Path.resolve() raises
-        # RuntimeError on 3.11); the later open() fails with ELOOP instead.
-        target = Path(os.path.realpath(path))
-        if not _inside(target, root):
-            raise WorkspaceError(f"{what} {path} resolves outside the workspace ({target})")
+def contained_path(path: Path, root: Path, what: str) -> Path:
+    """``path``, or the target of the symlink it is, refused if that leaves ``root``.
+
+    Only the last component is resolved: callers check a path's folders
+    before the path itself (see :func:`agent_paths`).
+    """
+    if not path.is_symlink():
+        return path
+    # realpath never raises on a symlink loop (Path.resolve() raises
+    # RuntimeError on 3.11); the later open() fails with ELOOP instead.
+    target = Path(os.path.realpath(path))
+    if not _inside(target, root):
+        raise WorkspaceError(f"{what} {path} resolves outside the workspace ({target})")
+    return target
 
 
 def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> AgentPaths:
@@ -87,17 +94,17 @@ def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> Agen
     validate_agent_name(agent)
     root = workspace.resolve()
     agents_dir = root / AGENTS_DIR
-    _check_contained(agents_dir, root, "agents folder")
+    contained_path(agents_dir, root, "agents folder")
     agent_dir = agents_dir / agent
-    _check_contained(agent_dir, root, f"agent {agent!r} folder")
+    contained_path(agent_dir, root, f"agent {agent!r} folder")
     if must_exist and not agent_dir.is_dir():
         raise UnknownAgent(f"unknown agent {agent!r}: no folder {agent_dir}")
     memory = agent_dir / MEMORY_FILE
-    _check_contained(memory, root, f"agent {agent!r} MEMORY.md")
+    contained_path(memory, root, f"agent {agent!r} MEMORY.md")
     archive = agent_dir / ARCHIVE_DIR
-    _check_contained(archive, root, f"agent {agent!r} archive folder")
+    contained_path(archive, root, f"agent {agent!r} archive folder")
     private = agent_dir / PRIVATE_DIR
-    _check_contained(private, root, f"agent {agent!r} state folder")
+    contained_path(private, root, f"agent {agent!r} state folder")
     return AgentPaths(
         workspace=root,
         agent=agent,
