@@ -1130,19 +1130,14 @@ class Daemon:
             return
         from memd.state import LedgerEntry
 
-        archive = outcome.archive if outcome is not None else None
-        record = LedgerEntry(
-            agent=entry.name,
+        record = LedgerEntry.of(
+            entry.name,
+            "daemon",
             started_at=started_at,
             duration_s=duration,
-            archive=str(archive) if archive is not None else None,
-            tokens_before=outcome.tokens_before if outcome is not None else None,
-            tokens_after=outcome.tokens_after if outcome is not None else None,
-            model=(outcome.model if outcome is not None else None)
-            or (self._summarizer.model if self._summarizer is not None else None),
-            cost_usd=outcome.cost_usd if outcome is not None else None,
+            outcome=outcome,
             error=error,
-            trigger="daemon",
+            model=self._summarizer.model if self._summarizer is not None else None,
         )
         try:
             self.store.record_compaction(record)

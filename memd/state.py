@@ -25,9 +25,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from memd.errors import MemdError
+
+if TYPE_CHECKING:
+    from memd.compaction import CompactionOutcome
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
@@ -159,6 +162,34 @@ class LedgerEntry:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @classmethod
+    def of(
+        cls,
+        agent: str,
+        trigger: Trigger,
+        *,
+        started_at: float,
+        duration_s: float,
+        outcome: CompactionOutcome | None,
+        error: str | None,
+        model: str | None = None,
+    ) -> LedgerEntry:
+        """The ledger row for one compaction attempt (``outcome`` None when it failed)."""
+        if outcome is None:
+            return cls(agent, started_at, duration_s, None, None, None, model, None, error, trigger)
+        return cls(
+            agent=agent,
+            started_at=started_at,
+            duration_s=duration_s,
+            archive=str(outcome.archive),
+            tokens_before=outcome.tokens_before,
+            tokens_after=outcome.tokens_after,
+            model=outcome.model or model,
+            cost_usd=outcome.cost_usd,
+            error=error,
+            trigger=trigger,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from memd.cli.app import app
-from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
-StateDirOption = Annotated[
-    Path | None,
-    typer.Option("--state-dir", help="memd state dir (ledger); default MEMD_STATE_DIR etc."),
-]
+if TYPE_CHECKING:
+    from memd.compaction import CompactionOutcome
+    from memd.settings import LoadedConfig
+    from memd.state import StateStore
 
 
 @app.command("compact-now")
@@ -82,7 +83,7 @@ def compact_now(
         if summary is not None
         else make_summarizer(cfg.summarizer, counter.count_text)
     )
-    ledger = _open_ledger(state_dir, cfg.state_dir, ws)
+    ledger = _open_ledger(loaded, state_dir)
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = 0
@@ -140,42 +141,35 @@ def compact_now(
         sys.exit(1)
 
 
-def _open_ledger(flag: Path | None, configured: str, workspace: Path) -> object | None:
+def _open_ledger(loaded: LoadedConfig, state_dir: Path | None) -> StateStore | None:
     # The ledger is what `memd history` and `memd status` read; failing to open
     # it must not stop a manual compaction.
     try:
-        from memd.state import StateStore, default_state_dir
+        from memd.cli.commands_status import open_state
 
-        directory = flag or (Path(configured) if configured else default_state_dir())
-        return StateStore.open(directory, workspace)
+        return open_state(loaded, state_dir)
     except Exception:
         return None
 
 
 def _record(
-    ledger: object | None, agent: str, started: float, outcome: object, error: str | None
+    ledger: StateStore | None,
+    agent: str,
+    started: float,
+    outcome: CompactionOutcome | None,
+    error: str | None,
 ) -> None:
     if ledger is None:
         return
-    try:
-        from memd.compaction import CompactionOutcome
-        from memd.state import LedgerEntry, StateStore
+    from memd.state import LedgerEntry
 
-        assert isinstance(ledger, StateStore)
-        done = outcome if isinstance(outcome, CompactionOutcome) else None
-        ledger.record_compaction(
-            LedgerEntry(
-                agent=agent,
-                started_at=started,
-                duration_s=done.duration_s if done else time.time() - started,
-                archive=str(done.archive) if done else None,
-                tokens_before=done.tokens_before if done else None,
-                tokens_after=done.tokens_after if done else None,
-                model=done.model if done else None,
-                cost_usd=done.cost_usd if done else None,
-                error=error,
-                trigger="compact-now",
-            )
-        )
-    except Exception:  # noqa: S110
-        pass
+    entry = LedgerEntry.of(
+        agent,
+        "compact-now",
+        started_at=started,
+        duration_s=outcome.duration_s if outcome else time.time() - started,
+        outcome=outcome,
+        error=error,
+    )
+    with contextlib.suppress(Exception):  # the compaction itself already happened
+        ledger.record_compaction(entry)

@@ -31,8 +31,8 @@ from typing import Annotated
 import typer
 
 from memd.cli.app import app
-from memd.cli.commands_status import StateDirOption, open_state
-from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.cli.commands_status import open_state
+from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
 from memd.errors import MemdError, UnknownAgent
 from memd.fsutil import AgentLock
 from memd.state import StateError, StateStore

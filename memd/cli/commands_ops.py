@@ -12,14 +12,13 @@ import typer
 
 from memd.cli.app import app
 from memd.cli.commands_status import (
-    StateDirOption,
     ago,
     heartbeat_max_age,
     iso_utc,
     local_time,
     open_state,
 )
-from memd.cli.common import ConfigOption, JsonOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, JsonOption, StateDirOption, WorkspaceOption, load
 from memd.errors import MemdError, UnknownAgent
 from memd.settings import LoadedConfig
 from memd.state import LedgerEntry, resolve_state_dir

@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
 
 from memd.cli.app import app
-from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
 
 LogFormatChoice = Literal["auto", "json", "console"]
 LogLevelChoice = Literal["debug", "info", "warning", "error"]
@@ -21,15 +20,7 @@ LogLevelChoice = Literal["debug", "info", "warning", "error"]
 def run_command(
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="State DB dir (default: config state_dir, MEMD_STATE_DIR, "
-            "$STATE_DIRECTORY, ~/.local/state/memd).",
-            show_default=False,
-        ),
-    ] = None,
+    state_dir: StateDirOption = None,
     poll: Annotated[
         bool | None,
         typer.Option(

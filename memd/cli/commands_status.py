@@ -28,22 +28,12 @@ from typing import Annotated, Any, Literal
 import typer
 
 from memd.cli.app import app
-from memd.cli.common import ConfigOption, JsonOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, JsonOption, StateDirOption, WorkspaceOption, load
 from memd.core.config import MemdConfig, resolve_policy
 from memd.errors import MemdError
 from memd.settings import LoadedConfig
 from memd.state import AgentRecord, FileKey, Heartbeat, StateStore, resolve_state_dir
 from memd.workspace import AgentPaths, agent_paths, archives_of, list_agents, require_workspace
-
-StateDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--state-dir",
-        help="memd's state dir (default: config state_dir, MEMD_STATE_DIR, "
-        "$STATE_DIRECTORY, ~/.local/state/memd).",
-        show_default=False,
-    ),
-]
 
 Source = Literal["daemon", "files"]
 # How many heartbeat intervals may pass before a daemon counts as gone.
@@ -404,7 +394,6 @@ def status(
 
 __all__ = [
     "AgentStatus",
-    "StateDirOption",
     "app",
     "collect_status",
     "heartbeat_max_age",

@@ -28,6 +28,15 @@ ConfigOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="memd's state dir (default: config state_dir, MEMD_STATE_DIR, "
+        "$STATE_DIRECTORY, ~/.local/state/memd).",
+        show_default=False,
+    ),
+]
 
 
 def load(workspace: Path | None, config: Path | None) -> LoadedConfig:
