@@ -109,40 +109,35 @@ def write_new_file(
             os.close(fd)
 
 
+def iter_range(fd: int, start: int, end: int | None = None) -> Iterator[bytes]:
+    """Chunks of bytes ``[start, end)`` of an open file (``end`` None: to EOF)."""
+    offset = start
+    while end is None or offset < end:
+        want = _READ_CHUNK if end is None else min(_READ_CHUNK, end - offset)
+        chunk = os.pread(fd, want, offset)
+        if not chunk:
+            return
+        yield chunk
+        offset += len(chunk)
+
+
 def read_range(fd: int, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of an open file (short only at end of file)."""
-    parts: list[bytes] = []
-    offset = start
-    while offset < end:
-        chunk = os.pread(fd, min(_READ_CHUNK, end - offset), offset)
-        if not chunk:
-            break
-        parts.append(chunk)
-        offset += len(chunk)
-    return b"".join(parts)
+    return b"".join(iter_range(fd, start, end))
 
 
 def read_to_end(fd: int) -> bytes:
-    parts: list[bytes] = []
-    offset = 0
-    while True:
-        chunk = os.pread(fd, _READ_CHUNK, offset)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
-        offset += len(chunk)
+    return b"".join(iter_range(fd, 0))
 
 
 def sha256_prefix(fd: int, length: int) -> str:
+    """sha256 of the first ``length`` bytes; "" when the file is shorter."""
     digest = hashlib.sha256()
-    offset = 0
-    while offset < length:
-        chunk = os.pread(fd, min(_READ_CHUNK, length - offset), offset)
-        if not chunk:
-            break
+    seen = 0
+    for chunk in iter_range(fd, 0, length):
         digest.update(chunk)
-        offset += len(chunk)
-    return digest.hexdigest() if offset == length else ""
+        seen += len(chunk)
+    return digest.hexdigest() if seen == length else ""
 
 
 def link_unique(source: Path, directory: Path, stem: str, suffix: str = ".md") -> Path:
