@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.preludes import NO_LITELLM_PRELUDE
 
 from memd.modelinfo import (
     bundled_model_map_path,
@@ -116,24 +117,12 @@ def test_lookups_are_fast_and_never_import_litellm() -> None:
 
 
 def test_without_litellm_installed_every_model_is_unknown() -> None:
-    hide_litellm = textwrap.dedent(
-        """
-        import sys
-        class _HideLitellm:
-            @staticmethod
-            def find_spec(name, path=None, target=None):
-                if name == "litellm" or name.startswith("litellm."):
-                    raise ModuleNotFoundError(name)
-                return None
-        sys.meta_path.insert(0, _HideLitellm)
-        """
-    )
     report = run_child(
         """
         import json
         from memd.modelinfo import context_length_for_model
         print(json.dumps({"length": context_length_for_model("gpt-4o-mini")}))
         """,
-        prelude=hide_litellm,
+        prelude=NO_LITELLM_PRELUDE,
     )
     assert report["length"] is None

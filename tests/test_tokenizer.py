@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from support.preludes import NO_LITELLM_PRELUDE
 
 from memd.core.tokens import safe_chunk_bounds
 from memd.errors import TokenizerError
@@ -34,22 +35,6 @@ NO_NETWORK_PRELUDE = textwrap.dedent(
     socket.socket.connect_ex = _no_network
     socket.create_connection = _no_network
     socket.getaddrinfo = _no_network
-    """
-)
-
-# Makes `litellm` unfindable, as on a machine without it.
-NO_LITELLM_PRELUDE = textwrap.dedent(
-    """
-    import sys
-
-    class _HideLitellm:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name == "litellm" or name.startswith("litellm."):
-                raise ModuleNotFoundError(name)
-            return None
-
-    sys.meta_path.insert(0, _HideLitellm)
     """
 )
 
