@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.sandbox import expand, syscall_groups
 
 from memd.core.config import MemdConfig
 
@@ -274,33 +275,6 @@ def test_security_score_reacts_to_weaker_hardening(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert exposure(weaker)[0] > MAX_EXPOSURE
-
-
-def syscall_groups() -> dict[str, list[str]]:
-    listing = subprocess.run(
-        ["systemd-analyze", "syscall-filter", "--no-pager"],
-        capture_output=True,
-        text=True,
-        env=QUIET_ENV,
-        timeout=60,
-        check=True,
-    ).stdout
-    groups: dict[str, list[str]] = {}
-    current: list[str] = []
-    for line in listing.splitlines():
-        if line.startswith("@"):
-            current = groups.setdefault(line.strip(), [])
-        elif line.strip() and not line.strip().startswith("#") and line.startswith(" "):
-            current.append(line.strip())
-    return groups
-
-
-def expand(name: str, groups: dict[str, list[str]]) -> Iterator[str]:
-    if not name.startswith("@"):
-        yield name
-        return
-    for member in groups[name]:
-        yield from expand(member, groups)
 
 
 @needs_analyze
