@@ -71,7 +71,8 @@ def compact_now(
     targets = resolve_agents(ws, names, all_agents)
     # context_compression = false means "count, never compact": --all skips
     # such agents; naming one explicitly is refused rather than overridden.
-    disabled = [n for n in targets if not resolve_policy(cfg, n, context_length_for_model).compress]
+    policies = {name: resolve_policy(cfg, name, context_length_for_model) for name in targets}
+    disabled = [name for name, policy in policies.items() if not policy.compress]
     if disabled and not all_agents:
         raise ConfigError(
             f"agent {disabled[0]!r} has context_compression = false in the config: "
@@ -105,7 +106,7 @@ def compact_now(
                 progress.advance(task)
                 continue
             paths = agent_paths(ws, name)
-            policy = resolve_policy(cfg, name, context_length_for_model)
+            policy = policies[name]
             options = dataclasses.replace(
                 CompactionOptions.from_config(cfg, policy), require_shrink=False
             )
