@@ -56,6 +56,7 @@ from memd.errors import (
 )
 from memd.fsutil import (
     AgentLock,
+    ShortWrite,
     SlotJournal,
     ensure_dir_created,
     ensure_private_dir,
@@ -65,6 +66,7 @@ from memd.fsutil import (
     read_to_end,
     sha256_prefix,
     unlink_quiet,
+    write_all,
     write_new_file,
 )
 from memd.workspace import AgentPaths, contained_path
@@ -534,11 +536,11 @@ def _drain(
                     )
                     try:
                         _append(target, piece)
-                    except _PartialAppend as partial:
+                    except ShortWrite as short:
                         journal.write(
-                            phase="draining", copied_to=copied_to + partial.written, pending_to=None
+                            phase="draining", copied_to=copied_to + short.written, pending_to=None
                         )
-                        raise partial.error from None
+                        raise
                     copied_to += take
                     moved += take
                     journal.write(phase="draining", copied_to=copied_to, pending_to=None)
@@ -556,24 +558,12 @@ def _drain(
     return moved
 
 
-class _PartialAppend(Exception):
-    def __init__(self, error: OSError, written: int) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.written = written
-
-
 def _append(target: Path, data: bytes) -> None:
-    """Append ``data``; on failure say how much of it landed (ENOSPC is short)."""
+    """Append ``data`` durably; a failed write says how much landed (ShortWrite)."""
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-    written = 0
     try:
-        view = memoryview(data)
-        while written < len(data):
-            written += os.write(fd, view[written:])
+        write_all(fd, data)
         os.fsync(fd)
-    except OSError as exc:
-        raise _PartialAppend(exc, written) from exc
     finally:
         os.close(fd)
 

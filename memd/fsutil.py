@@ -76,11 +76,22 @@ def ensure_dir_created(path: Path, mode: int = PRIVATE_DIR_MODE) -> bool:
     return True
 
 
+class ShortWrite(OSError):
+    """``write_all`` failed part-way (ENOSPC is often short): ``written`` bytes landed."""
+
+    def __init__(self, error: OSError, written: int) -> None:
+        super().__init__(error.errno, error.strerror, error.filename)
+        self.written = written
+
+
 def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    written = 0
+    try:
+        while written < len(view):
+            written += os.write(fd, view[written:])
+    except OSError as exc:
+        raise ShortWrite(exc, written) from exc
 
 
 def write_new_file(

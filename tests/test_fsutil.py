@@ -97,3 +97,18 @@ def test_agent_lock_is_exclusive_across_processes(tmp_path: Path) -> None:
         pass
     assert lock_path.stat().st_ino == inode  # never replaced
     assert os.path.exists(lock_path)
+
+
+def test_write_all_reports_how_much_landed_when_it_fails() -> None:
+    import errno
+
+    from memd.fsutil import ShortWrite, write_all
+
+    fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        with pytest.raises(ShortWrite) as info:
+            write_all(fd, b"x" * 10)
+    finally:
+        os.close(fd)
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    assert info.value.written == 0
