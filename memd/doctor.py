@@ -117,17 +117,15 @@ def _fail(name: str, message: str, fix: str) -> Check:
 
 
 def check_inotify(agent_count: int, poll: bool, proc_root: Path = Path("/proc")) -> list[Check]:
-    """inotify limits vs what the watcher needs: one watch and one instance per agent folder + 1.
-
-    (watchdog gives every scheduled directory its own inotify instance.)
+    """inotify limits vs what the watcher needs: one watch per agent folder + one for
+    ``agents/``, all on a single inotify instance (see :class:`memd.watcher.InotifyBackend`).
     """
     if poll:
         return [_ok("inotify", "watch.poll = true: polling, inotify limits do not apply")]
-    needed = agent_count + 1
     checks = []
-    for key, sysctl in (
-        ("max_user_watches", "fs.inotify.max_user_watches"),
-        ("max_user_instances", "fs.inotify.max_user_instances"),
+    for key, sysctl, needed, what in (
+        ("max_user_watches", "fs.inotify.max_user_watches", agent_count + 1, "watches"),
+        ("max_user_instances", "fs.inotify.max_user_instances", 1, "instance"),
     ):
         name = f"inotify {key}"
         path = proc_root / "sys" / "fs" / "inotify" / key
@@ -150,13 +148,19 @@ def check_inotify(agent_count: int, poll: bool, proc_root: Path = Path("/proc"))
             "(or run memd with --poll)"
         )
         if limit < needed:
-            checks.append(_fail(name, f"{limit} < {needed} needed for {agent_count} agents", fix))
+            checks.append(
+                _fail(name, f"{limit} < {needed} {what} needed for {agent_count} agents", fix)
+            )
         elif limit < needed + 64:
             checks.append(
-                _warn(name, f"{limit}: little headroom over {needed} needed (other programs)", fix)
+                _warn(
+                    name,
+                    f"{limit}: little headroom over {needed} {what} needed (other programs)",
+                    fix,
+                )
             )
         else:
-            checks.append(_ok(name, f"{limit} (needs {needed} for {agent_count} agents)"))
+            checks.append(_ok(name, f"{limit} (needs {needed} {what} for {agent_count} agents)"))
     return checks
 
 

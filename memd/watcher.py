@@ -10,9 +10,9 @@ Backends, behind one swappable name (:func:`make_backend`):
 
 * ``inotify`` (Linux default): watchdog's inotify layer (``InotifyFD``) with a
   single callback for every folder: one inotify instance and one thread for
-  any number of agents. watchdog's ``Observer`` starts one emitter thread per
-  watched folder; with 10,000 agents that measured 238 MB RSS and 3.6 s to
-  schedule, against the 150 MB / 3 s budget.
+  any number of agents. watchdog's ``Observer`` starts one emitter thread (and
+  one inotify instance) per watched folder, which does not scale to a large
+  fleet (figures in the README's performance section).
 * ``polling``: watchdog's ``PollingObserver`` (``--poll``), for NFS/CIFS and
   Docker Desktop mounts where inotify sees nothing.
 * ``observer``: watchdog's platform ``Observer`` (portable fallback).

@@ -35,13 +35,20 @@ def test_inotify_limits(tmp_path: Path) -> None:
     proc = fake_proc(tmp_path, watches=8192, instances=128)
     few = check_inotify(10, poll=False, proc_root=proc)
     assert [c.status for c in few] == ["ok", "ok"]
-    many = check_inotify(500, poll=False, proc_root=proc)
-    watches, instances = many
-    assert watches.status == "ok"
-    assert instances.status == "fail" and "128 < 501" in instances.message
+    # One inotify instance serves every agent: the default 128 instances is
+    # plenty at 200 (or 500) agents; only the watches grow with the fleet.
+    for agents in (200, 500):
+        watches, instances = check_inotify(agents, poll=False, proc_root=proc)
+        assert watches.status == "ok" and f"needs {agents + 1} watches" in watches.message
+        assert instances.status == "ok" and "needs 1 instance" in instances.message
+    short = fake_proc(tmp_path / "short", watches=150, instances=0)
+    watches, instances = check_inotify(200, poll=False, proc_root=short)
+    assert watches.status == "fail" and "150 < 201" in watches.message
+    assert "fs.inotify.max_user_watches=" in watches.fix and "--poll" in watches.fix
+    assert instances.status == "fail" and "0 < 1" in instances.message
     assert "fs.inotify.max_user_instances=" in instances.fix and "--poll" in instances.fix
-    tight = check_inotify(100, poll=False, proc_root=proc)
-    assert tight[1].status == "warn"  # 101 needed of 128: no room for anything else
+    tight = check_inotify(100, poll=False, proc_root=short)
+    assert tight[0].status == "warn"  # 101 needed of 150: no room for anything else
     assert check_inotify(10_000, poll=True, proc_root=proc)[0].status == "ok"
     missing = check_inotify(3, poll=False, proc_root=tmp_path / "nothing")
     assert {c.status for c in missing} == {"warn"}
@@ -50,8 +57,9 @@ def test_inotify_limits(tmp_path: Path) -> None:
 def test_real_inotify_limits_are_read() -> None:
     if not Path("/proc/sys/fs/inotify/max_user_watches").exists():
         pytest.skip("no inotify on this host")
-    checks = check_inotify(1, poll=False)
-    assert all("needs 2" in c.message or c.status != "ok" for c in checks)
+    watches, instances = check_inotify(1, poll=False)
+    assert "needs 2 watches" in watches.message or watches.status != "ok"
+    assert "needs 1 instance" in instances.message or instances.status != "ok"
 
 
 MOUNTS = """\
