@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -55,7 +55,10 @@ class RecordedRequest:
 class OpenAITestServer:
     """``with OpenAITestServer() as server:`` … ``server.api_base`` … ``server.requests``."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[dict[str, Any]], str] | None = None) -> None:
+        # ``responder`` computes the reply content for unscripted requests
+        # (benchmarks: a lossy model, a "perfect" one); default: echo_summary.
+        self._responder = responder or echo_summary
         self._script: deque[str] = deque()
         self._lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
@@ -181,7 +184,7 @@ class OpenAITestServer:
             handler.close_connection = True
             handler.connection.shutdown(socket.SHUT_RDWR)
         elif kind == "ok":
-            handler._send_json(200, completion(body, argument or echo_summary(body)))
+            handler._send_json(200, completion(body, argument or self._responder(body)))
         elif kind == "null":
             handler._send_json(200, completion(body, None))
         elif kind == "empty":
