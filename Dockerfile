@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1.7
-#
 # memd as a docker sidecar: watches the agents' shared workspace volume and
 # keeps every agents/*/MEMORY.md inside its context window.
 #
@@ -64,7 +62,10 @@ WORKDIR /var/lib/memd
 
 # Fail the build unless the tiktoken encodings load with no network at all:
 # they ship inside litellm's wheel, and nothing may be downloaded at run time.
-RUN --network=none python -c "from memd.tokenizer import load_encoding; load_encoding('cl100k_base')"
+# Sockets cannot connect in this check (any download attempt fails the build);
+# plain RUN, not BuildKit's `RUN --network=none`, so buildah and offline
+# builders without a BuildKit frontend image build it too.
+RUN python -c "import socket; socket.socket.connect = None; from memd.tokenizer import load_encoding; load_encoding('cl100k_base')"
 
 VOLUME ["/workspace", "/var/lib/memd"]
 

@@ -266,6 +266,7 @@ class Daemon:
         self.options = options or DaemonOptions()
         self.config = loaded.config
         self.workspace = loaded.workspace
+        self._env_overrides = loaded.env_overrides
         self._compact = compact
         self._recover = recover
         self._summarizer_factory = summarizer_factory or _default_summarizer
@@ -430,6 +431,9 @@ class Daemon:
             # Proof for operators (and tests) that litellm stays unloaded until
             # a summary is made with a litellm model.
             litellm_loaded="litellm" in sys.modules,
+            # MEMD_* variables win over memd.toml; systemd reads
+            # EnvironmentFile= only at start, never on reload.
+            env_overrides=list(self._env_overrides),
         )
 
     def _warn_about_filesystem(self) -> None:
@@ -1385,7 +1389,13 @@ class Daemon:
             for entry in self.agents().values():
                 self._evaluate(entry)
         self.notifier.ready(self._status_text())
-        _log.info("reloaded", config=str(loaded.source) if loaded.source else None)
+        _log.info(
+            "reloaded",
+            config=str(loaded.source) if loaded.source else None,
+            # The environment is the one memd started with: `systemctl reload`
+            # does not re-read EnvironmentFile=, so these keep their values.
+            env_overrides=list(loaded.env_overrides),
+        )
 
 
 def run_daemon(loaded: LoadedConfig, options: DaemonOptions) -> int:

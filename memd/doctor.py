@@ -135,8 +135,10 @@ def check_inotify(agent_count: int, poll: bool, proc_root: Path = Path("/proc"))
             checks.append(
                 _warn(
                     name,
-                    f"cannot read {path} ({exc.__class__.__name__}): no inotify here?",
-                    "run memd with --poll (or [watch] poll = true)",
+                    f"cannot read {path} ({exc.__class__.__name__}): the limit is unknown "
+                    "(/proc/sys is hidden in a sandbox such as systemd's ProcSubset=pid; "
+                    "inotify itself still works there)",
+                    f"check it outside the sandbox: sysctl {sysctl}",
                 )
             )
             continue
@@ -313,7 +315,9 @@ def mount_of(path: Path, mounts_text: str) -> tuple[str, str] | None:
     return best
 
 
-def check_filesystem(workspace: Path, mounts_file: Path = Path("/proc/mounts")) -> list[Check]:
+# /proc/self/mounts, not /proc/mounts: systemd's ProcSubset=pid (the shipped
+# unit sets it) hides /proc/mounts but keeps the process's own view readable.
+def check_filesystem(workspace: Path, mounts_file: Path = Path("/proc/self/mounts")) -> list[Check]:
     name = "filesystem"
     try:
         mounts_text = mounts_file.read_text(errors="replace")

@@ -689,10 +689,13 @@ def test_subprocess_sighup_reloads_config(ws: AgentWorkspace, tmp_path: Path) ->
             ws.root,
             tmp_path / "state",
             config=path,
-            env={"NOTIFY_SOCKET": str(tmp_path / "n.sock")},
+            # An EnvironmentFile= variable: it wins over memd.toml, and the
+            # logs say so at start and at every reload.
+            env={"NOTIFY_SOCKET": str(tmp_path / "n.sock"), "MEMD_DAEMON_COOLDOWN_S": "61"},
         ) as daemon,
     ):
         daemon.wait_ready()
+        assert daemon.events("ready")[0]["env_overrides"] == ["MEMD_DAEMON_COOLDOWN_S"]
         fill(ws, "alice", 20)
         time.sleep(0.5)
         assert daemon.events("compaction started") == []
@@ -706,6 +709,7 @@ def test_subprocess_sighup_reloads_config(ws: AgentWorkspace, tmp_path: Path) ->
         path.write_text(config)
         daemon.signal(signal.SIGHUP)
         daemon.wait_for("reloaded")
+        assert daemon.events("reloaded")[0]["env_overrides"] == ["MEMD_DAEMON_COOLDOWN_S"]
         daemon.wait_for("compacted", lambda line: line.get("agent") == "alice")
         assert daemon.stop() == 0
 

@@ -139,7 +139,10 @@ def test_tokenizer_is_checked_offline_at_build_time(instructions: list[Instructi
     runtime = final_stage(instructions)
     checks = [args for args in of(runtime, "RUN") if "load_encoding('cl100k_base')" in args]
     assert len(checks) == 1
-    assert checks[0].startswith("--network=none ")
+    # Without BuildKit-only syntax (buildah 1.28 refuses `RUN --network=none`),
+    # the check itself makes every connection attempt fail.
+    assert not checks[0].startswith("--")
+    assert "socket.socket.connect = None" in checks[0]
     # After USER: the check runs with the permissions memd will have.
     keywords = [item.keyword for item in runtime]
     position = next(i for i, item in enumerate(runtime) if item.args == checks[0])
@@ -263,9 +266,19 @@ def test_build_time_tokenizer_check_passes_with_no_network(
     instructions: list[Instruction], tmp_path: Path
 ) -> None:
     (check,) = [args for args in of(instructions, "RUN") if "load_encoding" in args]
-    match = re.fullmatch(r"--network=none python -c \"(.+)\"", check)
+    match = re.fullmatch(r"python -c \"(.+)\"", check)
     assert match, check
     result = run_without_network([sys.executable, "-c", match.group(1)])
     if result is None:
         pytest.skip("cannot create a network namespace here (needs root or userns)")
     assert result.returncode == 0, result.stderr
+
+
+def test_builds_without_a_buildkit_frontend() -> None:
+    # A `# syntax=` line makes BuildKit pull a frontend image (offline and
+    # mirror-only builders fail) and buildah ignores it; BuildKit-only RUN
+    # flags stop Debian 12's buildah ("RUN only supports the --mount flag").
+    text = DOCKERFILE.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, flags=re.MULTILINE | re.IGNORECASE)
+    for line in text.splitlines():
+        assert not re.match(r"\s*RUN\s+--(network|security)=", line), line

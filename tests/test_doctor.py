@@ -212,3 +212,22 @@ def test_run_checks_on_a_healthy_workspace(tmp_path: Path) -> None:
         assert expected in names
     assert worst(checks) in {"ok", "warn"}
     assert not [c for c in checks if c.status == "fail"]
+
+
+def test_hidden_proc_sys_is_not_reported_as_missing_inotify(tmp_path: Path) -> None:
+    # Under systemd's ProcSubset=pid (the shipped unit) /proc/sys is hidden
+    # while inotify works: the check must not send operators to --poll.
+    checks = check_inotify(3, poll=False, proc_root=tmp_path)
+    assert checks and all(check.status == "warn" for check in checks)
+    for check in checks:
+        assert "no inotify" not in check.message
+        assert "ProcSubset=pid" in check.message
+        assert "--poll" not in check.fix
+
+
+def test_filesystem_check_reads_the_process_own_mount_table() -> None:
+    # /proc/mounts is hidden by ProcSubset=pid; /proc/self/mounts is not.
+    import inspect
+
+    default = inspect.signature(check_filesystem).parameters["mounts_file"].default
+    assert default == Path("/proc/self/mounts")
