@@ -1,7 +1,9 @@
 """Entry point: ``memd`` and ``python -m memd``.
 
-Every failure a user can cause ends as one line on stderr and a non-zero
-exit code taken from the exception (see :mod:`memd.errors`).
+Builds the Typer app and registers each command explicitly: command modules
+define plain functions and never import this module (or each other), so the
+CLI has no import circle. Every failure a user can cause ends as one line on
+stderr and a non-zero exit code taken from the exception (see :mod:`memd.errors`).
 """
 
 from __future__ import annotations
@@ -10,33 +12,34 @@ import sys
 
 import typer
 
+from memd.cli import commands_compact, commands_forget, commands_ops, commands_run, commands_status
 from memd.errors import MemdError
 
-app = typer.Typer(
-    name="memd",
-    help="Memory-compaction daemon for AI agents' MEMORY.md files.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
-
-def _register() -> None:
-    # Imported for their side effect of adding commands to ``app``; one module
-    # per command keeps each command's code and tests side by side.
-    from memd.cli import (
-        commands_compact,
-        commands_forget,
-        commands_ops,
-        commands_run,
-        commands_status,
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="memd",
+        help="Memory-compaction daemon for AI agents' MEMORY.md files.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
     )
+    # In this order in `memd --help`.
+    app.command("compact-now")(commands_compact.compact_now)
+    app.command("forget")(commands_forget.forget_command)
+    app.command("health")(commands_ops.health)
+    app.command("history")(commands_ops.history)
+    app.command("doctor")(commands_ops.doctor)
+    app.add_typer(commands_ops.config_app, name="config")
+    app.command("run")(commands_run.run_command)
+    app.command("status")(commands_status.status)
+    return app
 
-    del commands_compact, commands_forget, commands_ops, commands_run, commands_status
+
+app = build_app()
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
     try:
         app(args=argv, prog_name="memd", standalone_mode=True)
     except MemdError as exc:

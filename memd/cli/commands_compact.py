@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.cli.app import app
-from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
 if TYPE_CHECKING:
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
     from memd.state import StateStore
 
 
-@app.command("compact-now")
 def compact_now(
     agents: Annotated[list[str] | None, typer.Argument(help="Agent names.")] = None,
     all_agents: Annotated[
@@ -146,8 +144,6 @@ def _open_ledger(loaded: LoadedConfig, state_dir: Path | None) -> StateStore | N
     # The ledger is what `memd history` and `memd status` read; failing to open
     # it must not stop a manual compaction.
     try:
-        from memd.cli.commands_status import open_state
-
         return open_state(loaded, state_dir)
     except Exception:
         return None

@@ -30,9 +30,7 @@ from typing import Annotated
 
 import typer
 
-from memd.cli.app import app
-from memd.cli.commands_status import open_state
-from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
 from memd.errors import MemdError, UnknownAgent
 from memd.fsutil import AgentLock
 from memd.state import StateError, StateStore
@@ -117,7 +115,6 @@ def forget(
     return report
 
 
-@app.command("forget")
 def forget_command(
     agent: Annotated[str, typer.Argument(help="The agent to erase.", show_default=False)],
     yes: Annotated[

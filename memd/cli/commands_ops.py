@@ -10,15 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
-from memd.cli.app import app
-from memd.cli.commands_status import (
+from memd.cli.common import (
+    ConfigOption,
+    JsonOption,
+    StateDirOption,
+    WorkspaceOption,
     ago,
-    heartbeat_max_age,
     iso_utc,
+    load,
     local_time,
     open_state,
 )
-from memd.cli.common import ConfigOption, JsonOption, StateDirOption, WorkspaceOption, load
+from memd.cli.status_query import heartbeat_max_age
 from memd.errors import MemdError, UnknownAgent
 from memd.settings import LoadedConfig
 from memd.state import LedgerEntry, resolve_state_dir
@@ -38,7 +41,6 @@ class DoctorFailed(MemdError, RuntimeError):
 # ---------------------------------------------------------------------- health
 
 
-@app.command("health")
 def health(
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
@@ -110,7 +112,6 @@ def _entry_json(entry: LedgerEntry) -> dict[str, Any]:
     }
 
 
-@app.command("history")
 def history(
     agent: Annotated[str, typer.Argument(help="The agent.", show_default=False)],
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Newest N entries.")] = 50,
@@ -168,7 +169,6 @@ def _history_table(agent: str, entries: list[LedgerEntry]) -> None:
 # ---------------------------------------------------------------------- doctor
 
 
-@app.command("doctor")
 def doctor(
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
@@ -209,7 +209,6 @@ config_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-app.add_typer(config_app, name="config")
 
 MASK = "********"
 

@@ -9,14 +9,12 @@ from typing import Annotated, Literal
 
 import typer
 
-from memd.cli.app import app
 from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
 
 LogFormatChoice = Literal["auto", "json", "console"]
 LogLevelChoice = Literal["debug", "info", "warning", "error"]
 
 
-@app.command("run")
 def run_command(
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,

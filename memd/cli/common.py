@@ -1,13 +1,19 @@
-"""Options and error handling shared by every command."""
+"""What every command shares: options, loading the config, the state DB, time formatting.
+
+Command modules import from here and never from each other (nor from ``app``).
+"""
 
 from __future__ import annotations
 
+import datetime
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from memd.settings import LoadedConfig, load_settings
+from memd.state import StateStore, resolve_state_dir
 
 WorkspaceOption = Annotated[
     Path | None,
@@ -41,3 +47,34 @@ StateDirOption = Annotated[
 
 def load(workspace: Path | None, config: Path | None) -> LoadedConfig:
     return load_settings(config_file=config, workspace=workspace)
+
+
+def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
+    """The workspace's state DB; its warnings (a rebuilt DB...) go to stderr."""
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    store = StateStore.open(directory, loaded.workspace)
+    for warning in store.warnings:
+        print(f"memd: warning: {warning}", file=sys.stderr)
+    return store
+
+
+def iso_utc(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).isoformat(timespec="seconds")
+
+
+def local_time(epoch: float | None, now: float) -> str:
+    if epoch is None:
+        return "never"
+    stamp = datetime.datetime.fromtimestamp(epoch, datetime.UTC).astimezone()
+    stamp_text = stamp.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp_text} ({ago(now - epoch)})"
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"

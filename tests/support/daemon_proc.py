@@ -23,7 +23,6 @@ import watchdog.observers.inotify_c
 import memd.cli.app, memd.compaction, memd.counting, memd.daemon, memd.scheduler
 import memd.state, memd.summarizers, memd.tokenizer, memd.watcher, memd.core.builtin_summary
 memd.tokenizer.load_encoding("cl100k_base")
-memd.cli.app._register()
 uid = int(sys.argv[1])
 os.setgroups([])
 os.setgid(uid)

@@ -1,0 +1,265 @@
+"""The status query shared by ``memd status`` and ``memd health``: is a daemon live, and
+each agent's figures (the daemon's when it runs, else counted from the files).
+
+When a daemon runs on the workspace (a fresh heartbeat in the state DB from a
+live pid) its figures are used as they are: it already counts every file
+incrementally. Otherwise the files are counted here, exactly, with the
+configured tokenizer; counts are cached in the state DB keyed by (dev, inode,
+size, mtime, encoding), so a repeated ``memd status`` does not even load the
+tokenizer. The tokenizer and the model map are imported only on the paths that
+use them, and litellm never is.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from memd.cli.common import iso_utc
+from memd.core.config import MemdConfig, resolve_policy
+from memd.errors import MemdError
+from memd.settings import LoadedConfig
+from memd.state import AgentRecord, FileKey, Heartbeat, StateStore
+from memd.workspace import AgentPaths, agent_paths, archives_of
+
+Source = Literal["daemon", "files"]
+# How many heartbeat intervals may pass before a daemon counts as gone.
+HEARTBEAT_INTERVALS = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStatus:
+    agent: str
+    tokens: int
+    threshold_tokens: int
+    archives: int
+    last_compaction_at: float | None
+    last_error: str | None
+    state: str
+    source: Source
+    daemon_pid: int | None
+
+    @property
+    def percent_used(self) -> float:
+        return round(100.0 * self.tokens / max(1, self.threshold_tokens), 1)
+
+    def to_json(self) -> dict[str, Any]:
+        # Stable keys: scripts and monitoring parse this.
+        return {
+            "agent": self.agent,
+            "tokens": self.tokens,
+            "threshold_tokens": self.threshold_tokens,
+            "percent_used": self.percent_used,
+            "archives": self.archives,
+            "last_compaction_at": iso_utc(self.last_compaction_at),
+            "last_error": self.last_error,
+            "state": self.state,
+            "source": self.source,
+            "daemon_pid": self.daemon_pid,
+        }
+
+
+def heartbeat_max_age(config: MemdConfig) -> float:
+    return HEARTBEAT_INTERVALS * config.daemon.state_flush_s
+
+
+def live_daemon(store: StateStore, config: MemdConfig, now: float) -> Heartbeat | None:
+    """The heartbeat of a daemon that is running right now, if any."""
+    beat = store.read_heartbeat()
+    if beat is None or not beat.is_fresh(now, heartbeat_max_age(config)) or not beat.pid_alive():
+        return None
+    return beat
+
+
+def _context_length_of(model: str) -> int | None:
+    # The model map is only read when an [agents."glob"] table names a model.
+    from memd.modelinfo import context_length_for_model
+
+    return context_length_for_model(model)
+
+
+def _last_compaction(store: StateStore, paths: AgentPaths) -> tuple[float | None, str | None]:
+    """(last successful compaction, error of the latest attempt if it failed)."""
+    history = store.history(paths.agent, limit=50)
+    last_error = history[0].error if history else None
+    done = next((entry for entry in history if entry.ok), None)
+    if done is not None:
+        return done.started_at + done.duration_s, last_error
+    archives = archives_of(paths)
+    if archives:
+        try:
+            return archives[-1].stat().st_mtime, last_error
+        except OSError:
+            pass
+    return None, last_error
+
+
+@dataclass
+class _Pending:
+    """A file that has to be counted here (no live daemon figure, no cached count)."""
+
+    agent: str
+    key: FileKey
+    data: bytes
+
+
+def _memory_count(
+    store: StateStore, paths: AgentPaths, encoding: str
+) -> tuple[int | None, _Pending | None]:
+    """(cached or trivial count, or the file's bytes to count). Reads only on a cache miss."""
+    try:
+        cached = store.cached_count(paths.agent, FileKey.of(paths.memory.stat(), encoding))
+        if cached is not None:
+            return cached, None
+        with paths.memory.open("rb") as handle:
+            # The key of the bytes actually read (the file may have grown since stat).
+            key = FileKey.of(os.fstat(handle.fileno()), encoding)
+            return None, _Pending(paths.agent, key, handle.read())
+    except FileNotFoundError:
+        return 0, None
+
+
+_PARALLEL_COUNT_BYTES = 1 << 20
+
+
+def _count_all(pending: Sequence[_Pending], encoding: str) -> dict[str, int]:
+    if not pending:
+        return {}
+    from memd.tokenizer import count_bytes_with
+
+    # Loaded before any fork, so forked workers inherit the tokenizer.
+    count_bytes_with(encoding, b"")
+    total = sum(len(item.data) for item in pending)
+    workers = min(os.cpu_count() or 1, len(pending))
+    if total < _PARALLEL_COUNT_BYTES or workers < 2 or threading.active_count() > 1:
+        return {item.agent: count_bytes_with(encoding, item.data) for item in pending}
+    # tiktoken holds the GIL, so only processes use the other cores; fork
+    # start-up (~10 ms) pays off once there is about a megabyte to count.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        counts = pool.map(
+            count_bytes_with,
+            [encoding] * len(pending),
+            [item.data for item in pending],
+        )
+        return {item.agent: count for item, count in zip(pending, counts, strict=True)}
+
+
+def collect_status(
+    loaded: LoadedConfig,
+    store: StateStore,
+    agents: Sequence[str],
+    *,
+    strict: bool,
+    now: float | None = None,
+) -> tuple[list[AgentStatus], Heartbeat | None]:
+    """Status of each agent; with ``strict`` a bad agent raises, else it shows as an error row."""
+    config = loaded.config
+    moment = time.time() if now is None else now
+    beat = live_daemon(store, config, moment)
+    records: dict[str, AgentRecord] = {r.agent: r for r in store.agents()} if beat else {}
+    encoding = config.tokenizer.encoding
+
+    partial: list[tuple[AgentPaths | None, str, dict[str, Any]]] = []
+    pending: list[_Pending] = []
+    for name in agents:
+        try:
+            paths = agent_paths(loaded.workspace, name)
+        except MemdError as exc:
+            if strict:
+                raise
+            partial.append((None, name, {"error": str(exc)}))
+            continue
+        record = records.get(name)
+        if record is not None:
+            partial.append((paths, name, {"record": record}))
+            continue
+        try:
+            tokens, to_count = _memory_count(store, paths, encoding)
+        except OSError as exc:
+            if strict:
+                raise
+            partial.append((paths, name, {"error": f"agent {name!r}: {exc}"}))
+            continue
+        if to_count is not None:
+            pending.append(to_count)
+        partial.append((paths, name, {"tokens": tokens}))
+
+    counted = _count_all(pending, encoding)
+    if counted:
+        store.save_counts((item.agent, item.key, counted[item.agent]) for item in pending)
+
+    result: list[AgentStatus] = []
+    for maybe_paths, name, info in partial:
+        if maybe_paths is None:
+            result.append(_error_row(name, str(info["error"]), beat))
+            continue
+        paths = maybe_paths
+        archives = len(archives_of(paths))
+        record = info.get("record")
+        if isinstance(record, AgentRecord):
+            result.append(
+                AgentStatus(
+                    agent=name,
+                    tokens=record.tokens,
+                    threshold_tokens=record.threshold_tokens,
+                    archives=archives,
+                    last_compaction_at=record.last_compaction_at,
+                    last_error=record.last_error,
+                    state=record.state,
+                    source="daemon",
+                    daemon_pid=beat.pid if beat else None,
+                )
+            )
+            continue
+        if "error" in info:
+            result.append(_error_row(name, str(info["error"]), beat))
+            continue
+        policy = resolve_policy(config, name, _context_length_of)
+        tokens = info["tokens"]
+        last_at, last_error = _last_compaction(store, paths)
+        state = "disabled" if not policy.compress else ("unwatched" if beat else "offline")
+        result.append(
+            AgentStatus(
+                agent=name,
+                tokens=counted[name] if tokens is None else int(tokens),
+                threshold_tokens=policy.threshold_tokens,
+                archives=archives,
+                last_compaction_at=last_at,
+                last_error=last_error,
+                state=state,
+                source="files",
+                daemon_pid=beat.pid if beat else None,
+            )
+        )
+    return result, beat
+
+
+def _error_row(name: str, message: str, beat: Heartbeat | None) -> AgentStatus:
+    return AgentStatus(
+        agent=name,
+        tokens=0,
+        threshold_tokens=0,
+        archives=0,
+        last_compaction_at=None,
+        last_error=message,
+        state="error",
+        source="files",
+        daemon_pid=beat.pid if beat else None,
+    )
+
+
+__all__ = [
+    "HEARTBEAT_INTERVALS",
+    "AgentStatus",
+    "collect_status",
+    "heartbeat_max_age",
+    "live_daemon",
+]
