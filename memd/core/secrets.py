@@ -1,0 +1,436 @@
+"""The credential and PII detector (pure): text in, typed spans out.
+
+One detector for the whole of memd: redaction before a summarizer call, the
+scan of every summary before it is written, the summaries' "credentials are
+never pinned" rule.  Nothing here reads files, the clock or the environment.
+
+Where detect-secrets' regex plugins are precise (AWS key ids, GitHub, GitLab,
+Slack webhooks, SendGrid, Twilio, PyPI, Square, Azure storage, Telegram) their
+own compiled patterns are used; memd's rules cover the rest (OpenAI project
+keys, Anthropic, fine-grained GitHub PATs, Slack tokens with mixed case,
+Stripe's full-length keys, JWTs, whole PEM blocks, bearer tokens, passwords in
+URLs and ``password=`` style assignments) and, on request, PII (emails, phone
+numbers, card numbers passing the Luhn check, US SSNs, UK NI numbers, IBANs).
+
+Entropy heuristics are deliberately absent: on memory files they flag hex
+hashes, UUIDs, commit ids and base64 blobs (12 of 13 look-alikes in the
+redaction benchmark), which would make summaries useless.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Final, Literal
+
+Category = Literal["credential", "pii"]
+
+CREDENTIAL: Final = "credential"
+PII: Final = "pii"
+# What a redaction leaves behind: ``[REDACTED:kind#3f9a1c]``.  Never re-detected.
+PLACEHOLDER_RE: Final = re.compile(r"\[REDACTED:[a-z0-9_]+(?:#[0-9a-f]{4,16})?\]")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Span:
+    """``text[start:end]`` is a secret of ``kind`` (``aws_access_key``, ``email``, …)."""
+
+    start: int
+    end: int
+    kind: str
+    category: Category = "credential"
+
+    def value(self, text: str) -> str:
+        return text[self.start : self.end]
+
+
+Validator = Callable[[str], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One pattern: group ``group`` of each match (0 = all of it) is the secret."""
+
+    kind: str
+    pattern: re.Pattern[str]
+    category: Category = "credential"
+    group: int = 0
+    validate: Validator | None = None
+    # Token-like secrets run on past a fixed-length pattern (Stripe keys are
+    # 99 characters, detect-secrets matches 24): the span takes the whole token.
+    extend: bool = False
+    # Lower-case literals one of which the text must hold for the rule to run:
+    # ``str.__contains__`` is far cheaper than a regex scan of a whole file.
+    hints: tuple[str, ...] = ()
+
+
+_TOKEN_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+# -- validators ----------------------------------------------------------------
+def luhn_valid(digits: str) -> bool:
+    """The Luhn checksum of a card number (digits only)."""
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = int(char)
+        if index % 2:
+            value *= 2
+            if value > 9:
+                value -= 9
+        total += value
+    return total % 10 == 0
+
+
+def _card_number(candidate: str) -> bool:
+    digits = re.sub(r"[ -]", "", candidate)
+    if not 13 <= len(digits) <= 19 or not luhn_valid(digits):
+        return False
+    # Issuer prefixes (Visa, Mastercard, Amex, Discover, JCB, Diners, UnionPay):
+    # a Luhn-valid run of digits alone is one in ten of all numbers.
+    return bool(re.match(r"4|5[1-5]|2[2-7]|3[47]|3[0689]|6(?:011|5|4[4-9]|2)|35", digits))
+
+
+def _us_ssn(candidate: str) -> bool:
+    area, group, serial = candidate.split("-")
+    return area not in {"000", "666"} and area[0] != "9" and group != "00" and serial != "0000"
+
+
+def _iban(candidate: str) -> bool:
+    compact = candidate.replace(" ", "").upper()
+    if not 15 <= len(compact) <= 34:
+        return False
+    rearranged = compact[4:] + compact[:4]
+    number = "".join(str(int(char, 36)) for char in rearranged)
+    return int(number) % 97 == 1
+
+
+def _mixed_case(candidate: str) -> bool:
+    """Real AWS secret keys are base64: a 40-char hex commit id is not one."""
+    return any(c.isupper() for c in candidate) and any(c.islower() for c in candidate)
+
+
+def _assigned_value(candidate: str) -> bool:
+    value = candidate.strip("\"'`")
+    if len(value) < 4 or value.startswith(("[REDACTED:", "<", "{{", "%(")):
+        return False
+    # "password: ********", "token=<your token>", "secret = ${SECRET}", "key=None".
+    if re.fullmatch(r"[*x•.]+|<[^>]*>|\$\{?[A-Za-z_][\w]*\}?|none|null|true|false", value, re.I):
+        return False
+    return not value.isdigit() or len(value) >= 6
+
+
+def _spoken_password(candidate: str) -> bool:
+    """ "the password is hunter2!" yes, "the password is incorrect" no."""
+    return _assigned_value(candidate) and bool(re.search(r"[\d\W_]", candidate))
+
+
+# -- rules ---------------------------------------------------------------------
+def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    return re.compile(pattern, flags)
+
+
+_B: Final = r"(?<![A-Za-z0-9_])"  # not in the middle of a longer token
+_E: Final = r"(?![A-Za-z0-9_])"
+_ASSIGN_KEYS: Final = (
+    r"password|passwd|pwd|passphrase|secret|client[_-]?secret|secret[_-]?key|token|"
+    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|api[_-]?key|apikey|"
+    r"private[_-]?key|credentials?"
+)
+
+_MEMD_RULES: Final[tuple[Rule, ...]] = (
+    # Private keys: the whole block or, when unterminated (a cut tool output), its
+    # base64 and header lines, also when quoted (``> ``) in a prompt.
+    Rule(
+        "private_key",
+        _rx(
+            r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+            r"(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+            r"|(?:\r?\n[> \t]*(?:[A-Za-z0-9+/=]{4,}|[A-Za-z-]+: [^\n]*)[ \t]*(?=\r?\n|$))*)",
+            re.DOTALL,
+        ),
+        hints=("private key",),
+    ),
+    Rule(
+        "private_key",
+        _rx(r"PuTTY-User-Key-File-\d: .*?Private-MAC: [0-9a-f]+", re.DOTALL),
+        hints=("putty",),
+    ),
+    Rule("anthropic_api_key", _rx(_B + r"sk-ant-[A-Za-z0-9_-]{20,}"), hints=("sk-ant-",)),
+    Rule(
+        "openai_api_key",
+        _rx(_B + r"sk-(?:proj|svcacct|admin|None)-[A-Za-z0-9_-]{20,}"),
+        hints=("sk-",),
+    ),
+    Rule(
+        "openai_api_key",
+        _rx(_B + r"sk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}" + _E),
+        hints=("sk-",),
+    ),
+    Rule("openai_api_key", _rx(_B + r"sk-[A-Za-z0-9]{32,}" + _E), hints=("sk-",)),
+    Rule("github_token", _rx(_B + r"github_pat_[A-Za-z0-9_]{40,}"), hints=("github_pat_",)),
+    Rule("github_token", _rx(_B + r"gh[pousr]_[A-Za-z0-9]{30,}" + _E), hints=("gh",)),
+    Rule("slack_token", _rx(_B + r"xox[abposre]-(?:\d+-)?[A-Za-z0-9-]{10,}"), hints=("xox",)),
+    Rule("slack_token", _rx(_B + r"xapp-\d-[A-Za-z0-9-]{10,}"), hints=("xapp-",)),
+    Rule(
+        "stripe_key",
+        _rx(_B + r"(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{16,}"),
+        hints=("_live_", "_test_"),
+    ),
+    Rule("stripe_key", _rx(_B + r"whsec_[0-9a-zA-Z]{24,}"), hints=("whsec_",)),
+    Rule("google_api_key", _rx(_B + r"AIza[0-9A-Za-z_-]{35}" + _E), hints=("aiza",)),
+    Rule("google_oauth_token", _rx(_B + r"ya29\.[0-9A-Za-z_-]{20,}"), hints=("ya29.",)),
+    Rule("huggingface_token", _rx(_B + r"hf_[A-Za-z0-9]{30,}" + _E), hints=("hf_",)),
+    Rule("npm_token", _rx(_B + r"npm_[A-Za-z0-9]{36}" + _E), hints=("npm_",)),
+    Rule("groq_api_key", _rx(_B + r"gsk_[A-Za-z0-9]{40,}" + _E), hints=("gsk_",)),
+    Rule("xai_api_key", _rx(_B + r"xai-[A-Za-z0-9]{60,}" + _E), hints=("xai-",)),
+    Rule("digitalocean_token", _rx(_B + r"do[por]_v1_[a-f0-9]{64}" + _E), hints=("_v1_",)),
+    Rule("shopify_token", _rx(_B + r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}" + _E), hints=("shp",)),
+    Rule("databricks_token", _rx(_B + r"dapi[a-f0-9]{32}(?:-\d)?" + _E), hints=("dapi",)),
+    Rule(
+        "jwt",
+        _rx(_B + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _E),
+        hints=("eyj",),
+    ),
+    Rule(
+        "aws_secret_key",
+        _rx(
+            r"(?i:aws|secret[_ -]?access[_ -]?key)[\w \-\"']{0,30}?(?::|=|=>|\bis\b)\s*[\"']?"
+            r"([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
+        ),
+        group=1,
+        validate=_mixed_case,
+        hints=("aws", "secret"),
+    ),
+    Rule(
+        "bearer_token",
+        _rx(r"(?i:\b(?:bearer|token)\s+)([A-Za-z0-9._~+/-]{16,}=*)(?![A-Za-z0-9._~+/=-])"),
+        group=1,
+        validate=lambda value: any(c.isdigit() for c in value),
+        hints=("bearer", "token"),
+    ),
+    Rule(
+        "basic_auth",
+        _rx(r"(?i:authorization:\s*basic\s+)([A-Za-z0-9+/]{8,}=*)"),
+        group=1,
+        hints=("basic",),
+    ),
+    # scheme://user:password@host
+    Rule(
+        "url_password",
+        _rx(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/?#@\[\]]+:([^\s@/?#]+)@[^\s/?#@]+"),
+        group=1,
+        validate=lambda value: not value.startswith("[REDACTED"),
+        hints=("://",),
+    ),
+    # password=…, "api_key": "…", SECRET_KEY: …, export GITHUB_TOKEN=…
+    Rule(
+        "password",
+        _rx(
+            rf"(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)[\"']?\s*(?::=|=>|=|:)\s*"
+            r"((?:\"[^\"\n]{4,200}\"|'[^'\n]{4,200}'|[^\s\"',;)}\]]{4,200}))"
+        ),
+        group=1,
+        validate=_assigned_value,
+        hints=("pass", "pwd", "secret", "token", "key", "credential"),
+    ),
+    Rule(
+        "password",
+        _rx(
+            r"(?i:\bpass(?:word|phrase)\s+(?:is|was|=)\s*:?\s*)([^\s\"']{4,100}?)(?=[.,;!?]?(?:\s|$))"
+        ),
+        group=1,
+        validate=_spoken_password,
+        hints=("pass",),
+    ),
+)
+
+_PII_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        "email",
+        _rx(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b"),
+        "pii",
+        hints=("@",),
+    ),
+    Rule(
+        "card_number",
+        _rx(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])"),
+        "pii",
+        validate=_card_number,
+    ),
+    Rule("us_ssn", _rx(r"(?<![\d-])\d{3}-\d{2}-\d{4}(?![\d-])"), "pii", validate=_us_ssn),
+    Rule(
+        "uk_national_insurance",
+        _rx(r"\b[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b"),
+        "pii",
+    ),
+    Rule(
+        "iban",
+        _rx(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b"),
+        "pii",
+        validate=_iban,
+    ),
+    # +1 415 555 0132, +44 20 7946 0958, (415) 555-0132, 415-555-0132, 415.555.0132
+    Rule(
+        "phone_number",
+        _rx(
+            r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,4}){1,4}"
+            r"|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}|\d{3}[.-]\d{3}[.-]\d{4})(?![\w.-]*\d)"
+        ),
+        "pii",
+        validate=lambda value: 8 <= sum(c.isdigit() for c in value) <= 15,
+    ),
+)
+
+# detect-secrets plugins whose patterns are precise enough for free text.
+_DETECT_SECRETS_PLUGINS: Final = (
+    ("aws", "AWSKeyDetector", "aws_access_key", (0,), ("akia", "asia", "abia", "acca", "a3t")),
+    ("github_token", "GitHubTokenDetector", "github_token", None, ("gh",)),
+    ("gitlab_token", "GitLabTokenDetector", "gitlab_token", None, ("gl", "gr1348941")),
+    ("slack", "SlackDetector", "slack_webhook", (1,), ("hooks.slack.com",)),
+    ("stripe", "StripeDetector", "stripe_key", None, ("k_live_",)),
+    ("openai", "OpenAIDetector", "openai_api_key", None, ("t3blbkfj",)),
+    ("sendgrid", "SendGridDetector", "sendgrid_api_key", None, ("sg.",)),
+    ("twilio", "TwilioKeyDetector", "twilio_api_key", None, ("ac", "sk")),
+    ("pypi_token", "PypiTokenDetector", "pypi_token", None, ("pypi-",)),
+    ("square_oauth", "SquareOAuthDetector", "square_oauth_secret", None, ("sq0csp-",)),
+    ("azure_storage_key", "AzureStorageKeyDetector", "azure_storage_key", None, ("accountkey=",)),
+    ("telegram_token", "TelegramBotTokenDetector", "telegram_bot_token", None, (":",)),
+    ("discord", "DiscordBotTokenDetector", "discord_bot_token", None, (".",)),
+    ("mailchimp", "MailchimpDetector", "mailchimp_api_key", None, ("-us",)),
+)
+
+
+@cache
+def _detect_secrets_rules() -> tuple[Rule, ...]:
+    """The chosen detect-secrets plugins' compiled patterns (imported once, lazily)."""
+    import importlib
+
+    rules: list[Rule] = []
+    for module_name, class_name, kind, indexes, hints in _DETECT_SECRETS_PLUGINS:
+        module = importlib.import_module(f"detect_secrets.plugins.{module_name}")
+        patterns = list(getattr(module, class_name).denylist)
+        for index, pattern in enumerate(patterns):
+            if indexes is not None and index not in indexes:
+                continue
+            group = 1 if pattern.groups else 0
+            rules.append(Rule(kind, pattern, group=group, extend=True, hints=hints))
+    return tuple(rules)
+
+
+@cache
+def compile_user_patterns(patterns: tuple[tuple[str, str], ...]) -> tuple[Rule, ...]:
+    """``[privacy] patterns`` (name -> regex) as rules; the whole match is the secret."""
+    rules = []
+    for name, pattern in patterns:
+        kind = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "custom"
+        rules.append(Rule(kind, re.compile(pattern)))
+    return tuple(rules)
+
+
+def _spans_of(text: str, rules: Iterable[Rule]) -> Iterable[Span]:
+    lowered = text.lower()
+    for rule in rules:
+        if rule.hints and not any(hint in lowered for hint in rule.hints):
+            continue
+        for match in rule.pattern.finditer(text):
+            start, end = match.span(rule.group)
+            if start < 0 or end <= start:
+                continue
+            value = text[start:end]
+            if rule.validate is not None and not rule.validate(value):
+                continue
+            if rule.extend:
+                while end < len(text) and text[end] in _TOKEN_CHARS:
+                    end += 1
+            if end - start >= 2 and text[start] in "\"'" and text[end - 1] == text[start]:
+                start, end = start + 1, end - 1
+            yield Span(start, end, rule.kind, rule.category)
+
+
+def _without_overlaps(spans: Iterable[Span]) -> list[Span]:
+    """Earliest first; overlapping spans merge under the first one's kind.
+
+    PII that overlaps a credential is dropped first: in
+    ``postgres://app:pw@db.example.com`` the password is the secret, not an
+    "email" running from the password to the host.
+    """
+    candidates = list(spans)
+    credentials = [s for s in candidates if s.category == "credential"]
+    candidates = [
+        s
+        for s in candidates
+        if s.category == "credential"
+        or not any(c.start < s.end and s.start < c.end for c in credentials)
+    ]
+    ordered = sorted(candidates, key=lambda s: (s.start, -(s.end - s.start)))
+    kept: list[Span] = []
+    for span in ordered:
+        if kept and span.start < kept[-1].end:
+            if span.end > kept[-1].end:
+                previous = kept[-1]
+                kept[-1] = Span(previous.start, span.end, previous.kind, previous.category)
+            continue
+        kept.append(span)
+    return kept
+
+
+def _placeholder_ranges(text: str) -> list[tuple[int, int]]:
+    return [match.span() for match in PLACEHOLDER_RE.finditer(text)]
+
+
+def find_secrets(
+    text: str,
+    *,
+    pii: bool = False,
+    user_patterns: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+) -> list[Span]:
+    """Every credential (and, with ``pii``, personal data) in ``text``, in order, disjoint.
+
+    Placeholders left by an earlier redaction are never reported again.
+    """
+    if not text:
+        return []
+    pairs = tuple(user_patterns.items() if isinstance(user_patterns, Mapping) else user_patterns)
+    rules: list[Rule] = [*_MEMD_RULES, *_detect_secrets_rules(), *compile_user_patterns(pairs)]
+    if pii:
+        rules += _PII_RULES
+    found = _spans_of(text, rules)
+    placeholders = _placeholder_ranges(text)
+    if placeholders:
+        found = (
+            span
+            for span in found
+            if not any(start <= span.start and span.end <= end for start, end in placeholders)
+        )
+    return _without_overlaps(found)
+
+
+def contains_secret(text: str, *, pii: bool = False) -> bool:
+    return bool(find_secrets(text, pii=pii))
+
+
+def replace_spans(text: str, spans: Sequence[Span], replacement: Callable[[Span, str], str]) -> str:
+    """``text`` with each span swapped for ``replacement(span, secret_value)``."""
+    pieces: list[str] = []
+    position = 0
+    for span in sorted(spans):
+        pieces.append(text[position : span.start])
+        pieces.append(replacement(span, span.value(text)))
+        position = span.end
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+__all__ = [
+    "CREDENTIAL",
+    "PII",
+    "PLACEHOLDER_RE",
+    "Span",
+    "compile_user_patterns",
+    "contains_secret",
+    "find_secrets",
+    "luhn_valid",
+    "replace_spans",
+]

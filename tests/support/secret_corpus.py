@@ -1,0 +1,161 @@
+"""Realistic fake secrets and near-miss look-alikes, for the detector's tests and benchmark.
+
+Every fake has the real format (prefix, alphabet, length, checksum where there
+is one) but is made here from a seeded RNG or is a published test value, so
+none of them is anybody's credential.  Each sits in the kind of sentence an
+agent's memory holds.  The look-alikes are what a memory file is full of and
+a careless detector flags: hashes, UUIDs, commit ids, paths, base64, versions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import string
+from dataclasses import dataclass
+
+_RNG = random.Random(20261201)
+_ALNUM = string.ascii_letters + string.digits
+_URLSAFE = _ALNUM + "_-"
+_HEX = "0123456789abcdef"
+
+
+def _fake(alphabet: str, length: int) -> str:
+    return "".join(_RNG.choice(alphabet) for _ in range(length))
+
+
+def _b64url(data: dict[str, object]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class Planted:
+    kind: str  # the detector kind expected
+    secret: str  # the exact secret value, which must not survive redaction
+    sentence: str  # the secret in context
+    pii: bool = False
+
+
+def _planted(kind: str, secret: str, template: str, *, pii: bool = False) -> Planted:
+    return Planted(kind, secret, template.format(secret), pii)
+
+
+_JWT = ".".join(
+    [
+        _b64url({"alg": "HS256", "typ": "JWT"}),
+        _b64url({"sub": "user-8841", "name": "Dana", "iat": 1764547200}),
+        _fake(_URLSAFE, 43),
+    ]
+)
+_PEM_BODY = "\n".join(_fake(_ALNUM + "+/", 64) for _ in range(6))
+_PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{_PEM_BODY}\n-----END RSA PRIVATE KEY-----"
+
+# The 19 formats of issue 12, in the order it lists them.
+PLANTED: tuple[Planted, ...] = (
+    _planted(
+        "openai_api_key",
+        "sk-" + _fake(_ALNUM, 20) + "T3BlbkFJ" + _fake(_ALNUM, 20),
+        "Set OPENAI_KEY to {} before running the eval.",
+    ),
+    _planted(
+        "openai_api_key",
+        "sk-proj-" + _fake(_URLSAFE, 74) + "T3BlbkFJ" + _fake(_URLSAFE, 74),
+        "The project key is {} (rotate it monthly).",
+    ),
+    _planted(
+        "anthropic_api_key",
+        "sk-ant-api03-" + _fake(_URLSAFE, 93) + "AA",
+        "Claude works with {} now.",
+    ),
+    _planted(
+        "aws_access_key",
+        "AKIA" + _fake(string.ascii_uppercase + "234567", 16),
+        "aws configure: access key id {} region eu-west-1.",
+    ),
+    _planted(
+        "aws_secret_key",
+        _fake(_ALNUM + "/+", 18) + "Kq/" + _fake(_ALNUM, 19),
+        "aws_secret_access_key = {}",
+    ),
+    _planted("github_token", "ghp_" + _fake(_ALNUM, 36), "Pushed with token {} to the fork."),
+    _planted(
+        "github_token",
+        "github_pat_11"
+        + _fake(string.ascii_uppercase + string.digits, 20)
+        + "_"
+        + _fake(_ALNUM, 59),
+        "Fine-grained PAT: {}",
+    ),
+    _planted(
+        "slack_token",
+        "xoxb-"
+        + _fake(string.digits, 12)
+        + "-"
+        + _fake(string.digits, 13)
+        + "-"
+        + _fake(_ALNUM, 24),
+        "The bot posts to #ops using {} as its token.",
+    ),
+    _planted(
+        "stripe_key",
+        "sk_live_51" + _fake(_ALNUM, 97),
+        "Charge the card with Stripe key {} in production.",
+    ),
+    _planted("jwt", _JWT, "Session cookie was {}; it expires tomorrow."),
+    _planted("private_key", _PEM, "Deploy key below:\n{}\nInstall it on the runner."),
+    _planted(
+        "url_password",
+        "Tr0ub4dor-3x",
+        "Connect with postgres://app_user:{}@db.internal:5432/orders today.",
+    ),
+    _planted("password", "hunter2-Quartz!", "Config has password={} for the admin account."),
+    _planted("email", "dana.whitfield@example.org", "Send the report to {} by Friday.", pii=True),
+    _planted(
+        "phone_number", "+1 415 555 0132", "Call the on-call lead at {} if it fails.", pii=True
+    ),
+    _planted("phone_number", "(212) 555-0187", "Her desk phone is {}.", pii=True),
+    _planted(
+        "card_number", "4111 1111 1111 1111", "Test purchase on card {} was declined.", pii=True
+    ),
+    _planted("card_number", "5555-5555-5555-4444", "Refund to {} approved.", pii=True),
+    _planted("us_ssn", "078-05-1120", "Applicant SSN {} matched the record.", pii=True),
+)
+
+# Further well-known formats the detector covers (not counted in the issue's 19).
+PLANTED_EXTRA: tuple[Planted, ...] = (
+    _planted("google_oauth_token", "ya29.a0Af" + _fake(_URLSAFE, 60), "Authorization: Bearer {}"),
+    _planted(
+        "bearer_token",
+        _fake(_ALNUM, 28) + "9" + _fake(_ALNUM, 11),
+        "curl -H 'Authorization: Bearer {}'",
+    ),
+    _planted("password", "s3cr3t-Value_42", 'export API_KEY="{}"'),
+    _planted("password", "correct-horse-7", "the password is {}."),
+    _planted("gitlab_token", "glpat-" + _fake(_URLSAFE, 20), "GitLab CI used {} for the mirror."),
+    _planted("google_api_key", "AIza" + _fake(_URLSAFE, 35), "Maps key {} is restricted."),
+    _planted("huggingface_token", "hf_" + _fake(_ALNUM, 34), "Downloaded the model with {}."),
+    _planted("email", "ops+alerts@mail.example.co.uk", "Alerts go to {}.", pii=True),
+    _planted("iban", "GB82 WEST 1234 5698 7654 32", "Wire it to IBAN {}.", pii=True),
+)
+
+# Near misses: must not be flagged (at most 1 in 13 may be).
+LOOKALIKES: tuple[str, ...] = (
+    "sha256 of the tarball is " + _fake(_HEX, 64) + ".",
+    "md5 checksum: " + _fake(_HEX, 32),
+    "Request id 3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d failed once.",
+    "Fixed in commit " + _fake(_HEX, 40) + " on main.",
+    "Short commit " + _fake(_HEX, 7) + " reverted the change.",
+    "The config lives at /home/dana/.config/memd/memd.toml and /var/lib/memd/state.sqlite3.",
+    "Embedded image data: "
+    + base64.b64encode(bytes(_RNG.randrange(256) for _ in range(60))).decode(),
+    "Upgraded litellm from 1.76.1 to 1.108.3; python 3.11.9.",
+    "Image digest sha256:" + _fake(_HEX, 64) + " pulled.",
+    "Build 2026.12.01-rc.3+build.20261201 shipped at 1764547200123 ms.",
+    "See https://github.com/acme/memd/blob/" + _fake(_HEX, 40) + "/memd/llm.py#L120.",
+    "max_tokens = 4000 and the token budget is 200000; the password field is required.",
+    "Tracking number 1Z999AA10123456784 and order 2026-12-01-000042.",
+    "Server at 10.0.12.7:8443 answered in 1234 ms; ISO date 2026-12-01T10:00:00+00:00.",
+    "Object key uploads/2026/12/01/" + _fake(_ALNUM, 20) + ".png stored.",
+    "Use the Bearer scheme described in RFC 6750 section 2.1.",
+)
