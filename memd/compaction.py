@@ -32,7 +32,7 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -142,17 +142,14 @@ class CompactionOptions:
 
 @dataclass(frozen=True, slots=True)
 class CompactionOutcome:
-    agent: str
     archive: Path
     tokens_before: int | None
     tokens_after: int | None
-    bytes_archived: int
     model: str
     cost_usd: float | None
     duration_s: float
     llm_duration_s: float
     drained_bytes: int
-    started_at: datetime
     restarts: int = 0
 
 
@@ -617,7 +614,6 @@ def _compact(
 ) -> CompactionOutcome:
     opts = options or CompactionOptions()
     hook = checkpoint or _no_checkpoint
-    started_at = datetime.now(UTC)
     started = time.monotonic()
     ensure_private_dir(paths.private_dir)
     lock = AgentLock(paths.lock, paths.agent)
@@ -685,17 +681,14 @@ def _compact(
                 tokens_after = count_bytes(txn._memory_target().read_bytes())
         assert txn.archive is not None
         return CompactionOutcome(
-            agent=paths.agent,
             archive=txn.archive,
             tokens_before=tokens_before,
             tokens_after=tokens_after,
-            bytes_archived=snap.boundary,
             model=result.model,
             cost_usd=result.cost_usd,
             duration_s=time.monotonic() - started,
             llm_duration_s=llm_s,
             drained_bytes=drained,
-            started_at=started_at,
             restarts=restarts,
         )
 

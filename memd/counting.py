@@ -77,11 +77,6 @@ def _track(state: CountState, mtime_ns: int, data: bytes, data_start: int) -> Tr
     return TrackedCount(state, mtime_ns, window_start, _digest(window))
 
 
-def restored(state: CountState, mtime_ns: int = 0) -> TrackedCount:
-    """A count loaded from the state DB, trusted for its (dev, ino, size)."""
-    return TrackedCount(state, mtime_ns, max(0, state.safe_offset - WINDOW_BYTES), None)
-
-
 def count_file(
     path: Path, previous: TrackedCount | None, count_bytes: CountBytes
 ) -> tuple[TrackedCount, CountKind]:
@@ -134,4 +129,4 @@ def _count_open(
     return _track(state, info.st_mtime_ns, data, 0), CountKind.RECOUNTED
 
 
-__all__ = ["WINDOW_BYTES", "CountKind", "NotARegularFile", "TrackedCount", "count_file", "restored"]
+__all__ = ["WINDOW_BYTES", "CountKind", "NotARegularFile", "TrackedCount", "count_file"]

@@ -33,10 +33,6 @@ class SystemdNotifier:
         self._sock: socket.socket | None = None
 
     @property
-    def enabled(self) -> bool:
-        return self._address is not None
-
-    @property
     def watchdog_ping_interval_s(self) -> float | None:
         """Half of ``$WATCHDOG_USEC`` (systemd's advice), or None when unset."""
         return self._watchdog_s

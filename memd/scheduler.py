@@ -121,11 +121,5 @@ class JobScheduler:
         with contextlib.suppress(JobLookupError):
             self._scheduler.remove_job(key)
 
-    def has_job(self, key: str) -> bool:
-        return self._scheduler.get_job(key) is not None
-
-    def job_ids(self) -> list[str]:
-        return [job.id for job in self._scheduler.get_jobs()]
-
 
 __all__ = ["COMPACTION_EXECUTOR", "DEFAULT_EXECUTOR", "JobScheduler"]

@@ -52,10 +52,6 @@ class AgentPaths:
     def archive_temp(self) -> Path:
         return self.private_dir / "archive.tmp"
 
-    @property
-    def status_file(self) -> Path:
-        return self.private_dir / "status.json"
-
 
 def require_workspace(workspace: Path) -> Path:
     if not workspace.exists():

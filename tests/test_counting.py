@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memd.core.tokens import CountState
-from memd.counting import CountKind, NotARegularFile, TrackedCount, count_file, restored
+from memd.counting import CountKind, NotARegularFile, TrackedCount, count_file
 from memd.tokenizer import TokenCounter
 
 COUNTER = TokenCounter("cl100k_base")
@@ -76,7 +76,9 @@ def test_restored_count_is_extended_without_reading_the_prefix(tmp_path: Path) -
     path = tmp_path / "MEMORY.md"
     path.write_bytes(entry("Human", "hi " * 1000))
     first, _ = count_file(path, None, COUNTER.count_bytes)
-    saved = restored(CountState(**{f: getattr(first.state, f) for f in first.state.__slots__}))
+    # As the daemon restores it from the state DB: the stored numbers and window digest.
+    stored = CountState(**{f: getattr(first.state, f) for f in first.state.__slots__})
+    saved = TrackedCount(stored, first.mtime_ns, first.window_start, first.window_digest)
     with path.open("ab") as f:
         f.write(entry("AI", "ok"))
     tracked, kind = count_file(path, saved, COUNTER.count_bytes)

@@ -157,12 +157,3 @@ def resolve_policy(
         summary_instructions=instructions,
         low_water_tokens=max(1, int(threshold_tokens * trigger.low_water)),
     )
-
-
-def agent_models(config: MemdConfig, agent: str) -> list[str]:
-    """The ``model`` values that apply to ``agent`` (for context-length lookup)."""
-    return [
-        override.model
-        for pattern, override in config.agents.items()
-        if override.model is not None and fnmatch.fnmatchcase(agent, pattern)
-    ]

@@ -52,10 +52,6 @@ class Debouncer(Generic[K]):
         """Keys waiting to become due."""
         return list(self._bursts)
 
-    def deadline_of(self, key: K) -> float | None:
-        burst = self._bursts.get(key)
-        return None if burst is None else self._deadline(burst)
-
     def _deadline(self, burst: _Burst) -> float:
         trailing = burst.last + self.quiet_s
         if self.max_wait_s > 0:
