@@ -46,9 +46,20 @@ from memd.core.memfile import (
     render_header,
     render_summary_block,
 )
+from memd.core.pins import merge_pins, pins_of_entries
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
+from memd.core.summary_block import (
+    ComposedSummary,
+    ParsedSummary,
+    carried_pins,
+    compose_summary,
+    parse_summary,
+    version_line,
+)
+from memd.core.summary_plan import BudgetError, is_degenerate, summary_budgets
 from memd.errors import (
     CompactionAborted,
+    ConfigError,
     MemdError,
     NothingToCompact,
     SummarizerError,
@@ -72,8 +83,9 @@ from memd.fsutil import (
 from memd.workspace import AgentPaths, contained_path
 
 JOURNAL_VERSION = 1
-MIN_SUMMARY_TOKENS = 256
 IDLE_PHASE = "idle"
+# Without an agent policy (tests, tools): the pinned section's budget.
+DEFAULT_PINNED_TOKENS = 1000
 
 # Named points between durable steps; tests crash the process at each one.
 CHECKPOINTS = (
@@ -112,6 +124,7 @@ class CompactionOptions:
     drain_poll_s: float = 0.05
     max_restarts: int = 3
     summary_max_tokens: int = 4000
+    pinned_tokens: int = DEFAULT_PINNED_TOKENS
     instructions: str = ""
     # The daemon needs a compaction to shrink the file (else it would loop);
     # an operator's explicit compact-now may re-seed even a small file.
@@ -121,17 +134,29 @@ class CompactionOptions:
     def from_config(
         cls, config: MemdConfig, policy: AgentPolicy | None = None
     ) -> CompactionOptions:
-        summary_cap = config.summarizer.max_tokens
+        summarizer = config.summarizer
+        summary_cap = summarizer.summary_tokens or summarizer.max_tokens
+        pinned = summarizer.pinned_tokens or DEFAULT_PINNED_TOKENS
         if policy is not None:
-            # A summary must leave room under the low-water mark, or the
-            # compaction could never end below it (and would only cool down).
-            summary_cap = min(summary_cap, max(MIN_SUMMARY_TOKENS, policy.low_water_tokens // 2))
+            # Budgets scale with the agent's threshold and leave room under
+            # the low-water mark, or a compaction could never end below it.
+            try:
+                budgets = summary_budgets(
+                    policy.threshold_tokens,
+                    policy.low_water_tokens,
+                    summary_tokens=summarizer.summary_tokens,
+                    pinned_tokens=summarizer.pinned_tokens,
+                )
+            except BudgetError as exc:
+                raise ConfigError(f"agent {policy.agent!r}: {exc}") from None
+            summary_cap, pinned = budgets.summary_tokens, budgets.pinned_tokens
         return cls(
             lock_wait_s=config.compaction.lock_wait_s,
             drain_quiet_s=config.compaction.drain_quiet_s,
             drain_max_s=config.compaction.drain_max_s,
             max_restarts=config.compaction.max_restarts,
             summary_max_tokens=summary_cap,
+            pinned_tokens=pinned,
             instructions=(
                 policy.summary_instructions
                 if policy is not None
@@ -151,6 +176,8 @@ class CompactionOutcome:
     llm_duration_s: float
     drained_bytes: int
     restarts: int = 0
+    pinned: int = 0  # facts in the new block's pinned section
+    evicted: int = 0  # facts that left the pinned section for its budget (still archived)
 
 
 class ProvidedSummary:
@@ -308,6 +335,60 @@ class _Transaction:
         finally:
             os.close(fd)
 
+    def _count_text(self, text: str) -> int:
+        if self.count_bytes is not None:
+            return self.count_bytes(text.encode("utf-8", "surrogateescape"))
+        return max(1, len(text) // 4)  # no tokenizer given (tests): a rough estimate
+
+    def compose(
+        self, snap: _Snapshot, result: SummaryResult, manual: bool
+    ) -> tuple[ComposedSummary, int]:
+        """The block text: the reply, the pins it does not keep itself, provenance.
+
+        Returns it with the number of earlier archives the provenance line names.
+        A reply too short to summarize its input is refused ("ok" is not a
+        summary of 30,000 tokens); an operator's ``--summary`` is used as given.
+        """
+        prefix = MemoryDocument(
+            segments=tuple(snap.document.segments_before(snap.boundary)), size=snap.boundary
+        )
+        previous_block = prefix.last_summary()
+        previous = (
+            parse_summary(previous_block.summary_text)
+            if previous_block is not None
+            else ParsedSummary(body="")
+        )
+        entries = prefix.raw_entries_since_summary()
+        body = result.text.strip()
+        # Token rules need the tokenizer (like the cap check); the daemon and
+        # compact-now always pass one.
+        if not manual and self.count_bytes is not None:
+            input_tokens = self._count_text(previous.body) + sum(
+                self._count_text(entry.text) for entry in entries
+            )
+            reply_tokens = self._count_text(body)
+            if is_degenerate(reply_tokens, input_tokens):
+                raise SummarizerError(
+                    f"agent {self.agent!r}: summarizer reply refused as degenerate "
+                    f"({reply_tokens} tokens for {input_tokens} tokens of input); "
+                    "nothing changed"
+                )
+        carried = (
+            carried_pins(previous, previous_block.timestamp) if previous_block is not None else []
+        )
+        new = pins_of_entries((e.role, e.timestamp, e.text) for e in entries)
+        earlier = previous.earlier_archives + (1 if previous.latest_archive else 0)
+        composed = compose_summary(
+            body,
+            merge_pins(carried, new),
+            pinned_tokens=self.options.pinned_tokens,
+            count_text=self._count_text,
+            # Same length as the final name: the size checks see the real block.
+            archive="archive/" + _archive_stem() + ".md",
+            earlier_archives=earlier,
+        )
+        return composed, earlier
+
     def summarize(self, snap: _Snapshot) -> tuple[SummaryResult, float]:
         # The snapshot is already parsed; its segments before N are the prefix's.
         prefix_doc = MemoryDocument(
@@ -344,7 +425,7 @@ class _Transaction:
             return
         if self.count_bytes is not None:
             summary_tokens = self.count_bytes(block)
-            cap = self.options.summary_max_tokens
+            cap = self.options.summary_max_tokens + self.options.pinned_tokens
             # The block adds a fixed preamble and markup around the model output.
             if summary_tokens > cap + 64:
                 raise SummarizerError(
@@ -639,11 +720,16 @@ def _compact(
                     f"agent {paths.agent!r}: MEMORY.md was rewritten during compaction "
                     f"{restarts} times; giving up"
                 )
-        block = render_summary_block(result.text, _now_local_iso())
-        txn.check_summary_size(block, snap, manual)
+        composed, earlier = txn.compose(snap, result, manual)
+        stamp = _now_local_iso()
+        txn.check_summary_size(render_summary_block(composed.text, stamp), snap, manual)
         try:
             txn.write_archive(snap)
-            copied_to, _new_ino = txn.swap(snap, block)
+            assert txn.archive is not None
+            provenance = version_line(f"archive/{txn.archive.name}", earlier)
+            head = composed.text.rpartition("\n")[0]
+            text = f"{head}\n{provenance}" if head else provenance
+            copied_to, _new_ino = txn.swap(snap, render_summary_block(text, stamp))
         except BaseException as exc:
             if not txn.committed:
                 txn.rollback()
@@ -690,6 +776,8 @@ def _compact(
             llm_duration_s=llm_s,
             drained_bytes=drained,
             restarts=restarts,
+            pinned=composed.pinned,
+            evicted=composed.evicted,
         )
 
 

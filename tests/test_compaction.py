@@ -29,6 +29,7 @@ import memd.fsutil as fsutil
 from memd.compaction import CHECKPOINTS, CompactionOptions, compact_agent, recover_agent
 from memd.core.memfile import parse
 from memd.core.summary import SummaryRequest, SummaryResult
+from memd.core.summary_block import parse_summary
 from memd.errors import CompactionAborted, LockTimeout, NothingToCompact, SummarizerError
 from memd.workspace import AgentPaths, agent_paths
 
@@ -36,8 +37,15 @@ CHILD = Path(__file__).parent / "support" / "compaction_child.py"
 FAST = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2)
 
 
+# Long enough not to be refused as a degenerate reply (memd.core.summary_plan).
+SUMMARY_TEXT = (
+    "The user prefers tea. Task: ship memd. Decisions: keep every entry exactly once; "
+    "write the archive first, then re-seed MEMORY.md. Open tasks: docs, crash tests, landing."
+)
+
+
 class FixedSummarizer:
-    def __init__(self, text: str = "The user prefers tea. Task: ship memd.") -> None:
+    def __init__(self, text: str = SUMMARY_TEXT) -> None:
         self.text = text
         self.calls = 0
         self.requests: list[SummaryRequest] = []
@@ -120,9 +128,9 @@ def test_nothing_to_compact_leaves_no_archive(agent_ws: AgentWorkspace) -> None:
 
 def test_second_compaction_summarizes_previous_summary(agent_ws: AgentWorkspace) -> None:
     paths = agent_ws.create_agent("alpha", entries=4)
-    compact_agent(paths, FixedSummarizer("first summary"), FAST)
+    compact_agent(paths, FixedSummarizer("first summary. " + SUMMARY_TEXT), FAST)
     append_entry(paths.memory, "Human", "new turn after the summary " * 20)
-    second = FixedSummarizer("second summary")
+    second = FixedSummarizer("second summary. " + SUMMARY_TEXT)
     compact_agent(paths, second, FAST)
     request = second.requests[0]
     assert any(e.is_summary for e in request.document.entries)
@@ -377,7 +385,7 @@ def checkpoint(name):
 class S:
     model = "x"
     def summarize(self, request):
-        return SummaryResult(text="sum", model="x")
+        return SummaryResult(text="Goals: ship memd. Decisions: the user prefers tea and short answers; compaction keeps every entry exactly once. Open tasks: write the docs, run the crash tests, land the branch.", model="x")
 c.compact_agent(paths, S(), c.CompactionOptions(drain_quiet_s=0.05), checkpoint=checkpoint)
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -458,7 +466,9 @@ def test_summary_that_does_not_shrink_is_refused(agent_ws: AgentWorkspace) -> No
 def test_summary_over_the_token_cap_is_refused(agent_ws: AgentWorkspace) -> None:
     paths = agent_ws.create_agent("alpha", entries=50, size=60)
     before = paths.memory.read_bytes()
-    options = CompactionOptions(lock_wait_s=1, drain_quiet_s=0, summary_max_tokens=10)
+    options = CompactionOptions(
+        lock_wait_s=1, drain_quiet_s=0, summary_max_tokens=10, pinned_tokens=0
+    )
     with pytest.raises(SummarizerError, match="over the cap"):
         compact_agent(
             paths, FixedSummarizer("word " * 500), options, count_bytes=lambda b: len(b.split())
@@ -678,3 +688,32 @@ def test_any_interleaving_of_writers_keeps_every_entry_exactly_once(
         assert private_leftovers(paths) == []
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_degenerate_reply_is_refused_and_changes_nothing(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=40, size=80)
+    before = paths.memory.read_bytes()
+    with pytest.raises(SummarizerError, match="degenerate"):
+        compact_agent(paths, FixedSummarizer("ok"), FAST, count_bytes=lambda b: len(b) // 4)
+    assert_untouched(paths, before)
+    # The operator's own --summary is used as given, however short.
+    compact_agent(
+        paths, FixedSummarizer("ok"), FAST, count_bytes=lambda b: len(b) // 4, manual=True
+    )
+
+
+def test_pinned_facts_survive_a_model_that_drops_them(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=2)
+    append_entry(paths.memory, "Human", "Remember: deploys go through `make ship ENV=prod`.")
+    append_entry(paths.memory, "Tool Executor", "config read from /srv/app/conf/main.yaml")
+    lossy = FixedSummarizer(SUMMARY_TEXT)
+    for round_ in range(3):
+        compact_agent(paths, lossy, FAST, count_bytes=lambda b: len(b) // 4)
+        append_entry(paths.memory, "Human", f"round {round_}: " + "more talk " * 30)
+    text = paths.memory.read_text()
+    assert "Remember: deploys go through `make ship ENV=prod`" in text
+    assert "/srv/app/conf/main.yaml" in text
+    block = parse_summary(parse(paths.memory.read_bytes()).entries[0].summary_text)
+    # Provenance: the newest archive and how many came before it.
+    assert block.latest_archive == f"archive/{sorted(archive_names(paths))[-1]}"
+    assert block.earlier_archives == 2

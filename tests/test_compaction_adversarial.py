@@ -25,7 +25,10 @@ class Fixed:
     model = "fixed"
 
     def summarize(self, request):
-        return SummaryResult(text="short summary", model="fixed")
+        return SummaryResult(
+            text="Goals: ship memd. Decisions: the user prefers tea and short answers; compaction keeps every entry exactly once. Open tasks: write the docs, run the crash tests, land the branch.",
+            model="fixed",
+        )
 
 
 def everything(paths) -> bytes:
@@ -92,7 +95,7 @@ def checkpoint(name):
         h[0].close()
 class S:
     model = "x"
-    def summarize(self, request): return SummaryResult(text="sum", model="x")
+    def summarize(self, request): return SummaryResult(text="Goals: ship memd. Decisions: the user prefers tea and short answers; compaction keeps every entry exactly once. Open tasks: write the docs, run the crash tests, land the branch.", model="x")
 c.compact_agent(paths, S(), c.CompactionOptions(drain_quiet_s=0.05), checkpoint=checkpoint)
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

@@ -22,6 +22,7 @@ from memd.core.memfile import (
     parse_timestamp,
     sanitize_summary,
 )
+from memd.core.summary_block import parse_summary
 
 CountText = Callable[[str], int]
 
@@ -177,8 +178,9 @@ def _turns_after_summary(document: MemoryDocument) -> tuple[str, list[_Turn]]:
         if isinstance(segment, HeaderSegment):
             continue
         if isinstance(segment, EntrySegment):
-            if segment.is_summary:
-                previous = segment.summary_text
+            if document.is_summary_entry(segment):
+                # The body only: memd carries the pinned facts itself.
+                previous = parse_summary(segment.summary_text).body
                 turns = []
                 continue
             weight = _ROLE_WEIGHTS.get(segment.role.strip().lower(), _DEFAULT_ROLE_WEIGHT)

@@ -42,6 +42,16 @@ class SummarizerConfig(_Section):
     timeout_s: float = Field(120, gt=0, le=3600)
     retries: int = Field(2, ge=0, le=10)
     summary_instructions: str = ""
+    context_length: int = Field(
+        0, ge=0, le=10_000_000, description="the summarizer model's window (0 = derive)"
+    )
+    max_calls: int = Field(8, ge=1, le=1_000, description="model calls per compaction")
+    summary_tokens: int = Field(
+        0, ge=0, le=1_000_000, description="summary budget (0 = a share of the threshold)"
+    )
+    pinned_tokens: int = Field(
+        0, ge=0, le=1_000_000, description="pinned facts budget (0 = a share of the threshold)"
+    )
 
 
 class CompactionConfig(_Section):

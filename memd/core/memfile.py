@@ -137,6 +137,35 @@ class MemoryDocument:
                 return segment.start + len(segment.raw)
         return 0
 
+    def is_summary_entry(self, segment: EntrySegment) -> bool:
+        """memd's ``System`` summary blocks anywhere; Swarms' own only where Swarms writes them.
+
+        Swarms' ContextCompressor (16.x) re-seeds the file with a header and one
+        ``### user — …`` (older: ``System``) block holding its full preamble.
+        Only that exact place counts, so a user message that merely starts
+        with the marker can never hide the raw turns before it.
+        """
+        if segment.is_summary:
+            return True
+        if len(self.segments) < 2 or self.segments[1] is not segment:
+            return False
+        if not isinstance(self.segments[0], HeaderSegment):
+            return False
+        if segment.role.strip().lower() not in {"user", "system"}:
+            return False
+        return segment.content.replace(b"\r\n", b"\n").startswith(SUMMARY_PREAMBLE.encode())
+
+    def last_summary(self, end: int | None = None) -> EntrySegment | None:
+        """The newest summary block ending at or before ``end`` (default: boundary)."""
+        limit = self.boundary if end is None else end
+        found: EntrySegment | None = None
+        for segment in self.segments:
+            if segment.start + len(segment.raw) > limit:
+                break
+            if isinstance(segment, EntrySegment) and self.is_summary_entry(segment):
+                found = segment
+        return found
+
     def segments_before(self, offset: int) -> list[Segment]:
         return [s for s in self.segments if s.start + len(s.raw) <= offset]
 
@@ -148,7 +177,7 @@ class MemoryDocument:
             if segment.start + len(segment.raw) > limit:
                 break
             if isinstance(segment, EntrySegment):
-                if segment.is_summary:
+                if self.is_summary_entry(segment):
                     pending = []
                 else:
                     pending.append(segment)

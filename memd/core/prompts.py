@@ -20,6 +20,7 @@ from memd.core.memfile import (
     RawSegment,
     sanitize_summary,
 )
+from memd.core.summary_block import parse_summary
 
 CountText = Callable[[str], int]
 ChatMessage = dict[str, str]
@@ -97,9 +98,10 @@ def transcript_of(document: MemoryDocument) -> Transcript:
         if isinstance(segment, HeaderSegment):
             continue
         if isinstance(segment, EntrySegment):
-            if segment.is_summary:
-                # A summary supersedes everything before it.
-                previous_summary = sanitize_summary(segment.summary_text)
+            if document.is_summary_entry(segment):
+                # A summary supersedes everything before it.  Its body only:
+                # memd carries the pinned facts and provenance itself.
+                previous_summary = sanitize_summary(parse_summary(segment.summary_text).body)
                 chunks = []
             else:
                 chunks.append(render_turn(segment))

@@ -12,6 +12,7 @@ import pytest
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
 
 from memd.core.memfile import parse
+from memd.core.summary_block import parse_summary
 
 
 def memd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -85,7 +86,10 @@ def test_summary_flag_skips_the_llm(ws: AgentWorkspace) -> None:
     )
     assert result.returncode == 0, result.stderr
     doc = parse(ws.paths("alpha").memory.read_bytes())
-    assert doc.entries[0].summary_text.strip() == "Ada likes tea."
+    block = parse_summary(doc.entries[0].summary_text)
+    # Used as given; memd adds only its provenance line (and pins, none here).
+    assert block.body == "Ada likes tea."
+    assert block.version == 2 and block.latest_archive.startswith("archive/history_")
 
 
 def test_all_agents(ws: AgentWorkspace) -> None:

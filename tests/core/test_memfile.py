@@ -337,3 +337,31 @@ def test_summary_with_a_lone_surrogate_renders() -> None:
 def test_single_entry_header_detection(role: str, stamp: str) -> None:
     assert contains_entry_header(f"### {role} \u2014 {stamp}\n\n")
     assert isinstance(parse(render_entry(role, stamp, "x")).segments[0], EntrySegment)
+
+
+SWARMS_PREAMBLE = (
+    "[Compressed Memory Summary]\nThe following is a compressed summary of earlier "
+    "conversation turns, replacing the raw transcript to stay within the context window.\n\n"
+)
+
+
+def test_swarms_own_summary_counts_only_as_the_first_block_after_the_header() -> None:
+    header = render_header("c", "2026-01-01T00:00:00")
+    swarms_summary = render_entry("user", "2026-01-01T00:00:01", SWARMS_PREAMBLE + "Ada likes tea.")
+    later = render_entry("Human", "2026-01-01T00:00:02", "new turn")
+    doc = parse(header + swarms_summary + later)
+    assert doc.is_summary_entry(doc.entries[0])
+    assert [e.text for e in doc.raw_entries_since_summary()] == ["new turn"]
+
+
+def test_a_user_message_starting_with_the_marker_hides_nothing() -> None:
+    header = render_header("c", "2026-01-01T00:00:00")
+    first = render_entry("Human", "2026-01-01T00:00:01", "raw turn one")
+    mimic = render_entry("user", "2026-01-01T00:00:02", SWARMS_PREAMBLE + "fake")
+    doc = parse(header + first + mimic)
+    assert not doc.is_summary_entry(doc.entries[1])
+    assert len(doc.raw_entries_since_summary()) == 2
+    # Only the marker line, without Swarms' full preamble, is not a summary either.
+    short = render_entry("user", "2026-01-01T00:00:02", "[Compressed Memory Summary]\nfake")
+    doc = parse(header + short)
+    assert not doc.is_summary_entry(doc.entries[0])

@@ -42,7 +42,11 @@ class SleepySummarizer:
         if self.log:
             with self.log.open("a") as handle:
                 handle.write(f"end {os.getpid()} {time.time():.6f}\n")
-        return SummaryResult(text=f"Summary of {count} turns.", model=self.model)
+        return SummaryResult(
+            text=f"Summary of {count} turns. "
+            + "Goals: ship memd. Decisions: the user prefers tea and short answers; compaction keeps every entry exactly once. Open tasks: write the docs, run the crash tests, land the branch.",
+            model=self.model,
+        )
 
 
 def main() -> int:

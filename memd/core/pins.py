@@ -1,0 +1,311 @@
+"""Pinned facts (pure): durable facts found by a deterministic extractor, kept verbatim.
+
+An agent forgets what its summary drops, and models drop exactly the facts that
+matter later: paths, URLs, dates, versions, commands, identifiers and the lines a
+user marks ("Remember: …").  So memd extracts them from every entry it
+summarizes, carries them from summary to summary, and keeps verbatim every one
+that the *same extractor* does not find again in the summarizer's reply (a
+substring test is not enough: a model that drops the backticks around a command
+has not kept the command).
+
+Tool output is mostly machine noise: from a tool entry only the lines whose
+shape does not repeat within it are read.  Credentials are never pinned.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Final
+
+from memd.core.secret_check import looks_like_credential
+
+CountText = Callable[[str], int]
+
+# Kinds, most valuable first; eviction under the pinned budget starts at the end.
+KIND_VALUE: Final = {
+    "marked": 9,
+    "command": 8,
+    "path": 7,
+    "url": 7,
+    "identifier": 6,
+    "version": 5,
+    "date": 4,
+    "quantity": 3,
+}
+KINDS: Final = tuple(KIND_VALUE)
+
+PINNED_HEADING: Final = (
+    "Pinned facts (verbatim, newest mention last; older ones are in the archives):"
+)
+UNDATED: Final = "undated"
+_MAX_FACT_CHARS: Final = 300
+
+_MARKED_LINE_RE: Final = re.compile(
+    r"^[ \t]*(?:[-*>+][ \t]*)*(?:\*\*)?(?:Remember|Note|Important|Preference|NB)(?:\*\*)?"
+    r"[ \t]*:[ \t]*\S[^\n]*$",
+    re.IGNORECASE | re.MULTILINE,
+)
+_PREFERENCE_RE: Final = re.compile(
+    r"(?:^|(?<=[.!?]\s))[^.!?\n]*\bI (?:really )?(?:prefer|always want|never want|would rather)"
+    r"\b[^.!?\n]*[.!?]?",
+    re.IGNORECASE,
+)
+_URL_RE: Final = re.compile(r"\bhttps?://[^\s<>\"'`)\]}]+")
+_CODE_SPAN_RE: Final = re.compile(r"`([^`\n]{2,200})`")
+_SHELL_LINE_RE: Final = re.compile(r"^[ \t]*\$ ([^\n]{2,200})$", re.MULTILINE)
+_PATH_RE: Final = re.compile(
+    r"(?<![\w/.:-])(?:~|\.{1,2})?/(?:[\w.@+-]+/)+[\w.@+-]*[\w@+-]"
+    r"|(?<![\w/.:-])[\w-]+/(?:[\w.-]+/)*[\w-]+\.[A-Za-z][\w]{0,7}\b"
+)
+_MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*"
+_DATE_RE: Final = re.compile(
+    r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b"
+    rf"|\b{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"
+    rf"|\b\d{{1,2}} {_MONTH} \d{{4}}\b"
+)
+_VERSION_RE: Final = re.compile(
+    r"(?<![\w.-])v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?(?![\w.])"
+    r"|(?<![\w.-])v\d+\.\d+(?![\w.])"
+)
+_QUANTITY_RE: Final = re.compile(
+    r"(?<![\w.])\d+(?:[.,]\d+)*\s?(?:ms|µs|us|ns|s|sec|seconds|min|minutes|h|hours|days|"
+    r"weeks|KB|MB|GB|TB|KiB|MiB|GiB|TiB|%|USD|EUR|GBP|req/s|rps|qps|tokens|cores|GHz|MHz|"
+    r"rows|records|users)(?![\w/])"
+    r"|[$€£]\d+(?:[.,]\d+)*(?:[kKmM])?\b"
+)
+_IDENTIFIER_RE: Final = re.compile(
+    r"\b[A-Z][A-Z0-9]{1,9}-\d{1,6}\b"  # ticket ids
+    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"  # commit hashes
+    r"|\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
+    r"(?:internal|local|lan|corp|com|net|org|io|dev|cloud|ai|app)\b"  # hostnames
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}\b"  # IPv4
+)
+_TRAILING_PUNCT: Final = ".,;:!?)]}'\""
+_TOOL_ROLE_RE: Final = re.compile(r"tool|function|observation", re.IGNORECASE)
+_SHAPE_RE: Final = re.compile(r"[0-9a-f]{6,}|\d+|\"[^\"]*\"|'[^']*'|\s+")
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """One extracted fact: its kind and its exact text."""
+
+    kind: str
+    text: str
+
+    @property
+    def key(self) -> str:
+        return fact_key(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A fact kept across summaries, with the date it was last mentioned."""
+
+    kind: str
+    text: str
+    last_seen: str  # ISO timestamp (or a date) of the newest entry mentioning it; "" unknown
+
+    @property
+    def key(self) -> str:
+        return fact_key(self.text)
+
+    @property
+    def day(self) -> str:
+        return self.last_seen[:10] if len(self.last_seen) >= 10 else UNDATED
+
+
+def fact_key(text: str) -> str:
+    """What makes two mentions the same fact: the text, whitespace-collapsed."""
+    return " ".join(text.split()).strip(_TRAILING_PUNCT + " ")
+
+
+def _clean(text: str) -> str:
+    cleaned = " ".join(text.split()).rstrip(_TRAILING_PUNCT)
+    if len(cleaned) > _MAX_FACT_CHARS:
+        cleaned = cleaned[: _MAX_FACT_CHARS - 1].rstrip() + "…"
+    return cleaned
+
+
+def is_tool_role(role: str) -> bool:
+    return bool(_TOOL_ROLE_RE.search(role))
+
+
+def _line_shape(line: str) -> str:
+    return _SHAPE_RE.sub("#", line.strip())
+
+
+def non_repeating_lines(text: str) -> list[str]:
+    """Lines whose shape (digits, hex runs and quoted strings blanked) occurs once."""
+    lines = [line for line in text.replace("\r\n", "\n").split("\n") if line.strip()]
+    counts: dict[str, int] = {}
+    shapes = [_line_shape(line) for line in lines]
+    for shape in shapes:
+        counts[shape] = counts.get(shape, 0) + 1
+    return [line for line, shape in zip(lines, shapes, strict=True) if counts[shape] == 1]
+
+
+def extract_facts(text: str) -> list[Fact]:
+    """Every fact in ``text``, in order of kind then appearance, without duplicates.
+
+    Facts inside a marked line are not pinned again on their own: the line
+    already keeps them.
+    """
+    found: list[Fact] = []
+    marked: list[str] = []
+    for match in _MARKED_LINE_RE.finditer(text):
+        line = re.sub(r"^[ \t]*(?:[-*>+][ \t]*)*", "", match.group(0)).strip()
+        marked.append(line)
+        found.append(Fact("marked", _clean(line)))
+    for match in _PREFERENCE_RE.finditer(text):
+        sentence = match.group(0).strip()
+        if sentence and not any(sentence in line for line in marked):
+            marked.append(sentence)
+            found.append(Fact("marked", _clean(sentence)))
+    rest = text
+    for line in marked:
+        rest = rest.replace(line, " ")
+    for match in _CODE_SPAN_RE.finditer(rest):
+        found.append(Fact("command", f"`{_clean(match.group(1))}`"))
+    for match in _SHELL_LINE_RE.finditer(rest):
+        found.append(Fact("command", f"`{_clean(match.group(1))}`"))
+    # URLs first, then blank them out so their paths and hosts are not pinned twice.
+    for match in _URL_RE.finditer(rest):
+        found.append(Fact("url", _clean(match.group(0))))
+    plain = _URL_RE.sub(" ", _CODE_SPAN_RE.sub(" ", rest))
+    for kind, pattern in (
+        ("path", _PATH_RE),
+        ("date", _DATE_RE),
+        ("version", _VERSION_RE),
+        ("identifier", _IDENTIFIER_RE),
+        ("quantity", _QUANTITY_RE),
+    ):
+        for match in pattern.finditer(plain):
+            found.append(Fact(kind, _clean(match.group(0))))
+        if kind in {"path", "date", "version"}:
+            # A date is not also a quantity, a version not also a hostname.
+            plain = pattern.sub(" ", plain)
+    seen: set[str] = set()
+    unique: list[Fact] = []
+    for fact in found:
+        key = fact.key
+        if len(key) < 2 or key in seen or looks_like_credential(fact.text):
+            continue
+        seen.add(key)
+        unique.append(fact)
+    return unique
+
+
+def extract_from_entry(role: str, content: str) -> list[Fact]:
+    """Facts of one transcript entry; tool output is read only where it does not repeat."""
+    if is_tool_role(role) or content.lstrip().startswith("Tool Output"):
+        return extract_facts("\n".join(non_repeating_lines(content)))
+    return extract_facts(content)
+
+
+def pins_of_entries(entries: Iterable[tuple[str, str, str]]) -> list[Pin]:
+    """Pins of ``(role, timestamp, content)`` entries, oldest first, newest mention kept."""
+    pins: list[Pin] = []
+    for role, timestamp, content in entries:
+        pins.extend(Pin(f.kind, f.text, timestamp) for f in extract_from_entry(role, content))
+    return merge_pins(pins)
+
+
+def merge_pins(*groups: Sequence[Pin]) -> list[Pin]:
+    """One pin per fact, with its latest ``last_seen``; order: least recently mentioned first."""
+    merged: dict[str, Pin] = {}
+    for group in groups:
+        for pin in group:
+            current = merged.get(pin.key)
+            if current is None:
+                merged[pin.key] = pin
+            elif pin.last_seen > current.last_seen:
+                merged[pin.key] = replace(current, last_seen=pin.last_seen)
+    return sorted(merged.values(), key=lambda p: p.last_seen)
+
+
+def covered_keys(text: str) -> set[str]:
+    """Keys of the facts the extractor finds in ``text`` (e.g. a summarizer's reply)."""
+    return {fact.key for fact in extract_facts(text)}
+
+
+def render_pinned(pins: Sequence[Pin]) -> str:
+    """The ``Pinned facts`` section: pins grouped under the date last mentioned."""
+    if not pins:
+        return ""
+    lines = [PINNED_HEADING]
+    day = None
+    for pin in sorted(pins, key=lambda p: ((p.day == UNDATED and "0") or p.day, p.last_seen)):
+        if pin.day != day:
+            day = pin.day
+            lines.append(f"{day}:")
+        lines.append(f"- {pin.text}")
+    return "\n".join(lines)
+
+
+_DAY_LINE_RE: Final = re.compile(rf"^(\d{{4}}-\d{{2}}-\d{{2}}|{UNDATED}):$")
+
+
+def parse_pinned(section: str) -> list[Pin]:
+    """Pins from a rendered section (the heading line may or may not be included)."""
+    pins: list[Pin] = []
+    day = ""
+    for raw in section.replace("\r\n", "\n").split("\n"):
+        line = raw.strip()
+        if not line or line == PINNED_HEADING:
+            continue
+        day_match = _DAY_LINE_RE.match(line)
+        if day_match:
+            day = "" if day_match.group(1) == UNDATED else day_match.group(1)
+            continue
+        if not line.startswith("- "):
+            continue
+        text = line[2:].strip()
+        facts = extract_facts(text)
+        whole = next((f for f in facts if f.key == fact_key(text)), None)
+        kind = whole.kind if whole is not None else "marked"
+        if text and not looks_like_credential(text):
+            pins.append(Pin(kind, text, day))
+    return pins
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedSection:
+    pins: tuple[Pin, ...]
+    text: str
+    evicted: int
+
+
+def fit_pins(pins: Sequence[Pin], max_tokens: int, count_text: CountText) -> PinnedSection:
+    """The pins that fit ``max_tokens``: the least valuable kinds go first, oldest first.
+
+    Evicted facts stay in the archives (``memd recall`` finds them).
+    """
+    kept = list(pins)
+    text = render_pinned(kept)
+    if max_tokens <= 0:
+        return PinnedSection((), "", len(kept))
+    eviction_order = sorted(kept, key=lambda p: (KIND_VALUE.get(p.kind, 0), p.last_seen))
+    total = count_text(text) if text else 0
+    evicted = 0
+    if total > max_tokens:
+        # Estimate per-pin costs once, drop until the estimate fits, then verify.
+        costs = {id(p): count_text(f"- {p.text}") + 1 for p in kept}
+        dropped: set[int] = set()
+        excess = total - max_tokens
+        for pin in eviction_order:
+            if excess <= 0:
+                break
+            dropped.add(id(pin))
+            excess -= costs[id(pin)]
+        kept = [p for p in kept if id(p) not in dropped]
+        evicted = len(dropped)
+        text = render_pinned(kept)
+        remaining = [p for p in eviction_order if id(p) not in dropped]
+        while kept and count_text(text) > max_tokens:
+            victim = remaining.pop(0)
+            kept.remove(victim)
+            evicted += 1
+            text = render_pinned(kept)
+    return PinnedSection(tuple(kept), text, evicted)

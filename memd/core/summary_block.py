@@ -1,0 +1,132 @@
+"""The summary block's body, versioned (pure): summary text, pinned facts, provenance.
+
+Format 1 (memd before pinned facts, and Swarms' own summaries): the whole text
+after the preamble is the summary.  Format 2 appends a ``Pinned facts`` section
+and ends with one line naming the format and the archive(s) holding the raw
+turns the summary replaced::
+
+    {summary}
+
+    Pinned facts (…):
+    2026-03-02:
+    - /srv/app/config.yaml
+
+    memd-summary: v2; raw turns in archive/history_2026-03-02_10-00-00.md (+3 earlier)
+
+A block whose last line names a format newer than this code knows is carried
+as plain summary text (nothing in it is lost or rewritten), and said so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from memd.core.pins import (
+    PINNED_HEADING,
+    Pin,
+    covered_keys,
+    extract_facts,
+    fit_pins,
+    merge_pins,
+    parse_pinned,
+)
+
+CountText = Callable[[str], int]
+
+SUMMARY_FORMAT: Final = 2
+_VERSION_LINE_RE: Final = re.compile(
+    r"^memd-summary: v(\d+)(?:; raw turns in (\S+)(?: \(\+(\d+) earlier\))?)?\s*$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedSummary:
+    body: str
+    pins: tuple[Pin, ...] = ()
+    version: int = 1
+    latest_archive: str = ""
+    earlier_archives: int = 0
+
+    @property
+    def newer_than_known(self) -> bool:
+        return self.version > SUMMARY_FORMAT
+
+
+def parse_summary(text: str) -> ParsedSummary:
+    """Split a summary block's text (after the preamble) into its parts, any format."""
+    normalized = text.replace("\r\n", "\n").strip()
+    lines = normalized.split("\n")
+    match = _VERSION_LINE_RE.match(lines[-1].strip()) if lines else None
+    if match is None:
+        return ParsedSummary(body=normalized)
+    version = int(match.group(1))
+    if version > SUMMARY_FORMAT:
+        return ParsedSummary(body=normalized, version=version)
+    rest = "\n".join(lines[:-1]).rstrip()
+    body, pins_text = rest, ""
+    marker = "\n" + PINNED_HEADING
+    at = ("\n" + rest).rfind(marker)
+    if at >= 0:
+        body = rest[: max(0, at - 1)].rstrip() if at > 0 else ""
+        pins_text = rest[at:]
+    return ParsedSummary(
+        body=body.strip(),
+        pins=tuple(parse_pinned(pins_text)),
+        version=version,
+        latest_archive=match.group(2) or "",
+        earlier_archives=int(match.group(3) or 0),
+    )
+
+
+def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
+    """What the previous summary pinned, plus the facts its body still names.
+
+    A fact the last model kept in its own words is no longer in the pinned
+    section; reading it back from the body is what keeps it pinned if the next
+    model drops it.
+    """
+    from_body = [Pin(f.kind, f.text, previous_timestamp) for f in extract_facts(previous.body)]
+    return merge_pins(from_body, list(previous.pins))
+
+
+@dataclass(frozen=True, slots=True)
+class ComposedSummary:
+    text: str
+    pinned: int  # facts in the pinned section
+    covered: int  # pinned-kind facts the summary itself kept (same extractor)
+    evicted: int  # facts dropped from the pinned section for its budget
+
+
+def compose_summary(
+    body: str,
+    pins: Sequence[Pin],
+    *,
+    pinned_tokens: int,
+    count_text: CountText,
+    archive: str = "",
+    earlier_archives: int = 0,
+) -> ComposedSummary:
+    """The format-2 text: ``body`` + the pins it does not keep itself + the version line."""
+    covered = covered_keys(body)
+    missing = [pin for pin in pins if pin.key not in covered]
+    section = fit_pins(missing, pinned_tokens, count_text)
+    parts = [body.strip()] if body.strip() else []
+    if section.text:
+        parts.append(section.text)
+    parts.append(version_line(archive, earlier_archives))
+    return ComposedSummary(
+        text="\n\n".join(parts),
+        pinned=len(section.pins),
+        covered=len(pins) - len(missing),
+        evicted=section.evicted,
+    )
+
+
+def version_line(archive: str, earlier_archives: int) -> str:
+    if not archive:
+        return f"memd-summary: v{SUMMARY_FORMAT}"
+    earlier = f" (+{earlier_archives} earlier)" if earlier_archives else ""
+    return f"memd-summary: v{SUMMARY_FORMAT}; raw turns in {archive}{earlier}"

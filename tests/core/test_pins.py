@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import pytest
+
+from memd.core.pins import (
+    Pin,
+    covered_keys,
+    extract_facts,
+    extract_from_entry,
+    fit_pins,
+    merge_pins,
+    parse_pinned,
+    render_pinned,
+)
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "fact"),
+    [
+        ("edit /srv/app/conf/main.yaml today", "path", "/srv/app/conf/main.yaml"),
+        (
+            "see https://grafana.example.net/d/42 for graphs",
+            "url",
+            "https://grafana.example.net/d/42",
+        ),
+        ("cutover on 2027-04-02 at noon", "date", "2027-04-02"),
+        ("we pinned orjson to 3.10.7 last week", "version", "3.10.7"),
+        ("run `make reindex SHARD=3` from the root", "command", "`make reindex SHARD=3`"),
+        ("filed as OPS-4412 yesterday", "identifier", "OPS-4412"),
+        ("landed in 3fa9b2c01d4e on main", "identifier", "3fa9b2c01d4e"),
+        ("read from replica7.db.internal only", "identifier", "replica7.db.internal"),
+        ("p99 must stay under 417.5 ms please", "quantity", "417.5 ms"),
+        (
+            "Remember: the bucket is read-only on Fridays.",
+            "marked",
+            "Remember: the bucket is read-only on Fridays",
+        ),
+        (
+            "Sure. I prefer CSV attachments over inline tables.",
+            "marked",
+            "I prefer CSV attachments over inline tables",
+        ),
+    ],
+)
+def test_each_kind_is_extracted(text: str, kind: str, fact: str) -> None:
+    assert (kind, fact) in [(f.kind, f.text) for f in extract_facts(text)]
+
+
+def test_credentials_are_never_pinned() -> None:
+    text = (
+        "Remember: api_key = sk-abcdefghijklmnopqrstuvwx\nuse `export TOKEN=ghp_" + "a" * 36 + "`"
+    )
+    assert extract_facts(text) == []
+
+
+def test_tool_output_pins_only_lines_whose_shape_does_not_repeat() -> None:
+    rows = [
+        f'{{"id": {i}, "host": "w{i}.db.internal", "ts": "2026-01-0{i % 9 + 1}"}}'
+        for i in range(30)
+    ]
+    rows.insert(15, "FATAL replica lag on core9.db.internal since 2027-02-03")
+    facts = extract_from_entry("Tool Executor", "Tool Output:\n" + "\n".join(rows))
+    assert {f.text for f in facts} == {"core9.db.internal", "2027-02-03"}
+    # The same lines from a person are all read.
+    assert len(extract_from_entry("Human", "\n".join(rows))) > 2
+
+
+def test_a_pin_counts_as_kept_only_if_the_extractor_finds_it_again() -> None:
+    # Dropping the backticks loses the command as a command: not covered.
+    assert "`make deploy`" not in covered_keys("Run make deploy to ship.")
+    assert "`make deploy`" in covered_keys("Run `make deploy` to ship.")
+
+
+def test_merge_keeps_one_pin_per_fact_with_its_latest_mention() -> None:
+    merged = merge_pins(
+        [Pin("path", "/a/b/c.txt", "2026-01-01T10:00:00")],
+        [
+            Pin("path", "/a/b/c.txt ", "2026-01-03T10:00:00"),
+            Pin("url", "https://x.io/a", "2026-01-02"),
+        ],
+    )
+    assert [(p.text.strip(), p.last_seen) for p in merged] == [
+        ("https://x.io/a", "2026-01-02"),
+        ("/a/b/c.txt", "2026-01-03T10:00:00"),
+    ]
+
+
+def test_render_and_parse_round_trip() -> None:
+    pins = [
+        Pin("command", "`make deploy`", "2026-01-01T10:00:00"),
+        Pin("marked", "Remember: never deploy on Fridays", "2026-01-02T11:00:00"),
+        Pin("path", "/srv/x/y.yaml", ""),
+    ]
+    parsed = parse_pinned(render_pinned(pins))
+    assert {(p.kind, p.text, p.day) for p in parsed} == {
+        ("command", "`make deploy`", "2026-01-01"),
+        ("marked", "Remember: never deploy on Fridays", "2026-01-02"),
+        ("path", "/srv/x/y.yaml", "undated"),
+    }
+
+
+def test_budget_evicts_lowest_value_kinds_first_then_oldest() -> None:
+    pins = [
+        Pin("quantity", "5 ms", "2026-01-05"),
+        Pin("date", "2027-01-01", "2026-01-04"),
+        Pin("command", "`make a`", "2026-01-01"),
+        Pin("marked", "Remember: keep this one", "2026-01-01"),
+    ]
+    full = word_count(render_pinned(pins))
+    section = fit_pins(pins, full - 3, word_count)
+    assert section.evicted == 1
+    assert [p.kind for p in section.pins] == ["date", "command", "marked"]
+    assert word_count(section.text) <= full - 3
+    assert fit_pins(pins, 0, word_count).evicted == 4
