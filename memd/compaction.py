@@ -110,6 +110,10 @@ Checkpoint = Callable[[str], None]
 # The drain link is a hard link memd made; a symlink there was planted.
 _READ_PRIVATE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 ByteCounter = Callable[[bytes], int]
+# Called with the committed archive, still under the agent's lock (the recall
+# index). It reports its own failures: a crash or error here only leaves the
+# archive unindexed until the next start re-syncs it.
+ArchiveHook = Callable[[AgentPaths, Path], None]
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -129,6 +133,7 @@ class CompactionOptions:
     # The daemon needs a compaction to shrink the file (else it would loop);
     # an operator's explicit compact-now may re-seed even a small file.
     require_shrink: bool = True
+    on_archived: ArchiveHook | None = None
 
     @classmethod
     def from_config(
@@ -636,6 +641,12 @@ def _drain(
     return moved
 
 
+def _notify_archived(hook: ArchiveHook, paths: AgentPaths, archive: Path) -> None:
+    # The hook logs its own failures; the job is committed whatever it does.
+    with contextlib.suppress(Exception):
+        hook(paths, archive)
+
+
 def _append(target: Path, data: bytes) -> None:
     """Append ``data`` durably; a failed write says how much landed (ShortWrite)."""
     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -753,6 +764,8 @@ def _compact(
                 hook,
             )
             _finish(paths, hook)
+            if opts.on_archived is not None and txn.archive is not None:
+                _notify_archived(opts.on_archived, paths, txn.archive)
         except OSError as exc:
             # Past the commit point nothing can be rolled back; the journal
             # keeps the drain offsets and the next run finishes it.
@@ -912,6 +925,7 @@ def _landed_prefix(after: bytes, chunk: bytes) -> int:
 __all__ = [
     "CHECKPOINTS",
     "PRE_COMMIT_CHECKPOINTS",
+    "ArchiveHook",
     "CompactionOptions",
     "CompactionOutcome",
     "ProvidedSummary",

@@ -71,6 +71,7 @@ from memd.errors import (
 )
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
+from memd.recall.service import RecallService
 from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, load_settings
 from memd.watcher import BackendKind, Watcher, default_backend_kind
@@ -296,6 +297,7 @@ class Daemon:
         self.scheduler: JobScheduler | None = None
         self.watcher: Watcher | None = None
         self.store: StateStore | None = None
+        self.recall: RecallService | None = None
         self.metrics: Metrics | None = None
         self._metrics_server: MetricsServer | None = None
 
@@ -390,6 +392,10 @@ class Daemon:
             for entry in entries:
                 self._agents[entry.name] = entry
             self._removed.update(set(records) - set(self._agents))
+        if self.options.state_dir is not None:
+            self.recall = RecallService.open(self.options.state_dir, self.workspace)
+        if self.recall is not None:
+            self.recall.start(self._agent_paths_now)
         # Counted before any thread exists, so the scan may fork a process
         # pool safely; changes made meanwhile are caught just below.
         self._initial_count(entries, records)
@@ -492,6 +498,9 @@ class Daemon:
                     entry.dirty = True
         with contextlib.suppress(Exception):
             self._flush_state(final=True)
+        if self.recall is not None:
+            with contextlib.suppress(Exception):
+                self.recall.stop()
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.clear_heartbeat(os.getpid())
@@ -968,8 +977,14 @@ class Daemon:
     def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
         options = CompactionOptions.from_config(self.config, policy)
         return dataclasses.replace(
-            options, lock_wait_s=min(options.lock_wait_s, _DAEMON_LOCK_WAIT_S)
+            options,
+            lock_wait_s=min(options.lock_wait_s, _DAEMON_LOCK_WAIT_S),
+            on_archived=self.recall.on_archived if self.recall is not None else None,
         )
+
+    def _agent_paths_now(self) -> list[AgentPaths]:
+        with self._lock:
+            return [entry.paths for entry in self._agents.values()]
 
     def _checkpoint(self, entry: AgentEntry, name: str) -> None:
         if self.force_exit and name in _PRE_COMMIT:

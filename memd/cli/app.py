@@ -12,7 +12,14 @@ import sys
 
 import typer
 
-from memd.cli import commands_compact, commands_forget, commands_ops, commands_run, commands_status
+from memd.cli import (
+    commands_compact,
+    commands_forget,
+    commands_ops,
+    commands_recall,
+    commands_run,
+    commands_status,
+)
 from memd.errors import MemdError
 
 
@@ -31,6 +38,7 @@ def build_app() -> typer.Typer:
     app.command("history")(commands_ops.history)
     app.command("doctor")(commands_ops.doctor)
     app.add_typer(commands_ops.config_app, name="config")
+    app.command("recall")(commands_recall.recall_command)
     app.command("run")(commands_run.run_command)
     app.command("status")(commands_status.status)
     return app

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
+from memd.cli.recall_index import archive_indexer
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def compact_now(
         else make_summarizer(cfg.summarizer, counter.count_text)
     )
     ledger = _open_ledger(loaded, state_dir)
+    index_archive = archive_indexer(loaded, state_dir)
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = 0
@@ -106,7 +108,9 @@ def compact_now(
             paths = agent_paths(ws, name)
             policy = policies[name]
             options = dataclasses.replace(
-                CompactionOptions.from_config(cfg, policy), require_shrink=False
+                CompactionOptions.from_config(cfg, policy),
+                require_shrink=False,
+                on_archived=index_archive,
             )
             if wait is not None:
                 options = dataclasses.replace(options, lock_wait_s=wait)

@@ -31,8 +31,11 @@ from typing import Annotated
 import typer
 
 from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
+from memd.cli.recall_index import open_recall_index
 from memd.errors import MemdError, UnknownAgent
 from memd.fsutil import AgentLock
+from memd.recall.index import RecallIndex
+from memd.settings import LoadedConfig
 from memd.state import StateError, StateStore
 from memd.workspace import AgentPaths, agent_paths, require_workspace
 
@@ -50,6 +53,7 @@ class ForgetReport:
     archives_removed: int = 0
     private_entries_removed: int = 0
     state_rows_removed: int = 0
+    recall_rows_removed: int = 0
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -59,6 +63,7 @@ class ForgetReport:
         parts.append(f"{self.archives_removed} archive(s)")
         parts.append(f"{self.private_entries_removed} private file(s)")
         parts.append(f"{self.state_rows_removed} state row(s)")
+        parts.append(f"{self.recall_rows_removed} recall index row(s)")
         return f"forgot agent {self.agent!r}: removed " + ", ".join(parts)
 
 
@@ -98,13 +103,28 @@ def _forget_state(report: ForgetReport, store: StateStore) -> None:
         report.notes.append(f"state DB not cleaned: {exc}")
 
 
+def _forget_recall(report: ForgetReport, recall: RecallIndex | None) -> None:
+    if recall is None:
+        return
+    try:
+        report.recall_rows_removed = recall.erase_agent(report.agent)
+    except MemdError as exc:
+        report.notes.append(f"recall index not cleaned: {exc}")
+
+
 def forget(
-    paths: AgentPaths, store: StateStore, wait_s: float, *, folder_exists: bool
+    paths: AgentPaths,
+    store: StateStore,
+    wait_s: float,
+    *,
+    folder_exists: bool,
+    recall: RecallIndex | None = None,
 ) -> ForgetReport:
     """Erase under the agent's compaction lock (waiting up to ``wait_s`` for a compaction)."""
     if not folder_exists:
         report = ForgetReport(agent=paths.agent)
         _forget_state(report, store)
+        _forget_recall(report, recall)
         return report
     # The lock file lives in .memd/: create the folder so the lock can be taken
     # even for an agent memd has never compacted.
@@ -112,6 +132,9 @@ def forget(
     with AgentLock(paths.lock, paths.agent).held(wait_s):
         report = erase_agent_files(paths)
         _forget_state(report, store)
+        # Under the lock too: a compaction waiting for it would otherwise
+        # index an archive of the agent between the two erasures.
+        _forget_recall(report, recall)
     return report
 
 
@@ -145,10 +168,26 @@ def forget_command(
     with open_state(loaded, state_dir) as store:
         if not folder_exists and not _known_to_state(store, agent):
             raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir}")
-        report = forget(paths, store, wait_s, folder_exists=folder_exists)
+        recall, recall_note = _open_recall(loaded, state_dir)
+        try:
+            report = forget(paths, store, wait_s, folder_exists=folder_exists, recall=recall)
+        finally:
+            if recall is not None:
+                recall.close()
+        if recall_note:
+            report.notes.append(recall_note)
     for note in report.notes:
         print(f"memd: warning: {note}", file=sys.stderr)
     print(report.summary())
+
+
+def _open_recall(
+    loaded: LoadedConfig, state_dir: Path | None
+) -> tuple[RecallIndex | None, str | None]:
+    try:
+        return open_recall_index(loaded, state_dir), None
+    except MemdError as exc:
+        return None, f"recall index not cleaned: {exc}"
 
 
 def _known_to_state(store: StateStore, agent: str) -> bool:

@@ -1,0 +1,46 @@
+"""The recall index as CLI commands open it (recall, compact-now, forget)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memd.errors import MemdError
+from memd.recall.index import RecallIndex
+from memd.settings import LoadedConfig
+from memd.state import resolve_state_dir
+from memd.workspace import AgentPaths
+
+if TYPE_CHECKING:
+    from memd.compaction import ArchiveHook
+
+
+def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallIndex:
+    """The workspace's recall index; its notes (a rebuilt index...) go to stderr."""
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    index = RecallIndex.open(directory, loaded.workspace)
+    for note in index.notes:
+        print(f"memd: warning: {note}", file=sys.stderr)
+    return index
+
+
+def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook:
+    """The compaction hook of ``compact-now``: index each archive it commits."""
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+
+    def index_archive(paths: AgentPaths, archive: Path) -> None:
+        try:
+            with RecallIndex.open(directory, loaded.workspace) as index:
+                index.sync_agent(paths)
+        except (MemdError, OSError) as exc:
+            print(
+                f"memd: warning: agent {paths.agent!r}: archive {archive.name} not indexed yet "
+                f"({exc}); the next `memd recall` or daemon start indexes it",
+                file=sys.stderr,
+            )
+
+    return index_archive
+
+
+__all__ = ["archive_indexer", "open_recall_index"]

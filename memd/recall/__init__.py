@@ -1,0 +1,1 @@
+"""Recall over archived history: the FTS5 index, the agent socket."""

@@ -1,0 +1,600 @@
+"""The recall index: SQLite FTS5 over every raw entry of every archive (and the live file).
+
+One DB per workspace in memd's state dir, beside the state DB
+(``<digest>.recall.sqlite3``). It is derived data: the archives and MEMORY.md
+are the truth, so an index that is missing, corrupt or from an older schema is
+rebuilt from them, and :meth:`RecallIndex.sync_agent` repairs whatever a crash
+between "archive written" and "archive indexed" left behind.
+
+Tables (schema ``SCHEMA_VERSION``):
+
+* ``sources``: one row per indexed file (an archive, or ``MEMORY.md``) with
+  the identity it had when indexed (dev, ino, size, mtime): a file whose
+  identity changed (rewritten by ``forget --match``, replaced) is re-indexed;
+* ``entries``: one row per raw entry: agent, source, byte offset and length
+  in that file, role, timestamp (as written, and as epoch seconds);
+* ``entries_fts``: the entry text, FTS5 (porter stemming over unicode61),
+  rowid = ``entries.id``.
+
+Erasure (:meth:`RecallIndex.erase_agent`) deletes the rows with
+``secure_delete`` on, merges the FTS segments (deleted terms otherwise linger
+in old segments), VACUUMs (no free page keeps old bytes) and truncates the WAL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from memd.core.memfile import parse
+from memd.core.recall import (
+    MATCH_CLOSE,
+    MATCH_OPEN,
+    IndexedEntry,
+    RecallQueryError,
+    fts_match_expression,
+    raw_entries_for_index,
+    split_highlight,
+)
+from memd.errors import MemdError, WorkspaceError
+from memd.fsutil import read_to_end
+from memd.workspace import MEMORY_FILE, AgentPaths, contained_path
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 10.0
+LIVE_SOURCE = MEMORY_FILE
+ARCHIVE_PREFIX = "history_"
+ARCHIVE_SUFFIX = ".md"
+MAX_LIMIT = 100
+
+_log = logging.getLogger("memd.recall")
+_T = TypeVar("_T")
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+_SCHEMA = (
+    "CREATE TABLE recall_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE sources ("
+    " id INTEGER PRIMARY KEY, agent TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,"
+    " dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL,"
+    " mtime_ns INTEGER NOT NULL, indexed_at REAL NOT NULL, UNIQUE (agent, name))",
+    "CREATE TABLE entries ("
+    " id INTEGER PRIMARY KEY, source_id INTEGER NOT NULL, agent TEXT NOT NULL,"
+    " offset INTEGER NOT NULL, length INTEGER NOT NULL, role TEXT NOT NULL,"
+    " ts TEXT NOT NULL, epoch REAL)",
+    "CREATE INDEX entries_by_source ON entries (source_id)",
+    "CREATE INDEX entries_by_agent ON entries (agent)",
+    "CREATE VIRTUAL TABLE entries_fts USING fts5("
+    " text, tokenize = 'porter unicode61 remove_diacritics 2')",
+)
+
+
+class RecallIndexError(MemdError, RuntimeError):
+    """The recall index cannot be opened, read or written."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecallHit:
+    """One matching raw entry (the JSON schema of ``memd recall --json``)."""
+
+    agent: str
+    source: str  # archive file name, or "MEMORY.md" for the live file
+    offset: int
+    length: int
+    role: str
+    timestamp: str
+    score: float  # bm25: lower is better
+    text: str
+    matches: tuple[tuple[int, int], ...]  # [start, end) character spans in text
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "agent": self.agent,
+            "source": self.source,
+            "live": self.source == LIVE_SOURCE,
+            "offset": self.offset,
+            "length": self.length,
+            "role": self.role,
+            "timestamp": self.timestamp,
+            "score": round(self.score, 6),
+            "text": self.text,
+            "matches": [list(span) for span in self.matches],
+        }
+
+
+@dataclass(slots=True)
+class SyncReport:
+    indexed: list[str]
+    removed: list[str]
+    entries: int = 0
+
+    def describe(self) -> str:
+        return (
+            f"indexed {len(self.indexed)} file(s) ({self.entries} entries), "
+            f"dropped {len(self.removed)}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _FileIdentity:
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, result: os.stat_result) -> _FileIdentity:
+        return cls(result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns)
+
+
+def recall_db_path(state_dir: Path, workspace: Path) -> Path:
+    from memd.state import state_db_path
+
+    state_db = state_db_path(state_dir, workspace)
+    return state_db.with_name(state_db.stem + ".recall.sqlite3")
+
+
+def is_archive_name(name: str) -> bool:
+    # Encrypted archives (.md.enc) are not indexed: their text must not sit
+    # in plain text in the index (the privacy issue decides how to index them).
+    return name.startswith(ARCHIVE_PREFIX) and name.endswith(ARCHIVE_SUFFIX)
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    # Deleted rows are overwritten with zeros, not merely unlinked (erasure).
+    conn.execute("PRAGMA secure_delete = ON")
+    return conn
+
+
+def _schema_version(conn: sqlite3.Connection) -> int | None:
+    try:
+        row = conn.execute("SELECT value FROM recall_meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.OperationalError:
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        return None if tables == 0 else 0  # tables but no meta: an unversioned draft
+    return int(row[0]) if row is not None else 0
+
+
+def _drop_everything(conn: sqlite3.Connection) -> None:
+    names = conn.execute(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view')"
+        " AND name NOT LIKE 'sqlite_%' AND name NOT LIKE 'entries_fts_%'"
+    ).fetchall()
+    for kind, name in names:
+        conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+
+
+class RecallIndex:
+    """Thread-safe handle on one workspace's recall index (one connection behind a lock)."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | None) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        self.path = path
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(cls, state_dir: Path, workspace: Path) -> RecallIndex:
+        """Open (creating, migrating or rebuilding) the index for ``workspace``."""
+        path = recall_db_path(state_dir, workspace)
+        try:
+            if not state_dir.is_dir():
+                state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not path.exists():
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            conn = _connect(str(path))
+        except (OSError, sqlite3.Error) as exc:
+            raise RecallIndexError(f"recall index {path}: cannot open: {exc}") from None
+        index = cls(conn, path)
+        try:
+            index._prepare()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.OperationalError):
+                raise RecallIndexError(f"recall index {path}: {exc}") from None
+            index = cls._rebuilt_after_corruption(path, exc)
+        return index
+
+    @classmethod
+    def in_memory(cls) -> RecallIndex:
+        index = cls(_connect(":memory:"), None)
+        index._prepare()
+        return index
+
+    @classmethod
+    def _rebuilt_after_corruption(cls, path: Path, exc: sqlite3.DatabaseError) -> RecallIndex:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        moved = path.with_name(f"{path.name}.corrupt-{stamp}")
+        path.rename(moved)
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{path}{suffix}").rename(Path(f"{moved}{suffix}"))
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        index = cls(_connect(str(path)), path)
+        index._prepare()
+        note = f"recall index {path} was corrupt ({exc}); moved to {moved.name}, rebuilt empty"
+        _log.warning(note)
+        index.notes.append(note)
+        return index
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        if self.path is not None:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        version = _schema_version(conn)
+        if version == SCHEMA_VERSION:
+            return
+        if version is not None and version > SCHEMA_VERSION:
+            raise RecallIndexError(
+                f"recall index {self.path} has schema version {version}, newer than this "
+                f"memd understands ({SCHEMA_VERSION}); run the newer memd, or delete the file "
+                "and run `memd recall --reindex`"
+            )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if _schema_version(conn) != SCHEMA_VERSION:  # another process may have won
+                if version is not None:
+                    # Older schema: the index is derived data, so rebuild it
+                    # (sync_agent re-reads every archive).
+                    self.notes.append(
+                        f"recall index {self.path}: schema version {version} replaced by "
+                        f"{SCHEMA_VERSION}; archives are re-indexed"
+                    )
+                    _drop_everything(conn)
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO recall_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> RecallIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------- internals
+
+    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
+        with self._lock:
+            try:
+                return operation(self._conn)
+            except sqlite3.Error as exc:
+                raise RecallIndexError(f"recall index {self.path or ':memory:'}: {exc}") from None
+
+    @contextlib.contextmanager
+    def _write(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _sources(self, agent: str) -> dict[str, tuple[int, _FileIdentity]]:
+        def operation(conn: sqlite3.Connection) -> dict[str, tuple[int, _FileIdentity]]:
+            rows = conn.execute(
+                "SELECT name, id, dev, ino, size, mtime_ns FROM sources WHERE agent = ?", (agent,)
+            ).fetchall()
+            return {row[0]: (row[1], _FileIdentity(*row[2:])) for row in rows}
+
+        return self._run(operation)
+
+    def _replace_source(
+        self,
+        agent: str,
+        name: str,
+        kind: str,
+        identity: _FileIdentity | None,
+        entries: list[IndexedEntry],
+    ) -> None:
+        """Swap the rows of one file in one transaction (``identity`` None: drop them)."""
+
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                _delete_sources(conn, "agent = ? AND name = ?", (agent, name))
+                if identity is None:
+                    return
+                source_id = conn.execute(
+                    "INSERT INTO sources (agent, name, kind, dev, ino, size, mtime_ns,"
+                    " indexed_at) VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        agent,
+                        name,
+                        kind,
+                        identity.dev,
+                        identity.ino,
+                        identity.size,
+                        identity.mtime_ns,
+                        time.time(),
+                    ),
+                ).lastrowid
+                for entry in entries:
+                    entry_id = conn.execute(
+                        "INSERT INTO entries (source_id, agent, offset, length, role, ts, epoch)"
+                        " VALUES (?,?,?,?,?,?,?)",
+                        (
+                            source_id,
+                            agent,
+                            entry.offset,
+                            entry.length,
+                            entry.role,
+                            entry.timestamp,
+                            entry.epoch,
+                        ),
+                    ).lastrowid
+                    conn.execute(
+                        "INSERT INTO entries_fts (rowid, text) VALUES (?, ?)",
+                        (entry_id, entry.text),
+                    )
+
+        self._run(operation)
+
+    # ----------------------------------------------------------------- writing
+
+    def index_file(self, agent: str, path: Path, *, kind: str = "archive") -> int:
+        """(Re-)index one archive or the live file; returns its raw entries indexed."""
+        read = _read_file(path)
+        name = LIVE_SOURCE if kind == "live" else path.name
+        if read is None:
+            self._replace_source(agent, name, kind, None, [])
+            return 0
+        identity, data = read
+        entries = raw_entries_for_index(parse(data))
+        self._replace_source(agent, name, kind, identity, entries)
+        return len(entries)
+
+    def sync_agent(self, paths: AgentPaths, *, live: bool = True) -> SyncReport:
+        """Make the index match the agent's files: new or changed archives in,
+        vanished ones out, and (``live``) the current MEMORY.md.
+
+        This is the repair after a crash between writing an archive and
+        indexing it, and what ``--reindex`` runs after dropping the agent.
+        """
+        agent = paths.agent
+        report = SyncReport(indexed=[], removed=[])
+        known = self._sources(agent)
+        on_disk = _archives_on_disk(paths)
+        for name, identity in sorted(on_disk.items()):
+            indexed = known.get(name)
+            if indexed is not None and indexed[1] == identity:
+                continue
+            report.entries += self.index_file(agent, paths.archive_dir / name)
+            report.indexed.append(name)
+        for name in sorted(set(known) - set(on_disk) - {LIVE_SOURCE}):
+            self._replace_source(agent, name, "archive", None, [])
+            report.removed.append(name)
+        if live and self._live_changed(paths, known.get(LIVE_SOURCE)):
+            report.entries += self.index_file(agent, _live_path(paths), kind="live")
+            report.indexed.append(LIVE_SOURCE)
+        return report
+
+    def refresh_live(self, paths: AgentPaths) -> None:
+        """Re-index MEMORY.md if it changed since it was last indexed."""
+        known = self._sources(paths.agent).get(LIVE_SOURCE)
+        if self._live_changed(paths, known):
+            self.index_file(paths.agent, _live_path(paths), kind="live")
+
+    def _live_changed(self, paths: AgentPaths, known: tuple[int, _FileIdentity] | None) -> bool:
+        try:
+            current: _FileIdentity | None = _FileIdentity.of(os.stat(_live_path(paths)))
+        except (FileNotFoundError, WorkspaceError):
+            current = None
+        return (known[1] if known else None) != current
+
+    def reindex_agent(self, paths: AgentPaths) -> SyncReport:
+        """Drop the agent's rows and index its archives and MEMORY.md afresh."""
+        self._drop_agent_rows(paths.agent)
+        return self.sync_agent(paths)
+
+    def agents(self) -> list[str]:
+        def operation(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT DISTINCT agent FROM sources ORDER BY agent").fetchall()
+            return [row[0] for row in rows]
+
+        return self._run(operation)
+
+    # ----------------------------------------------------------------- erasing
+
+    def _drop_agent_rows(self, agent: str) -> int:
+        def operation(conn: sqlite3.Connection) -> int:
+            with self._write(conn):
+                return _delete_sources(conn, "agent = ?", (agent,))
+
+        return self._run(operation)
+
+    def erase_agent(self, agent: str) -> int:
+        """Erase every row of ``agent`` so no trace of its text stays on disk.
+
+        Returns the entries removed. Besides deleting (with secure_delete on),
+        this merges the FTS5 segments (a deleted term stays in older segments
+        until they merge), VACUUMs (rewrites the file without free pages) and
+        truncates the WAL. Extension point for retention and erase-by-pattern.
+        """
+        removed = self._drop_agent_rows(agent)
+
+        def scrub(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
+            self._checkpoint_truncate(conn)
+            conn.execute("VACUUM")
+            self._checkpoint_truncate(conn)
+
+        self._run(scrub)
+        return removed
+
+    def _checkpoint_truncate(self, conn: sqlite3.Connection) -> None:
+        if self.path is None:
+            return
+        # A reader in another process can pin old WAL frames for a moment;
+        # retry until the checkpoint completes, then say so if it never did.
+        for _attempt in range(50):
+            busy, _log_frames, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if busy == 0:
+                return
+            time.sleep(0.1)
+        raise RecallIndexError(
+            f"recall index {self.path}: another process kept the WAL busy; "
+            "its erased pages may remain until the next checkpoint"
+        )
+
+    # ---------------------------------------------------------------- querying
+
+    def search(
+        self,
+        agent: str,
+        question: str,
+        *,
+        limit: int = 5,
+        since_epoch: float | None = None,
+        role: str | None = None,
+    ) -> list[RecallHit]:
+        """The agent's raw entries best matching ``question`` (plain text), best first.
+
+        Ranked by bm25 over the OR of the question's words (so rare shared
+        words weigh most), then the newest first among equal scores.
+        """
+        if not 1 <= limit <= MAX_LIMIT:
+            raise RecallQueryError(f"limit {limit} is out of range (1..{MAX_LIMIT})")
+        expression = fts_match_expression(question)
+        clauses = ["entries_fts MATCH ?", "e.agent = ?"]
+        params: list[object] = [MATCH_OPEN, MATCH_CLOSE, expression, agent]
+        if since_epoch is not None:
+            clauses.append("e.epoch >= ?")
+            params.append(since_epoch)
+        if role:
+            clauses.append("e.role = ? COLLATE NOCASE")
+            params.append(role)
+        params.append(limit)
+        sql = (
+            "SELECT s.name, e.offset, e.length, e.role, e.ts,"  # noqa: S608  # values are bound
+            " highlight(entries_fts, 0, ?, ?), bm25(entries_fts) AS score"
+            " FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid"
+            " JOIN sources s ON s.id = e.source_id"
+            f" WHERE {' AND '.join(clauses)}"  # fixed clauses, values bound
+            # bm25 floats differ in the last bits for equal matches; round so
+            # equal matches tie and the newer entry wins.
+            " ORDER BY round(score, 6), e.epoch DESC, e.id DESC LIMIT ?"
+        )
+
+        def operation(conn: sqlite3.Connection) -> list[RecallHit]:
+            rows = conn.execute(sql, params).fetchall()
+            hits = []
+            for name, offset, length, role_, ts, marked, score in rows:
+                highlighted = split_highlight(marked)
+                hits.append(
+                    RecallHit(
+                        agent=agent,
+                        source=name,
+                        offset=offset,
+                        length=length,
+                        role=role_,
+                        timestamp=ts,
+                        score=float(score),
+                        text=highlighted.text,
+                        matches=highlighted.spans,
+                    )
+                )
+            return hits
+
+        return self._run(operation)
+
+    def stats(self) -> dict[str, int]:
+        def operation(conn: sqlite3.Connection) -> dict[str, int]:
+            sources = conn.execute("SELECT count(*) FROM sources").fetchone()[0]
+            entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+            return {"sources": int(sources), "entries": int(entries)}
+
+        return self._run(operation)
+
+
+def _delete_sources(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> int:
+    ids = [row[0] for row in conn.execute(f"SELECT id FROM sources WHERE {where}", params)]  # noqa: S608
+    removed = 0
+    for source_id in ids:
+        conn.execute(
+            "DELETE FROM entries_fts WHERE rowid IN (SELECT id FROM entries WHERE source_id = ?)",
+            (source_id,),
+        )
+        removed += conn.execute("DELETE FROM entries WHERE source_id = ?", (source_id,)).rowcount
+        conn.execute("DELETE FROM sources WHERE id = ?", (source_id,))
+    return removed
+
+
+def _live_path(paths: AgentPaths) -> Path:
+    return contained_path(paths.memory, paths.workspace, f"agent {paths.agent!r} MEMORY.md")
+
+
+def _archives_on_disk(paths: AgentPaths) -> dict[str, _FileIdentity]:
+    try:
+        archive_dir = contained_path(
+            paths.archive_dir, paths.workspace, f"agent {paths.agent!r} archive folder"
+        )
+        entries = list(os.scandir(archive_dir))
+    except FileNotFoundError:
+        return {}
+    found: dict[str, _FileIdentity] = {}
+    for entry in entries:
+        if not is_archive_name(entry.name):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            result = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(result.st_mode):
+                found[entry.name] = _FileIdentity.of(result)
+    return found
+
+
+def _read_file(path: Path) -> tuple[_FileIdentity, bytes] | None:
+    """The file's identity and bytes, or None when it is gone or not a regular file."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink planted where memd wrote a file
+            return None
+        raise
+    try:
+        result = os.fstat(fd)
+        if not stat.S_ISREG(result.st_mode):
+            return None
+        data = read_to_end(fd)
+    finally:
+        os.close(fd)
+    return _FileIdentity.of(result), data
+
+
+__all__ = [
+    "LIVE_SOURCE",
+    "SCHEMA_VERSION",
+    "RecallHit",
+    "RecallIndex",
+    "RecallIndexError",
+    "SyncReport",
+    "is_archive_name",
+    "recall_db_path",
+]

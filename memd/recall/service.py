@@ -1,0 +1,100 @@
+"""The daemon's side of recall: index archives as they are written, repair at start.
+
+The daemon owns one :class:`RecallService`. Each committed compaction calls
+:meth:`RecallService.on_archived` under the agent's lock; at start-up
+:meth:`RecallService.start` re-syncs every agent in a background thread (an
+archive written by a run that crashed before indexing it, or by an older memd,
+is indexed then). Nothing here can stop the daemon: a failure is logged with
+the agent's name and recall is repaired at the next sync.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from memd.errors import MemdError
+from memd.logs import get_logger
+from memd.recall.index import RecallIndex
+from memd.workspace import AgentPaths
+
+_log = get_logger("memd.recall")
+
+
+class RecallService:
+    def __init__(self, index: RecallIndex) -> None:
+        self.index = index
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.caught_up = threading.Event()
+
+    @classmethod
+    def open(cls, state_dir: Path, workspace: Path) -> RecallService | None:
+        """The service, or None (logged) when the index cannot be used at all."""
+        try:
+            index = RecallIndex.open(state_dir, workspace)
+        except MemdError as exc:
+            _log.warning("recall disabled", error=str(exc))
+            return None
+        for note in index.notes:
+            _log.warning("recall index", detail=note)
+        return cls(index)
+
+    def on_archived(self, paths: AgentPaths, archive: Path) -> None:
+        """Compaction hook: index the new archive (and the re-seeded MEMORY.md)."""
+        try:
+            report = self.index.sync_agent(paths)
+        except (MemdError, OSError) as exc:
+            _log.warning(
+                "archive not indexed yet",
+                agent=paths.agent,
+                archive=archive.name,
+                error=str(exc),
+            )
+            return
+        _log.debug(
+            "archive indexed",
+            agent=paths.agent,
+            archive=archive.name,
+            files=len(report.indexed),
+            entries=report.entries,
+        )
+
+    def start(self, agents: Callable[[], Iterable[AgentPaths]]) -> None:
+        """Re-sync every agent in the background (the repair after a crash)."""
+
+        def run() -> None:
+            repaired = 0
+            for paths in agents():
+                if self._stopping.is_set():
+                    return
+                try:
+                    report = self.index.sync_agent(paths)
+                except (MemdError, OSError) as exc:
+                    _log.warning("recall sync failed", agent=paths.agent, error=str(exc))
+                    continue
+                archives = [name for name in report.indexed if name != "MEMORY.md"]
+                if archives or report.removed:
+                    repaired += 1
+                    _log.info(
+                        "recall index repaired",
+                        agent=paths.agent,
+                        indexed=archives,
+                        removed=report.removed,
+                        entries=report.entries,
+                    )
+            _log.info("recall index ready", agents_repaired=repaired)
+            self.caught_up.set()
+
+        self._thread = threading.Thread(target=run, name="memd-recall-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.index.close()
+
+
+__all__ = ["RecallService"]

@@ -1,0 +1,290 @@
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.daemon_proc import DaemonProcess
+from support.memfiles import AgentWorkspace, append_entry
+
+from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
+from memd.core.memfile import parse
+from memd.core.recall import parse_since
+from memd.recall.index import (
+    LIVE_SOURCE,
+    SCHEMA_VERSION,
+    RecallIndex,
+    RecallIndexError,
+    recall_db_path,
+)
+from memd.recall.service import RecallService
+from memd.workspace import AgentPaths
+
+CHILD = Path(__file__).parent.parent / "support" / "recall_child.py"
+FAST = CompactionOptions(drain_quiet_s=0.05, drain_max_s=1.0)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> AgentWorkspace:
+    return AgentWorkspace(tmp_path / "ws")
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+def compact(paths: AgentPaths, state_dir: Path, summary: str = "Summary.") -> Path:
+    service = RecallService.open(state_dir, paths.workspace)
+    assert service is not None
+    try:
+        options = CompactionOptions(
+            drain_quiet_s=0.05, drain_max_s=1.0, on_archived=service.on_archived
+        )
+        return compact_agent(paths, ProvidedSummary(summary), options, manual=True).archive
+    finally:
+        service.index.close()
+
+
+def search(state_dir: Path, ws: AgentWorkspace, agent: str, question: str, **kw: object) -> list:
+    with RecallIndex.open(state_dir, ws.root) as index:
+        return index.search(agent, question, **kw)  # type: ignore[arg-type]
+
+
+def test_compaction_indexes_its_archive_raw_entries_only(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    paths = ws.create_agent("alpha", entries=4)
+    append_entry(paths.memory, "Human", "The kalomiren report is in the blue cabinet.")
+    first = compact(paths, state_dir, summary="Talked about the zebrafish plan.")
+    append_entry(paths.memory, "AI", "Second round: the ostrakon file moved.")
+    second = compact(paths, state_dir, summary="Another summary about zebrafish.")
+    hits = search(state_dir, ws, "alpha", "where is the kalomiren report?")
+    assert hits[0].source == first.name and "kalomiren" in hits[0].text
+    start, end = hits[0].matches[0]
+    assert hits[0].text[start:end].lower() == "kalomiren"
+    # The offset points at the entry in the archive, byte for byte.
+    data = first.read_bytes()
+    entry = parse(data[hits[0].offset : hits[0].offset + hits[0].length]).entries[0]
+    assert entry.text == hits[0].text and entry.role == hits[0].role == "Human"
+    assert search(state_dir, ws, "alpha", "ostrakon")[0].source == second.name
+    # Summary blocks (in the second archive and the live file) are not raw entries.
+    assert search(state_dir, ws, "alpha", "zebrafish") == []
+
+
+def test_rare_shared_word_ranks_first_and_ties_go_to_the_newest(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    paths = ws.create_agent("alpha")
+    for index in range(30):
+        append_entry(paths.memory, "Human", f"The weekly report number {index} is filed.")
+    append_entry(paths.memory, "AI", "Filed under quorlax: the budget spreadsheet.")
+    append_entry(paths.memory, "Human", "same words here")
+    append_entry(paths.memory, "Human", "same words here")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(paths)
+        # One rare word shared, several common ones not: the rare one wins.
+        hits = index.search("alpha", "Which report mentions the quorlax?", limit=3)
+        assert "quorlax" in hits[0].text
+        tied = index.search("alpha", "same words", limit=2)
+        assert [h.text for h in tied] == ["same words here"] * 2
+        assert tied[0].offset > tied[1].offset  # the later (newer) entry first
+
+
+def test_punctuation_and_fts_syntax_are_plain_text(ws: AgentWorkspace, state_dir: Path) -> None:
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", 'He said "NEAR" AND -quux: what? col:value')
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(paths)
+        for question in ("what?", '"NEAR', "AND -quux:", "col:value *", "NEAR(a b)", "^value"):
+            assert index.search("alpha", question), question
+
+
+def test_live_memory_is_searchable_and_follows_appends(ws: AgentWorkspace, state_dir: Path) -> None:
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "first live fact: the drawbridge code")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.refresh_live(paths)
+        (hit,) = index.search("alpha", "drawbridge")
+        assert hit.source == LIVE_SOURCE
+        append_entry(paths.memory, "AI", "second live fact: the portcullis key")
+        assert index.search("alpha", "portcullis") == []  # not refreshed yet
+        index.refresh_live(paths)
+        assert index.search("alpha", "portcullis")[0].source == LIVE_SOURCE
+
+
+def test_filters_role_since_and_agents_are_separate(ws: AgentWorkspace, state_dir: Path) -> None:
+    alpha = ws.create_agent("alpha")
+    beta = ws.create_agent("beta")
+    alpha.memory.write_text(
+        alpha.memory.read_text()
+        + "### Human — 2026-01-01T10:00:00\n\nold marmalade note\n\n---\n\n"
+        + "### AI — 2026-06-01T10:00:00\n\nnew marmalade note\n\n---\n\n"
+    )
+    append_entry(beta.memory, "Human", "beta's marmalade secret")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(alpha)
+        index.sync_agent(beta)
+        assert {h.text for h in index.search("alpha", "marmalade")} == {
+            "old marmalade note",
+            "new marmalade note",
+        }
+        assert [h.text for h in index.search("alpha", "marmalade", role="human")] == [
+            "old marmalade note"
+        ]
+        recent = index.search(
+            "alpha", "marmalade", since_epoch=parse_since("2026-03-01").timestamp()
+        )
+        assert [h.text for h in recent] == ["new marmalade note"]
+        assert [h.text for h in index.search("beta", "marmalade")] == ["beta's marmalade secret"]
+
+
+def test_sync_indexes_missing_drops_vanished_and_reindexes_rewritten(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    paths = ws.create_agent("alpha")
+    paths.archive_dir.mkdir()
+    archive = paths.archive_dir / "history_2026-01-01_00-00-00.md"
+    archive.write_text("### Human — 2026-01-01T00:00:00\n\nthe heliotrope key\n\n---\n\n")
+    (paths.archive_dir / "history_2026-01-02_00-00-00.md.enc").write_bytes(b"\x00secret")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        report = index.sync_agent(paths)
+        assert archive.name in report.indexed and len(report.indexed) == 2  # + MEMORY.md
+        assert index.search("alpha", "heliotrope")[0].source == archive.name
+        assert index.sync_agent(paths).indexed == []  # nothing changed, nothing re-read
+        archive.write_text("### Human — 2026-01-01T00:00:00\n\nthe amaranth key\n\n---\n\n")
+        index.sync_agent(paths)
+        assert index.search("alpha", "heliotrope") == []
+        assert index.search("alpha", "amaranth")
+        archive.unlink()
+        assert index.sync_agent(paths).removed == [archive.name]
+        assert index.search("alpha", "amaranth") == []
+
+
+def test_a_failing_index_never_fails_the_compaction(ws: AgentWorkspace) -> None:
+    paths = ws.create_agent("alpha", entries=3)
+
+    def broken(_paths: AgentPaths, _archive: Path) -> None:
+        raise RuntimeError("disk on fire")
+
+    options = CompactionOptions(drain_quiet_s=0.05, drain_max_s=1.0, on_archived=broken)
+    outcome = compact_agent(paths, ProvidedSummary("s"), options, manual=True)
+    assert outcome.archive.exists()
+
+
+def _db_bytes(state_dir: Path, ws: AgentWorkspace) -> bytes:
+    path = recall_db_path(state_dir, ws.root)
+    data = b""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        candidate = Path(f"{path}{suffix}")
+        if candidate.exists():
+            data += candidate.read_bytes()
+    return data
+
+
+def test_erase_leaves_no_trace_in_the_db_wal_or_free_pages(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    alpha = ws.create_agent("alpha")
+    beta = ws.create_agent("beta")
+    for index in range(200):
+        append_entry(alpha.memory, "Human", f"secret {index}: xylophonic{index} qwertzuiop")
+    append_entry(beta.memory, "Human", "beta keeps its zanzibarite")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(alpha)
+        index.sync_agent(beta)
+        # A second connection keeps the WAL alive, as the daemon would.
+        with RecallIndex.open(state_dir, ws.root) as reader:
+            assert reader.search("alpha", "qwertzuiop")
+            assert b"qwertzuiop" in _db_bytes(state_dir, ws)
+            assert index.erase_agent("alpha") == 200
+            assert b"qwertzuiop" not in _db_bytes(state_dir, ws)
+            assert b"xylophonic1" not in _db_bytes(state_dir, ws)
+            assert reader.search("alpha", "qwertzuiop") == []
+            assert reader.search("beta", "zanzibarite")
+
+
+def test_older_schema_is_rebuilt_and_newer_refused(ws: AgentWorkspace, state_dir: Path) -> None:
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the obsidian ledger")
+    path = recall_db_path(state_dir, ws.root)
+    state_dir.mkdir()
+    # What an unversioned draft of the index left behind.
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE sources (agent TEXT, name TEXT)")
+    old.execute("INSERT INTO sources VALUES ('alpha', 'MEMORY.md')")
+    old.commit()
+    old.close()
+    with RecallIndex.open(state_dir, ws.root) as index:
+        assert any("schema version 0" in note for note in index.notes)
+        index.sync_agent(paths)
+        assert index.search("alpha", "obsidian")
+    newer = sqlite3.connect(path)
+    newer.execute(
+        "UPDATE recall_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),)
+    )
+    newer.commit()
+    newer.close()
+    with pytest.raises(RecallIndexError, match="newer than this memd"):
+        RecallIndex.open(state_dir, ws.root)
+
+
+def test_a_corrupt_index_is_moved_aside_and_rebuilt(ws: AgentWorkspace, state_dir: Path) -> None:
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the cobalt lantern")
+    state_dir.mkdir()
+    recall_db_path(state_dir, ws.root).write_bytes(b"this is not a database" * 100)
+    with RecallIndex.open(state_dir, ws.root) as index:
+        assert any("corrupt" in note for note in index.notes)
+        index.sync_agent(paths)
+        assert index.search("alpha", "lantern")
+    assert list(state_dir.glob("*.corrupt-*"))
+
+
+def test_crash_between_archive_and_index_is_repaired_at_the_next_start(
+    ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    paths = ws.create_agent("alpha", entries=2)
+    append_entry(paths.memory, "Human", "the vermilion passphrase is under the mat")
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(ws.root), str(state_dir), "alpha", "--crash-in-hook"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == -9, child.stderr
+    (archive,) = paths.archive_dir.iterdir()
+    assert b"vermilion" in archive.read_bytes()
+    assert search(state_dir, ws, "alpha", "vermilion") == []  # the crash left it unindexed
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 100000\n")
+    with DaemonProcess(ws.root, state_dir, config=config) as daemon:
+        daemon.wait_ready()
+        repaired = daemon.wait_for("recall index repaired")
+        assert repaired["agent"] == "alpha" and repaired["indexed"] == [archive.name]
+        daemon.wait_for("recall index ready")
+        assert daemon.stop() == 0
+    (hit,) = search(state_dir, ws, "alpha", "vermilion")
+    assert hit.source == archive.name
+
+
+def test_without_a_crash_the_archive_is_indexed_before_the_lock_is_released(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    paths = ws.create_agent("alpha", entries=2)
+    append_entry(paths.memory, "Human", "the saffron doorway")
+    child = subprocess.run(
+        [sys.executable, str(CHILD), str(ws.root), str(state_dir), "alpha"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    (hit,) = search(state_dir, ws, "alpha", "saffron")
+    assert hit.source == child.stdout.strip().splitlines()[-1]
+    assert os.stat(recall_db_path(state_dir, ws.root)).st_mode & 0o077 == 0
