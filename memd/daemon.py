@@ -72,6 +72,7 @@ from memd.errors import (
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
 from memd.recall.service import RecallService
+from memd.recall.socket_server import socket_path_for
 from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, load_settings
 from memd.watcher import BackendKind, Watcher, default_backend_kind
@@ -392,13 +393,11 @@ class Daemon:
             for entry in entries:
                 self._agents[entry.name] = entry
             self._removed.update(set(records) - set(self._agents))
-        if self.options.state_dir is not None:
-            self.recall = RecallService.open(self.options.state_dir, self.workspace)
-        if self.recall is not None:
-            self.recall.start(self._agent_paths_now)
         # Counted before any thread exists, so the scan may fork a process
         # pool safely; changes made meanwhile are caught just below.
         self._initial_count(entries, records)
+        # Threads only after the initial count (it may fork a process pool).
+        self._start_recall()
 
         self._start_metrics()
         self.scheduler = JobScheduler(compaction_slots=self.config.daemon.max_concurrent_llm)
@@ -981,6 +980,16 @@ class Daemon:
             lock_wait_s=min(options.lock_wait_s, _DAEMON_LOCK_WAIT_S),
             on_archived=self.recall.on_archived if self.recall is not None else None,
         )
+
+    def _start_recall(self) -> None:
+        if self.options.state_dir is None:
+            return
+        self.recall = RecallService.open(self.options.state_dir, self.workspace)
+        if self.recall is not None:
+            self.recall.start(self._agent_paths_now)
+            self.recall.serve(
+                self._root, socket_path_for(self.config.recall.socket, self.workspace)
+            )
 
     def _agent_paths_now(self) -> list[AgentPaths]:
         with self._lock:

@@ -87,6 +87,13 @@ class MetricsConfig(_Section):
     bind: str = "127.0.0.1"
 
 
+class RecallConfig(_Section):
+    socket: str = Field(
+        "",
+        description='agents\' recall socket: "" = <workspace>/.memd-recall.sock, "off" = none',
+    )
+
+
 class AgentOverride(_Section):
     model: str | None = None
     threshold: float | None = Field(None, gt=0, le=1)
@@ -107,6 +114,7 @@ class MemdConfig(_Section):
     daemon: DaemonConfig = DaemonConfig()
     log: LogConfig = LogConfig()
     metrics: MetricsConfig = MetricsConfig()
+    recall: RecallConfig = RecallConfig()
     agents: dict[str, AgentOverride] = Field(default_factory=dict)
 
 

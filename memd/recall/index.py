@@ -590,6 +590,7 @@ def _read_file(path: Path) -> tuple[_FileIdentity, bytes] | None:
 
 __all__ = [
     "LIVE_SOURCE",
+    "MAX_LIMIT",
     "SCHEMA_VERSION",
     "RecallHit",
     "RecallIndex",

@@ -17,6 +17,7 @@ from pathlib import Path
 from memd.errors import MemdError
 from memd.logs import get_logger
 from memd.recall.index import RecallIndex
+from memd.recall.socket_server import RecallSocketServer
 from memd.workspace import AgentPaths
 
 _log = get_logger("memd.recall")
@@ -25,6 +26,7 @@ _log = get_logger("memd.recall")
 class RecallService:
     def __init__(self, index: RecallIndex) -> None:
         self.index = index
+        self.server: RecallSocketServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.caught_up = threading.Event()
@@ -90,8 +92,22 @@ class RecallService:
         self._thread = threading.Thread(target=run, name="memd-recall-sync", daemon=True)
         self._thread.start()
 
+    def serve(self, workspace: Path, path: Path | None) -> None:
+        """Open the agents' recall socket at ``path`` (None: no socket)."""
+        if path is None:
+            return
+        server = RecallSocketServer(self.index, workspace, path)
+        try:
+            server.start()
+        except OSError as exc:
+            _log.warning("recall socket not served", path=str(path), error=str(exc))
+            return
+        self.server = server
+
     def stop(self) -> None:
         self._stopping.set()
+        if self.server is not None:
+            self.server.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.index.close()

@@ -1,0 +1,249 @@
+"""The agents' read-only door to recall: a local unix socket served by the daemon.
+
+An agent (``memd_swarms``' ``recall_memory`` tool, ``memd mcp``) connects,
+sends one JSON line and reads one JSON line back:
+
+    → {"v": 1, "agent": "alpha", "query": "where is the report?", "limit": 5,
+       "since": "2026-11-30", "role": "Human"}          (since, role optional)
+    ← {"v": 1, "ok": true, "results": [{...}, ...]}      (the --json schema)
+    ← {"v": 1, "ok": false, "error": "one line"}
+
+Who may ask is decided by the kernel, not by anything the client says: the
+peer's uid (``SO_PEERCRED``) must be root or own the agent's MEMORY.md (each
+agent runs under its own uid in the systemd layout). Any other uid is refused.
+The socket file is world-connectable (0666) on purpose: the check above is
+the access control, so one socket serves every agent uid.
+
+The socket only searches; nothing a client sends can write or delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memd.core.names import validate_agent_name
+from memd.core.recall import parse_since
+from memd.errors import MemdError
+from memd.logs import get_logger
+from memd.recall.index import MAX_LIMIT, RecallIndex
+from memd.workspace import agent_paths, contained_path
+
+PROTOCOL_VERSION = 1
+SOCKET_NAME = ".memd-recall.sock"
+MAX_REQUEST_BYTES = 64 * 1024
+CLIENT_TIMEOUT_S = 10.0
+MAX_CLIENTS = 16
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+_log = get_logger("memd.recall")
+
+
+class RecallRefused(MemdError, PermissionError):
+    """The caller may not read this agent's history."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    pid: int
+    uid: int
+    gid: int
+
+
+def socket_path_for(setting: str, workspace: Path) -> Path | None:
+    """``[recall] socket``: "" = ``<workspace>/.memd-recall.sock``, "off" = no socket."""
+    if setting.strip().lower() == "off":
+        return None
+    return Path(setting).expanduser() if setting.strip() else workspace / SOCKET_NAME
+
+
+def peer_credentials(conn: socket.socket) -> PeerCredentials:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return PeerCredentials(pid, uid, gid)
+
+
+def check_access(workspace: Path, agent: str, uid: int) -> None:
+    """Refuse unless ``uid`` is root or owns the agent's MEMORY.md."""
+    paths = agent_paths(workspace, agent)
+    if uid == 0:
+        return
+    memory = contained_path(paths.memory, paths.workspace, f"agent {agent!r} MEMORY.md")
+    try:
+        owner = os.stat(memory).st_uid
+    except FileNotFoundError:
+        raise RecallRefused(
+            f"agent {agent!r} has no MEMORY.md, so no owner to check uid {uid} against"
+        ) from None
+    if owner != uid:
+        raise RecallRefused(f"uid {uid} may not read agent {agent!r}'s memory (not its owner)")
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "ok": False, "error": message}
+
+
+class RecallSocketServer:
+    """Accepts connections on ``path`` in a thread; one short thread per client."""
+
+    def __init__(self, index: RecallIndex, workspace: Path, path: Path) -> None:
+        self.index = index
+        self.workspace = workspace
+        self.path = path
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self._inode: int | None = None
+
+    def start(self) -> None:
+        # Bind under a temporary name, then rename over the final one: a
+        # stale socket from a crashed daemon is replaced, never half-served.
+        # Both go through the folder's fd (/proc/self/fd/N/...), so a deep
+        # workspace path never hits the 108-byte limit of a socket address.
+        directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        temp = f"{self.path.name}.{os.getpid()}.tmp"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp, dir_fd=directory)
+            sock.bind(f"/proc/self/fd/{directory}/{temp}")
+            # Connectable by every uid: SO_PEERCRED decides, per agent.
+            os.chmod(temp, 0o666, dir_fd=directory)  # noqa: S103
+            sock.listen(MAX_CLIENTS)
+            os.replace(temp, self.path.name, src_dir_fd=directory, dst_dir_fd=directory)
+            self._inode = os.stat(self.path).st_ino
+        except BaseException:
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp, dir_fd=directory)
+            raise
+        finally:
+            os.close(directory)
+        sock.settimeout(0.5)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, name="memd-recall-socket", daemon=True)
+        self._thread.start()
+        _log.info("recall socket listening", path=str(self.path))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._sock is not None:
+            self._sock.close()
+            # Only our own socket: another daemon may have replaced it since.
+            with contextlib.suppress(OSError):
+                if os.stat(self.path).st_ino == self._inode:
+                    self.path.unlink()
+
+    def _serve(self) -> None:
+        assert self._sock is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _addr = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._stopping.is_set():
+                    return
+                _log.warning("recall socket accept failed", error=str(exc))
+                continue
+            if not self._slots.acquire(blocking=False):
+                self._reply(conn, _error("too many recall clients at once; retry shortly"))
+                conn.close()
+                continue
+            threading.Thread(
+                target=self._handle, args=(conn,), name="memd-recall-client", daemon=True
+            ).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(CLIENT_TIMEOUT_S)
+            peer = peer_credentials(conn)
+            self._reply(conn, self._answer(conn, peer))
+        except OSError:
+            pass  # the client went away or timed out: nothing to answer
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, peer: PeerCredentials) -> dict[str, Any]:
+        line = _read_line(conn)
+        if line is None:
+            return _error(f"request too long or not one line (max {MAX_REQUEST_BYTES} bytes)")
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return _error("request is not JSON")
+        if not isinstance(request, dict):
+            return _error("request must be a JSON object")
+        agent = request.get("agent")
+        query = request.get("query")
+        limit = request.get("limit", 5)
+        since = request.get("since")
+        role = request.get("role")
+        if not isinstance(agent, str) or not isinstance(query, str):
+            return _error('request needs "agent" and "query" strings')
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+            return _error(f'"limit" must be an integer in 1..{MAX_LIMIT}')
+        if since is not None and not isinstance(since, str):
+            return _error('"since" must be an ISO date string')
+        if role is not None and not isinstance(role, str):
+            return _error('"role" must be a string')
+        try:
+            validate_agent_name(agent)
+            check_access(self.workspace, agent, peer.uid)
+            paths = agent_paths(self.workspace, agent)
+            self.index.sync_agent(paths)
+            hits = self.index.search(
+                agent,
+                query,
+                limit=limit,
+                since_epoch=parse_since(since).timestamp() if since else None,
+                role=role,
+            )
+        except RecallRefused as exc:
+            _log.warning("recall refused", agent=agent, uid=peer.uid, pid=peer.pid)
+            return _error(str(exc))
+        except (MemdError, OSError) as exc:
+            return _error(str(exc))
+        _log.debug("recall served", agent=agent, uid=peer.uid, results=len(hits))
+        return {"v": PROTOCOL_VERSION, "ok": True, "results": [hit.as_json() for hit in hits]}
+
+    @staticmethod
+    def _reply(conn: socket.socket, payload: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(payload, ensure_ascii=False).encode() + b"\n")
+
+
+def _read_line(conn: socket.socket) -> bytes | None:
+    data = bytearray()
+    while b"\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST_BYTES:
+            return None
+    line, _sep, _rest = bytes(data).partition(b"\n")
+    return line if line.strip() else None
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SOCKET_NAME",
+    "PeerCredentials",
+    "RecallRefused",
+    "RecallSocketServer",
+    "check_access",
+    "peer_credentials",
+    "socket_path_for",
+]

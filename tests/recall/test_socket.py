@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.daemon_proc import DaemonProcess
+from support.memfiles import AgentWorkspace, append_entry
+from support.recall_client import ask
+
+from memd.recall.index import RecallIndex
+from memd.recall.socket_server import RecallSocketServer, check_access, socket_path_for
+
+CLIENT = Path(__file__).parent.parent / "support" / "recall_client.py"
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[AgentWorkspace, Path]]:
+    ws = AgentWorkspace(tmp_path / ("a-rather-long-folder-name-to-pass-108-bytes" * 2) / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the tangerine vault code is 4417")
+    index = RecallIndex.open(tmp_path / "state", ws.root)
+    server = RecallSocketServer(index, ws.root, socket_path_for("", ws.root))
+    server.start()
+    try:
+        yield ws, server.path
+    finally:
+        server.stop()
+        index.close()
+    assert not server.path.exists()
+
+
+def test_socket_answers_with_the_json_schema(served: tuple[AgentWorkspace, Path]) -> None:
+    _ws, path = served
+    assert len(str(path)) > 108  # bound and reached through the folder's fd
+    assert os.stat(path).st_mode & 0o777 == 0o666
+    reply = ask(str(path), {"v": 1, "agent": "alpha", "query": "tangerine vault?"})
+    assert reply["ok"] is True and reply["v"] == 1
+    (hit,) = reply["results"]
+    assert hit["text"] == "the tangerine vault code is 4417" and hit["live"] is True
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        ({"agent": "alpha"}, '"agent" and "query"'),
+        ({"agent": "alpha", "query": "x", "limit": 0}, '"limit"'),
+        ({"agent": "alpha", "query": "x", "limit": True}, '"limit"'),
+        ({"agent": "alpha", "query": "x", "since": "soon"}, "--since 'soon'"),
+        ({"agent": "../x", "query": "x"}, "agent"),
+        ({"agent": "ghost", "query": "x"}, "unknown agent 'ghost'"),
+        ({"agent": "alpha", "query": "?!"}, "no word"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_bad_requests_get_one_line_errors(
+    served: tuple[AgentWorkspace, Path], request_: object, needle: str
+) -> None:
+    _ws, path = served
+    reply = ask(str(path), request_)  # type: ignore[arg-type]
+    assert reply["ok"] is False and needle in reply["error"], reply
+    assert "\n" not in reply["error"]
+
+
+def test_garbage_and_silent_clients_do_not_stop_the_server(
+    served: tuple[AgentWorkspace, Path],
+) -> None:
+    _ws, path = served
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(f"/proc/self/fd/{directory}/{path.name}")
+            sock.sendall(b"not json\n")
+            assert b"not JSON" in sock.recv(4096)
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(f"/proc/self/fd/{directory}/{path.name}")  # and hang up at once
+    finally:
+        os.close(directory)
+    assert ask(str(path), {"agent": "alpha", "query": "tangerine"})["ok"] is True
+
+
+def test_access_rule(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    os.chown(paths.memory, 1000, 1000)
+    check_access(ws.root, "alpha", 1000)
+    check_access(ws.root, "alpha", 0)
+    with pytest.raises(PermissionError, match="uid 1001 may not read agent 'alpha'"):
+        check_access(ws.root, "alpha", 1001)
+    paths.memory.unlink()
+    with pytest.raises(PermissionError, match="no MEMORY.md"):
+        check_access(ws.root, "alpha", 1000)
+
+
+def run_as(uid: int, socket_path: Path, agent: str, query: str) -> dict:
+    # The client and the system Python live where that uid can read them;
+    # nothing of this checkout (possibly under /root) is on its path.
+    done = subprocess.run(
+        [SYSTEM_PYTHON, str(CLIENT.name), str(socket_path), agent, query],
+        cwd=socket_path.parent.parent / "bin",
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_daemons_socket_lets_each_uid_read_only_its_own_agent(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run clients as other uids")
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (base / "bin").mkdir(mode=0o755)
+        shutil.copy(CLIENT, base / "bin" / CLIENT.name)
+        ws = AgentWorkspace(base / "ws")
+        owners = {"alpha": 1000, "beta": 65534}
+        for agent, uid in owners.items():
+            paths = ws.create_agent(agent)
+            append_entry(paths.memory, "Human", f"{agent} hides the periwinkle key")
+            os.chown(paths.memory, uid, uid)
+        config = base / "memd.toml"
+        config.write_text("[trigger]\ncontext_length = 100000\n")
+        with DaemonProcess(ws.root, base / "state", config=config) as daemon:
+            daemon.wait_ready()
+            listening = daemon.wait_for("recall socket listening")
+            path = Path(listening["path"])
+            assert path == ws.root.resolve() / ".memd-recall.sock"
+            own = run_as(1000, path, "alpha", "where is the periwinkle key?")
+            assert own["ok"] and own["results"][0]["text"] == "alpha hides the periwinkle key"
+            other = run_as(1000, path, "beta", "periwinkle")
+            assert other == {
+                "v": 1,
+                "ok": False,
+                "error": "uid 1000 may not read agent 'beta''s memory (not its owner)",
+            }
+            assert run_as(65534, path, "beta", "periwinkle")["ok"]
+            assert not run_as(65534, path, "alpha", "periwinkle")["ok"]
+            outsider = run_as(4242, path, "alpha", "periwinkle")  # a uid with no agent
+            assert not outsider["ok"] and "uid 4242" in outsider["error"]
+            refused = daemon.wait_for("recall refused")
+            assert refused["uid"] == 1000 and refused["agent"] == "beta"
+            assert daemon.stop() == 0
+        assert not path.exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
