@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from memd.core.memfile import SUMMARY_MARKER, EntrySegment, MemoryDocument, parse_timestamp
+from memd.core.memfile import MemoryDocument, parse_timestamp
 from memd.errors import MemdError
 
 # Words in FTS5's unicode61 sense: letters and digits (any script), so the
@@ -143,23 +143,11 @@ class IndexedEntry:
     text: str
 
 
-def _is_swarms_summary(document: MemoryDocument, entry: EntrySegment) -> bool:
-    # Swarms' own compressor writes its summary as the first block after a
-    # fresh header (DESIGN.md §1); only there does the marker make it one.
-    entries = document.entries
-    return (
-        bool(entries)
-        and entries[0] is entry
-        and document.header is not None
-        and entry.content.lstrip().startswith(SUMMARY_MARKER.encode())
-    )
-
-
 def raw_entries_for_index(document: MemoryDocument) -> list[IndexedEntry]:
     """The document's raw entries (summary blocks are not raw history)."""
     found: list[IndexedEntry] = []
     for entry in document.entries:
-        if entry.is_summary or _is_swarms_summary(document, entry):
+        if document.is_summary_entry(entry):
             continue
         found.append(
             IndexedEntry(

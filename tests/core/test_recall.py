@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memd.core.memfile import parse, render_entry, render_header, render_summary_block
+from memd.core.memfile import (
+    SUMMARY_PREAMBLE,
+    parse,
+    render_entry,
+    render_header,
+    render_summary_block,
+)
 from memd.core.recall import (
     MATCH_CLOSE,
     MATCH_OPEN,
@@ -70,7 +76,7 @@ def test_summary_blocks_are_not_raw_entries() -> None:
 def test_swarms_summary_right_after_a_header_is_not_raw() -> None:
     data = (
         render_header("alpha", "2026-01-01T00:00:00")
-        + render_entry("user", "2026-01-01T00:00:01", "[Compressed Memory Summary]\nold stuff")
+        + render_entry("user", "2026-01-01T00:00:01", SUMMARY_PREAMBLE + "old stuff")
         + render_entry("user", "2026-01-01T00:00:02", "[Compressed Memory Summary] typed by a user")
     )
     entries = raw_entries_for_index(parse(data))
