@@ -17,6 +17,7 @@ Behaviours (strings):
     "no_choices"     200, choices []
     "malformed"      200, a body that is not JSON
     "drop"           close the connection without answering
+    "tool:<name>:<json>" 200, one tool call of <name> with those arguments (id call_<n>)
 """
 
 from __future__ import annotations
@@ -185,6 +186,17 @@ class OpenAITestServer:
             handler.connection.shutdown(socket.SHUT_RDWR)
         elif kind == "ok":
             handler._send_json(200, completion(body, argument or self._responder(body)))
+        elif kind == "tool":
+            name, _, arguments = argument.partition(":")
+            payload = completion(body, None, "tool_calls")
+            payload["choices"][0]["message"]["tool_calls"] = [
+                {
+                    "id": f"call_{len(self.requests)}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments or "{}"},
+                }
+            ]
+            handler._send_json(200, payload)
         elif kind == "null":
             handler._send_json(200, completion(body, None))
         elif kind == "empty":

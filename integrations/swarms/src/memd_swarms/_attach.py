@@ -1,0 +1,111 @@
+"""``attach(agent) -> agent``: one call wires a Swarms agent to memd."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, TypeVar
+
+from memd_swarms._descriptor import descriptor_for, write_descriptor
+from memd_swarms._probe import Delivery, probe_delivery, swarms_version, unsupported
+from memd_swarms._wiring import ROW_TAG, Wiring, static_prefix_length, wrap_run
+
+log = logging.getLogger("memd_swarms")
+
+__version__ = "0.1.0"
+
+AgentT = TypeVar("AgentT")
+WIRING_ATTRIBUTE = "_memd_swarms"
+
+
+class AttachError(ValueError):
+    """The agent is configured in a way memd cannot keep inside its window."""
+
+
+def attach(agent: AgentT, *, descriptor: bool = True) -> AgentT:
+    """Wire ``agent`` (a ``swarms.Agent`` with ``persistent_memory=True``) to memd.
+
+    - The MEMORY.md Swarms preloaded reaches the model on the next request, as
+      system context, exactly once; nothing is written back into MEMORY.md.
+    - When memd re-seeds MEMORY.md (a new inode), the working context is rebuilt
+      from the new file at the start of the next ``run`` (never while the model
+      still owes an answer to tool results).
+    - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
+      its context length and the text sent beside the memory in every request,
+      from which memd derives this agent's threshold.
+
+    Returns the same agent. Attaching twice is harmless. Raises AttachError for
+    an agent memd cannot serve (no persistent memory, Swarms' own compression
+    on) and UnsupportedSwarms when the installed swarms is not one it knows.
+    """
+    if getattr(agent, WIRING_ATTRIBUTE, None) is not None:
+        return agent
+    conversation = _conversation_of(agent)
+    name = str(getattr(agent, "agent_name", "agent"))
+    memory_path = getattr(conversation, "memory_md_path", None)
+    if not memory_path:
+        raise AttachError(
+            f"agent {name!r} has no MEMORY.md: construct it with persistent_memory=True"
+        )
+    if getattr(agent, "context_compression", False):
+        raise AttachError(
+            f"agent {name!r} has context_compression=True: Swarms would rewrite MEMORY.md "
+            "itself; construct it with context_compression=False and let memd compact"
+        )
+    if getattr(agent, "transforms", None) is not None:
+        raise AttachError(
+            f"agent {name!r} uses transforms=...: its requests are not built from the "
+            "conversation memd_swarms delivers the memory through"
+        )
+    if getattr(agent, "messages", None):
+        log.warning(
+            "memd_swarms: agent %r was given messages=...; Swarms writes them into "
+            "MEMORY.md at every construction, so they pile up across restarts",
+            name,
+        )
+
+    delivery = probe_delivery(type(conversation), name)
+    if delivery is Delivery.NATIVE:
+        log.info(
+            "memd_swarms: swarms %s already sends its MEMORY.md preload; leaving agent %r as it is",
+            swarms_version(),
+            name,
+        )
+    else:
+        wiring = Wiring(
+            conversation=conversation,
+            memory_path=str(memory_path),
+            static_rows=static_prefix_length(conversation),
+        )
+        # Swarms' own preload row (and any rows since, all in the file) give way
+        # to one read together with the file's identity.
+        wiring.rebuild()
+        _check_delivered(conversation, name)
+        wrap_run(agent, wiring)
+        setattr(agent, WIRING_ATTRIBUTE, wiring)
+    if descriptor:
+        writer = f"memd-swarms {__version__} (swarms {swarms_version()})"
+        write_descriptor(os.path.dirname(str(memory_path)), descriptor_for(agent, writer))
+    return agent
+
+
+def _conversation_of(agent: Any) -> Any:
+    conversation = getattr(agent, "short_memory", None)
+    history = getattr(conversation, "conversation_history", None)
+    if not isinstance(history, list) or not callable(getattr(conversation, "to_messages", None)):
+        raise unsupported("has an Agent without short_memory.conversation_history/to_messages")
+    if not callable(getattr(agent, "run", None)):
+        raise unsupported("has an Agent without run()")
+    return conversation
+
+
+def _check_delivered(conversation: Any, name: str) -> None:
+    """The rebuilt history must put the preload into the request exactly once."""
+    history: list[dict[str, Any]] = conversation.conversation_history
+    preload = [row for row in history if row.get(ROW_TAG) == "preload"]
+    if not preload:
+        return  # MEMORY.md holds no entry yet: nothing to deliver
+    sent = conversation.to_messages(name, 0, ())
+    content = preload[0]["content"]
+    if sum(message.get("content") == content for message in sent) != 1:
+        raise unsupported("does not send a chat-form system row from its history")

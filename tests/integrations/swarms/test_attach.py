@@ -1,0 +1,320 @@
+"""memd_swarms.attach against scripted fakes that behave like swarms 16.0.3's Agent.
+
+The fake Conversation reproduces the parts attach relies on, from swarms'
+source: the System-role preload row, ``to_messages`` dropping "System" rows and
+passing chat-form rows through, ``add`` appending to MEMORY.md, and tool calls
+kept with their results in one row.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import memd_swarms
+import pytest
+from memd_swarms import AttachError, UnsupportedSwarms
+from memd_swarms import _probe as probe
+
+HEADER = "# Agent Memory\n\n**Conversation:** x\n**Created:** 2026-01-01T00:00:00\n\n---\n\n## Interaction Log\n\n"
+PRELOAD = "[Persistent Memory — MEMORY.md]"
+
+
+def block(role: str, content: str) -> str:
+    return f"### {role} — {datetime.datetime.now().isoformat()}\n\n{content}\n\n---\n\n"
+
+
+class FakeConversation:
+    preload_role = "System"
+    dropped_roles: tuple[str, ...] = ("System", "Tool Executor")
+
+    def __init__(
+        self,
+        system_prompt: str | None = None,
+        memory_md_path: str | None = None,
+        conversations_dir: str | None = None,
+        autosave: bool = False,
+        rules: str | None = None,
+    ) -> None:
+        self.system_prompt = system_prompt
+        self.rules = rules
+        self.custom_rules_prompt = None
+        self.memory_md_path = memory_md_path
+        self.conversation_history: list[dict[str, Any]] = []
+        self._str_cache: str | None = "stale"
+        if system_prompt is not None:
+            self.conversation_history.append({"role": "System", "content": system_prompt})
+        if rules is not None:
+            self.conversation_history.append({"role": "User", "content": rules})
+        if memory_md_path:
+            if not os.path.exists(memory_md_path):
+                Path(memory_md_path).write_text(HEADER, encoding="utf-8")
+            content = Path(memory_md_path).read_text(encoding="utf-8")
+            if "### " in content:
+                self.conversation_history.append(
+                    {"role": self.preload_role, "content": f"{PRELOAD}\npreamble\n\n{content}"}
+                )
+
+    def add(self, role: str, content: Any) -> dict[str, Any]:
+        row = {"role": role, "content": content}
+        self.conversation_history.append(row)
+        if self.memory_md_path:
+            with open(self.memory_md_path, "a", encoding="utf-8") as handle:
+                handle.write(block(role, str(content)))
+        return row
+
+    def to_messages(
+        self, agent_name: str | None = None, start: int = 0, prefix: Any = ()
+    ) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        for row in [*prefix, *self.conversation_history[start:]]:
+            role, content = row.get("role"), row.get("content")
+            if "tool_results" in row:
+                messages.append(
+                    {"role": "assistant", "content": None, "tool_calls": row["tool_calls"]}
+                )
+                messages.extend(
+                    {
+                        "role": "tool",
+                        "tool_call_id": c["id"],
+                        "content": row["tool_results"][c["id"]],
+                    }
+                    for c in row["tool_calls"]
+                )
+            elif role in ("system", "user", "assistant", "tool"):
+                messages.append({"role": role, "content": content})
+            elif content is not None and role not in self.dropped_roles:
+                messages.append(
+                    {"role": "assistant" if role == agent_name else "user", "content": str(content)}
+                )
+        return messages
+
+
+class NativeConversation(FakeConversation):
+    """A swarms that sends its own preload (what a fixed release would do)."""
+
+    preload_role = "system"
+
+
+class FakeAgent:
+    conversation_class: type[FakeConversation] = FakeConversation
+
+    def __init__(
+        self, workspace: Path, name: str = "ada", *, persistent_memory: bool = True, **extra: Any
+    ) -> None:
+        self.agent_name = name
+        self.model_name = "gpt-4o-mini"
+        self.context_length = 128000
+        self.system_prompt = "SYS"
+        self.context_compression = extra.pop("context_compression", False)
+        self.transforms = None
+        self.messages = None
+        self.llm = type(
+            "LLM", (), {"system_prompt": "SYS", "tools_list_dictionary": [{"name": "lookup"}]}
+        )()
+        path = str(workspace / "agents" / name / "MEMORY.md") if persistent_memory else None
+        if path:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.short_memory = self.conversation_class(
+            system_prompt="SYS", memory_md_path=path, rules=extra.get("rules")
+        )
+        self.sent: list[list[dict[str, Any]]] = []
+        self.script: list[Any] = []
+
+    def run(self, task: str, **kwargs: Any) -> str:
+        self.short_memory.add("Human", task)
+        self.sent.append(self.short_memory.to_messages(self.agent_name, 0, ()))
+        reply = self.script.pop(0) if self.script else f"answer to {task}"
+        if isinstance(reply, dict):  # a tool call, answered in the same row, as swarms does
+            row = self.short_memory.add(self.agent_name, str([reply]))
+            row["tool_calls"] = [reply]
+            row["tool_results"] = {reply["id"]: "42"}
+            return "tool"
+        self.short_memory.add(self.agent_name, reply)
+        return reply
+
+
+def memory_of(workspace: Path, name: str = "ada") -> Path:
+    return workspace / "agents" / name / "MEMORY.md"
+
+
+def reseed(path: Path, body: str) -> None:
+    """What memd's compaction does: a new file (new inode) renamed over MEMORY.md."""
+    fresh = path.with_name("MEMORY.md.new")
+    fresh.write_text(HEADER + body, encoding="utf-8")
+    os.replace(fresh, path)
+
+
+def carrying(messages: list[dict[str, Any]], needle: str) -> list[dict[str, Any]]:
+    return [m for m in messages if needle in str(m.get("content"))]
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> Path:
+    path = memory_of(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        HEADER + block("Human", "I am Ada") + block("ada", "Hello Ada"), encoding="utf-8"
+    )
+    return tmp_path
+
+
+def test_preload_reaches_the_model_once_as_system_context_and_is_never_written_back(
+    seeded: Path,
+) -> None:
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    before = memory_of(seeded).read_text(encoding="utf-8")
+    agent.run("What is my name?")
+    agent.run("And again?")
+    for sent in agent.sent:
+        (carrier,) = carrying(sent, "I am Ada")
+        assert carrier["role"] == "system" and carrier["content"].startswith(PRELOAD)
+    after = memory_of(seeded).read_text(encoding="utf-8")
+    assert after.startswith(before) and PRELOAD not in after
+    assert agent.short_memory._str_cache is None
+
+
+def test_without_attach_the_fake_drops_the_preload_like_swarms_does(seeded: Path) -> None:
+    agent = FakeAgent(seeded)
+    agent.run("What is my name?")
+    assert carrying(agent.sent[0], "I am Ada") == []
+
+
+def test_a_reseed_rebuilds_the_context_at_the_next_run_and_nothing_is_sent_twice(
+    seeded: Path,
+) -> None:
+    agent = memd_swarms.attach(FakeAgent(seeded, rules="RULES"))
+    agent.run("turn one")
+    agent.run("turn two")
+    assert [m["content"] for m in agent.sent[-1]].count(
+        "turn one"
+    ) == 1  # in memory, not yet re-seeded
+    reseed(memory_of(seeded), block("System", "[Compressed Memory Summary]\nSUMMARY-1"))
+    agent.run("turn three")
+    sent = agent.sent[-1]
+    assert [m["content"] for m in sent[:2]] == ["RULES", sent[1]["content"]]
+    assert carrying(sent, "SUMMARY-1")[0]["role"] == "system"
+    assert carrying(sent, "turn one") == [] and carrying(sent, "I am Ada") == []
+    assert [m["content"] for m in sent].count("turn three") == 1
+    assert agent._memd_swarms.rebuilds == 1
+    # Appends to the same file are not a re-seed.
+    agent.run("turn four")
+    assert agent._memd_swarms.rebuilds == 1
+    assert [m["content"] for m in agent.sent[-1]].count("turn three") == 1
+
+
+def test_rebuild_waits_while_the_model_owes_an_answer_to_tool_results(seeded: Path) -> None:
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    agent.script = [
+        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    ]
+    agent.run("look it up")
+    reseed(memory_of(seeded), block("System", "[Compressed Memory Summary]\nSUMMARY-T"))
+    agent.run("what did it say?")
+    assert carrying(agent.sent[-1], "SUMMARY-T") == []
+    assert [m["role"] for m in agent.sent[-1]].count("tool") == 1
+    agent.run("thanks")
+    assert len(carrying(agent.sent[-1], "SUMMARY-T")) == 1
+    assert all(m["role"] != "tool" for m in agent.sent[-1])
+
+
+def test_a_swarms_that_sends_its_preload_is_left_alone_with_a_log_line(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class NativeAgent(FakeAgent):
+        conversation_class = NativeConversation
+
+    caplog.set_level(logging.INFO, logger="memd_swarms")
+    agent = NativeAgent(seeded)
+    run = agent.run
+    assert memd_swarms.attach(agent) is agent
+    assert agent.run == run and not hasattr(agent, "_memd_swarms")
+    assert any("already sends its MEMORY.md preload" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_internals_are_a_clear_error_naming_the_version(
+    seeded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Renamed(FakeConversation):
+        def to_messages(
+            self, agent_name: str | None = None, start: int = 0, prefix: Any = ()
+        ) -> list[dict[str, Any]]:
+            raise TypeError("to_messages() changed")
+
+    class OddRole(FakeConversation):
+        preload_role = "Memory"
+        dropped_roles = ("System", "Tool Executor", "Memory")
+
+    monkeypatch.setattr(probe, "swarms_version", lambda: "99.1.0")
+    for conversation_class in (Renamed, OddRole):
+        agent = FakeAgent(seeded)
+        agent.short_memory.__class__ = conversation_class
+        with pytest.raises(UnsupportedSwarms, match=r"swarms 99\.1\.0 .*knows swarms 16\.0\.x"):
+            memd_swarms.attach(agent)
+    agent = FakeAgent(seeded)
+    del agent.short_memory
+    with pytest.raises(UnsupportedSwarms, match="99.1.0"):
+        memd_swarms.attach(agent)
+
+
+def test_agents_memd_cannot_serve_are_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(AttachError, match="'ada' has no MEMORY.md: .*persistent_memory=True"):
+        memd_swarms.attach(FakeAgent(tmp_path, persistent_memory=False))
+    with pytest.raises(AttachError, match="context_compression=False"):
+        memd_swarms.attach(FakeAgent(tmp_path, context_compression=True))
+
+
+def test_attach_twice_wires_once(seeded: Path) -> None:
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    wiring, run = agent._memd_swarms, agent.run
+    assert memd_swarms.attach(agent) is agent
+    assert agent._memd_swarms is wiring and agent.run is run
+    agent.run("hi")
+    assert len(carrying(agent.sent[-1], "I am Ada")) == 1
+
+
+def test_descriptor_tells_memd_the_window_and_what_every_request_carries(seeded: Path) -> None:
+    agent = memd_swarms.attach(FakeAgent(seeded, rules="RULES"))
+    path = memory_of(seeded).with_name("memd-agent.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["format"] == "memd-agent" and data["version"] == 1
+    assert (data["agent"], data["model"], data["context_length"]) == ("ada", "gpt-4o-mini", 128000)
+    assert data["reserved"]["unit"] == "text"
+    assert data["reserved"]["text"] == 'SYS\n\nRULES\n\n[{"name": "lookup"}]'
+    assert data["writer"].startswith("memd-swarms 0.1.0")
+    assert path.stat().st_mode & 0o777 == memory_of(seeded).stat().st_mode & 0o666
+    # Re-attaching an identical agent leaves the file (and its inode) alone.
+    inode = path.stat().st_ino
+    memd_swarms.attach(FakeAgent(seeded, rules="RULES"))
+    assert path.stat().st_ino == inode
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".memd-agent")] == []
+    del agent
+
+
+def test_attach_without_descriptor_writes_none(seeded: Path) -> None:
+    memd_swarms.attach(FakeAgent(seeded), descriptor=False)
+    assert not memory_of(seeded).with_name("memd-agent.json").exists()
+
+
+def test_importing_memd_swarms_loads_nothing_heavy() -> None:
+    src = Path(memd_swarms.__file__).parents[1]
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import memd_swarms; "
+            "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
+            "{'litellm', 'swarms', 'tiktoken', 'watchdog', 'memd', 'pydantic'}))",
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "[]"

@@ -1,0 +1,326 @@
+"""memd_swarms with the real swarms package, a real ``memd run`` and a recording LLM server.
+
+The agent runs in the swarms virtualenv (MEMD_SWARMS_PYTHON) with this
+checkout's ``memd_swarms`` on its path; every request it sends is recorded by
+the local OpenAI-compatible server, so these tests assert what reached the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.daemon_proc import DaemonProcess, wait_until
+from support.memfiles import entry_contents_everywhere
+from support.openai_server import OpenAITestServer, RecordedRequest
+from support.swarms import ROOT, SwarmsAgent, swarms_python
+
+from memd.core.memfile import parse
+from memd.workspace import agent_paths
+
+pytestmark = [
+    pytest.mark.swarms,
+    pytest.mark.skipif(swarms_python() is None, reason="swarms is not installed"),
+]
+
+SUMMARY_MARK = "[Compressed Memory Summary]"
+PRELOAD_MARK = "[Persistent Memory — MEMORY.md]"
+SYSTEM_PROMPT = "You are the memd interop test agent. Answer briefly."
+THRESHOLD_TOKENS = 1000  # 0.5 × 2000, from the config below
+
+
+def daemon_config(path: Path) -> Path:
+    # A short cooldown: this agent writes a turn every ~0.1 s, so a compaction
+    # can end above the low-water mark with the turns drained while it ran, and
+    # the default 60 s cooldown would let the file grow past the threshold.
+    path.write_text(
+        "[trigger]\nthreshold = 0.5\ncontext_length = 2000\ndebounce_ms = 50\nmax_wait_ms = 200\n"
+        "[compaction]\ndrain_quiet_s = 0.1\ndrain_max_s = 2\n[daemon]\ncooldown_s = 0.5\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def memd(*args: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1"},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def contents(request: RecordedRequest) -> list[str]:
+    return [str(message.get("content") or "") for message in request.messages]
+
+
+def count_in(request: RecordedRequest, needle: str) -> int:
+    return sum(text.count(needle) for text in contents(request))
+
+
+def assert_tool_pairing(request: RecordedRequest) -> None:
+    """Every tool call is answered right after it, and no tool result is orphaned."""
+    messages = request.messages
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        assert message.get("role") != "tool", f"orphaned tool result at {index}: {messages}"
+        calls = message.get("tool_calls") or []
+        index += 1
+        for call in calls:
+            assert index < len(messages), f"tool call {call['id']} unanswered: {messages}"
+            answer = messages[index]
+            assert answer.get("role") == "tool" and answer.get("tool_call_id") == call["id"]
+            index += 1
+
+
+def test_after_memd_compacts_a_restarted_agent_sends_the_summary_once(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "ada", "system_prompt": SYSTEM_PROMPT}
+    paths = agent_paths(workspace, "ada", must_exist=False)
+    with (
+        OpenAITestServer() as server,
+        DaemonProcess(
+            workspace, tmp_path / "state", config=daemon_config(tmp_path / "m.toml")
+        ) as daemon,
+    ):
+        daemon.wait_ready()
+        with SwarmsAgent(workspace, server.api_base, spec) as agent:
+            for turn in range(14):
+                agent.run(f"ada turn {turn}: remember the code word PELICAN-{turn}. " * 6)
+            agent.finish()
+        line = daemon.wait_for("compacted", lambda line: line.get("agent") == "ada", timeout=60)
+        assert line["agent"] == "ada"
+        summary = parse(paths.memory.read_bytes()).entries[0]
+        assert summary.is_summary
+        first_process = len(server.requests)
+
+        with SwarmsAgent(workspace, server.api_base, spec) as agent:
+            agent.run("What do you remember?")
+            agent.finish()
+        assert daemon.stop() == 0
+
+    first = server.requests[first_process]
+    # The summary block reaches the model once, as system context.
+    assert count_in(first, SUMMARY_MARK) == 1
+    assert count_in(first, summary.summary_text.strip().splitlines()[0]) == 1
+    carrier = next(m for m in first.messages if SUMMARY_MARK in str(m.get("content")))
+    assert carrier["role"] == "system"
+    assert str(carrier["content"]).startswith(PRELOAD_MARK)
+    # The system prompt travels once, on its own, ahead of the memory.
+    assert first.messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert first.messages[-1]["content"] == "What do you remember?"
+    # And MEMORY.md never got the preload written back.
+    assert PRELOAD_MARK not in paths.memory.read_text(encoding="utf-8")
+
+
+def prompt_tokens(request: RecordedRequest, count: Callable[[str], int]) -> int:
+    return sum(count(text) for text in contents(request))
+
+
+def memory_rows(request: RecordedRequest) -> tuple[str, list[str]]:
+    """(the preload, the turns sent after it) of one request."""
+    texts = contents(request)[1:]  # the system prompt first
+    if texts and texts[0].startswith(PRELOAD_MARK):
+        return texts[0], texts[1:]
+    return "", texts
+
+
+@pytest.mark.slow
+def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
+    tmp_path: Path, cl100k: Callable[[str], int]
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    turns = 160
+    spec = {
+        "agent": "marathon",
+        "system_prompt": SYSTEM_PROMPT,
+        "turns": turns,
+        "task": "marathon turn {i}: the user reports progress on item {i} of the plan. " * 3,
+        "pause_s": 0.05,
+    }
+    paths = agent_paths(workspace, "marathon", must_exist=False)
+    with (
+        OpenAITestServer() as server,
+        DaemonProcess(
+            workspace, tmp_path / "state", config=daemon_config(tmp_path / "m.toml")
+        ) as daemon,
+    ):
+        daemon.wait_ready()
+        with SwarmsAgent(workspace, server.api_base, spec) as agent:
+            report = agent.finish()
+        # Let memd settle the last turns before looking at the files.
+        wait_until(
+            lambda: not daemon.events("compaction started")[len(daemon.events("compacted")) :]
+        )
+        assert daemon.stop() == 0
+    requests = server.requests
+    assert len(requests) == turns, daemon.raw[-20:]
+    compactions = len(daemon.events("compacted"))
+    assert compactions >= 5
+    assert report["rebuilds"] >= 3
+
+    system = cl100k(SYSTEM_PROMPT)
+    sizes = [prompt_tokens(request, cl100k) for request in requests]
+    overflow_turns = []
+    for request in requests:
+        preload, rows = memory_rows(request)
+        # The turns sent beyond the threshold are the ones made after the file
+        # crossed it: while memd was detecting and running that compaction.
+        used = cl100k(preload)
+        beyond = 0
+        for row in rows:
+            used += cl100k(row)
+            beyond += used > THRESHOLD_TOKENS
+        overflow_turns.append(beyond // 2 + beyond % 2)  # a turn is a task and its answer
+        # Each request carries at most one memory preload and no turn twice.
+        assert count_in(request, PRELOAD_MARK) <= 1
+        assert len(set(rows)) == len(rows)
+    worst = max(range(turns), key=lambda index: sizes[index])
+    print(
+        f"\n{turns} turns, {compactions} compactions, {report['rebuilds']} rebuilds; prompt "
+        f"tokens median {statistics.median(sizes):.0f} max {sizes[worst]} (threshold "
+        f"{THRESHOLD_TOKENS} + system {system}); turns in flight max {max(overflow_turns)}, "
+        f"at the largest request {overflow_turns[worst]}"
+    )
+    in_flight_allowance = 20  # turns the agent can make before memd's re-seed lands
+    assert max(overflow_turns) <= in_flight_allowance, (overflow_turns, daemon.raw)
+    turn_tokens = max(cl100k(text) for request in requests for text in contents(request)[-1:])
+    reply_tokens = 60  # the test server's echo answer
+    bound = THRESHOLD_TOKENS + system + in_flight_allowance * (turn_tokens + reply_tokens)
+    assert max(sizes) <= bound
+    # Without the rebuild the last request would carry all 160 turns (> 10,000 tokens).
+    assert sizes[-1] < 3 * THRESHOLD_TOKENS
+
+    # Later requests carry the newest summary: each compaction's summary is the
+    # first entry of the next archive (or of MEMORY.md, for the last one).
+    archives = sorted(paths.archive_dir.glob("history_*.md"), key=lambda a: a.stat().st_mtime_ns)
+    summaries = [
+        first.summary_text.strip()
+        for source in [*archives[1:], paths.memory]
+        if (first := parse(source.read_bytes()).entries[0]).is_summary
+    ]
+    assert len(summaries) == compactions
+    sent = [next((n for n, s in enumerate(summaries) if count_in(r, s)), -1) for r in requests]
+    # The last request has the newest summary, or the one before it when memd
+    # compacted again after that run had started.
+    assert sent[-1] >= len(summaries) - 2
+    assert sent == sorted(sent)  # never an older summary after a newer one
+    assert len(set(sent) - {-1}) >= report["rebuilds"]
+
+    # Every turn exactly once in MEMORY.md ∪ archives; no preload written back.
+    seen = entry_contents_everywhere(paths)
+    tasks = Counter(text for text in seen.elements() if text.startswith("marathon turn "))
+    assert len(tasks) == turns and set(tasks.values()) == {1}
+    for source in [paths.memory, *paths.archive_dir.glob("history_*.md")]:
+        assert PRELOAD_MARK not in source.read_text(encoding="utf-8")
+
+
+def test_tool_call_pairing_holds_across_a_rebuild(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "toolsmith", "system_prompt": SYSTEM_PROMPT, "tools": True}
+    paths = agent_paths(workspace, "toolsmith", must_exist=False)
+    with OpenAITestServer() as server, SwarmsAgent(workspace, server.api_base, spec) as agent:
+        agent.run("Hello, toolsmith.")
+        # The model calls a tool; with max_loops=1 the run ends before it reads the result.
+        server.script('tool:lookup_fact:{"topic": "launch"}')
+        agent.run("Look up the launch fact.")
+        memd("compact-now", "toolsmith", "--workspace", str(workspace), "--summary", "S-ONE")
+        # Re-seeded mid exchange: this run still sends the call and its result.
+        agent.run("What did the tool say?")
+        answered = server.requests[-1]
+        assert any(m.get("role") == "tool" for m in answered.messages)
+        assert count_in(answered, "S-ONE") == 0
+        # The model has answered the result: the next run rebuilds from the summary.
+        agent.run("Thanks.")
+        rebuilt = server.requests[-1]
+        assert count_in(rebuilt, "S-ONE") == 1
+        assert not any(m.get("role") == "tool" for m in rebuilt.messages)
+        # A tool exchange inside one run (max_loops=1, then the next run) after the rebuild.
+        server.script('tool:lookup_fact:{"topic": "budget"}')
+        agent.run("Look up the budget fact.")
+        agent.run("And?")
+        report = agent.finish()
+    assert report["rebuilds"] == 1  # once, after the re-seed
+    for request in server.requests:
+        assert_tool_pairing(request)
+    assert PRELOAD_MARK not in paths.memory.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_pip_install_beside_swarms_keeps_its_pins(tmp_path: Path) -> None:
+    """A fresh venv that holds swarms (through a .pth onto the swarms venv's packages)."""
+    swarms = swarms_python()
+    assert swarms is not None
+    site = subprocess.run(
+        [
+            swarms,
+            "-c",
+            "import swarms, os; print(os.path.dirname(os.path.dirname(swarms.__file__)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    ).stdout.strip()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(purelib, "swarms-venv.pth").write_text(site + "\n", encoding="utf-8")
+
+    def pip(*args: str) -> str:
+        result = subprocess.run(
+            [python, "-m", "pip", *args],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return result.stdout
+
+    def pins() -> dict[str, str]:
+        listed = json.loads(pip("list", "--format", "json"))
+        return {item["name"].lower(): item["version"] for item in listed}
+
+    before = pins()
+    assert before["swarms"] == "16.0.3" or before["swarms"].startswith("16.")
+    pip("install", "-q", str(ROOT / "integrations" / "swarms"))
+    after = pins()
+    assert after.pop("memd-swarms") == "0.1.0"
+    assert after == before  # swarms' pins (litellm included) as they were
+    assert "memd" not in after
+    pip("check")
+    # Installed, it imports without pulling in anything heavy.
+    probe = subprocess.run(
+        [
+            python,
+            "-c",
+            "import sys, memd_swarms; print(sorted(m for m in ('litellm', 'swarms', "
+            "'tiktoken', 'watchdog', 'memd') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert probe.stdout.strip() == "[]"
