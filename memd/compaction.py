@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,12 +58,14 @@ from memd.core.summary_block import (
     version_line,
 )
 from memd.core.summary_plan import BudgetError, is_degenerate, summary_budgets
+from memd.counting import TrackedCount, count_file
 from memd.errors import (
     CompactionAborted,
     ConfigError,
     MemdError,
     NothingToCompact,
     SummarizerError,
+    UnderThreshold,
     WorkspaceError,
 )
 from memd.fsutil import (
@@ -168,6 +171,52 @@ class CompactionOptions:
                 else config.summarizer.summary_instructions
             ),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdCheck:
+    """The caller's reason to compact: its incremental count of MEMORY.md and the
+    threshold. Once locked, the transaction extends that count (only bytes
+    appended since are read; a replaced file is counted again) and gives up with
+    :class:`UnderThreshold` when another compactor already did the work."""
+
+    counted: TrackedCount | None
+    threshold_tokens: int
+
+
+def check_still_over(paths: AgentPaths, check: ThresholdCheck, count_bytes: ByteCounter) -> None:
+    """Raise :class:`UnderThreshold` when MEMORY.md is under ``check``'s threshold now.
+
+    A file that cannot be counted is left to the snapshot, which reports why.
+    """
+    try:
+        tracked, _kind = count_file(_memory_target_of(paths), check.counted, count_bytes)
+        tokens = tracked.tokens
+    except FileNotFoundError:
+        tokens = 0
+    except (OSError, MemdError, ValueError):
+        return
+    if tokens < check.threshold_tokens:
+        raise UnderThreshold(
+            f"agent {paths.agent!r}: under threshold once locked "
+            f"({tokens} < {check.threshold_tokens} tokens)"
+        )
+
+
+def _guarded_checkpoints(agent: str, hook: Checkpoint, abort: threading.Event | None) -> Checkpoint:
+    """``hook`` at each named point, and a forced exit (``abort`` set) honoured at every
+    point before the commit: the job rolls back there, never half-applied."""
+    if abort is None:
+        return hook
+
+    def at(name: str) -> None:
+        if abort.is_set() and name in PRE_COMMIT_CHECKPOINTS:
+            raise CompactionAborted(
+                f"agent {agent!r}: shutdown forced; aborted before commit (at {name})"
+            )
+        hook(name)
+
+    return at
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,16 +722,27 @@ def compact_agent(
     *,
     count_bytes: ByteCounter | None = None,
     checkpoint: Checkpoint | None = None,
+    abort: threading.Event | None = None,
+    threshold: ThresholdCheck | None = None,
     manual: bool = False,
     measure_tokens: bool = True,
 ) -> CompactionOutcome:
     """Compact one agent's MEMORY.md; see the module docstring for the steps.
 
-    Raises NothingToCompact, LockTimeout, SummarizerError or CompactionAborted;
-    in every one of those cases MEMORY.md and the archive dir are as they were.
+    ``checkpoint`` is called at each named point (the crash tests kill there);
+    ``abort`` set means a forced exit: the job rolls back at its next point
+    before the commit. With ``threshold`` (and ``count_bytes``) the job first
+    checks, under the lock, that the file is still over it.
+
+    Raises NothingToCompact, LockTimeout, SummarizerError or CompactionAborted
+    (UnderThreshold among them); in every one of those cases MEMORY.md and the
+    archive dir are as they were.
     """
+    hook = _guarded_checkpoints(paths.agent, checkpoint or _no_checkpoint, abort)
     try:
-        return _compact(paths, summarizer, options, count_bytes, checkpoint, manual, measure_tokens)
+        return _compact(
+            paths, summarizer, options, count_bytes, hook, threshold, manual, measure_tokens
+        )
     except MemdError:
         raise  # LockTimeout is also an OSError (TimeoutError); it speaks for itself
     except OSError as exc:
@@ -700,17 +760,21 @@ def _compact(
     summarizer: Summarizer,
     options: CompactionOptions | None,
     count_bytes: ByteCounter | None,
-    checkpoint: Checkpoint | None,
+    hook: Checkpoint,
+    threshold: ThresholdCheck | None,
     manual: bool,
     measure_tokens: bool,
 ) -> CompactionOutcome:
     opts = options or CompactionOptions()
-    hook = checkpoint or _no_checkpoint
     started = time.monotonic()
     ensure_private_dir(paths.private_dir)
     lock = AgentLock(paths.lock, paths.agent)
     with lock.held(opts.lock_wait_s):
         hook("locked")
+        if threshold is not None and count_bytes is not None:
+            # The lock may have been held by another compactor (compact-now, a
+            # second daemon) that just did the work: check before summarizing.
+            check_still_over(paths, threshold, count_bytes)
         _recover_locked(paths, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s)
         txn = _Transaction(paths, summarizer, opts, count_bytes, hook)
         restarts = 0
@@ -929,6 +993,8 @@ __all__ = [
     "CompactionOptions",
     "CompactionOutcome",
     "ProvidedSummary",
+    "ThresholdCheck",
+    "check_still_over",
     "compact_agent",
     "recover_agent",
 ]

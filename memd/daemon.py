@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib
 import os
 import signal
@@ -40,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from memd.compaction import PRE_COMMIT_CHECKPOINTS, CompactionOptions, CompactionOutcome
+from memd.compaction import CompactionOptions, CompactionOutcome, ThresholdCheck
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.debounce import Debouncer
 from memd.core.names import is_valid_agent_name, validate_agent_name
@@ -67,6 +66,7 @@ from memd.errors import (
     LockTimeout,
     MemdError,
     NothingToCompact,
+    UnderThreshold,
     UnknownAgent,
 )
 from memd.logs import LogFormat, configure_logging, get_logger
@@ -96,9 +96,6 @@ _log = get_logger("memd.daemon")
 EXIT_OK = 0
 EXIT_FORCED = 130
 
-# Checkpoints of memd.compaction before its commit (the os.replace of
-# MEMORY.md): raising at one of them rolls the transaction back.
-_PRE_COMMIT = PRE_COMMIT_CHECKPOINTS
 # While the daemon compacts, another compactor (compact-now, a second daemon)
 # holding the lock means "try again later", not "wait minutes holding a slot".
 _DAEMON_LOCK_WAIT_S = 1.0
@@ -127,7 +124,8 @@ class CompactFn(Protocol):
         options: CompactionOptions,
         *,
         count_bytes: Callable[[bytes], int] | None = ...,
-        checkpoint: Callable[[str], None] | None = ...,
+        abort: threading.Event | None = ...,
+        threshold: ThresholdCheck | None = ...,
     ) -> CompactionOutcome: ...
 
 
@@ -213,10 +211,6 @@ _POOL_MIN_BYTES = 8 << 20
 
 # (tracked, kind, failure reason); tracked None with no failure = no MEMORY.md yet.
 _PoolResult = tuple["TrackedCount | None", CountKind, "str | None"]
-
-
-class _AlreadyCompacted(CompactionAborted):
-    """Raised at the "locked" checkpoint: the file is under threshold by now."""
 
 
 class _CountFailed(MemdError):
@@ -305,6 +299,9 @@ class Daemon:
         # Flags set by signal handlers (and by tests, through the methods).
         self.should_exit = False
         self.force_exit = False
+        # Set once a forced exit is seen (by the main thread, not the signal
+        # handler): in-flight compactions roll back at their next checkpoint.
+        self._abort = threading.Event()
         self._reload_requested = False
         self._stopping = False
         self.ready = threading.Event()
@@ -486,6 +483,8 @@ class Daemon:
             waiter.start()
             while waiter.is_alive() and not self.force_exit:
                 waiter.join(timeout=_MAIN_TICK_S)
+            if self.force_exit:
+                self._abort.set()
             if self.force_exit and waiter.is_alive():
                 _log.warning("forced exit; in-flight compactions abort before their commit")
                 # Give them a moment to reach a checkpoint and roll back.
@@ -995,20 +994,6 @@ class Daemon:
         with self._lock:
             return [entry.paths for entry in self._agents.values()]
 
-    def _checkpoint(self, entry: AgentEntry, name: str) -> None:
-        if self.force_exit and name in _PRE_COMMIT:
-            raise CompactionAborted(f"shutdown forced; aborted before commit (at {name})")
-        if name == "locked":
-            # The lock may have been held by another compactor (compact-now,
-            # a second daemon) that just did the work: count again, now that
-            # nobody else can change the file's prefix, before summarizing.
-            self._count_locked(entry)
-            if entry.count_error is None and entry.tokens < entry.policy.threshold_tokens:
-                raise _AlreadyCompacted(
-                    f"agent {entry.name!r}: under threshold once locked "
-                    f"({entry.tokens} < {entry.policy.threshold_tokens} tokens)"
-                )
-
     def _compaction_job(self, entry: AgentEntry) -> None:
         try:
             self._compact_one(entry)
@@ -1029,6 +1014,8 @@ class Daemon:
             entry.dirty = True
             self._running.add(name)
             tokens_before = entry.tokens
+            # The transaction re-checks this count under the agent's lock.
+            threshold = ThresholdCheck(entry.tracked, entry.policy.threshold_tokens)
         _log.info("compaction started", agent=name, tokens=tokens_before)
         started_wall = time.time()
         started = time.monotonic()
@@ -1041,7 +1028,8 @@ class Daemon:
                 self._get_summarizer(),
                 self._compaction_options(entry.policy),
                 count_bytes=self._counter.count_bytes if self._counter else None,
-                checkpoint=functools.partial(self._checkpoint, entry),
+                abort=self._abort,
+                threshold=threshold,
             )
         except Exception as exc:
             error = exc
@@ -1098,7 +1086,7 @@ class Daemon:
                     )
                 self._apply(entry, decision)
             return
-        if isinstance(error, _AlreadyCompacted):
+        if isinstance(error, UnderThreshold):
             _log.info("already under threshold; skipped", agent=name, tokens=entry.tokens)
             with self._lock:
                 self._apply(entry, self._reevaluate(entry, on_cancelled(entry.job)))

@@ -57,5 +57,10 @@ class CompactionAborted(MemdError, RuntimeError):
     exit_code = 6
 
 
+class UnderThreshold(CompactionAborted):
+    """Once the agent's lock was taken, the file was already under its threshold
+    (another compactor did the work first): nothing was changed, nothing failed."""
+
+
 class TokenizerError(MemdError, RuntimeError):
     exit_code = 2

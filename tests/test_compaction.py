@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,7 +31,13 @@ from memd.compaction import CHECKPOINTS, CompactionOptions, compact_agent, recov
 from memd.core.memfile import parse
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_block import parse_summary
-from memd.errors import CompactionAborted, LockTimeout, NothingToCompact, SummarizerError
+from memd.errors import (
+    CompactionAborted,
+    LockTimeout,
+    NothingToCompact,
+    SummarizerError,
+    UnderThreshold,
+)
 from memd.workspace import AgentPaths, agent_paths
 
 CHILD = Path(__file__).parent / "support" / "compaction_child.py"
@@ -453,6 +460,64 @@ def test_summarizer_failure_changes_nothing(
     with pytest.raises(SummarizerError, match="alpha"):
         compact_agent(paths, summarizer, FAST)
     assert_untouched(paths, before)
+
+
+def test_forced_exit_aborts_at_the_next_checkpoint_before_commit(
+    agent_ws: AgentWorkspace,
+) -> None:
+    paths = agent_ws.create_agent("alpha", entries=6)
+    before = paths.memory.read_bytes()
+    abort = threading.Event()
+    seen: list[str] = []
+
+    def checkpoint(name: str) -> None:
+        seen.append(name)
+        if name == "archive-written":
+            abort.set()  # the operator forces the exit while the archive is written
+
+    with pytest.raises(
+        CompactionAborted, match="alpha.*aborted before commit .at journal-archiving"
+    ):
+        compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint, abort=abort)
+    assert seen[-1] == "archive-written"
+    assert_untouched(paths, before)
+
+
+def test_forced_exit_after_the_commit_finishes_the_job(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=6)
+    abort = threading.Event()
+
+    def checkpoint(name: str) -> None:
+        if name == "replaced":
+            abort.set()  # committed: the drain and clean-up still run
+
+    outcome = compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint, abort=abort)
+    assert outcome.archive.exists() and private_leftovers(paths) == []
+
+
+def test_under_threshold_once_locked_changes_nothing(agent_ws: AgentWorkspace) -> None:
+    from memd.counting import count_file
+    from memd.tokenizer import TokenCounter
+
+    counter = TokenCounter("cl100k_base")
+    paths = agent_ws.create_agent("alpha", entries=6)
+    counted, _ = count_file(paths.memory, None, counter.count_bytes)
+    # Another compactor re-seeded the file between the caller's count and the lock.
+    other = compact_agent(paths, FixedSummarizer(), FAST)
+    after_other = paths.memory.read_bytes()
+    check = compaction.ThresholdCheck(counted, threshold_tokens=counted.tokens)
+    with pytest.raises(UnderThreshold, match="alpha.*under threshold once locked"):
+        compact_agent(
+            paths, FixedSummarizer(), FAST, count_bytes=counter.count_bytes, threshold=check
+        )
+    assert paths.memory.read_bytes() == after_other
+    assert archive_names(paths) == [other.archive.name]
+    # Still over it (a writer appended since the caller counted): the job runs.
+    before_append, _ = count_file(paths.memory, None, counter.count_bytes)
+    append_entry(paths.memory, "Human", "hello " * 400)
+    check = compaction.ThresholdCheck(before_append, threshold_tokens=before_append.tokens + 100)
+    compact_agent(paths, FixedSummarizer(), FAST, count_bytes=counter.count_bytes, threshold=check)
+    assert len(archive_names(paths)) == 2
 
 
 def test_summary_that_does_not_shrink_is_refused(agent_ws: AgentWorkspace) -> None:

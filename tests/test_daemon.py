@@ -29,6 +29,7 @@ from support.memfiles import (
     swarms_header,
 )
 
+from memd.compaction import ThresholdCheck, check_still_over
 from memd.core.schedule_policy import JobState
 from memd.daemon import Daemon, DaemonOptions
 from memd.settings import LoadedConfig, build_config, load_settings
@@ -86,8 +87,11 @@ class ScriptedCompaction:
     ``ok`` rewrites MEMORY.md small (by rename, like the real one), ``big``
     rewrites it still above the low-water mark, ``fail`` raises
     SummarizerError, ``nothing`` raises NothingToCompact, ``busy`` LockTimeout,
-    ``slow`` waits for ``release`` first, ``checkpoints`` walks the real
-    checkpoint names (so a forced shutdown can abort it).
+    ``slow`` waits for ``release`` first, ``preempted`` finds the file already
+    compacted by someone else once "locked" (and applies the transaction's own
+    re-check to the daemon's ``threshold``), ``checkpoints`` walks the real
+    checkpoint names honouring ``abort`` as the transaction does (so a forced
+    shutdown can abort it).
     """
 
     def __init__(self, *script: str) -> None:
@@ -101,9 +105,16 @@ class ScriptedCompaction:
         self.committed = 0
 
     def __call__(
-        self, paths: AgentPaths, summarizer: Any, options: Any, *, count_bytes: Any, checkpoint: Any
+        self,
+        paths: AgentPaths,
+        summarizer: Any,
+        options: Any,
+        *,
+        count_bytes: Any,
+        abort: threading.Event,
+        threshold: ThresholdCheck,
     ) -> Outcome:
-        from memd.errors import LockTimeout, NothingToCompact, SummarizerError
+        from memd.errors import CompactionAborted, LockTimeout, NothingToCompact, SummarizerError
 
         with self.lock:
             behaviour = self.script.pop(0) if self.script else "ok"
@@ -120,11 +131,12 @@ class ScriptedCompaction:
                 tmp = paths.dir / "MEMORY.md.other"
                 tmp.write_text(swarms_header(paths.agent) + swarms_block("System", "done"))
                 os.replace(tmp, paths.memory)
-                checkpoint("locked")  # the daemon should give up here
+                check_still_over(paths, threshold, count_bytes)  # the job gives up here
                 behaviour = "ok"
             if behaviour == "checkpoints":
                 for name in ("locked", "summarized", "archive-written"):
-                    checkpoint(name)
+                    if abort.is_set():
+                        raise CompactionAborted(f"shutdown forced; aborted at {name}")
                     time.sleep(0.2)
                 behaviour = "ok"
             if behaviour == "fail":
