@@ -39,15 +39,23 @@ from typing import Any
 
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
-    BLOCK_TERMINATOR,
     HeaderSegment,
     MemoryDocument,
-    RawSegment,
     parse,
     render_header,
     render_summary_block,
 )
 from memd.core.pins import merge_pins, pins_of_entries
+from memd.core.plan import (
+    CORRUPT_PHASE,
+    IDLE_PHASE,
+    RecoveryAction,
+    has_compactable,
+    landed_prefix,
+    recovery_action,
+    summary_does_not_shrink,
+    summary_over_cap,
+)
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
     ComposedSummary,
@@ -86,7 +94,6 @@ from memd.fsutil import (
 from memd.workspace import AgentPaths, contained_path
 
 JOURNAL_VERSION = 1
-IDLE_PHASE = "idle"
 # Without an agent policy (tests, tools): the pinned section's budget.
 DEFAULT_PINNED_TOKENS = 1000
 
@@ -310,17 +317,6 @@ def _archive_stem() -> str:
     return "history_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S")  # noqa: DTZ005
 
 
-def _has_compactable(document: MemoryDocument) -> bool:
-    if document.raw_entries_since_summary():
-        return True
-    # Unparseable bytes before the boundary count too: archiving them is how
-    # they leave the active file (still verbatim, in the archive).
-    return any(
-        isinstance(segment, RawSegment) and segment.raw.strip()
-        for segment in document.segments_before(document.boundary)
-    )
-
-
 class _Transaction:
     def __init__(
         self,
@@ -470,31 +466,22 @@ class _Transaction:
         return result, elapsed
 
     def check_summary_size(self, block: bytes, snap: _Snapshot, manual: bool) -> None:
-        """Refuse summaries that are over the cap or would not shrink the file.
-
-        Bytes are the shrink proxy so the check costs nothing on a large file;
-        only the (small) summary is tokenized for the cap.
-        """
+        """Refuse summaries that are over the cap or would not shrink the file
+        (only the small summary is tokenized)."""
         if manual:
             return
         if self.count_bytes is not None:
-            summary_tokens = self.count_bytes(block)
             cap = self.options.summary_max_tokens + self.options.pinned_tokens
-            # The block adds a fixed preamble and markup around the model output.
-            if summary_tokens > cap + 64:
-                raise SummarizerError(
-                    f"agent {self.agent!r}: summary has {summary_tokens} tokens, over the "
-                    f"cap of {cap}"
-                )
+            too_long = summary_over_cap(self.count_bytes(block), cap)
+            if too_long is not None:
+                raise SummarizerError(f"agent {self.agent!r}: {too_long}")
         if not self.options.require_shrink:
             return
         header = snap.document.header
         replaced = snap.boundary - (len(header.raw) if header is not None else 0)
-        if len(block) >= replaced:
-            raise CompactionAborted(
-                f"agent {self.agent!r}: summary ({len(block)} bytes) would not shrink the "
-                f"memory it replaces ({replaced} bytes)"
-            )
+        no_shrink = summary_does_not_shrink(len(block), replaced)
+        if no_shrink is not None:
+            raise CompactionAborted(f"agent {self.agent!r}: {no_shrink}")
 
     # -- commit ---------------------------------------------------------------
     def write_archive(self, snap: _Snapshot) -> None:
@@ -780,7 +767,7 @@ def _compact(
         restarts = 0
         while True:
             snap = txn.take_snapshot()
-            if not _has_compactable(snap.document):
+            if not has_compactable(snap.document):
                 raise NothingToCompact(
                     f"agent {paths.agent!r}: nothing to compact (no raw entries since the "
                     "last summary)"
@@ -881,10 +868,11 @@ def recover_agent(
 
 def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | None:
     if paths.journal.exists():
-        payload = SlotJournal(paths.journal).read() or {"phase": "corrupt"}
+        payload = SlotJournal(paths.journal).read() or {"phase": CORRUPT_PHASE}
     else:
         payload = {"phase": IDLE_PHASE}
-    if payload.get("phase") == IDLE_PHASE:
+    phase = payload.get("phase")
+    if phase == IDLE_PHASE:
         # No job in flight: any temp or link is from a job that never reached
         # its first journal write, so nothing outside .memd/ was touched.
         leftovers = [
@@ -894,7 +882,6 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
         ]
         return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
     journal = _Journal(paths, payload)
-    phase = payload.get("phase")
     target = _memory_target_of(paths)
     try:
         current = os.stat(target)
@@ -905,11 +892,12 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
     new_id = (payload.get("new_dev"), payload.get("new_ino"))
     archive_ino = payload.get("archive_ino")
 
-    if phase in {"archiving", "corrupt"} or (phase == "swapping" and current_id == old_id):
+    action = recovery_action(phase, current_id, old_id, new_id)
+    if action is RecoveryAction.ROLL_BACK:
         # Crashed before the replace: MEMORY.md still holds everything.
         _rollback_files(paths, archive_ino if isinstance(archive_ino, int) else None)
         return f"rolled back an interrupted compaction (phase {phase})"
-    if phase in {"swapping", "draining"} and current_id == new_id:
+    if action is RecoveryAction.ROLL_FORWARD:
         copied_to = int(payload.get("copied_to", 0))
         pending_to = payload.get("pending_to")
         if isinstance(pending_to, int):
@@ -959,31 +947,7 @@ def _resolve_pending(
     if not isinstance(pending_at, int):
         return copied_to
     after = target.read_bytes()[pending_at:]
-    return copied_to + _landed_prefix(after, chunk)
-
-
-def _landed_prefix(after: bytes, chunk: bytes) -> int:
-    """Length of the longest prefix of ``chunk`` that starts where an append could.
-
-    An append lands at the end of the file as it was then: right at
-    ``pending_at`` or after other writers' whole appends, so a candidate start
-    is 0 or just after an entry terminator.
-    """
-    best = 0
-    starts = [0]
-    position = after.find(BLOCK_TERMINATOR)
-    while position >= 0:
-        starts.append(position + len(BLOCK_TERMINATOR))
-        position = after.find(BLOCK_TERMINATOR, position + 1)
-    for start in starts:
-        window = after[start : start + len(chunk)]
-        if window == chunk:
-            return len(chunk)
-        # A short prefix only counts when it runs to the end of the file: a
-        # write cut short is the last thing in the file unless others wrote after.
-        if window and start + len(window) == len(after) and chunk.startswith(window):
-            best = max(best, len(window))
-    return best
+    return copied_to + landed_prefix(after, chunk)
 
 
 __all__ = [

@@ -11,7 +11,7 @@ Threads: the main thread only sleeps in short ticks and reacts to flags set
 by signal handlers (the uvicorn pattern: a handler never does work itself);
 the watcher thread turns file events into debounced count requests; one
 counting thread counts due agents and feeds the per-agent job state machine
-(:mod:`memd.core.schedule_policy`); the scheduler runs compactions (a pool
+(:mod:`memd.core.jobs`); the scheduler runs compactions (a pool
 sized ``daemon.max_concurrent_llm``), wake-ups and the periodic reconcile and
 state-flush jobs.
 
@@ -42,8 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from memd.compaction import CompactionOptions, CompactionOutcome, ThresholdCheck
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.debounce import Debouncer
-from memd.core.names import is_valid_agent_name, validate_agent_name
-from memd.core.schedule_policy import (
+from memd.core.jobs import (
     NOT_COMPACTABLE,
     AgentJob,
     Decision,
@@ -56,7 +55,11 @@ from memd.core.schedule_policy import (
     on_nothing_to_compact,
     on_started,
     on_success,
+    restored_job,
+    stored_state,
 )
+from memd.core.names import is_valid_agent_name, validate_agent_name
+from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
 from memd.core.summary import Summarizer
 from memd.core.tokens import CountState
 from memd.counting import CountKind, TrackedCount, count_file
@@ -89,7 +92,7 @@ from memd.workspace import (
 
 if TYPE_CHECKING:
     from memd.metrics import Metrics, MetricsServer
-    from memd.state import AgentRecord, AgentState, StateStore
+    from memd.state import AgentRecord, StateStore
 
 _log = get_logger("memd.daemon")
 
@@ -99,17 +102,6 @@ EXIT_FORCED = 130
 # While the daemon compacts, another compactor (compact-now, a second daemon)
 # holding the lock means "try again later", not "wait minutes holding a slot".
 _DAEMON_LOCK_WAIT_S = 1.0
-# How a job state reads in the state DB (``memd status``): a backoff is an
-# error being retried.
-_STORED_STATE: dict[JobState, AgentState] = {
-    JobState.IDLE: "idle",
-    JobState.PENDING: "pending",
-    JobState.RUNNING: "running",
-    JobState.COOLDOWN: "cooldown",
-    JobState.BACKOFF: "error",
-    JobState.BREAKER_OPEN: "breaker_open",
-    JobState.DISABLED: "disabled",
-}
 _MAIN_TICK_S = 0.2
 # New counts reach the state DB (what `memd status` reads) within about this
 # long, instead of waiting for the periodic flush (daemon.state_flush_s).
@@ -643,32 +635,28 @@ class Daemon:
 
     def _restore(self, entry: AgentEntry, record: AgentRecord) -> bool:
         """Reuse a stored count when the file is the same inode and size."""
-        now = time.time()
-        job = AgentJob(
+        entry.job = restored_job(
+            record.state,
             consecutive_failures=record.consecutive_failures,
             last_error=record.last_error,
             last_compaction_at=record.last_compaction_at,
+            next_attempt_at=record.next_attempt_at,
+            now=time.time(),
         )
-        waiting = {"cooldown": JobState.COOLDOWN, "breaker_open": JobState.BREAKER_OPEN}
-        if record.next_attempt_at is not None and record.next_attempt_at > now:
-            state = waiting.get(record.state, JobState.BACKOFF if record.state == "error" else None)
-            if state is not None:
-                job = dataclasses.replace(job, state=state, next_attempt_at=record.next_attempt_at)
-        entry.job = job
         try:
             info = os.stat(entry.paths.memory)
         except OSError:
             return False
-        same_file = (info.st_dev, info.st_ino) == (record.dev, record.ino)
-        if (
-            not same_file
-            or info.st_size < record.size
-            or record.tokens < record.safe_tokens
-            or record.encoding != self.config.tokenizer.encoding
-            # Same size but touched: rewritten in place while memd was down.
-            or (info.st_size == record.size and info.st_mtime_ns != record.mtime_ns)
-            or record.window_digest is None
-        ):
+        trust = stored_count_trust(
+            FileFacts(record.dev, record.ino, record.size, record.mtime_ns),
+            FileFacts(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns),
+            tokens=record.tokens,
+            safe_tokens=record.safe_tokens,
+            stored_encoding=record.encoding,
+            encoding=self.config.tokenizer.encoding,
+            has_window_digest=record.window_digest is not None,
+        )
+        if trust is StoredCountTrust.RECOUNT:
             return False
         count = CountState(
             dev=record.dev,
@@ -686,7 +674,7 @@ class Daemon:
             record.window_start,
             record.window_digest,
         )
-        if info.st_size > record.size:
+        if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
         entry.dirty = False
         return True
@@ -1237,9 +1225,6 @@ class Daemon:
 
         state = entry.tracked.state if entry.tracked is not None else None
         job = entry.job
-        job_state: AgentState = _STORED_STATE[job.state]
-        if entry.count_error is not None:
-            job_state = "error"
         return AgentRecord(
             agent=entry.name,
             dev=state.dev if state else 0,
@@ -1250,7 +1235,7 @@ class Daemon:
             tokens=entry.tokens,
             threshold_tokens=entry.policy.threshold_tokens,
             updated_at=now,
-            state=job_state,
+            state=stored_state(job, count_failed=entry.count_error is not None),
             last_error=entry.count_error or job.last_error,
             last_compaction_at=job.last_compaction_at,
             consecutive_failures=job.consecutive_failures,

@@ -9,7 +9,7 @@ APScheduler 3's traps (DESIGN.md §5) are defused here: ``misfire_grace_time``
 is None for every job (a late run is still a run, never silently dropped),
 one-shot jobs get unique ids so a ``max_instances`` skip cannot eat them, and
 who-runs-when per agent is decided by the daemon's own job state machine
-(:mod:`memd.core.schedule_policy`), not by APScheduler.
+(:mod:`memd.core.jobs`), not by APScheduler.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from memd.core.jobs import StoredJobState
 from memd.errors import MemdError
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
 
-AgentState = Literal["idle", "pending", "running", "cooldown", "breaker_open", "disabled", "error"]
 Trigger = Literal["daemon", "compact-now"]
 
 _log = logging.getLogger("memd.state")
@@ -125,7 +125,7 @@ class AgentRecord:
     tokens: int
     threshold_tokens: int
     updated_at: float
-    state: AgentState = "idle"
+    state: StoredJobState = "idle"
     last_error: str | None = None
     last_compaction_at: float | None = None
     consecutive_failures: int = 0
@@ -705,7 +705,6 @@ def _move_aside(path: Path) -> Path:
 __all__ = [
     "SCHEMA_VERSION",
     "AgentRecord",
-    "AgentState",
     "FileKey",
     "Heartbeat",
     "LedgerEntry",

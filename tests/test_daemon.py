@@ -30,7 +30,7 @@ from support.memfiles import (
 )
 
 from memd.compaction import ThresholdCheck, check_still_over
-from memd.core.schedule_policy import JobState
+from memd.core.jobs import JobState
 from memd.daemon import Daemon, DaemonOptions
 from memd.settings import LoadedConfig, build_config, load_settings
 from memd.state import StateStore

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memd.core.config import DaemonConfig
-from memd.core.schedule_policy import (
+from memd.core.jobs import (
     NOT_COMPACTABLE,
     AgentJob,
     JobState,
@@ -202,3 +202,32 @@ def test_dropping_under_threshold_clears_a_breaker_and_its_error() -> None:
     )
     # And the next time it grows over threshold it is compacted at once.
     assert on_count(healed, 150, 100, True, 11).start
+
+
+def test_one_spelling_of_the_stored_state() -> None:
+    from memd.core.jobs import restored_job, stored_state
+
+    # The stored values (state DB, `memd status --json`) stay as they were.
+    assert stored_state(AgentJob(state=JobState.BACKOFF)) == "error"
+    assert stored_state(AgentJob(state=JobState.BREAKER_OPEN)) == "breaker_open"
+    assert stored_state(AgentJob(state=JobState.IDLE), count_failed=True) == "error"
+    assert {stored_state(AgentJob(state=s)) for s in JobState} == {
+        "idle",
+        "pending",
+        "running",
+        "cooldown",
+        "error",
+        "breaker_open",
+        "disabled",
+    }
+    history = {"consecutive_failures": 2, "last_error": "boom", "last_compaction_at": 5.0}
+    held = restored_job("error", next_attempt_at=200.0, now=100.0, **history)
+    assert held.state is JobState.BACKOFF and held.next_attempt_at == 200.0
+    assert held.consecutive_failures == 2 and held.last_error == "boom"
+    for stored, state in (("cooldown", JobState.COOLDOWN), ("breaker_open", JobState.BREAKER_OPEN)):
+        assert restored_job(stored, next_attempt_at=200.0, now=100.0, **history).state is state
+    expired = restored_job("breaker_open", next_attempt_at=50.0, now=100.0, **history)
+    assert expired.state is JobState.IDLE and expired.consecutive_failures == 2
+    assert (
+        restored_job("running", next_attempt_at=200.0, now=100.0, **history).state is JobState.IDLE
+    )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Literal
 
 from memd.core.config import DaemonConfig
 
@@ -43,6 +44,28 @@ class JobState(StrEnum):
     BREAKER_OPEN = "breaker_open"
     DISABLED = "disabled"
 
+
+# How a job state reads in the state DB and in ``memd status --json`` (kept as
+# it is for compatibility): a backoff is an error being retried; "error" is also
+# an agent whose file cannot be counted.
+StoredJobState = Literal[
+    "idle", "pending", "running", "cooldown", "breaker_open", "disabled", "error"
+]
+_STORED: dict[JobState, StoredJobState] = {
+    JobState.IDLE: "idle",
+    JobState.PENDING: "pending",
+    JobState.RUNNING: "running",
+    JobState.COOLDOWN: "cooldown",
+    JobState.BACKOFF: "error",
+    JobState.BREAKER_OPEN: "breaker_open",
+    JobState.DISABLED: "disabled",
+}
+# Stored states whose hold survives a restart (until their next_attempt_at).
+_HOLDS: dict[str, JobState] = {
+    "cooldown": JobState.COOLDOWN,
+    "breaker_open": JobState.BREAKER_OPEN,
+    "error": JobState.BACKOFF,
+}
 
 # States whose hold ends at ``next_attempt_at``.
 _WAITING = frozenset({JobState.COOLDOWN, JobState.BACKOFF, JobState.BREAKER_OPEN})
@@ -82,6 +105,33 @@ class AgentJob:
     next_attempt_at: float | None = None
     last_error: str | None = None
     last_compaction_at: float | None = None
+
+
+def stored_state(job: AgentJob, count_failed: bool = False) -> StoredJobState:
+    """The job's state as stored (an agent whose file cannot be counted is in error)."""
+    return "error" if count_failed else _STORED[job.state]
+
+
+def restored_job(
+    stored: str,
+    *,
+    consecutive_failures: int,
+    last_error: str | None,
+    last_compaction_at: float | None,
+    next_attempt_at: float | None,
+    now: float,
+) -> AgentJob:
+    """The job as a previous run stored it: its history, and a hold (cooldown,
+    backoff, open breaker) that has not expired yet."""
+    job = AgentJob(
+        consecutive_failures=consecutive_failures,
+        last_error=last_error,
+        last_compaction_at=last_compaction_at,
+    )
+    hold = _HOLDS.get(stored)
+    if hold is not None and next_attempt_at is not None and next_attempt_at > now:
+        return replace(job, state=hold, next_attempt_at=next_attempt_at)
+    return job
 
 
 NOT_COMPACTABLE = (
@@ -216,6 +266,7 @@ __all__ = [
     "Decision",
     "JobState",
     "RetryPolicy",
+    "StoredJobState",
     "on_busy_elsewhere",
     "on_cancelled",
     "on_count",
@@ -223,4 +274,6 @@ __all__ = [
     "on_nothing_to_compact",
     "on_started",
     "on_success",
+    "restored_job",
+    "stored_state",
 ]

@@ -1,0 +1,185 @@
+"""The compaction plan (pure): the rules the transaction and the daemon apply, values in
+and values out.
+
+* whether a summary is acceptable (:func:`summary_over_cap`,
+  :func:`summary_does_not_shrink`; its budgets are :mod:`memd.core.summary_plan`'s);
+* whether a memory file has anything to compact (:func:`has_compactable`);
+* what recovery does with a crashed job, from its journal phase and the inode
+  numbers it recorded (:func:`recovery_action`), and how much of a journaled
+  drain chunk had landed (:func:`landed_prefix`);
+* whether a count stored in the state DB may be reused for a file as it is now
+  (:func:`stored_count_trust`).
+
+The transaction (:mod:`memd.compaction`) does the I/O around these decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from memd.core.memfile import BLOCK_TERMINATOR, MemoryDocument, RawSegment
+
+# The summary block adds a fixed preamble and markup around the model output.
+SUMMARY_MARKUP_TOKENS = 64
+
+
+# ------------------------------------------------------------------ summary size
+
+
+def summary_over_cap(summary_tokens: int, cap: int) -> str | None:
+    """Why a summary block of ``summary_tokens`` is refused as too long, or None."""
+    if summary_tokens > cap + SUMMARY_MARKUP_TOKENS:
+        return f"summary has {summary_tokens} tokens, over the cap of {cap}"
+    return None
+
+
+def summary_does_not_shrink(block_bytes: int, replaced_bytes: int) -> str | None:
+    """Why a summary block is refused as not shrinking the file, or None.
+
+    ``replaced_bytes``: how much of the file the block replaces. Bytes are the
+    shrink proxy so the check costs nothing on a large file.
+    """
+    if block_bytes >= replaced_bytes:
+        return (
+            f"summary ({block_bytes} bytes) would not shrink the memory it replaces "
+            f"({replaced_bytes} bytes)"
+        )
+    return None
+
+
+def has_compactable(document: MemoryDocument) -> bool:
+    """Raw entries since the last summary, or unparseable bytes before the boundary."""
+    if document.raw_entries_since_summary():
+        return True
+    # Unparseable bytes before the boundary count too: archiving them is how
+    # they leave the active file (still verbatim, in the archive).
+    return any(
+        isinstance(segment, RawSegment) and segment.raw.strip()
+        for segment in document.segments_before(document.boundary)
+    )
+
+
+# ---------------------------------------------------------------------- recovery
+
+
+class RecoveryAction(StrEnum):
+    CLEAN_TEMPS = "clean_temps"  # no job in flight: drop stale temp files only
+    ROLL_BACK = "roll_back"  # crashed before the replace: MEMORY.md holds everything
+    ROLL_FORWARD = "roll_forward"  # crashed after the replace: finish the drain
+    KEEP_OLD_AS_ARCHIVE = "keep_old_as_archive"  # MEMORY.md replaced by someone else
+
+
+IDLE_PHASE = "idle"
+CORRUPT_PHASE = "corrupt"
+
+FileId = tuple[object, object]
+
+
+def recovery_action(
+    phase: object, current: FileId | None, old: FileId, new: FileId
+) -> RecoveryAction:
+    """What to do with a job whose journal says ``phase``.
+
+    ``current`` is MEMORY.md's (dev, ino) now (None: missing); ``old`` and
+    ``new`` are the inode numbers the journal recorded. Decided by inode
+    numbers, never by guessing.
+    """
+    if phase == IDLE_PHASE:
+        return RecoveryAction.CLEAN_TEMPS
+    if phase in {"archiving", CORRUPT_PHASE} or (phase == "swapping" and current == old):
+        return RecoveryAction.ROLL_BACK
+    if phase in {"swapping", "draining"} and current == new:
+        return RecoveryAction.ROLL_FORWARD
+    # MEMORY.md is neither the old nor the new inode: someone replaced (or
+    # removed) it while memd was down.
+    return RecoveryAction.KEEP_OLD_AS_ARCHIVE
+
+
+def landed_prefix(after: bytes, chunk: bytes) -> int:
+    """Length of the longest prefix of ``chunk`` that starts where an append could.
+
+    ``after`` is the new file from where it ended before the journaled append.
+    An append lands at the end of the file as it was then: right there or after
+    other writers' whole appends, so a candidate start is 0 or just after an
+    entry terminator.
+    """
+    best = 0
+    starts = [0]
+    position = after.find(BLOCK_TERMINATOR)
+    while position >= 0:
+        starts.append(position + len(BLOCK_TERMINATOR))
+        position = after.find(BLOCK_TERMINATOR, position + 1)
+    for start in starts:
+        window = after[start : start + len(chunk)]
+        if window == chunk:
+            return len(chunk)
+        # A short prefix only counts when it runs to the end of the file: a
+        # write cut short is the last thing in the file unless others wrote after.
+        if window and start + len(window) == len(after) and chunk.startswith(window):
+            best = max(best, len(window))
+    return best
+
+
+# ------------------------------------------------------------ stored-count trust
+
+
+@dataclass(frozen=True, slots=True)
+class FileFacts:
+    """What ``stat`` says about a file (or what was stored of it)."""
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+
+class StoredCountTrust(StrEnum):
+    RECOUNT = "recount"  # the stored count says nothing about this file
+    REUSE = "reuse"  # the same bytes: reuse the count as it is
+    EXTEND = "extend"  # the same file, grown: count only the new bytes
+
+
+def stored_count_trust(
+    stored: FileFacts,
+    now: FileFacts,
+    *,
+    tokens: int,
+    safe_tokens: int,
+    stored_encoding: str,
+    encoding: str,
+    has_window_digest: bool,
+) -> StoredCountTrust:
+    """Whether a count stored when the file looked like ``stored`` fits the file ``now``.
+
+    Same inode, not smaller, same encoding, a sane record, a window digest to
+    verify it by, and, when the size is unchanged, an unchanged mtime (same size
+    but touched: rewritten in place while memd was down).
+    """
+    same_file = (now.dev, now.ino) == (stored.dev, stored.ino)
+    if (
+        not same_file
+        or now.size < stored.size
+        or tokens < safe_tokens
+        or stored_encoding != encoding
+        or (now.size == stored.size and now.mtime_ns != stored.mtime_ns)
+        or not has_window_digest
+    ):
+        return StoredCountTrust.RECOUNT
+    return StoredCountTrust.EXTEND if now.size > stored.size else StoredCountTrust.REUSE
+
+
+__all__ = [
+    "CORRUPT_PHASE",
+    "IDLE_PHASE",
+    "SUMMARY_MARKUP_TOKENS",
+    "FileFacts",
+    "RecoveryAction",
+    "StoredCountTrust",
+    "has_compactable",
+    "landed_prefix",
+    "recovery_action",
+    "stored_count_trust",
+    "summary_does_not_shrink",
+    "summary_over_cap",
+]

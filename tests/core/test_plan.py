@@ -1,0 +1,84 @@
+"""The compaction plan's pure rules: values in, values out."""
+
+from __future__ import annotations
+
+from memd.core.memfile import parse, render_entry, render_header, render_summary_block
+from memd.core.plan import (
+    FileFacts,
+    RecoveryAction,
+    StoredCountTrust,
+    has_compactable,
+    landed_prefix,
+    recovery_action,
+    stored_count_trust,
+    summary_does_not_shrink,
+    summary_over_cap,
+)
+
+HEADER = render_header("alpha", "2026-01-01T00:00:00")
+
+
+def test_summary_size_rules() -> None:
+    assert summary_over_cap(1064, 1000) is None  # the block's markup is allowed for
+    assert summary_over_cap(1065, 1000) == "summary has 1065 tokens, over the cap of 1000"
+    assert summary_does_not_shrink(99, 100) is None
+    refused = summary_does_not_shrink(100, 100)
+    assert refused is not None and "(100 bytes) would not shrink" in refused
+
+
+def test_has_compactable() -> None:
+    turns = render_entry("Human", "2026-01-01T00:00:01", "hello")
+    assert has_compactable(parse(HEADER + turns))
+    summary = render_summary_block("the gist", "2026-01-01T00:00:02")
+    assert not has_compactable(parse(HEADER + summary))
+    assert not has_compactable(parse(HEADER))
+    # Unparseable bytes before the boundary leave the file through the archive.
+    assert has_compactable(parse(b"not a header, not an entry\n\n" + summary))
+
+
+def test_recovery_decision_by_phase_and_inode() -> None:
+    old, new, other = (1, 10), (1, 11), (1, 12)
+    decide = recovery_action
+    assert decide("idle", old, old, new) is RecoveryAction.CLEAN_TEMPS
+    assert decide("archiving", old, old, (None, None)) is RecoveryAction.ROLL_BACK
+    assert decide("corrupt", None, (None, None), (None, None)) is RecoveryAction.ROLL_BACK
+    assert decide("swapping", old, old, new) is RecoveryAction.ROLL_BACK
+    assert decide("swapping", new, old, new) is RecoveryAction.ROLL_FORWARD
+    assert decide("draining", new, old, new) is RecoveryAction.ROLL_FORWARD
+    assert decide("draining", other, old, new) is RecoveryAction.KEEP_OLD_AS_ARCHIVE
+    assert decide("swapping", None, old, new) is RecoveryAction.KEEP_OLD_AS_ARCHIVE
+
+
+def test_landed_prefix_finds_where_an_append_could_land() -> None:
+    entry = render_entry("AI", "2026-01-01T00:00:03", "late")
+    other = render_entry("Human", "2026-01-01T00:00:04", "someone else")
+    assert landed_prefix(b"", entry) == 0  # nothing landed
+    assert landed_prefix(entry, entry) == len(entry)
+    assert landed_prefix(other + entry, entry) == len(entry)  # after another writer's append
+    assert landed_prefix(entry[:10], entry) == 10  # cut short, last in the file
+    assert landed_prefix(entry[:10] + other, entry) == 0  # not last: not ours
+    assert landed_prefix(b"xx" + entry, entry) == 0  # not at an entry start
+
+
+def test_stored_count_trust() -> None:
+    stored = FileFacts(dev=1, ino=2, size=100, mtime_ns=5)
+
+    def trust(now: FileFacts, **changes: object) -> StoredCountTrust:
+        facts: dict[str, object] = {
+            "tokens": 30,
+            "safe_tokens": 20,
+            "stored_encoding": "cl100k_base",
+            "encoding": "cl100k_base",
+            "has_window_digest": True,
+        }
+        facts.update(changes)
+        return stored_count_trust(stored, now, **facts)  # type: ignore[arg-type]
+
+    assert trust(stored) is StoredCountTrust.REUSE
+    assert trust(FileFacts(1, 2, 150, 9)) is StoredCountTrust.EXTEND
+    assert trust(FileFacts(1, 3, 100, 5)) is StoredCountTrust.RECOUNT  # replaced
+    assert trust(FileFacts(1, 2, 90, 9)) is StoredCountTrust.RECOUNT  # truncated
+    assert trust(FileFacts(1, 2, 100, 6)) is StoredCountTrust.RECOUNT  # same size, touched
+    assert trust(stored, encoding="o200k_base") is StoredCountTrust.RECOUNT
+    assert trust(stored, has_window_digest=False) is StoredCountTrust.RECOUNT
+    assert trust(stored, tokens=10) is StoredCountTrust.RECOUNT  # a record that makes no sense
