@@ -15,6 +15,7 @@ import typer
 from memd.cli import (
     commands_compact,
     commands_forget,
+    commands_mcp,
     commands_ops,
     commands_recall,
     commands_run,
@@ -38,6 +39,7 @@ def build_app() -> typer.Typer:
     app.command("history")(commands_ops.history)
     app.command("doctor")(commands_ops.doctor)
     app.add_typer(commands_ops.config_app, name="config")
+    app.command("mcp")(commands_mcp.mcp_command)
     app.command("recall")(commands_recall.recall_command)
     app.command("run")(commands_run.run_command)
     app.command("status")(commands_status.status)
