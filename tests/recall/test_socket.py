@@ -12,12 +12,22 @@ from pathlib import Path
 import pytest
 from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace, append_entry
-from support.recall_client import ask
 
+from memd.recall.client import ask
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import RecallSocketServer, check_access, socket_path_for
 
-CLIENT = Path(__file__).parent.parent / "support" / "recall_client.py"
+# The agent-side client memd_swarms ships (stdlib only), run as the agent's uid.
+SWARMS_CLIENT = (
+    Path(__file__).resolve().parents[2] / "integrations/swarms/src/memd_swarms/_recall.py"
+)
+ASK = """
+import json, sys
+from pathlib import Path
+import _recall
+path, agent, query = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+print(json.dumps(_recall.ask(path, {"v": 1, "agent": agent, "query": query, "limit": 5})))
+"""
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -41,7 +51,7 @@ def test_socket_answers_with_the_json_schema(served: tuple[AgentWorkspace, Path]
     _ws, path = served
     assert len(str(path)) > 108  # bound and reached through the folder's fd
     assert os.stat(path).st_mode & 0o777 == 0o666
-    reply = ask(str(path), {"v": 1, "agent": "alpha", "query": "tangerine vault?"})
+    reply = ask(path, {"v": 1, "agent": "alpha", "query": "tangerine vault?"})
     assert reply["ok"] is True and reply["v"] == 1
     (hit,) = reply["results"]
     assert hit["text"] == "the tangerine vault code is 4417" and hit["live"] is True
@@ -64,7 +74,7 @@ def test_bad_requests_get_one_line_errors(
     served: tuple[AgentWorkspace, Path], request_: object, needle: str
 ) -> None:
     _ws, path = served
-    reply = ask(str(path), request_)  # type: ignore[arg-type]
+    reply = ask(path, request_)  # type: ignore[arg-type]
     assert reply["ok"] is False and needle in reply["error"], reply
     assert "\n" not in reply["error"]
 
@@ -83,7 +93,7 @@ def test_garbage_and_silent_clients_do_not_stop_the_server(
             sock.connect(f"/proc/self/fd/{directory}/{path.name}")  # and hang up at once
     finally:
         os.close(directory)
-    assert ask(str(path), {"agent": "alpha", "query": "tangerine"})["ok"] is True
+    assert ask(path, {"agent": "alpha", "query": "tangerine"})["ok"] is True
 
 
 def test_access_rule(tmp_path: Path) -> None:
@@ -103,7 +113,7 @@ def run_as(uid: int, socket_path: Path, agent: str, query: str) -> dict:
     # The client and the system Python live where that uid can read them;
     # nothing of this checkout (possibly under /root) is on its path.
     done = subprocess.run(
-        [SYSTEM_PYTHON, str(CLIENT.name), str(socket_path), agent, query],
+        [SYSTEM_PYTHON, "-c", ASK, str(socket_path), agent, query],
         cwd=socket_path.parent.parent / "bin",
         user=uid,
         group=uid,
@@ -112,7 +122,7 @@ def run_as(uid: int, socket_path: Path, agent: str, query: str) -> dict:
         text=True,
         timeout=60,
         check=False,
-        env={"PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(socket_path.parent.parent / "bin")},
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -125,7 +135,7 @@ def test_the_daemons_socket_lets_each_uid_read_only_its_own_agent(tmp_path: Path
     try:
         base.chmod(0o755)
         (base / "bin").mkdir(mode=0o755)
-        shutil.copy(CLIENT, base / "bin" / CLIENT.name)
+        shutil.copy(SWARMS_CLIENT, base / "bin" / "_recall.py")
         ws = AgentWorkspace(base / "ws")
         owners = {"alpha": 1000, "beta": 65534}
         for agent, uid in owners.items():

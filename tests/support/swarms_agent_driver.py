@@ -3,7 +3,7 @@
     python swarms_agent_driver.py '<json spec>'
 
 The spec names the agent, its system prompt and model settings, whether to
-``memd_swarms.attach`` it, and either ``turns`` (run that many tasks by itself,
+``memd_swarms.attach`` it (``recall``: with the recall tool), and either ``turns`` (run that many tasks by itself,
 ``pause_s`` apart) or nothing (then each stdin line is one task; "ok <n>" is
 printed after each run so a test can act between turns). The LLM is whatever
 OPENAI_API_BASE points at. The last stdout line is a JSON report.
@@ -46,7 +46,7 @@ def build(spec: dict[str, Any]) -> Any:
     if spec.get("attach", True):
         import memd_swarms
 
-        memd_swarms.attach(agent)
+        memd_swarms.attach(agent, recall=bool(spec.get("recall")))
     return agent
 
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from memd_swarms._descriptor import descriptor_for, write_descriptor
 from memd_swarms._probe import Delivery, probe_delivery, swarms_version, unsupported
+from memd_swarms._recall import PRELOAD_NOTICE, add_recall_tool
 from memd_swarms._wiring import ROW_TAG, Wiring, static_prefix_length, wrap_run
 
 log = logging.getLogger("memd_swarms")
@@ -22,7 +23,7 @@ class AttachError(ValueError):
     """The agent is configured in a way memd cannot keep inside its window."""
 
 
-def attach(agent: AgentT, *, descriptor: bool = True) -> AgentT:
+def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> AgentT:
     """Wire ``agent`` (a ``swarms.Agent`` with ``persistent_memory=True``) to memd.
 
     - The MEMORY.md Swarms preloaded reaches the model on the next request, as
@@ -33,12 +34,19 @@ def attach(agent: AgentT, *, descriptor: bool = True) -> AgentT:
     - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
       its context length and the text sent beside the memory in every request,
       from which memd derives this agent's threshold.
+    - ``recall=True`` adds the tool ``recall_memory(query, limit=5)``: the model
+      can search the raw turns memd archived behind its summary (through the
+      daemon's recall socket, which serves only the agent's own uid), and the
+      preload tells it so.
 
     Returns the same agent. Attaching twice is harmless. Raises AttachError for
     an agent memd cannot serve (no persistent memory, Swarms' own compression
     on) and UnsupportedSwarms when the installed swarms is not one it knows.
     """
-    if getattr(agent, WIRING_ATTRIBUTE, None) is not None:
+    attached = getattr(agent, WIRING_ATTRIBUTE, None)
+    if attached is not None:
+        if recall:
+            _enable_recall(agent, attached)
         return agent
     conversation = _conversation_of(agent)
     name = str(getattr(agent, "agent_name", "agent"))
@@ -76,6 +84,7 @@ def attach(agent: AgentT, *, descriptor: bool = True) -> AgentT:
             conversation=conversation,
             memory_path=str(memory_path),
             static_rows=static_prefix_length(conversation),
+            notice=PRELOAD_NOTICE if recall else "",
         )
         # Swarms' own preload row (and any rows since, all in the file) give way
         # to one read together with the file's identity.
@@ -83,10 +92,19 @@ def attach(agent: AgentT, *, descriptor: bool = True) -> AgentT:
         _check_delivered(conversation, name)
         wrap_run(agent, wiring)
         setattr(agent, WIRING_ATTRIBUTE, wiring)
+    if recall:
+        add_recall_tool(agent, str(memory_path))
     if descriptor:
         writer = f"memd-swarms {__version__} (swarms {swarms_version()})"
         write_descriptor(os.path.dirname(str(memory_path)), descriptor_for(agent, writer))
     return agent
+
+
+def _enable_recall(agent: Any, wiring: Wiring) -> None:
+    """``attach(agent, recall=True)`` on an agent attached without recall."""
+    if add_recall_tool(agent, wiring.memory_path) and not wiring.notice:
+        wiring.notice = PRELOAD_NOTICE
+        wiring.rebuild()
 
 
 def _conversation_of(agent: Any) -> Any:

@@ -133,6 +133,8 @@ class Wiring:
     rebuilds: int = 0
     deferred: bool = False
     warned_messages: bool = False
+    # Appended to the preload (attach(recall=True) names the recall tool there).
+    notice: str = ""
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def rebuild(self) -> int:
@@ -148,6 +150,8 @@ class Wiring:
             dropped = len(history) - len(kept)
             row = preload_row(snapshot.text)
             if row is not None:
+                if self.notice:
+                    row["content"] += "\n\n" + self.notice
                 kept.append(row)
             # In place: Agent._run holds no reference across runs, but callers may.
             history[:] = kept
