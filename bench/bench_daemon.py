@@ -242,7 +242,7 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
         writer.start()
         writer.join(seconds + 60)
         time.sleep(debounce_s + 1.0)
-        daemon.request_exit()
+        daemon.handle_exit(signal.SIGTERM, None)
         thread.join(60)
         writes = json.loads(out.read_text())
         every: list[float] = []  # each append -> the first count that includes it

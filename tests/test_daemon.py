@@ -29,6 +29,7 @@ from support.memfiles import (
     swarms_header,
 )
 
+import memd.watcher
 from memd.compaction import ThresholdCheck, check_still_over
 from memd.core.jobs import JobState
 from memd.daemon import Daemon, DaemonOptions
@@ -172,7 +173,7 @@ class Harness:
         return None if entry is None else entry.job.state
 
     def stop(self) -> int | None:
-        self.daemon.request_exit()
+        self.daemon.handle_exit(signal.SIGTERM, None)  # the real signal rule
         self.thread.join(30)
         assert not self.thread.is_alive()
         return self.code
@@ -313,7 +314,7 @@ def test_restart_with_unchanged_files_does_not_retokenize(
     first = run_daemon(ws, compact=ScriptedCompaction(), config=big)
     assert wait_until(
         lambda: (
-            first.daemon._removed == set()
+            {row.agent for row in first.daemon.store.agents()} == {"a1", "a2", "a3"}
             and not any(e.dirty for e in first.daemon.agents().values())
         )
     )
@@ -548,15 +549,26 @@ def test_file_deleted_mid_compaction_is_retried(ws: AgentWorkspace, run_daemon: 
 # ------------------------------------------------------------- watcher health
 
 
-def test_dead_watcher_is_restarted_by_reconcile(ws: AgentWorkspace, run_daemon: Any) -> None:
+def test_dead_watcher_is_restarted_by_reconcile(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The backend is reached through its one swappable name (watchfiles' pattern).
+    backends: list[Any] = []
+    real_make_backend = memd.watcher.make_backend
+
+    def make_backend(*args: Any, **kwargs: Any) -> Any:
+        backends.append(real_make_backend(*args, **kwargs))
+        return backends[-1]
+
+    monkeypatch.setattr(memd.watcher, "make_backend", make_backend)
     ws.create_agent("alice")
     h = run_daemon(ws, compact=ScriptedCompaction(), config={"trigger": {"context_length": 10**6}})
-    watcher = h.daemon.watcher
-    assert watcher is not None and watcher._backend is not None
-    watcher._backend.stop()  # the observer thread dies silently
+    assert h.daemon.watcher is not None and len(backends) == 1
+    backends[0].stop()  # the observer thread dies silently
     assert not h.daemon.healthy()
     memory = fill(ws, "alice", 2)  # an event nobody sees
     assert wait_until(lambda: h.daemon.healthy(), timeout=5)
+    assert len(backends) == 2  # restarted with a new backend
     assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
     h.stop()
 
@@ -586,7 +598,9 @@ def test_end_to_end_real_compaction_with_concurrent_writers(
     for proc in procs:
         assert proc.wait(60) == 0
     assert wait_until(lambda: h.daemon.compactions_ok >= 1, timeout=20)
-    assert wait_until(lambda: not h.daemon._running and h.job("busy") is not JobState.PENDING)
+    assert wait_until(
+        lambda: not h.daemon.runner.running() and h.job("busy") is not JobState.PENDING
+    )
     # every entry exactly once across archives and the live file
     seen = entry_contents_everywhere(paths)
     expected = {
@@ -619,7 +633,7 @@ def test_two_daemons_on_one_workspace_are_serialized_by_the_agent_lock(
     assert wait_until(lambda: sum(d.compactions_ok for d in daemons) >= 1, timeout=20)
     assert wait_until(
         lambda: (
-            all(not d._running for d in daemons)
+            all(not d.runner.running() for d in daemons)
             and all(h.tokens("shared") == full_tokens(paths.memory) for h in (first, second))
         ),
         timeout=20,
@@ -638,8 +652,8 @@ def test_forced_shutdown_aborts_before_commit(ws: AgentWorkspace, run_daemon: An
     memory = fill(ws, "alice", 20)
     assert compact.entered.wait(10)
     before = memory.read_bytes()
-    h.daemon.request_exit()
-    h.daemon.request_exit()  # the second request forces
+    h.daemon.handle_exit(signal.SIGINT, None)
+    h.daemon.handle_exit(signal.SIGINT, None)  # the second SIGINT forces
     h.thread.join(10)
     assert h.code == 130
     assert compact.committed == 0
@@ -1102,7 +1116,7 @@ def test_count_in_flight_during_reload_does_not_mix_encodings(tmp_path):
     assert entered.wait(10)  # count thread is counting with cl100k
     cfg.write_text(TOML.format(ctx=10**7, enc="o200k_base"))
     d.request_reload()
-    assert wait_until(lambda: d._counter.encoding == "o200k_base")
+    assert wait_until(lambda: d.counter.tokenizer.encoding == "o200k_base")
     time.sleep(0.3)
     blocking.clear()
     gate.set()  # the old-encoding count lands after the reset
@@ -1113,7 +1127,7 @@ def test_count_in_flight_during_reload_does_not_mix_encodings(tmp_path):
         lambda: d.agents()["a"].tokens == o200k.count_bytes(mem.read_bytes()), timeout=3
     )
     got = d.agents()["a"].tokens
-    d.request_exit()
+    d.handle_exit(signal.SIGTERM, None)
     t.join(20)
     assert ok, (
         got,
@@ -1136,7 +1150,7 @@ def test_encoding_reload_keeps_an_open_breaker(tmp_path):
     d.request_reload()
     time.sleep(1.5)
     state = d.agents()["a"].job.state
-    d.request_exit()
+    d.handle_exit(signal.SIGTERM, None)
     t.join(20)
     assert state is JobState.BREAKER_OPEN and len(compact.calls) == calls, (state, compact.calls)
 
@@ -1169,7 +1183,7 @@ def test_concurrent_flushes_never_leave_a_stale_row(ws, run_daemon, tmp_path):
     assert entered.wait(10)  # periodic flush holds snapshot #1
     append_entry(mem, "AI", "second append " * 10)
     assert wait_until(lambda: h.tokens("a") == full_tokens(mem))
-    d._flush_state()  # what _compaction_job's finally does
+    d.flusher.flush()  # what a compaction job's end does
     release.set()  # periodic flush now writes snapshot #1
     time.sleep(1.0)  # several more periodic flushes
     store.upsert_agents = real
@@ -1223,7 +1237,7 @@ def test_folder_moved_away_and_replaced_is_watched_again(ws, run_daemon):
     assert wait_until(lambda: h.tokens("a") == full_tokens(mem), timeout=3), (
         h.tokens("a"),
         full_tokens(mem),
-        h.daemon.watcher._backend._wd_by_key,
+        h.daemon.watcher.watched(),
     )
 
 

@@ -1,0 +1,414 @@
+"""Hints in, counts out: the watcher's (and wake-ups') hints arrive on a queue, are
+debounced, and each due agent is counted and handed to the runner.
+
+One step is :meth:`CountService.tick` (celery beat's shape): take the queued
+hints, count what is due at ``now``, return when the next thing is due. The
+service thread only sleeps until then or until a hint arrives, so tests drive
+``tick`` with a made-up clock and a scripted compaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from memd.core.config import TriggerConfig
+from memd.core.debounce import Debouncer
+from memd.core.jobs import restored_job
+from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
+from memd.core.tokens import CountState
+from memd.counting import CountKind, TrackedCount, count_file
+from memd.daemon.entries import (
+    AgentEntry,
+    EntryCounter,
+    PoolResult,
+    Tokenizer,
+    changed_on_disk,
+    check_contained,
+    reason_of,
+)
+from memd.daemon.flusher import StateFlusher
+from memd.daemon.registry import AgentRegistry
+from memd.daemon.runner import Runner
+from memd.errors import MemdError
+from memd.logs import get_logger
+from memd.watcher import Watcher
+
+if TYPE_CHECKING:
+    from memd.state import AgentRecord
+
+_log = get_logger("memd.daemon")
+
+# Below this many bytes to count, forking workers costs more than it saves.
+_POOL_MIN_BYTES = 8 << 20
+# The longest the service thread sleeps without a hint (it re-checks stopping).
+_MAX_WAIT_S = 1.0
+
+
+class HintKind(StrEnum):
+    MEMORY = "memory"  # the agent's MEMORY.md changed: count after the debounce
+    AGENTS = "agents"  # something changed in agents/: reconcile the agent set
+    COUNT_NOW = "count_now"  # count the agent at once (a wake-up, a new agent)
+    WAKE = "wake"  # nothing to do: wake the service thread (shutdown)
+
+
+class Hint(NamedTuple):
+    kind: HintKind
+    name: str | None
+    at: float  # monotonic time the hint was given
+
+
+class HintSink:
+    """What the watcher calls: each event becomes a hint on the counter's queue."""
+
+    def __init__(self, inbox: queue.SimpleQueue[Hint]) -> None:
+        self._inbox = inbox
+
+    def agents_changed(self, name: str | None) -> None:
+        self._inbox.put(Hint(HintKind.AGENTS, name, time.monotonic()))
+
+    def memory_changed(self, agent: str) -> None:
+        self._inbox.put(Hint(HintKind.MEMORY, agent, time.monotonic()))
+
+
+def _pool_count(job: tuple[str, TrackedCount | None]) -> PoolResult:
+    """Runs in a forked scan worker: count one file with the inherited tokenizer."""
+    path, previous = job
+    if not _POOL_COUNTER:
+        from memd.tokenizer import TokenCounter
+
+        _POOL_COUNTER.append(TokenCounter(_POOL_ENCODING[0]))
+    tokenizer = _POOL_COUNTER[0]
+    try:
+        tracked, kind = count_file(Path(path), previous, tokenizer.count_bytes)
+    except FileNotFoundError:
+        return None, CountKind.RECOUNTED, None
+    except (OSError, MemdError, ValueError) as exc:
+        return None, CountKind.RECOUNTED, reason_of(exc)
+    return tracked, kind, None
+
+
+# The encoding name the scan workers use (set in the parent before forking),
+# and each worker's tokenizer (made on its first job; the encoding is inherited).
+_POOL_ENCODING: list[str] = []
+_POOL_COUNTER: list[Tokenizer] = []
+
+
+def _new_debouncer(trigger: TriggerConfig) -> Debouncer[str]:
+    return Debouncer(trigger.debounce_ms / 1000, trigger.max_wait_ms / 1000)
+
+
+class CountService:
+    def __init__(
+        self,
+        trigger: TriggerConfig,
+        encoding: str,
+        registry: AgentRegistry,
+        counter: EntryCounter,
+        runner: Runner,
+        flusher: StateFlusher,
+        *,
+        pool_allowed: bool,
+    ) -> None:
+        self.inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()
+        self.sink = HintSink(self.inbox)
+        self.encoding = encoding
+        self._registry = registry
+        self._counter = counter
+        self._runner = runner
+        self._flusher = flusher
+        self._pool_allowed = pool_allowed
+        self._debouncer: Debouncer[str] = _new_debouncer(trigger)
+        self._count_now: set[str] = set()
+        self._rescan = False
+        self._state_lock = threading.Lock()  # debouncer, count_now, rescan
+        self._watcher: Watcher | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ---------------------------------------------------------------- service
+
+    def start(self, watcher: Watcher | None) -> None:
+        self._watcher = watcher
+        self._thread = threading.Thread(target=self._loop, name="memd-count", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10) -> None:
+        self._stopping = True
+        self.inbox.put(Hint(HintKind.WAKE, None, time.monotonic()))
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._counter.tokenizer
+
+    def request_count(self, agent: str) -> None:
+        """Count ``agent`` at once (a wake-up, a new or re-watched agent)."""
+        self.inbox.put(Hint(HintKind.COUNT_NOW, agent, time.monotonic()))
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                deadline = self.tick(time.monotonic())
+                timeout = _MAX_WAIT_S if deadline is None else deadline - time.monotonic()
+                with contextlib.suppress(queue.Empty):
+                    # Back in front of the queue for the next tick.
+                    self._take(self.inbox.get(timeout=min(max(0.0, timeout), _MAX_WAIT_S)))
+            except Exception:
+                _log.exception("counting loop error")
+                time.sleep(0.5)
+
+    def _take(self, hint: Hint) -> None:
+        with self._state_lock:
+            if hint.kind is HintKind.AGENTS:
+                self._rescan = True
+            elif hint.kind is HintKind.COUNT_NOW and hint.name is not None:
+                self._count_now.add(hint.name)
+            elif hint.kind is HintKind.MEMORY and hint.name is not None:
+                self._debouncer.touch(hint.name, hint.at)
+                entry = self._registry.get(hint.name)
+                if entry is not None and entry.burst_started is None:
+                    entry.burst_started = hint.at
+
+    def tick(self, now: float) -> float | None:
+        """Take the queued hints, count every agent due at ``now`` (monotonic) and
+        hand each to the runner; returns when the next debounced count is due."""
+        while True:
+            try:
+                self._take(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        with self._state_lock:
+            due = self._debouncer.pop_due(now)
+            if self._count_now:
+                due.extend(self._count_now - set(due))
+                self._count_now.clear()
+            rescan, self._rescan = self._rescan, False
+        if rescan:
+            self.reconcile_agents()
+        for name in due:
+            if self._stopping:
+                return None
+            entry = self._registry.get(name)
+            if entry is None:
+                continue
+            try:
+                if self._counter.count_locked(entry):
+                    self._runner.evaluate(entry)
+            except Exception:  # one agent's surprise must not drop the rest of `due`
+                _log.exception("counting failed", agent=name)
+        if due and self._flusher.live_flush_due(time.monotonic()):
+            self._flusher.flush()
+        with self._state_lock:
+            return self._debouncer.next_deadline()
+
+    # -------------------------------------------------------------- reconcile
+
+    def reconcile(self) -> None:
+        """The source of truth (a periodic job): rescan agents and stat every MEMORY.md."""
+        if self._stopping:
+            return
+        try:
+            self._reconcile()
+        except Exception:
+            _log.exception("reconcile failed")
+
+    def _reconcile(self) -> None:
+        watcher = self._watcher
+        restarted = False
+        if watcher is not None and not watcher.is_alive() and not self._stopping:
+            _log.warning("watcher thread died; restarting it")
+            watcher.restart()
+            restarted = True
+        self.reconcile_agents(force_sync=restarted)
+        now = time.time()
+        for entry in self._registry.agents().values():
+            if restarted or entry.count_error is not None or changed_on_disk(entry):
+                self.request_count(entry.name)
+            elif self._runner.hold_expired(entry, now):
+                self._runner.evaluate(entry)  # safety net for a lost wake-up
+
+    def reconcile_agents(self, force_sync: bool = False) -> None:
+        names = set(self._registry.scan())
+        known = self._registry.names()
+        for name in sorted(names - known):
+            if self._registry.add(name) is not None:
+                if self._watcher is not None:
+                    self._watcher.sync(self._registry.dirs())
+                self.request_count(name)
+        for name in sorted(known - names):
+            if self._registry.remove(name) is not None:
+                with self._state_lock:
+                    self._debouncer.cancel(name)
+                    self._count_now.discard(name)
+                self._runner.forget(name)
+                if self._watcher is not None:
+                    self._watcher.unwatch(name)
+        watcher = self._watcher
+        if watcher is None:
+            return
+        # Agents whose watch went away (their folder was replaced under the
+        # same name) are watched again and recounted: events may have been missed.
+        unwatched = (names & known) - watcher.watched()
+        if force_sync or names != known or watcher.failed or unwatched:
+            watcher.sync(self._registry.dirs())
+            for name in sorted(unwatched):
+                self.request_count(name)
+
+    def recount_changed(self, entries: list[AgentEntry]) -> None:
+        """Start-up, once the watches are live: anything written during the scan
+        shows in a stat (size, inode, mtime) and is counted now, incrementally."""
+        for entry in entries:
+            if entry.count_error is None and changed_on_disk(entry):
+                self._counter.count_locked(entry)
+
+    # ----------------------------------------------------------------- reload
+
+    def reconfigure(
+        self, trigger: TriggerConfig, encoding: str, tokenizer: Tokenizer | None
+    ) -> None:
+        """New debounce settings (pending agents are counted at once); with a new
+        ``tokenizer`` every agent is recounted with it."""
+        self.encoding = encoding
+        with self._state_lock:
+            pending = self._debouncer.keys()
+            self._debouncer = _new_debouncer(trigger)
+            self._count_now.update(pending)
+        if tokenizer is not None:
+            self._counter.tokenizer = tokenizer
+            for entry in self._registry.agents().values():
+                # Under the count lock: a count still running with the old
+                # encoding finishes first, then its result is dropped.
+                with entry.count_lock:
+                    entry.tracked = None
+                self.request_count(entry.name)
+        self.inbox.put(Hint(HintKind.WAKE, None, time.monotonic()))
+
+    # ----------------------------------------------------------- start-up count
+
+    def restore(self, entry: AgentEntry, record: AgentRecord) -> bool:
+        """Reuse a stored count when the file is the same inode and size."""
+        entry.job = restored_job(
+            record.state,
+            consecutive_failures=record.consecutive_failures,
+            last_error=record.last_error,
+            last_compaction_at=record.last_compaction_at,
+            next_attempt_at=record.next_attempt_at,
+            now=time.time(),
+        )
+        try:
+            info = os.stat(entry.paths.memory)
+        except OSError:
+            return False
+        trust = stored_count_trust(
+            FileFacts(record.dev, record.ino, record.size, record.mtime_ns),
+            FileFacts(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns),
+            tokens=record.tokens,
+            safe_tokens=record.safe_tokens,
+            stored_encoding=record.encoding,
+            encoding=self.encoding,
+            has_window_digest=record.window_digest is not None,
+        )
+        if trust is StoredCountTrust.RECOUNT:
+            return False
+        count = CountState(
+            dev=record.dev,
+            ino=record.ino,
+            size=record.size,
+            safe_offset=record.safe_offset,
+            safe_tokens=record.safe_tokens,
+            tail_tokens=record.tokens - record.safe_tokens,
+        )
+        # The stored window digest is verified by the next incremental count,
+        # so a file truncated and regrown past its old size is recounted.
+        entry.tracked = TrackedCount(
+            count,
+            record.mtime_ns if info.st_size == record.size else 0,
+            record.window_start,
+            record.window_digest,
+        )
+        if trust is StoredCountTrust.EXTEND:
+            return False  # grew while we were down: count just the new bytes
+        entry.dirty = False
+        return True
+
+    def initial_count(self, entries: list[AgentEntry], records: Mapping[str, AgentRecord]) -> None:
+        to_count = [
+            entry
+            for entry in entries
+            if entry.name not in records or not self.restore(entry, records[entry.name])
+        ]
+        if not to_count:
+            return
+        started = time.monotonic()
+        workers = max(1, min(len(to_count), os.cpu_count() or 1))
+        mode = "serial"
+        if workers > 1 and self._pool_worth_it(to_count):
+            mode = "processes"
+            self._count_in_processes(to_count, workers)
+        elif workers > 1:
+            # tiktoken releases the GIL for part of its work: threads help some.
+            mode = "threads"
+            with ThreadPoolExecutor(workers, thread_name_prefix="memd-scan") as pool:
+                list(pool.map(self._counter.count_locked, to_count))
+        else:
+            for entry in to_count:
+                self._counter.count_locked(entry)
+        _log.info(
+            "initial count",
+            counted=len(to_count),
+            reused=len(entries) - len(to_count),
+            mode=mode,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    def _pool_worth_it(self, entries: list[AgentEntry]) -> bool:
+        """A process pool pays for its fork only on a large cold scan, and only
+        with the real tokenizer (a test's counter may not survive a fork)."""
+        if not self._pool_allowed or threading.active_count() > 1:
+            return False
+        total = 0
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                total += os.stat(entry.paths.memory).st_size
+            if total >= _POOL_MIN_BYTES:
+                return True
+        return False
+
+    def _count_in_processes(self, entries: list[AgentEntry], workers: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        jobs: list[tuple[AgentEntry, tuple[str, TrackedCount | None]]] = []
+        for entry in entries:
+            try:
+                check_contained(entry)
+            except MemdError:
+                self._counter.count_locked(entry)  # records the refusal
+                continue
+            jobs.append((entry, (str(entry.paths.memory), entry.tracked)))
+        _POOL_ENCODING[:] = [self.encoding]
+        # fork: no other thread exists yet (checked by the caller), and the
+        # children inherit the loaded encoding instead of loading it again.
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            chunk = max(1, len(jobs) // (workers * 8))
+            results = pool.map(_pool_count, [job for _, job in jobs], chunksize=chunk)
+            for (entry, _job), result in zip(jobs, results, strict=True):
+                with entry.count_lock:
+                    self._counter.count(entry, result)
+
+
+__all__ = ["CountService", "Hint", "HintKind", "HintSink"]

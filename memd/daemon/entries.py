@@ -1,0 +1,179 @@
+"""What every daemon service shares: an agent's entry and the one way to count it.
+
+An :class:`AgentEntry` is owned by the registry (which agents exist); its
+count is written only through :class:`EntryCounter` under the entry's
+``count_lock``, and its job state only by the runner under the registry lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from memd.core.config import AgentPolicy
+from memd.core.jobs import AgentJob
+from memd.counting import CountKind, TrackedCount, count_file
+from memd.errors import MemdError
+from memd.logs import get_logger
+from memd.workspace import AgentPaths, contained_path
+
+if TYPE_CHECKING:
+    from memd.metrics import Metrics
+
+_log = get_logger("memd.daemon")
+
+CountedHook = Callable[[str, int], None]
+# (tracked, kind, failure reason); tracked None with no failure = no MEMORY.md yet.
+PoolResult = tuple["TrackedCount | None", CountKind, "str | None"]
+
+
+class Tokenizer(Protocol):
+    def count_bytes(self, data: bytes) -> int: ...
+
+    def count_text(self, text: str) -> int: ...
+
+
+@dataclass(slots=True, eq=False)
+class AgentEntry:
+    name: str
+    paths: AgentPaths
+    policy: AgentPolicy
+    tracked: TrackedCount | None = None
+    job: AgentJob = field(default_factory=AgentJob)
+    count_error: str | None = None
+    dirty: bool = True
+    burst_started: float | None = None  # monotonic time of the first unhandled event
+    may_need_recovery: bool = True
+    count_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def tokens(self) -> int:
+        return 0 if self.tracked is None else self.tracked.tokens
+
+
+@dataclass(slots=True)
+class RunStats:
+    """The runner's figures, read by the flusher for ``STATUS=`` and the heartbeat."""
+
+    running: set[str] = field(default_factory=set)
+    compactions_ok: int = 0
+    compactions_failed: int = 0
+
+
+def reason_of(exc: BaseException) -> str:
+    """One line for an error: an OSError's text and file, else the message."""
+    if isinstance(exc, OSError) and not isinstance(exc, MemdError) and exc.strerror:
+        name = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{name}"
+    return str(exc) or type(exc).__name__
+
+
+class _CountFailed(MemdError):
+    """A count that failed in a scan worker process (the reason travels as text)."""
+
+
+def check_contained(entry: AgentEntry) -> None:
+    contained_path(entry.paths.memory, entry.paths.workspace, f"agent {entry.name!r} MEMORY.md")
+
+
+def changed_on_disk(entry: AgentEntry) -> bool:
+    """Whether a stat of MEMORY.md differs from what the entry last counted."""
+    try:
+        info = os.stat(entry.paths.memory)
+    except FileNotFoundError:
+        return entry.tracked is not None
+    except OSError:
+        return True
+    tracked = entry.tracked
+    if tracked is None:
+        return True
+    state = tracked.state
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != (
+        state.dev,
+        state.ino,
+        state.size,
+        tracked.mtime_ns,
+    )
+
+
+class EntryCounter:
+    """Counts one agent's MEMORY.md into its entry (the counter's and the runner's
+    one way to do it); publishes the figure to metrics and the ``on_counted`` hook."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        on_erased: Callable[[AgentEntry], None],
+        on_counted: CountedHook | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.metrics: Metrics | None = None
+        self._on_erased = on_erased
+        self._on_counted = on_counted
+
+    def count_locked(self, entry: AgentEntry) -> bool:
+        with entry.count_lock:
+            return self.count(entry)
+
+    def count(self, entry: AgentEntry, precounted: PoolResult | None = None) -> bool:
+        """Update the entry's count; False (logged once) when the file cannot be counted.
+
+        The caller holds ``entry.count_lock``.
+        """
+        started = entry.burst_started
+        entry.burst_started = None
+        before = entry.tokens
+        try:
+            if precounted is not None:
+                tracked, kind, failure = precounted
+                if failure is not None:
+                    raise _CountFailed(failure)
+            else:
+                check_contained(entry)
+                tracked, kind = count_file(
+                    entry.paths.memory, entry.tracked, self.tokenizer.count_bytes
+                )
+        except FileNotFoundError:
+            tracked, kind = None, CountKind.RECOUNTED
+            self._on_erased(entry)
+        except (OSError, MemdError, ValueError) as exc:
+            reason = reason_of(exc)
+            if entry.count_error != reason:
+                _log.warning("cannot count MEMORY.md; will retry", agent=entry.name, error=reason)
+            entry.count_error = reason
+            entry.tracked = None
+            entry.dirty = True
+            return False
+        if entry.count_error is not None:
+            _log.info("MEMORY.md readable again", agent=entry.name)
+        entry.count_error = None
+        entry.tracked = tracked
+        if kind is not CountKind.UNCHANGED or entry.tokens != before:
+            entry.dirty = True
+        if kind is CountKind.RECOUNTED or entry.tokens != before:
+            _log.debug("counted", agent=entry.name, tokens=entry.tokens, kind=str(kind))
+        if self.metrics is not None:
+            self.metrics.set_agent(entry.name, entry.tokens, entry.policy.threshold_tokens)
+            if started is not None:
+                self.metrics.set_watcher_lag(time.monotonic() - started)
+        if self._on_counted is not None:
+            self._on_counted(entry.name, entry.tokens)
+        return True
+
+
+__all__ = [
+    "AgentEntry",
+    "CountedHook",
+    "EntryCounter",
+    "PoolResult",
+    "RunStats",
+    "Tokenizer",
+    "changed_on_disk",
+    "check_contained",
+    "reason_of",
+]

@@ -1,0 +1,147 @@
+"""Registry snapshots → the state DB (what ``memd status`` reads), the heartbeat
+(what ``memd health`` reads) and systemd's ``STATUS=`` line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from memd.core.jobs import JobState, stored_state
+from memd.daemon.entries import AgentEntry, RunStats, reason_of
+from memd.daemon.registry import AgentRegistry
+from memd.logs import get_logger
+from memd.notify import SystemdNotifier
+
+if TYPE_CHECKING:
+    from memd.state import AgentRecord, StateStore
+
+_log = get_logger("memd.daemon")
+
+# New counts reach the state DB (what `memd status` reads) within about this
+# long, instead of waiting for the periodic flush (daemon.state_flush_s).
+LIVE_FLUSH_S = 1.0
+
+
+class StateFlusher:
+    def __init__(
+        self,
+        registry: AgentRegistry,
+        stats: RunStats,
+        notifier: SystemdNotifier,
+        encoding: str,
+        healthy: Callable[[], bool],
+        started_at: float,
+    ) -> None:
+        self.store: StateStore | None = None
+        self._registry = registry
+        self._stats = stats
+        self._notifier = notifier
+        self._encoding = encoding
+        self._healthy = healthy
+        self._started_at = started_at
+        self._lock = threading.Lock()
+        self._last_flush = 0.0
+        self._last_status = ""
+
+    def start(self, store: StateStore | None) -> None:
+        self.store = store
+
+    def reconfigure(self, encoding: str) -> None:
+        self._encoding = encoding
+
+    def close(self) -> None:
+        """After the final flush: the heartbeat goes, the DB closes."""
+        store, self.store = self.store, None
+        if store is None:
+            return
+        with contextlib.suppress(Exception):
+            store.clear_heartbeat(os.getpid())
+        with contextlib.suppress(Exception):
+            store.close()
+
+    def live_flush_due(self, now_monotonic: float) -> bool:
+        return self.store is not None and now_monotonic - self._last_flush >= LIVE_FLUSH_S
+
+    def flush(self, final: bool = False) -> None:
+        # Snapshot and write as one step: two flushes at once (the periodic job
+        # and a compaction's) could otherwise write an older snapshot last.
+        with self._lock:
+            self._flush_serialized(final)
+
+    def _flush_serialized(self, final: bool) -> None:
+        self._last_flush = time.monotonic()
+        now = time.time()
+        with self._registry.lock:
+            dirty, removed = self._registry.take_changes()
+            records = [self._record_of(entry, now) for entry in dirty]
+        status = self.status_text()
+        if self.store is not None:
+            try:
+                if records:
+                    self.store.upsert_agents(records)
+                for name in removed:
+                    self.store.remove_agent(name)
+                if not final:
+                    self.store.write_heartbeat(
+                        os.getpid(),
+                        self._started_at,
+                        self._healthy(),
+                        status,
+                        len(self._registry),
+                        now,
+                    )
+            except Exception as exc:
+                self._registry.give_back(dirty, removed)
+                _log.warning("cannot write the state database", error=reason_of(exc))
+        if not final and status != self._last_status:
+            self._last_status = status
+            self._notifier.status(status)
+
+    def _record_of(self, entry: AgentEntry, now: float) -> AgentRecord:
+        from memd.state import AgentRecord
+
+        state = entry.tracked.state if entry.tracked is not None else None
+        job = entry.job
+        return AgentRecord(
+            agent=entry.name,
+            dev=state.dev if state else 0,
+            ino=state.ino if state else 0,
+            size=state.size if state else 0,
+            safe_offset=state.safe_offset if state else 0,
+            safe_tokens=state.safe_tokens if state else 0,
+            tokens=entry.tokens,
+            threshold_tokens=entry.policy.threshold_tokens,
+            updated_at=now,
+            state=stored_state(job, count_failed=entry.count_error is not None),
+            last_error=entry.count_error or job.last_error,
+            last_compaction_at=job.last_compaction_at,
+            consecutive_failures=job.consecutive_failures,
+            next_attempt_at=job.next_attempt_at,
+            mtime_ns=entry.tracked.mtime_ns if entry.tracked else 0,
+            encoding=self._encoding,
+            window_start=entry.tracked.window_start if entry.tracked else 0,
+            window_digest=entry.tracked.window_digest if entry.tracked else None,
+        )
+
+    def status_text(self) -> str:
+        with self._registry.lock:
+            entries = list(self._registry.agents().values())
+            running = len(self._stats.running)
+        pending = sum(1 for e in entries if e.job.state is JobState.PENDING)
+        errors = sum(
+            1
+            for e in entries
+            if e.count_error is not None or e.job.state in (JobState.BACKOFF, JobState.BREAKER_OPEN)
+        )
+        return (
+            f"watching {len(entries)} agents; {running} compacting, {pending} queued; "
+            f"{self._stats.compactions_ok} compacted, {self._stats.compactions_failed} failed; "
+            f"{errors} in error"
+        )
+
+
+__all__ = ["LIVE_FLUSH_S", "StateFlusher"]

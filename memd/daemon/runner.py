@@ -1,0 +1,389 @@
+"""Job decisions from the core state machine (:mod:`memd.core.jobs`) → the
+scheduler; each compaction's outcome → the next decision, the ledger, metrics.
+
+The runner owns the agents' job states (changed under the registry lock), the
+summarizer and the abort event handed to every transaction: the transaction
+never calls back, it re-checks the threshold itself and rolls back when a
+forced exit sets the event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from memd.compaction import ArchiveHook, CompactionOptions, CompactionOutcome, ThresholdCheck
+from memd.core.config import AgentPolicy, MemdConfig
+from memd.core.jobs import (
+    NOT_COMPACTABLE,
+    AgentJob,
+    Decision,
+    JobState,
+    RetryPolicy,
+    on_busy_elsewhere,
+    on_cancelled,
+    on_count,
+    on_failure,
+    on_nothing_to_compact,
+    on_started,
+    on_success,
+)
+from memd.core.summary import Summarizer
+from memd.daemon.entries import AgentEntry, EntryCounter, RunStats, reason_of
+from memd.daemon.flusher import StateFlusher
+from memd.daemon.registry import AgentRegistry
+from memd.errors import (
+    CompactionAborted,
+    LockTimeout,
+    MemdError,
+    NothingToCompact,
+    UnderThreshold,
+)
+from memd.logs import get_logger
+from memd.scheduler import JobScheduler
+from memd.workspace import AgentPaths
+
+if TYPE_CHECKING:
+    from memd.metrics import Metrics
+
+_log = get_logger("memd.daemon")
+
+# While the daemon compacts, another compactor (compact-now, a second daemon)
+# holding the lock means "try again later", not "wait minutes holding a slot".
+DAEMON_LOCK_WAIT_S = 1.0
+
+
+class CompactFn(Protocol):
+    def __call__(
+        self,
+        paths: AgentPaths,
+        summarizer: Summarizer,
+        options: CompactionOptions,
+        *,
+        count_bytes: Callable[[bytes], int] | None = ...,
+        abort: threading.Event | None = ...,
+        threshold: ThresholdCheck | None = ...,
+    ) -> CompactionOutcome: ...
+
+
+SummarizerFactory = Callable[[MemdConfig, Callable[[str], int]], Summarizer]
+# Asks for a count of the agent now (the counter's inbox): a wake-up is a hint.
+WakeFn = Callable[[str], None]
+
+
+class Runner:
+    def __init__(
+        self,
+        config: MemdConfig,
+        registry: AgentRegistry,
+        counter: EntryCounter,
+        flusher: StateFlusher,
+        stats: RunStats,
+        compact: CompactFn,
+        summarizer_factory: SummarizerFactory,
+        wake: WakeFn,
+    ) -> None:
+        self.config = config
+        self.retry_policy = RetryPolicy.from_config(config.daemon)
+        self.abort = threading.Event()
+        self.metrics: Metrics | None = None
+        # Told of each archive a compaction commits (the recall index).
+        self.on_archived: ArchiveHook | None = None
+        self._registry = registry
+        self._counter = counter
+        self._flusher = flusher
+        self._stats = stats
+        self._compact = compact
+        self._summarizer_factory = summarizer_factory
+        self._wake = wake
+        self._summarizer: Summarizer | None = None
+        self._scheduler: JobScheduler | None = None
+        self._stopping = False
+
+    def start(self, scheduler: JobScheduler) -> None:
+        self._scheduler = scheduler
+
+    def stop(self) -> None:
+        """No new jobs from here on (queued ones are cancelled when they start)."""
+        self._stopping = True
+
+    def reconfigure(self, config: MemdConfig) -> None:
+        with self._registry.lock:
+            self.config = config
+            self.retry_policy = RetryPolicy.from_config(config.daemon)
+            self._summarizer = None  # rebuilt lazily with the new settings
+
+    # ------------------------------------------------------------------ decide
+
+    def evaluate(self, entry: AgentEntry) -> None:
+        """A count (or an expired hold) for the agent: decide and act."""
+        with self._registry.lock:
+            if self._stopping or entry.count_error is not None:
+                return
+            if not self._registry.is_current(entry):
+                return
+            self._apply(entry, self._decide(entry, entry.job))
+
+    def _decide(self, entry: AgentEntry, job: AgentJob) -> Decision:
+        return on_count(
+            job, entry.tokens, entry.policy.threshold_tokens, entry.policy.compress, time.time()
+        )
+
+    def _apply(self, entry: AgentEntry, decision: Decision) -> None:
+        if decision.job != entry.job:
+            entry.dirty = True
+        entry.job = decision.job
+        scheduler = self._scheduler
+        if scheduler is None or self._stopping:
+            return
+        if decision.start:
+            _log.info(
+                "compaction queued",
+                agent=entry.name,
+                tokens=entry.tokens,
+                threshold=entry.policy.threshold_tokens,
+            )
+            scheduler.submit(f"compact:{entry.name}", self._compaction_job, entry)
+        if decision.wake_at is not None:
+            scheduler.wake_at(f"wake:{entry.name}", decision.wake_at, self._wake, entry.name)
+
+    def forget(self, name: str) -> None:
+        """The agent is gone: no wake-up, no metric."""
+        if self._scheduler is not None:
+            self._scheduler.cancel(f"wake:{name}")
+        if self.metrics is not None:
+            self.metrics.remove_agent(name)
+
+    def reset_if_erased(self, entry: AgentEntry) -> None:
+        # No MEMORY.md and no archive: the agent's memory was erased (`memd
+        # forget`, or by hand). Its past (last compaction, failures, a breaker)
+        # goes with it, or the next state flush would write it back.
+        if entry.paths.archive_dir.exists():
+            return
+        with self._registry.lock:
+            if entry.job.state not in (JobState.PENDING, JobState.RUNNING) and (
+                entry.job != AgentJob()
+            ):
+                entry.job = AgentJob()
+                entry.dirty = True
+
+    def cancel_pending(self) -> None:
+        """Shutdown: queued jobs will not run."""
+        with self._registry.lock:
+            for entry in self._registry.agents().values():
+                if entry.job.state is JobState.PENDING:
+                    entry.job = on_cancelled(entry.job)
+                    entry.dirty = True
+
+    def hold_expired(self, entry: AgentEntry, now: float) -> bool:
+        """A cooldown, backoff or open breaker past its time (a lost wake-up)."""
+        job = entry.job
+        return (
+            job.state in (JobState.COOLDOWN, JobState.BACKOFF, JobState.BREAKER_OPEN)
+            and job.next_attempt_at is not None
+            and job.next_attempt_at <= now
+        )
+
+    def running(self) -> list[str]:
+        with self._registry.lock:
+            return sorted(self._stats.running)
+
+    # ----------------------------------------------------------------- compact
+
+    def _get_summarizer(self) -> Summarizer:
+        with self._registry.lock:
+            if self._summarizer is None:
+                self._summarizer = self._summarizer_factory(
+                    self.config, self._counter.tokenizer.count_text
+                )
+            return self._summarizer
+
+    def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
+        options = CompactionOptions.from_config(self.config, policy)
+        return dataclasses.replace(
+            options,
+            lock_wait_s=min(options.lock_wait_s, DAEMON_LOCK_WAIT_S),
+            on_archived=self.on_archived,
+        )
+
+    def _compaction_job(self, entry: AgentEntry) -> None:
+        try:
+            self._compact_one(entry)
+        finally:
+            # `memd status` and the ledger readers see the result at once,
+            # not at the next periodic flush.
+            if not self._stopping:
+                self._flusher.flush()
+
+    def _compact_one(self, entry: AgentEntry) -> None:
+        name = entry.name
+        with self._registry.lock:
+            if self._stopping or not self._registry.is_current(entry):
+                entry.job = on_cancelled(entry.job)
+                entry.dirty = True
+                return
+            entry.job = on_started(entry.job)
+            entry.dirty = True
+            self._stats.running.add(name)
+            tokens_before = entry.tokens
+            # The transaction re-checks this count under the agent's lock.
+            threshold = ThresholdCheck(entry.tracked, entry.policy.threshold_tokens)
+        _log.info("compaction started", agent=name, tokens=tokens_before)
+        started_wall = time.time()
+        started = time.monotonic()
+        outcome: CompactionOutcome | None = None
+        error: BaseException | None = None
+        try:
+            outcome = self._compact(
+                entry.paths,
+                self._get_summarizer(),
+                self._compaction_options(entry.policy),
+                count_bytes=self._counter.tokenizer.count_bytes,
+                abort=self.abort,
+                threshold=threshold,
+            )
+        except Exception as exc:
+            error = exc
+        finally:
+            with self._registry.lock:
+                self._stats.running.discard(name)
+        duration = time.monotonic() - started
+        # The file was replaced (or not): count it again before deciding.
+        try:
+            self._counter.count_locked(entry)
+        except Exception:  # the job's outcome must still be applied below
+            _log.exception("recount after compaction failed", agent=name)
+        if error is None:
+            assert outcome is not None
+            self._succeeded(entry, outcome, started_wall, duration)
+        else:
+            self._failed(entry, error, started_wall, duration)
+
+    def _succeeded(
+        self, entry: AgentEntry, outcome: CompactionOutcome, started_wall: float, duration: float
+    ) -> None:
+        name = entry.name
+        policy = self.retry_policy
+        self._stats.compactions_ok += 1
+        achieved = outcome.tokens_after
+        _log.info(
+            "compacted",
+            agent=name,
+            tokens_before=outcome.tokens_before,
+            tokens_after=achieved,
+            archive=str(outcome.archive),
+            model=outcome.model,
+            cost_usd=outcome.cost_usd,
+            seconds=round(duration, 3),
+        )
+        self._ledger(entry, started_wall, duration, outcome, None)
+        if self.metrics is not None:
+            self.metrics.record_compaction(
+                name, "ok", llm_seconds=outcome.llm_duration_s, cost_usd=outcome.cost_usd
+            )
+        with self._registry.lock:
+            decision = on_success(
+                entry.job,
+                achieved_tokens=achieved,
+                current_tokens=entry.tokens,
+                threshold_tokens=entry.policy.threshold_tokens,
+                low_water_tokens=entry.policy.low_water_tokens,
+                policy=policy,
+                now=time.time(),
+            )
+            if decision.job.state is JobState.COOLDOWN:
+                _log.warning(
+                    "compaction ended above the low-water mark; cooling down",
+                    agent=name,
+                    tokens_after=achieved,
+                    low_water=entry.policy.low_water_tokens,
+                    cooldown_s=policy.cooldown_s,
+                )
+            self._apply(entry, decision)
+
+    def _failed(
+        self, entry: AgentEntry, error: BaseException, started_wall: float, duration: float
+    ) -> None:
+        name = entry.name
+        policy = self.retry_policy
+        now = time.time()
+        if isinstance(error, UnderThreshold):
+            _log.info("already under threshold; skipped", agent=name, tokens=entry.tokens)
+            with self._registry.lock:
+                self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
+            return
+        if isinstance(error, NothingToCompact):
+            if entry.job.last_error != NOT_COMPACTABLE:  # say it once, not every cooldown
+                _log.warning(
+                    "over threshold but nothing to compact; cooling down",
+                    agent=name,
+                    tokens=entry.tokens,
+                    detail=NOT_COMPACTABLE,
+                )
+            if self.metrics is not None:
+                self.metrics.record_compaction(name, "nothing")
+            with self._registry.lock:
+                self._apply(entry, on_nothing_to_compact(entry.job, policy=policy, now=now))
+            return
+        if isinstance(error, LockTimeout):
+            _log.info("agent is being compacted by another process; retrying later", agent=name)
+            with self._registry.lock:
+                self._apply(entry, on_busy_elsewhere(entry.job, policy=policy, now=now))
+            return
+        reason = reason_of(error)
+        self._stats.compactions_failed += 1
+        if not isinstance(error, (MemdError, OSError)):
+            _log.error(
+                "compaction crashed",
+                agent=name,
+                error=reason,
+                exc_info=(type(error), error, error.__traceback__),
+            )
+        self._ledger(entry, started_wall, duration, None, reason)
+        if self.metrics is not None:
+            aborted = isinstance(error, CompactionAborted)
+            self.metrics.record_compaction(name, "aborted" if aborted else "error")
+        with self._registry.lock:
+            decision = on_failure(entry.job, reason, policy=policy, now=now)
+            _log.warning(
+                "compaction failed",
+                agent=name,
+                error=reason,
+                failures=decision.job.consecutive_failures,
+                state=str(decision.job.state),
+                retry_at=decision.wake_at,
+            )
+            self._apply(entry, decision)
+
+    def _ledger(
+        self,
+        entry: AgentEntry,
+        started_at: float,
+        duration: float,
+        outcome: CompactionOutcome | None,
+        error: str | None,
+    ) -> None:
+        store = self._flusher.store
+        if store is None:
+            return
+        from memd.state import LedgerEntry
+
+        record = LedgerEntry.of(
+            entry.name,
+            "daemon",
+            started_at=started_at,
+            duration_s=duration,
+            outcome=outcome,
+            error=error,
+            model=self._summarizer.model if self._summarizer is not None else None,
+        )
+        try:
+            store.record_compaction(record)
+        except Exception as exc:
+            _log.warning("cannot write the ledger", agent=entry.name, error=reason_of(exc))
+
+
+__all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "Runner", "SummarizerFactory", "WakeFn"]
