@@ -176,10 +176,23 @@ def _server(responder: Callable[[dict[str, Any]], str]) -> Iterator[OpenAITestSe
         yield server
 
 
-def _perfect_responder(facts: list[PlantedFact]) -> Callable[[dict[str, Any]], str]:
+def _perfect_responder(
+    facts: list[PlantedFact], counter: TokenCounter
+) -> Callable[[dict[str, Any]], str]:
+    """Copies every planted fact in the prompt, newest first, within the request's max_tokens."""
+
     def respond(body: dict[str, Any]) -> str:
         prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
-        lines = ["Facts:"] + [f"- {f.sentence}" for f in facts if f.key in prompt]
+        budget = int(body.get("max_tokens") or 4000)
+        found = [f"- {f.sentence}" for f in reversed(facts) if f.key in prompt]
+        lines = ["Facts:"]
+        used = counter.count_text("Facts:")
+        for line in found:
+            cost = counter.count_text(line) + 1
+            if used + cost > budget:
+                break
+            lines.append(line)
+            used += cost
         return "\n".join(lines) if len(lines) > 1 else "Facts:\n- none recorded yet"
 
     return respond
@@ -214,7 +227,7 @@ def main() -> int:
         elif name == "ok":
             responder = lambda _body: "ok"  # noqa: E731
         else:
-            responder = _perfect_responder(all_facts)
+            responder = _perfect_responder(all_facts, counter)
         with _server(responder) as server:
             toml = remote + f'api_base = "{server.api_base}"\n'
             if name == "small":

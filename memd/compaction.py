@@ -93,7 +93,9 @@ from memd.fsutil import (
 )
 from memd.workspace import AgentPaths, contained_path
 
-JOURNAL_VERSION = 1
+# 2: the archive may hold only bytes 0..kept_from (K ≤ N) of the snapshot;
+# recovery reads both versions alike (it works from inodes and drain offsets).
+JOURNAL_VERSION = 2
 # Without an agent policy (tests, tools): the pinned section's budget.
 DEFAULT_PINNED_TOKENS = 1000
 
@@ -239,6 +241,8 @@ class CompactionOutcome:
     restarts: int = 0
     pinned: int = 0  # facts in the new block's pinned section
     evicted: int = 0  # facts that left the pinned section for its budget (still archived)
+    partial: bool = False  # the summarizer covered only the oldest part; the rest stays raw
+    calls: int = 1  # summarizer model calls
 
 
 class ProvidedSummary:
@@ -390,8 +394,21 @@ class _Transaction:
             return self.count_bytes(text.encode("utf-8", "surrogateescape"))
         return max(1, len(text) // 4)  # no tokenizer given (tests): a rough estimate
 
+    def cut_of(self, snap: _Snapshot, result: SummaryResult) -> int:
+        """K: where the summarized part ends (N unless the summarizer stopped early)."""
+        until = result.summarized_until
+        if until is None or until >= snap.boundary:
+            return snap.boundary
+        ends = {s.start + len(s.raw) for s in snap.document.segments_before(snap.boundary)}
+        if until <= 0 or until not in ends:
+            raise SummarizerError(
+                f"agent {self.agent!r}: summarizer stopped at byte {until}, which is not the "
+                "end of an entry"
+            )
+        return until
+
     def compose(
-        self, snap: _Snapshot, result: SummaryResult, manual: bool
+        self, snap: _Snapshot, result: SummaryResult, manual: bool, cut: int
     ) -> tuple[ComposedSummary, int]:
         """The block text: the reply, the pins it does not keep itself, provenance.
 
@@ -399,9 +416,7 @@ class _Transaction:
         A reply too short to summarize its input is refused ("ok" is not a
         summary of 30,000 tokens); an operator's ``--summary`` is used as given.
         """
-        prefix = MemoryDocument(
-            segments=tuple(snap.document.segments_before(snap.boundary)), size=snap.boundary
-        )
+        prefix = MemoryDocument(segments=tuple(snap.document.segments_before(cut)), size=cut)
         previous_block = prefix.last_summary()
         previous = (
             parse_summary(previous_block.summary_text)
@@ -465,7 +480,7 @@ class _Transaction:
             raise SummarizerError(f"agent {self.agent!r}: summarizer returned an empty summary")
         return result, elapsed
 
-    def check_summary_size(self, block: bytes, snap: _Snapshot, manual: bool) -> None:
+    def check_summary_size(self, block: bytes, snap: _Snapshot, manual: bool, cut: int) -> None:
         """Refuse summaries that are over the cap or would not shrink the file
         (only the small summary is tokenized)."""
         if manual:
@@ -478,17 +493,17 @@ class _Transaction:
         if not self.options.require_shrink:
             return
         header = snap.document.header
-        replaced = snap.boundary - (len(header.raw) if header is not None else 0)
+        replaced = cut - (len(header.raw) if header is not None else 0)
         no_shrink = summary_does_not_shrink(len(block), replaced)
         if no_shrink is not None:
             raise CompactionAborted(f"agent {self.agent!r}: {no_shrink}")
 
     # -- commit ---------------------------------------------------------------
-    def write_archive(self, snap: _Snapshot) -> None:
+    def write_archive(self, snap: _Snapshot, cut: int) -> None:
         archive_dir = _archive_dir_of(self.paths)
         self.created_archive_dir = ensure_dir_created(archive_dir)
         temp = self.paths.archive_temp
-        st = write_new_file(temp, [snap.data[: snap.boundary]])
+        st = write_new_file(temp, [snap.data[:cut]])
         self.checkpoint("archive-written")
         self.archive_ino = st.st_ino
         self.journal.write(
@@ -498,6 +513,7 @@ class _Transaction:
             archive_ino=st.st_ino,
             snapshot_size=snap.boundary,
             snapshot_sha256=snap.digest,
+            kept_from=cut,
             old_dev=snap.dev,
             old_ino=snap.ino,
             started_at=time.time(),
@@ -507,7 +523,7 @@ class _Transaction:
         fsync_dir(archive_dir)
         self.checkpoint("archive-linked")
 
-    def swap(self, snap: _Snapshot, summary: bytes) -> tuple[int, int]:
+    def swap(self, snap: _Snapshot, summary: bytes, cut: int) -> tuple[int, int]:
         """Write and install the new MEMORY.md; returns (M, new inode)."""
         drain = self.paths.drain_link
         unlink_quiet(drain)
@@ -535,7 +551,14 @@ class _Transaction:
         temp = self.paths.new_memory_temp
         new_st = write_new_file(
             temp,
-            [new_header, summary, tail[: copy_until - snap.boundary]],
+            # Bytes cut..N were not summarized (kept raw), then whatever
+            # writers appended since the snapshot.
+            [
+                new_header,
+                summary,
+                snap.data[cut : snap.boundary],
+                tail[: copy_until - snap.boundary],
+            ],
             mode=stat.S_IMODE(snap.st_mode),
         )
         self._preserve_owner(temp, snap)
@@ -782,16 +805,17 @@ def _compact(
                     f"agent {paths.agent!r}: MEMORY.md was rewritten during compaction "
                     f"{restarts} times; giving up"
                 )
-        composed, earlier = txn.compose(snap, result, manual)
+        cut = txn.cut_of(snap, result)
+        composed, earlier = txn.compose(snap, result, manual, cut)
         stamp = _now_local_iso()
-        txn.check_summary_size(render_summary_block(composed.text, stamp), snap, manual)
+        txn.check_summary_size(render_summary_block(composed.text, stamp), snap, manual, cut)
         try:
-            txn.write_archive(snap)
+            txn.write_archive(snap, cut)
             assert txn.archive is not None
             provenance = version_line(f"archive/{txn.archive.name}", earlier)
             head = composed.text.rpartition("\n")[0]
             text = f"{head}\n{provenance}" if head else provenance
-            copied_to, _new_ino = txn.swap(snap, render_summary_block(text, stamp))
+            copied_to, _new_ino = txn.swap(snap, render_summary_block(text, stamp), cut)
         except BaseException as exc:
             if not txn.committed:
                 txn.rollback()
@@ -842,6 +866,8 @@ def _compact(
             restarts=restarts,
             pinned=composed.pinned,
             evicted=composed.evicted,
+            partial=cut < snap.boundary,
+            calls=result.calls,
         )
 
 
@@ -881,6 +907,12 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
             if unlink_quiet(p)
         ]
         return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
+    version = payload.get("version", 1)
+    if isinstance(version, int) and version > JOURNAL_VERSION:
+        raise CompactionAborted(
+            f"agent {paths.agent!r}: the compaction journal has format {version}, newer than "
+            f"this memd reads ({JOURNAL_VERSION}); finish it with the newer memd"
+        )
     journal = _Journal(paths, payload)
     target = _memory_target_of(paths)
     try:

@@ -22,9 +22,29 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from memd.core.chunking import (
+    PREVIOUS_SHARE,
+    ChunkPlan,
+    Piece,
+    RequestLimits,
+    Window,
+    cut_at_line,
+    plan_chunks,
+    request_limits,
+    summarizer_window,
+)
 from memd.core.config import SummarizerConfig
-from memd.core.prompts import CountText, build_summary_messages
+from memd.core.memfile import EntrySegment, MemoryDocument, RawSegment, sanitize_summary
+from memd.core.prompts import (
+    ChatMessage,
+    CountText,
+    build_rolling_messages,
+    render_turn,
+    render_unparsed,
+)
 from memd.core.summary import SummaryRequest, SummaryResult
+from memd.core.summary_block import parse_summary
+from memd.core.summary_plan import degenerate_floor
 from memd.errors import SummarizerError
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
@@ -155,22 +175,65 @@ def _missing_credentials(litellm: ModuleType, kwargs: dict[str, Any]) -> list[st
     return [str(name) for name in missing if "KEY" in str(name).upper()]
 
 
+_MIN_CHUNK_TOKENS: Final = 128
+_logger = logging.getLogger("memd.summarizer")
+
+
+def _estimate_tokens(text: str) -> int:
+    # No tokenizer given (tests, tools): a conservative estimate, never low.
+    return len(text) // 3 + 1
+
+
+def transcript_pieces(document: MemoryDocument, previous_body: str) -> list[Piece]:
+    """What a summary is made from, oldest first: the previous summary's paragraphs, then turns.
+
+    The previous summary's pieces end where its block ends, so a partial
+    compaction that only re-summarizes it still archives exactly that block.
+    """
+    pieces: list[Piece] = []
+    last = document.last_summary()
+    summary_end = last.start + len(last.raw) if last is not None else 0
+    for paragraph in previous_body.split("\n\n"):
+        if paragraph.strip():
+            pieces.append(Piece(paragraph.strip(), summary_end, "summary"))
+    started = last is None
+    for segment in document.segments:
+        if segment is last:
+            started = True
+            continue
+        if not started:
+            continue
+        end = segment.start + len(segment.raw)
+        if isinstance(segment, EntrySegment):
+            pieces.append(Piece(render_turn(segment), end, segment.role))
+        elif isinstance(segment, RawSegment):
+            rendered = render_unparsed(segment)
+            if rendered:
+                pieces.append(Piece(rendered, end, "unparsed"))
+    return pieces
+
+
 class LiteLLMSummarizer:
-    """Summaries from any litellm model (``openai/…``, ``anthropic/…``, ``ollama/…``)."""
+    """Summaries from any litellm model (``openai/…``, ``anthropic/…``, ``ollama/…``).
+
+    Every turn is read: the transcript is cut into chunks that fit the model's
+    window and summarized in rolling calls, at most ``max_calls`` of them; when
+    more would be needed the result says how far it got (a partial compaction).
+    """
 
     def __init__(
         self,
         config: SummarizerConfig,
         count_text: CountText | None = None,
         *,
-        input_token_budget: int | None = None,
+        window: Window | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
         backoff_base_s: float = _BACKOFF_BASE_S,
     ) -> None:
         self._config = config
-        self._count_text = count_text
-        self._input_token_budget = input_token_budget
+        self._count_text: CountText = count_text or _estimate_tokens
+        self.window = window or summarizer_window(config.context_length, None)
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
         self._backoff_base_s = backoff_base_s
@@ -179,20 +242,111 @@ class LiteLLMSummarizer:
     def model(self) -> str:
         return self._config.model
 
-    def _completion_kwargs(self, request: SummaryRequest) -> dict[str, Any]:
-        config = self._config
-        messages = build_summary_messages(
-            request.document,
-            summary_max_tokens=min(request.max_tokens, config.max_tokens),
-            instructions=request.instructions,
-            input_token_budget=self._input_token_budget,
-            count_text=self._count_text,
+    def limits(self, summary_tokens: int) -> RequestLimits:
+        return request_limits(self.window.tokens, self._config.max_tokens, summary_tokens)
+
+    def plan(self, request: SummaryRequest) -> tuple[ChunkPlan, str, RequestLimits]:
+        """The chunks this request needs: (plan, summary so far to start from, limits)."""
+        count = self._count_text
+        limits = self.limits(request.max_tokens)
+        last = request.document.last_summary()
+        previous = sanitize_summary(parse_summary(last.summary_text).body) if last else ""
+        overhead = (
+            count(
+                build_rolling_messages(
+                    "",
+                    [],
+                    summary_max_tokens=limits.output_tokens,
+                    instructions=request.instructions,
+                    part=99,
+                    parts=99,
+                )[0]["content"]
+            )
+            + count(build_rolling_messages("", [], summary_max_tokens=1)[1]["content"])
+            + 16
         )
+        room = limits.input_tokens - overhead
+        start_from = previous
+        # A previous summary bigger than its share is re-summarized as material
+        # (oldest first) instead of being sent whole in every request.
+        if previous and count(previous) > int(room * PREVIOUS_SHARE):
+            start_from = ""
+        summary_room = max(limits.output_tokens, count(start_from) if start_from else 0)
+        chunk_tokens = room - summary_room
+        if chunk_tokens < _MIN_CHUNK_TOKENS:
+            raise SummarizerError(
+                f"summarizer {self.model!r}: its window ({self.window.tokens} tokens, from "
+                f"{self.window.source}) leaves no room for the transcript; raise "
+                "summarizer.context_length or lower summarizer.max_tokens"
+            )
+        pieces = transcript_pieces(request.document, "" if start_from else previous)
+        plan = plan_chunks(
+            pieces, chunk_tokens=chunk_tokens, max_calls=self._config.max_calls, count_text=count
+        )
+        return plan, start_from, limits
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        """Rolling calls over the planned chunks; each bounded by ``timeout_s`` and ``retries``.
+
+        Worst case wall time per call: ``(retries + 1) * timeout_s`` plus the
+        backoff sleeps between attempts (exponential from 1 s, capped at 30 s).
+        """
+        agent = request.agent
+        try:
+            litellm = import_litellm()
+        except Exception as exc:
+            raise SummarizerError(
+                f"summarizer for agent {agent!r}: cannot import litellm ({type(exc).__name__})"
+            ) from None
+        if self.window.source == "default":
+            _logger.warning(
+                "summarizer %r: window unknown, assuming %d tokens; set summarizer.context_length",
+                self.model,
+                self.window.tokens,
+            )
+        plan, summary, limits = self.plan(request)
+        cost: float | None = 0.0
+        input_tokens = output_tokens = 0
+        parts = len(plan.chunks)
+        for part, chunk in enumerate(plan.chunks, start=1):
+            messages = build_rolling_messages(
+                summary,
+                chunk.texts,
+                summary_max_tokens=limits.output_tokens,
+                instructions=request.instructions,
+                part=part,
+                parts=parts,
+            )
+            result = self._call(messages, limits.output_tokens, agent, litellm)
+            reply_tokens = self._count_text(result.text)
+            if reply_tokens < degenerate_floor(chunk.tokens):
+                raise SummarizerError(
+                    f"summarizer {self.model!r} failed for agent {agent!r}: reply refused as "
+                    f"degenerate ({reply_tokens} tokens for a {chunk.tokens}-token chunk)"
+                )
+            # A model may overshoot max_tokens as we count them: never carry
+            # more than the planned room into the next request.
+            summary = cut_at_line(result.text, limits.output_tokens, self._count_text)
+            cost = None if cost is None or result.cost_usd is None else cost + result.cost_usd
+            input_tokens += result.input_tokens or 0
+            output_tokens += result.output_tokens or 0
+        return SummaryResult(
+            text=summary,
+            model=self.model,
+            cost_usd=cost,
+            input_tokens=input_tokens or None,
+            output_tokens=output_tokens or None,
+            summarized_until=plan.cut if plan.partial else None,
+            calls=parts,
+        )
+
+    def _completion_kwargs(self, messages: list[ChatMessage], max_tokens: int) -> dict[str, Any]:
+        config = self._config
         kwargs: dict[str, Any] = {
             "model": config.model,
             "messages": messages,
             "temperature": config.temperature,
-            "max_tokens": min(request.max_tokens, config.max_tokens),
+            "max_tokens": max_tokens,
             "timeout": config.timeout_s,
             # Retries are ours (counted, with backoff); neither litellm nor the
             # provider SDK underneath may retry on their own.
@@ -209,20 +363,10 @@ class LiteLLMSummarizer:
             kwargs["api_key"] = api_key  # else: the provider's usual env var
         return kwargs
 
-    def summarize(self, request: SummaryRequest) -> SummaryResult:
-        """One summary; ``timeout_s`` bounds each attempt, ``retries`` their number.
-
-        Worst case wall time: ``(retries + 1) * timeout_s`` plus the backoff
-        sleeps between attempts (exponential from 1 s, capped at 30 s).
-        """
-        agent = request.agent
-        try:
-            litellm = import_litellm()
-        except Exception as exc:
-            raise SummarizerError(
-                f"summarizer for agent {agent!r}: cannot import litellm ({type(exc).__name__})"
-            ) from None
-        kwargs = self._completion_kwargs(request)
+    def _call(
+        self, messages: list[ChatMessage], max_tokens: int, agent: str, litellm: ModuleType
+    ) -> SummaryResult:
+        kwargs = self._completion_kwargs(messages, max_tokens)
         missing = _missing_credentials(litellm, kwargs)
         if missing:
             # litellm would report this as a retryable "HTTP 500"; say what to set.

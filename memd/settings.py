@@ -22,7 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from memd.core.config import MemdConfig
+from memd.core.config import MemdConfig, resolve_policy
+from memd.core.summary_plan import BudgetError, summary_budgets
 from memd.errors import ConfigError
 
 SYSTEM_CONFIG = Path("/etc/memd/memd.toml")
@@ -144,7 +145,29 @@ def build_config(
         config = MemdConfig.model_validate(_merge(dict(file_data), overrides))
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source, origin)) from None
+    _check_summary_budgets(config, source)
     return config, tuple(sorted(origin.values()))
+
+
+def _check_summary_budgets(config: MemdConfig, source: str) -> None:
+    """The budget equation, for the defaults and each ``[agents."glob"]`` table.
+
+    Models are not looked up here (no litellm map at load); an agent whose
+    derived context is smaller is checked again when it compacts.
+    """
+    summarizer = config.summarizer
+    for name in ["", *config.agents]:
+        policy = resolve_policy(config, name)
+        try:
+            summary_budgets(
+                policy.threshold_tokens,
+                policy.low_water_tokens,
+                summary_tokens=summarizer.summary_tokens,
+                pinned_tokens=summarizer.pinned_tokens,
+            )
+        except BudgetError as exc:
+            where = f' for [agents."{name}"]' if name else ""
+            raise ConfigError(f"invalid config {source}{where}: {exc}") from None
 
 
 def resolve_workspace(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from memd.core.builtin_summary import extractive_summary
+from memd.core.chunking import Window, summarizer_window
 from memd.core.config import SummarizerConfig
 from memd.core.prompts import CountText
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
@@ -17,9 +18,6 @@ from memd.errors import SummarizerError
 from memd.modelinfo import context_length_for_model
 
 BUILTIN_MODEL: Final = "builtin"
-# Room left in the summarizer model's context for its answer and for the gap
-# between our token count and the provider's.
-_CONTEXT_SAFETY_MARGIN: Final = 0.9
 
 
 class BuiltinSummarizer:
@@ -46,14 +44,10 @@ class BuiltinSummarizer:
         )
 
 
-def input_budget_for(config: SummarizerConfig) -> int | None:
-    """Tokens the prompt may use: the model's context minus the answer's room."""
-    # litellm's bundled map, read without importing litellm; unknown -> no budget.
-    context_length = context_length_for_model(config.model)
-    if not context_length:
-        return None
-    budget = int(context_length * _CONTEXT_SAFETY_MARGIN) - config.max_tokens
-    return max(1_000, budget)
+def window_for(config: SummarizerConfig) -> Window:
+    """The summarizer's window: configured, else litellm's map, else a default (warned)."""
+    # litellm's bundled map, read without importing litellm.
+    return summarizer_window(config.context_length, context_length_for_model(config.model))
 
 
 def make_summarizer(config: SummarizerConfig, count_text: CountText) -> Summarizer:
@@ -62,4 +56,4 @@ def make_summarizer(config: SummarizerConfig, count_text: CountText) -> Summariz
         return BuiltinSummarizer(count_text)
     from memd.llm import LiteLLMSummarizer  # light: litellm itself loads on first use
 
-    return LiteLLMSummarizer(config, count_text, input_token_budget=input_budget_for(config))
+    return LiteLLMSummarizer(config, count_text, window=window_for(config))

@@ -38,6 +38,7 @@ from memd.errors import (
     SummarizerError,
     UnderThreshold,
 )
+from memd.fsutil import SlotJournal
 from memd.workspace import AgentPaths, agent_paths
 
 CHILD = Path(__file__).parent / "support" / "compaction_child.py"
@@ -782,3 +783,62 @@ def test_pinned_facts_survive_a_model_that_drops_them(agent_ws: AgentWorkspace) 
     # Provenance: the newest archive and how many came before it.
     assert block.latest_archive == f"archive/{sorted(archive_names(paths))[-1]}"
     assert block.earlier_archives == 2
+
+
+@pytest.mark.parametrize("crash_at", ["journal-archiving", "archive-linked", "replaced"])
+def test_a_crash_journal_of_the_previous_release_is_finished_or_rolled_back(
+    agent_ws: AgentWorkspace, crash_at: str
+) -> None:
+    # The previous release wrote journal format 1: the same fields, without
+    # kept_from (its archive always held the whole snapshot 0..N).
+    paths = agent_ws.create_agent("alpha", entries=5)
+    expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
+    assert run_child(agent_ws.root, "alpha", "--crash-at", crash_at).returncode == 137
+    journal = SlotJournal(paths.journal)
+    payload = journal.read()
+    assert payload is not None and payload["version"] == 2
+    del payload["kept_from"]
+    journal.write({**payload, "version": 1})
+    assert recover_agent(paths) is not None
+    assert_consistent(paths, expected)
+    assert len(archive_names(paths)) == (1 if crash_at == "replaced" else 0)
+
+
+def test_a_journal_from_a_newer_release_is_refused_clearly(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=3)
+    assert run_child(agent_ws.root, "alpha", "--crash-at", "journal-swapping").returncode == 137
+    journal = SlotJournal(paths.journal)
+    payload = journal.read()
+    assert payload is not None
+    journal.write({**payload, "version": 99})
+    before = paths.memory.read_bytes()
+    with pytest.raises(CompactionAborted, match="format 99, newer"):
+        recover_agent(paths)
+    assert paths.memory.read_bytes() == before
+
+
+class StopsEarly:
+    """A summarizer whose call budget ran out after the first two entries."""
+
+    model = "stops-early"
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        second = request.document.entries[1]
+        return SummaryResult(
+            text=SUMMARY_TEXT, model=self.model, summarized_until=second.start + len(second.raw)
+        )
+
+
+def test_a_partial_compaction_archives_only_what_was_summarized(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=5)
+    data = paths.memory.read_bytes()
+    entries = parse(data).entries
+    cut = entries[1].start + len(entries[1].raw)
+    compact_agent(paths, StopsEarly(), FAST)
+    [archive] = archive_names(paths)
+    assert (paths.archive_dir / archive).read_bytes() == data[:cut]
+    doc = parse(paths.memory.read_bytes())
+    assert doc.is_summary_entry(doc.entries[0])
+    # The unsummarized turns stay raw, verbatim, after the summary block.
+    assert [e.raw for e in doc.entries[1:]] == [e.raw for e in entries[2:]]
+    assert_consistent(paths, {e.text for e in entries})

@@ -10,12 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
-from support.openai_server import SUMMARY_PREFIX, OpenAITestServer, openai_server
+from support.openai_server import SUMMARY_PREFIX, OpenAITestServer, echo_summary, openai_server
 
 from memd.core import memfile
+from memd.core.chunking import Window
 from memd.core.config import SummarizerConfig
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
@@ -249,21 +252,88 @@ def test_nothing_secret_reaches_the_logs(
     assert SECRET not in logged and API_KEY not in logged
 
 
-def test_input_budget_truncates_the_prompt_oldest_first(openai_server: OpenAITestServer) -> None:
-    filler = [("Human", f"old turn {i} " + "blah " * 50) for i in range(200)]
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def long_echo(body: dict[str, Any]) -> str:
+    """The echo reply, padded past the degenerate-reply floor of a big chunk."""
+    return echo_summary(body) + "\nDecisions:\n" + "- kept the previous decisions\n" * 12
+
+
+@pytest.fixture
+def roomy_server() -> Iterator[OpenAITestServer]:
+    with OpenAITestServer(responder=long_echo) as server:
+        yield server
+
+
+def test_every_turn_is_read_in_chunks_that_fit_the_window(
+    roomy_server: OpenAITestServer,
+) -> None:
+    openai_server = roomy_server
+    filler = [("Human", f"old turn {i} " + "blah " * 50) for i in range(60)]
     document = memory(*filler, ("Human", "NEWEST-FACT: the port is 8443."))
     llm = LiteLLMSummarizer(
         SummarizerConfig(
-            model="openai/test-model", api_base=openai_server.api_base, api_key=SecretStr("k")
+            model="openai/test-model",
+            api_base=openai_server.api_base,
+            api_key=SecretStr("k"),
+            context_length=2_000,
+            max_calls=50,
+            summary_instructions="unused here",
         ),
-        lambda text: len(text.split()),
-        input_token_budget=800,
+        word_count,
+        window=Window(2_000, "summarizer.context_length"),
     )
-    llm.summarize(SummaryRequest("alpha", document, 200))
-    prompt = openai_server.requests[0].prompt_text
-    assert len(prompt.split()) <= 800
-    assert "older turn(s) omitted to fit the input budget" in prompt
-    assert "NEWEST-FACT" in prompt and "old turn 0 " not in prompt
+    result = llm.summarize(SummaryRequest("alpha", document, 300, "Keep ticket ids."))
+    assert result.summarized_until is None and result.calls == len(openai_server.requests) > 1
+    seen = "\n".join(r.prompt_text for r in openai_server.requests)
+    assert all(f"old turn {i} " in seen for i in range(60)) and "NEWEST-FACT" in seen
+    for number, sent in enumerate(openai_server.requests):
+        # No request over the window: prompt plus the answer's room.
+        assert word_count(sent.prompt_text) + sent.body["max_tokens"] <= 2_000
+        assert sent.body["max_tokens"] == 300
+        assert sent.messages[0]["content"].endswith("Keep ticket ids.")
+        if number:  # rolling: the summary so far is in every later request
+            previous_reply = f"{SUMMARY_PREFIX} of 2 messages"
+            assert previous_reply in sent.messages[1]["content"]
+
+
+def test_more_chunks_than_calls_summarizes_the_oldest_part_only(
+    roomy_server: OpenAITestServer,
+) -> None:
+    openai_server = roomy_server
+    filler = [("Human", f"old turn {i} " + "blah " * 50) for i in range(60)]
+    document = memory(*filler)
+    config = SummarizerConfig(
+        model="openai/test-model",
+        api_base=openai_server.api_base,
+        api_key=SecretStr("k"),
+        max_calls=2,
+    )
+    llm = LiteLLMSummarizer(config, word_count, window=Window(2_000, "model"))
+    result = llm.summarize(SummaryRequest("alpha", document, 300))
+    assert len(openai_server.requests) == 2
+    assert result.summarized_until is not None
+    ends = {e.start + len(e.raw) for e in document.entries}
+    assert result.summarized_until in ends and result.summarized_until < document.boundary
+    seen = "\n".join(r.prompt_text for r in openai_server.requests)
+    assert "old turn 0 " in seen and "old turn 59 " not in seen
+
+
+def test_a_small_window_caps_the_answer() -> None:
+    limits = LiteLLMSummarizer(
+        SummarizerConfig(model="openai/x", max_tokens=4_000), window=Window(4_096, "model")
+    ).limits(8_000)
+    assert limits.output_tokens == 1_024
+    assert limits.input_tokens + limits.output_tokens <= 4_096
+
+
+def test_a_degenerate_chunk_reply_is_refused(openai_server: OpenAITestServer) -> None:
+    openai_server.script("ok:ok")
+    filler = [("Human", f"old turn {i} " + "blah " * 50) for i in range(20)]
+    with pytest.raises(SummarizerError, match="degenerate"):
+        summarizer(openai_server).summarize(SummaryRequest("alpha", memory(*filler), 300))
 
 
 def test_backoff_and_classification_helpers() -> None:

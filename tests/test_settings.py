@@ -107,3 +107,24 @@ def test_misspelled_env_var_is_an_error_like_an_unknown_key(tmp_path: Path) -> N
         load_settings(environ={"MEMD_TRIGGER_THRESHHOLD": "0.5"}, cwd=tmp_path)
     # Variables that are not config keys of a section are left alone.
     load_settings(environ={"MEMD_CACHE_DIR": "/x", "MEMD_SWARMS_PYTHON": "/y"}, cwd=tmp_path)
+
+
+def test_summary_budgets_that_cannot_fit_the_low_water_mark_are_refused() -> None:
+    # 32,000 x 0.9 = 28,800 threshold; low water 0.6 -> 17,280 tokens.
+    data = {"trigger": {"context_length": 32_000}, "summarizer": {"summary_tokens": 5_000}}
+    config, _ = build_config(data, {})
+    assert config.summarizer.summary_tokens == 5_000
+    data["summarizer"]["pinned_tokens"] = 13_000
+    with pytest.raises(ConfigError, match="summarizer.pinned_tokens.*low-water") as info:
+        build_config(data, {}, "memd.toml")
+    assert "\n" not in str(info.value) and "memd.toml" in str(info.value)
+    # Per agent too: a small agent cannot take the global budgets.
+    small = {
+        "trigger": {"context_length": 200_000},
+        "summarizer": {"summary_tokens": 9_000},
+        "agents": {"tiny*": {"context_length": 8_000}},
+    }
+    with pytest.raises(ConfigError, match='agents."tiny\\*"'):
+        build_config(small, {})
+    with pytest.raises(ConfigError, match="summarizer.max_calls"):
+        build_config({"summarizer": {"max_calls": 0}}, {})

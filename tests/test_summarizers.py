@@ -7,11 +7,12 @@ import textwrap
 import pytest
 
 from memd.core import memfile
+from memd.core.chunking import Window
 from memd.core.config import SummarizerConfig
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
 from memd.llm import LiteLLMSummarizer
-from memd.summarizers import BuiltinSummarizer, input_budget_for, make_summarizer
+from memd.summarizers import BuiltinSummarizer, make_summarizer, window_for
 from memd.tokenizer import TokenCounter
 
 
@@ -64,9 +65,11 @@ def test_any_other_model_goes_through_litellm(counter: TokenCounter) -> None:
     summarizer = make_summarizer(config, counter.count_text)
     assert isinstance(summarizer, LiteLLMSummarizer)
     assert summarizer.model == "openai/gpt-4o-mini"
-    # gpt-4o-mini takes 128k input tokens: 90 % of it, minus the answer's room.
-    assert input_budget_for(config) == int(128_000 * 0.9) - 2000
-    assert input_budget_for(SummarizerConfig(model="openai/made-up-model")) is None
+    # The window: litellm's map, else summarizer.context_length wins, else a default.
+    assert window_for(config) == Window(128_000, "model")
+    assert window_for(SummarizerConfig(model="openai/made-up-model")) == Window(8_192, "default")
+    configured = SummarizerConfig(model="openai/gpt-4o-mini", context_length=4_096)
+    assert window_for(configured) == Window(4_096, "summarizer.context_length")
 
 
 def test_choosing_a_summarizer_never_imports_litellm() -> None:

@@ -133,9 +133,18 @@ def compact_now(
                 err.print(f"memd: error: {exc}", markup=False, highlight=False)
             else:
                 _record(ledger, name, started, outcome, error=None)
+                pins = f"; {outcome.pinned} pinned fact(s)" if outcome.pinned else ""
+                if outcome.evicted:
+                    pins += f" ({outcome.evicted} aged out to the archives)"
+                partial = (
+                    "; partial: newer turns stay raw for the next compaction"
+                    if outcome.partial
+                    else ""
+                )
                 out.print(
                     f"{name}: compacted {outcome.tokens_before:,} → {outcome.tokens_after:,} "
-                    f"tokens; archive {outcome.archive.name} ({outcome.duration_s:.1f}s)",
+                    f"tokens; archive {outcome.archive.name} ({outcome.duration_s:.1f}s)"
+                    f"{pins}{partial}",
                     markup=False,
                     highlight=False,
                 )

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from memd.core.secret_check import looks_like_credential
+from memd.core.secrets import contains_secret as looks_like_credential
 
 CountText = Callable[[str], int]
 
@@ -61,7 +61,8 @@ _PATH_RE: Final = re.compile(
 )
 _MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*"
 _DATE_RE: Final = re.compile(
-    r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b"
+    # Machine timestamps (with seconds: entry headers, log rows) are not facts.
+    r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2})?\b(?![:.]\d)(?![T ]\d{2}:\d{2}:\d{2})"
     rf"|\b{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"
     rf"|\b\d{{1,2}} {_MONTH} \d{{4}}\b"
 )

@@ -23,6 +23,10 @@ class SummaryResult:
     cost_usd: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
+    # Set when only bytes 0..summarized_until were summarized (a partial
+    # compaction: the model's call budget ran out); the rest stays raw.
+    summarized_until: int | None = None
+    calls: int = 1
 
 
 class Summarizer(Protocol):

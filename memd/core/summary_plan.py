@@ -61,7 +61,8 @@ def summary_budgets(
 
 def degenerate_floor(input_tokens: int) -> int:
     """The fewest tokens a summary of ``input_tokens`` tokens may have."""
-    floor = min(DEGENERATE_FLOOR, input_tokens // 4)
+    # A short input may have a short summary: the floor only binds from 512 tokens.
+    floor = min(DEGENERATE_FLOOR, input_tokens // 16)
     return max(floor, math.ceil(input_tokens * DEGENERATE_SHARE))
 
 

@@ -150,6 +150,8 @@ def test_summarizer_failure_exits_at_once_with_reason(ws: AgentWorkspace) -> Non
             "MEMD_SUMMARIZER_API_KEY": "sk-test",
             "MEMD_SUMMARIZER_RETRIES": "0",
             "MEMD_SUMMARIZER_TIMEOUT_S": "5",
+            # A known window: no "window unknown" warning beside the error line.
+            "MEMD_SUMMARIZER_CONTEXT_LENGTH": "8192",
         },
     )
     assert result.returncode != 0
