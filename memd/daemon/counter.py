@@ -14,7 +14,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from pathlib import Path
@@ -69,14 +69,20 @@ class Hint(NamedTuple):
 class HintSink:
     """What the watcher calls: each event becomes a hint on the counter's queue."""
 
-    def __init__(self, inbox: queue.SimpleQueue[Hint]) -> None:
+    def __init__(
+        self, inbox: queue.SimpleQueue[Hint], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._inbox = inbox
+        self._clock = clock
 
     def agents_changed(self, name: str | None) -> None:
-        self._inbox.put(Hint(HintKind.AGENTS, name, time.monotonic()))
+        self._inbox.put(Hint(HintKind.AGENTS, name, self._clock()))
 
     def memory_changed(self, agent: str) -> None:
-        self._inbox.put(Hint(HintKind.MEMORY, agent, time.monotonic()))
+        self._inbox.put(Hint(HintKind.MEMORY, agent, self._clock()))
+
+    def count_now(self, agent: str) -> None:
+        self._inbox.put(Hint(HintKind.COUNT_NOW, agent, self._clock()))
 
 
 def _pool_count(job: tuple[str, TrackedCount | None]) -> PoolResult:
@@ -117,9 +123,12 @@ class CountService:
         flusher: StateFlusher,
         *,
         pool_allowed: bool,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()
-        self.sink = HintSink(self.inbox)
+        # The hints' timestamps (debouncing); tests pass a made-up clock and
+        # call tick() themselves.
+        self.sink = HintSink(self.inbox, clock)
         self.encoding = encoding
         self._registry = registry
         self._counter = counter
@@ -156,7 +165,7 @@ class CountService:
 
     def request_count(self, agent: str) -> None:
         """Count ``agent`` at once (a wake-up, a new or re-watched agent)."""
-        self.inbox.put(Hint(HintKind.COUNT_NOW, agent, time.monotonic()))
+        self.sink.count_now(agent)
 
     def _loop(self) -> None:
         while not self._stopping:

@@ -85,8 +85,12 @@ class Runner:
         compact: CompactFn,
         summarizer_factory: SummarizerFactory,
         wake: WakeFn,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        # Wall-clock time for the job decisions (backoff, cooldown, wake-ups);
+        # tests pass a made-up one.
+        self._clock = clock
         self.retry_policy = RetryPolicy.from_config(config.daemon)
         self.abort = threading.Event()
         self.metrics: Metrics | None = None
@@ -129,7 +133,7 @@ class Runner:
 
     def _decide(self, entry: AgentEntry, job: AgentJob) -> Decision:
         return on_count(
-            job, entry.tokens, entry.policy.threshold_tokens, entry.policy.compress, time.time()
+            job, entry.tokens, entry.policy.threshold_tokens, entry.policy.compress, self._clock()
         )
 
     def _apply(self, entry: AgentEntry, decision: Decision) -> None:
@@ -292,7 +296,7 @@ class Runner:
                 threshold_tokens=entry.policy.threshold_tokens,
                 low_water_tokens=entry.policy.low_water_tokens,
                 policy=policy,
-                now=time.time(),
+                now=self._clock(),
             )
             if decision.job.state is JobState.COOLDOWN:
                 _log.warning(
@@ -309,7 +313,7 @@ class Runner:
     ) -> None:
         name = entry.name
         policy = self.retry_policy
-        now = time.time()
+        now = self._clock()
         if isinstance(error, UnderThreshold):
             _log.info("already under threshold; skipped", agent=name, tokens=entry.tokens)
             with self._registry.lock:

@@ -1,0 +1,220 @@
+"""The counter and the runner driven step by step: hints on the counter's queue,
+``tick(now)`` with a made-up clock, a fake scheduler and a scripted compaction.
+
+These replace the daemon tests that slept and then asserted that nothing more
+happened: here "nothing more" is every tick and every due wake-up, exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support.daemon_services import COUNTER, ScriptedCompaction, build_services
+from support.memfiles import AgentWorkspace, append_entry
+
+from memd.core.jobs import JobState
+from memd.workspace import AgentPaths
+
+
+def full(path: Path) -> int:
+    return COUNTER.count_bytes(path.read_bytes())
+
+
+def test_hints_are_debounced_then_counted_once(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    before = s.tokens("alice")
+    memory = s.fill("alice", 2)
+    start = s.clock.now
+    for offset in (0.0, 0.01, 0.02):  # a burst of writes
+        s.clock.now = start + offset
+        s.hint("alice")
+    deadline = s.counter.tick(start + 0.03)
+    assert deadline is not None and abs(deadline - (start + 0.02 + 0.04)) < 1e-9
+    assert s.tokens("alice") == before  # quiet period not over: not counted yet
+    assert s.counter.tick(deadline) is None  # counted; nothing else pending
+    assert s.tokens("alice") == full(memory) > before
+    assert s.scheduler.submitted == []  # under threshold
+
+
+def test_max_wait_bounds_a_burst_that_never_pauses(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    memory = s.fill("alice", 1)
+    start = s.clock.now
+    counted_at = None
+    for step in range(40):  # a write every 20 ms for 0.8 s
+        s.clock.now = start + step * 0.02
+        s.hint("alice")
+        s.counter.tick(s.clock.now)
+        if counted_at is None and s.tokens("alice") == full(memory):
+            counted_at = s.clock.now
+    assert counted_at is not None and counted_at - start <= 0.2 + 1e-9  # max_wait_ms
+
+
+def test_over_threshold_compacts_exactly_once(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    ws.create_agent("quiet")
+    s = build_services(ws, ScriptedCompaction("ok"))
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.scheduler.submitted == ["compact:alice"]
+    assert s.job("alice").state is JobState.PENDING
+    assert s.scheduler.run_queued() == 1
+    assert s.job("alice").state is JobState.IDLE
+    assert s.tokens("alice") == full(ws.root / "agents/alice/MEMORY.md") < 250
+    # Later writes that stay under the threshold, and the passing of time: no more jobs.
+    s.fill("alice", 2)
+    s.hint("alice")
+    s.settle()
+    s.clock.advance(3600)
+    s.scheduler.fire_due_wakes()
+    s.settle()
+    assert s.scheduler.submitted == ["compact:alice"]
+    assert s.compact.calls == ["alice"]
+
+
+def test_trigger_during_a_run_runs_exactly_once_more(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    compact = ScriptedCompaction("ok", "ok")
+    s = build_services(ws, compact)
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.scheduler.submitted == ["compact:alice"]
+
+    def writer_during_the_job(paths: AgentPaths) -> None:
+        # The counter sees the file over its threshold while the job runs ...
+        for n in range(20):
+            append_entry(paths.memory, "Human", f"late turn {n}: " + "word " * 20)
+        s.hint("alice")
+        s.settle()
+        assert s.job("alice").state is JobState.RUNNING
+        assert s.job("alice").rerun_requested
+        assert s.scheduler.submitted == ["compact:alice"]  # ... and does not start a second
+
+    compact.during = writer_during_the_job
+    s.scheduler.run_queued()
+    compact.during = None
+    assert s.scheduler.submitted == ["compact:alice", "compact:alice"]  # exactly one more
+    s.scheduler.run_queued()
+    s.settle()
+    assert s.scheduler.submitted == ["compact:alice", "compact:alice"]
+    assert s.job("alice").state is JobState.IDLE and not s.job("alice").rerun_requested
+
+
+def test_failures_back_off_then_the_breaker_stays_open(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("flaky")
+    ws.create_agent("healthy")
+    s = build_services(ws, ScriptedCompaction("fail", "fail", "fail"))
+    s.fill("flaky", 20)
+    s.hint("flaky")
+    s.settle()
+    s.scheduler.run_queued()
+    for failures, delay in ((1, 10), (2, 20)):
+        job = s.job("flaky")
+        assert job.state is JobState.BACKOFF and job.consecutive_failures == failures
+        assert job.next_attempt_at == s.clock.now + delay  # exponential from retry_base_s
+        # No retry before its time, whatever is written meanwhile.
+        s.hint("flaky")
+        s.settle()
+        assert len(s.scheduler.submitted) == failures
+        s.clock.now = job.next_attempt_at
+        assert s.scheduler.fire_due_wakes() == 1
+        s.counter.tick(s.clock.now)
+        assert len(s.scheduler.submitted) == failures + 1
+        s.scheduler.run_queued()
+    entry_job = s.job("flaky")
+    assert entry_job.state is JobState.BREAKER_OPEN and entry_job.consecutive_failures == 3
+    assert "scripted failure" in (entry_job.last_error or "")
+    # The breaker stays open: no fourth attempt for its whole reset time.
+    for _ in range(10):
+        s.clock.advance(300)
+        s.scheduler.fire_due_wakes()
+        s.hint("flaky")
+        s.settle()
+    assert s.compact.calls == ["flaky"] * 3
+    # Other agents are unaffected.
+    s.fill("healthy", 20)
+    s.hint("healthy")
+    s.settle()
+    s.scheduler.run_queued()
+    assert s.compact.calls[-1] == "healthy" and s.job("healthy").state is JobState.IDLE
+
+
+def test_hysteresis_cools_down_instead_of_looping(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("stubborn")
+    s = build_services(ws, ScriptedCompaction("big", "ok"))
+    s.fill("stubborn", 20)
+    s.hint("stubborn")
+    s.settle()
+    s.scheduler.run_queued()
+    job = s.job("stubborn")
+    assert job.state is JobState.COOLDOWN
+    assert s.tokens("stubborn") >= 300  # above low water (0.6 × 500)
+    s.fill("stubborn", 10)
+    s.hint("stubborn")
+    s.settle()
+    assert s.compact.calls == ["stubborn"]  # not re-triggered during the cooldown
+    assert job.next_attempt_at is not None
+    s.clock.now = job.next_attempt_at
+    s.scheduler.fire_due_wakes()
+    s.counter.tick(s.clock.now)
+    s.scheduler.run_queued()
+    assert s.compact.calls == ["stubborn", "stubborn"]  # tried again after it
+
+
+def test_busy_and_nothing_to_compact_retry_without_counting_failures(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("busy", "nothing", "ok"))
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    for _attempt in range(3):
+        s.scheduler.run_queued()
+        assert s.job("alice").consecutive_failures == 0
+        s.clock.advance(3600)
+        s.scheduler.fire_due_wakes()
+        s.counter.tick(s.clock.now)
+    assert s.compact.calls == ["alice"] * 3
+    assert s.job("alice").state is JobState.IDLE
+
+
+def test_compression_off_agents_are_counted_never_compacted(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("watchonly")
+    s = build_services(
+        ws, ScriptedCompaction(), {"agents": {"watch*": {"context_compression": False}}}
+    )
+    memory = s.fill("watchonly", 30)
+    s.hint("watchonly")
+    s.settle()
+    s.clock.advance(3600)
+    s.scheduler.fire_due_wakes()
+    s.settle()
+    assert s.tokens("watchonly") == full(memory) > 500
+    assert s.scheduler.submitted == [] and s.job("watchonly").state is JobState.DISABLED
+
+
+def test_agents_hint_reconciles_the_agent_set(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    ws.create_agent("bob", entries=3)
+    s.counter.sink.agents_changed("bob")
+    s.counter.tick(s.clock.now)  # the rescan adds bob and asks for his count now
+    s.counter.tick(s.clock.now)
+    assert s.tokens("bob") == full(ws.root / "agents/bob/MEMORY.md") > 0
+    (ws.root / "agents/alice/MEMORY.md").unlink()
+    (ws.root / "agents/alice").rmdir()
+    s.counter.sink.agents_changed("alice")
+    s.counter.tick(s.clock.now)
+    assert set(s.registry.agents()) == {"bob"}

@@ -1,0 +1,213 @@
+"""The daemon's services wired as the lifecycle wires them, minus threads: a fake
+scheduler that runs jobs when the test says so, a made-up clock, and a scripted
+compaction (watchfiles' ``MockRustNotify`` pattern)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memd.core.config import MemdConfig
+from memd.daemon.counter import CountService
+from memd.daemon.entries import EntryCounter, RunStats
+from memd.daemon.flusher import StateFlusher
+from memd.daemon.registry import AgentRegistry
+from memd.daemon.runner import Runner
+from memd.errors import LockTimeout, NothingToCompact, SummarizerError
+from memd.notify import SystemdNotifier
+from memd.settings import build_config
+from memd.tokenizer import TokenCounter
+from memd.workspace import AgentPaths
+from support.memfiles import AgentWorkspace, append_entry, swarms_block, swarms_header
+
+COUNTER = TokenCounter("cl100k_base")
+
+# 1000-token context, threshold 500 tokens, low water 300; 40 ms debounce.
+CONFIG: dict[str, Any] = {
+    "trigger": {"context_length": 1000, "threshold": 0.5, "debounce_ms": 40, "max_wait_ms": 200},
+    "summarizer": {"max_tokens": 120},
+    "daemon": {
+        "retry_base_s": 10,
+        "retry_max_s": 40,
+        "cooldown_s": 60,
+        "breaker_failures": 3,
+        "breaker_reset_s": 3600,
+    },
+}
+
+
+class Clock:
+    """A made-up clock: both the monotonic (debounce) and the wall (jobs) time."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@dataclass
+class FakeScheduler:
+    """Records what the runner asks for; the test decides when it runs."""
+
+    clock: Clock
+    queued: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = field(default_factory=list)
+    wakes: dict[str, tuple[float, Callable[..., None], tuple[Any, ...]]] = field(
+        default_factory=dict
+    )
+    submitted: list[str] = field(default_factory=list)
+
+    def submit(self, key: str, task: Callable[..., None], *args: Any) -> str:
+        self.submitted.append(key)
+        self.queued.append((key, task, args))
+        return key
+
+    def wake_at(self, key: str, when: float, task: Callable[..., None], *args: Any) -> None:
+        self.wakes[key] = (when, task, args)
+
+    def cancel(self, key: str) -> None:
+        self.wakes.pop(key, None)
+
+    def run_queued(self) -> int:
+        """Run the jobs queued so far (not those they queue: the test runs those next)."""
+        batch, self.queued = self.queued, []
+        for _key, task, args in batch:
+            task(*args)
+        return len(batch)
+
+    def fire_due_wakes(self) -> int:
+        due = [key for key, (when, _t, _a) in self.wakes.items() if when <= self.clock.now]
+        for key in due:
+            _when, task, args = self.wakes.pop(key)
+            task(*args)
+        return len(due)
+
+
+class ScriptedCompaction:
+    """Stands in for compact_agent: each call pops a behaviour (``ok`` rewrites
+    MEMORY.md small, ``big`` still above low water, ``fail``, ``nothing``, ``busy``);
+    ``during`` runs inside the job, before it ends (e.g. a writer appending)."""
+
+    def __init__(self, *script: str) -> None:
+        self.script = list(script)
+        self.calls: list[str] = []
+        self.during: Callable[[AgentPaths], None] | None = None
+
+    def __call__(self, paths: AgentPaths, _summarizer: Any, _options: Any, **_kw: Any) -> Any:
+        behaviour = self.script.pop(0) if self.script else "ok"
+        self.calls.append(paths.agent)
+        if behaviour == "fail":
+            raise SummarizerError(f"agent {paths.agent!r}: scripted failure")
+        if behaviour == "nothing":
+            raise NothingToCompact(f"agent {paths.agent!r}: nothing to compact")
+        if behaviour == "busy":
+            raise LockTimeout(f"agent {paths.agent!r}: busy")
+        body = "summary " * (5 if behaviour == "ok" else 450)
+        tmp = paths.dir / "MEMORY.md.scripted"
+        tmp.write_text(swarms_header(paths.agent) + swarms_block("System", body))
+        os.replace(tmp, paths.memory)
+        tokens = COUNTER.count_bytes(paths.memory.read_bytes())  # what the summary achieved
+        if self.during is not None:
+            self.during(paths)
+        return _Outcome(paths.dir / "archive", None, tokens)
+
+
+@dataclass
+class _Outcome:
+    archive: Path
+    tokens_before: int | None
+    tokens_after: int | None
+    model: str = "scripted"
+    cost_usd: float | None = None
+    llm_duration_s: float = 0.0
+
+
+@dataclass
+class Services:
+    ws: AgentWorkspace
+    clock: Clock
+    scheduler: FakeScheduler
+    registry: AgentRegistry
+    runner: Runner
+    counter: CountService
+    compact: ScriptedCompaction
+
+    def fill(self, agent: str, entries: int) -> Path:
+        memory = self.ws.root / "agents" / agent / "MEMORY.md"
+        for n in range(entries):
+            role = "Human" if n % 2 == 0 else "AI"
+            append_entry(memory, role, f"{agent} turn {n}: " + "word " * 20)
+        return memory
+
+    def hint(self, agent: str) -> None:
+        """What the watcher does on a write."""
+        self.counter.sink.memory_changed(agent)
+
+    def settle(self) -> float | None:
+        """Let the debounce expire and tick once."""
+        return self.counter.tick(self.clock.advance(1.0))
+
+    def job(self, agent: str) -> Any:
+        entry = self.registry.get(agent)
+        assert entry is not None
+        return entry.job
+
+    def tokens(self, agent: str) -> int:
+        entry = self.registry.get(agent)
+        assert entry is not None
+        return entry.tokens
+
+
+def build_services(
+    ws: AgentWorkspace, compact: ScriptedCompaction, extra: dict[str, Any] | None = None
+) -> Services:
+    data = {k: dict(v) for k, v in CONFIG.items()}
+    for key, value in (extra or {}).items():
+        data.setdefault(key, {}).update(value)
+    config: MemdConfig = build_config(data, {})[0]
+    clock = Clock()
+    scheduler = FakeScheduler(clock)
+    registry = AgentRegistry(ws.root, config, recover=lambda _paths: None, context_length_of=None)
+    registry.start()
+    stats = RunStats()
+    flusher = StateFlusher(
+        registry, stats, SystemdNotifier({}), "cl100k_base", lambda: True, started_at=0.0
+    )
+    services: list[CountService] = []
+    runners: list[Runner] = []
+    entry_counter = EntryCounter(COUNTER, on_erased=lambda entry: runners[0].reset_if_erased(entry))
+    runner = Runner(
+        config,
+        registry,
+        entry_counter,
+        flusher,
+        stats,
+        compact,  # type: ignore[arg-type]
+        lambda _config, _count: None,  # type: ignore[arg-type,return-value]
+        wake=lambda agent: services[0].request_count(agent),
+        clock=clock,
+    )
+    runners.append(runner)
+    counter = CountService(
+        config.trigger,
+        "cl100k_base",
+        registry,
+        entry_counter,
+        runner,
+        flusher,
+        pool_allowed=False,
+        clock=clock,
+    )
+    services.append(counter)
+    runner.start(scheduler)  # type: ignore[arg-type]
+    entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
+    registry.register(entries, set())
+    counter.initial_count(entries, {})
+    return Services(ws, clock, scheduler, registry, runner, counter, compact)
