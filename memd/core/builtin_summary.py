@@ -1,10 +1,19 @@
 """The offline extractive summarizer (pure, deterministic): no model, no network, no key.
 
-It keeps what an operator would keep when cutting a log by hand: the previous
-summary's key lines, then the sentences of the newest and most informative
-turns — decisions, open tasks, errors, preferences, numbers and names — each
-rendered as a quoted line ``> Role (ts): sentence``, deduplicated, within a
-token budget measured by the caller's tokenizer.
+It keeps what an operator would keep when cutting a log by hand, sorted into
+sections — decisions, open tasks, errors, preferences, facts — each line a
+sentence from the transcript with the time it was said::
+
+    Decisions:
+    - (2026-03-02T10:30:09) Human: We decided to move the queue to the managed broker.
+
+Coverage spans the whole history: lines carried from the previous summary
+compete with new ones by section and age, not by recency alone.  Near
+duplicates collapse (a timestamp does not make a line new), tool output is
+read only where its lines do not repeat, no entry gives more than a few lines,
+and chatter with no decision, task, error, preference, name or number in it
+is left to the archives.  Durable identifiers (paths, URLs, commands, …) are
+the pinned section's job (``memd.core.pins``), kept by the transaction.
 """
 
 from __future__ import annotations
@@ -16,34 +25,41 @@ from typing import Final
 
 from memd.core.memfile import (
     EntrySegment,
-    HeaderSegment,
     MemoryDocument,
     RawSegment,
     parse_timestamp,
     sanitize_summary,
 )
+from memd.core.pins import extract_facts, is_tool_role, non_repeating_lines
 from memd.core.summary_block import parse_summary
 
 CountText = Callable[[str], int]
 
-EARLIER_HEADING: Final = "Earlier (carried forward):"
-RECENT_HEADING: Final = "Recent turns (most informative):"
+# Section name -> priority (higher is kept longer under a tight budget).
+SECTIONS: Final = {
+    "Goal": 4,
+    "Decisions": 5,
+    "Open tasks": 4,
+    "Errors": 4,
+    "Preferences": 5,
+    "Facts": 3,
+    "Earlier": 2,  # lines of a previous summary written by someone else (a model)
+    # What was said when, for turns with nothing above: the first words of each.
+    "Timeline": 0,
+}
 _STATS_PREFIX: Final = "Extractive summary of "
-_OWN_LINE_RE: Final = re.compile(
-    rf"^(?:{re.escape(EARLIER_HEADING)}|{re.escape(RECENT_HEADING)}|{re.escape(_STATS_PREFIX)}.*)$"
-)
-
 _MAX_SENTENCE_CHARS: Final = 240
+_MAX_LINES_PER_ENTRY: Final = 4
 # Huge entries (pasted files, tool dumps) are sampled at both ends: their head
 # says what it is, their tail says how it ended.  Bounds the work per entry.
-_ENTRY_HEAD_CHARS: Final = 4_000
-_ENTRY_TAIL_CHARS: Final = 12_000
-_GIVE_UP_AFTER_REJECTIONS: Final = 400
-_JOIN: Final = " … "
+_ENTRY_HEAD_CHARS: Final = 20_000
+_ENTRY_TAIL_CHARS: Final = 20_000
 
-_SENTENCE_SPLIT_RE: Final = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
+_SENTENCE_SPLIT_RE: Final = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9`])")
 _LEADING_MARKUP_RE: Final = re.compile(r"^(?:[>#*\-+•]+\s*|\d+[.)]\s+)+")
 _NOISE_LINE_RE: Final = re.compile(r"^(?:```.*|[-=_*~`|: ]*)$")
+_LINE_RE: Final = re.compile(r"^- \((\S+)\) (.*)$")
+_ISO_STAMP_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?")
 _NORMALIZE_RE: Final = re.compile(r"[^\w]+")
 
 
@@ -51,72 +67,66 @@ def _words(pattern: str) -> re.Pattern[str]:
     return re.compile(rf"\b(?:{pattern})\b", re.IGNORECASE)
 
 
-_FEATURES: Final[tuple[tuple[re.Pattern[str], float], ...]] = (
-    # decisions
+_CLASSIFIERS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     (
+        "Errors",
         _words(
-            r"decid\w*|decision|agreed?|chose|choose|going with|settled on|"
-            r"will use|we'll use|approved?|confirmed?|selected|switch(?:ed)? to"
+            r"errors?|failed|failures?|fails?|exceptions?|traceback|bugs?|crash\w*|fatal|"
+            r"broken|timeouts?|timed out|refused|denied|invalid|reset by peer|panic"
         ),
-        3.0,
     ),
-    # open tasks
     (
+        "Decisions",
         _words(
-            r"todo|to-do|next steps?|need to|needs to|must|should|remember|"
-            r"don't forget|do not forget|action items?|follow[- ]up|pending|deadline|due"
+            r"decid\w*|decision|agreed?|chose|choose|going with|settled on|will use|"
+            r"we'll use|approved?|selected|switch(?:ed)? to"
         ),
-        3.0,
     ),
-    # errors
     (
+        "Open tasks",
         _words(
-            r"errors?|failed|failures?|fails?|exceptions?|traceback|bugs?|crash\w*|"
-            r"broken|timeouts?|timed out|refused|denied|invalid"
+            r"todo|to-do|next steps?|need to|needs to|still needs?|must|action items?|"
+            r"follow[- ]up|deadline|due|blocked|in progress|not yet"
         ),
-        3.0,
     ),
-    # preferences
-    (_words(r"prefer\w*|always|never|i like|i want|i need|don't want|avoid|instead"), 2.0),
-    # goals
-    (_words(r"goals?|objectives?|aim|plan|want to|trying to|so that"), 1.5),
+    (
+        "Goal",
+        _words(r"goals?|objectives?|aim to|trying to|plan to|so that|by (?:the end of )?\w+day"),
+    ),
+    (
+        "Preferences",
+        _words(
+            r"prefer\w*|always|never|i like|i want|i need|don't want|do not want|avoid|"
+            r"remember|note|important"
+        ),
+    ),
 )
-_NUMBER_RE: Final = re.compile(r"\d")
-_NAME_RE: Final = re.compile(r"(?<=[\w,;:] )[A-Z][\w-]+")
-_PATH_OR_URL_RE: Final = re.compile(
-    r"https?://|(?:^|\s)[~.]?/\w|\b\w+\.(?:py|md|json|toml|ya?ml)\b"
-)
-_FILLER_RE: Final = re.compile(
-    r"^(?:ok(?:ay)?|sure|thanks?(?: you)?|thank you|hello|hi|great|got it|yes|no|done)\b",
-    re.IGNORECASE,
-)
-
-_ROLE_WEIGHTS: Final = {"human": 1.0, "user": 1.0, "system": 0.25, "tool": 0.25}
-_DEFAULT_ROLE_WEIGHT: Final = 0.5  # the agent's own turns
-_RECENCY_WEIGHT: Final = 2.0
-_CARRIED_FORWARD_BASE: Final = 1.5
+# A name mid-sentence ("contact is Priya Raman"): worth a Facts line.
+_NAME_RE: Final = re.compile(r"(?<=[\w,;:] )[A-Z][a-z]+(?: [A-Z][\w-]+)+")
 
 
 @dataclass(frozen=True, slots=True)
-class _Turn:
-    label: str  # "Human (2026-01-02T10:00:00)"
-    role_weight: float
-    text: str
+class Line:
+    section: str
+    stamp: str  # ISO timestamp of the entry ("" unknown)
+    text: str  # "Role: sentence" or a carried line as written
+
+    @property
+    def key(self) -> str:
+        without_stamps = _ISO_STAMP_RE.sub(" ", self.text.split(": ", 1)[-1])
+        return _NORMALIZE_RE.sub(" ", without_stamps.lower()).strip()
+
+    def render(self) -> str:
+        return f"- ({self.stamp}) {self.text}" if self.stamp else f"- {self.text}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    score: float
-    turn_index: int  # -1 for lines carried over from the previous summary
-    position: int  # order within the turn (or within the previous summary)
-    text: str
-
-
-def _label(role: str, timestamp: str) -> str:
-    clean_role = " ".join(role.split())[:60] or "Unknown"
+def _stamp(timestamp: str) -> str:
     parsed = parse_timestamp(timestamp.strip())
-    shown = parsed.isoformat(timespec="seconds") if parsed else " ".join(timestamp.split())[:40]
-    return f"{clean_role} ({shown})" if shown else clean_role
+    return parsed.isoformat(timespec="seconds") if parsed else ""
+
+
+def _role(role: str) -> str:
+    return " ".join(role.split())[:40] or "Unknown"
 
 
 def _sample(text: str) -> str:
@@ -143,124 +153,115 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
-def sentence_score(sentence: str) -> float:
-    """Informativeness of one sentence, regardless of who said it or when."""
-    score = 0.0
-    for pattern, weight in _FEATURES:
+def classify(sentence: str) -> str | None:
+    """The section a sentence belongs to, or None when it carries nothing worth keeping."""
+    for section, pattern in _CLASSIFIERS:
         if pattern.search(sentence):
-            score += weight
-    if _NUMBER_RE.search(sentence):
-        score += 0.75
-    if _NAME_RE.search(sentence):
-        score += 0.5
-    if _PATH_OR_URL_RE.search(sentence):
-        score += 0.5
-    if len(sentence.split()) < 4:
-        score -= 1.5
-    if _FILLER_RE.match(sentence):
-        score -= 1.5
-    return score
+            return section
+    if _NAME_RE.search(sentence) or extract_facts(sentence):
+        return "Facts"
+    return None
 
 
-def _is_filler(sentence: str) -> bool:
-    """Short acknowledgements ("ok thanks", "Sure.") that carry no information."""
-    return len(sentence.split()) < 4 and bool(_FILLER_RE.match(sentence))
+def _entry_lines(role: str, stamp: str, text: str) -> list[Line]:
+    """Up to a few lines from one entry; tool output only where its lines do not repeat."""
+    body = _sample(text)
+    if is_tool_role(role) or body.lstrip().startswith("Tool Output"):
+        body = "\n".join(non_repeating_lines(body))
+    found: list[Line] = []
+    sentences = split_sentences(body)
+    for sentence in sentences:
+        section = classify(sentence)
+        if section is not None:
+            found.append(Line(section, stamp, f"{_role(role)}: {sentence}"))
+    if not found and not is_tool_role(role):
+        opening = next((s for s in sentences if len(s.split()) >= 4), None)
+        if opening is not None:
+            found.append(Line("Timeline", stamp, f"{_role(role)}: {opening}"))
+    # The most telling lines of a long entry first: sections by priority.
+    found.sort(key=lambda line: -SECTIONS[line.section])
+    return found[:_MAX_LINES_PER_ENTRY]
 
 
-def _normalized(text: str) -> str:
-    return _NORMALIZE_RE.sub(" ", text.lower()).strip()
-
-
-def _turns_after_summary(document: MemoryDocument) -> tuple[str, list[_Turn]]:
-    previous = ""
-    turns: list[_Turn] = []
-    for segment in document.segments:
-        if isinstance(segment, HeaderSegment):
+def _carried_lines(previous_body: str, fallback_stamp: str) -> list[Line]:
+    """Lines of the previous summary: its own sections when memd wrote it, else 'Earlier'."""
+    lines: list[Line] = []
+    section = "Earlier"
+    for raw in sanitize_summary(previous_body).split("\n"):
+        line = raw.strip()
+        if not line or line.startswith(_STATS_PREFIX) or _NOISE_LINE_RE.match(line):
             continue
-        if isinstance(segment, EntrySegment):
-            if document.is_summary_entry(segment):
-                # The body only: memd carries the pinned facts itself.
-                previous = parse_summary(segment.summary_text).body
-                turns = []
-                continue
-            weight = _ROLE_WEIGHTS.get(segment.role.strip().lower(), _DEFAULT_ROLE_WEIGHT)
-            turns.append(_Turn(_label(segment.role, segment.timestamp), weight, segment.text))
-        elif isinstance(segment, RawSegment):
-            text = segment.raw.decode("utf-8", "replace")
-            if text.strip():
-                turns.append(_Turn("(unparsed text)", _DEFAULT_ROLE_WEIGHT, text))
-    return previous, turns
-
-
-def _carried_lines(previous_summary: str) -> list[str]:
-    lines = []
-    for raw_line in sanitize_summary(previous_summary).split("\n"):
-        line = raw_line.strip()
-        if not line or _OWN_LINE_RE.match(line) or _NOISE_LINE_RE.match(line):
+        heading = line[:-1] if line.endswith(":") else None
+        if heading in SECTIONS:
+            section = heading
             continue
-        bare = _LEADING_MARKUP_RE.sub("", line).strip().lower()
-        # Section labels ("Goals:") and empty bullets carry nothing on their own.
-        if bare in {"none", "none.", "n/a"} or (line.endswith(":") and len(line.split()) <= 3):
+        if line.endswith(":") and len(line.split()) <= 3:
+            continue  # another writer's section label ("Goals:")
+        match = _LINE_RE.match(line)
+        if match:
+            lines.append(Line(section, match.group(1), match.group(2)))
             continue
-        if len(line) > _MAX_SENTENCE_CHARS * 2:
-            line = line[: _MAX_SENTENCE_CHARS * 2 - 1].rstrip() + "…"
-        lines.append(line)
+        bare = _LEADING_MARKUP_RE.sub("", line).strip()
+        if bare.lower() in {"none", "none.", "n/a"} or not bare:
+            continue
+        if len(bare) > _MAX_SENTENCE_CHARS * 2:
+            bare = bare[: _MAX_SENTENCE_CHARS * 2 - 1].rstrip() + "…"
+        lines.append(Line(section, fallback_stamp, bare))
     return lines
 
 
-def _candidates(previous_summary: str, turns: list[_Turn]) -> list[_Candidate]:
-    found: list[_Candidate] = []
-    for position, line in enumerate(_carried_lines(previous_summary)):
-        score = _CARRIED_FORWARD_BASE + sentence_score(line)
-        found.append(_Candidate(score, -1, position, line))
-    count = len(turns)
-    for index, turn in enumerate(turns):
-        recency = _RECENCY_WEIGHT * (index + 1) / count
-        for position, sentence in enumerate(split_sentences(_sample(turn.text))):
-            score = recency + turn.role_weight + sentence_score(sentence)
-            found.append(_Candidate(score, index, position, sentence))
-    # Deduplicate, keeping the newest occurrence of each sentence.
-    seen: set[str] = set()
-    unique: list[_Candidate] = []
-    for candidate in sorted(found, key=lambda c: (c.turn_index, c.position), reverse=True):
-        key = _normalized(candidate.text)
-        if key and key not in seen:
-            seen.add(key)
-            unique.append(candidate)
-    return unique
+def _collect(document: MemoryDocument) -> tuple[list[Line], int, str, str]:
+    """(lines oldest first, turns read, first stamp, last stamp)."""
+    lines: list[Line] = []
+    turns = 0
+    first = last = ""
+    for segment in document.segments:
+        if isinstance(segment, EntrySegment):
+            if document.is_summary_entry(segment):
+                body = parse_summary(segment.summary_text).body
+                lines = _carried_lines(body, _stamp(segment.timestamp))
+                turns = 0
+                first = last = ""
+                continue
+            stamp = _stamp(segment.timestamp)
+            turns += 1
+            first = first or stamp
+            last = stamp or last
+            lines.extend(_entry_lines(segment.role, stamp, segment.text))
+        elif isinstance(segment, RawSegment):
+            text = segment.raw.decode("utf-8", "replace")
+            if text.strip():
+                turns += 1
+                lines.extend(_entry_lines("(unparsed text)", "", text))
+    return lines, turns, first, last
 
 
-def _render(chosen: list[_Candidate], turns: list[_Turn], stats: str, *, with_stats: bool) -> str:
-    carried = sorted((c for c in chosen if c.turn_index < 0), key=lambda c: c.position)
-    recent = sorted(
-        (c for c in chosen if c.turn_index >= 0), key=lambda c: (c.turn_index, c.position)
-    )
-    lines: list[str] = [stats] if with_stats else []
-    if carried:
-        lines.append(EARLIER_HEADING)
-        lines += [c.text for c in carried]
-    if recent:
-        lines.append(RECENT_HEADING)
-        grouped: list[tuple[int, list[str]]] = []
-        for candidate in recent:
-            if grouped and grouped[-1][0] == candidate.turn_index:
-                grouped[-1][1].append(candidate.text)
-            else:
-                grouped.append((candidate.turn_index, [candidate.text]))
-        for turn_index, sentences in grouped:
-            lines.append(f"> {turns[turn_index].label}: {_JOIN.join(sentences)}")
-    return sanitize_summary("\n".join(lines))
+def _deduplicated(lines: list[Line]) -> list[Line]:
+    """One line per key, at its newest mention; order by time."""
+    newest: dict[str, Line] = {}
+    for line in lines:
+        if line.key:
+            newest.pop(line.key, None)
+            newest[line.key] = line
+    return list(newest.values())
 
 
-def _stats_line(turns: list[_Turn], had_previous: bool) -> str:
-    span = ""
-    labelled = [t.label for t in turns if t.label.endswith(")")]
-    if labelled:
-        first = labelled[0].rsplit("(", 1)[-1].rstrip(")")
-        last = labelled[-1].rsplit("(", 1)[-1].rstrip(")")
-        span = f", {first} to {last}" if first != last else f", {first}"
-    since = " since the previous summary" if had_previous else ""
-    return f"{_STATS_PREFIX}{len(turns)} turn(s){since}{span}."
+def _priority(line: Line) -> int:
+    """A Facts line whose facts are all pinned anyway goes before one the pins cannot keep."""
+    priority = SECTIONS[line.section]
+    if line.section == "Facts" and extract_facts(line.text):
+        priority -= 2
+    return priority
+
+
+def _render(lines: list[Line], stats: str) -> str:
+    parts = [stats] if stats else []
+    for section in SECTIONS:
+        chosen = [line for line in lines if line.section == section]
+        if chosen:
+            parts.append(f"{section}:")
+            parts += [line.render() for line in chosen]
+    return sanitize_summary("\n".join(parts))
 
 
 def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text: CountText) -> str:
@@ -272,68 +273,40 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
     """
     if max_tokens <= 0:
         return ""
-    previous, turns = _turns_after_summary(document)
-    candidates = _candidates(previous, turns)
-    if not candidates:
+    collected, turns, first, last = _collect(document)
+    lines = _deduplicated(collected)
+    if not lines:
         return ""
-    stats = _stats_line(turns, bool(previous.strip()))
-
-    ranked = sorted(candidates, key=lambda c: (-c.score, -c.turn_index, c.position))
-    # Filler ("ok", "Sure.") scores at or below zero: never worth a token
-    # unless it is all there is.
-    eligible = [c for c in ranked if c.score > 0 and not _is_filler(c.text)] or ranked[:1]
-    stats_cost = count_text(stats) + 1
-    # The stats line is context, not content: skip it when the budget is tight.
-    with_stats = stats_cost * 5 <= max_tokens
-    remaining = max_tokens - (stats_cost if with_stats else 0)
-    heading_cost = {
-        True: count_text(EARLIER_HEADING) + 1,
-        False: count_text(RECENT_HEADING) + 1,
-    }
-    headings_paid: set[bool] = set()
-    chosen: list[_Candidate] = []
-    labelled_turns: set[int] = set()
-    rejections = 0
-    for candidate in eligible:
-        if remaining <= 2 or rejections >= _GIVE_UP_AFTER_REJECTIONS:
+    span = f", {first} to {last}" if first and last and first != last else ""
+    stats = f"{_STATS_PREFIX}{turns} new turn(s){span}." if turns else ""
+    # Least valuable first: lowest section priority, then oldest.
+    eviction = sorted(range(len(lines)), key=lambda i: (_priority(lines[i]), lines[i].stamp, i))
+    costs = [count_text(line.render()) + 1 for line in lines]
+    total = sum(costs) + count_text(stats) + 4 * len(SECTIONS)
+    dropped: set[int] = set()
+    for index in eviction:
+        if total <= max_tokens:
             break
-        carried = candidate.turn_index < 0
-        if not carried and candidate.turn_index not in labelled_turns:
-            cost = count_text(f"> {turns[candidate.turn_index].label}: {candidate.text}") + 1
-        elif carried:
-            cost = count_text(candidate.text) + 1
+        dropped.add(index)
+        total -= costs[index]
+    kept = [line for i, line in enumerate(lines) if i not in dropped]
+    text = _render(kept, stats)
+    remaining = [i for i in eviction if i not in dropped]
+    # Per-line costs only estimate the joined text: verify, dropping more.
+    while count_text(text) > max_tokens and (remaining or stats):
+        if remaining:
+            dropped.add(remaining.pop(0))
         else:
-            cost = count_text(_JOIN + candidate.text)
-        if carried not in headings_paid:
-            cost += heading_cost[carried]
-        if cost > remaining:
-            rejections += 1
-            continue
-        chosen.append(candidate)
-        remaining -= cost
-        headings_paid.add(carried)
-        if not carried:
-            labelled_turns.add(candidate.turn_index)
-
-    # Per-piece costs only estimate the joined text: verify, dropping the
-    # least informative pick until it fits, then the stats line if need be.
-    text = _render(chosen, turns, stats, with_stats=with_stats)
-    while count_text(text) > max_tokens:
-        if chosen:
-            chosen.remove(min(chosen, key=lambda c: (c.score, c.turn_index, -c.position)))
-        elif with_stats:
-            with_stats = False
-        else:
-            break
-        text = _render(chosen, turns, stats, with_stats=with_stats)
-    if chosen and count_text(text) <= max_tokens:
+            stats = ""
+        kept = [line for i, line in enumerate(lines) if i not in dropped]
+        text = _render(kept, stats)
+    if kept and count_text(text) <= max_tokens:
         return text
-    return _clip_best(eligible[0], turns, max_tokens, count_text)
+    return _clip(lines[eviction[-1]].render(), max_tokens, count_text)
 
 
-def _clip_best(best: _Candidate, turns: list[_Turn], max_tokens: int, count_text: CountText) -> str:
+def _clip(line: str, max_tokens: int, count_text: CountText) -> str:
     """Under a tiny budget: as much of the single best line as fits."""
-    line = best.text if best.turn_index < 0 else f"> {turns[best.turn_index].label}: {best.text}"
     low, high = 0, len(line)
     while low < high:
         middle = (low + high + 1) // 2

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memd.core import memfile
-from memd.core.builtin_summary import extractive_summary, sentence_score, split_sentences
+from memd.core.builtin_summary import classify, extractive_summary, split_sentences
 
 
 def word_count(text: str) -> int:
@@ -58,9 +58,10 @@ def test_keeps_important_and_recent_facts_within_budget(cl100k: Callable[[str], 
     assert "rotate the API token before Friday" in summary  # a recent task
     assert "2.4.1" in summary  # the newest turn
     assert "ok thanks" not in summary and "Sure." not in summary  # filler never paid for
-    assert "> Human (2026-01-02T00:10:00): We decided to use PostgreSQL 16" in summary
-    # Chronological order in the output.
-    assert summary.index("PostgreSQL") < summary.index("relation accounts") < summary.index("2.4.1")
+    assert "- (2026-01-02T00:10:00) Human: We decided to use PostgreSQL 16" in summary
+    # Sections, in order: decisions, open tasks, errors, …, facts.
+    assert summary.index("Decisions:") < summary.index("PostgreSQL") < summary.index("Open tasks:")
+    assert summary.index("Errors:") < summary.index("relation accounts") < summary.index("2.4.1")
 
 
 @pytest.mark.parametrize("budget", [1, 3, 8, 20, 60, 200, 1000, 5000])
@@ -81,7 +82,7 @@ def test_is_deterministic_and_deduplicated() -> None:
     first = extractive_summary(doc, max_tokens=500, count_text=word_count)
     assert first == extractive_summary(doc, max_tokens=500, count_text=word_count)
     assert first.count("Remember the deadline is 2026-03-01.") == 1
-    assert "> Human (2026-01-02T00:04:00): Remember the deadline" in first  # newest copy kept
+    assert "- (2026-01-02T00:04:00) Human: Remember the deadline" in first  # newest copy kept
 
 
 def test_output_never_contains_an_entry_header() -> None:
@@ -114,23 +115,23 @@ def test_carries_the_previous_summary_forward() -> None:
     assert "Kubernetes by June" in second
     assert "port 6380" in second
     assert "error budget is 0.1 percent" in second
-    assert second.index("port 6380") < second.index("error budget")  # old before new
-    assert "since the previous summary" in second
+    assert second.index("port 6380") < second.index("error budget")
+    # Carried lines keep the time they were said.
+    assert "- (2026-01-02T00:01:00) Agent: We decided to keep the Redis cache" in second
     # Repeated compaction does not pile up headings.
     third = extractive_summary(
         memfile.parse(build([("Human", "Another fact: 42 nodes.")], summary=second)),
         max_tokens=300,
         count_text=word_count,
     )
-    assert third.count("Earlier (carried forward):") == 1
-    assert third.count("Recent turns (most informative):") == 1
+    assert third.count("Decisions:") == 1 and third.count("Goal:") == 1
 
 
 def test_prefers_recent_over_old_when_equally_informative() -> None:
-    turns = [("Agent", f"Build number {i} finished on host node-{i}.") for i in range(50)]
+    turns = [("Agent", f"We decided to build number {i} on host node-{i}.") for i in range(50)]
     summary = extractive_summary(memfile.parse(build(turns)), max_tokens=60, count_text=word_count)
-    assert "Build number 49 " in summary
-    assert "Build number 0 " not in summary
+    assert "build number 49 " in summary
+    assert "build number 0 " not in summary
 
 
 def test_huge_entry_is_sampled_not_scanned_whole(cl100k: Callable[[str], int]) -> None:
@@ -157,8 +158,11 @@ def test_sentence_helpers() -> None:
         "Heading here",
     ]
     assert len(split_sentences("x" * 1000)[0]) == 240
-    assert sentence_score("We decided to ship v2 on Monday.") > sentence_score("It was a nice day.")
-    assert sentence_score("ok") < 0
+    assert classify("We decided to ship v2 on Monday.") == "Decisions"
+    assert classify("The deploy failed with exit code 3.") == "Errors"
+    assert classify("TODO: email the report.") == "Open tasks"
+    assert classify("Our contact is Priya Raman.") == "Facts"
+    assert classify("It was a nice day.") is None and classify("ok") is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -208,3 +212,31 @@ def test_budget_holds_when_joining_costs_more_than_the_pieces() -> None:
         assert summary and costly_newlines(summary) <= budget
         if budget >= 150:  # still several lines, not a fallback single clipped line
             assert len(summary.splitlines()) >= 3
+
+
+def test_tool_output_gives_its_odd_lines_not_its_rows() -> None:
+    rows = [
+        f'{{"id": {i}, "status": "pending", "ts": "2026-01-01T00:00:{i % 60:02d}"}}'
+        for i in range(200)
+    ]
+    rows.insert(100, "ERROR worker w7: connection reset by peer")
+    doc = memfile.parse(build([("Tool Executor", "Tool Output:\n" + "\n".join(rows))]))
+    summary = extractive_summary(doc, max_tokens=500, count_text=word_count)
+    assert "ERROR worker w7: connection reset by peer" in summary
+    assert '"status": "pending"' not in summary
+
+
+def test_near_duplicates_collapse_whatever_their_timestamps() -> None:
+    turns = [
+        ("Agent", f"Deploy failed at 2026-01-01T10:{i:02d}:00 with exit code 3.") for i in range(9)
+    ]
+    summary = extractive_summary(memfile.parse(build(turns)), max_tokens=500, count_text=word_count)
+    assert summary.count("Deploy failed at") == 1
+
+
+def test_old_decisions_outlive_newer_small_talk_with_names() -> None:
+    # Coverage across time: sections outrank recency.
+    turns = [("Human", "We decided to shard the ledger by tenant.")]
+    turns += [("Agent", f"I spoke with Priya Raman{i} about lunch.") for i in range(60)]
+    summary = extractive_summary(memfile.parse(build(turns)), max_tokens=80, count_text=word_count)
+    assert "shard the ledger by tenant" in summary
