@@ -45,7 +45,6 @@ from memd.core.memfile import (
     render_header,
     render_summary_block,
 )
-from memd.core.pins import merge_pins, pins_of_entries
 from memd.core.plan import (
     CORRUPT_PHASE,
     IDLE_PHASE,
@@ -59,10 +58,8 @@ from memd.core.plan import (
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
     ComposedSummary,
-    ParsedSummary,
-    carried_pins,
     compose_summary,
-    parse_summary,
+    material_of,
     version_line,
 )
 from memd.core.summary_plan import BudgetError, is_degenerate, summary_budgets
@@ -302,6 +299,11 @@ def _contained(path: Path, paths: AgentPaths, what: str) -> Path:
         raise CompactionAborted(f"agent {paths.agent!r}: {exc}") from None
 
 
+def memory_target(paths: AgentPaths) -> Path:
+    """MEMORY.md with symlinks resolved, refused when it leaves the agent's folder."""
+    return _memory_target_of(paths)
+
+
 def _memory_target_of(paths: AgentPaths) -> Path:
     # A MEMORY.md symlink inside the workspace is compacted in place: the link
     # survives, its target is replaced.
@@ -417,42 +419,28 @@ class _Transaction:
         summary of 30,000 tokens); an operator's ``--summary`` is used as given.
         """
         prefix = MemoryDocument(segments=tuple(snap.document.segments_before(cut)), size=cut)
-        previous_block = prefix.last_summary()
-        previous = (
-            parse_summary(previous_block.summary_text)
-            if previous_block is not None
-            else ParsedSummary(body="")
-        )
-        entries = prefix.raw_entries_since_summary()
+        material = material_of(prefix, self._count_text)
         body = result.text.strip()
         # Token rules need the tokenizer (like the cap check); the daemon and
         # compact-now always pass one.
         if not manual and self.count_bytes is not None:
-            input_tokens = self._count_text(previous.body) + sum(
-                self._count_text(entry.text) for entry in entries
-            )
             reply_tokens = self._count_text(body)
-            if is_degenerate(reply_tokens, input_tokens):
+            if is_degenerate(reply_tokens, material.input_tokens):
                 raise SummarizerError(
                     f"agent {self.agent!r}: summarizer reply refused as degenerate "
-                    f"({reply_tokens} tokens for {input_tokens} tokens of input); "
+                    f"({reply_tokens} tokens for {material.input_tokens} tokens of input); "
                     "nothing changed"
                 )
-        carried = (
-            carried_pins(previous, previous_block.timestamp) if previous_block is not None else []
-        )
-        new = pins_of_entries((e.role, e.timestamp, e.text) for e in entries)
-        earlier = previous.earlier_archives + (1 if previous.latest_archive else 0)
         composed = compose_summary(
             body,
-            merge_pins(carried, new),
+            material.pins,
             pinned_tokens=self.options.pinned_tokens,
             count_text=self._count_text,
             # Same length as the final name: the size checks see the real block.
             archive="archive/" + _archive_stem() + ".md",
-            earlier_archives=earlier,
+            earlier_archives=material.earlier_archives,
         )
-        return composed, earlier
+        return composed, material.earlier_archives
 
     def summarize(self, snap: _Snapshot) -> tuple[SummaryResult, float]:
         # The snapshot is already parsed; its segments before N are the prefix's.
@@ -992,5 +980,6 @@ __all__ = [
     "ThresholdCheck",
     "check_still_over",
     "compact_agent",
+    "memory_target",
     "recover_agent",
 ]

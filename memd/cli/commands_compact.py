@@ -16,7 +16,11 @@ from memd.cli.recall_index import archive_indexer
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from memd.compaction import CompactionOutcome
+    from memd.core.config import AgentPolicy, MemdConfig
+    from memd.core.summary import Summarizer
     from memd.settings import LoadedConfig
     from memd.state import StateStore
 
@@ -39,6 +43,22 @@ def compact_now(
             "(default: compaction.lock_wait_s).",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan (turns, pinned facts, budgets, chunks and calls); "
+            "call no model, change nothing.",
+        ),
+    ] = False,
+    summarize: Annotated[
+        bool,
+        typer.Option(
+            "--summarize",
+            help="With --dry-run: also run the summarizer and print the block it would "
+            "write, still changing nothing.",
+        ),
+    ] = False,
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
     state_dir: StateDirOption = None,
@@ -63,6 +83,8 @@ def compact_now(
         raise typer.BadParameter("name at least one agent, or use --all")
     if summary is not None and not summary.strip():
         raise typer.BadParameter("--summary must not be empty")
+    if summarize and not dry_run:
+        raise typer.BadParameter("--summarize only goes with --dry-run")
 
     loaded = load(workspace, config)
     cfg = loaded.config
@@ -83,6 +105,9 @@ def compact_now(
         if summary is not None
         else make_summarizer(cfg.summarizer, counter.count_text)
     )
+    if dry_run:
+        _dry_run(ws, targets, disabled, summarizer, cfg, policies, counter.count_text, summarize)
+        return
     ledger = _open_ledger(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
     out = Console(emoji=False)
@@ -183,3 +208,41 @@ def _record(
     )
     with contextlib.suppress(Exception):  # the compaction itself already happened
         ledger.record_compaction(entry)
+
+
+def _dry_run(
+    ws: Path,
+    targets: list[str],
+    disabled: list[str],
+    summarizer: Summarizer,
+    cfg: MemdConfig,
+    policies: dict[str, AgentPolicy],
+    count_text: Callable[[str], int],
+    summarize: bool,
+) -> None:
+    from memd.compaction import CompactionOptions
+    from memd.compaction_preview import preview
+    from memd.workspace import agent_paths
+
+    failures = 0
+    for name in targets:
+        if name in disabled:
+            print(f"{name}: skipped (context_compression = false)")
+            continue
+        options = CompactionOptions.from_config(cfg, policies[name])
+        try:
+            lines = preview(
+                agent_paths(ws, name), summarizer, options, count_text, summarize=summarize
+            )
+        except NothingToCompact as exc:
+            print(f"{name}: {str(exc).split(': ', 1)[-1]}")
+            continue
+        except MemdError as exc:
+            if len(targets) == 1:
+                raise
+            failures += 1
+            print(f"memd: error: {exc}", file=sys.stderr)
+            continue
+        print("\n".join(lines))
+    if failures:
+        sys.exit(1)

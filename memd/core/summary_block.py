@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from memd.core.memfile import MemoryDocument
 from memd.core.pins import (
     PINNED_HEADING,
     Pin,
@@ -32,6 +33,7 @@ from memd.core.pins import (
     fit_pins,
     merge_pins,
     parse_pinned,
+    pins_of_entries,
 )
 
 CountText = Callable[[str], int]
@@ -130,3 +132,31 @@ def version_line(archive: str, earlier_archives: int) -> str:
         return f"memd-summary: v{SUMMARY_FORMAT}"
     earlier = f" (+{earlier_archives} earlier)" if earlier_archives else ""
     return f"memd-summary: v{SUMMARY_FORMAT}; raw turns in {archive}{earlier}"
+
+
+@dataclass(frozen=True, slots=True)
+class Material:
+    """What one compaction summarizes: the previous summary and the raw turns after it."""
+
+    previous: ParsedSummary
+    pins: tuple[Pin, ...]  # carried from the previous block, and new from the turns
+    input_tokens: int  # previous body + raw turns
+    turns: int
+    earlier_archives: int  # archives the provenance line names besides the new one
+
+
+def material_of(prefix: MemoryDocument, count_text: CountText) -> Material:
+    """The summary material of ``prefix`` (the part of MEMORY.md being compacted)."""
+    block = prefix.last_summary()
+    previous = parse_summary(block.summary_text) if block is not None else ParsedSummary(body="")
+    entries = prefix.raw_entries_since_summary()
+    carried = carried_pins(previous, block.timestamp) if block is not None else []
+    new = pins_of_entries((e.role, e.timestamp, e.text) for e in entries)
+    input_tokens = count_text(previous.body) + sum(count_text(e.text) for e in entries)
+    return Material(
+        previous=previous,
+        pins=tuple(merge_pins(carried, new)),
+        input_tokens=input_tokens,
+        turns=len(entries),
+        earlier_archives=previous.earlier_archives + (1 if previous.latest_archive else 0),
+    )

@@ -1,0 +1,98 @@
+"""``memd compact-now --dry-run [--summarize]``: the plan, and optionally the block, changing nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import run
+from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
+from support.openai_server import OpenAITestServer
+
+
+def long_reply(body: dict[str, Any]) -> str:
+    prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+    line = "Remember: deploys go through `make ship ENV=prod`"
+    kept = f"- {line}" if line in prompt else ""
+    return "Decisions:\n" + "- the team keeps the current plan and its owners\n" * 20 + kept
+
+
+@pytest.fixture
+def server() -> Iterator[OpenAITestServer]:
+    with OpenAITestServer(responder=long_reply) as test_server:
+        yield test_server
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> AgentWorkspace:
+    workspace = AgentWorkspace(tmp_path / "ws")
+    paths = workspace.create_agent("alpha", entries=30, size=60)
+    append_entry(paths.memory, "Human", "Remember: deploys go through `make ship ENV=prod`.")
+    append_entry(paths.memory, "Human", "The runbook is at /srv/ops/runbook.md for now.")
+    return workspace
+
+
+def config(tmp_path: Path, server: OpenAITestServer, max_calls: int = 8) -> str:
+    path = tmp_path / "memd.toml"
+    path.write_text(
+        "[trigger]\ncontext_length = 32000\n[summarizer]\n"
+        f'model = "openai/test-model"\napi_key = "k"\napi_base = "{server.api_base}"\n'
+        f"context_length = 2048\nmax_calls = {max_calls}\n"
+    )
+    return str(path)
+
+
+def test_dry_run_prints_the_plan_and_calls_nothing(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot_tree(ws.root)
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, max_calls=2),
+    )
+    assert code == 0, err
+    assert server.requests == []
+    assert snapshot_tree(ws.root) == before
+    assert "alpha: dry run (calls no model, writes nothing)" in out
+    assert "32 raw turn(s)" in out
+    assert "pinned facts: 2 (marked 1, path 1)" in out
+    assert "window 2,048 tokens (from summarizer.context_length)" in out
+    assert "2 call(s) for " in out and "partial: only bytes 0.." in out
+
+
+def test_dry_run_summarize_shows_the_block_and_its_retention(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot_tree(ws.root)
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--summarize",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, max_calls=50),
+    )
+    assert code == 0, err
+    assert len(server.requests) > 1  # chunked: every turn read
+    assert snapshot_tree(ws.root) == before
+    # The model kept the marked line itself; memd pins the path it dropped.
+    assert "the reply itself kept 1 of 2 pinned facts (50 %); 1 more are pinned" in out
+    assert "[Compressed Memory Summary]" in out and "- /srv/ops/runbook.md" in out
+
+
+def test_summarize_needs_dry_run(ws: AgentWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _out, err = run(
+        capsys, "compact-now", "alpha", "--summarize", "--workspace", str(ws.root)
+    )
+    assert code != 0 and "--summarize only goes with --dry-run" in err
