@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
+from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.logs import get_logger
 from memd.workspace import AGENTS_DIR, MEMORY_FILE
 
@@ -106,6 +107,7 @@ class InotifyBackend:
         self._wd_by_key: dict[str, int] = {}
         self._key_by_wd: dict[int, str] = {}
         self._memory_name = os.fsencode(MEMORY_FILE)
+        self._descriptor_name = os.fsencode(DESCRIPTOR_NAME)
         self._stopping = False
 
     def start(self) -> None:
@@ -173,7 +175,7 @@ class InotifyBackend:
             elif event.name and not event.is_modify:
                 self._agents_changed(os.fsdecode(event.name))
             return
-        if event.name == self._memory_name:
+        if event.name in (self._memory_name, self._descriptor_name):
             self._memory_changed(key)
         elif event.is_delete_self or event.is_move_self:
             self._agents_changed(key)
@@ -266,7 +268,7 @@ class ObserverBackend:
                     self._agents_changed(os.path.basename(path))
             return
         names = {os.path.basename(src), os.path.basename(dest) if dest else ""}
-        if MEMORY_FILE in names:
+        if MEMORY_FILE in names or DESCRIPTOR_NAME in names:
             self._memory_changed(key)
         elif (
             event.is_directory

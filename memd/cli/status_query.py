@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from memd.cli.common import iso_utc
 from memd.core.config import MemdConfig, resolve_policy
+from memd.core.descriptor import AgentWindow, DescriptorError
 from memd.errors import MemdError
 from memd.settings import LoadedConfig
 from memd.state import AgentRecord, FileKey, Heartbeat, StateStore
@@ -42,6 +43,10 @@ class AgentStatus:
     state: str
     source: Source
     daemon_pid: int | None
+    #: Where the window came from ("memd-agent.json", "[trigger]", "model …", "default")
+    #: and the tokens the agent reserves per request beside its memory.
+    window: str = ""
+    reserved_tokens: int = 0
 
     @property
     def percent_used(self) -> float:
@@ -60,6 +65,8 @@ class AgentStatus:
             "state": self.state,
             "source": self.source,
             "daemon_pid": self.daemon_pid,
+            "window_source": self.window,
+            "reserved_tokens": self.reserved_tokens,
         }
 
 
@@ -202,6 +209,8 @@ def collect_status(
             result.append(_error_row(name, str(info["error"]), beat))
             continue
         paths = maybe_paths
+        policy = resolve_policy(config, name, _context_length_of, _declared_window(paths, encoding))
+        window, reserved = policy.window_source, policy.reserved_tokens
         archives = len(archives_of(paths))
         record = info.get("record")
         if isinstance(record, AgentRecord):
@@ -216,13 +225,14 @@ def collect_status(
                     state=record.state,
                     source="daemon",
                     daemon_pid=beat.pid if beat else None,
+                    window=window,
+                    reserved_tokens=reserved,
                 )
             )
             continue
         if "error" in info:
             result.append(_error_row(name, str(info["error"]), beat))
             continue
-        policy = resolve_policy(config, name, _context_length_of)
         tokens = info["tokens"]
         last_at, last_error = _last_compaction(store, paths)
         state = "disabled" if not policy.compress else ("unwatched" if beat else "offline")
@@ -237,9 +247,22 @@ def collect_status(
                 state=state,
                 source="files",
                 daemon_pid=beat.pid if beat else None,
+                window=window,
+                reserved_tokens=reserved,
             )
         )
     return result, beat
+
+
+def _declared_window(paths: AgentPaths, encoding: str) -> AgentWindow | None:
+    """The agent's memd-agent.json, as the daemon reads it (None when absent or refused)."""
+    from memd.descriptor import read_window
+    from memd.tokenizer import TokenCounter
+
+    try:
+        return read_window(paths.dir, lambda text: TokenCounter(encoding).count_text(text))[1]
+    except DescriptorError:
+        return None
 
 
 def _error_row(name: str, message: str, beat: Heartbeat | None) -> AgentStatus:

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
@@ -130,17 +132,34 @@ class AgentPolicy:
     compress: bool
     summary_instructions: str
     low_water_tokens: int
+    #: Where context_length came from: "default", "[trigger]", "[agents.\"glob\"]",
+    #: "model <name>" or "memd-agent.json" (shown by ``memd status``).
+    window_source: str = "default"
+    #: Tokens the agent sends beside its memory in every request (its descriptor).
+    reserved_tokens: int = 0
 
 
 ContextLengthLookup = Callable[[str], int | None]
 
 
 def resolve_policy(
-    config: MemdConfig, agent: str, context_length_of: ContextLengthLookup | None = None
+    config: MemdConfig,
+    agent: str,
+    context_length_of: ContextLengthLookup | None = None,
+    window: AgentWindow | None = None,
 ) -> AgentPolicy:
-    """Apply ``[agents."glob"]`` tables in file order (later tables win)."""
+    """Apply ``[agents."glob"]`` tables in file order (later tables win).
+
+    ``window`` is what the agent declared in its ``memd-agent.json``. Its context
+    length replaces the fleet-wide ``[trigger] context_length``, but a matching
+    ``[agents."glob"]`` table that sets ``context_length`` (or a ``model`` memd
+    can derive it from) wins: set means written, even at the default value
+    (tables keep unset keys as None). What it reserves per request always comes
+    off the threshold.
+    """
     trigger = config.trigger
     context_length = trigger.context_length
+    source = "[trigger]" if "context_length" in trigger.model_fields_set else "default"
     threshold = trigger.threshold
     max_tokens = trigger.max_tokens
     instructions = config.summarizer.summary_instructions
@@ -152,8 +171,10 @@ def resolve_policy(
             derived = context_length_of(override.model)
             if derived:
                 context_length = derived
+                source = f"model {override.model}"
         if override.context_length is not None:
             context_length = override.context_length
+            source = f'[agents."{pattern}"]'
         if override.threshold is not None:
             threshold = override.threshold
         if override.max_tokens is not None:
@@ -162,7 +183,12 @@ def resolve_policy(
             instructions = override.summary_instructions
         if override.context_compression is not None:
             compress = override.context_compression
-    threshold_tokens = max(1, int(threshold * context_length))
+    reserved = 0
+    if window is not None:
+        if source in ("default", "[trigger]"):
+            context_length, source = window.context_length, DESCRIPTOR_NAME
+        reserved = min(window.reserved_tokens, int(context_length * RESERVED_MAX_SHARE))
+    threshold_tokens = max(1, int(threshold * context_length) - reserved)
     if max_tokens > 0:
         threshold_tokens = min(threshold_tokens, max_tokens)
     return AgentPolicy(
@@ -174,4 +200,6 @@ def resolve_policy(
         compress=compress,
         summary_instructions=instructions,
         low_water_tokens=max(1, int(threshold_tokens * trigger.low_water)),
+        window_source=source,
+        reserved_tokens=reserved,
     )

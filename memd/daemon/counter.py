@@ -186,6 +186,8 @@ class CountService:
             elif hint.kind is HintKind.COUNT_NOW and hint.name is not None:
                 self._count_now.add(hint.name)
             elif hint.kind is HintKind.MEMORY and hint.name is not None:
+                # MEMORY.md or memd-agent.json (the watcher reports both).
+                self._registry.refresh_window(hint.name)
                 self._debouncer.touch(hint.name, hint.at)
                 entry = self._registry.get(hint.name)
                 if entry is not None and entry.burst_started is None:

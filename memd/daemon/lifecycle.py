@@ -48,6 +48,7 @@ from memd.daemon.entries import (
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry, ContextLengthOf, RecoverFn
 from memd.daemon.runner import CompactFn, Runner, SummarizerFactory
+from memd.descriptor import Descriptors
 from memd.errors import ConfigError, MemdError
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
@@ -247,6 +248,10 @@ class Daemon:
         self.flusher.start(self._open_store())
         entry_counter = EntryCounter(
             tokenizer, on_erased=self._reset_if_erased, on_counted=self._on_counted
+        )
+        # Reserved text is counted with the tokenizer MEMORY.md is counted with (reload swaps it).
+        self.registry.descriptors = Descriptors(
+            lambda text: entry_counter.tokenizer.count_text(text)
         )
         runner = Runner(
             self.config,

@@ -16,6 +16,7 @@ from pathlib import Path
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.names import is_valid_agent_name, validate_agent_name
 from memd.daemon.entries import AgentEntry, reason_of
+from memd.descriptor import Descriptors
 from memd.errors import MemdError, UnknownAgent
 from memd.logs import get_logger
 from memd.workspace import (
@@ -52,6 +53,8 @@ class AgentRegistry:
         self._root = workspace
         self._agents_root = workspace / AGENTS_DIR
         self._agents_dir_plain = False
+        # Each agent's memd-agent.json (set at start-up, when the tokenizer exists).
+        self.descriptors: Descriptors | None = None
 
     @property
     def root(self) -> Path:
@@ -67,6 +70,8 @@ class AgentRegistry:
         """New per-agent policies (reload)."""
         with self.lock:
             self._config = config
+            if self.descriptors is not None:
+                self.descriptors.clear()  # the tokenizer may have changed
             for entry in self._agents.values():
                 entry.policy = self.policy(entry.name)
                 entry.dirty = True
@@ -74,7 +79,20 @@ class AgentRegistry:
     # -------------------------------------------------------------------- table
 
     def policy(self, name: str) -> AgentPolicy:
-        return resolve_policy(self._config, name, self._context_length_of)
+        window = None
+        if self.descriptors is not None:
+            window = self.descriptors.window(name, self._agents_root / name)
+        return resolve_policy(self._config, name, self._context_length_of, window)
+
+    def refresh_window(self, name: str) -> None:
+        """The agent's folder changed: re-resolve its policy if its memd-agent.json did."""
+        if self.descriptors is None or not self.descriptors.changed(name, self._agents_root / name):
+            return
+        with self.lock:
+            entry = self._agents.get(name)
+            if entry is not None:
+                entry.policy = self.policy(name)
+                entry.dirty = True
 
     def agents(self) -> dict[str, AgentEntry]:
         with self.lock:

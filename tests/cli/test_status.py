@@ -25,6 +25,8 @@ STATUS_KEYS = {
     "state",
     "source",
     "daemon_pid",
+    "window_source",
+    "reserved_tokens",
 }
 
 
@@ -257,3 +259,28 @@ def test_status_does_not_import_litellm(ws: AgentWorkspace, state_dir: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert "LITELLM False" in result.stderr
+
+
+def test_status_shows_where_each_agents_window_came_from(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    descriptor = {
+        "format": "memd-agent",
+        "version": 1,
+        "agent": "alpha",
+        "model": "gpt-4o-mini",
+        "context_length": 10000,
+        "reserved": {"unit": "text", "text": "You are alpha. " * 20},
+    }
+    (ws.root / "agents" / "alpha" / "memd-agent.json").write_text(json.dumps(descriptor))
+    reserved = TokenCounter("cl100k_base").count_text("You are alpha. " * 20)
+    rows = status_json(capsys, ws, state_dir)
+    assert isinstance(rows, list)
+    alpha, beta = rows
+    assert alpha["window_source"] == "memd-agent.json"
+    assert alpha["reserved_tokens"] == reserved
+    assert alpha["threshold_tokens"] == 9000 - reserved
+    assert beta["window_source"] == "default"
+    assert beta["threshold_tokens"] == 180_000
+    code, out, _ = run(capsys, "status", "-w", str(ws.root), "--state-dir", str(state_dir))
+    assert code == 0 and "memd-agent.json" in out

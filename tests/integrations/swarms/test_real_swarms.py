@@ -33,7 +33,10 @@ pytestmark = [
 SUMMARY_MARK = "[Compressed Memory Summary]"
 PRELOAD_MARK = "[Persistent Memory — MEMORY.md]"
 SYSTEM_PROMPT = "You are the memd interop test agent. Answer briefly."
-THRESHOLD_TOKENS = 1000  # 0.5 × 2000, from the config below
+# The agent declares a 2,000-token window (Agent(context_length=...)), which
+# memd_swarms writes to memd-agent.json; memd compacts at 0.5 of it, less what
+# the agent sends beside its memory (its system prompt).
+CONTEXT_LENGTH = 2000
 
 
 def daemon_config(path: Path) -> Path:
@@ -41,7 +44,7 @@ def daemon_config(path: Path) -> Path:
     # can end above the low-water mark with the turns drained while it ran, and
     # the default 60 s cooldown would let the file grow past the threshold.
     path.write_text(
-        "[trigger]\nthreshold = 0.5\ncontext_length = 2000\ndebounce_ms = 50\nmax_wait_ms = 200\n"
+        "[trigger]\nthreshold = 0.5\ndebounce_ms = 50\nmax_wait_ms = 200\n"
         "[compaction]\ndrain_quiet_s = 0.1\ndrain_max_s = 2\n[daemon]\ncooldown_s = 0.5\n",
         encoding="utf-8",
     )
@@ -86,7 +89,7 @@ def assert_tool_pairing(request: RecordedRequest) -> None:
 def test_after_memd_compacts_a_restarted_agent_sends_the_summary_once(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    spec = {"agent": "ada", "system_prompt": SYSTEM_PROMPT}
+    spec = {"agent": "ada", "system_prompt": SYSTEM_PROMPT, "context_length": CONTEXT_LENGTH}
     paths = agent_paths(workspace, "ada", must_exist=False)
     with (
         OpenAITestServer() as server,
@@ -149,6 +152,7 @@ def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
         "turns": turns,
         "task": "marathon turn {i}: the user reports progress on item {i} of the plan. " * 3,
         "pause_s": 0.05,
+        "context_length": CONTEXT_LENGTH,
     }
     paths = agent_paths(workspace, "marathon", must_exist=False)
     with (
@@ -172,6 +176,9 @@ def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
     assert report["rebuilds"] >= 3
 
     system = cl100k(SYSTEM_PROMPT)
+    declared = daemon.events("agent descriptor read")[-1]
+    assert (declared["context_length"], declared["reserved_tokens"]) == (CONTEXT_LENGTH, system)
+    threshold = CONTEXT_LENGTH // 2 - system
     sizes = [prompt_tokens(request, cl100k) for request in requests]
     overflow_turns = []
     for request in requests:
@@ -182,7 +189,7 @@ def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
         beyond = 0
         for row in rows:
             used += cl100k(row)
-            beyond += used > THRESHOLD_TOKENS
+            beyond += used > threshold
         overflow_turns.append(beyond // 2 + beyond % 2)  # a turn is a task and its answer
         # Each request carries at most one memory preload and no turn twice.
         assert count_in(request, PRELOAD_MARK) <= 1
@@ -191,17 +198,17 @@ def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
     print(
         f"\n{turns} turns, {compactions} compactions, {report['rebuilds']} rebuilds; prompt "
         f"tokens median {statistics.median(sizes):.0f} max {sizes[worst]} (threshold "
-        f"{THRESHOLD_TOKENS} + system {system}); turns in flight max {max(overflow_turns)}, "
+        f"{threshold} + system {system}); turns in flight max {max(overflow_turns)}, "
         f"at the largest request {overflow_turns[worst]}"
     )
     in_flight_allowance = 20  # turns the agent can make before memd's re-seed lands
     assert max(overflow_turns) <= in_flight_allowance, (overflow_turns, daemon.raw)
     turn_tokens = max(cl100k(text) for request in requests for text in contents(request)[-1:])
     reply_tokens = 60  # the test server's echo answer
-    bound = THRESHOLD_TOKENS + system + in_flight_allowance * (turn_tokens + reply_tokens)
+    bound = threshold + system + in_flight_allowance * (turn_tokens + reply_tokens)
     assert max(sizes) <= bound
     # Without the rebuild the last request would carry all 160 turns (> 10,000 tokens).
-    assert sizes[-1] < 3 * THRESHOLD_TOKENS
+    assert sizes[-1] < 3 * threshold
 
     # Later requests carry the newest summary: each compaction's summary is the
     # first entry of the next archive (or of MEMORY.md, for the last one).

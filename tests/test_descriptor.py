@@ -1,0 +1,119 @@
+"""Reading agents' memd-agent.json from disk, and a real daemon following it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.daemon_proc import DaemonProcess
+from support.memfiles import AgentWorkspace, append_entry
+
+from memd.core.descriptor import DescriptorError
+from memd.descriptor import Descriptors, read_window
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def write(folder: Path, **fields: Any) -> Path:
+    document = {
+        "format": "memd-agent",
+        "version": 1,
+        "agent": folder.name,
+        "model": "gpt-4o-mini",
+        "context_length": 4000,
+        "reserved": {"unit": "text", "text": "alpha beta"},
+    }
+    document.update(fields)
+    path = folder / "memd-agent.json"
+    temporary = folder / ".memd-agent.tmp"
+    temporary.write_text(json.dumps(document), encoding="utf-8")
+    os.replace(temporary, path)  # as memd_swarms writes it: a new inode each time
+    return path
+
+
+def test_absent_means_no_window(tmp_path: Path) -> None:
+    assert read_window(tmp_path, words) == (None, None)
+
+
+def test_symlinks_and_special_files_are_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write(elsewhere)
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "memd-agent.json").symlink_to(elsewhere / "memd-agent.json")
+    with pytest.raises(DescriptorError, match="a symlink; memd does not follow it"):
+        read_window(agent, words)
+    (agent / "memd-agent.json").unlink()
+    os.mkfifo(agent / "memd-agent.json")  # opening must not block on it
+    with pytest.raises(DescriptorError, match="not a regular file"):
+        read_window(agent, words)
+
+
+def test_descriptors_reread_only_a_changed_file_and_a_bad_one_costs_only_its_window(
+    tmp_path: Path,
+) -> None:
+    counted: list[str] = []
+
+    def counting(text: str) -> int:
+        counted.append(text)
+        return words(text)
+
+    descriptors = Descriptors(counting)
+    assert not descriptors.changed("ada", tmp_path)
+    write(tmp_path)
+    assert descriptors.changed("ada", tmp_path)
+    window = descriptors.window("ada", tmp_path)
+    assert window is not None and (window.context_length, window.reserved_tokens) == (4000, 2)
+    assert descriptors.window("ada", tmp_path) is window and len(counted) == 1
+    assert not descriptors.changed("ada", tmp_path)
+    write(tmp_path, context_length=9000)
+    assert descriptors.changed("ada", tmp_path)
+    window = descriptors.window("ada", tmp_path)
+    assert window is not None and window.context_length == 9000
+    (tmp_path / "memd-agent.json").write_text("{broken", encoding="utf-8")
+    assert descriptors.window("ada", tmp_path) is None
+    assert not descriptors.changed("ada", tmp_path)  # said once, not re-read every event
+
+
+def test_a_running_daemon_follows_an_agents_descriptor(
+    tmp_path: Path, cl100k: Callable[[str], int]
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("ada")
+    memory = ws.root / "agents" / "ada" / "MEMORY.md"
+    for n in range(30):
+        append_entry(memory, "Human" if n % 2 == 0 else "AI", f"ada turn {n}: " + "word " * 20)
+    config = tmp_path / "memd.toml"
+    config.write_text(
+        "[trigger]\ndebounce_ms = 40\nmax_wait_ms = 200\n[compaction]\ndrain_quiet_s = 0.05\n",
+        encoding="utf-8",
+    )
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        daemon.wait_ready()
+        # ~900 tokens against the default 200,000-token window: nothing to do.
+        assert daemon.events("compaction started") == []
+        # The agent declares a 1,024-token window (clamped up from 500, with a log
+        # line) reserving a little: memd sees the new file without any MEMORY.md
+        # change, and the agent is now over 0.9 × 1024 − reserved.
+        write(memory.parent, context_length=500, reserved={"unit": "text", "text": "x " * 40})
+        clamped = daemon.wait_for("agent descriptor clamped")
+        assert (
+            clamped["agent"] == "ada" and "context_length 500 clamped to 1024" in clamped["detail"]
+        )
+        read = daemon.wait_for("agent descriptor read")
+        assert (read["context_length"], read["reserved_tokens"]) == (1024, cl100k("x " * 40))
+        started = daemon.wait_for("compaction started", timeout=30)
+        assert started["agent"] == "ada"
+        daemon.wait_for("compacted", timeout=60)
+        # A descriptor memd cannot use is reported once and the agent keeps running.
+        (memory.parent / "memd-agent.json").write_text('{"format": "memd-agent", "version": 7}')
+        ignored = daemon.wait_for("agent descriptor ignored")
+        assert "version 7 is not one memd reads" in ignored["error"]
+        assert daemon.stop() == 0
