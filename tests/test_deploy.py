@@ -133,9 +133,25 @@ def test_agent_has_persistent_memory_and_its_own_compression_off() -> None:
     assert keywords["context_compression"] is False
 
 
-def test_agent_image_runs_the_agent_program() -> None:
-    dockerfile = (DEPLOY / "agent" / "Dockerfile").read_text(encoding="utf-8")
-    assert "COPY agent.py /app/agent.py" in dockerfile
+def test_agent_image_runs_the_agent_program_wired_with_memd_swarms(
+    compose: dict[str, Any],
+) -> None:
+    build = compose["services"]["agent"]["build"]
+    # Built from the repository root so it can install integrations/swarms.
+    assert (DEPLOY / build["context"]).resolve() == ROOT
+    assert build["dockerfile"] == "deploy/agent/Dockerfile"
+    dockerfile = (ROOT / build["dockerfile"]).read_text(encoding="utf-8")
+    assert "COPY deploy/agent/agent.py /app/agent.py" in dockerfile
+    assert "COPY integrations/swarms /tmp/memd-swarms" in dockerfile
+    assert re.search(r'pip install .*"swarms==\$\{SWARMS_VERSION\}" /tmp/memd-swarms', dockerfile)
+    # Its own ignore file keeps that context to what it copies (not the root's, which is memd's).
+    ignore = [
+        line
+        for line in (DEPLOY / "agent" / "Dockerfile.dockerignore").read_text("utf-8").splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert ignore[0] == "*" and {"!integrations/swarms/", "!deploy/agent/agent.py"} <= set(ignore)
+    assert "memd_swarms.attach(" in AGENT_SCRIPT.read_text(encoding="utf-8")
     assert 'ENTRYPOINT ["python", "/app/agent.py"]' in dockerfile
     assert re.search(r"^USER \$\{AGENT_UID\}:\$\{AGENT_GID\}$", dockerfile, re.MULTILINE)
 
@@ -172,6 +188,8 @@ def agent_env(workspace: Path, api_base: str) -> dict[str, str]:
         "OPENAI_BASE_URL": api_base,
         "OPENAI_API_KEY": "test-key",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        # This checkout's memd_swarms, as the image installs it beside swarms.
+        "PYTHONPATH": str(ROOT / "integrations" / "swarms" / "src"),
     }
 
 

@@ -5,7 +5,9 @@ of the agent. With ``persistent_memory=True`` Swarms appends every turn to
 ``$WORKSPACE_DIR/agents/{agent_name}/MEMORY.md`` and reloads it next time;
 ``context_compression=False`` turns off Swarms' own in-process compression,
 so the only writer that ever rewrites MEMORY.md is memd (atomically, without
-losing the turns appended while it summarizes).
+losing the turns appended while it summarizes). ``memd_swarms.attach`` makes
+the preloaded memory reach the model and keeps a long-running agent's context
+in step with memd's compactions (README, "Wiring a Swarms agent").
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import os
 import sys
 
+import memd_swarms
 from swarms import Agent
 
 
 def build_agent() -> Agent:
-    return Agent(
+    agent = Agent(
         agent_name=os.environ.get("AGENT_NAME", "research-agent"),
         model_name=os.environ.get("AGENT_MODEL", "gpt-4o-mini"),
         system_prompt=os.environ.get(
@@ -27,6 +30,7 @@ def build_agent() -> Agent:
         persistent_memory=True,  # MEMORY.md under $WORKSPACE_DIR/agents/{agent_name}/
         context_compression=False,  # memd compacts MEMORY.md; never both
     )
+    return memd_swarms.attach(agent)
 
 
 def main(argv: list[str]) -> int:
