@@ -45,6 +45,7 @@ from memd.core.memfile import (
     render_header,
     render_summary_block,
 )
+from memd.core.ownership import archive_access
 from memd.core.plan import (
     CORRUPT_PHASE,
     IDLE_PHASE,
@@ -84,6 +85,7 @@ from memd.fsutil import (
     read_range,
     read_to_end,
     sha256_prefix,
+    share_with_group,
     unlink_quiet,
     write_all,
     write_new_file,
@@ -488,10 +490,15 @@ class _Transaction:
 
     # -- commit ---------------------------------------------------------------
     def write_archive(self, snap: _Snapshot, cut: int) -> None:
+        # The agent may read (never change or delete) its own archives.
+        access = archive_access(snap.st_mode, snap.st_gid)
         archive_dir = _archive_dir_of(self.paths)
         self.created_archive_dir = ensure_dir_created(archive_dir)
+        if self.created_archive_dir:
+            share_with_group(archive_dir, access.dir_mode, access.gid)
         temp = self.paths.archive_temp
         st = write_new_file(temp, [snap.data[:cut]])
+        share_with_group(temp, access.file_mode, access.gid)
         self.checkpoint("archive-written")
         self.archive_ino = st.st_ino
         self.journal.write(

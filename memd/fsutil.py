@@ -76,6 +76,22 @@ def ensure_dir_created(path: Path, mode: int = PRIVATE_DIR_MODE) -> bool:
     return True
 
 
+def share_with_group(path: Path, mode: int, gid: int | None) -> None:
+    """Give ``path`` exactly ``mode`` and, when set, group ``gid``.
+
+    chmod is explicit because memd's umask (0077 under the shipped unit) masks
+    the mode given at creation; chown comes first because it may clear setgid.
+    A group memd may not give (not root, not a member) leaves ``path`` private:
+    memd's own group must never gain what was meant for the agent's.
+    """
+    if gid is not None:
+        try:
+            os.chown(path, -1, gid)
+        except PermissionError:
+            mode &= 0o700
+    os.chmod(path, mode)
+
+
 class ShortWrite(OSError):
     """``write_all`` failed part-way (ENOSPC is often short): ``written`` bytes landed."""
 

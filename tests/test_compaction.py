@@ -179,20 +179,39 @@ def test_link_unique_suffixes(tmp_path: Path) -> None:
     ]
 
 
-def test_new_file_keeps_mode_owner_and_private_dirs_are_private(
+def test_new_file_keeps_mode_owner_and_archives_are_readable_by_its_group_only(
     agent_ws: AgentWorkspace,
 ) -> None:
+    # DESIGN §1: the agent may read (not change or delete) its own archives;
+    # they are readable by exactly the group that can read its MEMORY.md.
     paths = agent_ws.create_agent("alpha", entries=3)
     paths.memory.chmod(0o664)
+    group = os.getegid()
     if os.geteuid() == 0:
         os.chown(paths.memory, 4321, 4321)
+        group = 4321
     compact_agent(paths, FixedSummarizer(), FAST)
     st = paths.memory.stat()
     assert stat.S_IMODE(st.st_mode) == 0o664
     if os.geteuid() == 0:
         assert (st.st_uid, st.st_gid) == (4321, 4321)
-    assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o700
+    folder = paths.archive_dir.stat()
+    assert stat.S_IMODE(folder.st_mode) == 0o2750
+    assert (folder.st_uid, folder.st_gid) == (os.geteuid(), group)
     assert stat.S_IMODE(paths.private_dir.stat().st_mode) == 0o700
+    archives = list(paths.archive_dir.iterdir())
+    assert archives
+    for archive in archives:
+        archived = archive.stat()
+        assert stat.S_IMODE(archived.st_mode) == 0o640
+        assert (archived.st_uid, archived.st_gid) == (os.geteuid(), group)
+
+
+def test_archives_of_a_memory_no_group_may_read_are_private(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=3)
+    paths.memory.chmod(0o600)
+    compact_agent(paths, FixedSummarizer(), FAST)
+    assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o700
     for archive in paths.archive_dir.iterdir():
         assert stat.S_IMODE(archive.stat().st_mode) == 0o600
 

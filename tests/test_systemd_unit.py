@@ -198,8 +198,12 @@ def test_tmpfiles_workspace_matches_the_unit(unit: list[tuple[str, str, str]]) -
     }
     assert workspace in paths
     assert f"{workspace}/agents" in paths
-    mode = paths[workspace][2]
-    assert int(mode, 8) & 0o2000, "the workspace must be setgid to the shared group"
+    agents_mode = int(paths[f"{workspace}/agents"][2], 8)
+    # Agent folders must keep their agents' own groups (isolation, DESIGN §1):
+    # agents/ is sticky (no agent removes another's folder), never setgid.
+    assert agents_mode & 0o1000, "agents/ must be sticky"
+    assert not agents_mode & 0o2000, "agents/ must not be setgid: folders would share a group"
+    assert not int(paths[workspace][2], 8) & 0o007, "others must not reach the workspace"
 
 
 # --- systemd's own tools -------------------------------------------------------------
@@ -332,10 +336,14 @@ def test_sysusers_and_tmpfiles_create_user_group_and_dirs(tmp_path: Path) -> Non
         timeout=60,
     )
     agents_gid = int(group["agents"][2])
-    for workspace_dir in (root / "srv/agents", root / "srv/agents/agents"):
-        info = workspace_dir.stat()
-        assert info.st_gid == agents_gid
-        assert info.st_mode & 0o7777 == 0o2770
+    workspace = (root / "srv/agents").stat()
+    assert workspace.st_gid == agents_gid
+    assert workspace.st_mode & 0o7777 == 0o750
+    # Sticky, not setgid: an agent's folder keeps the agent's own group (the
+    # isolation between agents; tests/test_agent_isolation.py runs it as uids).
+    agents_dir = (root / "srv/agents/agents").stat()
+    assert agents_dir.st_gid == agents_gid
+    assert agents_dir.st_mode & 0o7777 == 0o1770
     etc = (root / "etc/memd").stat()
     assert etc.st_gid == int(group["memd"][2])
     assert etc.st_mode & 0o777 == 0o750
