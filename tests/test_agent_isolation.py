@@ -99,8 +99,9 @@ def test_agent_reads_not_deletes_its_archives_and_others_read_nothing(
     made = as_user(ALICE, [AGENTS_GID], "/bin/mkdir", str(folder))
     assert made.returncode == 0, made.stderr
     memory = folder / "MEMORY.md"
-    for n in range(4):
-        assert append_as(ALICE, memory, entry("user", f"turn {n}: the build")).returncode == 0
+    chatter = " ".join(["we talked about the build at some length"] * 10)
+    for n in range(6):
+        assert append_as(ALICE, memory, entry("user", f"turn {n}: {chatter}")).returncode == 0
     assert stat.S_IMODE(folder.stat().st_mode) == 0o770
     assert folder.stat().st_gid == ALICE  # not the workspace's group
 
@@ -115,7 +116,7 @@ def test_agent_reads_not_deletes_its_archives_and_others_read_nothing(
     assert after.returncode == 0, after.stderr
     assert "after the compaction" in memory.read_text()
     read = as_user(ALICE, [AGENTS_GID], "/bin/cat", str(archive))
-    assert read.returncode == 0 and "turn 0: the build" in read.stdout
+    assert read.returncode == 0 and "turn 0: we talked" in read.stdout
     assert as_user(ALICE, [AGENTS_GID], "/bin/rm", "-f", str(archive)).returncode != 0
     assert archive.exists()
     written = as_user(ALICE, [AGENTS_GID], "/bin/sh", "-c", 'printf x >> "$0"', str(archive))
