@@ -196,7 +196,7 @@ def test_new_file_keeps_mode_owner_and_archives_are_readable_by_its_group_only(
     if os.geteuid() == 0:
         assert (st.st_uid, st.st_gid) == (4321, 4321)
     folder = paths.archive_dir.stat()
-    assert stat.S_IMODE(folder.st_mode) == 0o2750
+    assert stat.S_IMODE(folder.st_mode) == 0o750
     assert (folder.st_uid, folder.st_gid) == (os.geteuid(), group)
     assert stat.S_IMODE(paths.private_dir.stat().st_mode) == 0o700
     archives = list(paths.archive_dir.iterdir())

@@ -204,7 +204,14 @@ def booted_container(keep: bool) -> Iterator[Container]:
     container = Container(root, work / "console.log")
     try:
         container.boot()
-        yield container
+        try:
+            yield container
+        except BaseException:
+            # What the operator would look at first.
+            print("memd's journal, last lines:", flush=True)
+            tail = container.run("journalctl -u memd --no-pager -n 40", check=False).stdout
+            print(tail, flush=True)
+            raise
     finally:
         container.shutdown()
         if keep:

@@ -7,8 +7,8 @@ is: an archive is readable by exactly the group that can already read the
 MEMORY.md it came from (the agent's own group in the shipped layouts), never
 writable by it and never readable by others. A MEMORY.md no group may read
 gives private archives. The archive folder, when memd creates it, follows
-the same rule (setgid, so later archives keep the group); memd owns both, so
-deleting stays memd's job (`forget`, `prune`).
+the same rule; memd owns both, so deleting stays memd's job (`forget`,
+`prune`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 GROUP_READ_FILE = 0o640
-GROUP_READ_DIR = 0o2750  # setgid: archives linked into it keep the agent's group
+# Not setgid: the shipped unit's RestrictSUIDSGID= refuses that (EPERM), and
+# each archive gets its group explicitly anyway.
+GROUP_READ_DIR = 0o750
 
 
 @dataclass(frozen=True)

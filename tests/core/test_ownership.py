@@ -9,8 +9,8 @@ from memd.core.ownership import ArchiveAccess, archive_access
 
 
 def test_group_readable_memory_gives_group_readable_archives_in_its_group() -> None:
-    assert archive_access(0o100660, 1234) == ArchiveAccess(0o640, 0o2750, 1234)
-    assert archive_access(0o640, 55) == ArchiveAccess(0o640, 0o2750, 55)
+    assert archive_access(0o100660, 1234) == ArchiveAccess(0o640, 0o750, 1234)
+    assert archive_access(0o640, 55) == ArchiveAccess(0o640, 0o750, 55)
 
 
 def test_memory_no_group_may_read_gives_private_archives() -> None:
