@@ -71,19 +71,28 @@ def peer_credentials(conn: socket.socket) -> PeerCredentials:
 
 
 def check_access(workspace: Path, agent: str, uid: int) -> None:
-    """Refuse unless ``uid`` is root or owns the agent's MEMORY.md."""
-    paths = agent_paths(workspace, agent)
+    """Refuse unless ``uid`` is root or owns the agent's folder or its MEMORY.md.
+
+    The folder counts because a memd that is not root re-seeds MEMORY.md as
+    its own file (the agent keeps appending through its group), while the
+    agent's folder, which memd never replaces, stays the agent's.
+    """
     if uid == 0:
         return
-    memory = contained_path(paths.memory, paths.workspace, f"agent {agent!r} MEMORY.md")
+    paths = agent_paths(workspace, agent)
+    owners: set[int] = set()
     try:
-        owner = os.stat(memory).st_uid
+        owners.add(os.stat(paths.dir).st_uid)
     except FileNotFoundError:
+        raise RecallRefused(f"no agent {agent!r} in {workspace}") from None
+    memory = contained_path(paths.memory, paths.workspace, f"agent {agent!r} MEMORY.md")
+    with contextlib.suppress(FileNotFoundError):
+        owners.add(os.stat(memory).st_uid)
+    if uid not in owners:
         raise RecallRefused(
-            f"agent {agent!r} has no MEMORY.md, so no owner to check uid {uid} against"
-        ) from None
-    if owner != uid:
-        raise RecallRefused(f"uid {uid} may not read agent {agent!r}'s memory (not its owner)")
+            f"uid {uid} may not read agent {agent!r}'s memory "
+            "(it owns neither the agent's folder nor its MEMORY.md)"
+        )
 
 
 def _error(message: str) -> dict[str, Any]:

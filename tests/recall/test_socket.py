@@ -13,6 +13,7 @@ import pytest
 from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace, append_entry
 
+from memd.errors import UnknownAgent
 from memd.recall.client import ask
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import RecallSocketServer, check_access, socket_path_for
@@ -105,8 +106,23 @@ def test_access_rule(tmp_path: Path) -> None:
     with pytest.raises(PermissionError, match="uid 1001 may not read agent 'alpha'"):
         check_access(ws.root, "alpha", 1001)
     paths.memory.unlink()
-    with pytest.raises(PermissionError, match="no MEMORY.md"):
+    with pytest.raises(PermissionError, match="uid 1000 may not read agent 'alpha'"):
         check_access(ws.root, "alpha", 1000)
+    with pytest.raises(UnknownAgent, match="unknown agent 'ghost'"):
+        check_access(ws.root, "ghost", 1000)
+
+
+def test_access_after_a_non_root_memd_reseeded_memory(tmp_path: Path) -> None:
+    # Under the shipped unit memd re-seeds MEMORY.md as its own file; the
+    # agent's folder stays the agent's, and so does its recall.
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    os.chown(paths.dir, 1000, 1000)
+    os.chown(paths.memory, 4321, 1000)
+    check_access(ws.root, "alpha", 1000)
+    check_access(ws.root, "alpha", 4321)
+    with pytest.raises(PermissionError, match="uid 1001 may not read"):
+        check_access(ws.root, "alpha", 1001)
 
 
 def run_as(uid: int, socket_path: Path, agent: str, query: str) -> dict:
@@ -155,7 +171,7 @@ def test_the_daemons_socket_lets_each_uid_read_only_its_own_agent(tmp_path: Path
             assert other == {
                 "v": 1,
                 "ok": False,
-                "error": "uid 1000 may not read agent 'beta''s memory (not its owner)",
+                "error": "uid 1000 may not read agent 'beta''s memory (it owns neither the agent's folder nor its MEMORY.md)",
             }
             assert run_as(65534, path, "beta", "periwinkle")["ok"]
             assert not run_as(65534, path, "alpha", "periwinkle")["ok"]
