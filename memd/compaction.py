@@ -73,6 +73,7 @@ from memd.errors import (
     SummarizerError,
     UnderThreshold,
     WorkspaceError,
+    describe_error,
 )
 from memd.fsutil import (
     AgentLock,
@@ -751,13 +752,7 @@ def compact_agent(
     except MemdError:
         raise  # LockTimeout is also an OSError (TimeoutError); it speaks for itself
     except OSError as exc:
-        raise CompactionAborted(f"agent {paths.agent!r}: {_describe_os_error(exc)}") from exc
-
-
-def _describe_os_error(exc: OSError) -> str:
-    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-    where = f" ({exc.filename})" if isinstance(exc.filename, str) else ""
-    return f"{reason}{where}"
+        raise CompactionAborted(f"agent {paths.agent!r}: {describe_error(exc)}") from exc
 
 
 def _compact(
@@ -816,7 +811,7 @@ def _compact(
                 txn.rollback()
                 if isinstance(exc, OSError):
                     raise CompactionAborted(
-                        f"agent {paths.agent!r}: compaction rolled back: {_describe_os_error(exc)}"
+                        f"agent {paths.agent!r}: compaction rolled back: {describe_error(exc)}"
                     ) from exc
             raise
         # The "swapping" journal (new inode, copied_to) already lets recovery
@@ -841,7 +836,7 @@ def _compact(
             # keeps the drain offsets and the next run finishes it.
             raise CompactionAborted(
                 f"agent {paths.agent!r}: compaction committed ({txn.archive}) but moving "
-                f"late appends failed: {_describe_os_error(exc)}; the next run finishes it"
+                f"late appends failed: {describe_error(exc)}; the next run finishes it"
             ) from exc
         tokens_before = count_bytes(snap.data) if count_bytes and measure_tokens else None
         tokens_after = None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from memd.core.tokens import CountBytes, CountState, extend_count, full_count
 from memd.errors import MemdError
+from memd.fsutil import read_range
 
 WINDOW_BYTES = 4096
 
@@ -59,15 +60,8 @@ def _digest(data: bytes | memoryview) -> bytes:
 
 def _read_exact(fd: int, start: int, end: int) -> bytes | None:
     """Bytes ``start..end`` or None when the file got shorter while reading."""
-    chunks: list[bytes] = []
-    offset = start
-    while offset < end:
-        chunk = os.pread(fd, min(end - offset, 1 << 24), offset)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
+    data = read_range(fd, start, end)
+    return data if len(data) == end - start else None
 
 
 def _track(state: CountState, mtime_ns: int, data: bytes, data_start: int) -> TrackedCount:

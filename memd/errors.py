@@ -6,6 +6,19 @@ key, the file), so the CLI can print ``str(exc)`` as its single stderr line.
 
 from __future__ import annotations
 
+import os
+
+
+def describe_error(exc: BaseException, *, with_file: bool = True) -> str:
+    """One line for an error: an OSError's system text (and the file it names),
+    else the message memd's own errors already carry."""
+    if isinstance(exc, OSError) and not isinstance(exc, MemdError):
+        text = exc.strerror or (os.strerror(exc.errno) if exc.errno else "")
+        if text:
+            where = f" ({exc.filename})" if with_file and exc.filename else ""
+            return f"{text}{where}"
+    return str(exc) or type(exc).__name__
+
 
 class MemdError(Exception):
     """Base for errors memd reports to the operator as one line."""

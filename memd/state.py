@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from memd.core.jobs import StoredJobState
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 
 if TYPE_CHECKING:
     from memd.compaction import CompactionOutcome
@@ -315,7 +315,7 @@ class StateStore:
                 store = cls(conn, path, warnings)  # records the file's identity under the lock
         except (OSError, sqlite3.Error) as exc:
             message = (
-                f"state DB {path} is unusable ({_reason(exc)}); "
+                f"state DB {path} is unusable ({describe_error(exc, with_file=False)}); "
                 "using a temporary in-memory state (live figures and history unavailable)"
             )
             _log.warning(message)
@@ -367,7 +367,9 @@ class StateStore:
         except (OSError, sqlite3.Error) as exc:
             self._conn = _connect(":memory:")
             _create_schema(self._conn)
-            raise StateError(f"state DB {self.path}: cannot reopen: {_reason(exc)}") from None
+            raise StateError(
+                f"state DB {self.path}: cannot reopen: {describe_error(exc, with_file=False)}"
+            ) from None
 
     def _rebuild_after(self, exc: sqlite3.DatabaseError) -> None:
         # Corruption noticed while running (the file was damaged under us).
@@ -589,12 +591,6 @@ def _file_identity(path: Path | None) -> tuple[int, int] | None:
     except OSError:
         return None
     return result.st_dev, result.st_ino
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return str(exc)
 
 
 def _ensure_private_dir(state_dir: Path) -> None:

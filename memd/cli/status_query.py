@@ -23,6 +23,7 @@ from memd.cli.common import iso_utc
 from memd.core.config import MemdConfig, resolve_policy
 from memd.core.descriptor import AgentWindow, DescriptorError
 from memd.errors import MemdError
+from memd.modelinfo import context_length_for_model
 from memd.settings import LoadedConfig
 from memd.state import AgentRecord, FileKey, Heartbeat, StateStore
 from memd.workspace import AgentPaths, agent_paths, archives_of
@@ -80,13 +81,6 @@ def live_daemon(store: StateStore, config: MemdConfig, now: float) -> Heartbeat 
     if beat is None or not beat.is_fresh(now, heartbeat_max_age(config)) or not beat.pid_alive():
         return None
     return beat
-
-
-def _context_length_of(model: str) -> int | None:
-    # The model map is only read when an [agents."glob"] table names a model.
-    from memd.modelinfo import context_length_for_model
-
-    return context_length_for_model(model)
 
 
 def _last_compaction(store: StateStore, paths: AgentPaths) -> tuple[float | None, str | None]:
@@ -209,7 +203,9 @@ def collect_status(
             result.append(_error_row(name, str(info["error"]), beat))
             continue
         paths = maybe_paths
-        policy = resolve_policy(config, name, _context_length_of, _declared_window(paths, encoding))
+        policy = resolve_policy(
+            config, name, context_length_for_model, _declared_window(paths, encoding)
+        )
         window, reserved = policy.window_source, policy.reserved_tokens
         archives = len(archives_of(paths))
         record = info.get("record")

@@ -33,12 +33,11 @@ from memd.daemon.entries import (
     Tokenizer,
     changed_on_disk,
     check_contained,
-    reason_of,
 )
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.runner import Runner
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
 from memd.watcher import Watcher
 
@@ -98,7 +97,7 @@ def _pool_count(job: tuple[str, TrackedCount | None]) -> PoolResult:
     except FileNotFoundError:
         return None, CountKind.RECOUNTED, None
     except (OSError, MemdError, ValueError) as exc:
-        return None, CountKind.RECOUNTED, reason_of(exc)
+        return None, CountKind.RECOUNTED, describe_error(exc)
     return tracked, kind, None
 
 

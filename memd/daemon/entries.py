@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from memd.core.config import AgentPolicy
 from memd.core.jobs import AgentJob
 from memd.counting import CountKind, TrackedCount, count_file
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
 from memd.workspace import AgentPaths, contained_path
 
@@ -62,14 +62,6 @@ class RunStats:
     running: set[str] = field(default_factory=set)
     compactions_ok: int = 0
     compactions_failed: int = 0
-
-
-def reason_of(exc: BaseException) -> str:
-    """One line for an error: an OSError's text and file, else the message."""
-    if isinstance(exc, OSError) and not isinstance(exc, MemdError) and exc.strerror:
-        name = f" ({exc.filename})" if exc.filename else ""
-        return f"{exc.strerror}{name}"
-    return str(exc) or type(exc).__name__
 
 
 class _CountFailed(MemdError):
@@ -142,7 +134,7 @@ class EntryCounter:
             tracked, kind = None, CountKind.RECOUNTED
             self._on_erased(entry)
         except (OSError, MemdError, ValueError) as exc:
-            reason = reason_of(exc)
+            reason = describe_error(exc)
             if entry.count_error != reason:
                 _log.warning("cannot count MEMORY.md; will retry", agent=entry.name, error=reason)
             entry.count_error = reason
@@ -175,5 +167,4 @@ __all__ = [
     "Tokenizer",
     "changed_on_disk",
     "check_contained",
-    "reason_of",
 ]

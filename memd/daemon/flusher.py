@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from memd.core.jobs import JobState, stored_state
-from memd.daemon.entries import AgentEntry, RunStats, reason_of
+from memd.daemon.entries import AgentEntry, RunStats
 from memd.daemon.registry import AgentRegistry
+from memd.errors import describe_error
 from memd.logs import get_logger
 from memd.notify import SystemdNotifier
 
@@ -96,7 +97,7 @@ class StateFlusher:
                     )
             except Exception as exc:
                 self._registry.give_back(dirty, removed)
-                _log.warning("cannot write the state database", error=reason_of(exc))
+                _log.warning("cannot write the state database", error=describe_error(exc))
         if not final and status != self._last_status:
             self._last_status = status
             self._notifier.status(status)

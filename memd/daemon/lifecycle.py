@@ -23,7 +23,6 @@ waiting for a slow LLM call. SIGHUP reloads the config.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import signal
 import sys
@@ -43,14 +42,14 @@ from memd.daemon.entries import (
     EntryCounter,
     RunStats,
     Tokenizer,
-    reason_of,
 )
 from memd.daemon.flusher import StateFlusher
-from memd.daemon.registry import AgentRegistry, ContextLengthOf, RecoverFn
+from memd.daemon.registry import AgentRegistry, RecoverFn
 from memd.daemon.runner import CompactFn, Runner, SummarizerFactory
 from memd.descriptor import Descriptors
-from memd.errors import ConfigError, MemdError
+from memd.errors import ConfigError, MemdError, describe_error
 from memd.logs import LogFormat, configure_logging, get_logger
+from memd.modelinfo import context_length_for_model
 from memd.notify import SystemdNotifier
 from memd.recall.service import RecallService
 from memd.recall.socket_server import socket_path_for
@@ -85,15 +84,6 @@ class DaemonOptions:
     install_signal_handlers: bool = True
     # Applied to every loaded config, the first and each reload (``--demo``).
     config_transform: Callable[[MemdConfig], MemdConfig] | None = None
-
-
-def _context_length_lookup() -> ContextLengthOf | None:
-    try:
-        module = importlib.import_module("memd.modelinfo")
-    except ImportError:
-        return None
-    lookup: ContextLengthOf = module.context_length_for_model
-    return lookup
 
 
 def _default_compact() -> CompactFn:
@@ -147,7 +137,7 @@ class Daemon:
         self.started_at = time.time()
 
         self.registry = AgentRegistry(
-            self.workspace, self.config, recover or _default_recover(), _context_length_lookup()
+            self.workspace, self.config, recover or _default_recover(), context_length_for_model
         )
         self.stats = RunStats()
         # Built at start-up (they need the tokenizer and the state DB).
@@ -352,7 +342,9 @@ class Daemon:
         try:
             return {record.agent: record for record in store.agents()}
         except Exception as exc:
-            _log.warning("state database unreadable; counting every file", error=reason_of(exc))
+            _log.warning(
+                "state database unreadable; counting every file", error=describe_error(exc)
+            )
             return {}
 
     def _start_recall(self, stack: contextlib.ExitStack, runner: Runner) -> None:
@@ -393,7 +385,7 @@ class Daemon:
 
             server = start_metrics_server(port, self.config.metrics.bind)
         except Exception as exc:
-            _log.warning("metrics server not started", port=port, error=reason_of(exc))
+            _log.warning("metrics server not started", port=port, error=describe_error(exc))
             return
         self._metrics_server = server
         entry_counter.metrics = runner.metrics = server.metrics

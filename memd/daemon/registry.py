@@ -15,9 +15,9 @@ from pathlib import Path
 
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.names import is_valid_agent_name, validate_agent_name
-from memd.daemon.entries import AgentEntry, reason_of
+from memd.daemon.entries import AgentEntry
 from memd.descriptor import Descriptors
-from memd.errors import MemdError, UnknownAgent
+from memd.errors import MemdError, UnknownAgent, describe_error
 from memd.logs import get_logger
 from memd.workspace import (
     AGENTS_DIR,
@@ -267,7 +267,7 @@ class AgentRegistry:
         try:
             done = self._recover(entry.paths)
         except Exception as exc:
-            _log.error("recovery failed", agent=entry.name, error=reason_of(exc))
+            _log.error("recovery failed", agent=entry.name, error=describe_error(exc))
             return
         if done:
             _log.warning("recovered an interrupted compaction", agent=entry.name, action=done)

@@ -32,7 +32,7 @@ from memd.core.jobs import (
     on_success,
 )
 from memd.core.summary import Summarizer
-from memd.daemon.entries import AgentEntry, EntryCounter, RunStats, reason_of
+from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry
 from memd.errors import (
@@ -41,6 +41,7 @@ from memd.errors import (
     MemdError,
     NothingToCompact,
     UnderThreshold,
+    describe_error,
 )
 from memd.logs import get_logger
 from memd.scheduler import JobScheduler
@@ -337,7 +338,7 @@ class Runner:
             with self._registry.lock:
                 self._apply(entry, on_busy_elsewhere(entry.job, policy=policy, now=now))
             return
-        reason = reason_of(error)
+        reason = describe_error(error)
         self._stats.compactions_failed += 1
         if not isinstance(error, (MemdError, OSError)):
             _log.error(
@@ -387,7 +388,7 @@ class Runner:
         try:
             store.record_compaction(record)
         except Exception as exc:
-            _log.warning("cannot write the ledger", agent=entry.name, error=reason_of(exc))
+            _log.warning("cannot write the ledger", agent=entry.name, error=describe_error(exc))
 
 
 __all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "Runner", "SummarizerFactory", "WakeFn"]
