@@ -769,10 +769,11 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
             daemon.wait_for("stopping")
             time.sleep(0.5)
             assert daemon.proc is not None and daemon.proc.poll() is None  # still waiting
-            started = time.monotonic()
             daemon.signal(signal.SIGINT)
+            # Forced: it exits while the LLM call (scripted to answer after
+            # 30 s) is still in flight, without waiting for it.
             assert daemon.wait(15) == 130
-            assert time.monotonic() - started < 10
+            assert server.requests and not daemon.events("compacted")
         assert memory.read_bytes() == before
         assert not list((ws.root / "agents/slowpoke/archive").glob("history_*.md"))
 

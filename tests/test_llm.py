@@ -205,11 +205,10 @@ def test_unusable_answers_are_errors(
 
 def test_timeout(openai_server: OpenAITestServer) -> None:
     openai_server.script("sleep:10")
-    started = time.monotonic()
     with pytest.raises(SummarizerError) as caught:
         summarizer(openai_server, timeout_s=0.4).summarize(request())
-    assert time.monotonic() - started < 3
     assert "timed out after 0.4s" in assert_safe_error(caught.value)
+    assert len(openai_server.requests) == 1  # gave up on the one call, no retry
 
 
 def test_timeout_is_retried(openai_server: OpenAITestServer) -> None:
