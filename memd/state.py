@@ -25,13 +25,28 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
-from memd.core.jobs import StoredJobState
+from memd.core.jobs import AgentJob, StoredJobState, stored_state
+from memd.core.tokens import CountState
+from memd.counting import TrackedCount
 from memd.errors import MemdError, describe_error
 
-if TYPE_CHECKING:
-    from memd.compaction import CompactionOutcome
+
+class Outcome(Protocol):
+    """What the ledger keeps of a committed compaction (``CompactionOutcome``)."""
+
+    @property
+    def archive(self) -> Path: ...
+    @property
+    def tokens_before(self) -> int | None: ...
+    @property
+    def tokens_after(self) -> int | None: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def cost_usd(self) -> float | None: ...
+
 
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
@@ -138,6 +153,56 @@ class AgentRecord:
     window_start: int = 0
     window_digest: bytes | None = None
 
+    @classmethod
+    def of(
+        cls,
+        agent: str,
+        tracked: TrackedCount | None,
+        job: AgentJob,
+        *,
+        threshold_tokens: int,
+        count_error: str | None,
+        encoding: str,
+        now: float,
+    ) -> AgentRecord:
+        """The row for an agent's count and job (a count error reads as the state "error")."""
+        state = tracked.state if tracked is not None else None
+        return cls(
+            agent=agent,
+            dev=state.dev if state else 0,
+            ino=state.ino if state else 0,
+            size=state.size if state else 0,
+            safe_offset=state.safe_offset if state else 0,
+            safe_tokens=state.safe_tokens if state else 0,
+            tokens=tracked.tokens if tracked is not None else 0,
+            threshold_tokens=threshold_tokens,
+            updated_at=now,
+            state=stored_state(job, count_failed=count_error is not None),
+            last_error=count_error or job.last_error,
+            last_compaction_at=job.last_compaction_at,
+            consecutive_failures=job.consecutive_failures,
+            next_attempt_at=job.next_attempt_at,
+            mtime_ns=tracked.mtime_ns if tracked else 0,
+            encoding=encoding,
+            window_start=tracked.window_start if tracked else 0,
+            window_digest=tracked.window_digest if tracked else None,
+        )
+
+    def to_tracked(self, current_size: int) -> TrackedCount:
+        """The stored count as the counter tracks it, for a file now ``current_size``
+        long; its window digest is verified by the next incremental count, so a file
+        truncated and regrown past its old size is recounted."""
+        count = CountState(
+            dev=self.dev,
+            ino=self.ino,
+            size=self.size,
+            safe_offset=self.safe_offset,
+            safe_tokens=self.safe_tokens,
+            tail_tokens=self.tokens - self.safe_tokens,
+        )
+        mtime_ns = self.mtime_ns if current_size == self.size else 0
+        return TrackedCount(count, mtime_ns, self.window_start, self.window_digest)
+
 
 # One placeholder per AgentRecord field (the table's columns mirror them).
 _UPSERT_AGENT = (
@@ -171,7 +236,7 @@ class LedgerEntry:
         *,
         started_at: float,
         duration_s: float,
-        outcome: CompactionOutcome | None,
+        outcome: Outcome | None,
         error: str | None,
         model: str | None = None,
     ) -> LedgerEntry:

@@ -345,3 +345,29 @@ def test_follows_a_rebuild_by_another_process(tmp_path: Path, workspace: Path) -
     with StateStore.open(tmp_path / "s", workspace) as cli:
         assert cli.read_heartbeat() is not None
     daemon.close()
+
+
+def test_a_record_maps_to_and_from_the_counter_and_the_job(tmp_path: Path) -> None:
+    from memd.core.jobs import AgentJob, JobState
+    from memd.counting import count_file
+    from memd.tokenizer import TokenCounter
+
+    memory = tmp_path / "MEMORY.md"
+    memory.write_text("### Human — 2026-01-01T00:00:00\n\nhello there\n\n---\n\n" * 50)
+    tracked, _ = count_file(memory, None, TokenCounter("cl100k_base").count_bytes)
+    job = AgentJob(state=JobState.BACKOFF, consecutive_failures=2, last_error="boom")
+    row = AgentRecord.of(
+        "a", tracked, job, threshold_tokens=900, count_error=None, encoding="cl100k_base", now=5.0
+    )
+    assert (row.tokens, row.state, row.last_error, row.consecutive_failures) == (
+        tracked.tokens,
+        "error",  # the stored spelling of a backoff
+        "boom",
+        2,
+    )
+    assert row.to_tracked(tracked.size) == tracked  # same size: the whole count, mtime kept
+    assert row.to_tracked(tracked.size + 10).mtime_ns == 0  # grew: re-verified when extended
+    failed = AgentRecord.of(
+        "a", None, AgentJob(), threshold_tokens=900, count_error="EACCES", encoding="x", now=5.0
+    )
+    assert (failed.tokens, failed.state, failed.last_error) == (0, "error", "EACCES")

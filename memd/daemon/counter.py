@@ -24,7 +24,6 @@ from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
 from memd.core.jobs import restored_job
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
-from memd.core.tokens import CountState
 from memd.counting import CountKind, TrackedCount, count_file
 from memd.daemon.entries import (
     AgentEntry,
@@ -333,22 +332,7 @@ class CountService:
         )
         if trust is StoredCountTrust.RECOUNT:
             return False
-        count = CountState(
-            dev=record.dev,
-            ino=record.ino,
-            size=record.size,
-            safe_offset=record.safe_offset,
-            safe_tokens=record.safe_tokens,
-            tail_tokens=record.tokens - record.safe_tokens,
-        )
-        # The stored window digest is verified by the next incremental count,
-        # so a file truncated and regrown past its old size is recounted.
-        entry.tracked = TrackedCount(
-            count,
-            record.mtime_ns if info.st_size == record.size else 0,
-            record.window_start,
-            record.window_digest,
-        )
+        entry.tracked = record.to_tracked(info.st_size)
         if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
         entry.dirty = False

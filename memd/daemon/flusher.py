@@ -10,15 +10,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from memd.core.jobs import JobState, stored_state
-from memd.daemon.entries import AgentEntry, RunStats
+from memd.core.jobs import JobState
+from memd.daemon.entries import RunStats
 from memd.daemon.registry import AgentRegistry
 from memd.errors import describe_error
 from memd.logs import get_logger
 from memd.notify import SystemdNotifier
+from memd.state import AgentRecord
 
 if TYPE_CHECKING:
-    from memd.state import AgentRecord, StateStore
+    from memd.state import StateStore
 
 _log = get_logger("memd.daemon")
 
@@ -78,7 +79,18 @@ class StateFlusher:
         now = time.time()
         with self._registry.lock:
             dirty, removed = self._registry.take_changes()
-            records = [self._record_of(entry, now) for entry in dirty]
+            records = [
+                AgentRecord.of(
+                    entry.name,
+                    entry.tracked,
+                    entry.job,
+                    threshold_tokens=entry.policy.threshold_tokens,
+                    count_error=entry.count_error,
+                    encoding=self._encoding,
+                    now=now,
+                )
+                for entry in dirty
+            ]
         status = self.status_text()
         if self.store is not None:
             try:
@@ -101,32 +113,6 @@ class StateFlusher:
         if not final and status != self._last_status:
             self._last_status = status
             self._notifier.status(status)
-
-    def _record_of(self, entry: AgentEntry, now: float) -> AgentRecord:
-        from memd.state import AgentRecord
-
-        state = entry.tracked.state if entry.tracked is not None else None
-        job = entry.job
-        return AgentRecord(
-            agent=entry.name,
-            dev=state.dev if state else 0,
-            ino=state.ino if state else 0,
-            size=state.size if state else 0,
-            safe_offset=state.safe_offset if state else 0,
-            safe_tokens=state.safe_tokens if state else 0,
-            tokens=entry.tokens,
-            threshold_tokens=entry.policy.threshold_tokens,
-            updated_at=now,
-            state=stored_state(job, count_failed=entry.count_error is not None),
-            last_error=entry.count_error or job.last_error,
-            last_compaction_at=job.last_compaction_at,
-            consecutive_failures=job.consecutive_failures,
-            next_attempt_at=job.next_attempt_at,
-            mtime_ns=entry.tracked.mtime_ns if entry.tracked else 0,
-            encoding=self._encoding,
-            window_start=entry.tracked.window_start if entry.tracked else 0,
-            window_digest=entry.tracked.window_digest if entry.tracked else None,
-        )
 
     def status_text(self) -> str:
         with self._registry.lock:
