@@ -8,6 +8,7 @@ resolves inside the workspace.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,23 +112,85 @@ def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> Agen
     )
 
 
+def scan_agents(
+    workspace: Path, on_invalid: Callable[[os.DirEntry[str]], None] | None = None
+) -> dict[str, bool]:
+    """Agent folder names under ``agents/`` (valid names only) -> is it a symlink.
+
+    One ``scandir`` keeps what it already knows, so a 10,000-agent workspace
+    costs one directory read, not 10,000 lstats. Entries whose names cannot be
+    agent names go to ``on_invalid`` (the daemon says so, once).
+    """
+    found: dict[str, bool] = {}
+    try:
+        listing = os.scandir(workspace / AGENTS_DIR)
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    with listing:
+        for item in listing:
+            if not is_valid_agent_name(item.name):
+                if on_invalid is not None:
+                    on_invalid(item)
+                continue
+            try:
+                if item.is_dir(follow_symlinks=True):
+                    found[item.name] = item.is_symlink()
+            except OSError:
+                continue
+    return found
+
+
 def list_agents(workspace: Path) -> list[str]:
     """Agent folder names under ``agents/`` (valid names only), sorted."""
-    agents_dir = workspace / AGENTS_DIR
+    return sorted(scan_agents(workspace))
+
+
+def agent_paths_scanned(
+    workspace: Path,
+    agent: str,
+    *,
+    root: Path,
+    is_link: bool | None = None,
+    agents_dir_plain: bool = False,
+) -> tuple[AgentPaths, bool]:
+    """:func:`agent_paths` with a fast path, and whether the agent has a ``.memd/``
+    dir (maybe a crashed job). ``root`` is ``workspace`` resolved.
+
+    ``agent_paths`` resolves every path to refuse symlinks that escape the
+    workspace: ~20 syscalls per agent, seconds for 10,000 agents at start-up.
+    When ``agents/`` itself is a plain folder (``agents_dir_plain``) and the
+    agent folder is not a link, one ``scandir`` of it tells which entries are
+    symlinks; only then is the full check needed.
+    """
+    agent_dir = root / AGENTS_DIR / agent
+    if is_link is None:
+        is_link = agent_dir.is_symlink()
+    if not agents_dir_plain or is_link or not is_valid_agent_name(agent):
+        paths = agent_paths(workspace, agent)
+        return paths, paths.private_dir.is_dir()
     try:
-        entries = list(os.scandir(agents_dir))
+        with os.scandir(agent_dir) as listing:
+            special = {
+                item.name: item.is_symlink()
+                for item in listing
+                if item.name in (MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR)
+            }
+    except NotADirectoryError:
+        raise UnknownAgent(f"unknown agent {agent!r}: {agent_dir} is not a folder") from None
     except FileNotFoundError:
-        return []
-    names = []
-    for entry in entries:
-        if not is_valid_agent_name(entry.name):
-            continue
-        try:
-            if entry.is_dir(follow_symlinks=True):
-                names.append(entry.name)
-        except OSError:
-            continue
-    return sorted(names)
+        raise UnknownAgent(f"unknown agent {agent!r}: no folder {agent_dir}") from None
+    if any(special.values()):
+        paths = agent_paths(workspace, agent)
+        return paths, paths.private_dir.is_dir()
+    paths = AgentPaths(
+        workspace=root,
+        agent=agent,
+        dir=agent_dir,
+        memory=agent_dir / MEMORY_FILE,
+        archive_dir=agent_dir / ARCHIVE_DIR,
+        private_dir=agent_dir / PRIVATE_DIR,
+    )
+    return paths, PRIVATE_DIR in special
 
 
 def archives_of(paths: AgentPaths) -> list[Path]:
@@ -167,8 +230,10 @@ __all__ = [
     "AgentPaths",
     "UnknownAgent",
     "agent_paths",
+    "agent_paths_scanned",
     "archives_of",
     "list_agents",
     "require_workspace",
     "resolve_agents",
+    "scan_agents",
 ]

@@ -14,19 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
-from memd.core.names import is_valid_agent_name, validate_agent_name
+from memd.core.names import validate_agent_name
 from memd.daemon.entries import AgentEntry
 from memd.descriptor import Descriptors
-from memd.errors import MemdError, UnknownAgent, describe_error
+from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
-from memd.workspace import (
-    AGENTS_DIR,
-    ARCHIVE_DIR,
-    MEMORY_FILE,
-    PRIVATE_DIR,
-    AgentPaths,
-    agent_paths,
-)
+from memd.workspace import AGENTS_DIR, AgentPaths, agent_paths_scanned, scan_agents
 
 _log = get_logger("memd.daemon")
 
@@ -169,27 +162,8 @@ class AgentRegistry:
     # --------------------------------------------------------------------- scan
 
     def scan(self) -> dict[str, bool]:
-        """Agent folder names under ``agents/`` (valid names only) -> is it a symlink.
-
-        Like ``workspace.list_agents`` but keeps what ``scandir`` already knows,
-        so a 10,000-agent workspace costs one directory read, not 10,000 lstats.
-        """
-        found: dict[str, bool] = {}
-        try:
-            listing = os.scandir(self._root / AGENTS_DIR)
-        except (FileNotFoundError, NotADirectoryError):
-            return found
-        with listing:
-            for item in listing:
-                if not is_valid_agent_name(item.name):
-                    self._note_invalid_name(item)
-                    continue
-                try:
-                    if item.is_dir(follow_symlinks=True):
-                        found[item.name] = item.is_symlink()
-                except OSError:
-                    continue
-        return found
+        """Agent folder names under ``agents/`` (valid names only) -> is it a symlink."""
+        return scan_agents(self._root, self._note_invalid_name)
 
     def _note_invalid_name(self, item: os.DirEntry[str]) -> None:
         # Hidden entries (.git, .DS_Store) are expected; anything else that
@@ -208,48 +182,15 @@ class AgentRegistry:
                 self._rejected[item.name] = str(exc)
                 _log.warning("agent skipped", agent=repr(item.name), error=str(exc))
 
-    def _paths_of(self, name: str, is_link: bool | None = None) -> tuple[AgentPaths, bool]:
-        """The agent's paths and whether it has a ``.memd/`` dir (maybe a crashed job).
-
-        ``agent_paths`` resolves every path to refuse symlinks that escape the
-        workspace: ~20 syscalls per agent, seconds for 10,000 agents at start-up.
-        One ``scandir`` of the agent folder tells which entries are symlinks;
-        only then is the full check needed.
-        """
-        root = self._root
-        agent_dir = self._agents_root / name
-        if is_link is None:
-            is_link = agent_dir.is_symlink()
-        if not self._agents_dir_plain or is_link or not is_valid_agent_name(name):
-            paths = agent_paths(self.workspace, name)
-            return paths, paths.private_dir.is_dir()
-        try:
-            with os.scandir(agent_dir) as listing:
-                special = {
-                    item.name: item.is_symlink()
-                    for item in listing
-                    if item.name in (MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR)
-                }
-        except NotADirectoryError:
-            raise UnknownAgent(f"unknown agent {name!r}: {agent_dir} is not a folder") from None
-        except FileNotFoundError:
-            raise UnknownAgent(f"unknown agent {name!r}: no folder {agent_dir}") from None
-        if any(special.values()):
-            paths = agent_paths(self.workspace, name)
-            return paths, paths.private_dir.is_dir()
-        paths = AgentPaths(
-            workspace=root,
-            agent=name,
-            dir=agent_dir,
-            memory=agent_dir / MEMORY_FILE,
-            archive_dir=agent_dir / ARCHIVE_DIR,
-            private_dir=agent_dir / PRIVATE_DIR,
-        )
-        return paths, PRIVATE_DIR in special
-
     def make_entry(self, name: str, is_link: bool | None = None) -> AgentEntry | None:
         try:
-            paths, has_private = self._paths_of(name, is_link)
+            paths, has_private = agent_paths_scanned(
+                self.workspace,
+                name,
+                root=self._root,
+                is_link=is_link,
+                agents_dir_plain=self._agents_dir_plain,
+            )
         except (MemdError, OSError) as exc:
             reason = str(exc)
             if self._rejected.get(name) != reason:
