@@ -1,0 +1,135 @@
+"""Prompt tokens per request of a long-running real Swarms agent: without memd, with memd
+alone, and with memd + memd_swarms (issue 10).
+
+One agent process per situation runs TURNS tasks in a row (swarms 16.0.3 in its
+own venv, MEMD_SWARMS_PYTHON) against a local OpenAI-compatible server that
+records every request; prompt tokens are the request's message contents counted
+with cl100k_base. memd runs as a real ``memd run`` beside it with a fleet-wide
+window of CONTEXT tokens and threshold 0.5; with memd_swarms the agent declares
+that same window (Agent(context_length=CONTEXT)) in memd-agent.json, so memd
+needs no per-agent config.
+
+    MEMD_SWARMS_PYTHON=/path/to/swarms-venv/bin/python \\
+        .venv/bin/python bench/bench_swarms.py [--turns 300] [--context 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.daemon_proc import DaemonProcess
+from support.openai_server import OpenAITestServer
+from support.swarms import SwarmsAgent, swarms_python
+
+from memd.tokenizer import TokenCounter
+
+SYSTEM_PROMPT = "You are the benchmark agent. Answer briefly."
+TASK = "turn {i}: the user reports progress on item {i} of the quarterly plan. " * 3
+
+
+def percentile(values: list[int], share: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def run_situation(
+    root: Path, name: str, turns: int, context: int, *, memd: bool, attach: bool
+) -> dict[str, Any]:
+    workspace = root / name / "ws"
+    workspace.mkdir(parents=True)
+    config = root / name / "memd.toml"
+    # A short cooldown: a compaction that ends above the low-water mark (turns
+    # drained while it ran) would otherwise pause memd for the default 60 s.
+    config.write_text(
+        f"[trigger]\nthreshold = 0.5\ncontext_length = {context}\n"
+        "debounce_ms = 50\nmax_wait_ms = 200\n"
+        "[compaction]\ndrain_quiet_s = 0.1\ndrain_max_s = 2\n[daemon]\ncooldown_s = 0.5\n",
+        encoding="utf-8",
+    )
+    spec = {
+        "agent": "bench",
+        "system_prompt": SYSTEM_PROMPT,
+        "turns": turns,
+        "task": TASK,
+        "pause_s": 0.05,
+        "context_length": context,
+        "attach": attach,
+    }
+    counter = TokenCounter("cl100k_base")
+    with OpenAITestServer() as server:
+        daemon = DaemonProcess(workspace, root / name / "state", config=config) if memd else None
+        try:
+            if daemon is not None:
+                daemon.start()
+                daemon.wait_ready()
+            with SwarmsAgent(workspace, server.api_base, spec) as agent:
+                report = agent.finish(timeout=3600)
+            compactions = len(daemon.events("compacted")) if daemon is not None else 0
+            threshold = None
+            if daemon is not None:
+                read = daemon.events("agent descriptor read")
+                reserved = read[-1]["reserved_tokens"] if read else 0
+                threshold = int(0.5 * context) - reserved
+                daemon.stop()
+        finally:
+            if daemon is not None:
+                daemon.kill()
+        sizes = [
+            sum(counter.count_text(str(m.get("content") or "")) for m in request.messages)
+            for request in server.requests
+        ]
+    return {
+        "name": name,
+        "requests": len(sizes),
+        "median": int(statistics.median(sizes)),
+        "p95": percentile(sizes, 0.95),
+        "max": max(sizes),
+        "last": sizes[-1],
+        "compactions": compactions,
+        "rebuilds": report["rebuilds"],
+        "threshold": threshold,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--context", type=int, default=4000, help="the agent's context length")
+    args = parser.parse_args()
+    if swarms_python() is None:
+        print("swarms is not installed: set MEMD_SWARMS_PYTHON", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench-swarms-") as scratch:
+        root = Path(scratch)
+        rows = [
+            run_situation(root, "no memd", args.turns, args.context, memd=False, attach=False),
+            run_situation(root, "memd alone", args.turns, args.context, memd=True, attach=False),
+            run_situation(
+                root, "memd + memd_swarms", args.turns, args.context, memd=True, attach=True
+            ),
+        ]
+    print(
+        f"\n{args.turns} turns in one process, context {args.context}, threshold 0.5; "
+        "prompt tokens per request (cl100k_base)"
+    )
+    columns = ("median", "p95", "max", "last")
+    header = f"{'situation':<20} " + " ".join(f"{c:>7}" for c in columns)
+    print(header + f" {'compactions':>12} {'memd threshold':>15}")
+    for row in rows:
+        threshold = "-" if row["threshold"] is None else str(row["threshold"])
+        print(
+            f"{row['name']:<20} {row['median']:>7} {row['p95']:>7} {row['max']:>7} "
+            f"{row['last']:>7} {row['compactions']:>12} {threshold:>15}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
