@@ -176,6 +176,13 @@ def _missing_credentials(litellm: ModuleType, kwargs: dict[str, Any]) -> list[st
 
 
 _MIN_CHUNK_TOKENS: Final = 128
+_TRUNCATED: Final = "summary truncated (finish_reason=length)"
+
+
+class _Truncated(SummarizerError):
+    """The model ran out of output tokens (DESIGN §2: a failure, never a summary)."""
+
+
 _logger = logging.getLogger("memd.summarizer")
 
 
@@ -317,7 +324,19 @@ class LiteLLMSummarizer:
                 part=part,
                 parts=parts,
             )
-            result = self._call(messages, limits.output_tokens, agent, litellm)
+            # A cut-off answer is asked once more for a summary half as long;
+            # a second cut-off answer fails the compaction (nothing changes).
+            retry_messages = build_rolling_messages(
+                summary,
+                chunk.texts,
+                summary_max_tokens=limits.output_tokens // 2,
+                instructions=request.instructions,
+                part=part,
+                parts=parts,
+            )
+            result = self._call_once_more_if_cut(
+                messages, limits.output_tokens, agent, litellm, retry_messages
+            )
             reply_tokens = self._count_text(result.text)
             if reply_tokens < degenerate_floor(chunk.tokens):
                 raise SummarizerError(
@@ -363,6 +382,20 @@ class LiteLLMSummarizer:
             kwargs["api_key"] = api_key  # else: the provider's usual env var
         return kwargs
 
+    def _call_once_more_if_cut(
+        self,
+        messages: list[ChatMessage],
+        max_tokens: int,
+        agent: str,
+        litellm: ModuleType,
+        shorter: list[ChatMessage],
+    ) -> SummaryResult:
+        try:
+            return self._call(messages, max_tokens, agent, litellm)
+        except _Truncated:
+            pass  # out of the except block: the second error chains nothing
+        return self._call(shorter, max_tokens, agent, litellm)
+
     def _call(
         self, messages: list[ChatMessage], max_tokens: int, agent: str, litellm: ModuleType
     ) -> SummaryResult:
@@ -405,9 +438,9 @@ class LiteLLMSummarizer:
         choice = choices[0]
         finish_reason = _field(choice, "finish_reason")
         if finish_reason == "length":
-            raise fail(
-                "summary truncated (finish_reason=length): raise summarizer.max_tokens "
-                "or ask for a shorter summary"
+            raise _Truncated(
+                f"summarizer {self.model!r} failed for agent {agent!r}: {_TRUNCATED}: raise "
+                "summarizer.max_tokens or ask for a shorter summary"
             )
         content = _field(_field(choice, "message"), "content")
         if content is None:

@@ -196,11 +196,25 @@ def test_non_retryable_errors_fail_at_once(
 def test_unusable_answers_are_errors(
     openai_server: OpenAITestServer, behaviour: str, reason: str
 ) -> None:
-    openai_server.script(behaviour)
+    # A cut-off answer is re-asked once (shorter); a second one fails.
+    asks = 2 if behaviour == "length" else 1
+    openai_server.script(*[behaviour] * asks)
     with pytest.raises(SummarizerError) as caught:
         summarizer(openai_server, retries=2).summarize(request())
     assert reason in assert_safe_error(caught.value)
-    assert len(openai_server.requests) == 1  # a bad answer is not retried here
+    assert len(openai_server.requests) == asks  # a bad answer is not retried otherwise
+
+
+def test_a_truncated_answer_is_re_asked_once_for_a_shorter_summary(
+    openai_server: OpenAITestServer,
+) -> None:
+    openai_server.script("length")
+    result = summarizer(openai_server).summarize(request(max_tokens=400))
+    assert result.text.startswith(SUMMARY_PREFIX)
+    first, second = openai_server.requests
+    assert "under 300 tokens" in first.messages[0]["content"]
+    assert "under 150 tokens" in second.messages[0]["content"]
+    assert second.body["max_tokens"] == first.body["max_tokens"] == 400
 
 
 def test_timeout(openai_server: OpenAITestServer) -> None:
