@@ -48,6 +48,9 @@ class SummarizerConfig(_Section):
         0, ge=0, le=10_000_000, description="the summarizer model's window (0 = derive)"
     )
     max_calls: int = Field(8, ge=1, le=1_000, description="model calls per compaction")
+    fallback_after: int = Field(
+        3, ge=0, le=1_000, description="failures of a remote model before the builtin (0 = never)"
+    )
     summary_tokens: int = Field(
         0, ge=0, le=1_000_000, description="summary budget (0 = a share of the threshold)"
     )

@@ -45,6 +45,7 @@ from memd.errors import (
 )
 from memd.logs import get_logger
 from memd.scheduler import JobScheduler
+from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
@@ -198,6 +199,27 @@ class Runner:
 
     # ----------------------------------------------------------------- compact
 
+    def _summarizer_for(self, agent: str, failures: int) -> Summarizer:
+        """The configured summarizer, or the builtin one once a remote model kept failing.
+
+        A model that is down (or keeps answering "ok") must not let an agent's
+        memory outgrow its window: after ``summarizer.fallback_after``
+        consecutive failures the agent is compacted offline; the next
+        compaction tries the model again.
+        """
+        summarizer = self._get_summarizer()
+        after = self.config.summarizer.fallback_after
+        model = getattr(summarizer, "model", BUILTIN_MODEL)
+        if after and failures >= after and model != BUILTIN_MODEL:
+            _log.warning(
+                "summarizer failing; compacting with the builtin summarizer",
+                agent=agent,
+                model=model,
+                failures=failures,
+            )
+            return BuiltinSummarizer(self._counter.tokenizer.count_text)
+        return summarizer
+
     def _get_summarizer(self) -> Summarizer:
         with self._registry.lock:
             if self._summarizer is None:
@@ -234,6 +256,7 @@ class Runner:
             entry.dirty = True
             self._stats.running.add(name)
             tokens_before = entry.tokens
+            failures = entry.job.consecutive_failures
             # The transaction re-checks this count under the agent's lock.
             threshold = ThresholdCheck(entry.tracked, entry.policy.threshold_tokens)
         _log.info("compaction started", agent=name, tokens=tokens_before)
@@ -244,7 +267,7 @@ class Runner:
         try:
             outcome = self._compact(
                 entry.paths,
-                self._get_summarizer(),
+                self._summarizer_for(name, failures),
                 self._compaction_options(entry.policy),
                 count_bytes=self._counter.tokenizer.count_bytes,
                 abort=self.abort,

@@ -98,11 +98,13 @@ class ScriptedCompaction:
     def __init__(self, *script: str) -> None:
         self.script = list(script)
         self.calls: list[str] = []
+        self.models: list[str | None] = []  # the summarizer each call was given
         self.during: Callable[[AgentPaths], None] | None = None
 
-    def __call__(self, paths: AgentPaths, _summarizer: Any, _options: Any, **_kw: Any) -> Any:
+    def __call__(self, paths: AgentPaths, summarizer: Any, _options: Any, **_kw: Any) -> Any:
         behaviour = self.script.pop(0) if self.script else "ok"
         self.calls.append(paths.agent)
+        self.models.append(getattr(summarizer, "model", None))
         if behaviour == "fail":
             raise SummarizerError(f"agent {paths.agent!r}: scripted failure")
         if behaviour == "nothing":
@@ -166,7 +168,10 @@ class Services:
 
 
 def build_services(
-    ws: AgentWorkspace, compact: ScriptedCompaction, extra: dict[str, Any] | None = None
+    ws: AgentWorkspace,
+    compact: ScriptedCompaction,
+    extra: dict[str, Any] | None = None,
+    summarizer: Any = None,
 ) -> Services:
     data = {k: dict(v) for k, v in CONFIG.items()}
     for key, value in (extra or {}).items():
@@ -190,7 +195,7 @@ def build_services(
         flusher,
         stats,
         compact,  # type: ignore[arg-type]
-        lambda _config, _count: None,  # type: ignore[arg-type,return-value]
+        lambda _config, _count: summarizer,
         wake=lambda agent: services[0].request_count(agent),
         clock=clock,
     )
