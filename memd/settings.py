@@ -38,6 +38,47 @@ class LoadedConfig:
     env_overrides: tuple[str, ...]  # names of MEMD_* vars that applied
 
 
+# -- where memd keeps its files: each setting in one small function,
+#    argument → environment → default (watchfiles' shape).
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``MEMD_STATE_DIR``, else systemd's ``$STATE_DIRECTORY``, else ``~/.local/state/memd``."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("MEMD_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    systemd = env.get("STATE_DIRECTORY")
+    if systemd:
+        # systemd passes every StateDirectory= entry, colon-separated.
+        return Path(systemd.split(":")[0])
+    home = env.get("HOME")
+    base = Path(home) if home else Path.home()
+    return base / ".local" / "state" / "memd"
+
+
+def resolve_state_dir(
+    flag: Path | None, configured: str, environ: Mapping[str, str] | None = None
+) -> Path:
+    """``--state-dir`` > config ``state_dir`` (which ``MEMD_STATE_DIR`` also sets) > default."""
+    if flag is not None:
+        return flag.expanduser()
+    if configured:
+        return Path(configured).expanduser()
+    return default_state_dir(environ)
+
+
+def resolve_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``MEMD_CACHE_DIR``, else systemd's ``$CACHE_DIRECTORY``, else the XDG cache."""
+    env = os.environ if environ is None else environ
+    if env.get("MEMD_CACHE_DIR"):
+        return Path(env["MEMD_CACHE_DIR"])
+    if env.get("CACHE_DIRECTORY"):
+        return Path(env["CACHE_DIRECTORY"].split(":")[0])
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "memd"
+
+
 def find_config_file(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
     if explicit is not None:
         return explicit

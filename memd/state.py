@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
@@ -303,32 +303,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``MEMD_STATE_DIR``, else systemd's ``$STATE_DIRECTORY``, else ``~/.local/state/memd``."""
-    env = os.environ if environ is None else environ
-    explicit = env.get("MEMD_STATE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    systemd = env.get("STATE_DIRECTORY")
-    if systemd:
-        # systemd passes every StateDirectory= entry, colon-separated.
-        return Path(systemd.split(":")[0])
-    home = env.get("HOME")
-    base = Path(home) if home else Path.home()
-    return base / ".local" / "state" / "memd"
-
-
-def resolve_state_dir(
-    flag: Path | None, configured: str, environ: Mapping[str, str] | None = None
-) -> Path:
-    """``--state-dir`` > config ``state_dir`` (which ``MEMD_STATE_DIR`` also sets) > default."""
-    if flag is not None:
-        return flag.expanduser()
-    if configured:
-        return Path(configured).expanduser()
-    return default_state_dir(environ)
 
 
 def state_db_path(state_dir: Path, workspace: Path) -> Path:
@@ -772,8 +746,6 @@ __all__ = [
     "StateError",
     "StateStore",
     "Trigger",
-    "default_state_dir",
     "pid_alive",
-    "resolve_state_dir",
     "state_db_path",
 ]

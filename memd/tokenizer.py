@@ -21,7 +21,6 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 from memd.core.tokens import safe_chunk_bounds
 from memd.errors import TokenizerError
 from memd.litellm_data import litellm_file
+from memd.settings import resolve_cache_dir
 
 if TYPE_CHECKING:
     import tiktoken
@@ -171,22 +171,11 @@ def load_encoding(name: str) -> tiktoken.Encoding:
 _PARSED_FORMAT: Final = 2
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``MEMD_CACHE_DIR``, else systemd's ``$CACHE_DIRECTORY``, else the XDG cache."""
-    env = os.environ if environ is None else environ
-    if env.get("MEMD_CACHE_DIR"):
-        return Path(env["MEMD_CACHE_DIR"])
-    if env.get("CACHE_DIRECTORY"):
-        return Path(env["CACHE_DIRECTORY"].split(":")[0])
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "memd"
-
-
 def _parsed_path(name: str, bpe: _BpeFile) -> Path:
     import tiktoken
 
     version = getattr(tiktoken, "__version__", "0")
-    return cache_dir() / f"tiktoken-{name}-{bpe.sha256[:16]}-{version}.ranks"
+    return resolve_cache_dir() / f"tiktoken-{name}-{bpe.sha256[:16]}-{version}.ranks"
 
 
 def _load_parsed(name: str, bpe: _BpeFile) -> tiktoken.Encoding | None:

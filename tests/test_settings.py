@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from memd.errors import ConfigError
-from memd.settings import build_config, load_settings, resolve_workspace
+from memd.settings import (
+    build_config,
+    default_state_dir,
+    load_settings,
+    resolve_cache_dir,
+    resolve_state_dir,
+    resolve_workspace,
+)
 
 
 def write(path: Path, text: str) -> Path:
@@ -128,3 +135,21 @@ def test_summary_budgets_that_cannot_fit_the_low_water_mark_are_refused() -> Non
         build_config(small, {})
     with pytest.raises(ConfigError, match="summarizer.max_calls"):
         build_config({"summarizer": {"max_calls": 0}}, {})
+
+
+def test_default_state_dir_precedence(tmp_path: Path) -> None:
+    assert default_state_dir({"MEMD_STATE_DIR": "/x/y", "STATE_DIRECTORY": "/a"}) == Path("/x/y")
+    assert default_state_dir({"STATE_DIRECTORY": "/var/lib/memd:/var/lib/other"}) == Path(
+        "/var/lib/memd"
+    )
+    assert default_state_dir({"HOME": str(tmp_path)}) == tmp_path / ".local/state/memd"
+    assert resolve_state_dir(Path("/flag"), "/conf", {}) == Path("/flag")
+    assert resolve_state_dir(None, "/conf", {"MEMD_STATE_DIR": "/env"}) == Path("/conf")
+    assert resolve_state_dir(None, "", {"MEMD_STATE_DIR": "/env"}) == Path("/env")
+
+
+def test_cache_dir_precedence(tmp_path: Path) -> None:
+    env = {"MEMD_CACHE_DIR": "/m", "CACHE_DIRECTORY": "/c:/d", "XDG_CACHE_HOME": "/x"}
+    assert resolve_cache_dir(env) == Path("/m")
+    assert resolve_cache_dir({"CACHE_DIRECTORY": "/c:/d", "XDG_CACHE_HOME": "/x"}) == Path("/c")
+    assert resolve_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/memd")

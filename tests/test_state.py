@@ -17,8 +17,6 @@ from memd.state import (
     AgentRecord,
     LedgerEntry,
     StateStore,
-    default_state_dir,
-    resolve_state_dir,
     state_db_path,
 )
 
@@ -59,17 +57,6 @@ def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     (ws / "agents").mkdir(parents=True)
     return ws
-
-
-def test_default_state_dir_precedence(tmp_path: Path) -> None:
-    assert default_state_dir({"MEMD_STATE_DIR": "/x/y", "STATE_DIRECTORY": "/a"}) == Path("/x/y")
-    assert default_state_dir({"STATE_DIRECTORY": "/var/lib/memd:/var/lib/other"}) == Path(
-        "/var/lib/memd"
-    )
-    assert default_state_dir({"HOME": str(tmp_path)}) == tmp_path / ".local/state/memd"
-    assert resolve_state_dir(Path("/flag"), "/conf", {}) == Path("/flag")
-    assert resolve_state_dir(None, "/conf", {"MEMD_STATE_DIR": "/env"}) == Path("/conf")
-    assert resolve_state_dir(None, "", {"MEMD_STATE_DIR": "/env"}) == Path("/env")
 
 
 def test_one_db_per_workspace(tmp_path: Path, workspace: Path) -> None:

@@ -23,8 +23,8 @@ from memd.cli.common import (
 )
 from memd.cli.status_query import heartbeat_max_age
 from memd.errors import MemdError, UnknownAgent
-from memd.settings import LoadedConfig
-from memd.state import LedgerEntry, resolve_state_dir
+from memd.settings import LoadedConfig, resolve_state_dir
+from memd.state import LedgerEntry
 from memd.workspace import agent_paths, require_workspace
 
 

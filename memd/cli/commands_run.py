@@ -53,7 +53,7 @@ def run_command(
     """Watch every agents/*/MEMORY.md, keep exact token counts, compact over threshold."""
     from memd.daemon import EXIT_FORCED, Daemon, DaemonOptions
     from memd.logs import configure_logging
-    from memd.state import resolve_state_dir
+    from memd.settings import resolve_state_dir
 
     transform = None
     if demo:

@@ -12,8 +12,8 @@ from typing import Annotated
 
 import typer
 
-from memd.settings import LoadedConfig, load_settings
-from memd.state import StateStore, resolve_state_dir
+from memd.settings import LoadedConfig, load_settings, resolve_state_dir
+from memd.state import StateStore
 
 WorkspaceOption = Annotated[
     Path | None,

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from memd.errors import MemdError
 from memd.recall.index import RecallIndex
-from memd.settings import LoadedConfig
-from memd.state import resolve_state_dir
+from memd.settings import LoadedConfig, resolve_state_dir
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
