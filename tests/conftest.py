@@ -34,9 +34,15 @@ def agent_ws(tmp_path: Path) -> AgentWorkspace:
     return ws
 
 
+@pytest.fixture
+def ws(tmp_path: Path) -> AgentWorkspace:
+    """An empty workspace (``create_agent`` adds agents)."""
+    return AgentWorkspace(tmp_path / "ws")
+
+
 @pytest.fixture(scope="session")
 def cl100k() -> Callable[[str], int]:
     """Exact cl100k_base token counts, loaded offline like memd loads them."""
-    from memd.tokenizer import TokenCounter
+    from support.tokens import CL100K
 
-    return TokenCounter("cl100k_base").count_text
+    return CL100K.count_text

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.tokens import CL100K
 
 from memd.core.tokens import CountState
 from memd.counting import CountKind, NotARegularFile, TrackedCount, count_file
-from memd.tokenizer import TokenCounter
 
-COUNTER = TokenCounter("cl100k_base")
+COUNTER = CL100K
 
 
 def entry(role: str, text: str) -> bytes:

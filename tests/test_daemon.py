@@ -29,6 +29,7 @@ from support.memfiles import (
     swarms_block,
     swarms_header,
 )
+from support.tokens import CL100K
 
 import memd.watcher
 from memd.compaction import ThresholdCheck, check_still_over
@@ -39,7 +40,7 @@ from memd.state import StateStore
 from memd.tokenizer import TokenCounter
 from memd.workspace import AgentPaths
 
-COUNTER = TokenCounter("cl100k_base")
+COUNTER = CL100K
 
 FAST: dict[str, Any] = {
     "trigger": {"context_length": 1000, "threshold": 0.5, "debounce_ms": 40, "max_wait_ms": 200},
@@ -180,11 +181,6 @@ class Harness:
         return self.code
 
     code: int | None = None
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> AgentWorkspace:
-    return AgentWorkspace(tmp_path / "ws")
 
 
 @pytest.fixture
@@ -1128,7 +1124,7 @@ def test_count_in_flight_during_reload_does_not_mix_encodings(tmp_path):
     assert ok, (
         got,
         o200k.count_bytes(mem.read_bytes()),
-        TokenCounter("cl100k_base").count_bytes(mem.read_bytes()),
+        CL100K.count_bytes(mem.read_bytes()),
     )
 
 

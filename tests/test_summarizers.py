@@ -5,6 +5,7 @@ import sys
 import textwrap
 
 import pytest
+from support.tokens import CL100K
 
 from memd.core import memfile
 from memd.core.chunking import Window
@@ -18,7 +19,7 @@ from memd.tokenizer import TokenCounter
 
 @pytest.fixture(scope="module")
 def counter() -> TokenCounter:
-    return TokenCounter("cl100k_base")
+    return CL100K
 
 
 def session() -> memfile.MemoryDocument:

@@ -195,6 +195,11 @@ class Daemon:
     def request_reload(self) -> None:
         self._reload_requested = True
 
+    @property
+    def reload_requested(self) -> bool:
+        """A reload is pending (the main loop takes it on its next turn)."""
+        return self._reload_requested
+
     # ---------------------------------------------------------------- lifecycle
 
     @property

@@ -28,11 +28,6 @@ FAST = CompactionOptions(drain_quiet_s=0.05, drain_max_s=1.0)
 
 
 @pytest.fixture
-def ws(tmp_path: Path) -> AgentWorkspace:
-    return AgentWorkspace(tmp_path / "ws")
-
-
-@pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
     return tmp_path / "state"
 

@@ -19,11 +19,11 @@ from memd.daemon.runner import Runner
 from memd.errors import LockTimeout, NothingToCompact, SummarizerError
 from memd.notify import SystemdNotifier
 from memd.settings import build_config
-from memd.tokenizer import TokenCounter
 from memd.workspace import AgentPaths
 from support.memfiles import AgentWorkspace, append_entry, swarms_block, swarms_header
+from support.tokens import CL100K
 
-COUNTER = TokenCounter("cl100k_base")
+COUNTER = CL100K
 
 # 1000-token context, threshold 500 tokens, low water 300; 40 ms debounce.
 CONFIG: dict[str, Any] = {
