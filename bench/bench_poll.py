@@ -1,0 +1,154 @@
+"""``--poll`` at fleet scale: memd's one-thread stat poller vs watchdog's PollingObserver.
+
+Prints, for N agents (default 10,000) polled at the default 1 s interval: the
+threads the watcher adds, its idle CPU (share of one core, measured over a
+quiet window), and the latency from an append to the watcher's callback
+(p50/p99 over appends to random agents). watchdog's PollingObserver, which
+memd used before, runs one emitter thread per folder: it is measured at a
+smaller fleet (default 1,000) and the ratio printed per agent.
+
+    python bench/bench_poll.py [--agents 10000] [--anchor-agents 1000] [--idle-s 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from memd.watcher import Watcher
+
+
+class LatencySink:
+    def __init__(self) -> None:
+        self.expected: dict[str, float] = {}
+        self.latencies: list[float] = []
+        self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
+
+    def agents_changed(self, name: str | None) -> None:
+        pass
+
+    def memory_changed(self, agent: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            started = self.expected.pop(agent, None)
+            if started is not None:
+                self.latencies.append(now - started)
+                self.arrived.notify_all()
+
+
+def make_fleet(root: Path, count: int) -> dict[str, Path]:
+    folders = {}
+    for n in range(count):
+        folder = root / "agents" / f"agent{n:05d}"
+        folder.mkdir(parents=True)
+        (folder / "MEMORY.md").write_bytes(b"# Agent Memory\n\n")
+        folders[folder.name] = folder
+    return folders
+
+
+def measure(
+    kind: str, count: int, idle_s: float, appends: int, interval_s: float
+) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="memd-bench-poll-") as tmp:
+        root = Path(tmp)
+        folders = make_fleet(root, count)
+        sink = LatencySink()
+        threads_before = threading.active_count()
+        if kind == "memd":
+            watcher = Watcher(root, sink, kind="polling", poll_interval_s=interval_s)
+            watcher.start()
+            watcher.sync(folders)
+            stop = watcher.stop
+        else:  # the anchor: watchdog's PollingObserver, one emitter per folder
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers.polling import PollingObserver
+
+            observer = PollingObserver(timeout=interval_s)
+
+            class Handler(FileSystemEventHandler):
+                def __init__(self, agent: str) -> None:
+                    self.agent = agent
+
+                def on_modified(self, event: object) -> None:
+                    sink.memory_changed(self.agent)
+
+            for agent, folder in folders.items():
+                observer.schedule(Handler(agent), str(folder), recursive=False)
+            observer.start()
+
+            def stop() -> None:
+                observer.stop()
+                observer.join()
+
+        try:
+            threads = threading.active_count() - threads_before
+            time.sleep(2 * interval_s)  # first snapshots taken
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            time.sleep(idle_s)
+            idle_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+            names = random.Random(7).sample(sorted(folders), min(appends, count))
+            for agent in names:
+                with sink.lock:
+                    sink.expected[agent] = time.monotonic()
+                with (folders[agent] / "MEMORY.md").open("ab") as f:
+                    f.write(b"### user \xe2\x80\x94 2026-12-01T10:00:00\n\nhello\n\n---\n\n")
+                with sink.lock:
+                    sink.arrived.wait_for(lambda a=agent: a not in sink.expected, timeout=10)
+                time.sleep(random.Random(len(sink.latencies)).uniform(0, interval_s))
+            lat = sorted(sink.latencies) or [float("nan")]
+        finally:
+            stop()
+        return {
+            "agents": count,
+            "threads": threads,
+            "idle_cpu": idle_cpu,
+            "p50": statistics.median(lat),
+            "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "missed": len(names) - len(sink.latencies),
+        }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, default=10_000)
+    parser.add_argument("--anchor-agents", type=int, default=1_000)
+    parser.add_argument("--idle-s", type=float, default=10.0)
+    parser.add_argument("--appends", type=int, default=40)
+    parser.add_argument("--interval-s", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    rows = [
+        (
+            "memd stat poller",
+            measure("memd", args.agents, args.idle_s, args.appends, args.interval_s),
+        ),
+        (
+            "watchdog PollingObserver",
+            measure("watchdog", args.anchor_agents, args.idle_s, args.appends, args.interval_s),
+        ),
+    ]
+    print(f"poll interval {args.interval_s:g} s, {os.cpu_count()} cores")
+    columns = ("agents", "threads", "idle CPU", "p50", "p99", "missed")
+    print(f"{'watcher':<26}" + "".join(f" {name:>8}" for name in columns))
+    for name, row in rows:
+        print(
+            f"{name:<26} {row['agents']:>8} {row['threads']:>8} {row['idle_cpu']:>8.1%} "
+            f"{row['p50']:>7.2f}s {row['p99']:>7.2f}s {row['missed']:>8}"
+        )
+    memd, anchor = rows[0][1], rows[1][1]
+    per_agent_memd = memd["idle_cpu"] / memd["agents"]
+    per_agent_anchor = anchor["idle_cpu"] / anchor["agents"]
+    if per_agent_memd > 0:
+        print(f"idle CPU per agent: watchdog / memd = {per_agent_anchor / per_agent_memd:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
