@@ -91,6 +91,7 @@ from memd.fsutil import (
     write_all,
     write_new_file,
 )
+from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths, contained_path
 
 # 2: the archive may hold only bytes 0..kept_from (K ≤ N) of the snapshot;
@@ -426,7 +427,10 @@ class _Transaction:
         body = result.text.strip()
         # Token rules need the tokenizer (like the cap check); the daemon and
         # compact-now always pass one.
-        if not manual and self.count_bytes is not None:
+        # The builtin summarizer is extractive: a short result means little
+        # worth keeping, not a broken model (and it is the fallback when a
+        # model keeps failing, so refusing it would let memory grow unbounded).
+        if not manual and self.count_bytes is not None and result.model != BUILTIN_MODEL:
             reply_tokens = self._count_text(body)
             if is_degenerate(reply_tokens, material.input_tokens):
                 raise SummarizerError(

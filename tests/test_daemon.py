@@ -734,11 +734,16 @@ def test_subprocess_sighup_reloads_config(ws: AgentWorkspace, tmp_path: Path) ->
 def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forces(
     ws: AgentWorkspace, tmp_path: Path
 ) -> None:
-    from support.openai_server import OpenAITestServer
+    from support.openai_server import OpenAITestServer, echo_summary
 
     ws.create_agent("slowpoke")
     ws.create_agent("patient")
-    with OpenAITestServer() as server:
+
+    def long_enough(body: dict[str, Any]) -> str:
+        # Past the degenerate-reply floor (a real summary of ~1k tokens is).
+        return echo_summary(body) + "\nDecisions:\n" + "- keep the current plan\n" * 12
+
+    with OpenAITestServer(responder=long_enough) as server:
         config = write_config(
             tmp_path / "memd.toml",
             f'model = "openai/test-model"\napi_base = "{server.api_base}"\n'
