@@ -250,8 +250,9 @@ class TokenCounter:
     memory stays bounded by a chunk's token list instead of one Python int per
     token of the whole file (hundreds of MB for a 20 MB file).
 
-    tiktoken keeps the GIL while encoding, so threads do not make counting
-    faster; to use several cores, count different files (or chunks from
+    tiktoken releases the GIL for only part of its work (two threads gave
+    1.3-1.4x one thread here, ``bench/bench_tokenizer_backends.py``); to use
+    several cores fully, count different files (or chunks from
     :func:`memd.core.tokens.safe_chunk_bounds`) in a process pool with
     :func:`count_bytes_with`.
     """
