@@ -59,6 +59,15 @@ def read_window(
     return key, parse_descriptor(data, count_text)
 
 
+def declared_window(agent_dir: Path, count_text: Callable[[str], int]) -> AgentWindow | None:
+    """The agent's window for a one-shot command (status, compact-now): None when
+    it wrote no descriptor or one memd refuses (the daemon logs why)."""
+    try:
+        return read_window(agent_dir, count_text)[1]
+    except DescriptorError:
+        return None
+
+
 def file_key(agent_dir: Path) -> FileKey | None:
     try:
         info = os.lstat(agent_dir / DESCRIPTOR_NAME)

@@ -117,3 +117,30 @@ def test_a_running_daemon_follows_an_agents_descriptor(
         ignored = daemon.wait_for("agent descriptor ignored")
         assert "version 7 is not one memd reads" in ignored["error"]
         assert daemon.stop() == 0
+
+
+def test_compact_now_plans_with_the_agents_declared_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from support.cli import run
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha", entries=30, size=60)
+
+    def budgets() -> str:
+        code, out, err = run(capsys, "compact-now", "alpha", "--dry-run", "-w", str(ws.root))
+        assert code == 0, err
+        (line,) = [line for line in out.splitlines() if "budgets:" in line]
+        return line
+
+    default = budgets()
+    write(paths.dir, context_length=3000, reserved={"unit": "text", "text": "x " * 200})
+    declared = budgets()
+    # The summary budget scales with the threshold: 0.9 × 200,000 by default,
+    # 0.9 × 3,000 − what the agent reserves with its descriptor (as the daemon sees it).
+    assert "summary 36,000 tokens" in default
+
+    def summary_budget(line: str) -> int:
+        return int(line.split("summary ")[1].split(" tokens")[0].replace(",", ""))
+
+    assert summary_budget(declared) < summary_budget(default) * (2700 - 201) / 180_000 + 1

@@ -71,6 +71,7 @@ def compact_now(
 
     from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
     from memd.core.config import resolve_policy
+    from memd.descriptor import declared_window
     from memd.modelinfo import context_length_for_model
     from memd.summarizers import make_summarizer
     from memd.tokenizer import TokenCounter
@@ -92,14 +93,23 @@ def compact_now(
     targets = resolve_agents(ws, names, all_agents)
     # context_compression = false means "count, never compact": --all skips
     # such agents; naming one explicitly is refused rather than overridden.
-    policies = {name: resolve_policy(cfg, name, context_length_for_model) for name in targets}
+    # The same window as the daemon's: each agent's memd-agent.json, when it wrote one.
+    counter = TokenCounter(cfg.tokenizer.encoding)
+    policies = {
+        name: resolve_policy(
+            cfg,
+            name,
+            context_length_for_model,
+            declared_window(agent_paths(ws, name).dir, counter.count_text),
+        )
+        for name in targets
+    }
     disabled = [name for name, policy in policies.items() if not policy.compress]
     if disabled and not all_agents:
         raise ConfigError(
             f"agent {disabled[0]!r} has context_compression = false in the config: "
             "memd counts it but never compacts it"
         )
-    counter = TokenCounter(cfg.tokenizer.encoding)
     summarizer = (
         ProvidedSummary(summary)
         if summary is not None

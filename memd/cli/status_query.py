@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from memd.cli.common import iso_utc
 from memd.core.config import MemdConfig, resolve_policy
-from memd.core.descriptor import AgentWindow, DescriptorError
+from memd.core.descriptor import AgentWindow
 from memd.errors import MemdError
 from memd.modelinfo import context_length_for_model
 from memd.settings import LoadedConfig
@@ -253,13 +253,10 @@ def collect_status(
 
 def _declared_window(paths: AgentPaths, encoding: str) -> AgentWindow | None:
     """The agent's memd-agent.json, as the daemon reads it (None when absent or refused)."""
-    from memd.descriptor import read_window
+    from memd.descriptor import declared_window
     from memd.tokenizer import TokenCounter
 
-    try:
-        return read_window(paths.dir, lambda text: TokenCounter(encoding).count_text(text))[1]
-    except DescriptorError:
-        return None
+    return declared_window(paths.dir, lambda text: TokenCounter(encoding).count_text(text))
 
 
 def _error_row(name: str, message: str, beat: Heartbeat | None) -> AgentStatus:

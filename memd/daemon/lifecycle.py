@@ -515,6 +515,9 @@ class Daemon:
         self.flusher.reconfigure(new.tokenizer.encoding)
         if self.counter is not None:
             self.counter.reconfigure(new.trigger, new.tokenizer.encoding, tokenizer)
+            if tokenizer is not None:
+                # Agents' reserved text (memd-agent.json) is counted with the new encoding too.
+                self.registry.reconfigure(new)
         if (
             new.watch.reconcile_s != old.watch.reconcile_s
             or new.daemon.state_flush_s != old.daemon.state_flush_s
