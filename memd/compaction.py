@@ -37,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from memd.agentdir import AgentDir
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
     HeaderSegment,
@@ -64,7 +65,7 @@ from memd.core.summary_block import (
     version_line,
 )
 from memd.core.summary_plan import BudgetError, is_degenerate, summary_budgets
-from memd.counting import TrackedCount, count_file
+from memd.counting import TrackedCount, count_fd
 from memd.errors import (
     CompactionAborted,
     ConfigError,
@@ -79,20 +80,23 @@ from memd.fsutil import (
     AgentLock,
     ShortWrite,
     SlotJournal,
-    ensure_dir_created,
-    ensure_private_dir,
-    fsync_dir,
-    link_unique,
+    create_file_at,
+    link_unique_at,
     read_range,
     read_to_end,
     sha256_prefix,
     share_with_group,
-    unlink_quiet,
     write_all,
-    write_new_file,
 )
 from memd.summarizers import BUILTIN_MODEL
-from memd.workspace import AgentPaths, contained_path
+from memd.workspace import AgentPaths
+
+LOCK_NAME = "lock"
+JOURNAL_NAME = "journal"
+DRAIN_NAME = "drain.md"
+NEW_MEMORY_TEMP = "MEMORY.md.new"
+ARCHIVE_TEMP = "archive.tmp"
+_TEMP_NAMES = (ARCHIVE_TEMP, NEW_MEMORY_TEMP, DRAIN_NAME)
 
 # 2: the archive may hold only bytes 0..kept_from (K ≤ N) of the snapshot;
 # recovery reads both versions alike (it works from inodes and drain offsets).
@@ -120,8 +124,6 @@ CHECKPOINTS = (
 PRE_COMMIT_CHECKPOINTS = frozenset(CHECKPOINTS[: CHECKPOINTS.index("replaced")])
 
 Checkpoint = Callable[[str], None]
-# The drain link is a hard link memd made; a symlink there was planted.
-_READ_PRIVATE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 ByteCounter = Callable[[bytes], int]
 # Called with the committed archive, still under the agent's lock (the recall
 # index). It reports its own failures: a crash or error here only leaves the
@@ -194,18 +196,25 @@ class ThresholdCheck:
     threshold_tokens: int
 
 
-def check_still_over(paths: AgentPaths, check: ThresholdCheck, count_bytes: ByteCounter) -> None:
+def check_still_over(pinned: AgentDir, check: ThresholdCheck, count_bytes: ByteCounter) -> None:
     """Raise :class:`UnderThreshold` when MEMORY.md is under ``check``'s threshold now.
 
     A file that cannot be counted is left to the snapshot, which reports why.
     """
+    paths = pinned.paths
     try:
-        tracked, _kind = count_file(_memory_target_of(paths), check.counted, count_bytes)
-        tokens = tracked.tokens
+        fd = pinned.open_memory(os.O_RDONLY)
     except FileNotFoundError:
-        tokens = 0
-    except (OSError, MemdError, ValueError):
+        fd, tokens = -1, 0
+    except (OSError, MemdError):
         return
+    if fd >= 0:
+        try:
+            tokens = count_fd(fd, paths.memory, check.counted, count_bytes)[0].tokens
+        except (OSError, MemdError, ValueError):
+            return
+        finally:
+            os.close(fd)
     if tokens < check.threshold_tokens:
         raise UnderThreshold(
             f"agent {paths.agent!r}: under threshold once locked "
@@ -277,8 +286,8 @@ class _Snapshot:
 class _Journal:
     """The job's record in ``.memd/journal``: merged fields, written durably."""
 
-    def __init__(self, paths: AgentPaths, payload: dict[str, Any] | None = None) -> None:
-        self._store = SlotJournal(paths.journal)
+    def __init__(self, pinned: AgentDir, payload: dict[str, Any] | None = None) -> None:
+        self._store = SlotJournal(pinned.paths.journal, dir_fd=pinned.private_fd)
         self.payload: dict[str, Any] = dict(payload or {})
 
     def write(self, **changes: Any) -> None:
@@ -291,31 +300,27 @@ class _Journal:
         self._store.write(self.payload)
 
 
-def _contained(path: Path, paths: AgentPaths, what: str) -> Path:
-    """``path`` with symlinks resolved, refused when it leaves the workspace.
-
-    Checked again here, under the lock, because a link can change between
-    ``agent_paths()`` and the moment memd reads or replaces the file.
-    """
+def read_memory(paths: AgentPaths) -> bytes:
+    """MEMORY.md's bytes, read as the transaction reads them (contained per agent,
+    never through a swapped link, never blocking on a FIFO); for previews."""
     try:
-        return contained_path(path, paths.workspace, what)
+        pinned = AgentDir.open(paths, create_private=False)
     except WorkspaceError as exc:
-        raise CompactionAborted(f"agent {paths.agent!r}: {exc}") from None
-
-
-def memory_target(paths: AgentPaths) -> Path:
-    """MEMORY.md with symlinks resolved, refused when it leaves the agent's folder."""
-    return _memory_target_of(paths)
-
-
-def _memory_target_of(paths: AgentPaths) -> Path:
-    # A MEMORY.md symlink inside the workspace is compacted in place: the link
-    # survives, its target is replaced.
-    return _contained(paths.memory, paths, "MEMORY.md")
-
-
-def _archive_dir_of(paths: AgentPaths) -> Path:
-    return _contained(paths.archive_dir, paths, "archive folder")
+        raise CompactionAborted(str(exc)) from None
+    with pinned:
+        try:
+            fd = pinned.open_memory(os.O_RDONLY)
+        except WorkspaceError as exc:
+            raise CompactionAborted(str(exc)) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CompactionAborted(
+                    f"agent {paths.agent!r}: MEMORY.md is not a regular file (a FIFO, device "
+                    "or folder); refusing it"
+                )
+            return read_to_end(fd)
+        finally:
+            os.close(fd)
 
 
 def _now_local_iso() -> str:
@@ -330,39 +335,46 @@ def _archive_stem() -> str:
 class _Transaction:
     def __init__(
         self,
-        paths: AgentPaths,
+        pinned: AgentDir,
         summarizer: Summarizer,
         options: CompactionOptions,
         count_bytes: ByteCounter | None,
         checkpoint: Checkpoint,
     ) -> None:
-        self.paths = paths
-        self.agent = paths.agent
+        self.pinned = pinned
+        self.paths = pinned.paths
+        self.agent = pinned.paths.agent
         self.summarizer = summarizer
         self.options = options
         self.count_bytes = count_bytes
         self.checkpoint = checkpoint
-        self.journal = _Journal(paths)
-        self.memory = paths.memory
+        self.journal = _Journal(pinned)
         self.archive: Path | None = None
         self.archive_ino: int | None = None
         self.created_archive_dir = False
         self.committed = False
+        # The new MEMORY.md, open from its creation on: the drain appends
+        # through this fd, never through a path an agent could redirect.
+        self.new_fd = -1
 
     # -- snapshot -------------------------------------------------------------
-    def _memory_target(self) -> Path:
-        return _memory_target_of(self.paths)
+    def _open_memory(self) -> int:
+        fd = self.pinned.open_memory(os.O_RDONLY)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise CompactionAborted(
+                f"agent {self.agent!r}: MEMORY.md is not a regular file (a FIFO, device or "
+                "folder); refusing it"
+            )
+        return fd
 
     def take_snapshot(self) -> _Snapshot:
-        target = self._memory_target()
         try:
-            fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._open_memory()
         except FileNotFoundError:
             raise NothingToCompact(f"agent {self.agent!r}: no MEMORY.md to compact") from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise CompactionAborted(f"agent {self.agent!r}: MEMORY.md is not a regular file")
             data = read_to_end(fd)
         finally:
             os.close(fd)
@@ -384,7 +396,7 @@ class _Transaction:
 
     def prefix_unchanged(self, snap: _Snapshot) -> bool:
         try:
-            fd = os.open(self._memory_target(), os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._open_memory()
         except FileNotFoundError:
             return False
         try:
@@ -497,13 +509,16 @@ class _Transaction:
     def write_archive(self, snap: _Snapshot, cut: int) -> None:
         # The agent may read (never change or delete) its own archives.
         access = archive_access(snap.st_mode, snap.st_gid)
-        archive_dir = _archive_dir_of(self.paths)
-        self.created_archive_dir = ensure_dir_created(archive_dir)
+        archive_fd, self.created_archive_dir = self.pinned.archive_fd(create=True)
         if self.created_archive_dir:
-            share_with_group(archive_dir, access.dir_mode, access.gid)
-        temp = self.paths.archive_temp
-        st = write_new_file(temp, [snap.data[:cut]])
-        share_with_group(temp, access.file_mode, access.gid)
+            share_with_group(archive_fd, access.dir_mode, access.gid)
+        private_fd = self.pinned.private_fd
+        fd = create_file_at(private_fd, ARCHIVE_TEMP, [snap.data[:cut]])
+        try:
+            share_with_group(fd, access.file_mode, access.gid)
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
         self.checkpoint("archive-written")
         self.archive_ino = st.st_ino
         self.journal.write(
@@ -519,20 +534,32 @@ class _Transaction:
             started_at=time.time(),
         )
         self.checkpoint("journal-archiving")
-        self.archive = link_unique(temp, archive_dir, _archive_stem())
-        fsync_dir(archive_dir)
+        name = link_unique_at(private_fd, ARCHIVE_TEMP, archive_fd, _archive_stem())
+        self.archive = self.paths.archive_dir / name
+        os.fsync(archive_fd)
         self.checkpoint("archive-linked")
 
     def swap(self, snap: _Snapshot, summary: bytes, cut: int) -> tuple[int, int]:
-        """Write and install the new MEMORY.md; returns (M, new inode)."""
-        drain = self.paths.drain_link
-        unlink_quiet(drain)
-        target = self._memory_target()
+        """Write and install the new MEMORY.md; returns (M, new inode).
+
+        Every step names files only inside pinned folders: the hard link and
+        the replace hit MEMORY.md's inode in the folder resolved at the start,
+        whatever an agent renamed or symlinked since.
+        """
+        pinned = self.pinned
+        private_fd = pinned.private_fd
+        pinned.unlink_private(DRAIN_NAME)
         # No fsync of .memd/ here: if this link is lost in a crash, the job
         # had not committed yet and recovery rolls it back without it.
-        os.link(target, drain, follow_symlinks=True)
+        os.link(
+            pinned.memory_name,
+            DRAIN_NAME,
+            src_dir_fd=pinned.memory_dir_fd,
+            dst_dir_fd=private_fd,
+            follow_symlinks=False,
+        )
         self.checkpoint("drain-linked")
-        drain_fd = os.open(drain, _READ_PRIVATE)
+        drain_fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
         try:
             st = os.fstat(drain_fd)
             if (st.st_dev, st.st_ino) != (snap.dev, snap.ino):
@@ -548,9 +575,9 @@ class _Transaction:
         header = snap.document.header
         conversation = header.conversation if isinstance(header, HeaderSegment) else self.agent
         new_header = render_header(conversation, _now_local_iso())
-        temp = self.paths.new_memory_temp
-        new_st = write_new_file(
-            temp,
+        self.new_fd = create_file_at(
+            private_fd,
+            NEW_MEMORY_TEMP,
             # Bytes cut..N were not summarized (kept raw), then whatever
             # writers appended since the snapshot.
             [
@@ -561,7 +588,8 @@ class _Transaction:
             ],
             mode=stat.S_IMODE(snap.st_mode),
         )
-        self._preserve_owner(temp, snap)
+        new_st = os.fstat(self.new_fd)
+        self._preserve_owner(self.new_fd, snap)
         self.checkpoint("new-written")
         self.journal.write(
             phase="swapping",
@@ -571,69 +599,79 @@ class _Transaction:
             new_ino=new_st.st_ino,
         )
         self.checkpoint("journal-swapping")
-        os.replace(temp, target)
-        fsync_dir(target.parent)
+        os.replace(
+            NEW_MEMORY_TEMP,
+            pinned.memory_name,
+            src_dir_fd=private_fd,
+            dst_dir_fd=pinned.memory_dir_fd,
+        )
+        os.fsync(pinned.memory_dir_fd)
         self.committed = True
         self.checkpoint("replaced")
         return copy_until, new_st.st_ino
 
-    def _preserve_owner(self, temp: Path, snap: _Snapshot) -> None:
+    def _preserve_owner(self, fd: int, snap: _Snapshot) -> None:
         # Agents may run under other UIDs: the re-seeded file must stay
         # appendable by them, so it keeps the old owner, group and mode.
-        os.chmod(temp, stat.S_IMODE(snap.st_mode))
+        # Through the fd: the temp's name is in memd's folder, but an fd
+        # cannot be redirected at all.
+        os.fchmod(fd, stat.S_IMODE(snap.st_mode))
         if (snap.st_uid, snap.st_gid) == (os.geteuid(), os.getegid()):
             return
         try:
-            os.chown(temp, snap.st_uid, snap.st_gid)
+            os.fchown(fd, snap.st_uid, snap.st_gid)
         except PermissionError:
             with contextlib.suppress(PermissionError):
-                os.chown(temp, -1, snap.st_gid)
+                os.fchown(fd, -1, snap.st_gid)
             if snap.st_uid != os.geteuid() and not (snap.st_mode & stat.S_IWGRP):
                 raise CompactionAborted(
                     f"agent {self.agent!r}: cannot give the new MEMORY.md its owner uid "
                     f"{snap.st_uid} (run memd as that user or make the file group-writable)"
                 ) from None
 
+    def close(self) -> None:
+        if self.new_fd >= 0:
+            os.close(self.new_fd)
+            self.new_fd = -1
+
     def rollback(self) -> None:
-        _rollback_files(self.paths, self.archive_ino)
+        _rollback_files(self.pinned, self.archive_ino)
         if self.created_archive_dir:
             # Failure changes nothing: not even an empty archive folder.
-            with contextlib.suppress(OSError):
-                _archive_dir_of(self.paths).rmdir()
+            self.pinned.remove_created_archive_dir()
 
 
-def _rollback_files(paths: AgentPaths, archive_ino: int | None) -> None:
+def _rollback_files(pinned: AgentDir, archive_ino: int | None) -> None:
     """Undo an uncommitted job: its archive (found by inode), temps, link; idle journal."""
     if archive_ino is not None:
-        _remove_archive_by_inode(paths, archive_ino)
-    for leftover in (paths.archive_temp, paths.new_memory_temp, paths.drain_link):
-        unlink_quiet(leftover)
-    if paths.journal.exists():
-        _Journal(paths).clear()
+        _remove_archive_by_inode(pinned, archive_ino)
+    for leftover in _TEMP_NAMES:
+        pinned.unlink_private(leftover)
+    if pinned.private_exists(JOURNAL_NAME):
+        _Journal(pinned).clear()
 
 
-def _remove_archive_by_inode(paths: AgentPaths, inode: int) -> None:
-    archive_dir = _archive_dir_of(paths)
-    try:
-        entries = list(os.scandir(archive_dir))
-    except FileNotFoundError:
+def _remove_archive_by_inode(pinned: AgentDir, inode: int) -> None:
+    archive_fd, _created = pinned.archive_fd(create=False)
+    if archive_fd < 0:
         return
     removed = False
-    for entry in entries:
-        try:
-            if entry.inode() == inode and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
-                removed = True
-        except FileNotFoundError:
-            continue
+    with os.scandir(archive_fd) as entries:
+        for entry in entries:
+            try:
+                if entry.inode() == inode and entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.name, dir_fd=archive_fd)
+                    removed = True
+            except FileNotFoundError:
+                continue
     if removed:
-        fsync_dir(archive_dir)
+        os.fsync(archive_fd)
 
 
 def _drain(
-    paths: AgentPaths,
+    pinned: AgentDir,
     journal: _Journal,
-    target: Path,
+    new_fd: int,
     copied_to: int,
     quiet_s: float,
     max_s: float,
@@ -644,10 +682,13 @@ def _drain(
 
     Each chunk is journaled as pending (range + hash) before it is appended,
     so a crash mid-append is resolved on recovery by looking for the chunk.
+    Appends go through ``new_fd``, the new file's own fd (opened when it was
+    created, or checked by inode on recovery): never through a path, which an
+    agent could point elsewhere between two chunks.
     Returns the number of bytes moved.
     """
     try:
-        fd = os.open(paths.drain_link, _READ_PRIVATE)
+        fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
     except FileNotFoundError:
         return 0
     moved = 0
@@ -674,10 +715,10 @@ def _drain(
                         pending_sha256=hashlib.sha256(piece).hexdigest(),
                         # Where the new file ended before this append: on
                         # recovery the chunk can only be found past it.
-                        pending_at=os.stat(target).st_size,
+                        pending_at=os.fstat(new_fd).st_size,
                     )
                     try:
-                        _append(target, piece)
+                        _append(new_fd, piece)
                     except ShortWrite as short:
                         journal.write(
                             phase="draining", copied_to=copied_to + short.written, pending_to=None
@@ -706,22 +747,18 @@ def _notify_archived(hook: ArchiveHook, paths: AgentPaths, archive: Path) -> Non
         hook(paths, archive)
 
 
-def _append(target: Path, data: bytes) -> None:
-    """Append ``data`` durably; a failed write says how much landed (ShortWrite)."""
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _append(fd: int, data: bytes) -> None:
+    """Append ``data`` durably to an O_APPEND fd; a failed write says how much landed."""
+    write_all(fd, data)
+    os.fsync(fd)
 
 
-def _finish(paths: AgentPaths, checkpoint: Checkpoint) -> None:
+def _finish(pinned: AgentDir, checkpoint: Checkpoint) -> None:
     # Order matters: the journal goes idle last, so a crash in between leaves
     # a committed journal whose drain has nothing left to move (idempotent).
-    for leftover in (paths.drain_link, paths.archive_temp, paths.new_memory_temp):
-        unlink_quiet(leftover)
-    _Journal(paths).clear()
+    for leftover in (DRAIN_NAME, ARCHIVE_TEMP, NEW_MEMORY_TEMP):
+        pinned.unlink_private(leftover)
+    _Journal(pinned).clear()
     checkpoint("cleaned")
 
 
@@ -771,16 +808,50 @@ def _compact(
 ) -> CompactionOutcome:
     opts = options or CompactionOptions()
     started = time.monotonic()
-    ensure_private_dir(paths.private_dir)
-    lock = AgentLock(paths.lock, paths.agent)
-    with lock.held(opts.lock_wait_s):
-        hook("locked")
-        if threshold is not None and count_bytes is not None:
-            # The lock may have been held by another compactor (compact-now, a
-            # second daemon) that just did the work: check before summarizing.
-            check_still_over(paths, threshold, count_bytes)
-        _recover_locked(paths, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s)
-        txn = _Transaction(paths, summarizer, opts, count_bytes, hook)
+    try:
+        pinned = AgentDir.open(paths)
+    except WorkspaceError as exc:
+        raise CompactionAborted(str(exc)) from None
+    with pinned:
+        lock = AgentLock(paths.lock, paths.agent, dir_fd=pinned.private_fd)
+        with lock.held(opts.lock_wait_s):
+            hook("locked")
+            return _compact_locked(
+                pinned,
+                summarizer,
+                opts,
+                count_bytes,
+                hook,
+                threshold,
+                manual,
+                measure_tokens,
+                started,
+            )
+
+
+def _compact_locked(
+    pinned: AgentDir,
+    summarizer: Summarizer,
+    opts: CompactionOptions,
+    count_bytes: ByteCounter | None,
+    hook: Checkpoint,
+    threshold: ThresholdCheck | None,
+    manual: bool,
+    measure_tokens: bool,
+    started: float,
+) -> CompactionOutcome:
+    paths = pinned.paths
+    try:
+        pinned.pin_memory()
+    except WorkspaceError as exc:
+        raise CompactionAborted(str(exc)) from None
+    if threshold is not None and count_bytes is not None:
+        # The lock may have been held by another compactor (compact-now, a
+        # second daemon) that just did the work: check before summarizing.
+        check_still_over(pinned, threshold, count_bytes)
+    _recover_locked(pinned, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s)
+    txn = _Transaction(pinned, summarizer, opts, count_bytes, hook)
+    try:
         restarts = 0
         while True:
             snap = txn.take_snapshot()
@@ -823,16 +894,16 @@ def _compact(
         hook("journal-draining")
         try:
             drained = _drain(
-                paths,
+                pinned,
                 txn.journal,
-                txn._memory_target(),
+                txn.new_fd,
                 copied_to,
                 opts.drain_quiet_s,
                 opts.drain_max_s,
                 opts.drain_poll_s,
                 hook,
             )
-            _finish(paths, hook)
+            _finish(pinned, hook)
             if opts.on_archived is not None and txn.archive is not None:
                 _notify_archived(opts.on_archived, paths, txn.archive)
         except OSError as exc:
@@ -846,7 +917,7 @@ def _compact(
         tokens_after = None
         if count_bytes is not None and measure_tokens:
             with contextlib.suppress(OSError):
-                tokens_after = count_bytes(txn._memory_target().read_bytes())
+                tokens_after = count_bytes(read_to_end(txn.new_fd))
         assert txn.archive is not None
         return CompactionOutcome(
             archive=txn.archive,
@@ -863,6 +934,8 @@ def _compact(
             partial=cut < snap.boundary,
             calls=result.calls,
         )
+    finally:
+        txn.close()
 
 
 def recover_agent(
@@ -875,45 +948,42 @@ def recover_agent(
     """
     if not paths.private_dir.is_dir():
         return None
-    lock = AgentLock(paths.lock, paths.agent)
-    try:
-        lock.acquire(wait_s)
-    except MemdError:
-        return None
-    try:
-        return _recover_locked(paths, quiet_s=quiet_s, max_s=max_s)
-    finally:
-        lock.release()
+    with AgentDir.open(paths, create_private=False) as pinned:
+        if pinned.private_fd < 0:
+            return None
+        lock = AgentLock(paths.lock, paths.agent, dir_fd=pinned.private_fd)
+        try:
+            lock.acquire(wait_s)
+        except MemdError:
+            return None
+        try:
+            pinned.pin_memory()
+            return _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s)
+        finally:
+            lock.release()
 
 
-def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | None:
-    if paths.journal.exists():
-        payload = SlotJournal(paths.journal).read() or {"phase": CORRUPT_PHASE}
+def _recover_locked(pinned: AgentDir, quiet_s: float, max_s: float) -> str | None:
+    if pinned.private_exists(JOURNAL_NAME):
+        journal_file = SlotJournal(pinned.paths.journal, dir_fd=pinned.private_fd)
+        payload = journal_file.read() or {"phase": CORRUPT_PHASE}
     else:
         payload = {"phase": IDLE_PHASE}
     phase = payload.get("phase")
     if phase == IDLE_PHASE:
         # No job in flight: any temp or link is from a job that never reached
         # its first journal write, so nothing outside .memd/ was touched.
-        leftovers = [
-            p
-            for p in (paths.archive_temp, paths.new_memory_temp, paths.drain_link)
-            if unlink_quiet(p)
-        ]
+        leftovers = [name for name in _TEMP_NAMES if pinned.unlink_private(name)]
         return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
     version = payload.get("version", 1)
     if isinstance(version, int) and version > JOURNAL_VERSION:
         raise CompactionAborted(
-            f"agent {paths.agent!r}: the compaction journal has format {version}, newer than "
-            f"this memd reads ({JOURNAL_VERSION}); finish it with the newer memd"
+            f"agent {pinned.paths.agent!r}: the compaction journal has format {version}, "
+            f"newer than this memd reads ({JOURNAL_VERSION}); finish it with the newer memd"
         )
-    journal = _Journal(paths, payload)
-    target = _memory_target_of(paths)
-    try:
-        current = os.stat(target)
-        current_id: tuple[int, int] | None = (current.st_dev, current.st_ino)
-    except FileNotFoundError:
-        current_id = None
+    journal = _Journal(pinned, payload)
+    current = pinned.stat_memory()
+    current_id = (current.st_dev, current.st_ino) if current is not None else None
     old_id = (payload.get("old_dev"), payload.get("old_ino"))
     new_id = (payload.get("new_dev"), payload.get("new_ino"))
     archive_ino = payload.get("archive_ino")
@@ -921,29 +991,37 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
     action = recovery_action(phase, current_id, old_id, new_id)
     if action is RecoveryAction.ROLL_BACK:
         # Crashed before the replace: MEMORY.md still holds everything.
-        _rollback_files(paths, archive_ino if isinstance(archive_ino, int) else None)
+        _rollback_files(pinned, archive_ino if isinstance(archive_ino, int) else None)
         return f"rolled back an interrupted compaction (phase {phase})"
     if action is RecoveryAction.ROLL_FORWARD:
-        copied_to = int(payload.get("copied_to", 0))
-        pending_to = payload.get("pending_to")
-        if isinstance(pending_to, int):
-            copied_to = _resolve_pending(paths, target, copied_to, pending_to, payload)
-            journal.write(phase="draining", copied_to=copied_to, pending_to=None)
-        _drain(paths, journal, target, copied_to, quiet_s, max_s, 0.05, _no_checkpoint)
-        _finish(paths, _no_checkpoint)
+        new_fd = pinned.open_memory(os.O_RDWR | os.O_APPEND)
+        try:
+            st = os.fstat(new_fd)
+            if (st.st_dev, st.st_ino) != new_id or not stat.S_ISREG(st.st_mode):
+                raise CompactionAborted(
+                    f"agent {pinned.paths.agent!r}: MEMORY.md changed during recovery; retry"
+                )
+            copied_to = int(payload.get("copied_to", 0))
+            pending_to = payload.get("pending_to")
+            if isinstance(pending_to, int):
+                copied_to = _resolve_pending(pinned, new_fd, copied_to, pending_to, payload)
+                journal.write(phase="draining", copied_to=copied_to, pending_to=None)
+            _drain(pinned, journal, new_fd, copied_to, quiet_s, max_s, 0.05, _no_checkpoint)
+        finally:
+            os.close(new_fd)
+        _finish(pinned, _no_checkpoint)
         return "finished an interrupted compaction (drained the old file)"
     # MEMORY.md is neither the old nor the new inode: someone replaced (or
     # removed) it while memd was down. Keep every byte, each once: the old
     # inode's whole content becomes the archive, in place of this job's
     # archive (which holds its first N bytes only).
-    if paths.drain_link.exists():
+    if pinned.private_exists(DRAIN_NAME):
         if isinstance(archive_ino, int):
-            _remove_archive_by_inode(paths, archive_ino)
-        archive_dir = _archive_dir_of(paths)
-        ensure_dir_created(archive_dir)
-        link_unique(paths.drain_link, archive_dir, _archive_stem())
-        fsync_dir(archive_dir)
-    _finish(paths, _no_checkpoint)
+            _remove_archive_by_inode(pinned, archive_ino)
+        archive_fd, _created = pinned.archive_fd(create=True)
+        link_unique_at(pinned.private_fd, DRAIN_NAME, archive_fd, _archive_stem())
+        os.fsync(archive_fd)
+    _finish(pinned, _no_checkpoint)
     return (
         "MEMORY.md was replaced by another program during an interrupted compaction; "
         "kept the old file as an archive"
@@ -951,7 +1029,7 @@ def _recover_locked(paths: AgentPaths, quiet_s: float, max_s: float) -> str | No
 
 
 def _resolve_pending(
-    paths: AgentPaths, target: Path, copied_to: int, pending_to: int, payload: dict[str, Any]
+    pinned: AgentDir, new_fd: int, copied_to: int, pending_to: int, payload: dict[str, Any]
 ) -> int:
     """How much of the journaled chunk reached the new file before the crash.
 
@@ -960,7 +1038,7 @@ def _resolve_pending(
     Returns the old-inode offset the drain continues from.
     """
     try:
-        fd = os.open(paths.drain_link, _READ_PRIVATE)
+        fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
     except FileNotFoundError:
         return copied_to
     try:
@@ -972,7 +1050,7 @@ def _resolve_pending(
     pending_at = payload.get("pending_at")
     if not isinstance(pending_at, int):
         return copied_to
-    after = target.read_bytes()[pending_at:]
+    after = read_range(new_fd, pending_at, os.fstat(new_fd).st_size)
     return copied_to + landed_prefix(after, chunk)
 
 
@@ -986,6 +1064,6 @@ __all__ = [
     "ThresholdCheck",
     "check_still_over",
     "compact_agent",
-    "memory_target",
+    "read_memory",
     "recover_agent",
 ]

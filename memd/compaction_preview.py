@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from memd.compaction import CompactionOptions, memory_target
+from memd.compaction import CompactionOptions, read_memory
 from memd.core.memfile import MemoryDocument, parse, render_summary_block
 from memd.core.pins import fit_pins
 from memd.core.plan import has_compactable
@@ -35,7 +35,7 @@ def preview(
 ) -> list[str]:
     """The plan as printable lines; raises NothingToCompact or SummarizerError."""
     try:
-        data = memory_target(paths).read_bytes()
+        data = read_memory(paths)
     except FileNotFoundError:
         raise NothingToCompact(f"agent {paths.agent!r}: no MEMORY.md to compact") from None
     document = parse(data)

@@ -20,14 +20,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from memd.core.tokens import CountBytes, CountState, extend_count, full_count
-from memd.errors import MemdError
+from memd.errors import NotARegularFile
 from memd.fsutil import read_range
 
 WINDOW_BYTES = 4096
-
-
-class NotARegularFile(MemdError, OSError):
-    """MEMORY.md is a directory, FIFO, device or similar: it cannot be counted."""
 
 
 class CountKind(StrEnum):
@@ -82,17 +78,24 @@ def count_file(
     # O_NONBLOCK: a FIFO named MEMORY.md must not hang the counting thread.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        for _attempt in range(3):
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise NotARegularFile(f"{path} is not a regular file")
-            result = _count_open(fd, info, previous, count_bytes)
-            if result is not None:
-                return result
-            previous = None  # it shrank under us: count from scratch
-        raise OSError(f"{path} kept shrinking while being counted")
+        return count_fd(fd, path, previous, count_bytes)
     finally:
         os.close(fd)
+
+
+def count_fd(
+    fd: int, path: Path, previous: TrackedCount | None, count_bytes: CountBytes
+) -> tuple[TrackedCount, CountKind]:
+    """:func:`count_file` on a file already open (``path`` only names it in errors)."""
+    for _attempt in range(3):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotARegularFile(f"{path} is not a regular file")
+        result = _count_open(fd, info, previous, count_bytes)
+        if result is not None:
+            return result
+        previous = None  # it shrank under us: count from scratch
+    raise OSError(f"{path} kept shrinking while being counted")
 
 
 def _count_open(
@@ -123,4 +126,4 @@ def _count_open(
     return _track(state, info.st_mtime_ns, data, 0), CountKind.RECOUNTED
 
 
-__all__ = ["WINDOW_BYTES", "CountKind", "NotARegularFile", "TrackedCount", "count_file"]
+__all__ = ["WINDOW_BYTES", "CountKind", "NotARegularFile", "TrackedCount", "count_fd", "count_file"]

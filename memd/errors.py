@@ -46,6 +46,10 @@ class WorkspaceError(MemdError, OSError):
     exit_code = 2
 
 
+class NotARegularFile(MemdError, OSError):
+    """A file memd must read or write is a directory, FIFO, device or similar."""
+
+
 class LockTimeout(MemdError, TimeoutError):
     """Another compaction of the same agent held the lock past ``--wait``."""
 

@@ -1,13 +1,13 @@
 """Files and locks: the durable-write and flock primitives the transaction is built from.
 
-Everything that must survive a crash goes through ``write_new_file`` (create
-exclusively, write, fsync) followed by a rename or link and ``fsync_dir``.
+Everything that must survive a crash goes through ``create_file_at`` (create
+exclusively in a pinned folder, write, fsync) followed by a rename or link and
+an fsync of the folder.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memd.errors import LockTimeout
+from memd.errors import LockTimeout, NotARegularFile
 
-PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 # memd's own files are never symlinks: refusing to follow one means a planted
 # link cannot make memd write (or read) outside the workspace.
@@ -36,60 +35,26 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def ensure_private_dir(path: Path) -> None:
-    """Create ``path`` as 0700, or accept it if it is a real directory we own.
-
-    A symlink, or a folder owned by another user (an agent could plant one,
-    full of symlinks), is refused: memd writes its lock and journal in here.
-    """
-    try:
-        path.mkdir(mode=PRIVATE_DIR_MODE)
-        fsync_dir(path.parent)
-        return
-    except FileExistsError:
-        pass
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "not a real directory", str(path))
-    if st.st_uid != os.geteuid():
-        raise PermissionError(
-            errno.EPERM, f"owned by uid {st.st_uid}, not memd's uid {os.geteuid()}", str(path)
-        )
-    if st.st_mode & 0o077:
-        with contextlib.suppress(PermissionError):
-            path.chmod(PRIVATE_DIR_MODE)
-
-
-def ensure_dir_created(path: Path, mode: int = PRIVATE_DIR_MODE) -> bool:
-    """Create ``path`` if missing (never touching an existing one); True if created.
-
-    For the archive folder: agents may own it and read it, so an existing
-    folder keeps its mode; only one memd creates is private.
-    """
-    try:
-        path.mkdir(mode=mode)
-    except FileExistsError:
-        if not path.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path)) from None
-        return False
-    fsync_dir(path.parent)
-    return True
-
-
-def share_with_group(path: Path, mode: int, gid: int | None) -> None:
-    """Give ``path`` exactly ``mode`` and, when set, group ``gid``.
+def share_with_group(target: Path | int, mode: int, gid: int | None) -> None:
+    """Give ``target`` (a path, or an open fd) exactly ``mode`` and, when set, group ``gid``.
 
     chmod is explicit because memd's umask (0077 under the shipped unit) masks
     the mode given at creation; chown comes first because it may clear setgid.
-    A group memd may not give (not root, not a member) leaves ``path`` private:
+    A group memd may not give (not root, not a member) leaves ``target`` private:
     memd's own group must never gain what was meant for the agent's.
     """
     if gid is not None:
         try:
-            os.chown(path, -1, gid)
+            if isinstance(target, int):
+                os.fchown(target, -1, gid)
+            else:
+                os.chown(target, -1, gid)
         except PermissionError:
             mode &= 0o700
-    os.chmod(path, mode)
+    if isinstance(target, int):
+        os.fchmod(target, mode)
+    else:
+        os.chmod(target, mode)
 
 
 class ShortWrite(OSError):
@@ -110,30 +75,53 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         raise ShortWrite(exc, written) from exc
 
 
-def write_new_file(
-    path: Path, chunks: list[bytes], mode: int = PRIVATE_FILE_MODE
-) -> os.stat_result:
-    """Create ``path`` exclusively, write ``chunks``, fsync; returns its stat.
+def create_file_at(
+    dir_fd: int, name: str, chunks: list[bytes], mode: int = PRIVATE_FILE_MODE
+) -> int:
+    """Create ``name`` in the folder ``dir_fd`` exclusively, write, fsync; returns the open fd.
 
-    A stale file at ``path`` (a temp left by a crash) is removed first.
+    The fd is open for reading and appending, so the caller keeps working on
+    this inode whatever later happens to the name. A stale file (a temp left by
+    a crash) is removed first; a symlink there is removed, never followed.
     """
     with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        os.unlink(name, dir_fd=dir_fd)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
     try:
         for chunk in chunks:
             write_all(fd, chunk)
         os.fsync(fd)
-        return os.fstat(fd)
     except BaseException:
         os.close(fd)
-        fd = -1
         with contextlib.suppress(OSError):
-            path.unlink()
+            os.unlink(name, dir_fd=dir_fd)
         raise
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    return fd
+
+
+def link_unique_at(
+    src_dir_fd: int, src_name: str, dst_dir_fd: int, stem: str, suffix: str = ".md"
+) -> str:
+    """Hard-link ``src_name`` as ``stem{suffix}``, else ``stem_1{suffix}``, ``stem_2``, …
+
+    ``link()`` fails when the name exists, so an existing file is never
+    overwritten, even by a racing process. Returns the name made in ``dst_dir_fd``."""
+    attempt = 0
+    while True:
+        name = f"{stem}{suffix}" if attempt == 0 else f"{stem}_{attempt}{suffix}"
+        try:
+            os.link(
+                src_name,
+                name,
+                src_dir_fd=src_dir_fd,
+                dst_dir_fd=dst_dir_fd,
+                follow_symlinks=False,
+            )
+        except FileExistsError:
+            attempt += 1
+            continue
+        return name
 
 
 def iter_range(fd: int, start: int, end: int | None = None) -> Iterator[bytes]:
@@ -167,24 +155,6 @@ def sha256_prefix(fd: int, length: int) -> str:
     return digest.hexdigest() if seen == length else ""
 
 
-def link_unique(source: Path, directory: Path, stem: str, suffix: str = ".md") -> Path:
-    """Hard-link ``source`` as ``stem{suffix}``, else ``stem_1{suffix}``, ``stem_2``, …
-
-    ``link()`` fails when the name exists, so an existing file is never
-    overwritten, even by a racing process.
-    """
-    attempt = 0
-    while True:
-        name = f"{stem}{suffix}" if attempt == 0 else f"{stem}_{attempt}{suffix}"
-        target = directory / name
-        try:
-            os.link(source, target)
-        except FileExistsError:
-            attempt += 1
-            continue
-        return target
-
-
 class AgentLock:
     """The per-agent compaction lock: ``flock`` on a file that is never renamed.
 
@@ -192,13 +162,14 @@ class AgentLock:
     processes; writers never take it.
     """
 
-    def __init__(self, path: Path, agent: str) -> None:
+    def __init__(self, path: Path, agent: str, *, dir_fd: int | None = None) -> None:
         self.path = path
         self.agent = agent
+        self._dir_fd = dir_fd
         self._fd = -1
 
     def acquire(self, wait_s: float, poll_s: float = 0.05) -> None:
-        fd = os.open(self.path, _PRIVATE_RW | os.O_CREAT, PRIVATE_FILE_MODE)
+        fd = _open_private(self.path, _PRIVATE_RW | os.O_CREAT, self._dir_fd)
         deadline = time.monotonic() + max(0.0, wait_s)
         while True:
             try:
@@ -233,12 +204,21 @@ class AgentLock:
             self.release()
 
 
-def unlink_quiet(path: Path) -> bool:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
+def _open_private(path: Path, flags: int, dir_fd: int | None) -> int:
+    """Open one of memd's own files: by name in a pinned folder when given one.
+
+    Never a symlink, never blocking (a FIFO planted there must not hang memd),
+    never anything but a regular file.
+    """
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if dir_fd is None:
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    else:
+        fd = os.open(path.name, flags, PRIVATE_FILE_MODE, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotARegularFile(f"{path} is not a regular file")
+    return fd
 
 
 class SlotJournal:
@@ -252,17 +232,29 @@ class SlotJournal:
 
     SLOT_SIZE = 4096
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, dir_fd: int | None = None) -> None:
         self.path = path
+        self._dir_fd = dir_fd
         self._seq = -1
+
+    def exists(self) -> bool:
+        try:
+            fd = _open_private(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, self._dir_fd)
+        except FileNotFoundError:
+            return False
+        os.close(fd)
+        return True
 
     def _open(self) -> int:
         try:
-            return os.open(self.path, _PRIVATE_RW)
+            return _open_private(self.path, _PRIVATE_RW, self._dir_fd)
         except FileNotFoundError:
-            fd = os.open(self.path, _PRIVATE_RW | os.O_CREAT, PRIVATE_FILE_MODE)
+            fd = _open_private(self.path, _PRIVATE_RW | os.O_CREAT, self._dir_fd)
             os.fsync(fd)
-            fsync_dir(self.path.parent)
+            if self._dir_fd is None:
+                fsync_dir(self.path.parent)
+            else:
+                os.fsync(self._dir_fd)
             return fd
 
     @classmethod
@@ -283,7 +275,7 @@ class SlotJournal:
     def read(self) -> dict[str, Any] | None:
         """The latest intact record, or None when there is none."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = _open_private(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, self._dir_fd)
         except FileNotFoundError:
             return None
         try:

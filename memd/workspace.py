@@ -1,8 +1,9 @@
 """Workspace layout: where an agent's files live, and refusing paths that escape.
 
 ``$WORKSPACE/agents/{agent}/MEMORY.md``, ``archive/``, ``.memd/`` (DESIGN.md §1).
-A symlinked agent folder, MEMORY.md or archive dir is followed only when it
-resolves inside the workspace.
+Containment is per agent: a symlinked agent folder is followed only into the
+workspace and not into another agent's folder; MEMORY.md, ``archive/`` and
+``.memd/`` only within the agent's own folder.
 """
 
 from __future__ import annotations
@@ -62,46 +63,92 @@ def require_workspace(workspace: Path) -> Path:
     return workspace
 
 
-def _inside(path: Path, root: Path) -> bool:
+def is_within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it (both absolute, normalized)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _other_agent_folders(agents_real: str, agent: str) -> list[str]:
+    """Real locations of every other entry under ``agents/`` (symlinks resolved)."""
+    found = []
     try:
-        path.relative_to(root)
-    except ValueError:
-        return False
-    return True
+        entries = list(os.scandir(agents_real))
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.name == agent or not is_valid_agent_name(entry.name):
+            continue
+        found.append(os.path.realpath(entry.path))
+    return found
 
 
-def contained_path(path: Path, root: Path, what: str) -> Path:
-    """``path``, or the target of the symlink it is, refused if that leaves ``root``.
+def check_agent_folder(real: str, workspace: str, agents_real: str, agent: str) -> None:
+    """Refuse an agent folder that is not its own: outside, or over another's folder."""
+    what = f"agent {agent!r} folder"
+    if not is_within(real, workspace):
+        raise WorkspaceError(f"{what} resolves outside the workspace ({real})")
+    if is_within(agents_real, real):
+        raise WorkspaceError(f"{what} resolves to a folder holding other agents ({real})")
+    for other in _other_agent_folders(agents_real, agent):
+        if is_within(real, other) or is_within(other, real):
+            raise WorkspaceError(f"{what} resolves into another agent's folder ({real})")
 
-    Only the last component is resolved: callers check a path's folders
-    before the path itself (see :func:`agent_paths`).
-    """
+
+def agents_folder_real(workspace: Path) -> str:
+    agents = workspace / AGENTS_DIR
+    real = os.path.realpath(agents)
+    if not is_within(real, str(workspace)):
+        raise WorkspaceError(f"agents folder {agents} resolves outside the workspace ({real})")
+    return real
+
+
+def _own_path(path: Path, agent_real: Path, agent: str, what: str) -> None:
+    """A symlinked MEMORY.md, archive/ or .memd/ must stay in the agent's own folder."""
     if not path.is_symlink():
-        return path
-    # realpath never raises on a symlink loop (Path.resolve() raises
-    # RuntimeError on 3.11); the later open() fails with ELOOP instead.
-    target = Path(os.path.realpath(path))
-    if not _inside(target, root):
-        raise WorkspaceError(f"{what} {path} resolves outside the workspace ({target})")
-    return target
+        return
+    target = os.path.realpath(path)
+    if target == str(agent_real) or not is_within(target, str(agent_real)):
+        raise WorkspaceError(
+            f"agent {agent!r} {what} {path} resolves outside the agent's own folder ({target})"
+        )
+
+
+def resolve_own(paths: AgentPaths, path: Path, what: str) -> Path:
+    """``path`` (one of the agent's), or its symlink's target when that stays in the
+    agent's own folder; refused otherwise (containment per agent, DESIGN.md §1)."""
+    agent_real = Path(os.path.realpath(paths.dir))
+    _own_path(path, agent_real, paths.agent, what)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def check_memory_link(paths: AgentPaths) -> None:
+    """Refuse a MEMORY.md symlinked out of its agent's own folder (checked per count)."""
+    resolve_own(paths, paths.memory, "MEMORY.md")
 
 
 def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> AgentPaths:
-    """Paths for ``agent``, after refusing bad names and escaping symlinks."""
+    """Paths for ``agent``, after refusing bad names and symlinks that leave its folder.
+
+    Containment is per agent (DESIGN.md §1): the agent folder may be a symlink
+    only into the workspace and not into (or around) another agent's folder;
+    MEMORY.md, ``archive/`` and ``.memd/`` only within the agent's own folder.
+    The transaction checks all of it again on pinned fds (``memd.agentdir``).
+    """
     validate_agent_name(agent)
     root = workspace.resolve()
-    agents_dir = root / AGENTS_DIR
-    contained_path(agents_dir, root, "agents folder")
-    agent_dir = agents_dir / agent
-    contained_path(agent_dir, root, f"agent {agent!r} folder")
+    agents_real = agents_folder_real(root)
+    agent_dir = root / AGENTS_DIR / agent
+    agent_real = Path(os.path.realpath(agent_dir))
+    if agent_dir.is_symlink():
+        check_agent_folder(str(agent_real), str(root), agents_real, agent)
     if must_exist and not agent_dir.is_dir():
         raise UnknownAgent(f"unknown agent {agent!r}: no folder {agent_dir}")
     memory = agent_dir / MEMORY_FILE
-    contained_path(memory, root, f"agent {agent!r} MEMORY.md")
+    _own_path(memory, agent_real, agent, "MEMORY.md")
     archive = agent_dir / ARCHIVE_DIR
-    contained_path(archive, root, f"agent {agent!r} archive folder")
+    _own_path(archive, agent_real, agent, "archive folder")
     private = agent_dir / PRIVATE_DIR
-    contained_path(private, root, f"agent {agent!r} state folder")
+    _own_path(private, agent_real, agent, "state folder")
     return AgentPaths(
         workspace=root,
         agent=agent,
@@ -231,9 +278,14 @@ __all__ = [
     "UnknownAgent",
     "agent_paths",
     "agent_paths_scanned",
+    "agents_folder_real",
     "archives_of",
+    "check_agent_folder",
+    "check_memory_link",
+    "is_within",
     "list_agents",
     "require_workspace",
     "resolve_agents",
+    "resolve_own",
     "scan_agents",
 ]

@@ -169,10 +169,12 @@ def test_archive_names_never_collide(agent_ws: AgentWorkspace) -> None:
 def test_link_unique_suffixes(tmp_path: Path) -> None:
     source = tmp_path / "src"
     source.write_text("x")
-    first = fsutil.link_unique(source, tmp_path, "history_a")
-    second = fsutil.link_unique(source, tmp_path, "history_a")
-    third = fsutil.link_unique(source, tmp_path, "history_a")
-    assert [first.name, second.name, third.name] == [
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        names = [fsutil.link_unique_at(dir_fd, "src", dir_fd, "history_a") for _ in range(3)]
+    finally:
+        os.close(dir_fd)
+    assert names == [
         "history_a.md",
         "history_a_1.md",
         "history_a_2.md",

@@ -53,10 +53,8 @@ def test_partial_drain_append_is_finished_not_doubled_on_recovery(agent_ws, monk
             handle[0].write(LATE)
             handle[0].close()
 
-    def enospc_after_half(target, data):
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+    def enospc_after_half(fd, data):
         os.write(fd, data[: len(data) // 2])  # the kernel took half, then the disk filled
-        os.close(fd)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(c, "_append", enospc_after_half)
@@ -168,7 +166,7 @@ def test_failed_compaction_leaves_the_archive_dir_alone(agent_ws, monkeypatch):
     def boom(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(c, "write_new_file", boom)
+    monkeypatch.setattr(c, "create_file_at", boom)
     with pytest.raises(CompactionAborted):
         compact_agent(paths, Fixed(), FAST)
     assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o755

@@ -500,7 +500,7 @@ def test_bad_input_is_logged_per_agent_and_others_are_unaffected(
     garbage = agents / "garbage" / "MEMORY.md"
     assert wait_until(lambda: h.tokens("garbage") == full_tokens(garbage))
     assert wait_until(lambda: h.daemon.agents()["escape"].count_error is not None)
-    assert "outside the workspace" in str(h.daemon.agents()["escape"].count_error)
+    assert "resolves outside the agent's own folder" in str(h.daemon.agents()["escape"].count_error)
     assert wait_until(lambda: h.daemon.agents()["notafile"].count_error is not None)
     good = fill(ws, "good", 3)
     assert wait_until(lambda: h.tokens("good") == full_tokens(good))

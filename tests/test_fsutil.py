@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from memd.errors import LockTimeout
-from memd.fsutil import AgentLock, SlotJournal, ensure_private_dir, write_new_file
+from memd.fsutil import AgentLock, SlotJournal, create_file_at
 
 
 def test_slot_journal_keeps_the_latest_record(tmp_path: Path) -> None:
@@ -45,24 +45,24 @@ def test_slot_journal_rejects_oversized_records(tmp_path: Path) -> None:
         SlotJournal(tmp_path / "j").write({"x": "y" * 5000})
 
 
-def test_write_new_file_replaces_stale_temp_and_syncs(tmp_path: Path) -> None:
+def test_create_file_at_replaces_stale_temp_and_never_follows_a_link(tmp_path: Path) -> None:
     target = tmp_path / "f"
     target.write_text("stale")
-    st = write_new_file(target, [b"a", b"b"], mode=0o640)
-    assert target.read_bytes() == b"ab"
-    assert st.st_size == 2
+    outside = tmp_path / "outside"
+    outside.write_text("keep")
+    (tmp_path / "g").symlink_to(outside)
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = create_file_at(dir_fd, "f", [b"a", b"b"], mode=0o640)
+        os.write(fd, b"c")  # the returned fd appends to the new inode
+        assert os.fstat(fd).st_size == 3
+        os.close(fd)
+        os.close(create_file_at(dir_fd, "g", [b"new"]))
+    finally:
+        os.close(dir_fd)
+    assert target.read_bytes() == b"abc"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
-
-
-def test_ensure_private_dir_tightens_mode(tmp_path: Path) -> None:
-    folder = tmp_path / "p"
-    folder.mkdir(mode=0o755)
-    ensure_private_dir(folder)
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    file = tmp_path / "file"
-    file.write_text("x")
-    with pytest.raises(NotADirectoryError):
-        ensure_private_dir(file)
+    assert outside.read_text() == "keep" and not (tmp_path / "g").is_symlink()
 
 
 HOLD = """

@@ -13,6 +13,7 @@ use them, and litellm never is.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from typing import Any, Literal
 from memd.cli.common import iso_utc
 from memd.core.config import MemdConfig, resolve_policy
 from memd.core.descriptor import AgentWindow
-from memd.errors import MemdError
+from memd.errors import MemdError, NotARegularFile
+from memd.fsutil import read_to_end
 from memd.modelinfo import context_length_for_model
 from memd.settings import LoadedConfig
 from memd.state import AgentRecord, FileKey, Heartbeat, StateStore
@@ -116,10 +118,18 @@ def _memory_count(
         cached = store.cached_count(paths.agent, FileKey.of(paths.memory.stat(), encoding))
         if cached is not None:
             return cached, None
-        with paths.memory.open("rb") as handle:
+        # O_NONBLOCK: a FIFO named MEMORY.md must not hang `memd status`.
+        fd = os.open(paths.memory, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
             # The key of the bytes actually read (the file may have grown since stat).
-            key = FileKey.of(os.fstat(handle.fileno()), encoding)
-            return None, _Pending(paths.agent, key, handle.read())
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise NotARegularFile(
+                    "MEMORY.md is not a regular file (a FIFO, device or folder); memd refuses it"
+                )
+            return None, _Pending(paths.agent, FileKey.of(info, encoding), read_to_end(fd))
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return 0, None
 

@@ -19,7 +19,7 @@ from memd.core.jobs import AgentJob
 from memd.counting import CountKind, TrackedCount, count_file
 from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
-from memd.workspace import AgentPaths, contained_path
+from memd.workspace import AgentPaths, check_memory_link
 
 if TYPE_CHECKING:
     from memd.metrics import Metrics
@@ -69,7 +69,7 @@ class _CountFailed(MemdError):
 
 
 def check_contained(entry: AgentEntry) -> None:
-    contained_path(entry.paths.memory, entry.paths.workspace, f"agent {entry.name!r} MEMORY.md")
+    check_memory_link(entry.paths)  # per agent: never into another agent's folder
 
 
 def changed_on_disk(entry: AgentEntry) -> bool:

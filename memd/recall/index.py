@@ -48,7 +48,7 @@ from memd.core.recall import (
 )
 from memd.errors import MemdError, WorkspaceError
 from memd.fsutil import read_to_end
-from memd.workspace import MEMORY_FILE, AgentPaths, contained_path
+from memd.workspace import MEMORY_FILE, AgentPaths, resolve_own
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
@@ -546,14 +546,12 @@ def _delete_sources(conn: sqlite3.Connection, where: str, params: tuple[object, 
 
 
 def _live_path(paths: AgentPaths) -> Path:
-    return contained_path(paths.memory, paths.workspace, f"agent {paths.agent!r} MEMORY.md")
+    return resolve_own(paths, paths.memory, "MEMORY.md")
 
 
 def _archives_on_disk(paths: AgentPaths) -> dict[str, _FileIdentity]:
     try:
-        archive_dir = contained_path(
-            paths.archive_dir, paths.workspace, f"agent {paths.agent!r} archive folder"
-        )
+        archive_dir = resolve_own(paths, paths.archive_dir, "archive folder")
         entries = list(os.scandir(archive_dir))
     except FileNotFoundError:
         return {}

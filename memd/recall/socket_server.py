@@ -34,7 +34,7 @@ from memd.core.recall import parse_since
 from memd.errors import MemdError
 from memd.logs import get_logger
 from memd.recall.index import MAX_LIMIT, RecallIndex
-from memd.workspace import agent_paths, contained_path
+from memd.workspace import agent_paths, resolve_own
 
 PROTOCOL_VERSION = 1
 SOCKET_NAME = ".memd-recall.sock"
@@ -85,7 +85,7 @@ def check_access(workspace: Path, agent: str, uid: int) -> None:
         owners.add(os.stat(paths.dir).st_uid)
     except FileNotFoundError:
         raise RecallRefused(f"no agent {agent!r} in {workspace}") from None
-    memory = contained_path(paths.memory, paths.workspace, f"agent {agent!r} MEMORY.md")
+    memory = resolve_own(paths, paths.memory, "MEMORY.md")
     with contextlib.suppress(FileNotFoundError):
         owners.add(os.stat(memory).st_uid)
     if uid not in owners:

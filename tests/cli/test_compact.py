@@ -215,3 +215,30 @@ def test_agents_with_compression_off_are_never_compacted(
     assert "beta: skipped (context_compression = false)" in everyone.stdout
     assert "alpha: compacted" in everyone.stdout
     assert ws.paths("beta").memory.read_bytes() == before
+
+
+def _fifo_for_memory(ws: AgentWorkspace, name: str) -> Path:
+    memory = ws.paths(name).memory
+    memory.unlink()
+    os.mkfifo(memory)
+    return memory
+
+
+@pytest.mark.timeout(60)
+def test_fifo_memory_is_refused_by_compact_now_and_status(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    _fifo_for_memory(ws, "beta")
+    common = ("--workspace", str(ws.root), "--state-dir", str(tmp_path / "state"))
+    one = memd("compact-now", "beta", *common)
+    assert one.returncode != 0
+    assert one.stderr.count("\n") == 1 and "beta" in one.stderr
+    assert "not a regular file" in one.stderr and "Traceback" not in one.stderr
+    every = memd("compact-now", "--all", *common)
+    assert "not a regular file" in every.stderr and "Traceback" not in every.stderr
+    assert len(list(ws.paths("alpha").archive_dir.iterdir())) == 1  # the others still compacted
+    status = memd("status", "--json", *common)
+    assert status.returncode == 0, status.stderr
+    rows = {row["agent"]: row for row in __import__("json").loads(status.stdout)}
+    assert rows["beta"]["state"] == "error" and "not a regular file" in rows["beta"]["last_error"]
+    assert rows["alpha"]["tokens"] > 0

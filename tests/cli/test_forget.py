@@ -152,7 +152,7 @@ def test_refuses_symlink_out_of_workspace(
     paths.memory.symlink_to(outside)
     before = snapshot_tree(ws.root)
     code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
-    assert code == 2 and "outside the workspace" in err
+    assert code == 2 and "resolves outside the agent's own folder" in err
     assert outside.read_text() == "keep me"
     assert snapshot_tree(ws.root) == before
 
@@ -160,7 +160,7 @@ def test_refuses_symlink_out_of_workspace(
 def test_symlink_inside_workspace_removed_as_link(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:
-    shared = ws.root / "shared-archive"
+    shared = ws.root / "agents" / "alpha" / "shared-archive"
     shared.mkdir()
     (shared / "history_x.md").write_text("shared")
     paths = ws.paths("alpha")

@@ -213,10 +213,10 @@ def test_bad_agent_in_listing_does_not_hide_others(
     assert isinstance(rows, list)
     by_name = {r["agent"]: r for r in rows}
     assert by_name["evil"]["state"] == "error"
-    assert "outside the workspace" in by_name["evil"]["last_error"]
+    assert "resolves outside the agent's own folder" in by_name["evil"]["last_error"]
     assert by_name["alpha"]["tokens"] > 0
     code, _, err = run(capsys, "status", "evil", "-w", str(ws.root), "--state-dir", str(state_dir))
-    assert code == 2 and "outside the workspace" in err
+    assert code == 2 and "resolves outside the agent's own folder" in err
 
 
 @pytest.mark.parametrize(
