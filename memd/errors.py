@@ -27,9 +27,17 @@ class MemdError(Exception):
 
 
 class ConfigError(MemdError, ValueError):
-    """Bad config file, env var or flag; the message names key and source."""
+    """Bad config file, env var or flag; the message names key and source.
+
+    ``problems`` lists every error found (one line each; the message shows the
+    first), for ``memd config check``.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 class InvalidAgentName(MemdError, ValueError):

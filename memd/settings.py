@@ -151,24 +151,29 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _describe(exc: ValidationError, source: str, origin: dict[tuple[str, ...], str]) -> str:
-    error = exc.errors()[0]
+def _describe_one(error: Any, source: str, origin: dict[tuple[str, ...], str]) -> str:
     location = tuple(str(part) for part in error["loc"])
     dotted = ".".join(location) or "(top level)"
     where = origin.get(location)
     unknown = error["type"] == "extra_forbidden"
     reason = "unknown key" if unknown else error["msg"]
     value = error.get("input")
-    shown = (
-        "" if error["type"] == "extra_forbidden" or isinstance(value, dict) else f" (got {value!r})"
-    )
+    shown = "" if unknown or isinstance(value, dict) else f" (got {value!r})"
     if "api_key" in dotted:
         shown = ""  # never echo secrets
-    more = len(exc.errors()) - 1
-    suffix = f" (+{more} more)" if more > 0 else ""
     if where is not None:
-        return f"invalid setting {where} ({dotted}): {reason}{shown}{suffix}"
-    return f"invalid config {source}: {dotted}: {reason}{shown}{suffix}"
+        return f"invalid setting {where} ({dotted}): {reason}{shown}"
+    return f"invalid config {source}: {dotted}: {reason}{shown}"
+
+
+def _config_error(
+    exc: ValidationError, source: str, origin: dict[tuple[str, ...], str]
+) -> ConfigError:
+    """One line for the first error (+ how many more); every error in ``problems``."""
+    problems = tuple(_describe_one(error, source, origin) for error in exc.errors())
+    more = len(problems) - 1
+    suffix = f" (+{more} more: see memd config check)" if more > 0 else ""
+    return ConfigError(problems[0] + suffix, problems)
 
 
 def build_config(
@@ -181,11 +186,11 @@ def build_config(
     try:
         MemdConfig.model_validate(file_data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source, {})) from None
+        raise _config_error(exc, source, {}) from None
     try:
         config = MemdConfig.model_validate(_merge(dict(file_data), overrides))
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source, origin)) from None
+        raise _config_error(exc, source, origin) from None
     _check_summary_budgets(config, source)
     return config, tuple(sorted(origin.values()))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ from memd.cli.common import (
     open_state,
 )
 from memd.cli.status_query import heartbeat_max_age
-from memd.errors import MemdError, UnknownAgent
+from memd.errors import ConfigError, MemdError, UnknownAgent
 from memd.settings import LoadedConfig, resolve_state_dir
 from memd.state import LedgerEntry
 from memd.workspace import agent_paths, require_workspace
@@ -267,11 +268,27 @@ def config_check(
     as_json: JsonOption = False,
 ) -> None:
     """Validate a config file and print the effective config (env overrides applied)."""
-    loaded = load(workspace, file if file is not None else config)
+    chosen = file if file is not None else config
+    try:
+        loaded = load(workspace, chosen)
+    except ConfigError as exc:
+        # Every error at once (not only the first), in both forms.
+        if as_json:
+            failed: dict[str, Any] = {
+                "valid": False,
+                "source": str(chosen) if chosen is not None else None,
+                "errors": list(exc.problems),
+            }
+            print(json.dumps(failed, indent=2))
+        else:
+            for problem in exc.problems:
+                print(f"memd: error: {problem}", file=sys.stderr)
+        raise typer.Exit(exc.exit_code) from None
     data = effective_config(loaded)
     source = str(loaded.source) if loaded.source else "(no file: defaults)"
     if as_json:
-        payload = {
+        payload: dict[str, Any] = {
+            "valid": True,
             "source": source,
             "env_overrides": list(loaded.env_overrides),
             "config": data,

@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
 
+# Upper bounds: a value past these is a typo, and one past 2**63 cannot even
+# be stored in the state database (the daemon would then never compact).
+MAX_CONTEXT_TOKENS = 100_000_000
+_DAY_S = 86_400.0
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
@@ -22,8 +27,10 @@ class _Section(BaseModel):
 
 class TriggerConfig(_Section):
     threshold: float = Field(0.9, gt=0, le=1, description="fraction of context_length")
-    context_length: int = Field(200_000, gt=0, description="tokens")
-    max_tokens: int = Field(0, ge=0, description="absolute cap in tokens (0 = off)")
+    context_length: int = Field(200_000, gt=0, le=MAX_CONTEXT_TOKENS, description="tokens")
+    max_tokens: int = Field(
+        0, ge=0, le=MAX_CONTEXT_TOKENS, description="absolute cap in tokens (0 = off)"
+    )
     debounce_ms: int = Field(500, ge=0, le=600_000)
     max_wait_ms: int = Field(5_000, ge=0, le=3_600_000, description="debounce ceiling")
     low_water: float = Field(
@@ -62,7 +69,7 @@ class SummarizerConfig(_Section):
 class CompactionConfig(_Section):
     drain_quiet_s: float = Field(1.0, ge=0, le=60, description="old-inode quiet period")
     drain_max_s: float = Field(10.0, ge=0, le=600)
-    lock_wait_s: float = Field(300.0, ge=0, description="compact-now default --wait")
+    lock_wait_s: float = Field(300.0, ge=0, le=_DAY_S, description="compact-now default --wait")
     max_restarts: int = Field(3, ge=0, le=20, description="re-summarize when prefix changed")
 
 
@@ -74,12 +81,12 @@ class WatchConfig(_Section):
 
 class DaemonConfig(_Section):
     max_concurrent_llm: int = Field(2, ge=1, le=256)
-    retry_base_s: float = Field(5.0, gt=0)
-    retry_max_s: float = Field(600.0, gt=0)
-    cooldown_s: float = Field(60.0, ge=0)
-    breaker_failures: int = Field(5, ge=1)
-    breaker_reset_s: float = Field(1800.0, gt=0)
-    state_flush_s: float = Field(5.0, gt=0)
+    retry_base_s: float = Field(5.0, gt=0, le=_DAY_S)
+    retry_max_s: float = Field(600.0, gt=0, le=7 * _DAY_S)
+    cooldown_s: float = Field(60.0, ge=0, le=_DAY_S)
+    breaker_failures: int = Field(5, ge=1, le=1000)
+    breaker_reset_s: float = Field(1800.0, gt=0, le=7 * _DAY_S)
+    state_flush_s: float = Field(5.0, gt=0, le=3600)
 
 
 class LogConfig(_Section):
@@ -102,8 +109,8 @@ class RecallConfig(_Section):
 class AgentOverride(_Section):
     model: str | None = None
     threshold: float | None = Field(None, gt=0, le=1)
-    context_length: int | None = Field(None, gt=0)
-    max_tokens: int | None = Field(None, ge=0)
+    context_length: int | None = Field(None, gt=0, le=MAX_CONTEXT_TOKENS)
+    max_tokens: int | None = Field(None, ge=0, le=MAX_CONTEXT_TOKENS)
     summary_instructions: str | None = None
     context_compression: bool | None = None
 

@@ -295,3 +295,46 @@ def test_doctor_fails_on_unreachable_summarizer(
     )
     assert "fix: check the network" in out
     assert err.count("\n") == 1 and "summarizer endpoint" in err
+
+
+OVERSIZED = """\
+[trigger]
+context_length = 99999999999999999999999
+max_tokens = -1
+
+[daemon]
+cooldown_s = inf
+breaker_failures = 99999999999
+
+[agents."x"]
+context_length = 1000000000000
+"""
+
+
+def test_config_check_shows_every_error_and_bounds_integers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "memd.toml"
+    config.write_text(OVERSIZED)
+    keys = [
+        "trigger.context_length",
+        "trigger.max_tokens",
+        "daemon.cooldown_s",
+        "daemon.breaker_failures",
+        "agents.x.context_length",
+    ]
+    code, out, err = run(capsys, "config", "check", str(config))
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == len(keys)
+    for line, key in zip(lines, keys, strict=True):
+        assert line.startswith("memd: error: invalid config") and f": {key}: " in line
+    code, out, _ = run(capsys, "config", "check", str(config), "--json")
+    assert code == 2
+    payload = json.loads(out)
+    assert payload["valid"] is False and len(payload["errors"]) == len(keys)
+    assert all(key in error for key, error in zip(keys, payload["errors"], strict=True))
+    # Any other command: one line, the first error, and where to see the rest.
+    code, _, err = run(capsys, "status", "--config", str(config), "-w", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1
+    assert "trigger.context_length" in err and "(+4 more: see memd config check)" in err
