@@ -863,3 +863,24 @@ def test_a_partial_compaction_archives_only_what_was_summarized(agent_ws: AgentW
     # The unsummarized turns stay raw, verbatim, after the summary block.
     assert [e.raw for e in doc.entries[1:]] == [e.raw for e in entries[2:]]
     assert_consistent(paths, {e.text for e in entries})
+
+
+def test_summary_controls_never_reach_memory_md(agent_ws: AgentWorkspace) -> None:
+    from memd.compaction import ProvidedSummary
+
+    paths = agent_ws.create_agent("alpha", entries=3)
+
+    class Hostile:
+        model = "hostile"
+
+        def summarize(self, request: object) -> SummaryResult:
+            return SummaryResult(text="\x1b[2J\x1b]0;t\x07ok\u202e\x85\u2028", model="hostile")
+
+    compact_agent(paths, Hostile(), FAST)
+    append_entry(paths.memory, "Human", "one more turn " * 20)
+    compact_agent(paths, ProvidedSummary("given\x1b[31m text\u2029"), FAST, manual=True)
+    data = paths.memory.read_text()
+    archived = "".join(p.read_text() for p in paths.archive_dir.iterdir())
+    for text in (data, archived):
+        assert not any(c in text for c in "\x1b\x07\x85\u2028\u2029\u202e")
+    assert "given text" in data

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
+from memd.core.sanitize import strip_controls
+
 EM_DASH: Final = "\u2014"
 SUMMARY_ROLE: Final = "System"
 SUMMARY_MARKER: Final = "[Compressed Memory Summary]"
@@ -295,7 +297,7 @@ _SUMMARY_UNSAFE_LINE = re.compile(r"(?m)^(?=###[^\r\n]* \u2014 )")
 
 
 def sanitize_summary(summary: str) -> str:
-    """Make sure no summary line can be read as an entry header.
+    """Clean a summary of controls, and make sure no line can be read as an entry header.
 
     Any line starting with ``###`` that contains an em dash is quoted with
     ``> ``: that is stricter than the entry-header rule (which also needs a
@@ -307,7 +309,10 @@ def sanitize_summary(summary: str) -> str:
     # lone "\r" is a line break to readers in text mode (Swarms): normalize
     # both before quoting, so the quoting sees the lines every reader sees.
     cleaned = _LONE_SURROGATE.sub("\ufffd", summary)
-    cleaned = cleaned.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "").strip()
+    cleaned = cleaned.replace("\r\n", "\n").replace("\r", "\n")
+    # Terminal escapes, other controls, NEL, U+2028/9 and bidi overrides: the
+    # one sanitizer for LLM replies and --summary text alike.
+    cleaned = strip_controls(cleaned).strip()
     return _SUMMARY_UNSAFE_LINE.sub("> ", cleaned)
 
 
