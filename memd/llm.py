@@ -46,6 +46,7 @@ from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_block import parse_summary
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import SummarizerError
+from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
 _RETRYABLE_TYPE_NAMES: Final = frozenset(
@@ -88,6 +89,10 @@ def import_litellm() -> ModuleType:
             for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
             logging.getLogger("httpx").setLevel(logging.WARNING)
+            # Replies are read through a transport that enforces each attempt's
+            # wall-clock deadline and size cap (memd.llm_guard).
+            if litellm.client_session is None:
+                litellm.client_session = guarded_client()
             _litellm = litellm
         return _litellm
 
@@ -120,6 +125,27 @@ def describe_failure(exc: BaseException, timeout_s: float) -> str:
     if status is not None:
         return f"{name} (HTTP {status})"
     return name
+
+
+# A reply is JSON around at most max_tokens tokens; escaping can blow a token
+# up to a few dozen bytes. Anything beyond is not a summary.
+_MAX_REPLY_OVERHEAD: Final = 1 << 20
+_MAX_REPLY_BYTES_PER_TOKEN: Final = 64
+
+
+def _deadline_reason(timeout_s: float) -> str:
+    return f"timed out after {timeout_s:g}s (no complete reply by the wall-clock deadline)"
+
+
+def _attempt_failure(exc: Exception, guard: AttemptGuard, timeout_s: float) -> tuple[str, bool]:
+    """(reason, retryable) of a failed attempt, preferring what the guard saw."""
+    if guard.tripped == "deadline":
+        return _deadline_reason(timeout_s), True
+    if guard.tripped is not None:
+        return guard.tripped, False
+    if guard.connect_error is not None:
+        return guard.connect_error, True
+    return describe_failure(exc, timeout_s), is_retryable(exc)
 
 
 def backoff_delay(attempt: int, rng: random.Random, base_s: float = _BACKOFF_BASE_S) -> float:
@@ -234,14 +260,16 @@ class LiteLLMSummarizer:
         count_text: CountText | None = None,
         *,
         window: Window | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         rng: random.Random | None = None,
         backoff_base_s: float = _BACKOFF_BASE_S,
     ) -> None:
         self._config = config
         self._count_text: CountText = count_text or _estimate_tokens
         self.window = window or summarizer_window(config.context_length, None)
-        self._sleep = sleep
+        # Set by stop(): no new attempt starts and a backoff wait ends at once.
+        self._stopping = threading.Event()
+        self._sleep = sleep if sleep is not None else self._stopping.wait
         self._rng = rng if rng is not None else random.Random()
         self._backoff_base_s = backoff_base_s
 
@@ -407,24 +435,53 @@ class LiteLLMSummarizer:
                 f"summarizer {self.model!r} failed for agent {agent!r}: no API key "
                 f"(set summarizer.api_key or {' / '.join(missing)})"
             )
+        # Each attempt and all of them together are bounded by the wall clock,
+        # whatever the server does (a reply trickling in byte by byte included):
+        # worst case (retries + 1) * timeout_s, backoff sleeps included.
         attempts = self._config.retries + 1
+        timeout_s = self._config.timeout_s
+        overall_deadline = time.monotonic() + timeout_s * attempts
+        max_reply = _MAX_REPLY_OVERHEAD + _MAX_REPLY_BYTES_PER_TOKEN * int(kwargs["max_tokens"])
+        reason = ""
         for attempt in range(attempts):
-            try:
-                response = litellm.completion(**kwargs)
-            except Exception as exc:
-                reason = describe_failure(exc, self._config.timeout_s)
-                if is_retryable(exc) and attempt + 1 < attempts:
-                    delay = backoff_delay(attempt, self._rng, self._backoff_base_s)
-                    # A rate limiter that says when to come back knows best.
-                    self._sleep(max(delay, retry_after_s(exc) or 0.0))
-                    continue
-                tried = f" after {attempt + 1} attempts" if attempt else ""
-                # ``from None``: the provider exception's text may hold content.
+            if attempt and self._stopping.is_set():
                 raise SummarizerError(
-                    f"summarizer {self.model!r} failed for agent {agent!r}{tried}: {reason}"
-                ) from None
-            return self._result_of(response, agent, litellm)
+                    f"summarizer {self.model!r} failed for agent {agent!r}: memd is stopping; "
+                    f"not retrying ({reason})"
+                )
+            guard = AttemptGuard(
+                deadline=min(time.monotonic() + timeout_s, overall_deadline),
+                max_reply_bytes=max_reply,
+            )
+            server_says: float | None = None
+            try:
+                response = run_attempt(lambda: litellm.completion(**kwargs), guard)
+            except AttemptAbandoned:
+                reason, retryable = _deadline_reason(timeout_s), True
+            except Exception as exc:
+                reason, retryable = _attempt_failure(exc, guard, timeout_s)
+                server_says = retry_after_s(exc)
+            else:
+                return self._result_of(response, agent, litellm)
+            if retryable and attempt + 1 < attempts:
+                # A rate limiter that says when to come back knows best.
+                delay = max(
+                    backoff_delay(attempt, self._rng, self._backoff_base_s), server_says or 0
+                )
+                if time.monotonic() + delay < overall_deadline:
+                    self._sleep(delay)
+                    continue
+                reason += f"; no time left for a retry within {timeout_s * attempts:g}s"
+            tried = f" after {attempt + 1} attempts" if attempt else ""
+            # ``from None``: the provider exception's text may hold content.
+            raise SummarizerError(
+                f"summarizer {self.model!r} failed for agent {agent!r}{tried}: {reason}"
+            ) from None
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def stop(self) -> None:
+        """memd is stopping: the attempt in flight may finish, no retry starts."""
+        self._stopping.set()
 
     def _result_of(self, response: Any, agent: str, litellm: ModuleType) -> SummaryResult:
         def fail(reason: str) -> SummarizerError:

@@ -779,6 +779,34 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
         assert not list((ws.root / "agents/slowpoke/archive").glob("history_*.md"))
 
 
+def test_subprocess_sigterm_stops_retrying_a_trickling_summarizer(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    from support.openai_server import OpenAITestServer
+
+    ws.create_agent("trickled")
+    with OpenAITestServer() as server:
+        config = write_config(
+            tmp_path / "memd.toml",
+            f'model = "openai/test-model"\napi_base = "{server.api_base}"\n'
+            'api_key = "sk-test"\nretries = 2\ntimeout_s = 4\n',
+        )
+        # Every reply trickles (one byte every 0.5 s): only the wall-clock
+        # deadline ends an attempt, and after SIGTERM no retry may start.
+        server.script(*["trickle:0.5"] * 5)
+        memory = fill(ws, "trickled", 0)
+        with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+            daemon.wait_ready()
+            fill(ws, "trickled", 20)
+            before = memory.read_bytes()
+            daemon.wait_for("compaction started", lambda line: line.get("agent") == "trickled")
+            daemon.signal(signal.SIGTERM)
+            assert daemon.wait(60) == 0
+        assert len(server.requests) == 1
+        assert memory.read_bytes() == before
+        assert not list((ws.root / "agents/trickled/archive").glob("history_*.md"))
+
+
 def test_subprocess_demo_compacts_with_the_builtin_summarizer(tmp_path: Path) -> None:
     demo = tmp_path / "demo"
     with DaemonProcess(demo, tmp_path / "state", extra_args=["--demo"]) as daemon:

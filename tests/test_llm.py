@@ -394,3 +394,54 @@ def test_import_keeps_tiktoken_cache_dir_and_sets_offline_cost_map() -> None:
     assert all(process.returncode == 0 for process in processes.values())
     assert outputs["set"] == ["/custom/tiktoken-cache", "true"]  # the user's values kept
     assert outputs["unset"] == ["<unset>", "True"]
+
+
+@pytest.mark.timeout(60)
+def test_a_trickling_reply_is_cut_off_at_the_wall_clock_deadline(
+    openai_server: OpenAITestServer,
+) -> None:
+    # Headers at once, then one byte every 0.2 s: each read is quick, so only a
+    # deadline on the whole reply ends it (the body takes minutes otherwise).
+    openai_server.script("trickle:0.2", "trickle:0.2")
+    with pytest.raises(SummarizerError) as caught:
+        summarizer(openai_server, timeout_s=1.5, retries=1).summarize(request())
+    message = assert_safe_error(caught.value)
+    assert "timed out after 1.5s" in message and "wall-clock deadline" in message
+    assert "after 2 attempts" in message or "no time left for a retry" in message
+
+
+def test_a_reply_over_the_size_cap_is_refused(openai_server: OpenAITestServer) -> None:
+    openai_server.script("huge:3000000")
+    with pytest.raises(SummarizerError) as caught:
+        summarizer(openai_server, retries=2).summarize(request(max_tokens=100))
+    assert "reply larger than" in assert_safe_error(caught.value)
+    assert len(openai_server.requests) == 1  # not retried
+
+
+def test_a_refused_connection_is_reported_as_such() -> None:
+    with OpenAITestServer() as closed:
+        pass  # started and stopped: nothing listens on its port any more
+    with pytest.raises(SummarizerError) as caught:
+        summarizer(closed).summarize(request())
+    message = assert_safe_error(caught.value)
+    assert f"cannot connect to http://127.0.0.1:{closed.port} (connection refused)" in message
+    assert "HTTP 500" not in message
+
+
+def test_stop_ends_the_retries(openai_server: OpenAITestServer) -> None:
+    import threading
+
+    openai_server.script("http:500", "http:500", "http:500")
+    settings = {
+        "model": "openai/test-model",
+        "api_base": openai_server.api_base,
+        "api_key": API_KEY,
+        "retries": 2,
+    }
+    llm = LiteLLMSummarizer(SummarizerConfig.model_validate(settings), backoff_base_s=30)
+    stopper = threading.Timer(0.5, llm.stop)  # during the first 15-30 s backoff wait
+    stopper.start()
+    with pytest.raises(SummarizerError, match="memd is stopping; not retrying"):
+        llm.summarize(request())
+    stopper.join()
+    assert len(openai_server.requests) == 1

@@ -114,7 +114,16 @@ class Runner:
 
     def stop(self) -> None:
         """No new jobs from here on (queued ones are cancelled when they start)."""
-        self._stopping = True
+        with self._registry.lock:
+            self._stopping = True
+            self._stop_summarizer_retries()
+
+    def _stop_summarizer_retries(self) -> None:
+        # In-flight summaries may finish (they commit), but none retries:
+        # retries could outlast systemd's TimeoutStopSec.
+        stop = getattr(self._summarizer, "stop", None)
+        if callable(stop):
+            stop()
 
     def reconfigure(self, config: MemdConfig) -> None:
         with self._registry.lock:
@@ -226,6 +235,8 @@ class Runner:
                 self._summarizer = self._summarizer_factory(
                     self.config, self._counter.tokenizer.count_text
                 )
+                if self._stopping:
+                    self._stop_summarizer_retries()
             return self._summarizer
 
     def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:

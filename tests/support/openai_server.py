@@ -17,6 +17,8 @@ Behaviours (strings):
     "no_choices"     200, choices []
     "malformed"      200, a body that is not JSON
     "drop"           close the connection without answering
+    "trickle:<secs>" headers for a normal reply, then its body one byte every <secs>
+    "huge:<bytes>"   200, a reply whose content is that many bytes
     "tool:<name>:<json>" 200, one tool call of <name> with those arguments (id call_<n>)
 """
 
@@ -179,6 +181,22 @@ class OpenAITestServer:
                 },
                 {"Retry-After": retry_after} if retry_after else None,
             )
+        elif kind == "trickle":
+            data = json.dumps(completion(body, self._responder(body))).encode()
+            try:
+                handler.send_response(200)
+                handler.send_header("Content-Type", "application/json")
+                handler.send_header("Content-Length", str(len(data)))
+                handler.end_headers()
+                for index in range(len(data)):
+                    handler.wfile.write(data[index : index + 1])
+                    handler.wfile.flush()
+                    if self._stopping.wait(float(argument)):
+                        break
+            except OSError:
+                handler.close_connection = True  # the client cut it off
+        elif kind == "huge":
+            handler._send_json(200, completion(body, "x" * int(argument)))
         elif kind == "malformed":
             handler._send_raw(200, b"{this is not json")
         elif kind == "drop":
