@@ -70,7 +70,11 @@ _litellm: ModuleType | None = None
 def import_litellm() -> ModuleType:
     """Import litellm once, offline, without letting it change TIKTOKEN_CACHE_DIR."""
     global _litellm
-    with _import_lock:
+    # The tokenizer's loading lock too: litellm rewrites TIKTOKEN_CACHE_DIR on
+    # import, which a tokenizer load in another thread depends on meanwhile.
+    from memd.tokenizer import loading_lock
+
+    with _import_lock, loading_lock:
         if _litellm is None:
             os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             saved_cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
@@ -95,6 +99,19 @@ def import_litellm() -> ModuleType:
                 litellm.client_session = guarded_client()
             _litellm = litellm
         return _litellm
+
+
+def warm_up() -> bool:
+    """Import litellm ahead of the first summary (the daemon does it after READY).
+
+    False on failure, which is not reported here: the first summary imports
+    again and says why.
+    """
+    try:
+        import_litellm()
+    except Exception:
+        return False
+    return True
 
 
 def _status_of(exc: BaseException) -> int | None:

@@ -50,9 +50,13 @@ def window_for(config: SummarizerConfig) -> Window:
     return summarizer_window(config.context_length, context_length_for_model(config.model))
 
 
+def needs_litellm(config: SummarizerConfig) -> bool:
+    return config.model.strip().lower() != BUILTIN_MODEL
+
+
 def make_summarizer(config: SummarizerConfig, count_text: CountText) -> Summarizer:
     """``model = "builtin"`` gives the offline summarizer; anything else is a litellm model."""
-    if config.model.strip().lower() == BUILTIN_MODEL:
+    if not needs_litellm(config):
         return BuiltinSummarizer(count_text)
     from memd.llm import LiteLLMSummarizer  # light: litellm itself loads on first use
 

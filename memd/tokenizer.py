@@ -80,6 +80,8 @@ OFFLINE_ENCODINGS: Final[dict[str, _BpeFile]] = {
 }
 
 _load_lock = threading.Lock()
+# Held while TIKTOKEN_CACHE_DIR is in flux: loading an encoding, importing litellm.
+loading_lock = _load_lock
 _loaded: dict[str, tiktoken.Encoding] = {}
 
 

@@ -753,6 +753,7 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
         server.script("sleep:2")
         with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
             daemon.wait_ready()
+            daemon.wait_for("summarizer loaded", timeout=120)  # a loaded machine: seconds
             fill(ws, "patient", 20)
             daemon.wait_for("compaction started", lambda line: line.get("agent") == "patient")
             daemon.signal(signal.SIGTERM)
@@ -797,6 +798,9 @@ def test_subprocess_sigterm_stops_retrying_a_trickling_summarizer(
         memory = fill(ws, "trickled", 0)
         with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
             daemon.wait_ready()
+            # litellm is imported in the background after READY (not by the
+            # first compaction), and says so.
+            assert daemon.wait_for("summarizer loaded", timeout=120)["ok"] is True
             fill(ws, "trickled", 20)
             before = memory.read_bytes()
             daemon.wait_for("compaction started", lambda line: line.get("agent") == "trickled")

@@ -329,6 +329,25 @@ class Daemon:
             # EnvironmentFile= only at start, never on reload.
             env_overrides=list(self._env_overrides),
         )
+        self._warm_summarizer()
+
+    def _warm_summarizer(self) -> None:
+        """Import litellm in the background now, not seconds into the first compaction."""
+        if self._summarizer_factory is not _default_summarizer:
+            return
+        from memd.summarizers import needs_litellm
+
+        if not needs_litellm(self.config.summarizer):
+            return
+
+        def warm() -> None:
+            from memd.llm import warm_up
+
+            started = time.monotonic()
+            loaded = warm_up()
+            _log.info("summarizer loaded", ok=loaded, seconds=round(time.monotonic() - started, 2))
+
+        threading.Thread(target=warm, name="memd-warm-litellm", daemon=True).start()
 
     def _open_store(self) -> StateStore | None:
         if self.options.state_dir is None:
