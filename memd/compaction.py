@@ -196,11 +196,22 @@ class ThresholdCheck:
     threshold_tokens: int
 
 
-def check_still_over(pinned: AgentDir, check: ThresholdCheck, count_bytes: ByteCounter) -> None:
+def check_still_over(
+    where: AgentDir | AgentPaths, check: ThresholdCheck, count_bytes: ByteCounter
+) -> None:
     """Raise :class:`UnderThreshold` when MEMORY.md is under ``check``'s threshold now.
 
     A file that cannot be counted is left to the snapshot, which reports why.
     """
+    if isinstance(where, AgentPaths):
+        try:
+            opened = AgentDir.open(where, create_private=False)
+        except (OSError, MemdError):
+            return
+        with opened:
+            check_still_over(opened, check, count_bytes)
+        return
+    pinned = where
     paths = pinned.paths
     try:
         fd = pinned.open_memory(os.O_RDONLY)
@@ -244,6 +255,10 @@ class CompactionOutcome:
     tokens_before: int | None
     tokens_after: int | None
     model: str
+    # What the compaction itself produced from its snapshot (header + summary
+    # + the snapshot's bytes it carried), apart from appends that arrived
+    # while it ran: only the former says whether compaction can shrink the file.
+    tokens_produced: int | None
     cost_usd: float | None
     duration_s: float
     llm_duration_s: float
@@ -356,6 +371,7 @@ class _Transaction:
         # The new MEMORY.md, open from its creation on: the drain appends
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
+        self.produced = b""  # header + summary + what the snapshot held past N
 
     # -- snapshot -------------------------------------------------------------
     def _open_memory(self) -> int:
@@ -575,6 +591,8 @@ class _Transaction:
         header = snap.document.header
         conversation = header.conversation if isinstance(header, HeaderSegment) else self.agent
         new_header = render_header(conversation, _now_local_iso())
+        from_snapshot = max(0, min(copy_until, snap.size) - snap.boundary)
+        self.produced = new_header + summary + tail[:from_snapshot]
         self.new_fd = create_file_at(
             private_fd,
             NEW_MEMORY_TEMP,
@@ -633,6 +651,7 @@ class _Transaction:
         if self.new_fd >= 0:
             os.close(self.new_fd)
             self.new_fd = -1
+        self.produced = b""  # header + summary + what the snapshot held past N
 
     def rollback(self) -> None:
         _rollback_files(self.pinned, self.archive_ino)
@@ -914,8 +933,9 @@ def _compact_locked(
                 f"late appends failed: {describe_error(exc)}; the next run finishes it"
             ) from exc
         tokens_before = count_bytes(snap.data) if count_bytes and measure_tokens else None
-        tokens_after = None
+        tokens_after = tokens_produced = None
         if count_bytes is not None and measure_tokens:
+            tokens_produced = count_bytes(txn.produced)
             with contextlib.suppress(OSError):
                 tokens_after = count_bytes(read_to_end(txn.new_fd))
         assert txn.archive is not None
@@ -923,6 +943,7 @@ def _compact_locked(
             archive=txn.archive,
             tokens_before=tokens_before,
             tokens_after=tokens_after,
+            tokens_produced=tokens_produced,
             model=result.model,
             cost_usd=result.cost_usd,
             duration_s=time.monotonic() - started,

@@ -83,6 +83,10 @@ class Outcome:
     cost_usd: float | None = None
     llm_duration_s: float = 0.0
 
+    @property
+    def tokens_produced(self) -> int | None:
+        return self.tokens_after  # nothing is appended during a scripted job
+
 
 class ScriptedCompaction:
     """Stands in for compact_agent: each call pops a behaviour.
@@ -1310,3 +1314,84 @@ def test_new_counts_reach_the_state_db_without_waiting_for_the_periodic_flush(
     finally:
         store.close()
     assert h.stop() == 0
+
+
+# -- fast writers: compacted again and again while they write -----------------------
+
+FAST_WRITER = """
+import sys, time, datetime
+path, tag, count, pause = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+for i in range(count):
+    stamp = datetime.datetime.now().isoformat()
+    body = f"{tag}-{i} " + "status update from the worker, all nominal " * 6
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"### Human \\u2014 {stamp}\\n\\n{body}\\n\\n---\\n\\n")
+    time.sleep(pause)
+"""
+
+
+def test_fast_writers_are_compacted_again_and_again_never_cooled_down(
+    ws: AgentWorkspace, run_daemon: Any
+) -> None:
+    from memd.compaction import compact_agent
+
+    paths = ws.create_agent("busy")
+    llm_s = 0.8  # each compaction takes longer than many appends
+
+    class Slow:
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.model = inner, inner.model
+
+        def summarize(self, request: Any) -> Any:
+            time.sleep(llm_s)
+            return self.inner.summarize(request)
+
+    def slow_compact(paths: AgentPaths, summarizer: Any, options: Any, **kw: Any) -> Any:
+        return compact_agent(paths, Slow(summarizer), options, **kw)
+
+    threshold = 3600
+    h = run_daemon(
+        ws,
+        compact=slow_compact,
+        config={
+            # The shipped debounce (a writer never pauses 500 ms) and cooldown.
+            "trigger": {
+                "context_length": 4000,
+                "threshold": 0.9,
+                "debounce_ms": 500,
+                "max_wait_ms": 5000,
+            },
+            "daemon": {"cooldown_s": 60, "min_interval_s": 0.2},
+        },
+    )
+    writers = [
+        subprocess.Popen([sys.executable, "-c", FAST_WRITER, str(paths.memory), tag, "160", "0.05"])
+        for tag in ("w1", "w2")
+    ]
+    peak = 0
+    states: set[JobState] = set()
+    started = time.monotonic()
+    while any(w.poll() is None for w in writers):
+        peak = max(peak, COUNTER.count_bytes(paths.memory.read_bytes()))
+        state = h.job("busy")
+        if state is not None:
+            states.add(state)
+        time.sleep(0.05)
+    writing_s = time.monotonic() - started
+    assert all(w.wait() == 0 for w in writers)
+    compactions = h.daemon.compactions_ok
+    appended = sum(
+        n for text, n in entry_contents_everywhere(paths).items() if text.startswith("w")
+    )
+    rate = 320 * 2 / 0.05 / 4  # two writers, ~320-byte entries every 50 ms, ~4 bytes a token
+    # Bound: the threshold, plus what arrives while the count is pending and one
+    # compaction (LLM call included) runs, with slack for a loaded machine.
+    bound = threshold + rate * (0.5 + llm_s + 0.2) * 3
+    print(
+        f"\nfast writers: {writing_s:.1f}s, {compactions} compactions, peak {peak} tokens "
+        f"(threshold {threshold}, bound {bound:.0f}), states seen {sorted(s.value for s in states)}"
+    )
+    assert appended == 320 and set(entry_contents_everywhere(paths).values()) == {1}
+    assert JobState.COOLDOWN not in states
+    assert compactions >= 3
+    assert peak <= bound

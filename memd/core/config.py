@@ -84,6 +84,8 @@ class DaemonConfig(_Section):
     retry_base_s: float = Field(5.0, gt=0, le=_DAY_S)
     retry_max_s: float = Field(600.0, gt=0, le=7 * _DAY_S)
     cooldown_s: float = Field(60.0, ge=0, le=_DAY_S)
+    # Appends that arrived during a compaction: compact again, but not sooner.
+    min_interval_s: float = Field(1.0, ge=0, le=3600)
     breaker_failures: int = Field(5, ge=1, le=1000)
     breaker_reset_s: float = Field(1800.0, gt=0, le=7 * _DAY_S)
     state_flush_s: float = Field(5.0, gt=0, le=3600)

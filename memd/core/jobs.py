@@ -77,6 +77,9 @@ class RetryPolicy:
     retry_base_s: float = 5.0
     retry_max_s: float = 600.0
     cooldown_s: float = 60.0
+    # The least time between two compactions of one agent: appends made
+    # during a compaction trigger the next one, no sooner than this.
+    min_interval_s: float = 0.0
     breaker_failures: int = 5
     breaker_reset_s: float = 1800.0
 
@@ -86,6 +89,7 @@ class RetryPolicy:
             retry_base_s=daemon.retry_base_s,
             retry_max_s=daemon.retry_max_s,
             cooldown_s=daemon.cooldown_s,
+            min_interval_s=daemon.min_interval_s,
             breaker_failures=daemon.breaker_failures,
             breaker_reset_s=daemon.breaker_reset_s,
         )
@@ -148,9 +152,19 @@ class Decision:
 
 
 def on_count(
-    job: AgentJob, tokens: int, threshold_tokens: int, compress: bool, now: float
+    job: AgentJob,
+    tokens: int,
+    threshold_tokens: int,
+    compress: bool,
+    now: float,
+    *,
+    min_interval_s: float = 0.0,
 ) -> Decision:
-    """A fresh token count for the agent arrived: decide whether to compact."""
+    """A fresh token count for the agent arrived: decide whether to compact.
+
+    Over threshold again within ``min_interval_s`` of the last compaction
+    (writers outpacing it): the next one starts when the interval is up.
+    """
     if job.state in _BUSY:
         if tokens >= threshold_tokens and compress and not job.rerun_requested:
             return Decision(replace(job, rerun_requested=True))
@@ -174,7 +188,20 @@ def on_count(
         )
     if job.state in _WAITING and job.next_attempt_at is not None and now < job.next_attempt_at:
         return Decision(job, wake_at=job.next_attempt_at)
+    if job.last_compaction_at is not None and now < job.last_compaction_at + min_interval_s:
+        return Decision(job, wake_at=job.last_compaction_at + min_interval_s)
     return Decision(replace(job, state=JobState.PENDING, rerun_requested=False), start=True)
+
+
+def appends_could_reach(appended_bytes: int, tokens: int, threshold_tokens: int) -> bool:
+    """Whether bytes appended since the last count may have crossed the threshold.
+
+    A token is at least one byte, so ``appended_bytes`` bytes add at most about
+    that many tokens: below the remaining room they cannot cross it, and the
+    count may wait for the debounce; at or past it, count at once (a writer that
+    never pauses would otherwise be counted only at the debounce ceiling).
+    """
+    return tokens < threshold_tokens and appended_bytes >= threshold_tokens - tokens
 
 
 def on_started(job: AgentJob) -> AgentJob:
@@ -196,8 +223,12 @@ def on_success(
     policy: RetryPolicy,
     now: float,
 ) -> Decision:
-    """The compaction committed. ``achieved_tokens`` is the size it produced,
-    ``current_tokens`` the count now (late appends included)."""
+    """The compaction committed. ``achieved_tokens`` is what it produced from its
+    snapshot, ``current_tokens`` the count now (appends made meanwhile included).
+
+    Cooldown only when the compaction itself could not get below the low-water
+    mark; appends made meanwhile mean "compact again", after ``min_interval_s``.
+    """
     done = replace(
         job,
         consecutive_failures=0,
@@ -211,7 +242,9 @@ def on_success(
         cooled = replace(done, state=JobState.COOLDOWN, next_attempt_at=until)
         return Decision(cooled, wake_at=until if current_tokens >= threshold_tokens else None)
     idle = replace(done, state=JobState.IDLE, next_attempt_at=None)
-    return on_count(idle, current_tokens, threshold_tokens, True, now)
+    return on_count(
+        idle, current_tokens, threshold_tokens, True, now, min_interval_s=policy.min_interval_s
+    )
 
 
 def on_nothing_to_compact(job: AgentJob, *, policy: RetryPolicy, now: float) -> Decision:

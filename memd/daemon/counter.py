@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
-from memd.core.jobs import restored_job
+from memd.core.jobs import appends_could_reach, restored_job
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
 from memd.counting import CountKind, TrackedCount, count_file
 from memd.daemon.entries import (
@@ -81,6 +81,19 @@ class HintSink:
 
     def count_now(self, agent: str) -> None:
         self._inbox.put(Hint(HintKind.COUNT_NOW, agent, self._clock()))
+
+
+def _appends_could_reach(entry: AgentEntry) -> bool:
+    # One stat per event: cheap next to the count it may save from waiting.
+    if entry.tracked is None:
+        return False
+    try:
+        size = os.stat(entry.paths.memory).st_size
+    except OSError:
+        return False
+    return appends_could_reach(
+        size - entry.tracked.size, entry.tokens, entry.policy.threshold_tokens
+    )
 
 
 def _pool_count(job: tuple[str, TrackedCount | None]) -> PoolResult:
@@ -186,8 +199,13 @@ class CountService:
             elif hint.kind is HintKind.MEMORY and hint.name is not None:
                 # MEMORY.md or memd-agent.json (the watcher reports both).
                 self._registry.refresh_window(hint.name)
-                self._debouncer.touch(hint.name, hint.at)
                 entry = self._registry.get(hint.name)
+                if entry is not None and _appends_could_reach(entry):
+                    # A writer that never pauses would otherwise be counted
+                    # only at the debounce ceiling, thousands of tokens late.
+                    self._count_now.add(hint.name)
+                    return
+                self._debouncer.touch(hint.name, hint.at)
                 if entry is not None and entry.burst_started is None:
                     entry.burst_started = hint.at
 

@@ -144,7 +144,12 @@ class Runner:
 
     def _decide(self, entry: AgentEntry, job: AgentJob) -> Decision:
         return on_count(
-            job, entry.tokens, entry.policy.threshold_tokens, entry.policy.compress, self._clock()
+            job,
+            entry.tokens,
+            entry.policy.threshold_tokens,
+            entry.policy.compress,
+            self._clock(),
+            min_interval_s=self.retry_policy.min_interval_s,
         )
 
     def _apply(self, entry: AgentEntry, decision: Decision) -> None:
@@ -307,12 +312,14 @@ class Runner:
         name = entry.name
         policy = self.retry_policy
         self._stats.compactions_ok += 1
-        achieved = outcome.tokens_after
+        # Judge what the compaction produced, not appends made meanwhile.
+        achieved = outcome.tokens_produced
         _log.info(
             "compacted",
             agent=name,
             tokens_before=outcome.tokens_before,
-            tokens_after=achieved,
+            tokens_after=outcome.tokens_after,
+            tokens_produced=achieved,
             archive=str(outcome.archive),
             model=outcome.model,
             cost_usd=outcome.cost_usd,
@@ -337,7 +344,7 @@ class Runner:
                 _log.warning(
                     "compaction ended above the low-water mark; cooling down",
                     agent=name,
-                    tokens_after=achieved,
+                    tokens_produced=achieved,
                     low_water=entry.policy.low_water_tokens,
                     cooldown_s=policy.cooldown_s,
                 )

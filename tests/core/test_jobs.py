@@ -231,3 +231,32 @@ def test_one_spelling_of_the_stored_state() -> None:
     assert (
         restored_job("running", next_attempt_at=200.0, now=100.0, **history).state is JobState.IDLE
     )
+
+
+def test_appends_during_a_compaction_mean_again_after_the_minimum_interval() -> None:
+    policy = RetryPolicy(cooldown_s=60, min_interval_s=2)
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    # The compaction produced 20 tokens; writers added 130 meanwhile.
+    after = on_success(
+        job,
+        achieved_tokens=20,
+        current_tokens=150,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        policy=policy,
+        now=10,
+    )
+    assert after.job.state is JobState.IDLE and not after.start and after.wake_at == 12
+    # Counts before the interval is up only schedule; after it, a compaction starts.
+    early = on_count(after.job, 170, 100, True, 11, min_interval_s=2)
+    assert not early.start and early.wake_at == 12 and early.job.state is JobState.IDLE
+    due = on_count(after.job, 180, 100, True, 12, min_interval_s=2)
+    assert due.start and due.job.state is JobState.PENDING
+
+
+def test_count_at_once_only_when_the_appends_could_reach_the_threshold() -> None:
+    from memd.core.jobs import appends_could_reach
+
+    assert not appends_could_reach(99, 900, 1000)
+    assert appends_could_reach(100, 900, 1000)
+    assert not appends_could_reach(10_000, 1000, 1000)  # already over: a job is on its way

@@ -118,7 +118,8 @@ class ScriptedCompaction:
         tokens = COUNTER.count_bytes(paths.memory.read_bytes())  # what the summary achieved
         if self.during is not None:
             self.during(paths)
-        return _Outcome(paths.dir / "archive", None, tokens)
+        after = COUNTER.count_bytes(paths.memory.read_bytes())
+        return _Outcome(paths.dir / "archive", None, after, tokens)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class _Outcome:
     archive: Path
     tokens_before: int | None
     tokens_after: int | None
+    tokens_produced: int | None  # the summary's own size, before ``during`` appends
     model: str = "scripted"
     cost_usd: float | None = None
     llm_duration_s: float = 0.0
