@@ -90,3 +90,39 @@ class Attacker:
         if self._proc.stdin is not None:
             self._proc.stdin.close()
         self._proc.wait(timeout=10)
+
+
+_REACH_PROBE = r"""
+import importlib.util, os, sys
+uid = int(sys.argv[1])
+# Where the daemon's code lives, found while still root.
+# (Third-party and memd only: the standard library is imported before the drop.)
+places = []
+for name in ("memd", "typer", "click", "structlog", "watchdog", "tiktoken", "pydantic"):
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations:
+        places.extend(spec.submodule_search_locations)
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+for place in places:
+    try:
+        os.listdir(place)
+    except OSError as exc:
+        print(f"{place}: {exc.strerror}")
+        sys.exit(1)
+"""
+
+
+def unreachable_reason(uid: int = NOBODY) -> str | None:
+    """Why a process of ``uid`` could not import memd's code from this checkout (None: it can).
+
+    A daemon started as root and dropped to ``uid`` still imports modules
+    lazily afterwards, so the checkout and its venv must be readable by ``uid``.
+    """
+    probe = subprocess.run(
+        [sys.executable, "-c", _REACH_PROBE, str(uid)], capture_output=True, text=True, check=False
+    )
+    if probe.returncode == 0:
+        return None
+    return probe.stdout.strip() or probe.stderr.strip().splitlines()[-1]
