@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +243,8 @@ def _save_parsed(name: str, bpe: _BpeFile, encoding: tiktoken.Encoding) -> None:
 
 
 _CHUNK_BYTES: Final = 1 << 20
+# A run longer than this (no safe cut inside) is estimated, not merged by BPE.
+MAX_PIECE_BYTES: Final = 1 << 20
 
 
 class TokenCounter:
@@ -259,10 +262,21 @@ class TokenCounter:
     :func:`count_bytes_with`.
     """
 
-    def __init__(self, encoding_name: str = DEFAULT_ENCODING, *, chunk_bytes: int = _CHUNK_BYTES):
+    def __init__(
+        self,
+        encoding_name: str = DEFAULT_ENCODING,
+        *,
+        chunk_bytes: int = _CHUNK_BYTES,
+        max_piece_bytes: int = MAX_PIECE_BYTES,
+    ):
         self.encoding_name = encoding_name
         self.encoding = load_encoding(encoding_name)
         self._chunk_bytes = max(1, chunk_bytes)
+        self._max_piece_bytes = max(self._chunk_bytes, max_piece_bytes)
+        # A pre-token that long can only be a run of letters, of punctuation
+        # or of whitespace (digits come in threes).
+        n = max(1, max_piece_bytes // 4)  # characters: at most 4 UTF-8 bytes each
+        self._giant_run = re.compile(rf"[^\W\d_]{{{n},}}|[^\s\w]{{{n},}}|\s{{{n},}}")
 
     def count_text(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))
@@ -275,7 +289,35 @@ class TokenCounter:
         if len(data) <= self._chunk_bytes:
             return self._count_slice(data, 0, len(data))
         bounds = safe_chunk_bounds(data, self._chunk_bytes)
-        return sum(self._count_slice(data, start, end) for start, end in bounds)
+        total = 0
+        for start, end in bounds:
+            if end - start > self._max_piece_bytes:
+                total += self._count_huge_span(data, start, end)
+            else:
+                total += self._count_slice(data, start, end)
+        return total
+
+    def _count_huge_span(self, data: bytes, start: int, end: int) -> int:
+        """Count a span with no safe cut inside, without merging a giant pre-token.
+
+        tiktoken merges each pre-token whole, and a run of letters is one
+        pre-token: a 200 MB line took 10 GB and minutes. Runs longer than
+        ``max_piece_bytes`` are estimated from above (a token is at least one
+        byte, plus one for the cut on each side); the text between them is
+        counted exactly. Thresholds then act on the estimate, so the file is
+        still compacted.
+        """
+        text = str(memoryview(data)[start:end], "utf-8", "replace")
+        total = 0
+        position = 0
+        for run in self._giant_run.finditer(text):
+            if run.start() > position:
+                total += len(self.encoding.encode_ordinary(text[position : run.start()]))
+            total += len(run.group().encode("utf-8")) + 2
+            position = run.end()
+        if position < len(text):
+            total += len(self.encoding.encode_ordinary(text[position:]))
+        return total
 
 
 _counters: dict[str, TokenCounter] = {}

@@ -245,3 +245,19 @@ def test_unwritable_cache_dir_still_loads(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     result = _probe(blocker / "cache", "parse", "hi")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_giant_pre_token_is_estimated_from_above_not_merged() -> None:
+    # One 3 MiB run of letters is one pre-token: BPE would merge it whole
+    # (gigabytes for 200 MB). It is estimated instead, never below the truth.
+    from memd.tokenizer import TokenCounter
+
+    counter = TokenCounter("cl100k_base", max_piece_bytes=1 << 20)
+    head = "### Human \u2014 2026-01-01T00:00:00\n\nsome words before it "
+    run = "a" * (3 << 20)
+    data = (head + run + " and after\n\n---\n\n").encode()
+    exact_per_mib = len(counter.encoding.encode_ordinary(run[: 1 << 16])) * 16
+    assert counter.count_bytes(data) >= len(run) > 3 * exact_per_mib * 2
+    # Ordinary text (no giant run) is still counted exactly.
+    text = "".join(f"Plain sentence number {n} with words.\n" for n in range(60000))
+    assert counter.count_bytes(text.encode()) == len(counter.encoding.encode_ordinary(text))
