@@ -3,7 +3,8 @@
 Each check returns :class:`Check` results (ok / warn / fail, a message and the
 fix). A check never raises: whatever goes wrong becomes a ``fail`` line, so the
 report is always complete. Nothing here calls an LLM or sends data anywhere;
-the summarizer check only opens a TCP connection to the API host.
+the summarizer check opens a TCP connection to the API host and then makes one
+real 1-token request (``--offline`` skips it).
 """
 
 from __future__ import annotations
@@ -403,6 +404,8 @@ def endpoint_of(url: str) -> tuple[str, int] | None:
 
 
 Connector = Callable[[tuple[str, int], float], None]
+# One real minimal request to the summarizer: seconds taken, or SummarizerError.
+Prober = Callable[[SummarizerConfig], float]
 
 
 def _tcp_connect(address: tuple[str, int], timeout: float) -> None:
@@ -414,7 +417,9 @@ def check_summarizer(
     summarizer: SummarizerConfig,
     environ: Mapping[str, str],
     connect: Connector = _tcp_connect,
+    probe: Prober | None = None,
 ) -> list[Check]:
+    """Key, endpoint reachability and, with ``probe``, a real 1-token request."""
     name = "summarizer"
     model = summarizer.model
     if model == "builtin":
@@ -484,7 +489,24 @@ def check_summarizer(
         return checks
     elapsed = (time.perf_counter() - started) * 1000
     checks.append(_ok(f"{name} endpoint", f"{base} reachable (TCP connect {elapsed:.0f} ms)"))
+    if probe is not None:
+        checks.append(_request_check(summarizer, probe))
     return checks
+
+
+def _request_check(summarizer: SummarizerConfig, probe: Prober) -> Check:
+    from memd.errors import SummarizerError
+
+    name = "summarizer request"
+    try:
+        seconds = probe(summarizer)
+    except SummarizerError as exc:
+        return _fail(
+            name,
+            f"{summarizer.model}: a 1-token request failed: {exc}",
+            "check summarizer.model, api_base and the key; `memd doctor --offline` skips this",
+        )
+    return _ok(name, f"{summarizer.model} answered a 1-token request in {seconds * 1000:.0f} ms")
 
 
 # ------------------------------------------------------------------- state dir
@@ -516,7 +538,10 @@ def run_checks(
     workspace: Path,
     state_dir: Path,
     environ: Mapping[str, str] | None = None,
+    *,
+    offline: bool = False,
 ) -> list[Check]:
+    """Every check; ``offline`` skips the summarizer's real request (no tokens spent)."""
     env = os.environ if environ is None else environ
     agents = list_agents(workspace) if workspace.is_dir() else []
     results: list[Check] = []
@@ -527,7 +552,12 @@ def run_checks(
         results += check_flock(workspace)
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
-    results += check_summarizer(config.summarizer, env)
+    probe: Prober | None = None
+    if not offline and config.summarizer.model != "builtin":
+        from memd.llm import probe as real_probe
+
+        probe = real_probe
+    results += check_summarizer(config.summarizer, env, probe=probe)
     return results
 
 

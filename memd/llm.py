@@ -541,3 +541,39 @@ class LiteLLMSummarizer:
         except Exception:
             return None
         return float(cost) if isinstance(cost, int | float) and cost >= 0 else None
+
+
+def probe(config: SummarizerConfig) -> float:
+    """Make one real 1-token request to the configured model; its wall time in seconds.
+
+    For ``memd doctor``: a TCP connect proves little (a proxy, a wrong path, a
+    bad key all connect). Raises :class:`SummarizerError` with the reason.
+    """
+    try:
+        litellm = import_litellm()
+    except Exception as exc:
+        raise SummarizerError(f"cannot import litellm ({type(exc).__name__})") from None
+    kwargs: dict[str, Any] = {
+        "model": config.model,
+        "messages": [{"role": "user", "content": "Reply with the single word OK."}],
+        "max_tokens": 1,
+        "timeout": config.timeout_s,
+        "num_retries": 0,
+        "max_retries": 0,
+        "drop_params": True,
+    }
+    if config.api_base:
+        kwargs["api_base"] = config.api_base
+    if config.api_key.get_secret_value():
+        kwargs["api_key"] = config.api_key.get_secret_value()
+    guard = AttemptGuard(
+        deadline=time.monotonic() + config.timeout_s, max_reply_bytes=_MAX_REPLY_OVERHEAD
+    )
+    started = time.monotonic()
+    try:
+        run_attempt(lambda: litellm.completion(**kwargs), guard)
+    except AttemptAbandoned:
+        raise SummarizerError(_deadline_reason(config.timeout_s)) from None
+    except Exception as exc:
+        raise SummarizerError(_attempt_failure(exc, guard, config.timeout_s)[0]) from None
+    return time.monotonic() - started

@@ -175,13 +175,17 @@ def doctor(
     config: ConfigOption = None,
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
+    offline: Annotated[
+        bool,
+        typer.Option("--offline", help="Skip the summarizer's real 1-token request."),
+    ] = False,
 ) -> None:
     """Check this host: inotify limits, workspace access, locks, filesystem, tokenizer, LLM."""
     from memd.doctor import run_checks, worst
 
     loaded = load(workspace, config)
     directory = resolve_state_dir(state_dir, loaded.config.state_dir)
-    checks = run_checks(loaded.config, loaded.workspace, directory)
+    checks = run_checks(loaded.config, loaded.workspace, directory, offline=offline)
     overall = worst(checks)
     if as_json:
         print(json.dumps({"result": overall, "checks": [c.to_json() for c in checks]}, indent=2))

@@ -297,6 +297,31 @@ def test_doctor_fails_on_unreachable_summarizer(
     assert err.count("\n") == 1 and "summarizer endpoint" in err
 
 
+def test_doctor_makes_a_real_minimal_request_unless_offline(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    from support.openai_server import OpenAITestServer
+
+    with OpenAITestServer() as server:
+        config = tmp_path / "memd.toml"
+        config.write_text(
+            f'[summarizer]\nmodel = "openai/test-model"\napi_base = "{server.api_base}"\n'
+            'api_key = "sk-test"\ntimeout_s = 30\n'
+        )
+        code, out, err = run(capsys, "doctor", "-c", str(config), *common(ws, state_dir))
+        assert code == 0, out + err
+        assert "ok   summarizer request: openai/test-model answered a 1-token request" in out
+        assert len(server.requests) == 1 and server.requests[0].body["max_tokens"] == 1
+        # A server that connects but refuses the key: TCP alone said "reachable".
+        server.script("http:401")
+        code, out, _ = run(capsys, "doctor", "-c", str(config), *common(ws, state_dir))
+        assert code == 1
+        assert "fail summarizer request" in out and "authentication failed" in out
+        code, out, _ = run(capsys, "doctor", "--offline", "-c", str(config), *common(ws, state_dir))
+        assert code == 0 and "summarizer request" not in out
+        assert len(server.requests) == 2
+
+
 OVERSIZED = """\
 [trigger]
 context_length = 99999999999999999999999
