@@ -5,8 +5,11 @@ Command modules import from here and never from each other (nor from ``app``).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -49,10 +52,36 @@ def load(workspace: Path | None, config: Path | None) -> LoadedConfig:
     return load_settings(config_file=config, workspace=workspace)
 
 
+@contextlib.contextmanager
+def as_owner_of(directory: Path) -> Iterator[None]:
+    """Run as the owner of ``directory`` when root and it belongs to another user.
+
+    A root CLI (compact-now, forget, status) opening the daemon's state DB must
+    not leave a root-owned database, lock, ``-wal`` or ``-shm`` file there that
+    the daemon's user then cannot open: files SQLite creates while the DB is
+    opened belong to the state dir's owner. The effective ids are put back after.
+    """
+    try:
+        owner = os.stat(directory)
+    except OSError:
+        owner = None
+    if os.geteuid() != 0 or owner is None or owner.st_uid == 0:
+        yield
+        return
+    os.setegid(owner.st_gid)
+    os.seteuid(owner.st_uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
 def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
     """The workspace's state DB; its warnings (a rebuilt DB...) go to stderr."""
     directory = resolve_state_dir(state_dir, loaded.config.state_dir)
-    store = StateStore.open(directory, loaded.workspace)
+    with as_owner_of(directory):
+        store = StateStore.open(directory, loaded.workspace)
     for warning in store.warnings:
         print(f"memd: warning: {warning}", file=sys.stderr)
     return store

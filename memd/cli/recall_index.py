@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from memd.cli.common import as_owner_of
 from memd.errors import MemdError
 from memd.recall.index import RecallIndex
 from memd.settings import LoadedConfig, resolve_state_dir
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallIndex:
     """The workspace's recall index; its notes (a rebuilt index...) go to stderr."""
     directory = resolve_state_dir(state_dir, loaded.config.state_dir)
-    index = RecallIndex.open(directory, loaded.workspace)
+    with as_owner_of(directory):  # a root CLI leaves no root-owned file there
+        index = RecallIndex.open(directory, loaded.workspace)
     for note in index.notes:
         print(f"memd: warning: {note}", file=sys.stderr)
     return index
@@ -30,7 +32,9 @@ def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook
 
     def index_archive(paths: AgentPaths, archive: Path) -> None:
         try:
-            with RecallIndex.open(directory, loaded.workspace) as index:
+            with as_owner_of(directory):
+                index = RecallIndex.open(directory, loaded.workspace)
+            with index:
                 index.sync_agent(paths)
         except (MemdError, OSError) as exc:
             print(
