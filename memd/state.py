@@ -272,6 +272,11 @@ class FileKey:
         return cls(result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns, encoding)
 
 
+# The heartbeat's detail after a clean stop: `memd health` says "stopped at …"
+# rather than "no daemon has run".
+STOPPED_DETAIL = "stopped"
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     pid: int
@@ -290,6 +295,11 @@ class Heartbeat:
 
     def pid_alive(self) -> bool:
         return pid_alive(self.pid)
+
+    @property
+    def stopped(self) -> bool:
+        """The daemon wrote this at a clean stop (``ts`` is when)."""
+        return not self.healthy and self.detail == STOPPED_DETAIL
 
 
 def pid_alive(pid: int) -> bool:
@@ -605,12 +615,19 @@ class StateStore:
 
         return self._run(operation)
 
-    def clear_heartbeat(self, pid: int) -> None:
-        """Remove the heartbeat if ``pid`` wrote it (a daemon's clean shutdown)."""
+    def clear_heartbeat(self, pid: int, now: float | None = None) -> None:
+        """Mark the heartbeat stopped if ``pid`` wrote it (a daemon's clean shutdown).
+
+        The row stays, so `memd health` can say when the daemon stopped.
+        """
+        stopped_at = time.time() if now is None else now
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
-                conn.execute("DELETE FROM heartbeat WHERE id = 1 AND pid = ?", (pid,))
+                conn.execute(
+                    "UPDATE heartbeat SET healthy = 0, detail = ?, ts = ? WHERE id = 1 AND pid = ?",
+                    (STOPPED_DETAIL, stopped_at, pid),
+                )
 
         self._run(operation)
 
@@ -739,6 +756,7 @@ def _move_aside(path: Path) -> Path:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "STOPPED_DETAIL",
     "AgentRecord",
     "FileKey",
     "Heartbeat",

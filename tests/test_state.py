@@ -98,8 +98,9 @@ def test_roundtrip_agents_ledger_heartbeat(tmp_path: Path, workspace: Path) -> N
         assert store.get_agent("a") == record("a", tokens=999)
         store.clear_heartbeat(pid=999)  # someone else's pid: kept
         assert store.read_heartbeat() is not None
-        store.clear_heartbeat(pid=123)
-        assert store.read_heartbeat() is None
+        store.clear_heartbeat(pid=123, now=60)
+        stopped = store.read_heartbeat()  # kept, marked stopped: health says when
+        assert stopped is not None and stopped.stopped and stopped.ts == 60
 
 
 def test_remove_and_forget(tmp_path: Path, workspace: Path) -> None:

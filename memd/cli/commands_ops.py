@@ -62,9 +62,15 @@ def health(
     now = time.time()
     with open_state(loaded, state_dir) as store:
         beat = store.read_heartbeat()
+        # Say where the answer comes from: a different state dir (another
+        # --config) is the usual reason for "offline" while a daemon runs.
+        where = f"state {store.path or '(in memory)'}"
     reason = None
     if beat is None:
-        reason = f"no daemon has run on workspace {loaded.workspace} (no heartbeat)"
+        reason = f"no daemon has run on workspace {loaded.workspace} (no heartbeat in {where})"
+    elif beat.stopped:
+        stamp = local_time(beat.ts, now)
+        reason = f"daemon pid {beat.pid} stopped at {stamp} (a clean stop; {where})"
     elif not beat.is_fresh(now, limit):
         reason = f"daemon heartbeat is stale: last {ago(now - beat.ts)} (limit {limit:g}s)"
     elif not beat.pid_alive():
@@ -82,6 +88,8 @@ def health(
             "started_at": iso_utc(beat.started_at) if beat else None,
             "agents": beat.agents if beat else None,
             "detail": beat.detail if beat else None,
+            "stopped_at": iso_utc(beat.ts) if beat and beat.stopped else None,
+            "state_db": where.removeprefix("state "),
         }
         print(json.dumps(payload, indent=2))
     if reason is not None:

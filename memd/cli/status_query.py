@@ -80,7 +80,9 @@ def heartbeat_max_age(config: MemdConfig) -> float:
 def live_daemon(store: StateStore, config: MemdConfig, now: float) -> Heartbeat | None:
     """The heartbeat of a daemon that is running right now, if any."""
     beat = store.read_heartbeat()
-    if beat is None or not beat.is_fresh(now, heartbeat_max_age(config)) or not beat.pid_alive():
+    if beat is None or beat.stopped:
+        return None
+    if not beat.is_fresh(now, heartbeat_max_age(config)) or not beat.pid_alive():
         return None
     return beat
 

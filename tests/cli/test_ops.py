@@ -107,6 +107,28 @@ def test_health_max_age_follows_config(
     )
 
 
+def test_health_after_a_clean_stop_says_when_and_names_its_state_db(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    from memd.state import StateStore
+
+    beat(ws, state_dir, pid=os.getpid(), age=5)
+    with StateStore.open(state_dir, ws.root) as store:
+        store.clear_heartbeat(os.getpid())  # what the daemon does when it stops
+        db = store.path
+    code, out, err = run(capsys, "health", *common(ws, state_dir))
+    assert code == 1 and err.count("\n") == 1
+    assert f"daemon pid {os.getpid()} stopped at " in err and str(db) in err
+    assert "no daemon has run" not in err
+    code, out, _ = run(capsys, "health", "--json", *common(ws, state_dir))
+    payload = json.loads(out)
+    assert payload["healthy"] is False and payload["stopped_at"] is not None
+    assert payload["state_db"] == str(db)
+    # status does not take the stopped daemon's figures as live ones.
+    code, out, _ = run(capsys, "status", "--json", *common(ws, state_dir))
+    assert all(row["source"] == "files" for row in json.loads(out))
+
+
 def test_health_end_to_end(ws: AgentWorkspace, state_dir: Path) -> None:
     cmd = [sys.executable, "-m", "memd", "health", *common(ws, state_dir)]
     missing = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
