@@ -437,15 +437,24 @@ class RecallIndex:
         truncates the WAL. Extension point for retention and erase-by-pattern.
         """
         removed = self._drop_agent_rows(agent)
+        self.scrub()
+        return removed
 
-        def scrub(conn: sqlite3.Connection) -> None:
+    def scrub(self) -> None:
+        """Make rows deleted so far unrecoverable from the file, its WAL and free pages.
+
+        Run after any erasure (``erase_agent``; erase-by-pattern re-indexes the
+        rewritten archives with ``sync_agent`` and then calls this).
+        """
+
+        def operation(conn: sqlite3.Connection) -> None:
+            # A deleted term stays in older FTS5 segments until they merge.
             conn.execute("INSERT INTO entries_fts (entries_fts) VALUES ('optimize')")
             self._checkpoint_truncate(conn)
             conn.execute("VACUUM")
             self._checkpoint_truncate(conn)
 
-        self._run(scrub)
-        return removed
+        self._run(operation)
 
     def _checkpoint_truncate(self, conn: sqlite3.Connection) -> None:
         if self.path is None:

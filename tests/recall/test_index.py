@@ -202,6 +202,24 @@ def test_erase_leaves_no_trace_in_the_db_wal_or_free_pages(
             assert reader.search("beta", "zanzibarite")
 
 
+def test_scrub_after_a_rewritten_archive_leaves_no_old_text(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    # What erase-by-pattern does: rewrite the archive, re-sync, scrub.
+    paths = ws.create_agent("alpha")
+    paths.archive_dir.mkdir()
+    archive = paths.archive_dir / "history_2026-01-01_00-00-00.md"
+    entry = "### Human — 2026-01-01T00:00:00\n\nturn {i}: my pin is {pin}\n\n---\n\n"
+    archive.write_text("".join(entry.format(i=i, pin="plumquartz") for i in range(200)))
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(paths)
+        archive.write_text("".join(entry.format(i=i, pin="[erased]") for i in range(200)))
+        index.sync_agent(paths)
+        index.scrub()
+        assert index.search("alpha", "erased")
+    assert b"plumquartz" not in _db_bytes(state_dir, ws)
+
+
 def test_older_schema_is_rebuilt_and_newer_refused(ws: AgentWorkspace, state_dir: Path) -> None:
     paths = ws.create_agent("alpha")
     append_entry(paths.memory, "Human", "the obsidian ledger")
