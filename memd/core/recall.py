@@ -66,6 +66,11 @@ def fts_match_expression(question: str) -> str:
     terms = query_terms(question)
     if not terms:
         raise RecallQueryError(f"query {question!r} has no word to search for")
+    return fts_expression(terms)
+
+
+def fts_expression(terms: list[str]) -> str:
+    """``terms`` OR-ed, each quoted as an FTS5 string."""
     # A quoted FTS5 string is always a term, never an operator; a word from
     # _WORD_RE cannot contain a quote, but double it anyway so this stays
     # safe if the word rule ever changes.
@@ -192,6 +197,7 @@ __all__ = [
     "IndexedEntry",
     "RecallQueryError",
     "excerpt",
+    "fts_expression",
     "fts_match_expression",
     "index_text",
     "parse_since",

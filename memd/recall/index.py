@@ -42,7 +42,8 @@ from memd.core.recall import (
     MATCH_OPEN,
     IndexedEntry,
     RecallQueryError,
-    fts_match_expression,
+    fts_expression,
+    query_terms,
     raw_entries_for_index,
     split_highlight,
 )
@@ -485,50 +486,28 @@ class RecallIndex:
         """The agent's raw entries best matching ``question`` (plain text), best first.
 
         Ranked by bm25 over the OR of the question's words (so rare shared
-        words weigh most), then the newest first among equal scores.
+        words weigh most), then the newest first among equal scores. Entries
+        sharing the question's rare words come first: when some of its words
+        are common (in more than ``COMMON_TERM_SHARE`` of the entries) and the
+        others match, only the entries matching the others are returned (fewer
+        than ``limit`` if that is all there is); the common words count only
+        when nothing else matches. Scoring every entry holding a common word
+        is what makes a query slow on a large index (seconds at 1 GB), and
+        such words barely move bm25 anyway.
         """
         if not 1 <= limit <= MAX_LIMIT:
             raise RecallQueryError(f"limit {limit} is out of range (1..{MAX_LIMIT})")
-        expression = fts_match_expression(question)
-        clauses = ["entries_fts MATCH ?", "e.agent = ?"]
-        params: list[object] = [MATCH_OPEN, MATCH_CLOSE, expression, agent]
-        if since_epoch is not None:
-            clauses.append("e.epoch >= ?")
-            params.append(since_epoch)
-        if role:
-            clauses.append("e.role = ? COLLATE NOCASE")
-            params.append(role)
-        params.append(limit)
-        sql = (
-            "SELECT s.name, e.offset, e.length, e.role, e.ts,"  # noqa: S608  # values are bound
-            " highlight(entries_fts, 0, ?, ?), bm25(entries_fts) AS score"
-            " FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid"
-            " JOIN sources s ON s.id = e.source_id"
-            f" WHERE {' AND '.join(clauses)}"  # fixed clauses, values bound
-            # bm25 floats differ in the last bits for equal matches; round so
-            # equal matches tie and the newer entry wins.
-            " ORDER BY round(score, 6), e.epoch DESC, e.id DESC LIMIT ?"
-        )
+        terms = query_terms(question)
+        if not terms:
+            raise RecallQueryError(f"query {question!r} has no word to search for")
+        filters = _Filters(agent, since_epoch, role)
 
         def operation(conn: sqlite3.Connection) -> list[RecallHit]:
-            rows = conn.execute(sql, params).fetchall()
-            hits = []
-            for name, offset, length, role_, ts, marked, score in rows:
-                highlighted = split_highlight(marked)
-                hits.append(
-                    RecallHit(
-                        agent=agent,
-                        source=name,
-                        offset=offset,
-                        length=length,
-                        role=role_,
-                        timestamp=ts,
-                        score=float(score),
-                        text=highlighted.text,
-                        matches=highlighted.spans,
-                    )
-                )
-            return hits
+            rare = _rare_terms(conn, terms)
+            ranked = _ranked_ids(conn, fts_expression(rare), filters, limit) if rare else []
+            if not ranked and len(rare) < len(terms):
+                ranked = _ranked_ids(conn, fts_expression(terms), filters, limit)
+            return _hits(conn, agent, fts_expression(terms), ranked)
 
         return self._run(operation)
 
@@ -539,6 +518,93 @@ class RecallIndex:
             return {"sources": int(sources), "entries": int(entries)}
 
         return self._run(operation)
+
+
+@dataclass(frozen=True, slots=True)
+class _Filters:
+    agent: str
+    since_epoch: float | None
+    role: str | None
+
+
+# A word in more than this share of the entries is "common" (see search()).
+COMMON_TERM_SHARE = 0.005
+# ... but never below this many entries: on a small index every word is rare.
+COMMON_TERM_FLOOR = 1000
+
+
+def _rare_terms(conn: sqlite3.Connection, terms: list[str]) -> list[str]:
+    """The terms found in at most the common-term cap of entries (counted up to it)."""
+    if len(terms) < 2:
+        return terms
+    newest = conn.execute("SELECT max(id) FROM entries").fetchone()[0] or 0
+    cap = max(COMMON_TERM_FLOOR, int(newest * COMMON_TERM_SHARE))
+    rare = []
+    for term in terms:
+        found = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? LIMIT ?)",
+            (fts_expression([term]), cap + 1),
+        ).fetchone()[0]
+        if 0 < found <= cap:
+            rare.append(term)
+    return rare
+
+
+def _ranked_ids(
+    conn: sqlite3.Connection, expression: str, filters: _Filters, limit: int
+) -> list[tuple[int, float]]:
+    """(entry id, bm25) of the best ``limit`` matches; no text is touched here."""
+    clauses = ["entries_fts MATCH ?", "e.agent = ?"]
+    params: list[object] = [expression, filters.agent]
+    if filters.since_epoch is not None:
+        clauses.append("e.epoch >= ?")
+        params.append(filters.since_epoch)
+    if filters.role:
+        clauses.append("e.role = ? COLLATE NOCASE")
+        params.append(filters.role)
+    params.append(limit)
+    sql = (
+        "SELECT e.id, bm25(entries_fts) AS score"  # noqa: S608  # values are bound
+        " FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid"
+        f" WHERE {' AND '.join(clauses)}"
+        # bm25 floats differ in the last bits for equal matches; round so
+        # equal matches tie and the newer entry wins.
+        " ORDER BY round(score, 6), e.epoch DESC, e.id DESC LIMIT ?"
+    )
+    return [(int(row[0]), float(row[1])) for row in conn.execute(sql, params)]
+
+
+def _hits(
+    conn: sqlite3.Connection, agent: str, expression: str, ranked: list[tuple[int, float]]
+) -> list[RecallHit]:
+    """The ranked entries with their text, the question's words highlighted."""
+    hits = []
+    for entry_id, score in ranked:
+        row = conn.execute(
+            "SELECT s.name, e.offset, e.length, e.role, e.ts, highlight(entries_fts, 0, ?, ?)"
+            " FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid"
+            " JOIN sources s ON s.id = e.source_id"
+            " WHERE entries_fts MATCH ? AND entries_fts.rowid = ?",
+            (MATCH_OPEN, MATCH_CLOSE, expression, entry_id),
+        ).fetchone()
+        if row is None:
+            continue
+        name, offset, length, role, ts, marked = row
+        highlighted = split_highlight(marked)
+        hits.append(
+            RecallHit(
+                agent=agent,
+                source=name,
+                offset=offset,
+                length=length,
+                role=role,
+                timestamp=ts,
+                score=score,
+                text=highlighted.text,
+                matches=highlighted.spans,
+            )
+        )
+    return hits
 
 
 def _delete_sources(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> int:

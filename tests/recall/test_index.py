@@ -89,6 +89,29 @@ def test_rare_shared_word_ranks_first_and_ties_go_to_the_newest(
         assert tied[0].offset > tied[1].offset  # the later (newer) entry first
 
 
+def test_common_words_are_left_out_until_the_rare_ones_run_dry(
+    ws: AgentWorkspace, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memd.recall.index as index_module
+
+    monkeypatch.setattr(index_module, "COMMON_TERM_FLOOR", 5)
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "quorlax is filed")
+    for index in range(20):
+        append_entry(paths.memory, "Human", f"report report {index}")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(paths)
+        hits = index.search("alpha", "report quorlax", limit=3)
+        # Only the entry sharing the rare word: the common one is left out.
+        assert [h.text for h in hits] == ["quorlax is filed"]
+        start, end = hits[0].matches[0]
+        assert hits[0].text[start:end] == "quorlax"
+        # A question of common words only still finds them.
+        assert len(index.search("alpha", "report", limit=3)) == 3
+        # When the rare word matches nothing, the common words are searched.
+        assert len(index.search("alpha", "report zzyzx", limit=3)) == 3
+
+
 def test_punctuation_and_fts_syntax_are_plain_text(ws: AgentWorkspace, state_dir: Path) -> None:
     paths = ws.create_agent("alpha")
     append_entry(paths.memory, "Human", 'He said "NEAR" AND -quux: what? col:value')
