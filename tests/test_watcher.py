@@ -135,14 +135,15 @@ def test_dead_watcher_is_detected_and_restarted(setup: tuple[Watcher, Sink, Path
     assert sink.wait_for(("memory", "alice"))
 
 
-def test_inotify_backend_uses_one_thread_for_many_folders(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["inotify", "polling"])
+def test_backend_uses_one_thread_for_many_folders(tmp_path: Path, kind: BackendKind) -> None:
     before = threading.active_count()
     agents = tmp_path / "agents"
     dirs = {f"a{n}": agents / f"a{n}" for n in range(300)}
     for path in dirs.values():
         path.mkdir(parents=True)
     sink = Sink()
-    watcher = Watcher(tmp_path, sink, kind="inotify")
+    watcher = Watcher(tmp_path, sink, kind=kind, poll_interval_s=0.05)
     watcher.start()
     try:
         watcher.sync(dirs)
@@ -157,25 +158,6 @@ def test_inotify_backend_uses_one_thread_for_many_folders(tmp_path: Path) -> Non
 def test_default_backend() -> None:
     assert default_backend_kind(True) == "polling"
     assert default_backend_kind(False) == "inotify"
-
-
-def test_polling_uses_one_thread_for_many_folders(tmp_path: Path) -> None:
-    before = threading.active_count()
-    agents = tmp_path / "agents"
-    dirs = {f"a{n}": agents / f"a{n}" for n in range(300)}
-    for path in dirs.values():
-        path.mkdir(parents=True)
-    sink = Sink()
-    watcher = Watcher(tmp_path, sink, kind="polling", poll_interval_s=0.05)
-    watcher.start()
-    try:
-        watcher.sync(dirs)
-        assert len(watcher.watched()) == 300
-        assert threading.active_count() - before <= 1
-        (agents / "a299" / "MEMORY.md").write_text("x")
-        assert sink.wait_for(("memory", "a299"))
-    finally:
-        watcher.stop()
 
 
 def test_stat_poller_reports_each_change_once_per_pass(tmp_path: Path) -> None:

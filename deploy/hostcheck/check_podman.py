@@ -158,10 +158,12 @@ def run_checks(checks: Checks, tag: str) -> None:
     volume, state, name = f"memd-ci-ws-{tag}", f"memd-ci-state-{tag}", f"memd-ci-{tag}"
     podman("volume", "create", volume)
     podman("volume", "create", state)
-    try:
-        # The agent's folder, made by "the agent" (same uid as memd, as in the compose file).
-        agent_dir = "/workspace/agents/alice"
-        podman(
+
+    def as_agent(
+        entrypoint: str, *args: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """A one-off container as the agent: its uid, the shared volume."""
+        return podman(
             "run",
             "--rm",
             *ULIMIT,
@@ -170,11 +172,16 @@ def run_checks(checks: Checks, tag: str) -> None:
             "-v",
             f"{volume}:/workspace",
             "--entrypoint",
-            "mkdir",
+            entrypoint,
             IMAGE,
-            "-p",
-            agent_dir,
+            *args,
+            check=check,
         )
+
+    try:
+        # The agent's folder, made by "the agent" (same uid as memd, as in the compose file).
+        agent_dir = "/workspace/agents/alice"
+        as_agent("mkdir", "-p", agent_dir)
         podman(
             "run",
             "-d",
@@ -207,42 +214,15 @@ def run_checks(checks: Checks, tag: str) -> None:
             "        f.write(text)\n"
         )
         entries = [entry(f"turn {n}: {filler}") for n in range(40)]
-        podman(
-            "run",
-            "--rm",
-            *ULIMIT,
-            "--user",
-            f"{UID}:{UID}",
-            "-v",
-            f"{volume}:/workspace",
-            "--entrypoint",
-            "python",
-            IMAGE,
-            "-c",
-            script,
-            *entries,
-        )
+        as_agent("python", "-c", script, *entries)
 
         def archived() -> list[str] | None:
             listing = podman("exec", name, "ls", f"{agent_dir}/archive", check=False).stdout.split()
             return listing or None
 
         archives = wait_until(archived, 90, "a compaction on the shared volume")
-        appended = podman(
-            "run",
-            "--rm",
-            *ULIMIT,
-            "--user",
-            f"{UID}:{UID}",
-            "-v",
-            f"{volume}:/workspace",
-            "--entrypoint",
-            "python",
-            IMAGE,
-            "-c",
-            script,
-            entry("after the compaction: still here"),
-            check=False,
+        appended = as_agent(
+            "python", "-c", script, entry("after the compaction: still here"), check=False
         )
         tail = podman(
             "exec", name, "tail", "-c", "200", f"{agent_dir}/MEMORY.md", check=False
