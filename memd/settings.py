@@ -156,7 +156,7 @@ def _describe_one(error: Any, source: str, origin: dict[tuple[str, ...], str]) -
     dotted = ".".join(location) or "(top level)"
     where = origin.get(location)
     unknown = error["type"] == "extra_forbidden"
-    reason = "unknown key" if unknown else error["msg"]
+    reason = "unknown key" if unknown else str(error["msg"]).removeprefix("Value error, ")
     value = error.get("input")
     shown = "" if unknown or isinstance(value, dict) else f" (got {value!r})"
     if "api_key" in dotted:

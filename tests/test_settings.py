@@ -153,3 +153,41 @@ def test_cache_dir_precedence(tmp_path: Path) -> None:
     assert resolve_cache_dir(env) == Path("/m")
     assert resolve_cache_dir({"CACHE_DIRECTORY": "/c:/d", "XDG_CACHE_HOME": "/x"}) == Path("/c")
     assert resolve_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/memd")
+
+
+def test_privacy_defaults_and_env(tmp_path: Path) -> None:
+    config, _ = build_config({}, {})
+    assert config.privacy.redact is True
+    assert config.privacy.redact_pii == "auto"
+    env = {
+        "MEMD_PRIVACY_REDACT": "false",
+        "MEMD_PRIVACY_REDACT_PII": "true",
+        "MEMD_PRIVACY_LOCAL_HOSTS": "gpu-box, 10.1.0.0/16",
+        "MEMD_PRIVACY_PATTERNS": '{"ticket": "TS-[0-9]{8}"}',
+    }
+    config, applied = build_config({}, env)
+    assert config.privacy.redact is False and config.privacy.redact_pii is True
+    assert config.privacy.local_hosts == ("gpu-box", "10.1.0.0/16")
+    assert config.privacy.patterns == {"ticket": "TS-[0-9]{8}"}
+    assert set(applied) == set(env)
+
+
+@pytest.mark.parametrize(
+    ("privacy", "expected"),
+    [
+        ({"patterns": {"vault": "(unclosed"}}, "privacy.patterns: pattern 'vault' is not a valid"),
+        ({"patterns": {"any": "x*"}}, "pattern 'any' matches the empty string"),
+        ({"patterns": {"bad name": "x+"}}, "pattern name 'bad name'"),
+        ({"redact_pii": "sometimes"}, 'privacy.redact_pii: must be true, false or "auto"'),
+        ({"local_hosts": ["a host"]}, "privacy.local_hosts: 'a host' is not a host name"),
+        ({"redact": "yes please"}, "privacy.redact"),
+    ],
+)
+def test_bad_privacy_settings_are_one_line_naming_the_key(
+    privacy: dict[str, object], expected: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_config({"privacy": privacy}, {}, "memd.toml")
+    message = str(caught.value)
+    assert message.startswith("invalid config memd.toml: ") and expected in message
+    assert "\n" not in message

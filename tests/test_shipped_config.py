@@ -110,6 +110,10 @@ def _a_valid_value(var: str) -> str:
                     return str(not value).lower()
                 if isinstance(value, (int, float)):
                     return str(value)
+                if isinstance(value, dict):
+                    return '{"example": "EX-[0-9]{6}"}'
+                if value == "auto" and name == "privacy":
+                    return "true"
                 if name == "log":
                     return {"format": "json", "level": "debug"}[key]
                 return "x"

@@ -7,11 +7,14 @@ this module only defines what a valid configuration is.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
 
@@ -108,6 +111,99 @@ class RecallConfig(_Section):
     )
 
 
+def _is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text.strip("[]"), strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+_PATTERN_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,47}")
+
+
+class PrivacyConfig(_Section):
+    """What leaves the machine: redaction before a summarizer call (README "Privacy")."""
+
+    redact: bool = Field(
+        True, description="replace credentials before text goes to a remote summarizer"
+    )
+    redact_pii: bool | Literal["auto"] = Field(
+        "auto", description="also emails, phones, card numbers, national ids (auto = remote only)"
+    )
+    redact_local: bool = Field(
+        False,
+        description="redact for local summarizers too (a loopback proxy to a remote provider)",
+    )
+    local_hosts: tuple[str, ...] = Field(
+        (), description="api_base hosts that count as local besides loopback and unix sockets"
+    )
+    patterns: dict[str, str] = Field(
+        default_factory=dict, description="name -> regex of your own secrets"
+    )
+
+    @field_validator("redact_pii", mode="before")
+    @classmethod
+    def _pii_mode(cls, value: Any) -> Any:
+        text = str(value).strip().lower() if isinstance(value, str) else value
+        choices = {"auto": "auto", "true": True, "false": False, "1": True, "0": False}
+        if isinstance(text, bool) or text in ("auto", True, False):
+            return text
+        if isinstance(text, str) and text in choices:
+            return choices[text]
+        raise ValueError('must be true, false or "auto"')
+
+    @field_validator("local_hosts", mode="before")
+    @classmethod
+    def _hosts_from_text(cls, value: Any) -> Any:
+        # MEMD_PRIVACY_LOCAL_HOSTS="gpu-box, llm.lan"
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("local_hosts")
+    @classmethod
+    def _hosts_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for host in value:
+            if not host or any(c.isspace() or c in "@?#:" for c in host.strip("[]")):
+                if not _is_network(host):
+                    raise ValueError(f"{host!r} is not a host name, address or network")
+            elif "/" in host and not _is_network(host):
+                raise ValueError(f"{host!r} is not a network (e.g. 10.1.0.0/16)")
+        return tuple(host.strip("[]").lower() for host in value)
+
+    @field_validator("patterns", mode="before")
+    @classmethod
+    def _patterns_from_text(cls, value: Any) -> Any:
+        # MEMD_PRIVACY_PATTERNS='{"ticket_secret": "TS-[0-9]{8}"}'
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON object of name -> regex") from None
+        return value
+
+    @field_validator("patterns")
+    @classmethod
+    def _patterns_compile(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, pattern in value.items():
+            if not _PATTERN_NAME_RE.fullmatch(name):
+                raise ValueError(
+                    f"pattern name {name!r}: use letters, digits, '_' or '-' (at most 48), "
+                    "starting with a letter"
+                )
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"pattern {name!r} is not a valid regular expression: {exc.msg} "
+                    f"at position {exc.pos}"
+                ) from None
+            if compiled.fullmatch(""):
+                raise ValueError(f"pattern {name!r} matches the empty string")
+        return value
+
+
 class AgentOverride(_Section):
     model: str | None = None
     threshold: float | None = Field(None, gt=0, le=1)
@@ -129,6 +225,7 @@ class MemdConfig(_Section):
     log: LogConfig = LogConfig()
     metrics: MetricsConfig = MetricsConfig()
     recall: RecallConfig = RecallConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
     agents: dict[str, AgentOverride] = Field(default_factory=dict)
 
 

@@ -1,0 +1,199 @@
+"""What leaves the machine (pure): which summarizers are local; keyed redaction placeholders.
+
+Before text goes to a summarizer that is not local, every credential (and,
+by default for remote models, personal data) found by :mod:`memd.core.secrets`
+is replaced by a typed placeholder carrying a short keyed hash of the value::
+
+    [REDACTED:aws_access_key#3f9a1c]
+
+The hash is an HMAC under a per-workspace key (kept by :mod:`memd.redaction_key`
+in memd's state dir), so the same secret gets the same placeholder in every
+request, every compaction, from the daemon and the CLI alike: summaries stay
+coherent ("rotate [REDACTED:github_token#0be2d4]") without the value, and
+nobody without the key can test a guess against a placeholder.
+
+Every summarizer's reply, local ones included, is scanned again before it is
+written (:meth:`Privacy.for_reply`): credentials never land in MEMORY.md.
+Nothing here reads files, the clock or the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+from urllib.parse import unquote, urlsplit
+
+from memd.core.config import MemdConfig, PrivacyConfig
+from memd.core.secrets import Span, find_secrets, replace_spans
+
+BUILTIN_MODEL: Final = "builtin"
+# litellm providers that talk to a server on this machine when no api_base is
+# given (Ollama's default is http://localhost:11434).
+_LOCAL_BY_DEFAULT_PREFIXES: Final = ("ollama/", "ollama_chat/")
+_UNIX_SCHEMES: Final = frozenset({"unix", "http+unix", "https+unix"})
+_LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+HASH_CHARS: Final = 6
+# Kinds whose value is the same secret however it is spaced or punctuated.
+_DIGITS_ONLY: Final = frozenset({"card_number", "phone_number", "us_ssn", "iban"})
+_QUOTE_PREFIX_RE: Final = re.compile(r"(?m)^[ \t]*>[ \t]?")
+_WHITESPACE_RE: Final = re.compile(r"\s+")
+
+
+# -- locality ------------------------------------------------------------------
+def _host_matches(host: str, allowed: str) -> bool:
+    if "/" in allowed:
+        try:
+            return ipaddress.ip_address(host) in ipaddress.ip_network(allowed, strict=False)
+        except ValueError:
+            return False
+    return host == allowed
+
+
+def endpoint_host(api_base: str) -> str | None:
+    """The host ``api_base`` names, lower-cased; ``None`` for a unix socket."""
+    base = api_base.strip()
+    if "://" not in base:
+        base = "http://" + base
+    parts = urlsplit(base)
+    if parts.scheme.lower() in _UNIX_SCHEMES:
+        return None
+    host = parts.hostname or ""
+    # http+unix style sockets spelled as a percent-encoded path in the host.
+    if unquote(host).startswith("/"):
+        return None
+    return host.lower()
+
+
+def is_local_host(host: str, local_hosts: Sequence[str] = ()) -> bool:
+    """Loopback (127.0.0.0/8, ::1, localhost, *.localhost) or one of ``local_hosts``."""
+    host = host.strip("[]").lower()
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    return any(_host_matches(host, allowed) for allowed in local_hosts)
+
+
+def is_local_summarizer(model: str, api_base: str, local_hosts: Sequence[str] = ()) -> bool:
+    """``builtin``; an ``api_base`` on loopback, a unix socket or ``local_hosts``;
+    ``ollama/*`` with no ``api_base``. Everything else is remote."""
+    name = model.strip().lower()
+    if name == BUILTIN_MODEL:
+        return True
+    if api_base.strip():
+        host = endpoint_host(api_base)
+        return host is None or (bool(host) and is_local_host(host, local_hosts))
+    return name.startswith(_LOCAL_BY_DEFAULT_PREFIXES)
+
+
+# -- redaction -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Redaction:
+    """Redacted text and what was replaced (kinds and counts only: no values)."""
+
+    text: str
+    kinds: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(self.kinds.values())
+
+
+def _canonical(kind: str, value: str) -> str:
+    """The value a placeholder hashes: one secret, however it was quoted or spaced."""
+    if kind in _DIGITS_ONLY:
+        return "".join(char for char in value if char.isalnum())
+    return _WHITESPACE_RE.sub("", _QUOTE_PREFIX_RE.sub("", value))
+
+
+@dataclass(frozen=True, slots=True)
+class Redactor:
+    """Replaces what :func:`memd.core.secrets.find_secrets` finds with keyed placeholders."""
+
+    key: bytes = field(repr=False)
+    pii: bool
+    patterns: tuple[tuple[str, str], ...] = ()
+
+    def placeholder(self, kind: str, value: str) -> str:
+        canonical = _canonical(kind, value).encode("utf-8", "surrogatepass")
+        digest = hmac.new(self.key, canonical, hashlib.sha256).hexdigest()[:HASH_CHARS]
+        return f"[REDACTED:{kind}#{digest}]"
+
+    def spans(self, text: str) -> list[Span]:
+        return find_secrets(text, pii=self.pii, user_patterns=self.patterns)
+
+    def redact(self, text: str) -> Redaction:
+        spans = self.spans(text)
+        if not spans:
+            return Redaction(text)
+        redacted = replace_spans(
+            text, spans, lambda span, value: self.placeholder(span.kind, value)
+        )
+        return Redaction(redacted, dict(Counter(span.kind for span in spans)))
+
+
+@dataclass(frozen=True, slots=True)
+class Privacy:
+    """The workspace's redaction key with the ``[privacy]`` settings in force."""
+
+    key: bytes = field(repr=False)
+    config: PrivacyConfig = field(default_factory=PrivacyConfig)
+
+    @property
+    def patterns(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self.config.patterns.items())
+
+    def is_remote(self, model: str, api_base: str) -> bool:
+        return not is_local_summarizer(model, api_base, self.config.local_hosts)
+
+    def outbound(self, model: str, api_base: str) -> Redactor | None:
+        """What redacts text sent to this summarizer; ``None``: it receives text as written."""
+        config = self.config
+        if not config.redact:
+            return None
+        if not self.is_remote(model, api_base) and not config.redact_local:
+            return None
+        pii = True if config.redact_pii == "auto" else config.redact_pii
+        return Redactor(self.key, pii=pii, patterns=self.patterns)
+
+    def for_reply(self, pii: bool = False) -> Redactor:
+        """What scans a summary before it is written: credentials always (they are
+        never kept in a summary), personal data when it was redacted on the way
+        out (``pii``) or ``redact_pii = true``."""
+        return Redactor(self.key, pii=pii or self.config.redact_pii is True, patterns=self.patterns)
+
+
+def unredacted_remote_warning(config: MemdConfig) -> str | None:
+    """The warning for a remote summarizer configured with ``redact = false``, if so."""
+    summarizer = config.summarizer
+    privacy = config.privacy
+    if privacy.redact or is_local_summarizer(
+        summarizer.model, summarizer.api_base, privacy.local_hosts
+    ):
+        return None
+    where = summarizer.api_base.strip() or f"the {summarizer.model.split('/')[0]} provider"
+    return (
+        f"summarizer {summarizer.model!r} is remote ({where}) and [privacy] redact = false: "
+        "credentials and personal data in agents' memories are sent to it as written"
+    )
+
+
+__all__ = [
+    "HASH_CHARS",
+    "Privacy",
+    "Redaction",
+    "Redactor",
+    "endpoint_host",
+    "is_local_host",
+    "is_local_summarizer",
+    "unredacted_remote_warning",
+]

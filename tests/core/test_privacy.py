@@ -1,0 +1,155 @@
+"""Locality of summarizers and redaction with keyed placeholders (pure)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support.secret_corpus import LOOKALIKES, PLANTED, PLANTED_EXTRA, Planted
+
+from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
+from memd.core.privacy import (
+    Privacy,
+    Redactor,
+    is_local_summarizer,
+    unredacted_remote_warning,
+)
+from memd.core.secrets import PLACEHOLDER_RE
+
+KEY = b"k" * 32
+OTHER_KEY = b"o" * 32
+
+
+@pytest.mark.parametrize(
+    ("model", "api_base", "local"),
+    [
+        ("builtin", "", True),
+        ("Builtin ", "", True),
+        ("ollama/llama3.1", "", True),
+        ("ollama_chat/qwen2", "", True),
+        ("ollama/llama3.1", "http://gpu.example.net:11434", False),
+        ("openai/gpt-4o-mini", "", False),
+        ("anthropic/claude-haiku-4-5", "", False),
+        ("openai/x", "http://127.0.0.1:8000/v1", True),
+        ("openai/x", "http://127.3.4.5:8000/v1", True),
+        ("openai/x", "http://localhost:8000", True),
+        ("openai/x", "http://llm.localhost:8000", True),
+        ("openai/x", "http://[::1]:8080/v1", True),
+        ("openai/x", "127.0.0.1:8080", True),
+        ("openai/x", "unix:///run/llm.sock", True),
+        ("openai/x", "http+unix://%2Frun%2Fllm.sock/v1", True),
+        ("openai/x", "https://api.openai.com/v1", False),
+        ("openai/x", "http://10.0.0.5:8000", False),
+        ("openai/x", "http://0.0.0.0:8000", False),
+        ("openai/x", "http://127.0.0.1.evil.example:80", False),
+        ("openai/x", "http://localhost.evil.example", False),
+        ("openai/x", "http://user:pw@127.0.0.1@evil.example", False),
+    ],
+)
+def test_what_counts_as_local(model: str, api_base: str, local: bool) -> None:
+    assert is_local_summarizer(model, api_base) is local
+
+
+def test_local_hosts_add_names_and_networks() -> None:
+    assert not is_local_summarizer("openai/x", "http://gpu-box:8000")
+    assert is_local_summarizer("openai/x", "http://GPU-box:8000", ("gpu-box",))
+    assert is_local_summarizer("openai/x", "http://10.1.2.3:8000", ("10.1.0.0/16",))
+    assert not is_local_summarizer("openai/x", "http://10.2.2.3:8000", ("10.1.0.0/16",))
+
+
+def test_placeholders_are_typed_keyed_and_stable() -> None:
+    redactor = Redactor(KEY, pii=True)
+    planted = PLANTED[3]  # the AWS access key id
+    first = redactor.redact(planted.sentence)
+    second = redactor.redact("again: " + planted.secret)
+    [placeholder] = PLACEHOLDER_RE.findall(first.text)
+    assert re.fullmatch(r"\[REDACTED:aws_access_key#[0-9a-f]{6}\]", placeholder)
+    assert placeholder in second.text
+    assert first.kinds == {"aws_access_key": 1} and first.count == 1
+    # Another workspace (another key) gives another hash: no cross-workspace linking.
+    assert placeholder not in Redactor(OTHER_KEY, pii=True).redact(planted.sentence).text
+
+
+def test_same_card_or_phone_however_spaced_same_placeholder() -> None:
+    redactor = Redactor(KEY, pii=True)
+    spaced = redactor.redact("card 4111 1111 1111 1111").text
+    joined = redactor.redact("card 4111111111111111").text
+    assert spaced == joined
+
+
+def test_a_quoted_pem_block_hashes_like_the_raw_one() -> None:
+    pem = next(p for p in PLANTED if p.kind == "private_key").secret
+    quoted = "\n".join("> " + line for line in pem.split("\n"))
+    redactor = Redactor(KEY, pii=False)
+    assert PLACEHOLDER_RE.findall(redactor.redact(pem).text) == PLACEHOLDER_RE.findall(
+        redactor.redact(quoted).text
+    )
+
+
+@pytest.mark.parametrize("planted", PLANTED + PLANTED_EXTRA, ids=lambda p: p.kind)
+def test_no_planted_secret_survives_outbound_redaction(planted: Planted) -> None:
+    redactor = Privacy(KEY).outbound("openai/gpt-4o-mini", "")
+    assert redactor is not None
+    redacted = redactor.redact(planted.sentence).text
+    assert planted.secret not in redacted
+    assert f"[REDACTED:{planted.kind}#" in redacted
+
+
+def test_redaction_is_idempotent_and_leaves_lookalikes_alone() -> None:
+    redactor = Redactor(KEY, pii=True)
+    text = "\n".join([*(p.sentence for p in PLANTED), *LOOKALIKES])
+    once = redactor.redact(text).text
+    assert redactor.redact(once).count == 0
+    for lookalike in LOOKALIKES:
+        assert lookalike in once
+
+
+@given(st.text(max_size=300))
+def test_redaction_never_grows_a_secret_back(text: str) -> None:
+    redacted = Redactor(KEY, pii=True).redact(text)
+    assert Redactor(KEY, pii=True).redact(redacted.text).text == redacted.text
+
+
+def test_user_patterns_are_redacted() -> None:
+    privacy = Privacy(KEY, PrivacyConfig(patterns={"ticket-secret": r"TS-[0-9]{8}"}))
+    redactor = privacy.outbound("openai/x", "")
+    assert redactor is not None
+    out = redactor.redact("the vault code is TS-12345678 today").text
+    assert "TS-12345678" not in out and "[REDACTED:ticket_secret#" in out
+    assert "[REDACTED:ticket_secret#" in privacy.for_reply().redact("TS-12345678").text
+
+
+def test_local_models_receive_text_as_written_unless_configured() -> None:
+    assert Privacy(KEY).outbound("builtin", "") is None
+    assert Privacy(KEY).outbound("openai/x", "http://127.0.0.1:9/v1") is None
+    forced = Privacy(KEY, PrivacyConfig(redact_local=True)).outbound("ollama/x", "")
+    assert forced is not None and forced.pii
+
+
+def test_pii_on_by_default_for_remote_only_and_switchable() -> None:
+    remote = Privacy(KEY).outbound("openai/x", "")
+    assert remote is not None and remote.pii
+    off = Privacy(KEY, PrivacyConfig(redact_pii=False)).outbound("openai/x", "")
+    assert off is not None and not off.pii
+    assert Privacy(KEY, PrivacyConfig(redact=False)).outbound("openai/x", "") is None
+
+
+def test_replies_lose_credentials_always_and_pii_when_it_was_redacted() -> None:
+    sentence = "key " + PLANTED[5].secret + " mail dana.whitfield@example.org"
+    reply = Privacy(KEY, PrivacyConfig(redact=False)).for_reply().redact(sentence).text
+    assert PLANTED[5].secret not in reply and "dana.whitfield@example.org" in reply
+    assert "dana.whitfield" not in Privacy(KEY).for_reply(pii=True).redact(sentence).text
+    explicit = Privacy(KEY, PrivacyConfig(redact_pii=True)).for_reply().redact(sentence).text
+    assert "dana.whitfield" not in explicit
+
+
+def test_warning_for_a_remote_summarizer_with_redaction_off() -> None:
+    remote = SummarizerConfig(model="openai/gpt-4o-mini")
+    off = PrivacyConfig(redact=False)
+    warning = unredacted_remote_warning(MemdConfig(summarizer=remote, privacy=off))
+    assert warning is not None and "redact = false" in warning and "openai" in warning
+    assert unredacted_remote_warning(MemdConfig(summarizer=remote)) is None
+    local = SummarizerConfig(model="openai/x", api_base="http://127.0.0.1:1/v1")
+    assert unredacted_remote_warning(MemdConfig(summarizer=local, privacy=off)) is None
