@@ -14,6 +14,7 @@ memd keeps running and says so (``StateStore.warnings`` and the log).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -31,6 +32,7 @@ from memd.core.jobs import AgentJob, StoredJobState, stored_state
 from memd.core.tokens import CountState
 from memd.counting import TrackedCount
 from memd.errors import MemdError, describe_error
+from memd.workspace import ArchiveStats
 
 
 class Outcome(Protocol):
@@ -48,7 +50,7 @@ class Outcome(Protocol):
     def cost_usd(self) -> float | None: ...
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -84,7 +86,13 @@ CREATE TABLE IF NOT EXISTS agents (
     mtime_ns INTEGER NOT NULL DEFAULT 0,
     encoding TEXT NOT NULL DEFAULT '',
     window_start INTEGER NOT NULL DEFAULT 0,
-    window_digest BLOB
+    window_digest BLOB,
+    archives INTEGER,
+    archive_bytes INTEGER,
+    archive_mtime_ns INTEGER NOT NULL DEFAULT 0,
+    window_source TEXT NOT NULL DEFAULT '',
+    reserved_tokens INTEGER NOT NULL DEFAULT 0,
+    estimated INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -121,6 +129,24 @@ CREATE TABLE IF NOT EXISTS heartbeat (
 """
 
 
+# Each older schema's step to the next version (run in order, in one transaction):
+# a DB an older memd wrote keeps its rows. Columns are only ever appended, with
+# defaults, so the fresh-DB layout above and a migrated one are the same.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2 -> 3: what `memd status` needs from the daemon without touching the
+    # agent's folder: archive count and bytes (NULL: not surveyed yet), where the
+    # window came from, the tokens reserved beside memory, an estimated count.
+    2: (
+        "ALTER TABLE agents ADD COLUMN archives INTEGER",
+        "ALTER TABLE agents ADD COLUMN archive_bytes INTEGER",
+        "ALTER TABLE agents ADD COLUMN archive_mtime_ns INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agents ADD COLUMN window_source TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE agents ADD COLUMN reserved_tokens INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agents ADD COLUMN estimated INTEGER NOT NULL DEFAULT 0",
+    ),
+}
+
+
 class StateError(MemdError, RuntimeError):
     """The state DB could not be read or written (e.g. locked past the busy timeout)."""
 
@@ -152,6 +178,14 @@ class AgentRecord:
     encoding: str = ""
     window_start: int = 0
     window_digest: bytes | None = None
+    # Schema 3: the agent's archive/ as the daemon last surveyed it (None: not
+    # yet), and its window, so `memd status` never lists or resolves a folder.
+    archives: int | None = None
+    archive_bytes: int | None = None
+    archive_mtime_ns: int = 0
+    window_source: str = ""
+    reserved_tokens: int = 0
+    estimated: bool = False
 
     @classmethod
     def of(
@@ -164,6 +198,10 @@ class AgentRecord:
         count_error: str | None,
         encoding: str,
         now: float,
+        archives: ArchiveStats | None = None,
+        window_source: str = "",
+        reserved_tokens: int = 0,
+        estimated: bool = False,
     ) -> AgentRecord:
         """The row for an agent's count and job (a count error reads as the state "error")."""
         state = tracked.state if tracked is not None else None
@@ -186,7 +224,20 @@ class AgentRecord:
             encoding=encoding,
             window_start=tracked.window_start if tracked else 0,
             window_digest=tracked.window_digest if tracked else None,
+            archives=archives.count if archives else None,
+            archive_bytes=archives.total_bytes if archives else None,
+            archive_mtime_ns=archives.mtime_ns if archives else 0,
+            window_source=window_source,
+            reserved_tokens=reserved_tokens,
+            estimated=estimated,
         )
+
+    @property
+    def archive_stats(self) -> ArchiveStats | None:
+        """The surveyed archive/ (None when the daemon has not surveyed it yet)."""
+        if self.archives is None:
+            return None
+        return ArchiveStats(self.archives, self.archive_bytes or 0, self.archive_mtime_ns)
 
     def to_tracked(self, current_size: int) -> TrackedCount:
         """The stored count as the counter tracks it, for a file now ``current_size``
@@ -204,11 +255,15 @@ class AgentRecord:
         return TrackedCount(count, mtime_ns, self.window_start, self.window_digest)
 
 
-# One placeholder per AgentRecord field (the table's columns mirror them).
+# The table's columns mirror the record's fields; named, so a column order that
+# differs (a migrated DB) never shifts a value into the wrong field.
+AGENT_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AgentRecord))
+# Built from the field names (constants, never input).
 _UPSERT_AGENT = (
-    "INSERT OR REPLACE INTO agents VALUES "
-    "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"  # 18 = len(AgentRecord.__slots__)
+    f"INSERT OR REPLACE INTO agents ({', '.join(AGENT_COLUMNS)}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(AGENT_COLUMNS))})"
 )
+_SELECT_AGENTS = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents"  # noqa: S608
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,6 +527,12 @@ class StateStore:
                 r.encoding,
                 r.window_start,
                 r.window_digest,
+                r.archives,
+                r.archive_bytes,
+                r.archive_mtime_ns,
+                r.window_source,
+                r.reserved_tokens,
+                int(r.estimated),
             )
             for r in records
         ]
@@ -484,14 +545,14 @@ class StateStore:
 
     def get_agent(self, name: str) -> AgentRecord | None:
         def operation(conn: sqlite3.Connection) -> AgentRecord | None:
-            row = conn.execute("SELECT * FROM agents WHERE agent = ?", (name,)).fetchone()
+            row = conn.execute(f"{_SELECT_AGENTS} WHERE agent = ?", (name,)).fetchone()
             return None if row is None else _agent_from_row(row)
 
         return self._run(operation)
 
     def agents(self) -> list[AgentRecord]:
         def operation(conn: sqlite3.Connection) -> list[AgentRecord]:
-            rows = conn.execute("SELECT * FROM agents ORDER BY agent").fetchall()
+            rows = conn.execute(f"{_SELECT_AGENTS} ORDER BY agent").fetchall()
             return [_agent_from_row(row) for row in rows]
 
         return self._run(operation)
@@ -636,7 +697,8 @@ class StateStore:
 
 
 def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:
-    return AgentRecord(*row)  # type: ignore[arg-type]  # columns mirror the fields
+    # Columns mirror the fields; `estimated` (the last) is stored as 0/1.
+    return AgentRecord(*row[:-1], estimated=bool(row[-1]))  # type: ignore[arg-type, misc]
 
 
 def _file_identity(path: Path | None) -> tuple[int, int] | None:
@@ -681,11 +743,26 @@ def _create_schema(conn: sqlite3.Connection) -> None:
         if row is None:
             conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
         elif row[0] != SCHEMA_VERSION:
-            raise _CorruptDatabase(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
+            _migrate(conn, row[0])
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def _migrate(conn: sqlite3.Connection, version: object) -> None:
+    """Bring a DB an older memd wrote up to :data:`SCHEMA_VERSION`, rows kept
+    (the caller holds the write transaction)."""
+    if not isinstance(version, int) or version not in _MIGRATIONS:
+        raise _CorruptDatabase(f"schema version {version}, expected {SCHEMA_VERSION}")
+    while version < SCHEMA_VERSION:
+        if version not in _MIGRATIONS:
+            raise _CorruptDatabase(f"schema version {version}: no upgrade step")
+        for statement in _MIGRATIONS[version]:
+            conn.execute(statement)
+        version += 1
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+    _log.info(f"state DB schema upgraded to version {SCHEMA_VERSION}")
 
 
 def _open_db(path: Path) -> sqlite3.Connection:

@@ -240,17 +240,68 @@ def agent_paths_scanned(
     return paths, PRIVATE_DIR in special
 
 
+def is_archive_name(name: str) -> bool:
+    return name.startswith("history_") and name.endswith(".md")
+
+
 def archives_of(paths: AgentPaths) -> list[Path]:
     """The agent's archive files, oldest first (by name, which sorts by time)."""
     try:
         found = [
             Path(entry.path)
             for entry in os.scandir(paths.archive_dir)
-            if entry.name.startswith("history_") and entry.name.endswith(".md")
+            if is_archive_name(entry.name)
         ]
     except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(found, key=_archive_sort_key)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveStats:
+    """An agent's ``archive/``: how many archives, their bytes, and the folder's
+    mtime when counted (archives are never modified in place, so an unchanged
+    folder mtime means unchanged figures)."""
+
+    count: int
+    total_bytes: int
+    mtime_ns: int
+
+
+NO_ARCHIVES = ArchiveStats(0, 0, 0)
+
+
+def archive_folder_mtime(paths: AgentPaths) -> int | None:
+    """The ``archive/`` folder's mtime (ns), None when there is none."""
+    try:
+        return os.stat(paths.archive_dir).st_mtime_ns
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def archive_stats(paths: AgentPaths, known: ArchiveStats | None = None) -> ArchiveStats:
+    """Count the agent's archives and their bytes; ``known`` is reused (no listing)
+    when the folder's mtime has not moved since it was taken. Never opens a file."""
+    mtime = archive_folder_mtime(paths)
+    if mtime is None:
+        return NO_ARCHIVES
+    if known is not None and known.mtime_ns == mtime:
+        return known
+    count = total = 0
+    try:
+        with os.scandir(paths.archive_dir) as listing:
+            for entry in listing:
+                if not is_archive_name(entry.name):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                count += 1
+                total += info.st_size
+    except (FileNotFoundError, NotADirectoryError):
+        return NO_ARCHIVES
+    return ArchiveStats(count, total, mtime)
 
 
 def _archive_sort_key(path: Path) -> tuple[str, int]:
@@ -273,15 +324,20 @@ __all__ = [
     "AGENTS_DIR",
     "ARCHIVE_DIR",
     "MEMORY_FILE",
+    "NO_ARCHIVES",
     "PRIVATE_DIR",
     "AgentPaths",
+    "ArchiveStats",
     "UnknownAgent",
     "agent_paths",
     "agent_paths_scanned",
     "agents_folder_real",
+    "archive_folder_mtime",
+    "archive_stats",
     "archives_of",
     "check_agent_folder",
     "check_memory_link",
+    "is_archive_name",
     "is_within",
     "list_agents",
     "require_workspace",

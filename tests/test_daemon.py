@@ -1406,3 +1406,37 @@ def test_fast_writers_are_compacted_again_and_again_never_cooled_down(
     assert JobState.COOLDOWN not in states
     assert compactions >= 3
     assert peak <= bound
+
+
+def test_archive_figures_and_window_reach_the_state_db(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    """`memd status` reads archive count, bytes and window from the DB, never the folder."""
+    paths = ws.create_agent("arch")
+    h = run_daemon(ws, config={"trigger": {"context_length": 4000}})
+    fill(ws, "arch", 120)
+    assert wait_until(lambda: h.daemon.compactions_ok >= 1, timeout=20)
+
+    def on_disk() -> tuple[int, int]:
+        files = [p for p in paths.archive_dir.iterdir() if p.name.startswith("history_")]
+        return len(files), sum(p.stat().st_size for p in files)
+
+    store = StateStore.open(tmp_path / "state", ws.root)
+    try:
+
+        def stored() -> tuple[int | None, int | None]:
+            row = store.get_agent("arch")
+            return (None, None) if row is None else (row.archives, row.archive_bytes)
+
+        assert wait_until(lambda: stored() == on_disk() and on_disk()[0] >= 1)
+        row = store.get_agent("arch")
+        assert row is not None and row.window_source == "[trigger]"
+        # What another process does (compact-now, forget, prune) is surveyed too.
+        planted = paths.archive_dir / "history_2020-01-01_00-00-00.md"
+        planted.write_bytes(b"x" * 1234)
+        assert wait_until(lambda: stored() == on_disk())
+        planted.unlink()
+        assert wait_until(lambda: stored() == on_disk())
+    finally:
+        store.close()
+    assert h.stop() == 0

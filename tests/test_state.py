@@ -359,3 +359,103 @@ def test_a_record_maps_to_and_from_the_counter_and_the_job(tmp_path: Path) -> No
         "a", None, AgentJob(), threshold_tokens=900, count_error="EACCES", encoding="x", now=5.0
     )
     assert (failed.tokens, failed.state, failed.last_error) == (0, "error", "EACCES")
+
+
+# The agents table exactly as schema 2 (memd before archive figures) created it.
+_SCHEMA_2_AGENTS = """
+CREATE TABLE agents (
+    agent TEXT PRIMARY KEY, dev INTEGER NOT NULL, ino INTEGER NOT NULL,
+    size INTEGER NOT NULL, safe_offset INTEGER NOT NULL, safe_tokens INTEGER NOT NULL,
+    tokens INTEGER NOT NULL, threshold_tokens INTEGER NOT NULL, updated_at REAL NOT NULL,
+    state TEXT NOT NULL, last_error TEXT, last_compaction_at REAL,
+    consecutive_failures INTEGER NOT NULL, next_attempt_at REAL,
+    mtime_ns INTEGER NOT NULL DEFAULT 0, encoding TEXT NOT NULL DEFAULT '',
+    window_start INTEGER NOT NULL DEFAULT 0, window_digest BLOB
+)"""
+
+
+def _write_schema_2_db(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (2)")
+    conn.execute(_SCHEMA_2_AGENTS)
+    conn.execute(
+        "CREATE TABLE ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL,"
+        " started_at REAL NOT NULL, duration_s REAL NOT NULL, archive TEXT,"
+        " tokens_before INTEGER, tokens_after INTEGER, model TEXT, cost_usd REAL,"
+        " error TEXT, trigger TEXT NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TABLE heartbeat (id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER NOT NULL,"
+        " started_at REAL NOT NULL, healthy INTEGER NOT NULL, detail TEXT NOT NULL,"
+        " agents INTEGER NOT NULL, ts REAL NOT NULL)"
+    )
+    conn.execute(
+        "INSERT INTO agents VALUES ('alpha',1,2,400,300,80,100,1000,1700000000.5,"
+        "'breaker_open','boom',5.0,3,99.5,123456789,'cl100k_base',10,x'0102')"
+    )
+    conn.execute(
+        "INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before,"
+        " tokens_after, model, cost_usd, error, trigger)"
+        " VALUES ('alpha', 10.0, 1.25, 'history_10.md', 5000, 700, 'builtin', 0.0012, NULL,"
+        " 'daemon')"
+    )
+    conn.execute("INSERT INTO heartbeat VALUES (1, 123, 1.0, 1, 'ok', 1, 50.0)")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_2_db_is_upgraded_with_its_rows(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "s"
+    _write_schema_2_db(state_db_path(state_dir, workspace))
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []  # upgraded, not moved aside as corrupt
+        alpha = store.get_agent("alpha")
+        assert alpha == record(
+            "alpha",
+            state="breaker_open",
+            last_error="boom",
+            last_compaction_at=5.0,
+            consecutive_failures=3,
+            next_attempt_at=99.5,
+            mtime_ns=123456789,
+            encoding="cl100k_base",
+            window_start=10,
+            window_digest=b"\x01\x02",
+        )
+        # Figures schema 2 did not have: "not surveyed yet", never a made-up zero.
+        assert alpha.archives is None and alpha.archive_stats is None
+        assert (alpha.window_source, alpha.reserved_tokens, alpha.estimated) == ("", 0, False)
+        assert [h.archive for h in store.history("alpha")] == ["history_10.md"]
+        beat = store.read_heartbeat()
+        assert beat is not None and beat.pid == 123
+        # And the new columns take writes after the upgrade.
+        store.upsert_agents(
+            [
+                record(
+                    "alpha",
+                    archives=3,
+                    archive_bytes=4096,
+                    archive_mtime_ns=7,
+                    window_source="memd-agent.json",
+                    reserved_tokens=250,
+                    estimated=True,
+                )
+            ]
+        )
+    with StateStore.open(state_dir, workspace) as store:
+        again = store.get_agent("alpha")
+        assert again is not None and again.estimated is True
+        assert again.archive_stats is not None and again.archive_stats.count == 3
+        assert (again.archive_bytes, again.window_source, again.reserved_tokens) == (
+            4096,
+            "memd-agent.json",
+            250,
+        )
+    conn = sqlite3.connect(state_db_path(state_dir, workspace))
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (
+        memd.state.SCHEMA_VERSION,
+    )
+    conn.close()

@@ -19,7 +19,7 @@ from memd.core.jobs import AgentJob
 from memd.counting import CountKind, TrackedCount, count_file
 from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
-from memd.workspace import AgentPaths, check_memory_link
+from memd.workspace import AgentPaths, ArchiveStats, check_memory_link
 
 if TYPE_CHECKING:
     from memd.metrics import Metrics
@@ -48,6 +48,8 @@ class AgentEntry:
     dirty: bool = True
     burst_started: float | None = None  # monotonic time of the first unhandled event
     may_need_recovery: bool = True
+    # archive/ as last surveyed (memd.daemon.archives); None until then.
+    archives: ArchiveStats | None = None
     count_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -88,6 +88,9 @@ class StateFlusher:
                     count_error=entry.count_error,
                     encoding=self._encoding,
                     now=now,
+                    archives=entry.archives,
+                    window_source=entry.policy.window_source,
+                    reserved_tokens=entry.policy.reserved_tokens,
                 )
                 for entry in dirty
             ]

@@ -35,6 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from memd.core.config import MemdConfig
+from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.counter import CountService
 from memd.daemon.entries import (
     AgentEntry,
@@ -56,7 +57,7 @@ from memd.recall.socket_server import socket_path_for
 from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, load_settings
 from memd.watcher import BackendKind, Watcher, default_backend_kind
-from memd.workspace import AGENTS_DIR, require_workspace
+from memd.workspace import AGENTS_DIR, AgentPaths, require_workspace
 
 if TYPE_CHECKING:
     from memd.core.summary import Summarizer
@@ -151,6 +152,7 @@ class Daemon:
             self.healthy,
             self.started_at,
         )
+        self.archives = ArchiveSurvey(self.registry)
         self.scheduler: JobScheduler | None = None
         self.watcher: Watcher | None = None
         self.recall: RecallService | None = None
@@ -283,11 +285,13 @@ class Daemon:
         ]
         for entry in entries:
             self.registry.recover(entry)
+            self.archives.restore(entry, records.get(entry.name))
         self.registry.register(entries, set(records))
         # Counted before any thread exists, so the scan may fork a process
         # pool safely; changes made meanwhile are caught just below.
         counter.initial_count(entries, records)
         # Threads only after the initial count (it may fork a process pool).
+        runner.on_archived = self.archives.on_archived
         self._start_recall(stack, runner)
 
         self._start_metrics(stack, entry_counter, runner)
@@ -386,7 +390,14 @@ class Daemon:
 
         stack.callback(stop)
         recall.serve(self.registry.root, socket_path_for(self.config.recall.socket, self.workspace))
-        runner.on_archived = recall.on_archived
+        surveyed = runner.on_archived
+
+        def on_archived(paths: AgentPaths, archive: Path) -> None:
+            recall.on_archived(paths, archive)
+            if surveyed is not None:
+                surveyed(paths, archive)
+
+        runner.on_archived = on_archived
 
     def _warn_about_filesystem(self) -> None:
         # NFS without lockd, CIFS and Docker Desktop shares (virtiofs, gRPC
@@ -433,6 +444,11 @@ class Daemon:
         assert self.scheduler is not None and self.counter is not None
         self.scheduler.every("reconcile", self.config.watch.reconcile_s, self.counter.reconcile)
         self.scheduler.every("state-flush", self.config.daemon.state_flush_s, self.flusher.flush)
+        # Soon after start (agents restored without figures are listed), then
+        # with the reconcile: what compact-now, forget and prune did meanwhile.
+        self.scheduler.every(
+            "archive-survey", self.config.watch.reconcile_s, self.archives.survey, first_in_s=1.0
+        )
 
     def _main_loop(self) -> None:
         ping_every = self.notifier.watchdog_ping_interval_s

@@ -1,0 +1,63 @@
+"""Each agent's archive count and bytes, kept in its entry (and so in the state DB).
+
+``memd status`` reads them from the state DB instead of listing 30,000 archive
+folders. Kept current three ways: restored from the DB at start-up (no I/O),
+refreshed at once when a compaction commits an archive, and surveyed
+periodically for what other processes do (``compact-now``, ``forget``,
+``prune``): one stat of each ``archive/`` folder, a listing only when its
+mtime moved (archives are never modified in place).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memd.daemon.entries import AgentEntry
+from memd.daemon.registry import AgentRegistry
+from memd.errors import describe_error
+from memd.logs import get_logger
+from memd.workspace import AgentPaths, archive_stats
+
+if TYPE_CHECKING:
+    from memd.state import AgentRecord
+
+_log = get_logger("memd.daemon")
+
+
+class ArchiveSurvey:
+    def __init__(self, registry: AgentRegistry) -> None:
+        self._registry = registry
+
+    @staticmethod
+    def restore(entry: AgentEntry, record: AgentRecord | None) -> None:
+        """Start-up: the stored figures, verified by the next survey."""
+        if record is not None:
+            entry.archives = record.archive_stats
+
+    def refresh(self, entry: AgentEntry, *, relist: bool = False) -> None:
+        try:
+            stats = archive_stats(entry.paths, None if relist else entry.archives)
+        except OSError as exc:
+            _log.debug("cannot survey archives", agent=entry.name, error=describe_error(exc))
+            return
+        if stats == entry.archives:
+            return
+        with self._registry.lock:
+            entry.archives = stats
+            entry.dirty = True
+
+    def survey(self) -> None:
+        """The periodic pass: one stat per agent, a listing where something changed."""
+        for entry in self._registry.agents().values():
+            self.refresh(entry)
+
+    def on_archived(self, paths: AgentPaths, _archive: Path) -> None:
+        """A compaction committed an archive (called under the agent's lock)."""
+        entry = self._registry.get(paths.agent)
+        if entry is not None:
+            # Listed even if the folder's mtime looks unchanged (coarse clocks).
+            self.refresh(entry, relist=True)
+
+
+__all__ = ["ArchiveSurvey"]
