@@ -1440,3 +1440,36 @@ def test_archive_figures_and_window_reach_the_state_db(
     finally:
         store.close()
     assert h.stop() == 0
+
+
+# ------------------------------------------------------------------ audit log
+
+
+def test_daemon_audits_compactions_and_reloads_without_content(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memd.audit import audit_path, read_audit
+
+    monkeypatch.delenv("MEMD_CONFIG", raising=False)
+    ws.create_agent("alice")
+    h = run_daemon(ws)  # the real transaction, built-in summarizer
+    memory = ws.root / "agents" / "alice" / "MEMORY.md"
+    secret = "AKIAQWERTYUIOPASDFGH-planted"
+    append_entry(memory, "Human", f"remember {secret} please")
+    fill(ws, "alice", 20)
+    log = audit_path(tmp_path / "state", ws.root)
+    assert wait_until(lambda: log.exists() and read_audit(log).records, timeout=30)
+    h.daemon.request_reload()
+
+    def reloads() -> list[Any]:
+        return [r for r in read_audit(log).records if r.event == "config_reload"]
+
+    assert wait_until(lambda: reloads(), timeout=10)
+    h.stop()
+    first, second = read_audit(log).records[0], reloads()[0]
+    assert (first.event, first.agent, first.actor) == ("compaction", "alice", "daemon")
+    assert first.fields["trigger"] == "threshold" and first.fields["model"] == "builtin"
+    assert first.fields["remote"] is False
+    assert (second.event, second.fields["ok"]) == ("config_reload", True)
+    assert secret.encode() not in log.read_bytes()
+    assert b"remember" not in log.read_bytes()

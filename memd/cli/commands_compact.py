@@ -11,13 +11,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
+from memd.cli.common import (
+    ConfigOption,
+    StateDirOption,
+    WorkspaceOption,
+    load,
+    open_audit,
+    open_state,
+)
 from memd.cli.recall_index import archive_indexer
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from memd.audit import AuditLog
     from memd.compaction import CompactionOutcome
     from memd.core.config import AgentPolicy, MemdConfig
     from memd.core.summary import Summarizer
@@ -119,6 +127,7 @@ def compact_now(
         _dry_run(ws, targets, disabled, summarizer, cfg, policies, counter.count_text, summarize)
         return
     ledger = _open_ledger(loaded, state_dir)
+    audit = open_audit(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
@@ -168,6 +177,7 @@ def compact_now(
                 err.print(f"memd: error: {exc}", markup=False, highlight=False)
             else:
                 _record(ledger, name, started, outcome, error=None)
+                _audit(audit, name, outcome, cfg)
                 pins = f"; {outcome.pinned} pinned fact(s)" if outcome.pinned else ""
                 if outcome.evicted:
                     pins += f" ({outcome.evicted} aged out to the archives)"
@@ -218,6 +228,20 @@ def _record(
     )
     with contextlib.suppress(Exception):  # the compaction itself already happened
         ledger.record_compaction(entry)
+
+
+def _audit(audit: AuditLog, agent: str, outcome: CompactionOutcome, cfg: MemdConfig) -> None:
+    from memd.audit import record_compaction
+
+    # The compaction is committed: a failure here is logged by the audit log itself.
+    record_compaction(
+        audit,
+        agent,
+        outcome,
+        trigger="manual",
+        api_base=cfg.summarizer.api_base,
+        local_hosts=cfg.privacy.local_hosts,
+    )
 
 
 def _dry_run(

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from memd.audit import AuditLog
 from memd.settings import LoadedConfig, load_settings, resolve_state_dir
 from memd.state import StateStore
 
@@ -85,6 +86,12 @@ def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
     for warning in store.warnings:
         print(f"memd: warning: {warning}", file=sys.stderr)
     return store
+
+
+def open_audit(loaded: LoadedConfig, state_dir: Path | None) -> AuditLog:
+    """The workspace's audit log, appended by this CLI (the same file the daemon appends)."""
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    return AuditLog.for_workspace(directory, loaded.workspace, "cli")
 
 
 def iso_utc(epoch: float | None) -> str | None:

@@ -34,6 +34,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from memd.audit import AuditLog
+from memd.core.audit import AuditEvent
 from memd.core.config import MemdConfig
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.counter import CountService
@@ -157,6 +159,8 @@ class Daemon:
         self.watcher: Watcher | None = None
         self.recall: RecallService | None = None
         self._metrics_server: MetricsServer | None = None
+        # Replaced at start-up by the workspace's log (off without a state dir).
+        self.audit = AuditLog(None, "daemon")
 
         # Flags set by the signal handler (and by tests, through it).
         self.should_exit = False
@@ -243,6 +247,7 @@ class Daemon:
         tokenizer = self._tokenizer_factory(self.config.tokenizer.encoding)
         stack.callback(self.flusher.close)
         self.flusher.start(self._open_store())
+        self.audit = AuditLog.for_workspace(self.options.state_dir, self.workspace, "daemon")
         entry_counter = EntryCounter(
             tokenizer, on_erased=self._reset_if_erased, on_counted=self._on_counted
         )
@@ -260,6 +265,7 @@ class Daemon:
             self._summarizer_factory,
             wake=self._wake,
         )
+        runner.audit = self.audit
         self.runner = runner
         counter = CountService(
             self.config.trigger,
@@ -521,6 +527,7 @@ class Daemon:
             )
         except ConfigError as exc:
             _log.error("reload failed; keeping the previous configuration", error=str(exc))
+            self._audit_reload(ok=False, errors=len(exc.problems))
             self.notifier.ready(self.flusher.status_text())
             return
         if loaded.workspace != self.workspace:
@@ -568,6 +575,7 @@ class Daemon:
             for entry in self.agents().values():
                 self.runner.evaluate(entry)
         self.notifier.ready(self.flusher.status_text())
+        self._audit_reload(ok=True, changed=changed_sections(old, new))
         _log.info(
             "reloaded",
             config=str(loaded.source) if loaded.source else None,
@@ -575,6 +583,18 @@ class Daemon:
             # does not re-read EnvironmentFile=, so these keep their values.
             env_overrides=list(loaded.env_overrides),
         )
+
+    def _audit_reload(self, **fields: object) -> None:
+        try:
+            self.audit.record(AuditEvent.CONFIG_RELOAD, None, trigger="sighup", **fields)
+        except Exception as exc:  # the reload itself is done either way
+            _log.warning("cannot write the audit log", error=describe_error(exc))
+
+
+def changed_sections(old: MemdConfig, new: MemdConfig) -> list[str]:
+    """The config's top-level keys whose values differ (names only, never values)."""
+    before, after = old.model_dump(), new.model_dump()
+    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
 
 
 def run_daemon(loaded: LoadedConfig, options: DaemonOptions) -> int:

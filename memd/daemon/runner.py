@@ -49,6 +49,7 @@ from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
+    from memd.audit import AuditLog
     from memd.metrics import Metrics
 
 _log = get_logger("memd.daemon")
@@ -96,6 +97,8 @@ class Runner:
         self.retry_policy = RetryPolicy.from_config(config.daemon)
         self.abort = threading.Event()
         self.metrics: Metrics | None = None
+        # The workspace's audit log (None without a state dir).
+        self.audit: AuditLog | None = None
         # Told of each archive a compaction commits (the recall index).
         self.on_archived: ArchiveHook | None = None
         self._registry = registry
@@ -326,6 +329,7 @@ class Runner:
             seconds=round(duration, 3),
         )
         self._ledger(entry, started_wall, duration, outcome, None)
+        self._audit(name, outcome)
         if self.metrics is not None:
             self.metrics.record_compaction(
                 name, "ok", llm_seconds=outcome.llm_duration_s, cost_usd=outcome.cost_usd
@@ -403,6 +407,23 @@ class Runner:
                 retry_at=decision.wake_at,
             )
             self._apply(entry, decision)
+
+    def _audit(self, name: str, outcome: CompactionOutcome) -> None:
+        if self.audit is None:
+            return
+        from memd.audit import record_compaction
+
+        try:
+            record_compaction(
+                self.audit,
+                name,
+                outcome,
+                trigger="threshold",
+                api_base=self.config.summarizer.api_base,
+                local_hosts=self.config.privacy.local_hosts,
+            )
+        except Exception as exc:  # the compaction is committed whatever happens here
+            _log.warning("cannot write the audit log", agent=name, error=describe_error(exc))
 
     def _ledger(
         self,

@@ -1,0 +1,265 @@
+"""The audit log file: one per workspace, in memd's state dir, append-only.
+
+``<state_dir>/<workspace digest>.audit.jsonl`` (the digest is the state DB's,
+so both sit side by side), mode 0600. Records come from
+:mod:`memd.core.audit` (content-free by construction). Each one is appended
+with a single ``write()`` on a descriptor opened ``O_APPEND``: the kernel
+places every write at the end of the file in one piece, so the daemon and a
+CLI appending at the same moment never interleave their lines; a record is
+fsynced before :meth:`AuditLog.record` returns (records are rare: one per
+compaction, prune, erasure or reload). The log is never rewritten: not by
+``forget`` (it is what says an erasure happened), not by retention.
+
+A failure to write the audit line is logged and does not undo or stop the
+operation it describes: the operation already happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memd.core.audit import AuditContents, AuditEvent, as_word, encode, make_record, parse_log
+from memd.core.privacy import is_local_summarizer
+from memd.errors import NotARegularFile, describe_error
+from memd.logs import get_logger
+from memd.state import state_db_path
+
+if TYPE_CHECKING:
+    from memd.compaction import CompactionOutcome
+
+AUDIT_SUFFIX = ".audit.jsonl"
+AUDIT_KEY_SUFFIX = ".audit.key"
+_KEY_BYTES = 32
+PROVIDED_MODEL = "provided"  # compact-now --summary: the operator's text, no model call
+_log = get_logger("memd.audit")
+
+
+def audit_path(state_dir: Path, workspace: Path) -> Path:
+    return state_db_path(state_dir, workspace).with_suffix(AUDIT_SUFFIX)
+
+
+class AuditLog:
+    """Appends records for one workspace; ``path`` None means auditing is off (no state dir)."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        actor: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.actor = actor
+        self._clock = clock
+
+    @classmethod
+    def for_workspace(cls, state_dir: Path | None, workspace: Path, actor: str) -> AuditLog:
+        return cls(audit_path(state_dir, workspace) if state_dir is not None else None, actor)
+
+    def record(self, event: AuditEvent | str, agent: str | None = None, **fields: object) -> bool:
+        """Append one record; False (and a warning logged) when it could not be written.
+
+        A field that is not an audit field, or a value that is not a count, a
+        flag, a digest or a short word, raises ValueError before anything is
+        written (see :mod:`memd.core.audit`).
+        """
+        record = make_record(
+            event,
+            ts=self._clock(),
+            actor=self.actor,
+            pid=os.getpid(),
+            uid=os.getuid(),
+            agent=agent,
+            fields=fields,
+        )
+        line = encode(record)
+        if self.path is None:
+            return False
+        try:
+            append_line(self.path, line)
+        except OSError as exc:
+            _log.warning(
+                "cannot write the audit log",
+                audit_event=record.event,
+                agent=agent,
+                error=describe_error(exc),
+            )
+            return False
+        return True
+
+    def keyed_hash(self, text: str) -> str:
+        """A keyed digest of ``text`` (HMAC-SHA256 with this workspace's audit key).
+
+        For a record that must show two operations used the same input (an
+        erase-by-pattern's pattern) without the input being recoverable from
+        the log: the key stays in the state dir (0600), never in the log.
+        """
+        key = self._key()
+        return hmac.new(key, text.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[
+            :16
+        ]
+
+    def _key(self) -> bytes:
+        if self.path is None:
+            raise OSError(errno.ENOENT, "no state dir: auditing is off")
+        key_path = self.path.with_name(self.path.name.removesuffix(AUDIT_SUFFIX) + AUDIT_KEY_SUFFIX)
+        _ensure_private_dir(key_path.parent)
+        try:
+            fd = os.open(
+                key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except FileExistsError:
+            return _read_key(key_path)
+        try:
+            _give_to_state_dir_owner(fd, key_path.parent)
+            os.write(fd, secrets.token_bytes(_KEY_BYTES))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return _read_key(key_path)
+
+
+def summarizer_is_remote(model: str, api_base: str, local_hosts: Sequence[str] = ()) -> bool:
+    """Whether a summary made by ``model`` left the machine (the redaction rule's
+    locality, :func:`memd.core.privacy.is_local_summarizer`); ``--summary`` text never does."""
+    if model.strip().lower() == PROVIDED_MODEL:
+        return False
+    return not is_local_summarizer(model, api_base, local_hosts)
+
+
+def record_compaction(
+    audit: AuditLog,
+    agent: str,
+    outcome: CompactionOutcome,
+    *,
+    trigger: str,
+    api_base: str,
+    local_hosts: Sequence[str] = (),
+) -> bool:
+    """The audit line for a committed compaction (never the summary or its input)."""
+    return audit.record(
+        AuditEvent.COMPACTION,
+        agent,
+        trigger=trigger,
+        model=as_word(outcome.model),
+        remote=summarizer_is_remote(outcome.model, api_base, local_hosts),
+        # Set by the redaction step when it ran (absent: no count to give).
+        redactions=getattr(outcome, "redactions", None),
+        tokens_before=outcome.tokens_before,
+        tokens_after=outcome.tokens_after,
+        archive=outcome.archive.name,
+        calls=outcome.calls,
+        partial=outcome.partial,
+    )
+
+
+def _read_key(key_path: Path) -> bytes:
+    # A key being written by another process right now: its 32 bytes land in
+    # one write, so a short read means "not yet"; wait for it briefly.
+    for _ in range(100):
+        fd = os.open(key_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            key = os.read(fd, _KEY_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(key) == _KEY_BYTES:
+            return key
+        time.sleep(0.01)
+    raise OSError(errno.EIO, "audit key file is not 32 bytes", str(key_path))
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append ``line`` in one ``write()`` (O_APPEND), fsync; create the file 0600."""
+    _ensure_private_dir(path.parent)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    created = False
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(errno.EINVAL, "not a regular file", str(path))
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        if created:
+            _give_to_state_dir_owner(fd, path.parent)
+        written = os.write(fd, line)
+        if written != len(line):
+            # Only ENOSPC-like conditions do this on a regular file; the torn
+            # line is counted as unreadable by readers, never misread.
+            raise OSError(
+                errno.ENOSPC, f"short write to the audit log ({written} bytes)", str(path)
+            )
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        _fsync_dir(path.parent)
+
+
+def _give_to_state_dir_owner(fd: int, directory: Path) -> None:
+    # A root CLI creating the log in the daemon's state dir: the daemon's user
+    # must still be able to append to it.
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError):
+        owner = os.stat(directory)
+        if owner.st_uid != 0:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _ensure_private_dir(directory: Path) -> None:
+    if directory.is_dir():
+        return
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        directory.chmod(0o700)  # mkdir's mode is filtered by the umask
+
+
+def read_audit(path: Path) -> AuditContents:
+    """Every record in the log (none when it does not exist yet)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return AuditContents(())
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(errno.EINVAL, "not a regular file", str(path))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return parse_log(b"".join(chunks))
+
+
+__all__ = [
+    "AUDIT_SUFFIX",
+    "AuditLog",
+    "append_line",
+    "audit_path",
+    "read_audit",
+    "record_compaction",
+    "summarizer_is_remote",
+]
