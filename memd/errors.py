@@ -82,6 +82,11 @@ class CompactionAborted(MemdError, RuntimeError):
     exit_code = 6
 
 
+class SummaryNotStarted(CompactionAborted):
+    """The daemon stopped while the job waited for an LLM slot: nothing was
+    changed and nothing failed (the job counts as cancelled)."""
+
+
 class UnderThreshold(CompactionAborted):
     """Once the agent's lock was taken, the file was already under its threshold
     (another compactor did the work first): nothing was changed, nothing failed."""

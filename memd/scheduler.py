@@ -1,9 +1,10 @@
 """The scheduler adapter: the only module that imports APScheduler (3.x).
 
 One ``BackgroundScheduler`` runs everything timed: the periodic jobs
-(reconcile, state flush) on a small default pool, compactions on a pool whose
-size is the global cap on concurrent LLM calls, and per-agent wake-ups (end of
-a backoff or cooldown).
+(reconcile, state flush) on a small default pool, compactions on a pool of
+``daemon.max_concurrent_io`` workers (inside a job only the summary takes one
+of the daemon's LLM slots, :mod:`memd.daemon.llm_slots`), and per-agent
+wake-ups (end of a backoff or cooldown).
 
 APScheduler 3's traps (DESIGN.md §5) are defused here: ``misfire_grace_time``
 is None for every job (a late run is still a run, never silently dropped),

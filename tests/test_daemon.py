@@ -34,6 +34,8 @@ from support.tokens import CL100K
 import memd.watcher
 from memd.compaction import ThresholdCheck, check_still_over
 from memd.core.jobs import JobState
+from memd.core.memfile import parse
+from memd.core.summary import SummaryRequest, SummaryResult
 from memd.daemon import Daemon, DaemonOptions
 from memd.settings import LoadedConfig, build_config, load_settings
 from memd.state import StateStore
@@ -133,6 +135,10 @@ class ScriptedCompaction:
             if behaviour == "slow":
                 assert self.release.wait(20)
                 behaviour = "ok"
+            if behaviour == "summarize":
+                # The transaction's summary step: through the daemon's LLM slots.
+                summarizer.summarize(SummaryRequest(paths.agent, parse(b""), max_tokens=10))
+                behaviour = "ok"
             if behaviour == "preempted":
                 # another compactor finished just before we got the lock
                 tmp = paths.dir / "MEMORY.md.other"
@@ -198,13 +204,20 @@ def run_daemon(tmp_path: Path) -> Iterator[Any]:
         state: bool = True,
         counter_factory: Any = None,
         wait_ready: bool = True,
+        summarizer_factory: Any = None,
     ) -> Harness:
         loaded_config, _ = build_config(merged(config), {})
         loaded = LoadedConfig(loaded_config, None, ws.root, ())
         options = DaemonOptions(
             state_dir=tmp_path / "state" if state else None, install_signal_handlers=False
         )
-        daemon = Daemon(loaded, options, compact=compact, counter_factory=counter_factory)
+        daemon = Daemon(
+            loaded,
+            options,
+            compact=compact,
+            counter_factory=counter_factory,
+            summarizer_factory=summarizer_factory,
+        )
         harness: Harness
 
         def target() -> None:
@@ -395,21 +408,88 @@ def test_trigger_during_a_run_runs_exactly_once_more(ws: AgentWorkspace, run_dae
     h.stop()
 
 
+class GatedSummarizer:
+    """Each summary waits for ``release``; counts the summaries in flight."""
+
+    model = "gated"
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            assert self.release.wait(20)
+            return SummaryResult(text="summary", model=self.model)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def test_global_cap_on_concurrent_summaries(ws: AgentWorkspace, run_daemon: Any) -> None:
+    # max_concurrent_llm bounds the summaries only: the other jobs are in
+    # flight beside them (their file work and drain need no LLM slot).
+    names = [f"agent{n}" for n in range(5)]
+    for name in names:
+        ws.create_agent(name)
+    compact = ScriptedCompaction(*["summarize"] * 5)
+    gated = GatedSummarizer()
+    h = run_daemon(ws, compact=compact, summarizer_factory=lambda _config, _count: gated)
+    for name in names:
+        fill(ws, name, 20)
+    assert wait_until(lambda: compact.active == 5 and gated.active == 2)
+    assert gated.active == 2  # max_concurrent_llm = 2
+    gated.release.set()
+    assert wait_until(lambda: compact.committed == 5)
+    assert gated.peak == 2
+    assert compact.peak == 5
+    assert sorted(compact.calls) == names
+    h.stop()
+
+
 def test_global_cap_on_concurrent_compactions(ws: AgentWorkspace, run_daemon: Any) -> None:
     names = [f"agent{n}" for n in range(5)]
     for name in names:
         ws.create_agent(name)
     compact = ScriptedCompaction(*["slow"] * 5)
-    h = run_daemon(ws, compact=compact)
+    h = run_daemon(ws, compact=compact, config={"daemon": {"max_concurrent_io": 3}})
     for name in names:
         fill(ws, name, 20)
-    assert wait_until(lambda: compact.active == 2)
-    assert compact.active == 2  # max_concurrent_llm = 2
+    assert wait_until(lambda: compact.active == 3)
+    assert compact.active == 3  # max_concurrent_io = 3
     compact.release.set()
     assert wait_until(lambda: compact.committed == 5)
-    assert compact.peak == 2
+    assert compact.peak == 3
     assert sorted(compact.calls) == names
     h.stop()
+
+
+def test_stop_cancels_jobs_waiting_for_an_llm_slot(ws: AgentWorkspace, run_daemon: Any) -> None:
+    names = [f"agent{n}" for n in range(4)]
+    for name in names:
+        ws.create_agent(name)
+    compact = ScriptedCompaction(*["summarize"] * 4)
+    gated = GatedSummarizer()
+    h = run_daemon(ws, compact=compact, summarizer_factory=lambda _config, _count: gated)
+    for name in names:
+        fill(ws, name, 20)
+    assert wait_until(lambda: compact.active == 4 and gated.active == 2)
+    stopper = threading.Thread(target=h.stop)
+    stopper.start()
+    # The two waiting for a slot give up at once; the two summarizing finish.
+    assert wait_until(lambda: compact.active == 2)
+    gated.release.set()
+    stopper.join(30)
+    assert h.code == 0
+    assert compact.committed == 2
+    # Cancelled, not failed: no backoff is carried into the next start.
+    assert h.daemon.compactions_failed == 0
+    assert all(h.job(name) is not JobState.BACKOFF for name in names)
 
 
 def test_failures_back_off_then_open_the_breaker(ws: AgentWorkspace, run_daemon: Any) -> None:

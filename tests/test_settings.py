@@ -78,6 +78,8 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         ("[trigger\nthreshold = 0.5\n", r"c\.toml: invalid TOML"),
         ("[summarizer]\ntimeout_s = 'soon'\n", r"summarizer\.timeout_s"),
         ('[agents."R*"]\nthreshold = 0\n', r"agents\.R\*\.threshold"),
+        ("[daemon]\nmax_concurrent_io = 0\n", r"daemon\.max_concurrent_io"),
+        ("[daemon]\nmax_concurrent_io = 100000\n", r"daemon\.max_concurrent_io"),
     ],
 )
 def test_bad_files_name_key_and_file(tmp_path: Path, text: str, expected: str) -> None:

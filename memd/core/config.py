@@ -83,7 +83,10 @@ class WatchConfig(_Section):
 
 
 class DaemonConfig(_Section):
-    max_concurrent_llm: int = Field(2, ge=1, le=256)
+    max_concurrent_llm: int = Field(2, ge=1, le=256, description="summaries in flight")
+    # Compactions in flight (snapshot, commit, drain wait): the pool the LLM
+    # slots are taken from, so never fewer than max_concurrent_llm.
+    max_concurrent_io: int = Field(32, ge=1, le=1024, description="compactions in flight")
     retry_base_s: float = Field(5.0, gt=0, le=_DAY_S)
     retry_max_s: float = Field(600.0, gt=0, le=7 * _DAY_S)
     cooldown_s: float = Field(60.0, ge=0, le=_DAY_S)

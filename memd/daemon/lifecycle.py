@@ -301,7 +301,10 @@ class Daemon:
         self._start_recall(stack, runner)
 
         self._start_metrics(stack, entry_counter, runner)
-        self.scheduler = JobScheduler(compaction_slots=self.config.daemon.max_concurrent_llm)
+        daemon_config = self.config.daemon
+        self.scheduler = JobScheduler(
+            compaction_slots=max(daemon_config.max_concurrent_io, daemon_config.max_concurrent_llm)
+        )
         self.scheduler.start()
         stack.callback(self._stop_scheduler, self.scheduler)
         runner.start(self.scheduler)
@@ -565,8 +568,9 @@ class Daemon:
             or new.daemon.state_flush_s != old.daemon.state_flush_s
         ):
             self._schedule_periodic()
-        if new.daemon.max_concurrent_llm != old.daemon.max_concurrent_llm:
-            _log.warning("daemon.max_concurrent_llm takes effect at the next restart")
+        for key in ("max_concurrent_llm", "max_concurrent_io"):
+            if getattr(new.daemon, key) != getattr(old.daemon, key):
+                _log.warning("takes effect at the next restart", setting=f"daemon.{key}")
         if new.watch.poll != old.watch.poll and self.options.poll is None:
             _log.warning("watch.poll takes effect at the next restart")
         if tokenizer is None and self.runner is not None:

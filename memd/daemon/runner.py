@@ -34,12 +34,14 @@ from memd.core.jobs import (
 from memd.core.summary import Summarizer
 from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
+from memd.daemon.llm_slots import LlmSlots
 from memd.daemon.registry import AgentRegistry
 from memd.errors import (
     CompactionAborted,
     LockTimeout,
     MemdError,
     NothingToCompact,
+    SummaryNotStarted,
     UnderThreshold,
     describe_error,
 )
@@ -96,6 +98,9 @@ class Runner:
         self._clock = clock
         self.retry_policy = RetryPolicy.from_config(config.daemon)
         self.abort = threading.Event()
+        # Summaries in flight, daemon-wide; the rest of a job runs beside them
+        # on the compaction pool (a restart applies a new size).
+        self.llm_slots = LlmSlots(config.daemon.max_concurrent_llm)
         self.metrics: Metrics | None = None
         # The workspace's audit log (None without a state dir).
         self.audit: AuditLog | None = None
@@ -120,6 +125,7 @@ class Runner:
         with self._registry.lock:
             self._stopping = True
             self._stop_summarizer_retries()
+        self.llm_slots.close()
 
     def _stop_summarizer_retries(self) -> None:
         # In-flight summaries may finish (they commit), but none retries:
@@ -286,7 +292,7 @@ class Runner:
         try:
             outcome = self._compact(
                 entry.paths,
-                self._summarizer_for(name, failures),
+                self.llm_slots.bound(self._summarizer_for(name, failures)),
                 self._compaction_options(entry.policy),
                 count_bytes=self._counter.tokenizer.count_bytes,
                 abort=self.abort,
@@ -360,6 +366,11 @@ class Runner:
         name = entry.name
         policy = self.retry_policy
         now = self._clock()
+        if isinstance(error, SummaryNotStarted):
+            with self._registry.lock:
+                entry.job = on_cancelled(entry.job)
+                entry.dirty = True
+            return
         if isinstance(error, UnderThreshold):
             _log.info("already under threshold; skipped", agent=name, tokens=entry.tokens)
             with self._registry.lock:

@@ -1,0 +1,72 @@
+"""The global cap on summarizer calls in flight (``daemon.max_concurrent_llm``).
+
+A compaction is mostly not an LLM call: the snapshot, the archive write and
+swap, and above all the drain's quiet wait (about a second of waiting for late
+writers) are file work. Those run on the compaction pool
+(``daemon.max_concurrent_io`` jobs at once); only the summary itself takes one
+of these slots, so a storm of compactions keeps every LLM slot busy while other
+jobs snapshot, commit and drain side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
+from memd.errors import SummaryNotStarted
+
+
+class LlmSlots:
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._free = slots
+        self._closed = False
+        self._cond = threading.Condition()
+        self.peak = 0  # the most summaries ever in flight at once (tests, metrics)
+
+    def close(self) -> None:
+        """Shutdown: summaries in flight finish; the ones still waiting do not start."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def held(self, agent: str) -> Iterator[None]:
+        with self._cond:
+            while self._free == 0 and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise SummaryNotStarted(
+                    f"agent {agent!r}: shutting down; the summary had not started (nothing changed)"
+                )
+            self._free -= 1
+            self.peak = max(self.peak, self.slots - self._free)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._free += 1
+                self._cond.notify()
+
+    def bound(self, summarizer: Summarizer) -> Summarizer:
+        """``summarizer`` whose every summary waits for a slot first."""
+        return _SlotBound(summarizer, self)
+
+
+class _SlotBound:
+    def __init__(self, inner: Summarizer, slots: LlmSlots) -> None:
+        self.inner = inner
+        self._slots = slots
+
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        with self._slots.held(request.agent):
+            return self.inner.summarize(request)
+
+
+__all__ = ["LlmSlots"]
