@@ -38,6 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from memd.agentdir import AgentDir
+from memd.archive_crypto import (
+    ENCRYPTED_SUFFIX,
+    PLAIN_SUFFIX,
+    DataKey,
+    MasterKey,
+    agent_data_key,
+    read_master_key,
+    seal_archive,
+)
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
     HeaderSegment,
@@ -149,6 +158,9 @@ class CompactionOptions:
     # an operator's explicit compact-now may re-seed even a small file.
     require_shrink: bool = True
     on_archived: ArchiveHook | None = None
+    # [privacy] encrypt_archives: the master key file (read at each job, so a
+    # rotated key file is picked up without a restart); None writes plain archives.
+    key_file: Path | None = None
 
     @classmethod
     def from_config(
@@ -170,7 +182,14 @@ class CompactionOptions:
             except BudgetError as exc:
                 raise ConfigError(f"agent {policy.agent!r}: {exc}") from None
             summary_cap, pinned = budgets.summary_tokens, budgets.pinned_tokens
+        privacy = config.privacy
+        key_file = (
+            Path(privacy.key_file).expanduser()
+            if privacy.encrypt_archives and privacy.key_file
+            else None
+        )
         return cls(
+            key_file=key_file,
             lock_wait_s=config.compaction.lock_wait_s,
             drain_quiet_s=config.compaction.drain_quiet_s,
             drain_max_s=config.compaction.drain_max_s,
@@ -347,6 +366,28 @@ def _archive_stem() -> str:
     return "history_" + datetime.now().strftime("%Y-%m-%d_%H-%M-%S")  # noqa: DTZ005
 
 
+def _free_archive_name(archive_fd: int, stem: str, suffix: str) -> str:
+    """The first of ``stem{suffix}``, ``stem_1{suffix}``, … not taken (plain or encrypted).
+
+    An encrypted archive is sealed with its final name, so the name is chosen
+    before the link (the agent's lock keeps other compactors away; a name taken
+    meanwhile by anyone else makes the link fail and the job roll back).
+    """
+    attempt = 0
+    while True:
+        base = stem if attempt == 0 else f"{stem}_{attempt}"
+        taken = False
+        for candidate in (base + PLAIN_SUFFIX, base + ENCRYPTED_SUFFIX):
+            try:
+                os.stat(candidate, dir_fd=archive_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            taken = True
+        if not taken:
+            return base + suffix
+        attempt += 1
+
+
 class _Transaction:
     def __init__(
         self,
@@ -372,6 +413,16 @@ class _Transaction:
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
         self.produced = b""  # header + summary + what the snapshot held past N
+        self.master: MasterKey | None = None
+        self.data_key: DataKey | None = None
+        if options.key_file is not None:
+            # Before the summarizer is paid: a missing or wrong key fails at once.
+            self.master = read_master_key(options.key_file)
+            self.data_key = agent_data_key(pinned, self.master, create=False)
+
+    @property
+    def archive_suffix(self) -> str:
+        return ENCRYPTED_SUFFIX if self.master is not None else PLAIN_SUFFIX
 
     # -- snapshot -------------------------------------------------------------
     def _open_memory(self) -> int:
@@ -472,7 +523,7 @@ class _Transaction:
             pinned_tokens=self.options.pinned_tokens,
             count_text=self._count_text,
             # Same length as the final name: the size checks see the real block.
-            archive="archive/" + _archive_stem() + ".md",
+            archive="archive/" + _archive_stem() + self.archive_suffix,
             earlier_archives=material.earlier_archives,
         )
         return composed, material.earlier_archives
@@ -529,7 +580,17 @@ class _Transaction:
         if self.created_archive_dir:
             share_with_group(archive_fd, access.dir_mode, access.gid)
         private_fd = self.pinned.private_fd
-        fd = create_file_at(private_fd, ARCHIVE_TEMP, [snap.data[:cut]])
+        plaintext = snap.data[:cut]
+        name = ""
+        if self.master is None:
+            content = plaintext
+        else:
+            # Sealed in memory, with its final name: no plaintext reaches the temp.
+            data_key = self.data_key or agent_data_key(self.pinned, self.master, create=True)
+            assert data_key is not None
+            name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
+            content = seal_archive(data_key, name, plaintext)
+        fd = create_file_at(private_fd, ARCHIVE_TEMP, [content])
         try:
             share_with_group(fd, access.file_mode, access.gid)
             st = os.fstat(fd)
@@ -550,7 +611,16 @@ class _Transaction:
             started_at=time.time(),
         )
         self.checkpoint("journal-archiving")
-        name = link_unique_at(private_fd, ARCHIVE_TEMP, archive_fd, _archive_stem())
+        if name:
+            os.link(
+                ARCHIVE_TEMP,
+                name,
+                src_dir_fd=private_fd,
+                dst_dir_fd=archive_fd,
+                follow_symlinks=False,
+            )
+        else:
+            name = link_unique_at(private_fd, ARCHIVE_TEMP, archive_fd, _archive_stem())
         self.archive = self.paths.archive_dir / name
         os.fsync(archive_fd)
         self.checkpoint("archive-linked")

@@ -14,6 +14,7 @@ a ``context`` section.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -192,7 +193,53 @@ def build_config(
     except ValidationError as exc:
         raise _config_error(exc, source, origin) from None
     _check_summary_budgets(config, source)
+    _check_privacy(config, source, origin)
     return config, tuple(sorted(origin.values()))
+
+
+def _check_privacy(config: MemdConfig, source: str, origin: dict[tuple[str, ...], str]) -> None:
+    """``[privacy]``: encryption needs a key file, and the key never sits in the config.
+
+    The key file's content is checked where it is read (compaction, ``memd
+    archive``, ``memd doctor``), so a config check never needs the key.
+    """
+    privacy = config.privacy
+
+    def where(key: str) -> str:
+        var = origin.get(("privacy", key))
+        return (
+            f"invalid setting {var} (privacy.{key})"
+            if var
+            else f"invalid config {source}: privacy.{key}"
+        )
+
+    key_file = privacy.key_file.strip()
+    if key_file and looks_like_key(key_file):
+        raise ConfigError(
+            f"{where('key_file')}: looks like a key, not a file name; put the key in a file "
+            "(memd archive keygen FILE) and name that file here"
+        )
+    if privacy.encrypt_archives and not key_file:
+        raise ConfigError(
+            f"{where('encrypt_archives')}: encryption needs privacy.key_file (or "
+            "MEMD_PRIVACY_KEY_FILE) naming a master key file made by `memd archive keygen FILE`"
+        )
+
+
+def looks_like_key(value: str) -> bool:
+    """A value that is key material rather than a path (what keygen writes, or raw base64)."""
+    from memd.archive_crypto import MASTER_KEY_MAGIC
+
+    if MASTER_KEY_MAGIC in value:
+        return True
+    if re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        return True
+    # 32 bytes of base64; a path starts with / or ., or holds a dot or a short part.
+    return (
+        re.fullmatch(r"[A-Za-z0-9+/_-]{42,44}={0,2}", value) is not None
+        and not value.startswith("/")
+        and all(any(test(c) for c in value) for test in (str.isdigit, str.isupper, str.islower))
+    )
 
 
 def _check_summary_budgets(config: MemdConfig, source: str) -> None:

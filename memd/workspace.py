@@ -241,11 +241,13 @@ def agent_paths_scanned(
 
 
 def is_archive_name(name: str) -> bool:
-    return name.startswith("history_") and name.endswith(".md")
+    """An archive, plain (``.md``) or encrypted at rest (``.md.enc``)."""
+    return name.startswith("history_") and (name.endswith(".md") or name.endswith(".md.enc"))
 
 
 def archives_of(paths: AgentPaths) -> list[Path]:
-    """The agent's archive files, oldest first (by name, which sorts by time)."""
+    """The agent's archive files, plain (``.md``) and encrypted (``.md.enc``), oldest
+    first (by name, which sorts by time)."""
     try:
         found = [
             Path(entry.path)
@@ -306,7 +308,8 @@ def archive_stats(paths: AgentPaths, known: ArchiveStats | None = None) -> Archi
 
 def _archive_sort_key(path: Path) -> tuple[str, int]:
     # history_2026-01-01_10-00-00_3.md sorts after history_2026-01-01_10-00-00.md
-    parts = path.stem.removeprefix("history_").split("_")
+    stem = path.name.removesuffix(".enc").removesuffix(".md")
+    parts = stem.removeprefix("history_").split("_")
     if len(parts) == 3 and parts[2].isdigit():
         return ("_".join(parts[:2]), int(parts[2]))
     return ("_".join(parts), 0)

@@ -13,6 +13,7 @@ import sys
 import typer
 
 from memd.cli import (
+    commands_archive,
     commands_audit,
     commands_compact,
     commands_forget,
@@ -34,6 +35,7 @@ def build_app() -> typer.Typer:
         pretty_exceptions_enable=False,
     )
     # In this order in `memd --help`.
+    app.add_typer(commands_archive.archive_app, name="archive")
     app.command("audit")(commands_audit.audit_command)
     app.command("compact-now")(commands_compact.compact_now)
     app.command("forget")(commands_forget.forget_command)

@@ -2,7 +2,9 @@
 
 What goes: ``MEMORY.md``, ``archive/`` (every snapshot), everything under
 ``.memd/`` (journal, drain link, temp files), and the agent's rows in the state
-DB (counts, ledger, cached counts).
+DB (counts, ledger, cached counts). The archive data key (``.memd/archive.key``,
+encrypted archives) is overwritten and removed first: crypto-shredding, so a
+copy of an encrypted archive that survives anywhere stays unreadable.
 
 What stays, on purpose:
 
@@ -30,9 +32,11 @@ from typing import Annotated
 
 import typer
 
+from memd.agentdir import AgentDir
+from memd.archive_crypto import destroy_data_key
 from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
 from memd.cli.recall_index import open_recall_index
-from memd.errors import MemdError, UnknownAgent
+from memd.errors import MemdError, UnknownAgent, describe_error
 from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
 from memd.settings import LoadedConfig
@@ -54,6 +58,7 @@ class ForgetReport:
     private_entries_removed: int = 0
     state_rows_removed: int = 0
     recall_rows_removed: int = 0
+    data_key_destroyed: bool = False
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -64,6 +69,8 @@ class ForgetReport:
         parts.append(f"{self.private_entries_removed} private file(s)")
         parts.append(f"{self.state_rows_removed} state row(s)")
         parts.append(f"{self.recall_rows_removed} recall index row(s)")
+        if self.data_key_destroyed:
+            parts.append("the archive data key (encrypted archives shredded)")
         return f"forgot agent {self.agent!r}: removed " + ", ".join(parts)
 
 
@@ -81,9 +88,23 @@ def _remove_path(path: Path) -> int:
     return count
 
 
+def _shred_data_key(paths: AgentPaths, report: ForgetReport) -> None:
+    """Destroy the agent's archive data key first: every encrypted archive of the
+    agent is unreadable from then on, even a copy whose blocks survive the unlink."""
+    if not paths.private_dir.is_dir() or paths.private_dir.is_symlink():
+        return
+    try:
+        with AgentDir.open(paths, create_private=False) as pinned:
+            if pinned.private_fd >= 0:
+                report.data_key_destroyed = destroy_data_key(pinned.private_fd)
+    except (OSError, MemdError) as exc:
+        report.notes.append(f"archive data key not overwritten: {describe_error(exc)}")
+
+
 def erase_agent_files(paths: AgentPaths) -> ForgetReport:
     """Delete the agent's memory, archives and private files. Caller holds the lock."""
     report = ForgetReport(agent=paths.agent)
+    _shred_data_key(paths, report)
     report.memory_removed = _remove_path(paths.memory) > 0
     if paths.archive_dir.is_symlink():
         _remove_path(paths.archive_dir)

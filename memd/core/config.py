@@ -206,6 +206,12 @@ class PrivacyConfig(_Section):
                 raise ValueError(f"pattern {name!r} matches the empty string")
         return value
 
+    encrypt_archives: bool = Field(
+        False, description="write archives as authenticated ciphertext (history_<ts>.md.enc)"
+    )
+    # A path, never the key: the key file is made by `memd archive keygen FILE`.
+    key_file: str = Field("", description="master key file (also MEMD_PRIVACY_KEY_FILE)")
+
 
 class AgentOverride(_Section):
     model: str | None = None

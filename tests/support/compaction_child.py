@@ -1,7 +1,7 @@
 """Run one compaction in a child process, optionally dying at a checkpoint.
 
     python compaction_child.py WORKSPACE AGENT [--crash-at NAME] [--llm-sleep S]
-        [--started-file PATH] [--wait S] [--drain-quiet S] [--log PATH]
+        [--started-file PATH] [--wait S] [--drain-quiet S] [--log PATH] [--key-file PATH]
 
 ``--crash-at`` calls ``os._exit(137)`` at that checkpoint: no finally blocks,
 no rollback, exactly like ``kill -9`` at that instant.
@@ -60,6 +60,7 @@ def main() -> int:
     parser.add_argument("--wait", type=float, default=30.0)
     parser.add_argument("--drain-quiet", type=float, default=0.2)
     parser.add_argument("--as-uid", type=int)
+    parser.add_argument("--key-file", type=Path, help="encrypt archives with this master key")
     args = parser.parse_args()
 
     def checkpoint(name: str) -> None:
@@ -72,7 +73,10 @@ def main() -> int:
         os.setgid(args.as_uid)
         os.setuid(args.as_uid)
     options = CompactionOptions(
-        lock_wait_s=args.wait, drain_quiet_s=args.drain_quiet, drain_max_s=5.0
+        lock_wait_s=args.wait,
+        drain_quiet_s=args.drain_quiet,
+        drain_max_s=5.0,
+        key_file=args.key_file,
     )
     try:
         outcome = compact_agent(

@@ -55,14 +55,27 @@ def raw_entries(data: bytes) -> list[EntrySegment]:
     return [e for e in parse(data).entries if not e.is_summary]
 
 
-def entry_contents_everywhere(paths: AgentPaths) -> Counter[str]:
-    """Every non-summary entry's content across all archives and MEMORY.md."""
+def entry_contents_everywhere(paths: AgentPaths, key_file: Path | None = None) -> Counter[str]:
+    """Every non-summary entry's content across all archives and MEMORY.md.
+
+    With ``key_file``, encrypted archives (``.md.enc``) are decrypted and counted too.
+    """
+    from memd.archive_crypto import read_archive, read_master_key
+
     seen: Counter[str] = Counter()
-    sources = sorted(paths.archive_dir.glob("history_*.md")) if paths.archive_dir.exists() else []
-    sources.append(paths.memory)
+    pattern = "history_*.md*" if key_file is not None else "history_*.md"
+    sources = sorted(paths.archive_dir.glob(pattern)) if paths.archive_dir.exists() else []
+    master = read_master_key(key_file) if key_file is not None else None
     for source in sources:
-        for entry in raw_entries(source.read_bytes()):
+        data = (
+            read_archive(paths, source.name, master)
+            if source.name.endswith(".enc")
+            else source.read_bytes()
+        )
+        for entry in raw_entries(data):
             seen[entry.text] += 1
+    for entry in raw_entries(paths.memory.read_bytes()):
+        seen[entry.text] += 1
     return seen
 
 
