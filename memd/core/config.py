@@ -144,6 +144,11 @@ class PrivacyConfig(_Section):
     patterns: dict[str, str] = Field(
         default_factory=dict, description="name -> regex of your own secrets"
     )
+    encrypt_archives: bool = Field(
+        False, description="write archives as authenticated ciphertext (history_<ts>.md.enc)"
+    )
+    # A path, never the key: the key file is made by `memd archive keygen FILE`.
+    key_file: str = Field("", description="master key file (also MEMD_PRIVACY_KEY_FILE)")
 
     @field_validator("redact_pii", mode="before")
     @classmethod
@@ -205,12 +210,6 @@ class PrivacyConfig(_Section):
             if compiled.fullmatch(""):
                 raise ValueError(f"pattern {name!r} matches the empty string")
         return value
-
-    encrypt_archives: bool = Field(
-        False, description="write archives as authenticated ciphertext (history_<ts>.md.enc)"
-    )
-    # A path, never the key: the key file is made by `memd archive keygen FILE`.
-    key_file: str = Field("", description="master key file (also MEMD_PRIVACY_KEY_FILE)")
 
 
 class AgentOverride(_Section):
