@@ -43,6 +43,12 @@ def render_table(
             caption += f"; daemon unhealthy: {beat.detail}"
     else:
         caption = "no daemon running: counted from the files"
+    sealed = [row.agent for row in rows if row.recall == "off"]
+    if sealed:
+        caption += (
+            f"; recall off for {len(sealed)} agent(s): archives encrypted at rest "
+            "(memd archive cat AGENT NAME reads one)"
+        )
     table = Table(title=f"memd status: {workspace}", caption=caption, title_justify="left")
     for column, justify in (
         ("agent", "left"),
@@ -73,7 +79,9 @@ def render_table(
             f"{row.threshold_tokens:,}",
             _escape(row.window),
             used,
-            str(row.archives),
+            f"{row.archives} ({row.encrypted_archives} enc)"
+            if row.encrypted_archives
+            else str(row.archives),
             local_time(row.last_compaction_at, now),
             row.state,
             _escape(row.last_error or ""),

@@ -21,6 +21,7 @@ def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallInd
     directory = resolve_state_dir(state_dir, loaded.config.state_dir)
     with as_owner_of(directory):  # a root CLI leaves no root-owned file there
         index = RecallIndex.open(directory, loaded.workspace)
+    index.encrypting = loaded.config.privacy.encrypt_archives
     for note in index.notes:
         print(f"memd: warning: {note}", file=sys.stderr)
     return index
@@ -34,6 +35,7 @@ def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook
         try:
             with as_owner_of(directory):
                 index = RecallIndex.open(directory, loaded.workspace)
+            index.encrypting = loaded.config.privacy.encrypt_archives
             with index:
                 index.sync_agent(paths)
         except (MemdError, OSError) as exc:

@@ -50,6 +50,11 @@ class AgentStatus:
     #: and the tokens the agent reserves per request beside its memory.
     window: str = ""
     reserved_tokens: int = 0
+    #: Archives encrypted at rest (``.md.enc``, among ``archives``); such an
+    #: agent, or any agent while ``[privacy] encrypt_archives`` is on, has no
+    #: recall index ("off").
+    encrypted_archives: int = 0
+    recall: str = "on"
 
     @property
     def percent_used(self) -> float:
@@ -70,6 +75,8 @@ class AgentStatus:
             "daemon_pid": self.daemon_pid,
             "window_source": self.window,
             "reserved_tokens": self.reserved_tokens,
+            "encrypted_archives": self.encrypted_archives,
+            "recall": self.recall,
         }
 
 
@@ -220,7 +227,10 @@ def collect_status(
             config, name, context_length_for_model, _declared_window(paths, encoding)
         )
         window, reserved = policy.window_source, policy.reserved_tokens
-        archives = len(archives_of(paths))
+        archive_files = archives_of(paths)
+        archives = len(archive_files)
+        encrypted = sum(1 for path in archive_files if path.name.endswith(".md.enc"))
+        recall = "off" if encrypted or config.privacy.encrypt_archives else "on"
         record = info.get("record")
         if isinstance(record, AgentRecord):
             result.append(
@@ -236,6 +246,8 @@ def collect_status(
                     daemon_pid=beat.pid if beat else None,
                     window=window,
                     reserved_tokens=reserved,
+                    encrypted_archives=encrypted,
+                    recall=recall,
                 )
             )
             continue
@@ -258,6 +270,8 @@ def collect_status(
                 daemon_pid=beat.pid if beat else None,
                 window=window,
                 reserved_tokens=reserved,
+                encrypted_archives=encrypted,
+                recall=recall,
             )
         )
     return result, beat

@@ -390,6 +390,7 @@ class Daemon:
         recall = RecallService.open(self.options.state_dir, self.workspace)
         if recall is None:
             return
+        recall.index.encrypting = self.config.privacy.encrypt_archives
         self.recall = recall
         recall.start(self.registry.all_paths)
 
@@ -557,6 +558,8 @@ class Daemon:
         if self.runner is not None:
             self.runner.reconfigure(new)
         self.registry.reconfigure(new)
+        if self.recall is not None:
+            self.recall.index.encrypting = new.privacy.encrypt_archives
         self.flusher.reconfigure(new.tokenizer.encoding)
         if self.counter is not None:
             self.counter.reconfigure(new.trigger, new.tokenizer.encoding, tokenizer)

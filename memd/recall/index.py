@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from memd.archive_crypto import ENCRYPTED_SUFFIX
 from memd.core.memfile import parse
 from memd.core.recall import (
     MATCH_CLOSE,
@@ -83,6 +84,19 @@ class RecallIndexError(MemdError, RuntimeError):
     """The recall index cannot be opened, read or written."""
 
 
+class RecallSealed(MemdError, LookupError):
+    """The agent's archives are encrypted at rest: it has no recall index."""
+
+    exit_code = 3
+
+    def __init__(self, agent: str) -> None:
+        super().__init__(
+            f"agent {agent!r}: recall is off: its archives are encrypted at rest "
+            "([privacy] encrypt_archives) and a search index would keep their text in plain "
+            f"on disk; read an archive with `memd archive cat {agent} NAME`"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RecallHit:
     """One matching raw entry (the JSON schema of ``memd recall --json``)."""
@@ -117,8 +131,11 @@ class SyncReport:
     indexed: list[str]
     removed: list[str]
     entries: int = 0
+    sealed: bool = False  # archives encrypted at rest: no rows kept for the agent
 
     def describe(self) -> str:
+        if self.sealed:
+            return "not indexed: archives encrypted at rest (recall is off for this agent)"
         return (
             f"indexed {len(self.indexed)} file(s) ({self.entries} entries), "
             f"dropped {len(self.removed)}"
@@ -145,9 +162,30 @@ def recall_db_path(state_dir: Path, workspace: Path) -> Path:
 
 
 def is_archive_name(name: str) -> bool:
-    # Encrypted archives (.md.enc) are not indexed: their text must not sit
-    # in plain text in the index (the privacy issue decides how to index them).
+    # Encrypted archives (.md.enc) are never indexed: see is_sealed().
     return name.startswith(ARCHIVE_PREFIX) and name.endswith(ARCHIVE_SUFFIX)
+
+
+def is_sealed(paths: AgentPaths, encrypting: bool) -> bool:
+    """Whether the agent gets no recall index: archives encrypted at rest.
+
+    With ``[privacy] encrypt_archives`` on, no agent is indexed, and an agent
+    with any ``.md.enc`` archive is not either (encryption turned off later):
+    an FTS index keeps its text in plain, live entries included, and those
+    entries are the next encrypted archive. Rows the index held are dropped
+    and scrubbed (:meth:`RecallIndex.sync_agent`).
+    """
+    if encrypting:
+        return True
+    try:
+        archive_dir = resolve_own(paths, paths.archive_dir, "archive folder")
+        with os.scandir(archive_dir) as listing:
+            return any(
+                entry.name.startswith(ARCHIVE_PREFIX) and entry.name.endswith(ENCRYPTED_SUFFIX)
+                for entry in listing
+            )
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -186,6 +224,9 @@ class RecallIndex:
         self._lock = threading.RLock()
         self.path = path
         self.notes: list[str] = []
+        # [privacy] encrypt_archives: set by whoever opens the index from a config.
+        self.encrypting = False
+        self._sealed: set[str] = set()
 
     # ------------------------------------------------------------------ opening
 
@@ -379,6 +420,9 @@ class RecallIndex:
         """
         agent = paths.agent
         report = SyncReport(indexed=[], removed=[])
+        if is_sealed(paths, self.encrypting):
+            return self._seal(agent, report)
+        self._sealed.discard(agent)
         known = self._sources(agent)
         on_disk = _archives_on_disk(paths)
         for name, identity in sorted(on_disk.items()):
@@ -395,8 +439,23 @@ class RecallIndex:
             report.indexed.append(LIVE_SOURCE)
         return report
 
+    def _seal(self, agent: str, report: SyncReport) -> SyncReport:
+        """Drop (and scrub) every row of an agent whose archives are encrypted."""
+        with self._lock:
+            self._sealed.add(agent)
+        report.sealed = True
+        known = self._sources(agent)
+        if known:
+            self._drop_agent_rows(agent)
+            self.scrub()
+            report.removed = sorted(known)
+        return report
+
     def refresh_live(self, paths: AgentPaths) -> None:
         """Re-index MEMORY.md if it changed since it was last indexed."""
+        if is_sealed(paths, self.encrypting):
+            self._seal(paths.agent, SyncReport(indexed=[], removed=[]))
+            return
         known = self._sources(paths.agent).get(LIVE_SOURCE)
         if self._live_changed(paths, known):
             self.index_file(paths.agent, _live_path(paths), kind="live")
@@ -495,6 +554,8 @@ class RecallIndex:
         is what makes a query slow on a large index (seconds at 1 GB), and
         such words barely move bm25 anyway.
         """
+        if agent in self._sealed:
+            raise RecallSealed(agent)
         if not 1 <= limit <= MAX_LIMIT:
             raise RecallQueryError(f"limit {limit} is out of range (1..{MAX_LIMIT})")
         terms = query_terms(question)
@@ -668,7 +729,9 @@ __all__ = [
     "RecallHit",
     "RecallIndex",
     "RecallIndexError",
+    "RecallSealed",
     "SyncReport",
     "is_archive_name",
+    "is_sealed",
     "recall_db_path",
 ]

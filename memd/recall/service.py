@@ -76,6 +76,14 @@ class RecallService:
                 except (MemdError, OSError) as exc:
                     _log.warning("recall sync failed", agent=paths.agent, error=str(exc))
                     continue
+                if report.sealed:
+                    if report.removed:
+                        _log.info(
+                            "recall rows dropped: archives encrypted at rest",
+                            agent=paths.agent,
+                            sources=len(report.removed),
+                        )
+                    continue
                 archives = [name for name in report.indexed if name != "MEMORY.md"]
                 if archives or report.removed:
                     repaired += 1

@@ -27,6 +27,8 @@ STATUS_KEYS = {
     "daemon_pid",
     "window_source",
     "reserved_tokens",
+    "encrypted_archives",
+    "recall",
 }
 
 

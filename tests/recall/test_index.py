@@ -167,7 +167,7 @@ def test_sync_indexes_missing_drops_vanished_and_reindexes_rewritten(
     paths.archive_dir.mkdir()
     archive = paths.archive_dir / "history_2026-01-01_00-00-00.md"
     archive.write_text("### Human — 2026-01-01T00:00:00\n\nthe heliotrope key\n\n---\n\n")
-    (paths.archive_dir / "history_2026-01-02_00-00-00.md.enc").write_bytes(b"\x00secret")
+    (paths.archive_dir / "notes.txt").write_bytes(b"\x00not an archive")
     with RecallIndex.open(state_dir, ws.root) as index:
         report = index.sync_agent(paths)
         assert archive.name in report.indexed and len(report.indexed) == 2  # + MEMORY.md
