@@ -25,6 +25,8 @@ from prometheus_client.process_collector import ProcessCollector
 
 # LLM calls take from well under a second (local model) to minutes.
 LLM_LATENCY_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+# The ``result`` label values of ``memd_compactions``.
+COMPACTION_RESULTS = ("ok", "error", "nothing", "aborted")
 
 
 class Metrics:
@@ -32,6 +34,9 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        # Agents erased by `memd forget`: no series of theirs until they write again.
+        self._erased: set[str] = set()
+        self._erased_lock = threading.Lock()
         if process:
             ProcessCollector(namespace="memd", registry=self.registry)
         self.agent_tokens = Gauge(
@@ -76,15 +81,34 @@ class Metrics:
         )
 
     def set_agent(self, agent: str, tokens: int, threshold_tokens: int) -> None:
-        self.agent_tokens.labels(agent=agent).set(tokens)
-        self.agent_threshold_tokens.labels(agent=agent).set(threshold_tokens)
-        self.agent_fill_ratio.labels(agent=agent).set(tokens / max(1, threshold_tokens))
+        # Under the lock: an erasure cannot land between the check and the set.
+        with self._erased_lock:
+            if agent in self._erased:
+                return
+            self.agent_tokens.labels(agent=agent).set(tokens)
+            self.agent_threshold_tokens.labels(agent=agent).set(threshold_tokens)
+            self.agent_fill_ratio.labels(agent=agent).set(tokens / max(1, threshold_tokens))
 
     def remove_agent(self, agent: str) -> None:
         """Drop a deleted agent's series (its compaction counters stay: they are history)."""
         for gauge in (self.agent_tokens, self.agent_threshold_tokens, self.agent_fill_ratio):
             with contextlib.suppress(KeyError):
                 gauge.remove(agent)
+
+    def erase_agent(self, agent: str) -> None:
+        """``memd forget``: every series naming the agent goes (its compaction counts
+        too), and none comes back until :meth:`restore_agent`."""
+        with self._erased_lock:
+            self._erased.add(agent)
+            self.remove_agent(agent)
+            for result in COMPACTION_RESULTS:
+                with contextlib.suppress(KeyError):
+                    self.compactions.remove(agent, result)
+
+    def restore_agent(self, agent: str) -> None:
+        """The erased agent writes again: its series may come back."""
+        with self._erased_lock:
+            self._erased.discard(agent)
 
     def record_compaction(
         self,
@@ -94,7 +118,10 @@ class Metrics:
         llm_seconds: float | None = None,
         cost_usd: float | None = None,
     ) -> None:
-        self.compactions.labels(agent=agent, result=result).inc()
+        with self._erased_lock:
+            if agent in self._erased:
+                return
+            self.compactions.labels(agent=agent, result=result).inc()
         if llm_seconds is not None:
             self.llm_latency.observe(llm_seconds)
         if cost_usd:
@@ -133,4 +160,10 @@ def start_metrics_server(
     return MetricsServer(served, server, thread)
 
 
-__all__ = ["LLM_LATENCY_BUCKETS", "Metrics", "MetricsServer", "start_metrics_server"]
+__all__ = [
+    "COMPACTION_RESULTS",
+    "LLM_LATENCY_BUCKETS",
+    "Metrics",
+    "MetricsServer",
+    "start_metrics_server",
+]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
+from memd.core.erasure import Tombstone, agent_key
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
 from memd.core.tokens import CountState
 from memd.counting import TrackedCount
@@ -50,7 +51,7 @@ class Outcome(Protocol):
     def cost_usd(self) -> float | None: ...
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -117,6 +118,16 @@ CREATE TABLE IF NOT EXISTS file_counts (
     encoding TEXT NOT NULL,
     tokens INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS state_meta (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS erasures (
+    agent_key TEXT PRIMARY KEY,
+    erased_at_ns INTEGER NOT NULL,
+    survivor_dev INTEGER NOT NULL DEFAULT 0,
+    survivor_ino INTEGER NOT NULL DEFAULT 0
+);
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     pid INTEGER NOT NULL,
@@ -144,7 +155,18 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE agents ADD COLUMN reserved_tokens INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE agents ADD COLUMN estimated INTEGER NOT NULL DEFAULT 0",
     ),
+    # 3 -> 4: `memd forget`'s tombstones (a salted hash of the agent's name, never
+    # the name) and the salt.
+    3: (
+        "CREATE TABLE IF NOT EXISTS state_meta (key TEXT PRIMARY KEY, value BLOB NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS erasures (agent_key TEXT PRIMARY KEY,"
+        " erased_at_ns INTEGER NOT NULL, survivor_dev INTEGER NOT NULL DEFAULT 0,"
+        " survivor_ino INTEGER NOT NULL DEFAULT 0)",
+    ),
 }
+
+# Tables with an ``agent`` column: what an erasure clears (here and in corrupt copies).
+_AGENT_TABLES = ("agents", "ledger", "file_counts")
 
 
 class StateError(MemdError, RuntimeError):
@@ -539,7 +561,10 @@ class StateStore:
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
-                conn.executemany(_UPSERT_AGENT, rows)
+                # An erased agent is not written back (a daemon's stale count);
+                # the daemon lifts the tombstone when the agent writes again.
+                erased = self._erased_among(conn, (row[0] for row in rows))
+                conn.executemany(_UPSERT_AGENT, [row for row in rows if row[0] not in erased])
 
         self._run(operation)
 
@@ -566,17 +591,106 @@ class StateStore:
 
         self._run(operation)
 
-    def forget_agent(self, name: str) -> int:
-        """Drop everything memd remembers about ``name``; returns the rows removed."""
+    def forget_agent(
+        self, name: str, *, erased_at_ns: int | None = None, survivor: tuple[int, int] = (0, 0)
+    ) -> int:
+        """Drop everything memd remembers about ``name``; returns the rows removed.
+
+        With ``erased_at_ns`` (``memd forget``) a tombstone keeps a running
+        daemon from writing the agent back (see :mod:`memd.core.erasure`), in the
+        same transaction as the deletion; then the file is scrubbed (no copy of
+        the rows stays in free pages or the WAL).
+        """
+        key = self.key_of(name) if erased_at_ns is not None else None
 
         def operation(conn: sqlite3.Connection) -> int:
             with self._write(conn):
                 removed = conn.execute("DELETE FROM agents WHERE agent = ?", (name,)).rowcount
                 removed += conn.execute("DELETE FROM ledger WHERE agent = ?", (name,)).rowcount
                 conn.execute("DELETE FROM file_counts WHERE agent = ?", (name,))
+                if key is not None:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO erasures VALUES (?,?,?,?)",
+                        (key, erased_at_ns, survivor[0], survivor[1]),
+                    )
             return int(removed)
 
+        removed = self._run(operation)
+        if erased_at_ns is not None:
+            self.scrub()
+        return removed
+
+    def scrub(self) -> None:
+        """Leave no deleted row readable in the file: VACUUM (no free page or cell
+        keeps old bytes), and a TRUNCATE checkpoint (the WAL's old frames go)."""
+
+        def operation(conn: sqlite3.Connection) -> None:
+            if self.path is None:
+                return
+            _checkpoint_truncate(conn, self.path)
+            conn.execute("VACUUM")
+            _checkpoint_truncate(conn, self.path)
+
+        self._run(operation)
+
+    # --------------------------------------------------------------- erasures
+
+    def _salt(self, conn: sqlite3.Connection) -> bytes:
+        row = conn.execute("SELECT value FROM state_meta WHERE key = 'erasure_salt'").fetchone()
+        if row is not None:
+            return bytes(row[0])
+        with self._write(conn):
+            conn.execute(
+                "INSERT OR IGNORE INTO state_meta VALUES ('erasure_salt', ?)", (os.urandom(32),)
+            )
+            row = conn.execute("SELECT value FROM state_meta WHERE key = 'erasure_salt'").fetchone()
+        return bytes(row[0])
+
+    def key_of(self, name: str) -> str:
+        """How a tombstone names ``name`` (a salted hash, never the name)."""
+        return agent_key(self._run(self._salt), name)
+
+    def tombstones(self) -> dict[str, Tombstone]:
+        """Every erasure still in force, by agent key."""
+
+        def operation(conn: sqlite3.Connection) -> dict[str, Tombstone]:
+            rows = conn.execute(
+                "SELECT agent_key, erased_at_ns, survivor_dev, survivor_ino FROM erasures"
+            ).fetchall()
+            return {row[0]: Tombstone(*row) for row in rows}
+
         return self._run(operation)
+
+    def tombstoned(self, names: Iterable[str]) -> dict[str, Tombstone]:
+        """The erasures in force for any of ``names``, by name (usually none: one query)."""
+        stones = self.tombstones()
+        if not stones:
+            return {}
+        salt = self._run(self._salt)
+        found = {name: stones.get(agent_key(salt, name)) for name in names}
+        return {name: stone for name, stone in found.items() if stone is not None}
+
+    def lift_tombstone(self, stone: Tombstone) -> bool:
+        """The agent wrote again: end this erasure (not a newer one made since)."""
+
+        def operation(conn: sqlite3.Connection) -> bool:
+            with self._write(conn):
+                deleted = conn.execute(
+                    "DELETE FROM erasures WHERE agent_key = ? AND erased_at_ns = ?",
+                    (stone.key, stone.erased_at_ns),
+                ).rowcount
+            return bool(deleted)
+
+        return self._run(operation)
+
+    def _erased_among(self, conn: sqlite3.Connection, names: Iterable[str]) -> set[str]:
+        """Which of ``names`` are erased. The caller holds the write transaction, so a
+        ``forget`` cannot slip in between this check and its write."""
+        keys = {row[0] for row in conn.execute("SELECT agent_key FROM erasures")}
+        if not keys:
+            return set()
+        salt = self._salt(conn)  # exists: the keys were made with it
+        return {name for name in set(names) if agent_key(salt, name) in keys}
 
     # ------------------------------------------------------------- count cache
 
@@ -602,7 +716,11 @@ class StateStore:
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
-                conn.executemany("INSERT OR REPLACE INTO file_counts VALUES (?,?,?,?,?,?,?)", rows)
+                erased = self._erased_among(conn, (row[0] for row in rows))
+                conn.executemany(
+                    "INSERT OR REPLACE INTO file_counts VALUES (?,?,?,?,?,?,?)",
+                    [row for row in rows if row[0] not in erased],
+                )
 
         self._run(operation)
 
@@ -611,6 +729,8 @@ class StateStore:
     def record_compaction(self, entry: LedgerEntry) -> None:
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
+                if self._erased_among(conn, [entry.agent]):
+                    return  # a compaction that ran into `memd forget`: nothing to log
                 conn.execute(
                     "INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before,"
                     " tokens_after, model, cost_usd, error, trigger)"
@@ -725,6 +845,9 @@ def _connect(target: str) -> sqlite3.Connection:
         target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
     )
     conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    # Deleted rows are overwritten, not left in free space: an upsert replaces
+    # a row (the old one would linger), and an erasure must leave no trace.
+    conn.execute("PRAGMA secure_delete = ON")
     return conn
 
 
@@ -808,6 +931,79 @@ def _open_checked(path: Path, warnings: list[str]) -> sqlite3.Connection:
     return _open_db(path)
 
 
+def _checkpoint_truncate(conn: sqlite3.Connection, path: Path) -> None:
+    # A reader in another process (the daemon, `memd status`) can pin old WAL
+    # frames for a moment: retry until the checkpoint completes.
+    for _attempt in range(50):
+        busy, _frames, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy == 0:
+            return
+        time.sleep(0.1)
+    raise StateError(
+        f"state DB {path}: another process kept the WAL busy; erased rows may stay in it "
+        "until the next checkpoint"
+    )
+
+
+def corrupt_copies(path: Path) -> list[Path]:
+    """The copies of a DB that was moved aside as corrupt (``<db>.corrupt-<ts>``)."""
+    return sorted(
+        p
+        for p in path.parent.glob(f"{path.name}.corrupt-*")
+        if not p.name.endswith(("-wal", "-shm"))
+    )
+
+
+def _remove_db_files(path: Path) -> None:
+    for name in (str(path), f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _contains(path: Path, needle: bytes) -> bool:
+    for name in (str(path), f"{path}-wal"):
+        try:
+            with open(name, "rb") as handle:
+                if needle in handle.read():
+                    return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
+def erase_from_corrupt_copies(path: Path, agent: str) -> tuple[int, int]:
+    """Clear ``agent``'s rows from every corrupt copy of the DB at ``path``.
+
+    A copy that still opens is cleaned in place (rows deleted with secure_delete,
+    VACUUM, WAL truncated); one that does not, or whose bytes still hold the
+    name afterwards, is deleted with its WAL: it was only kept for inspection.
+    Returns (copies cleaned, copies deleted).
+    """
+    cleaned = deleted = 0
+    needle = agent.encode("utf-8", "surrogateescape")
+    for copy in corrupt_copies(path):
+        try:
+            conn = _connect(str(copy))
+            try:
+                tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+                for table in _AGENT_TABLES:
+                    if table in tables:
+                        conn.execute(f"DELETE FROM {table} WHERE agent = ?", (agent,))  # noqa: S608
+                conn.execute("VACUUM")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                conn.close()
+            still_there = _contains(copy, needle)
+        except (sqlite3.Error, OSError):
+            still_there = True
+        if still_there:
+            _remove_db_files(copy)
+            deleted += 1
+        else:
+            cleaned += 1
+    return cleaned, deleted
+
+
 def _move_aside(path: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = path.with_name(f"{path.name}.corrupt-{stamp}")
@@ -840,7 +1036,10 @@ __all__ = [
     "LedgerEntry",
     "StateError",
     "StateStore",
+    "Tombstone",
     "Trigger",
+    "corrupt_copies",
+    "erase_from_corrupt_copies",
     "pid_alive",
     "state_db_path",
 ]

@@ -459,3 +459,106 @@ def test_a_schema_2_db_is_upgraded_with_its_rows(tmp_path: Path, workspace: Path
         memd.state.SCHEMA_VERSION,
     )
     conn.close()
+
+
+def _write_schema_3_db(path: Path) -> None:
+    """What memd with schema 3 (before erasure tombstones) left: schema 2 plus its
+    upgrade step, with a row using the columns 3 added and a cached count."""
+    _write_schema_2_db(path)
+    conn = sqlite3.connect(path)
+    for statement in memd.state._MIGRATIONS[2]:
+        conn.execute(statement)
+    conn.execute(
+        "CREATE TABLE file_counts (agent TEXT PRIMARY KEY, dev INTEGER NOT NULL,"
+        " ino INTEGER NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,"
+        " encoding TEXT NOT NULL, tokens INTEGER NOT NULL)"
+    )
+    conn.execute("INSERT INTO file_counts VALUES ('alpha', 1, 2, 400, 7, 'cl100k_base', 100)")
+    conn.execute("UPDATE agents SET archives = 3, archive_bytes = 4096")
+    conn.execute("UPDATE schema_version SET version = 3")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_3_db_is_upgraded_with_its_rows_and_takes_tombstones(
+    tmp_path: Path, workspace: Path
+) -> None:
+    state_dir = tmp_path / "s"
+    _write_schema_3_db(state_db_path(state_dir, workspace))
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []  # upgraded, not moved aside as corrupt
+        alpha = store.get_agent("alpha")
+        assert alpha is not None and alpha.last_error == "boom" and alpha.archives == 3
+        assert [h.archive for h in store.history("alpha")] == ["history_10.md"]
+        key = memd.state.FileKey(1, 2, 400, 7, "cl100k_base")
+        assert store.cached_count("alpha", key) == 100
+        # The new tables work on the upgraded file.
+        assert store.forget_agent("alpha", erased_at_ns=10) == 2
+        assert store.tombstoned(["alpha", "beta"]).keys() == {"alpha"}
+    conn = sqlite3.connect(state_db_path(state_dir, workspace))
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (
+        memd.state.SCHEMA_VERSION,
+    )
+    conn.close()
+    assert not list(state_dir.glob("*.corrupt-*"))
+
+
+def test_tombstone_keeps_an_erased_agent_out_until_lifted(tmp_path: Path, workspace: Path) -> None:
+    with StateStore.open(tmp_path, workspace) as store:
+        store.upsert_agents([record("gone"), record("kept")])
+        store.record_compaction(entry("gone", 1.0))
+        assert store.forget_agent("gone", erased_at_ns=123, survivor=(4, 5)) == 2
+        stone = store.tombstoned(["gone", "kept"])["gone"]
+        assert (stone.erased_at_ns, stone.survivor_dev, stone.survivor_ino) == (123, 4, 5)
+        assert stone.key == store.key_of("gone") and "gone" not in stone.key
+        # A daemon's stale writes are dropped; the other agent's go through.
+        store.upsert_agents([record("gone", tokens=5), record("kept", tokens=6)])
+        store.record_compaction(entry("gone", 2.0))
+        store.save_counts([("gone", memd.state.FileKey(1, 2, 3, 4, "e"), 9)])
+        assert store.get_agent("gone") is None and store.history("gone") == []
+        assert store.cached_count("gone", memd.state.FileKey(1, 2, 3, 4, "e")) is None
+        assert store.get_agent("kept") == record("kept", tokens=6)
+        # A stale lift (an older erasure) does not end a newer one.
+        assert not store.lift_tombstone(memd.state.Tombstone(stone.key, 1))
+        assert store.lift_tombstone(stone)
+        store.upsert_agents([record("gone", tokens=5)])
+        assert store.get_agent("gone") == record("gone", tokens=5)
+
+
+def test_forget_leaves_no_trace_in_the_db_file_or_wal(tmp_path: Path, workspace: Path) -> None:
+    planted = "PLANTED-7c1e-secret"
+    with StateStore.open(tmp_path, workspace) as store:
+        for i in range(40):  # many versions of the row: upserts leave old cells behind
+            store.upsert_agents([record("erasable-agent", tokens=i, last_error=f"{planted} {i}")])
+            store.upsert_agents([record(f"other{i}")])
+            store.record_compaction(entry("erasable-agent", float(i), error=f"{planted} {i}"))
+        path = store.path
+        assert path is not None
+        # Another connection reading (a `memd status`) does not stop the scrub.
+        with StateStore.open(tmp_path, workspace) as reader:
+            assert reader.get_agent("erasable-agent") is not None
+            store.forget_agent("erasable-agent", erased_at_ns=1)
+        raw = path.read_bytes() + Path(f"{path}-wal").read_bytes()
+        assert b"erasable-agent" not in raw and planted.encode() not in raw
+        assert len(store.agents()) == 40  # the others are all there
+
+
+def test_corrupt_copies_lose_the_agent_or_go(tmp_path: Path, workspace: Path) -> None:
+    with StateStore.open(tmp_path, workspace) as store:
+        store.upsert_agents([record("victim", last_error="PLANTED"), record("bystander")])
+        path = store.path
+        assert path is not None
+    readable = path.with_name(f"{path.name}.corrupt-20260101-000000")
+    readable.write_bytes(path.read_bytes())
+    broken = path.with_name(f"{path.name}.corrupt-20260101-000001")
+    broken.write_bytes(b"\x00garbage victim PLANTED" * 100)
+    Path(f"{broken}-wal").write_bytes(b"victim")
+    untouched = path.with_name(f"{path.name}.corrupt-20260101-000002")
+    untouched.write_bytes(b"\x00garbage" * 100)
+    assert memd.state.erase_from_corrupt_copies(path, "victim") == (1, 2)
+    assert not broken.exists() and not Path(f"{broken}-wal").exists()
+    assert not untouched.exists()  # cannot be cleaned (not a DB): deleted too
+    assert b"victim" not in readable.read_bytes() and b"PLANTED" not in readable.read_bytes()
+    conn = sqlite3.connect(readable)
+    assert conn.execute("SELECT agent FROM agents").fetchall() == [("bystander",)]
+    conn.close()

@@ -1,10 +1,21 @@
 """``memd forget AGENT --yes``: erase an agent's memory, archives and memd state.
 
 What goes: ``MEMORY.md``, ``archive/`` (every snapshot), everything under
-``.memd/`` (journal, drain link, temp files), and the agent's rows in the state
-DB (counts, ledger, cached counts). The archive data key (``.memd/archive.key``,
-encrypted archives) is overwritten and removed first: crypto-shredding, so a
-copy of an encrypted archive that survives anywhere stays unreadable.
+``.memd/`` (journal, drain link, temp files), the agent's rows in the state
+DB (counts, ledger, cached counts) and in the recall index, with no copy left
+in either DB's free pages or WAL (``secure_delete``, VACUUM, a TRUNCATE
+checkpoint), and the agent's rows in the ``*.corrupt-<ts>`` copies of the state
+DB (a copy that cannot be cleaned is deleted; so are the recall index's, which
+are derived data).
+
+A tombstone (a salted hash of the name, not the name) stays in the state DB:
+a running daemon honours it, writing no row, ledger line or metric for the
+agent, until a MEMORY.md created after the erasure appears
+(:mod:`memd.core.erasure`).
+
+The archive data key (``.memd/archive.key``, encrypted archives) is overwritten
+and removed first: crypto-shredding, so a copy of an encrypted archive that
+survives anywhere stays unreadable.
 
 What stays, on purpose:
 
@@ -23,9 +34,12 @@ them); a symlink inside it is removed as a link, its target left alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -34,13 +48,20 @@ import typer
 
 from memd.agentdir import AgentDir
 from memd.archive_crypto import destroy_data_key
-from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_state
+from memd.cli.common import (
+    ConfigOption,
+    StateDirOption,
+    WorkspaceOption,
+    as_owner_of,
+    load,
+    open_state,
+)
 from memd.cli.recall_index import open_recall_index
 from memd.errors import MemdError, UnknownAgent, describe_error
 from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
-from memd.settings import LoadedConfig
-from memd.state import StateError, StateStore
+from memd.settings import LoadedConfig, resolve_state_dir
+from memd.state import StateError, StateStore, corrupt_copies, erase_from_corrupt_copies
 from memd.workspace import AgentPaths, agent_paths, require_workspace
 
 
@@ -59,6 +80,10 @@ class ForgetReport:
     state_rows_removed: int = 0
     recall_rows_removed: int = 0
     data_key_destroyed: bool = False
+    corrupt_copies_cleaned: int = 0
+    corrupt_copies_deleted: int = 0
+    # The erased MEMORY.md's inode when other hard links keep it alive.
+    survivor: tuple[int, int] = (0, 0)
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -71,6 +96,11 @@ class ForgetReport:
         parts.append(f"{self.recall_rows_removed} recall index row(s)")
         if self.data_key_destroyed:
             parts.append("the archive data key (encrypted archives shredded)")
+        if self.corrupt_copies_cleaned or self.corrupt_copies_deleted:
+            parts.append(
+                f"corrupt DB copies: {self.corrupt_copies_cleaned} cleaned, "
+                f"{self.corrupt_copies_deleted} deleted"
+            )
         return f"forgot agent {self.agent!r}: removed " + ", ".join(parts)
 
 
@@ -105,6 +135,10 @@ def erase_agent_files(paths: AgentPaths) -> ForgetReport:
     """Delete the agent's memory, archives and private files. Caller holds the lock."""
     report = ForgetReport(agent=paths.agent)
     _shred_data_key(paths, report)
+    with contextlib.suppress(OSError):
+        memory = os.stat(paths.memory, follow_symlinks=False)
+        if stat.S_ISREG(memory.st_mode) and memory.st_nlink > 1:
+            report.survivor = (memory.st_dev, memory.st_ino)
     report.memory_removed = _remove_path(paths.memory) > 0
     if paths.archive_dir.is_symlink():
         _remove_path(paths.archive_dir)
@@ -117,11 +151,51 @@ def erase_agent_files(paths: AgentPaths) -> ForgetReport:
     return report
 
 
-def _forget_state(report: ForgetReport, store: StateStore) -> None:
+def erased_at_ns(paths: AgentPaths) -> int:
+    """When the erasure's unlinks were done, by the file system's clock (the ctime
+    of the folders they changed); see :mod:`memd.core.erasure`."""
+    stamps = [time.time_ns()] if not paths.dir.is_dir() else []
+    for folder in (paths.dir, paths.private_dir):
+        with contextlib.suppress(OSError):
+            stamps.append(os.stat(folder).st_ctime_ns)
+    return max(stamps) if stamps else time.time_ns()
+
+
+def _forget_state(report: ForgetReport, store: StateStore, paths: AgentPaths) -> None:
     try:
-        report.state_rows_removed = store.forget_agent(report.agent)
+        report.state_rows_removed = store.forget_agent(
+            report.agent, erased_at_ns=erased_at_ns(paths), survivor=report.survivor
+        )
     except StateError as exc:
         report.notes.append(f"state DB not cleaned: {exc}")
+
+
+def forget_corrupt_copies(
+    report: ForgetReport, state_db: Path | None, recall_db: Path | None
+) -> None:
+    """The agent's rows in the corrupt copies of the state DB (cleaned, or the copy
+    deleted) and the recall index's corrupt copies (derived data: deleted)."""
+    if state_db is not None:
+        try:
+            cleaned, deleted = erase_from_corrupt_copies(state_db, report.agent)
+        except OSError as exc:
+            report.notes.append(f"corrupt copies of the state DB not cleaned: {exc}")
+        else:
+            report.corrupt_copies_cleaned += cleaned
+            report.corrupt_copies_deleted += deleted
+    if recall_db is None:
+        return
+    for copy in corrupt_copies(recall_db):
+        for name in (str(copy), f"{copy}-wal", f"{copy}-shm"):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                report.notes.append(f"corrupt copy {name} of the recall index not deleted: {exc}")
+                continue
+            if name == str(copy):
+                report.corrupt_copies_deleted += 1
 
 
 def _forget_recall(report: ForgetReport, recall: RecallIndex | None) -> None:
@@ -144,7 +218,7 @@ def forget(
     """Erase under the agent's compaction lock (waiting up to ``wait_s`` for a compaction)."""
     if not folder_exists:
         report = ForgetReport(agent=paths.agent)
-        _forget_state(report, store)
+        _forget_state(report, store, paths)
         _forget_recall(report, recall)
         return report
     # The lock file lives in .memd/: create the folder so the lock can be taken
@@ -152,7 +226,7 @@ def forget(
     paths.private_dir.mkdir(mode=0o700, exist_ok=True)
     with AgentLock(paths.lock, paths.agent).held(wait_s):
         report = erase_agent_files(paths)
-        _forget_state(report, store)
+        _forget_state(report, store, paths)
         # Under the lock too: a compaction waiting for it would otherwise
         # index an archive of the agent between the two erasures.
         _forget_recall(report, recall)
@@ -195,6 +269,9 @@ def forget_command(
         finally:
             if recall is not None:
                 recall.close()
+        directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+        with as_owner_of(directory):  # a root CLI leaves no root-owned file there
+            forget_corrupt_copies(report, store.path, recall.path if recall else None)
         if recall_note:
             report.notes.append(recall_note)
     for note in report.notes:
@@ -215,4 +292,12 @@ def _known_to_state(store: StateStore, agent: str) -> bool:
     return store.get_agent(agent) is not None or bool(store.history(agent, limit=1))
 
 
-__all__ = ["ConfirmationRequired", "ForgetReport", "erase_agent_files", "forget", "forget_command"]
+__all__ = [
+    "ConfirmationRequired",
+    "ForgetReport",
+    "erase_agent_files",
+    "erased_at_ns",
+    "forget",
+    "forget_command",
+    "forget_corrupt_copies",
+]

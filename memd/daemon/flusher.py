@@ -1,5 +1,11 @@
 """Registry snapshots → the state DB (what ``memd status`` reads), the heartbeat
-(what ``memd health`` reads) and systemd's ``STATUS=`` line."""
+(what ``memd health`` reads) and systemd's ``STATUS=`` line.
+
+Each flush also honours ``memd forget``'s tombstones (:mod:`memd.core.erasure`):
+an erased agent's row is not written back (the state DB refuses it in the same
+transaction), the daemon is told which agents are erased (their metrics go),
+and a tombstone is lifted once the agent has a MEMORY.md created after it.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memd.core.erasure import FileStamp, revives
 from memd.core.jobs import JobState
-from memd.daemon.entries import RunStats
+from memd.daemon.entries import AgentEntry, RunStats
 from memd.daemon.registry import AgentRegistry
 from memd.errors import describe_error
 from memd.logs import get_logger
@@ -20,6 +27,9 @@ from memd.state import AgentRecord
 
 if TYPE_CHECKING:
     from memd.state import StateStore
+
+# Called with the agent's name and whether it is now erased (True) or back (False).
+ErasureHook = Callable[[str, bool], None]
 
 _log = get_logger("memd.daemon")
 
@@ -48,6 +58,8 @@ class StateFlusher:
         self._lock = threading.Lock()
         self._last_flush = 0.0
         self._last_status = ""
+        self.on_erasure: ErasureHook | None = None
+        self._erased: set[str] = set()
 
     def start(self, store: StateStore | None) -> None:
         self.store = store
@@ -77,6 +89,7 @@ class StateFlusher:
     def _flush_serialized(self, final: bool) -> None:
         self._last_flush = time.monotonic()
         now = time.time()
+        self._honour_erasures()
         with self._registry.lock:
             dirty, removed = self._registry.take_changes()
             records = [
@@ -117,6 +130,36 @@ class StateFlusher:
             self._last_status = status
             self._notifier.status(status)
 
+    def _honour_erasures(self) -> None:
+        store = self.store
+        if store is None:
+            return
+        try:
+            stones = store.tombstoned(self._registry.names())
+            for name, stone in list(stones.items()):
+                entry = self._registry.get(name)
+                if entry is None or not revives(stone, _memory_stamp(entry)):
+                    continue
+                store.lift_tombstone(stone)
+                del stones[name]
+                with self._registry.lock:
+                    entry.dirty = True
+                _log.info("agent writes again after its erasure", agent=name)
+        except Exception as exc:
+            _log.warning("cannot read erasures from the state database", error=describe_error(exc))
+            return
+        erased = set(stones)
+        changes = [(name, True) for name in erased - self._erased]
+        changes += [(name, False) for name in self._erased - erased]
+        self._erased = erased
+        for name, is_erased in changes:
+            if is_erased:
+                _log.info(
+                    "agent erased by memd forget; not tracked until it writes again", agent=name
+                )
+            if self.on_erasure is not None:
+                self.on_erasure(name, is_erased)
+
     def status_text(self) -> str:
         with self._registry.lock:
             entries = list(self._registry.agents().values())
@@ -134,4 +177,12 @@ class StateFlusher:
         )
 
 
-__all__ = ["LIVE_FLUSH_S", "StateFlusher"]
+def _memory_stamp(entry: AgentEntry) -> FileStamp | None:
+    try:
+        result = os.stat(entry.paths.memory)
+    except OSError:
+        return None
+    return FileStamp(result.st_dev, result.st_ino, result.st_ctime_ns)
+
+
+__all__ = ["LIVE_FLUSH_S", "ErasureHook", "StateFlusher"]

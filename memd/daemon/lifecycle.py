@@ -267,6 +267,7 @@ class Daemon:
         )
         runner.audit = self.audit
         self.runner = runner
+        self.flusher.on_erasure = runner.erasure_changed
         counter = CountService(
             self.config.trigger,
             self.config.tokenizer.encoding,

@@ -186,6 +186,25 @@ class Runner:
         if self.metrics is not None:
             self.metrics.remove_agent(name)
 
+    def erasure_changed(self, name: str, erased: bool) -> None:
+        """``memd forget`` erased the agent (or it writes again): its metrics series go
+        (and stay away while erased); its past job state goes with its memory."""
+        entry = self._registry.get(name)
+        if self.metrics is not None:
+            if erased:
+                self.metrics.erase_agent(name)
+            else:
+                self.metrics.restore_agent(name)
+                if entry is not None:  # its new file was counted while erased
+                    self.metrics.set_agent(name, entry.tokens, entry.policy.threshold_tokens)
+        if not erased:
+            return
+        if self._scheduler is not None:
+            self._scheduler.cancel(f"wake:{name}")
+        with self._registry.lock:
+            if entry is not None and entry.job.state not in (JobState.PENDING, JobState.RUNNING):
+                entry.job = AgentJob()
+
     def reset_if_erased(self, entry: AgentEntry) -> None:
         # No MEMORY.md and no archive: the agent's memory was erased (`memd
         # forget`, or by hand). Its past (last compaction, failures, a breaker)

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from support.cli import run
-from support.memfiles import AgentWorkspace, snapshot_tree
+from support.daemon_proc import DaemonProcess, wait_until
+from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
 
-from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore
+from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore, state_db_path
 
 
 @pytest.fixture
@@ -203,3 +206,93 @@ def test_end_to_end_exit_codes(ws: AgentWorkspace, state_dir: Path) -> None:
     done = subprocess.run([*cmd, "--yes"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not ws.paths("alpha").memory.exists()
+
+
+def test_no_trace_in_state_db_bytes_wal_or_corrupt_copies(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    planted = "PLANTED-4d2f-never-again"
+    with StateStore.open(state_dir, ws.root) as store:
+        for i in range(20):
+            store.upsert_agents(
+                [AgentRecord("alpha", 1, 2, 3, 3, 3, i, 100, 1.0, "error", planted)]
+            )
+        path = store.path
+    assert path is not None
+    copy = path.with_name(f"{path.name}.corrupt-20260101-000000")
+    copy.write_bytes(path.read_bytes())
+    assert planted.encode() in copy.read_bytes()
+    code, out, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    assert "corrupt DB copies" in out
+    for name in (path, Path(f"{path}-wal"), *state_dir.glob("*.corrupt-*")):
+        raw = name.read_bytes() if name.exists() else b""
+        assert b"alpha" not in raw and planted.encode() not in raw, name
+    assert state_of(state_dir, ws, "beta")[1] == 1
+    with StateStore.open(state_dir, ws.root) as store:
+        assert store.tombstoned(["alpha", "beta"]).keys() == {"alpha"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def test_running_daemon_honours_the_erasure_until_a_new_memory_file(tmp_path: Path) -> None:
+    """A real daemon process: after `memd forget` it writes no row and no metric for
+    the agent (old code wrote the row straight back); a new MEMORY.md brings it back."""
+    workspace = AgentWorkspace(tmp_path / "w")
+    workspace.create_agent("ghost", entries=2)
+    workspace.create_agent("other", entries=2)
+    state = tmp_path / "s"
+    port = _free_port()
+    config = tmp_path / "memd.toml"
+    config.write_text(
+        "[trigger]\ncontext_length = 100000\ndebounce_ms = 40\n[watch]\nreconcile_s = 0.5\n"
+        f"[daemon]\nstate_flush_s = 0.2\n[metrics]\nport = {port}\n"
+    )
+
+    def row(name: str) -> object:
+        with StateStore.open(state, workspace.root) as store:
+            return store.get_agent(name)
+
+    def flushes_after(moment: float, count: int = 3) -> bool:
+        # The daemon's heartbeat is written by every flush: `count` flushes after
+        # `moment` means the daemon has had every chance to write the row back.
+        with StateStore.open(state, workspace.root) as store:
+            beat = store.read_heartbeat()
+        return beat is not None and beat.ts > moment + count * 0.2
+
+    with DaemonProcess(workspace.root, state, config=config) as daemon:
+        daemon.wait_ready()
+        assert wait_until(lambda: row("ghost") is not None, timeout=20)
+        append_entry(workspace.paths("ghost").memory, "Human", "one more")  # a count: a metric
+        assert wait_until(lambda: 'agent="ghost"' in _scrape(port), timeout=20)
+        command = ["forget", "ghost", "--yes", "-w", str(workspace.root), "--state-dir", str(state)]
+        forget = subprocess.run(
+            [sys.executable, "-m", "memd", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert forget.returncode == 0, forget.stderr
+        forgotten_at = time.time()
+        daemon.wait_for("agent erased by memd forget; not tracked until it writes again")
+        assert wait_until(lambda: flushes_after(forgotten_at), timeout=20)
+        assert wait_until(lambda: 'agent="ghost"' not in _scrape(port), timeout=20)
+        assert row("ghost") is None
+        assert row("other") is not None
+        db = state_db_path(state, workspace.root)
+        for name in (db, Path(f"{db}-wal")):
+            assert b"ghost" not in (name.read_bytes() if name.exists() else b""), name
+        # The agent writes again: a new MEMORY.md, and memd tracks it again.
+        workspace.create_agent("ghost", entries=1)
+        daemon.wait_for("agent writes again after its erasure")
+        assert wait_until(lambda: row("ghost") is not None, timeout=20)
+        assert wait_until(lambda: 'agent="ghost"' in _scrape(port), timeout=20)
