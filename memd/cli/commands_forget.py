@@ -48,15 +48,18 @@ import typer
 
 from memd.agentdir import AgentDir
 from memd.archive_crypto import destroy_data_key
+from memd.audit import AuditLog
 from memd.cli.common import (
     ConfigOption,
     StateDirOption,
     WorkspaceOption,
     as_owner_of,
     load,
+    open_audit,
     open_state,
 )
 from memd.cli.recall_index import open_recall_index
+from memd.core.audit import AuditEvent
 from memd.errors import MemdError, UnknownAgent, describe_error
 from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
@@ -82,6 +85,7 @@ class ForgetReport:
     data_key_destroyed: bool = False
     corrupt_copies_cleaned: int = 0
     corrupt_copies_deleted: int = 0
+    tombstone: bool = False  # the state DB now keeps a running daemon from writing it back
     # The erased MEMORY.md's inode when other hard links keep it alive.
     survivor: tuple[int, int] = (0, 0)
     notes: list[str] = field(default_factory=list)
@@ -166,6 +170,7 @@ def _forget_state(report: ForgetReport, store: StateStore, paths: AgentPaths) ->
         report.state_rows_removed = store.forget_agent(
             report.agent, erased_at_ns=erased_at_ns(paths), survivor=report.survivor
         )
+        report.tombstone = store.path is not None
     except StateError as exc:
         report.notes.append(f"state DB not cleaned: {exc}")
 
@@ -272,11 +277,26 @@ def forget_command(
         directory = resolve_state_dir(state_dir, loaded.config.state_dir)
         with as_owner_of(directory):  # a root CLI leaves no root-owned file there
             forget_corrupt_copies(report, store.path, recall.path if recall else None)
+            audit_erasure(open_audit(loaded, state_dir), report)
         if recall_note:
             report.notes.append(recall_note)
     for note in report.notes:
         print(f"memd: warning: {note}", file=sys.stderr)
     print(report.summary())
+
+
+def audit_erasure(audit: AuditLog, report: ForgetReport) -> None:
+    """The audit line: that the agent was erased and how much went (counts only)."""
+    audit.record(
+        AuditEvent.ERASURE,
+        report.agent,
+        files=int(report.memory_removed) + report.private_entries_removed,
+        archives=report.archives_removed,
+        ledger_rows=report.state_rows_removed,
+        index_rows=report.recall_rows_removed,
+        shredded=report.data_key_destroyed,
+        tombstone=report.tombstone,
+    )
 
 
 def _open_recall(
@@ -295,6 +315,7 @@ def _known_to_state(store: StateStore, agent: str) -> bool:
 __all__ = [
     "ConfirmationRequired",
     "ForgetReport",
+    "audit_erasure",
     "erase_agent_files",
     "erased_at_ns",
     "forget",

@@ -13,6 +13,7 @@ from support.cli import run
 from support.daemon_proc import DaemonProcess, wait_until
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
 
+from memd.audit import audit_path, read_audit
 from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore, state_db_path
 
 
@@ -296,3 +297,19 @@ def test_running_daemon_honours_the_erasure_until_a_new_memory_file(tmp_path: Pa
         daemon.wait_for("agent writes again after its erasure")
         assert wait_until(lambda: row("ghost") is not None, timeout=20)
         assert wait_until(lambda: 'agent="ghost"' in _scrape(port), timeout=20)
+
+
+def test_erasure_is_audited_without_content(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    log = audit_path(state_dir, ws.root)
+    records = read_audit(log).for_agent("alpha")
+    assert [r.event for r in records] == ["erasure"]
+    fields = dict(records[0].fields)
+    assert fields["archives"] == 2 and fields["ledger_rows"] == 2 and fields["tombstone"] is True
+    assert fields["files"] >= 2  # MEMORY.md and the journal
+    assert b"lorem ipsum" not in log.read_bytes() and b"archive 2" not in log.read_bytes()
+    code, out, _ = run(capsys, "audit", "alpha", *base_args(ws, state_dir))
+    assert code == 0 and "erasure" in out
