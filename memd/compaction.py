@@ -938,7 +938,9 @@ def _compact_locked(
         # The lock may have been held by another compactor (compact-now, a
         # second daemon) that just did the work: check before summarizing.
         check_still_over(pinned, threshold, count_bytes)
-    _recover_locked(pinned, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s)
+    _recover_locked(
+        pinned, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s, key_file=opts.key_file
+    )
     txn = _Transaction(pinned, summarizer, opts, count_bytes, hook)
     try:
         restarts = 0
@@ -1030,9 +1032,17 @@ def _compact_locked(
 
 
 def recover_agent(
-    paths: AgentPaths, wait_s: float = 0.0, quiet_s: float = 1.0, max_s: float = 10.0
+    paths: AgentPaths,
+    wait_s: float = 0.0,
+    quiet_s: float = 1.0,
+    max_s: float = 10.0,
+    *,
+    key_file: Path | None = None,
 ) -> str | None:
     """Finish or roll back a crashed compaction of ``paths.agent``.
+
+    ``key_file`` (encryption at rest): the master key, for the one case where
+    recovery writes an archive itself (MEMORY.md replaced while memd was down).
 
     Returns a description of what was done, or None when there was nothing to
     do (or another process holds the lock and is doing it).
@@ -1049,12 +1059,14 @@ def recover_agent(
             return None
         try:
             pinned.pin_memory()
-            return _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s)
+            return _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file)
         finally:
             lock.release()
 
 
-def _recover_locked(pinned: AgentDir, quiet_s: float, max_s: float) -> str | None:
+def _recover_locked(
+    pinned: AgentDir, quiet_s: float, max_s: float, key_file: Path | None = None
+) -> str | None:
     if pinned.private_exists(JOURNAL_NAME):
         journal_file = SlotJournal(pinned.paths.journal, dir_fd=pinned.private_fd)
         payload = journal_file.read() or {"phase": CORRUPT_PHASE}
@@ -1110,13 +1122,51 @@ def _recover_locked(pinned: AgentDir, quiet_s: float, max_s: float) -> str | Non
         if isinstance(archive_ino, int):
             _remove_archive_by_inode(pinned, archive_ino)
         archive_fd, _created = pinned.archive_fd(create=True)
-        link_unique_at(pinned.private_fd, DRAIN_NAME, archive_fd, _archive_stem())
+        if key_file is None:
+            # Journaled first: a crash after the link and a second recovery
+            # remove this link by inode before making it again (never twice).
+            drain_ino = os.stat(DRAIN_NAME, dir_fd=pinned.private_fd, follow_symlinks=False)
+            journal.write(archive_ino=drain_ino.st_ino)
+            link_unique_at(pinned.private_fd, DRAIN_NAME, archive_fd, _archive_stem())
+        else:
+            _archive_drain_sealed(pinned, archive_fd, read_master_key(key_file), journal)
         os.fsync(archive_fd)
     _finish(pinned, _no_checkpoint)
     return (
         "MEMORY.md was replaced by another program during an interrupted compaction; "
         "kept the old file as an archive"
     )
+
+
+def _archive_drain_sealed(
+    pinned: AgentDir, archive_fd: int, master: MasterKey, journal: _Journal
+) -> None:
+    """Keep the old inode's whole content as an encrypted archive (sealed in memory)."""
+    fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
+    try:
+        data = read_to_end(fd)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    data_key = agent_data_key(pinned, master, create=True)
+    assert data_key is not None
+    name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
+    access = archive_access(st.st_mode, st.st_gid)
+    temp = create_file_at(pinned.private_fd, ARCHIVE_TEMP, [seal_archive(data_key, name, data)])
+    try:
+        share_with_group(temp, access.file_mode, access.gid)
+        sealed_ino = os.fstat(temp).st_ino
+    finally:
+        os.close(temp)
+    journal.write(archive_ino=sealed_ino)  # as for the plain link: never archived twice
+    os.link(
+        ARCHIVE_TEMP,
+        name,
+        src_dir_fd=pinned.private_fd,
+        dst_dir_fd=archive_fd,
+        follow_symlinks=False,
+    )
+    pinned.unlink_private(ARCHIVE_TEMP)
 
 
 def _resolve_pending(

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from memd.core.config import MemdConfig, SummarizerConfig
+from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.workspace import AGENTS_DIR, MEMORY_FILE, list_agents
 
 Status = Literal["ok", "warn", "fail"]
@@ -530,6 +530,42 @@ def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
         return [_ok("state dir", f"{store.path}")]
 
 
+# ---------------------------------------------------------------- archive key
+
+
+def check_archive_key(privacy: PrivacyConfig) -> list[Check]:
+    """``[privacy] encrypt_archives``: the master key file is there, valid and 0600."""
+    from memd.archive_crypto import ArchiveKeyError, key_file_problem, read_master_key
+
+    name = "archive key"
+    if not privacy.encrypt_archives:
+        if privacy.key_file:
+            return [_ok(name, f"encryption off; key file {privacy.key_file} set for memd archive")]
+        return []
+    path = Path(privacy.key_file).expanduser()
+    try:
+        key = read_master_key(path)
+    except ArchiveKeyError as exc:
+        return [
+            _fail(
+                name,
+                str(exc),
+                "restore the key file from its backup (archives written under it need it), "
+                "or for a new workspace: memd archive keygen FILE",
+            )
+        ]
+    problem = key_file_problem(path)
+    if problem is not None:
+        return [_fail(name, problem, f"chmod 600 {path}; chown it to memd's user")]
+    return [
+        _ok(
+            name,
+            f"{path} (key id {key.key_id}, mode 0600); keep a backup apart from the "
+            "workspace: losing it loses every encrypted archive",
+        )
+    ]
+
+
 # ------------------------------------------------------------------------- all
 
 
@@ -552,6 +588,7 @@ def run_checks(
         results += check_flock(workspace)
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
+    results += check_archive_key(config.privacy)
     probe: Prober | None = None
     if not offline and config.summarizer.model != "builtin":
         from memd.llm import probe as real_probe
@@ -570,6 +607,7 @@ def worst(checks: Iterable[Check]) -> Status:
 
 __all__ = [
     "Check",
+    "check_archive_key",
     "check_filesystem",
     "check_flock",
     "check_inotify",

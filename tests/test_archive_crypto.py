@@ -414,3 +414,55 @@ def test_crash_at_every_step_with_encryption_recovers(
     seen = entry_contents_everywhere(paths, key_file)
     assert all(seen[t] == 1 for t in expected | {"alpha turn after recovery"})
     assert _plaintext_outside_memory(paths) == []
+
+
+def test_recovery_after_an_external_replace_seals_the_old_file_once(
+    agent_ws: AgentWorkspace, key_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MEMORY.md replaced while memd was down: the old inode becomes an encrypted
+    archive (never a plain one), even when that recovery itself is interrupted."""
+    import memd.compaction as compaction
+
+    paths = planted_agent(agent_ws)
+    expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(CHILD),
+            str(agent_ws.root),
+            "alpha",
+            "--crash-at",
+            "journal-swapping",
+            "--key-file",
+            str(key_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 137, result.stderr
+    os.rename(paths.memory, paths.dir / "MEMORY.old")
+    paths.memory.write_text("# fresh\n")
+    os.unlink(paths.dir / "MEMORY.old")
+    # Keep the job's own archive inode allocated, so the sealed archive recovery
+    # makes cannot reuse its number (and be removed by it by chance).
+    for index, archive in enumerate(paths.archive_dir.iterdir()):
+        os.link(archive, paths.dir.parent.parent / f"pinned-inode-{index}")
+
+    real_finish = compaction._finish
+
+    def crash_once(*args: object) -> None:
+        monkeypatch.setattr(compaction, "_finish", real_finish)
+        raise OSError("power cut after the archive was linked")
+
+    monkeypatch.setattr(compaction, "_finish", crash_once)
+    with pytest.raises(OSError, match="power cut"):
+        recover_agent(paths, key_file=key_file)
+    assert "kept the old file" in (recover_agent(paths, key_file=key_file) or "")
+
+    names = [p.name for p in archives_of(paths)]
+    assert len(names) == 1 and names[0].endswith(".md.enc"), names
+    seen = entry_contents_everywhere(paths, key_file)
+    assert all(seen[text] == 1 for text in expected), seen
+    assert _plaintext_outside_memory(paths) == []

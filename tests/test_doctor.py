@@ -231,3 +231,32 @@ def test_filesystem_check_reads_the_process_own_mount_table() -> None:
 
     default = inspect.signature(check_filesystem).parameters["mounts_file"].default
     assert default == Path("/proc/self/mounts")
+
+
+def test_archive_key_check_presence_validity_and_mode(tmp_path: Path) -> None:
+    from memd.archive_crypto import generate_master_key
+    from memd.core.config import PrivacyConfig
+    from memd.doctor import check_archive_key
+
+    key = tmp_path / "master.key"
+    on = PrivacyConfig(encrypt_archives=True, key_file=str(key))
+    assert check_archive_key(PrivacyConfig()) == []
+
+    [missing] = check_archive_key(on)
+    assert missing.status == "fail" and "does not exist" in missing.message
+
+    generate_master_key(key)
+    [good] = check_archive_key(on)
+    assert good.status == "ok" and "mode 0600" in good.message and "backup" in good.message
+
+    key.chmod(0o644)
+    [loose] = check_archive_key(on)
+    assert loose.status == "fail" and "mode 0644" in loose.message and "chmod 600" in loose.fix
+
+    key.chmod(0o600)
+    key.write_text("not a key\n")
+    [bad] = check_archive_key(on)
+    assert bad.status == "fail" and "not a memd master key" in bad.message
+
+    checks = run_checks(MemdConfig(privacy=on), tmp_path, tmp_path / "state", environ={})
+    assert any(check.name == "archive key" and check.status == "fail" for check in checks)

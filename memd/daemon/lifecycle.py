@@ -95,10 +95,15 @@ def _default_compact() -> CompactFn:
     return compact_agent
 
 
-def _default_recover() -> RecoverFn:
-    from memd.compaction import recover_agent
+def _default_recover(config_of: Callable[[], MemdConfig]) -> RecoverFn:
+    from memd.compaction import CompactionOptions, recover_agent
 
-    return recover_agent
+    def recover(paths: AgentPaths) -> str | None:
+        # The current config's master key: a crash's old file kept as an
+        # archive is sealed like any other archive.
+        return recover_agent(paths, key_file=CompactionOptions.from_config(config_of()).key_file)
+
+    return recover
 
 
 def _default_summarizer(config: MemdConfig, count_text: Callable[[str], int]) -> Summarizer:
@@ -140,7 +145,10 @@ class Daemon:
         self.started_at = time.time()
 
         self.registry = AgentRegistry(
-            self.workspace, self.config, recover or _default_recover(), context_length_for_model
+            self.workspace,
+            self.config,
+            recover or _default_recover(lambda: self.config),
+            context_length_for_model,
         )
         self.stats = RunStats()
         # Built at start-up (they need the tokenizer and the state DB).
@@ -240,6 +248,7 @@ class Daemon:
     def _startup(self, stack: contextlib.ExitStack) -> None:
         require_workspace(self.workspace)
         self._warn_about_filesystem()
+        self._check_archive_key(self.config)
         self.registry.start()
         with contextlib.suppress(OSError):
             (self.workspace / AGENTS_DIR).mkdir(exist_ok=True)
@@ -410,6 +419,17 @@ class Daemon:
 
         runner.on_archived = on_archived
 
+    def _check_archive_key(self, config: MemdConfig) -> None:
+        # Every compaction reads the key file; a missing or loose one is said
+        # at start (and reload), not first at the next compaction's failure.
+        from memd.doctor import check_archive_key
+
+        for check in check_archive_key(config.privacy):
+            if check.status == "fail":
+                _log.error("archive key", detail=check.message, fix=check.fix)
+            elif config.privacy.encrypt_archives:
+                _log.info("archives encrypted at rest", detail=check.message)
+
     def _warn_about_filesystem(self) -> None:
         # NFS without lockd, CIFS and Docker Desktop shares (virtiofs, gRPC
         # FUSE) break flock between hosts/VMs and drop inotify events: say so
@@ -561,6 +581,8 @@ class Daemon:
         self.registry.reconfigure(new)
         if self.recall is not None:
             self.recall.index.encrypting = new.privacy.encrypt_archives
+        if new.privacy != old.privacy:
+            self._check_archive_key(new)
         self.flusher.reconfigure(new.tokenizer.encoding)
         if self.counter is not None:
             self.counter.reconfigure(new.trigger, new.tokenizer.encoding, tokenizer)
