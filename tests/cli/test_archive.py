@@ -268,3 +268,67 @@ def test_a_key_in_the_config_is_refused_without_echoing_it(value: str) -> None:
 def test_paths_are_not_mistaken_for_keys(value: str) -> None:
     config, _ = build_config({"privacy": {"key_file": value}}, {}, "memd.toml")
     assert config.privacy.key_file == value
+
+
+def test_rekey_interrupted_part_way_finishes_on_the_next_run(
+    ws: AgentWorkspace,
+    key_file: Path,
+    config_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A crash after some agents: each key file is whole under one key or the other;
+    the rerun finishes, and the documented rotation (rekey, then mv) keeps compacting."""
+    import memd.archive_crypto as archive_crypto
+
+    archives = {name: compacted(ws, name, key_file) for name in ("alpha", "beta", "gamma")}
+    new_key = tmp_path / "new.key"
+    run(capsys, "archive", "keygen", str(new_key))
+    args = ["-w", str(ws.root), "-c", str(config_file)]
+
+    real_write = archive_crypto.write_data_key
+    writes: list[str] = []
+
+    def dies_on_second(private_fd: int, data_key: archive_crypto.DataKey, master: object) -> None:
+        writes.append(data_key.agent)
+        if len(writes) == 2:
+            raise OSError(5, "Input/output error")  # the machine dies mid-rekey
+        real_write(private_fd, data_key, master)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(archive_crypto, "write_data_key", dies_on_second)
+    code, out, err = run(capsys, "archive", "rekey", "--new-key", str(new_key), *args)
+    assert code == 1 and "1 failed (run again)" in out and "Input/output error" in err
+    monkeypatch.setattr(archive_crypto, "write_data_key", real_write)
+
+    old, new = read_master_key(key_file), read_master_key(new_key)
+    readable = {
+        name: [k.key_id for k in (old, new) if _opens(ws, name, archive, k)]
+        for name, (archive, _before) in archives.items()
+    }
+    assert all(len(ids) == 1 for ids in readable.values()), readable  # whole, one key each
+
+    code, out, err = run(capsys, "archive", "rekey", "--new-key", str(new_key), *args)
+    assert code == 0, err
+    assert "rekeyed 1 agent(s)" in out and "2 already under it" in out
+
+    # Before the key file is switched, a compaction fails cleanly (nothing changes)...
+    paths = ws.paths("alpha")
+    append_entry(paths.memory, "Human", "alpha after rotation")
+    before = paths.memory.read_bytes()
+    options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, key_file=key_file)
+    with pytest.raises(ArchiveKeyError, match="wrapped under master key id"):
+        compact_agent(paths, Fixed(), options)
+    assert paths.memory.read_bytes() == before
+    # ... and once the new key is moved over the configured file, it goes on.
+    new_key.replace(key_file)
+    archive = compact_agent(paths, Fixed(), options).archive
+    assert b"alpha after rotation" in read_archive(paths, archive.name, new)
+
+
+def _opens(ws: AgentWorkspace, name: str, archive: Path, key: object) -> bool:
+    try:
+        read_archive(ws.paths(name), archive.name, key)  # type: ignore[arg-type]
+    except ArchiveKeyError:
+        return False
+    return True
