@@ -287,6 +287,10 @@ class CompactionOutcome:
     evicted: int = 0  # facts that left the pinned section for its budget (still archived)
     partial: bool = False  # the summarizer covered only the oldest part; the rest stays raw
     calls: int = 1  # summarizer model calls
+    # What writers appended while the job ran (carried into the new file past
+    # what the compaction produced): shown apart, so a ledger row never reads
+    # as if compaction grew the file.
+    tokens_appended: int | None = None
 
 
 class ProvidedSummary:
@@ -662,7 +666,9 @@ class _Transaction:
         conversation = header.conversation if isinstance(header, HeaderSegment) else self.agent
         new_header = render_header(conversation, _now_local_iso())
         from_snapshot = max(0, min(copy_until, snap.size) - snap.boundary)
-        self.produced = new_header + summary + tail[:from_snapshot]
+        # Everything the job made from its snapshot: the raw bytes it kept
+        # (cut..N, and what the snapshot held past N) included.
+        self.produced = new_header + summary + snap.data[cut : snap.boundary] + tail[:from_snapshot]
         self.new_fd = create_file_at(
             private_fd,
             NEW_MEMORY_TEMP,
@@ -1005,11 +1011,13 @@ def _compact_locked(
                 f"late appends failed: {describe_error(exc)}; the next run finishes it"
             ) from exc
         tokens_before = count_bytes(snap.data) if count_bytes and measure_tokens else None
-        tokens_after = tokens_produced = None
+        tokens_after = tokens_produced = tokens_appended = None
         if count_bytes is not None and measure_tokens:
             tokens_produced = count_bytes(txn.produced)
             with contextlib.suppress(OSError):
-                tokens_after = count_bytes(read_to_end(txn.new_fd))
+                now_bytes = read_to_end(txn.new_fd)
+                tokens_after = count_bytes(now_bytes)
+                tokens_appended = count_bytes(now_bytes[len(txn.produced) :])
         assert txn.archive is not None
         return CompactionOutcome(
             archive=txn.archive,
@@ -1026,6 +1034,7 @@ def _compact_locked(
             evicted=composed.evicted,
             partial=cut < snap.boundary,
             calls=result.calls,
+            tokens_appended=tokens_appended,
         )
     finally:
         txn.close()

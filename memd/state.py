@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from memd.core.erasure import Tombstone, agent_key
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
@@ -49,9 +49,22 @@ class Outcome(Protocol):
     def model(self) -> str: ...
     @property
     def cost_usd(self) -> float | None: ...
+    @property
+    def tokens_produced(self) -> int | None: ...
+    @property
+    def tokens_appended(self) -> int | None: ...
+    @property
+    def pinned(self) -> int: ...
+    @property
+    def evicted(self) -> int: ...
+    @property
+    def calls(self) -> int: ...
 
 
-SCHEMA_VERSION = 4
+# 5: the ledger says what a compaction produced apart from what writers appended
+# meanwhile, whether the builtin summarizer stood in for a failing model, the
+# pinned facts kept and evicted, the model calls made; the spending table.
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -106,9 +119,23 @@ CREATE TABLE IF NOT EXISTS ledger (
     model TEXT,
     cost_usd REAL,
     error TEXT,
-    trigger TEXT NOT NULL
+    trigger TEXT NOT NULL,
+    tokens_produced INTEGER,
+    tokens_appended INTEGER,
+    fallback INTEGER NOT NULL DEFAULT 0,
+    pinned INTEGER,
+    evicted INTEGER,
+    calls INTEGER
 );
 CREATE INDEX IF NOT EXISTS ledger_by_agent ON ledger (agent, id);
+CREATE TABLE IF NOT EXISTS spending (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    calls_last_hour INTEGER NOT NULL,
+    usd_last_day REAL NOT NULL,
+    held_reason TEXT,
+    held_until REAL,
+    ts REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS file_counts (
     agent TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -162,6 +189,17 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE IF NOT EXISTS erasures (agent_key TEXT PRIMARY KEY,"
         " erased_at_ns INTEGER NOT NULL, survivor_dev INTEGER NOT NULL DEFAULT 0,"
         " survivor_ino INTEGER NOT NULL DEFAULT 0)",
+    ),
+    # 4 -> 5: the ledger says what a compaction produced apart from appends made
+    # meanwhile, the builtin fallback, pins kept and evicted, model calls (NULL in
+    # older rows: unknown). The spending table is new, made by the schema above.
+    4: (
+        "ALTER TABLE ledger ADD COLUMN tokens_produced INTEGER",
+        "ALTER TABLE ledger ADD COLUMN tokens_appended INTEGER",
+        "ALTER TABLE ledger ADD COLUMN fallback INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE ledger ADD COLUMN pinned INTEGER",
+        "ALTER TABLE ledger ADD COLUMN evicted INTEGER",
+        "ALTER TABLE ledger ADD COLUMN calls INTEGER",
     ),
 }
 
@@ -300,6 +338,15 @@ class LedgerEntry:
     cost_usd: float | None
     error: str | None
     trigger: Trigger
+    # What the compaction produced from its snapshot (header + summary + the raw
+    # bytes it carried) apart from what writers appended while it ran: before
+    # minus produced is what it saved (rows of schema 2 have neither).
+    tokens_produced: int | None = None
+    tokens_appended: int | None = None
+    fallback: bool = False  # the builtin summarizer stood in for a failing model
+    pinned: int | None = None  # facts in the new block's pinned section
+    evicted: int | None = None  # pinned facts aged out to the archives for the budget
+    calls: int | None = None  # summarizer model calls
 
     @property
     def ok(self) -> bool:
@@ -316,10 +363,23 @@ class LedgerEntry:
         outcome: Outcome | None,
         error: str | None,
         model: str | None = None,
+        fallback: bool = False,
     ) -> LedgerEntry:
         """The ledger row for one compaction attempt (``outcome`` None when it failed)."""
         if outcome is None:
-            return cls(agent, started_at, duration_s, None, None, None, model, None, error, trigger)
+            return cls(
+                agent,
+                started_at,
+                duration_s,
+                None,
+                None,
+                None,
+                model,
+                None,
+                error,
+                trigger,
+                fallback=fallback,
+            )
         return cls(
             agent=agent,
             started_at=started_at,
@@ -331,6 +391,12 @@ class LedgerEntry:
             cost_usd=outcome.cost_usd,
             error=error,
             trigger=trigger,
+            tokens_produced=outcome.tokens_produced,
+            tokens_appended=outcome.tokens_appended,
+            fallback=fallback,
+            pinned=outcome.pinned,
+            evicted=outcome.evicted,
+            calls=outcome.calls,
         )
 
 
@@ -347,6 +413,18 @@ class FileKey:
     @classmethod
     def of(cls, result: os.stat_result, encoding: str) -> FileKey:
         return cls(result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns, encoding)
+
+
+@dataclass(frozen=True, slots=True)
+class SpendingRecord:
+    """The daemon's spending against ``[summarizer] max_calls_per_hour`` /
+    ``max_usd_per_day``, and the hold a cap puts on compactions (if any)."""
+
+    calls_last_hour: int
+    usd_last_day: float
+    held_reason: str | None
+    held_until: float | None
+    ts: float
 
 
 # The heartbeat's detail after a clean stop: `memd health` says "stopped at …"
@@ -732,9 +810,7 @@ class StateStore:
                 if self._erased_among(conn, [entry.agent]):
                     return  # a compaction that ran into `memd forget`: nothing to log
                 conn.execute(
-                    "INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before,"
-                    " tokens_after, model, cost_usd, error, trigger)"
-                    " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    _INSERT_LEDGER,
                     (
                         entry.agent,
                         entry.started_at,
@@ -746,6 +822,12 @@ class StateStore:
                         entry.cost_usd,
                         entry.error,
                         entry.trigger,
+                        entry.tokens_produced,
+                        entry.tokens_appended,
+                        int(entry.fallback),
+                        entry.pinned,
+                        entry.evicted,
+                        entry.calls,
                     ),
                 )
                 conn.execute(
@@ -761,12 +843,53 @@ class StateStore:
 
         def operation(conn: sqlite3.Connection) -> list[LedgerEntry]:
             rows = conn.execute(
-                "SELECT agent, started_at, duration_s, archive, tokens_before, tokens_after,"
-                " model, cost_usd, error, trigger FROM ledger WHERE agent = ?"
-                " ORDER BY id DESC LIMIT ?",
+                _SELECT_LEDGER,
                 (agent, max(0, limit)),
             ).fetchall()
-            return [LedgerEntry(*row) for row in rows]
+            return [_ledger_from_row(row) for row in rows]
+
+        return self._run(operation)
+
+    def spending_since(self, since: float) -> list[tuple[float, int, float]]:
+        """(started_at, model calls, USD) of every ledger row since ``since``, any agent,
+        oldest first: what a restarted daemon already spent inside its caps' windows."""
+
+        def operation(conn: sqlite3.Connection) -> list[tuple[float, int, float]]:
+            rows = conn.execute(
+                "SELECT started_at, calls, cost_usd FROM ledger WHERE started_at >= ?"
+                " AND model IS NOT NULL AND model NOT IN ('builtin', 'provided')"
+                " ORDER BY started_at",
+                (since,),
+            ).fetchall()
+            return [(float(at), int(calls or 0), float(usd or 0.0)) for at, calls, usd in rows]
+
+        return self._run(operation)
+
+    # ---------------------------------------------------------------- spending
+
+    def write_spending(self, record: SpendingRecord) -> None:
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.execute(
+                    "INSERT OR REPLACE INTO spending VALUES (1,?,?,?,?,?)",
+                    (
+                        record.calls_last_hour,
+                        record.usd_last_day,
+                        record.held_reason,
+                        record.held_until,
+                        record.ts,
+                    ),
+                )
+
+        self._run(operation)
+
+    def read_spending(self) -> SpendingRecord | None:
+        def operation(conn: sqlite3.Connection) -> SpendingRecord | None:
+            row = conn.execute(
+                "SELECT calls_last_hour, usd_last_day, held_reason, held_until, ts"
+                " FROM spending WHERE id = 1"
+            ).fetchone()
+            return None if row is None else SpendingRecord(*row)
 
         return self._run(operation)
 
@@ -816,6 +939,25 @@ class StateStore:
 # ---------------------------------------------------------------------- helpers
 
 
+# The columns in LedgerEntry's field order.
+_INSERT_LEDGER = (
+    "INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before, tokens_after,"
+    " model, cost_usd, error, trigger, tokens_produced, tokens_appended, fallback, pinned,"
+    " evicted, calls) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_SELECT_LEDGER = (
+    "SELECT agent, started_at, duration_s, archive, tokens_before, tokens_after, model,"
+    " cost_usd, error, trigger, tokens_produced, tokens_appended, fallback, pinned, evicted,"
+    " calls FROM ledger WHERE agent = ? ORDER BY id DESC LIMIT ?"
+)
+
+
+def _ledger_from_row(row: tuple[Any, ...]) -> LedgerEntry:
+    fields = list(row)
+    fields[12] = bool(fields[12])  # fallback is stored as 0/1
+    return LedgerEntry(*fields)
+
+
 def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:
     # Columns mirror the fields; `estimated` (the last) is stored as 0/1.
     return AgentRecord(*row[:-1], estimated=bool(row[-1]))  # type: ignore[arg-type, misc]
@@ -859,6 +1001,14 @@ def _create_schema(conn: sqlite3.Connection) -> None:
             return
     conn.execute("BEGIN IMMEDIATE")
     try:
+        row = None
+        with contextlib.suppress(sqlite3.OperationalError):  # "no such table": a new file
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+        if row is not None and isinstance(row[0], int) and row[0] > SCHEMA_VERSION:
+            # Moved aside (kept for the newer memd), never rewritten by an older one.
+            raise _CorruptDatabase(
+                f"schema version {row[0]}, newer than this memd reads ({SCHEMA_VERSION})"
+            )
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
@@ -1034,6 +1184,7 @@ __all__ = [
     "FileKey",
     "Heartbeat",
     "LedgerEntry",
+    "SpendingRecord",
     "StateError",
     "StateStore",
     "Tombstone",

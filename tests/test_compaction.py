@@ -326,6 +326,28 @@ def test_entries_between_snapshot_and_swap_are_carried(agent_ws: AgentWorkspace)
     assert seen["written just before the swap"] == 1
 
 
+def test_appends_during_the_job_are_measured_apart_from_what_it_produced(
+    agent_ws: AgentWorkspace,
+) -> None:
+    from support.tokens import CL100K
+
+    paths = agent_ws.create_agent("alpha", entries=6)
+    late = "written during the LLM call " + "word " * 200
+
+    def checkpoint(name: str) -> None:
+        if name == "summarized":
+            append_entry(paths.memory, "Human", late)
+
+    outcome = compact_agent(
+        paths, FixedSummarizer(), FAST, checkpoint=checkpoint, count_bytes=CL100K.count_bytes
+    )
+    assert outcome.tokens_produced is not None and outcome.tokens_appended is not None
+    # The appended entry is counted apart: what the job produced stays small.
+    assert outcome.tokens_appended >= CL100K.count_text(late)
+    assert outcome.tokens_produced + outcome.tokens_appended >= outcome.tokens_after - 2
+    assert outcome.tokens_produced < outcome.tokens_after - CL100K.count_text(late)
+
+
 def test_prefix_rewritten_during_llm_call_restarts(agent_ws: AgentWorkspace) -> None:
     paths = agent_ws.create_agent("alpha", entries=3)
     summarizer = FixedSummarizer()

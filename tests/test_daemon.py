@@ -84,6 +84,10 @@ class Outcome:
     model: str = "scripted"
     cost_usd: float | None = None
     llm_duration_s: float = 0.0
+    tokens_appended: int | None = 0
+    pinned: int = 0
+    evicted: int = 0
+    calls: int = 1
 
     @property
     def tokens_produced(self) -> int | None:

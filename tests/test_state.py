@@ -562,3 +562,75 @@ def test_corrupt_copies_lose_the_agent_or_go(tmp_path: Path, workspace: Path) ->
     conn = sqlite3.connect(readable)
     assert conn.execute("SELECT agent FROM agents").fetchall() == [("bystander",)]
     conn.close()
+
+
+def test_a_schema_4_db_with_rows_gets_the_new_ledger_columns(
+    tmp_path: Path, workspace: Path
+) -> None:
+    state_dir = tmp_path / "s"
+    path = state_db_path(state_dir, workspace)
+    _write_schema_3_db(path)
+    # What a schema-4 memd left: schema 3 plus its own step, and a row it wrote.
+    conn = sqlite3.connect(path)
+    for statement in memd.state._MIGRATIONS[3]:
+        conn.execute(statement)
+    conn.execute("UPDATE schema_version SET version = 4")
+    conn.execute(
+        "INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before,"
+        " tokens_after, model, cost_usd, error, trigger) VALUES ('alpha', 20.0, 2.5,"
+        " 'history_20.md', 30000, 1619, 'openai/gpt-4o-mini', 0.002, NULL, 'daemon')"
+    )
+    conn.commit()
+    conn.close()
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []  # migrated, not moved aside as corrupt
+        newest, oldest = store.history("alpha")
+        assert (newest.archive, newest.tokens_before, newest.tokens_after) == (
+            "history_20.md",
+            30000,
+            1619,
+        )
+        assert oldest.archive == "history_10.md"
+        alpha = store.get_agent("alpha")
+        assert alpha is not None and alpha.archives == 3
+        # Columns an old row never had read as unknown, not as zero.
+        assert newest.tokens_produced is None and newest.tokens_appended is None
+        assert newest.fallback is False and newest.pinned is None and newest.calls is None
+        assert store.spending_since(15.0) == [(20.0, 0, 0.002)]  # builtin rows cost nothing
+        # The new columns and table take writes on the migrated file.
+        new = LedgerEntry(
+            "alpha", 30.0, 1.0, "history_30.md", 6000, 900, "builtin", 0.0, None,
+            "daemon", tokens_produced=800, tokens_appended=100, fallback=True, pinned=12,
+            evicted=3, calls=1,
+        )  # fmt: skip
+        store.record_compaction(new)
+        assert store.history("alpha")[0] == new
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (
+        memd.state.SCHEMA_VERSION,
+    )
+    conn.close()
+    with StateStore.open(state_dir, workspace) as store:  # the fast path: nothing to do
+        assert store.warnings == [] and len(store.history("alpha")) == 3
+
+
+def test_a_newer_schema_is_moved_aside_and_said_so(tmp_path: Path, workspace: Path) -> None:
+    path = state_db_path(tmp_path, workspace)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (?)", (memd.state.SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with StateStore.open(tmp_path, workspace) as store:
+        assert "newer than this memd reads" in store.warnings[0]
+    assert list(tmp_path.glob("*.corrupt-*"))  # kept for the newer memd, not deleted
+
+
+def test_spending_record_round_trip(tmp_path: Path, workspace: Path) -> None:
+    from memd.state import SpendingRecord
+
+    with StateStore.open(tmp_path, workspace) as store:
+        assert store.read_spending() is None
+        record = SpendingRecord(12, 0.5, "summarizer.max_calls_per_hour (12)", 1_700_003_600.0, 1.0)
+        store.write_spending(record)
+        assert store.read_spending() == record

@@ -118,6 +118,14 @@ def _entry_json(entry: LedgerEntry) -> dict[str, Any]:
         "model": entry.model,
         "cost_usd": entry.cost_usd,
         "error": entry.error,
+        # Since schema 3 (null in older rows): what the compaction produced apart
+        # from what writers appended meanwhile; the builtin fallback; pins.
+        "tokens_produced": entry.tokens_produced,
+        "tokens_appended": entry.tokens_appended,
+        "fallback": entry.fallback,
+        "pinned": entry.pinned,
+        "evicted": entry.evicted,
+        "calls": entry.calls,
     }
 
 
@@ -155,24 +163,45 @@ def _history_table(agent: str, entries: list[LedgerEntry]) -> None:
 
     now = time.time()
     table = Table(title=f"memd history: {agent}", title_justify="left")
-    for column in ("started", "took", "trigger", "tokens", "archive", "model", "cost", "result"):
+    columns = ("started", "took", "trigger", "tokens", "pins", "archive", "model", "cost", "result")
+    for column in columns:
         table.add_column(column, no_wrap=column != "result", overflow="fold")
     for entry in entries:
-        tokens = (
-            f"{entry.tokens_before or 0:,} → {entry.tokens_after:,}" if entry.tokens_after else ""
-        )
+        model = entry.model or ""
+        if entry.fallback:
+            model = f"{model} (fallback)"
         table.add_row(
             local_time(entry.started_at, now),
             f"{entry.duration_s:.1f}s",
             entry.trigger,
-            tokens,
+            ledger_tokens(entry),
+            ledger_pins(entry),
             Path(entry.archive).name if entry.archive else "",
-            entry.model or "",
+            escape(model),
             f"${entry.cost_usd:.4f}" if entry.cost_usd is not None else "",
             "ok" if entry.ok else f"[red]{escape(entry.error or '')}[/]",
         )
     # emoji=False: rich would import its 3,600-entry emoji table (~0.1 s) to scan for :codes:.
     Console(width=None if sys.stdout.isatty() else 200, emoji=False).print(table)
+
+
+def ledger_tokens(entry: LedgerEntry) -> str:
+    """``before → produced`` and, apart, what writers appended meanwhile: a compaction
+    that ran while agents wrote must not read as if it grew the file."""
+    if entry.tokens_produced is not None:
+        text = f"{entry.tokens_before or 0:,} → {entry.tokens_produced:,}"
+        if entry.tokens_appended:
+            text += f" (+{entry.tokens_appended:,} appended meanwhile)"
+        return text
+    if entry.tokens_after:  # a row from before schema 3
+        return f"{entry.tokens_before or 0:,} → {entry.tokens_after:,}"
+    return ""
+
+
+def ledger_pins(entry: LedgerEntry) -> str:
+    if entry.pinned is None:
+        return ""
+    return f"{entry.pinned:,}" + (f" ({entry.evicted:,} evicted)" if entry.evicted else "")
 
 
 # ---------------------------------------------------------------------- doctor
@@ -324,5 +353,7 @@ __all__ = [
     "effective_config",
     "health",
     "history",
+    "ledger_pins",
+    "ledger_tokens",
     "render_toml",
 ]

@@ -82,7 +82,8 @@ def render_table(
             f"{row.archives} ({row.encrypted_archives} enc)"
             if row.encrypted_archives
             else str(row.archives),
-            local_time(row.last_compaction_at, now),
+            local_time(row.last_compaction_at, now)
+            + (" (builtin fallback)" if row.last_fallback else ""),
             row.state,
             _escape(row.last_error or ""),
         )

@@ -55,6 +55,8 @@ class AgentStatus:
     #: recall index ("off").
     encrypted_archives: int = 0
     recall: str = "on"
+    #: The last compaction used the builtin summarizer because the model kept failing.
+    last_fallback: bool = False
 
     @property
     def percent_used(self) -> float:
@@ -77,6 +79,7 @@ class AgentStatus:
             "reserved_tokens": self.reserved_tokens,
             "encrypted_archives": self.encrypted_archives,
             "recall": self.recall,
+            "last_compaction_fallback": self.last_fallback,
         }
 
 
@@ -94,20 +97,26 @@ def live_daemon(store: StateStore, config: MemdConfig, now: float) -> Heartbeat 
     return beat
 
 
-def _last_compaction(store: StateStore, paths: AgentPaths) -> tuple[float | None, str | None]:
-    """(last successful compaction, error of the latest attempt if it failed)."""
+@dataclass(frozen=True, slots=True)
+class _LastCompaction:
+    at: float | None  # when the last successful one ended
+    error: str | None  # of the latest attempt, if it failed
+    fallback: bool  # the last successful one used the builtin summarizer instead
+
+
+def _last_compaction(store: StateStore, paths: AgentPaths) -> _LastCompaction:
     history = store.history(paths.agent, limit=50)
     last_error = history[0].error if history else None
     done = next((entry for entry in history if entry.ok), None)
     if done is not None:
-        return done.started_at + done.duration_s, last_error
+        return _LastCompaction(done.started_at + done.duration_s, last_error, done.fallback)
     archives = archives_of(paths)
     if archives:
         try:
-            return archives[-1].stat().st_mtime, last_error
+            return _LastCompaction(archives[-1].stat().st_mtime, last_error, False)
         except OSError:
             pass
-    return None, last_error
+    return _LastCompaction(None, last_error, False)
 
 
 @dataclass
@@ -232,6 +241,7 @@ def collect_status(
         encrypted = sum(1 for path in archive_files if path.name.endswith(".md.enc"))
         recall = "off" if encrypted or config.privacy.encrypt_archives else "on"
         record = info.get("record")
+        last = _last_compaction(store, paths)
         if isinstance(record, AgentRecord):
             result.append(
                 AgentStatus(
@@ -248,6 +258,7 @@ def collect_status(
                     reserved_tokens=reserved,
                     encrypted_archives=encrypted,
                     recall=recall,
+                    last_fallback=last.fallback,
                 )
             )
             continue
@@ -255,7 +266,6 @@ def collect_status(
             result.append(_error_row(name, str(info["error"]), beat))
             continue
         tokens = info["tokens"]
-        last_at, last_error = _last_compaction(store, paths)
         state = "disabled" if not policy.compress else ("unwatched" if beat else "offline")
         result.append(
             AgentStatus(
@@ -263,8 +273,8 @@ def collect_status(
                 tokens=counted[name] if tokens is None else int(tokens),
                 threshold_tokens=policy.threshold_tokens,
                 archives=archives,
-                last_compaction_at=last_at,
-                last_error=last_error,
+                last_compaction_at=last.at,
+                last_error=last.error,
                 state=state,
                 source="files",
                 daemon_pid=beat.pid if beat else None,
@@ -272,6 +282,7 @@ def collect_status(
                 reserved_tokens=reserved,
                 encrypted_archives=encrypted,
                 recall=recall,
+                last_fallback=last.fallback,
             )
         )
     return result, beat

@@ -241,8 +241,9 @@ class Runner:
 
     # ----------------------------------------------------------------- compact
 
-    def _summarizer_for(self, agent: str, failures: int) -> Summarizer:
-        """The configured summarizer, or the builtin one once a remote model kept failing.
+    def _summarizer_for(self, agent: str, failures: int) -> tuple[Summarizer, bool]:
+        """The configured summarizer, or the builtin one once a remote model kept failing
+        (then with True: the ledger and ``memd status`` say the fallback was used).
 
         A model that is down (or keeps answering "ok") must not let an agent's
         memory outgrow its window: after ``summarizer.fallback_after``
@@ -259,8 +260,8 @@ class Runner:
                 model=model,
                 failures=failures,
             )
-            return BuiltinSummarizer(self._counter.tokenizer.count_text)
-        return summarizer
+            return BuiltinSummarizer(self._counter.tokenizer.count_text), True
+        return summarizer, False
 
     def _get_summarizer(self) -> Summarizer:
         with self._registry.lock:
@@ -308,10 +309,12 @@ class Runner:
         started = time.monotonic()
         outcome: CompactionOutcome | None = None
         error: BaseException | None = None
+        fallback = False
         try:
+            summarizer, fallback = self._summarizer_for(name, failures)
             outcome = self._compact(
                 entry.paths,
-                self.llm_slots.bound(self._summarizer_for(name, failures)),
+                self.llm_slots.bound(summarizer),
                 self._compaction_options(entry.policy),
                 count_bytes=self._counter.tokenizer.count_bytes,
                 abort=self.abort,
@@ -330,12 +333,17 @@ class Runner:
             _log.exception("recount after compaction failed", agent=name)
         if error is None:
             assert outcome is not None
-            self._succeeded(entry, outcome, started_wall, duration)
+            self._succeeded(entry, outcome, started_wall, duration, fallback)
         else:
-            self._failed(entry, error, started_wall, duration)
+            self._failed(entry, error, started_wall, duration, fallback)
 
     def _succeeded(
-        self, entry: AgentEntry, outcome: CompactionOutcome, started_wall: float, duration: float
+        self,
+        entry: AgentEntry,
+        outcome: CompactionOutcome,
+        started_wall: float,
+        duration: float,
+        fallback: bool = False,
     ) -> None:
         name = entry.name
         policy = self.retry_policy
@@ -348,12 +356,16 @@ class Runner:
             tokens_before=outcome.tokens_before,
             tokens_after=outcome.tokens_after,
             tokens_produced=achieved,
+            tokens_appended=outcome.tokens_appended,
             archive=str(outcome.archive),
             model=outcome.model,
+            fallback=fallback,
+            pinned=outcome.pinned,
+            evicted=outcome.evicted,
             cost_usd=outcome.cost_usd,
             seconds=round(duration, 3),
         )
-        self._ledger(entry, started_wall, duration, outcome, None)
+        self._ledger(entry, started_wall, duration, outcome, None, fallback)
         self._audit(name, outcome)
         if self.metrics is not None:
             self.metrics.record_compaction(
@@ -380,7 +392,12 @@ class Runner:
             self._apply(entry, decision)
 
     def _failed(
-        self, entry: AgentEntry, error: BaseException, started_wall: float, duration: float
+        self,
+        entry: AgentEntry,
+        error: BaseException,
+        started_wall: float,
+        duration: float,
+        fallback: bool = False,
     ) -> None:
         name = entry.name
         policy = self.retry_policy
@@ -422,7 +439,7 @@ class Runner:
                 error=reason,
                 exc_info=(type(error), error, error.__traceback__),
             )
-        self._ledger(entry, started_wall, duration, None, reason)
+        self._ledger(entry, started_wall, duration, None, reason, fallback)
         if self.metrics is not None:
             aborted = isinstance(error, CompactionAborted)
             self.metrics.record_compaction(name, "aborted" if aborted else "error")
@@ -462,6 +479,7 @@ class Runner:
         duration: float,
         outcome: CompactionOutcome | None,
         error: str | None,
+        fallback: bool = False,
     ) -> None:
         store = self._flusher.store
         if store is None:
@@ -475,7 +493,14 @@ class Runner:
             duration_s=duration,
             outcome=outcome,
             error=error,
-            model=self._summarizer.model if self._summarizer is not None else None,
+            model=(
+                BUILTIN_MODEL
+                if fallback
+                else self._summarizer.model
+                if self._summarizer is not None
+                else None
+            ),
+            fallback=fallback,
         )
         try:
             store.record_compaction(record)

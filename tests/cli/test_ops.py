@@ -182,6 +182,28 @@ def test_history_table_and_json(
     assert len(json.loads(out)) == 1
 
 
+def test_history_shows_what_a_compaction_produced_apart_from_appends(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    with StateStore.open(state_dir, ws.root) as store:
+        store.record_compaction(
+            LedgerEntry(
+                "alpha", 1_700_000_000.0, 3.5, "history_x.md", 30_000, 1_619, "builtin", 0.0,
+                None, "daemon", tokens_produced=555, tokens_appended=1_064, fallback=True,
+                pinned=40, evicted=3, calls=1,
+            )
+        )  # fmt: skip
+    code, out, _ = run(capsys, "history", "alpha", *common(ws, state_dir))
+    assert code == 0
+    # Not "30,000 → 1,619", which reads as if appends were the summary's size.
+    assert "30,000 → 555 (+1,064 appended meanwhile)" in " ".join(out.split())
+    assert "builtin (fallback)" in out and "40 (3 evicted)" in out
+    code, out, _ = run(capsys, "history", "alpha", "--json", *common(ws, state_dir))
+    [row] = json.loads(out)
+    assert (row["tokens_produced"], row["tokens_appended"]) == (555, 1064)
+    assert row["fallback"] is True and row["evicted"] == 3 and row["calls"] == 1
+
+
 def test_history_unknown_agent(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:

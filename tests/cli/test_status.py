@@ -29,6 +29,7 @@ STATUS_KEYS = {
     "reserved_tokens",
     "encrypted_archives",
     "recall",
+    "last_compaction_fallback",
 }
 
 

@@ -51,3 +51,24 @@ def test_zero_never_falls_back(tmp_path: Path) -> None:
     retry(s, "alpha")
     retry(s, "alpha")
     assert s.compact.models == ["openai/down"] * 3
+
+
+def test_the_fallback_is_in_the_ledger_and_in_status(tmp_path: Path) -> None:
+    from memd.cli.status_query import collect_status
+    from memd.settings import LoadedConfig
+    from memd.state import StateStore
+
+    s = build(tmp_path, fallback_after=2)
+    assert s.flusher is not None
+    store = StateStore.open(tmp_path / "state", s.ws.root)
+    s.flusher.start(store)
+    retry(s, "alpha")
+    retry(s, "alpha")  # the third attempt: the builtin stands in
+    assert s.compact.models == ["openai/down", "openai/down", "builtin"]
+    ok, failed = store.history("alpha")
+    assert ok.ok and ok.fallback and ok.model == "scripted"
+    assert not failed.ok and not failed.fallback
+    loaded = LoadedConfig(s.runner.config, None, s.ws.root, ())
+    [row], _beat = collect_status(loaded, store, ["alpha"], strict=True)
+    assert row.last_fallback and row.to_json()["last_compaction_fallback"] is True
+    store.close()

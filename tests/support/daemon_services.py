@@ -131,6 +131,10 @@ class _Outcome:
     model: str = "scripted"
     cost_usd: float | None = None
     llm_duration_s: float = 0.0
+    tokens_appended: int | None = None
+    pinned: int = 0
+    evicted: int = 0
+    calls: int = 1
 
 
 @dataclass
@@ -142,6 +146,7 @@ class Services:
     runner: Runner
     counter: CountService
     compact: ScriptedCompaction
+    flusher: StateFlusher | None = None
 
     def fill(self, agent: str, entries: int) -> Path:
         memory = self.ws.root / "agents" / agent / "MEMORY.md"
@@ -217,4 +222,4 @@ def build_services(
     entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
     registry.register(entries, set())
     counter.initial_count(entries, {})
-    return Services(ws, clock, scheduler, registry, runner, counter, compact)
+    return Services(ws, clock, scheduler, registry, runner, counter, compact, flusher)
