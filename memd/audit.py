@@ -28,7 +28,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memd.core.audit import AuditContents, AuditEvent, as_word, encode, make_record, parse_log
+from memd.core.audit import (
+    MAX_WORDS,
+    AuditContents,
+    AuditEvent,
+    as_word,
+    encode,
+    make_record,
+    parse_log,
+)
 from memd.core.privacy import is_local_summarizer
 from memd.errors import NotARegularFile, describe_error
 from memd.logs import get_logger
@@ -36,6 +44,7 @@ from memd.state import state_db_path
 
 if TYPE_CHECKING:
     from memd.compaction import CompactionOutcome
+    from memd.retention import PruneResult
 
 AUDIT_SUFFIX = ".audit.jsonl"
 AUDIT_KEY_SUFFIX = ".audit.key"
@@ -162,6 +171,22 @@ def record_compaction(
     )
 
 
+def record_prune(audit: AuditLog, pruned: PruneResult, *, trigger: str) -> bool:
+    """The audit line for archives a retention policy deleted (names and sizes only)."""
+    return audit.record(
+        AuditEvent.PRUNE,
+        pruned.agent,
+        trigger=trigger,
+        archives=len(pruned.deleted),
+        bytes=pruned.deleted_bytes,
+        reasons=list(pruned.plan.all_reasons()),
+        # At most the 64 oldest names (a first prune of a years-old folder says how many).
+        names=list(pruned.deleted[:MAX_WORDS]),
+        kept=pruned.kept,
+        dry_run=pruned.dry_run,
+    )
+
+
 def _read_key(key_path: Path) -> bytes:
     # A key being written by another process right now: its 32 bytes land in
     # one write, so a short read means "not yet"; wait for it briefly.
@@ -261,5 +286,6 @@ __all__ = [
     "audit_path",
     "read_audit",
     "record_compaction",
+    "record_prune",
     "summarizer_is_remote",
 ]

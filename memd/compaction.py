@@ -66,9 +66,11 @@ from memd.core.plan import (
     summary_does_not_shrink,
     summary_over_cap,
 )
+from memd.core.retention import NO_LIMITS, RetentionLimits
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
     ComposedSummary,
+    archive_note,
     compose_summary,
     material_of,
     version_line,
@@ -97,6 +99,7 @@ from memd.fsutil import (
     share_with_group,
     write_all,
 )
+from memd.retention import PruneHook, PruneResult, prune_locked
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
 
@@ -161,6 +164,9 @@ class CompactionOptions:
     # [privacy] encrypt_archives: the master key file (read at each job, so a
     # rotated key file is picked up without a restart); None writes plain archives.
     key_file: Path | None = None
+    # Applied under the lock once the new archive is committed (it is never deleted).
+    retention: RetentionLimits = NO_LIMITS
+    on_pruned: PruneHook | None = None
 
     @classmethod
     def from_config(
@@ -201,6 +207,7 @@ class CompactionOptions:
                 if policy is not None
                 else config.summarizer.summary_instructions
             ),
+            retention=policy.retention if policy is not None else config.retention.limits(),
         )
 
 
@@ -291,6 +298,8 @@ class CompactionOutcome:
     # what the compaction produced): shown apart, so a ledger row never reads
     # as if compaction grew the file.
     tokens_appended: int | None = None
+    pruned: PruneResult | None = None  # the retention pass after the commit, if any ran
+    prune_error: str | None = None  # why it failed (the compaction itself stands)
 
 
 class ProvidedSummary:
@@ -529,6 +538,7 @@ class _Transaction:
             # Same length as the final name: the size checks see the real block.
             archive="archive/" + _archive_stem() + self.archive_suffix,
             earlier_archives=material.earlier_archives,
+            note=archive_note(self.options.retention),
         )
         return composed, material.earlier_archives
 
@@ -1010,6 +1020,8 @@ def _compact_locked(
                 f"agent {paths.agent!r}: compaction committed ({txn.archive}) but moving "
                 f"late appends failed: {describe_error(exc)}; the next run finishes it"
             ) from exc
+        assert txn.archive is not None
+        pruned, prune_error = _prune_after_commit(pinned, opts, txn.archive.name)
         tokens_before = count_bytes(snap.data) if count_bytes and measure_tokens else None
         tokens_after = tokens_produced = tokens_appended = None
         if count_bytes is not None and measure_tokens:
@@ -1035,9 +1047,64 @@ def _compact_locked(
             partial=cut < snap.boundary,
             calls=result.calls,
             tokens_appended=tokens_appended,
+            pruned=pruned,
+            prune_error=prune_error,
         )
     finally:
         txn.close()
+
+
+def _prune_after_commit(
+    pinned: AgentDir, opts: CompactionOptions, archive_name: str
+) -> tuple[PruneResult | None, str | None]:
+    """Retention right after the commit, still under the lock; never the new archive."""
+    if not opts.retention.active:
+        return None, None
+    try:
+        pruned = prune_locked(pinned, opts.retention, time.time(), protect=(archive_name,))
+    except OSError as exc:
+        return None, describe_error(exc)
+    if pruned.deleted and opts.on_pruned is not None:
+        _notify_pruned(opts.on_pruned, pinned.paths, pruned)
+    return pruned, None
+
+
+def _notify_pruned(hook: PruneHook, paths: AgentPaths, pruned: PruneResult) -> None:
+    # The hook logs its own failures; the archives are gone whatever it does.
+    with contextlib.suppress(Exception):
+        hook(paths, pruned)
+
+
+def prune_agent(
+    paths: AgentPaths,
+    limits: RetentionLimits,
+    *,
+    now: float | None = None,
+    dry_run: bool = False,
+    lock_wait_s: float = 300.0,
+    on_pruned: PruneHook | None = None,
+    quiet_s: float = 1.0,
+    max_s: float = 10.0,
+    key_file: Path | None = None,
+) -> PruneResult:
+    """Apply ``limits`` to the agent's archives now (``memd prune``, the daemon's daily pass).
+
+    Takes the agent's compaction lock (serialized with any compaction) and first
+    finishes or rolls back a crashed compaction, so a journal never names an
+    archive this deleted. A dry run reads only: no lock, nothing created.
+    """
+    when = time.time() if now is None else now
+    with AgentDir.open(paths, create_private=not dry_run) as pinned:
+        if dry_run:
+            return prune_locked(pinned, limits, when, dry_run=True)
+        lock = AgentLock(paths.lock, paths.agent, dir_fd=pinned.private_fd)
+        with lock.held(lock_wait_s):
+            pinned.pin_memory()
+            _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file)
+            pruned = prune_locked(pinned, limits, when)
+            if pruned.deleted and on_pruned is not None:
+                _notify_pruned(on_pruned, paths, pruned)
+            return pruned
 
 
 def recover_agent(

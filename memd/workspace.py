@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memd.core.names import is_valid_agent_name, validate_agent_name
+from memd.core.retention import is_archive_name
 from memd.errors import UnknownAgent, WorkspaceError
 
 AGENTS_DIR = "agents"
@@ -240,9 +241,6 @@ def agent_paths_scanned(
     return paths, PRIVATE_DIR in special
 
 
-def is_archive_name(name: str) -> bool:
-    """An archive, plain (``.md``) or encrypted at rest (``.md.enc``)."""
-    return name.startswith("history_") and (name.endswith(".md") or name.endswith(".md.enc"))
 
 
 def archives_of(paths: AgentPaths) -> list[Path]:

@@ -1557,3 +1557,45 @@ def test_daemon_audits_compactions_and_reloads_without_content(
     assert (second.event, second.fields["ok"]) == ("config_reload", True)
     assert secret.encode() not in log.read_bytes()
     assert b"remember" not in log.read_bytes()
+
+
+def test_daemon_prunes_daily_and_after_each_compaction(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    from memd.audit import audit_path, read_audit
+
+    paths = ws.create_agent("alice")
+    archive_dir = paths.archive_dir
+    archive_dir.mkdir()
+    long_ago = time.time() - 90 * 86_400
+
+    def plant(name: str) -> Path:
+        path = archive_dir / name
+        path.write_text("raw turns")
+        os.utime(path, (long_ago, long_ago))
+        return path
+
+    first = plant("history_2020-01-01_10-00-00.md")
+    encrypted = plant("history_2020-01-02_10-00-00.md.enc")
+    h = run_daemon(ws, config={"retention": {"max_age_days": 30}})
+    log = audit_path(tmp_path / "state", ws.root)
+
+    def prunes() -> list[Any]:
+        return [r for r in read_audit(log).records if r.event == "prune"]
+
+    assert h.daemon.retention.daily() == 2  # the daily pass, run by hand
+    assert not first.exists() and not encrypted.exists()
+    (daily,) = prunes()
+    assert daily.fields["trigger"] == "daily" and daily.fields["archives"] == 2
+
+    later = plant("history_2020-01-03_10-00-00.md")
+    fill(ws, "alice", 20)  # over the threshold: the real transaction compacts
+    assert wait_until(lambda: len(prunes()) == 2, timeout=30)
+    h.stop()
+    assert not later.exists()
+    after = prunes()[1]
+    assert after.fields["trigger"] == "compaction" and after.fields["names"] == (later.name,)
+    kept = list(archive_dir.iterdir())
+    assert kept and all(p.name.startswith("history_20") for p in kept)  # its own archive stays
+    block = (ws.root / "agents/alice/MEMORY.md").read_text()
+    assert "(kept 30 days), then deleted" in block

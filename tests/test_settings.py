@@ -80,6 +80,10 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         ('[agents."R*"]\nthreshold = 0\n', r"agents\.R\*\.threshold"),
         ("[daemon]\nmax_concurrent_io = 0\n", r"daemon\.max_concurrent_io"),
         ("[daemon]\nmax_concurrent_io = 100000\n", r"daemon\.max_concurrent_io"),
+        ("[retention]\nmax_archives = -1\n", r"retention\.max_archives: .*greater than"),
+        ("[retention]\nmax_age_days = 'month'\n", r"retention\.max_age_days: .*valid number"),
+        ("[retention]\nmax_total_gb = 1\n", r"retention\.max_total_gb: unknown key"),
+        ('[agents."R*"]\nmax_total_mb = -5\n', r"agents\.R\*\.max_total_mb"),
     ],
 )
 def test_bad_files_name_key_and_file(tmp_path: Path, text: str, expected: str) -> None:

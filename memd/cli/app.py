@@ -19,6 +19,7 @@ from memd.cli import (
     commands_forget,
     commands_mcp,
     commands_ops,
+    commands_prune,
     commands_recall,
     commands_run,
     commands_status,
@@ -44,6 +45,7 @@ def build_app() -> typer.Typer:
     app.command("doctor")(commands_ops.doctor)
     app.add_typer(commands_ops.config_app, name="config")
     app.command("mcp")(commands_mcp.mcp_command)
+    app.command("prune")(commands_prune.prune_command)
     app.command("recall")(commands_recall.recall_command)
     app.command("run")(commands_run.run_command)
     app.command("status")(commands_status.status)

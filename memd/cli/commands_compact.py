@@ -19,7 +19,7 @@ from memd.cli.common import (
     open_audit,
     open_state,
 )
-from memd.cli.recall_index import archive_indexer
+from memd.cli.recall_index import after_prune_hook, archive_indexer
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
 if TYPE_CHECKING:
@@ -127,8 +127,9 @@ def compact_now(
         _dry_run(ws, targets, disabled, summarizer, cfg, policies, counter.count_text, summarize)
         return
     ledger = _open_ledger(loaded, state_dir)
-    audit = open_audit(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
+    audit = open_audit(loaded, state_dir)
+    after_prune = after_prune_hook(loaded, state_dir, audit, "compaction")
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = 0
@@ -155,6 +156,7 @@ def compact_now(
                 CompactionOptions.from_config(cfg, policy),
                 require_shrink=False,
                 on_archived=index_archive,
+                on_pruned=after_prune,
             )
             if wait is not None:
                 options = dataclasses.replace(options, lock_wait_s=wait)
@@ -186,6 +188,16 @@ def compact_now(
                     if outcome.partial
                     else ""
                 )
+                pruned = outcome.pruned
+                if pruned is not None and pruned.deleted:
+                    partial += f"; pruned {len(pruned.deleted)} old archive(s) (retention)"
+                if outcome.prune_error:
+                    err.print(
+                        f"memd: warning: agent {name!r}: retention after the compaction failed: "
+                        f"{outcome.prune_error}",
+                        markup=False,
+                        highlight=False,
+                    )
                 out.print(
                     f"{name}: compacted {outcome.tokens_before:,} → {outcome.tokens_after:,} "
                     f"tokens; archive {outcome.archive.name} ({outcome.duration_s:.1f}s)"

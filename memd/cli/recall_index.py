@@ -13,7 +13,9 @@ from memd.settings import LoadedConfig, resolve_state_dir
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
+    from memd.audit import AuditLog
     from memd.compaction import ArchiveHook
+    from memd.retention import PruneHook, PruneResult
 
 
 def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallIndex:
@@ -48,4 +50,42 @@ def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook
     return index_archive
 
 
-__all__ = ["archive_indexer", "open_recall_index"]
+def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneHook:
+    """The retention hook of ``prune`` and ``compact-now``: drop pruned archives'
+    rows from the recall index and scrub them from its file."""
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+
+    def drop_pruned(paths: AgentPaths, pruned: PruneResult) -> None:
+        try:
+            with as_owner_of(directory):
+                index = RecallIndex.open(directory, loaded.workspace)
+                with index:
+                    if index.sync_agent(paths, live=False).removed:
+                        index.scrub()
+        except (MemdError, OSError) as exc:
+            print(
+                f"memd: warning: agent {paths.agent!r}: {len(pruned.deleted)} pruned archive(s) "
+                f"still in the recall index ({exc}); the next `memd recall` or daemon start "
+                "drops them",
+                file=sys.stderr,
+            )
+
+    return drop_pruned
+
+
+def after_prune_hook(
+    loaded: LoadedConfig, state_dir: Path | None, audit: AuditLog, trigger: str
+) -> PruneHook:
+    """What a CLI does after a prune deleted archives: audit it, drop them from recall."""
+    from memd.audit import record_prune
+
+    drop_from_index = archive_pruner(loaded, state_dir)
+
+    def after_prune(paths: AgentPaths, pruned: PruneResult) -> None:
+        record_prune(audit, pruned, trigger=trigger)
+        drop_from_index(paths, pruned)
+
+    return after_prune
+
+
+__all__ = ["after_prune_hook", "archive_indexer", "archive_pruner", "open_recall_index"]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
+from memd.core.retention import NO_LIMITS, RetentionLimits
 
 # Upper bounds: a value past these is a typo, and one past 2**63 cannot even
 # be stored in the state database (the daemon would then never compact).
@@ -112,6 +113,19 @@ class RecallConfig(_Section):
         "",
         description='agents\' recall socket: "" = <workspace>/.memd-recall.sock, "off" = none',
     )
+
+
+class RetentionConfig(_Section):
+    """How long raw archives are kept (0 = no limit); per agent in ``[agents."glob"]``."""
+
+    max_archives: int = Field(0, ge=0, le=1_000_000, description="archives kept per agent")
+    max_age_days: float = Field(0, ge=0, le=36_500, description="archives older are deleted")
+    max_total_mb: float = Field(
+        0, ge=0, le=100_000_000, description="MiB of archives kept per agent"
+    )
+
+    def limits(self) -> RetentionLimits:
+        return RetentionLimits(self.max_archives, self.max_age_days, self.max_total_mb)
 
 
 def _is_network(text: str) -> bool:
@@ -219,6 +233,9 @@ class AgentOverride(_Section):
     max_tokens: int | None = Field(None, ge=0, le=MAX_CONTEXT_TOKENS)
     summary_instructions: str | None = None
     context_compression: bool | None = None
+    max_archives: int | None = Field(None, ge=0, le=1_000_000)
+    max_age_days: float | None = Field(None, ge=0, le=36_500)
+    max_total_mb: float | None = Field(None, ge=0, le=100_000_000)
 
 
 class MemdConfig(_Section):
@@ -234,6 +251,7 @@ class MemdConfig(_Section):
     metrics: MetricsConfig = MetricsConfig()
     recall: RecallConfig = RecallConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    retention: RetentionConfig = RetentionConfig()
     agents: dict[str, AgentOverride] = Field(default_factory=dict)
 
 
@@ -254,6 +272,8 @@ class AgentPolicy:
     window_source: str = "default"
     #: Tokens the agent sends beside its memory in every request (its descriptor).
     reserved_tokens: int = 0
+    #: How long its archives are kept (``[retention]``, then ``[agents."glob"]``).
+    retention: RetentionLimits = NO_LIMITS
 
 
 ContextLengthLookup = Callable[[str], int | None]
@@ -281,6 +301,7 @@ def resolve_policy(
     max_tokens = trigger.max_tokens
     instructions = config.summarizer.summary_instructions
     compress = True
+    retention = config.retention.limits()
     for pattern, override in config.agents.items():
         if not fnmatch.fnmatchcase(agent, pattern):
             continue
@@ -300,6 +321,7 @@ def resolve_policy(
             instructions = override.summary_instructions
         if override.context_compression is not None:
             compress = override.context_compression
+        retention = _retention_override(retention, override)
     reserved = 0
     if window is not None:
         if source in ("default", "[trigger]"):
@@ -319,4 +341,23 @@ def resolve_policy(
         low_water_tokens=max(1, int(threshold_tokens * trigger.low_water)),
         window_source=source,
         reserved_tokens=reserved,
+        retention=retention,
     )
+
+
+def _retention_override(limits: RetentionLimits, override: AgentOverride) -> RetentionLimits:
+    # Set means written: `max_archives = 0` in an agent's table lifts the limit for it.
+    return RetentionLimits(
+        limits.max_archives if override.max_archives is None else override.max_archives,
+        limits.max_age_days if override.max_age_days is None else override.max_age_days,
+        limits.max_total_mb if override.max_total_mb is None else override.max_total_mb,
+    )
+
+
+def resolve_retention(config: MemdConfig, agent: str) -> RetentionLimits:
+    """Only the agent's retention limits (``memd prune`` needs no window)."""
+    limits = config.retention.limits()
+    for pattern, override in config.agents.items():
+        if fnmatch.fnmatchcase(agent, pattern):
+            limits = _retention_override(limits, override)
+    return limits

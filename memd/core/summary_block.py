@@ -15,6 +15,18 @@ turns the summary replaced::
 
 A block whose last line names a format newer than this code knows is carried
 as plain summary text (nothing in it is lost or rewritten), and said so.
+
+Just before the version line, memd (since retention) says what happens to the
+raw turns, so the preamble's "replacing the raw transcript" is not read as
+"the transcript is gone" nor as "kept forever"::
+
+    memd-archive: raw turns are archived verbatim in archive/ (kept 30 days), then deleted
+    memd-summary: v2; raw turns in archive/history_2026-03-02_10-00-00.md
+
+This stays format 2: the version line is unchanged, so older code still reads
+the block (it ignores the line inside the pinned section, or carries it as a
+line of summary text when there are no pins); newer code lifts it out of the
+body and writes a fresh one each time.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from memd.core.pins import (
     parse_pinned,
     pins_of_entries,
 )
+from memd.core.retention import RetentionLimits
 
 CountText = Callable[[str], int]
 
@@ -42,6 +55,17 @@ SUMMARY_FORMAT: Final = 2
 _VERSION_LINE_RE: Final = re.compile(
     r"^memd-summary: v(\d+)(?:; raw turns in (\S+)(?: \(\+(\d+) earlier\))?)?\s*$"
 )
+
+_ARCHIVE_NOTE_PREFIX: Final = "memd-archive: "
+_ARCHIVED: Final = "raw turns are archived verbatim in archive/"
+_ARCHIVE_NOTE_RE: Final = re.compile(r"^memd-archive: raw turns .*$")
+
+
+def archive_note(limits: RetentionLimits) -> str:
+    """The line that says what happens to the raw turns this summary stands for."""
+    if not limits.active:
+        return f"{_ARCHIVE_NOTE_PREFIX}{_ARCHIVED} (kept until deleted)"
+    return f"{_ARCHIVE_NOTE_PREFIX}{_ARCHIVED} ({limits.describe()}), then deleted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +75,7 @@ class ParsedSummary:
     version: int = 1
     latest_archive: str = ""
     earlier_archives: int = 0
+    archive_note: str = ""  # the memd-archive line, when the block has one
 
     @property
     def newer_than_known(self) -> bool:
@@ -67,7 +92,11 @@ def parse_summary(text: str) -> ParsedSummary:
     version = int(match.group(1))
     if version > SUMMARY_FORMAT:
         return ParsedSummary(body=normalized, version=version)
-    rest = "\n".join(lines[:-1]).rstrip()
+    rest_lines = lines[:-1]
+    note = ""
+    if rest_lines and _ARCHIVE_NOTE_RE.match(rest_lines[-1].strip()):
+        note = rest_lines.pop().strip()
+    rest = "\n".join(rest_lines).rstrip()
     body, pins_text = rest, ""
     marker = "\n" + PINNED_HEADING
     at = ("\n" + rest).rfind(marker)
@@ -80,6 +109,7 @@ def parse_summary(text: str) -> ParsedSummary:
         version=version,
         latest_archive=match.group(2) or "",
         earlier_archives=int(match.group(3) or 0),
+        archive_note=note,
     )
 
 
@@ -110,15 +140,18 @@ def compose_summary(
     count_text: CountText,
     archive: str = "",
     earlier_archives: int = 0,
+    note: str = "",
 ) -> ComposedSummary:
-    """The format-2 text: ``body`` + the pins it does not keep itself + the version line."""
+    """The format-2 text: ``body`` + the pins it does not keep itself + ``note``
+    (see :func:`archive_note`) + the version line."""
     covered = covered_keys(body)
     missing = [pin for pin in pins if pin.key not in covered]
     section = fit_pins(missing, pinned_tokens, count_text)
     parts = [body.strip()] if body.strip() else []
     if section.text:
         parts.append(section.text)
-    parts.append(version_line(archive, earlier_archives))
+    tail = version_line(archive, earlier_archives)
+    parts.append(f"{note}\n{tail}" if note else tail)
     return ComposedSummary(
         text="\n\n".join(parts),
         pinned=len(section.pins),

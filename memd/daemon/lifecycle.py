@@ -48,6 +48,7 @@ from memd.daemon.entries import (
 )
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry, RecoverFn
+from memd.daemon.retention import DAILY_S, RetentionService
 from memd.daemon.runner import CompactFn, Runner, SummarizerFactory
 from memd.descriptor import Descriptors
 from memd.errors import ConfigError, MemdError, describe_error
@@ -72,6 +73,8 @@ EXIT_OK = 0
 EXIT_FORCED = 130
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _MAIN_TICK_S = 0.2
+# The daily retention pass: its first run, a minute after start (not in the start-up rush).
+RETENTION_FIRST_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,7 @@ class Daemon:
         self.watcher: Watcher | None = None
         self.recall: RecallService | None = None
         self._metrics_server: MetricsServer | None = None
+        self.retention: RetentionService | None = None
         # Replaced at start-up by the workspace's log (off without a state dir).
         self.audit = AuditLog(None, "daemon")
 
@@ -308,6 +312,8 @@ class Daemon:
         counter.initial_count(entries, records)
         # Threads only after the initial count (it may fork a process pool).
         runner.on_archived = self.archives.on_archived
+        self.retention = RetentionService(self.registry, self.archives, self.audit, self.config)
+        runner.on_pruned = self.retention.hook("compaction")
         self._start_recall(stack, runner)
 
         self._start_metrics(stack, entry_counter, runner)
@@ -418,6 +424,8 @@ class Daemon:
                 surveyed(paths, archive)
 
         runner.on_archived = on_archived
+        if self.retention is not None:
+            self.retention.on_pruned = recall.on_pruned
 
     def _check_archive_key(self, config: MemdConfig) -> None:
         # Every compaction reads the key file; a missing or loose one is said
@@ -480,6 +488,11 @@ class Daemon:
         self.scheduler.every(
             "archive-survey", self.config.watch.reconcile_s, self.archives.survey, first_in_s=1.0
         )
+        if self.retention is not None:
+            # A minute after start (not in the start-up rush), then daily.
+            self.scheduler.every(
+                "retention", DAILY_S, self.retention.daily, first_in_s=RETENTION_FIRST_S
+            )
 
     def _main_loop(self) -> None:
         ping_every = self.notifier.watchdog_ping_interval_s
@@ -579,6 +592,8 @@ class Daemon:
         if self.runner is not None:
             self.runner.reconfigure(new)
         self.registry.reconfigure(new)
+        if self.retention is not None:
+            self.retention.config = new
         if self.recall is not None:
             self.recall.index.encrypting = new.privacy.encrypt_archives
         if new.privacy != old.privacy:

@@ -53,6 +53,7 @@ from memd.workspace import AgentPaths
 if TYPE_CHECKING:
     from memd.audit import AuditLog
     from memd.metrics import Metrics
+    from memd.retention import PruneHook
 
 _log = get_logger("memd.daemon")
 
@@ -106,6 +107,8 @@ class Runner:
         self.audit: AuditLog | None = None
         # Told of each archive a compaction commits (the recall index).
         self.on_archived: ArchiveHook | None = None
+        # Told of archives the retention pass after a compaction deleted.
+        self.on_pruned: PruneHook | None = None
         self._registry = registry
         self._counter = counter
         self._flusher = flusher
@@ -279,6 +282,7 @@ class Runner:
             options,
             lock_wait_s=min(options.lock_wait_s, DAEMON_LOCK_WAIT_S),
             on_archived=self.on_archived,
+            on_pruned=self.on_pruned,
         )
 
     def _compaction_job(self, entry: AgentEntry) -> None:
@@ -367,6 +371,9 @@ class Runner:
         )
         self._ledger(entry, started_wall, duration, outcome, None, fallback)
         self._audit(name, outcome)
+        prune_error = getattr(outcome, "prune_error", None)  # scripted outcomes have none
+        if prune_error:
+            _log.warning("retention after compaction failed", agent=name, error=prune_error)
         if self.metrics is not None:
             self.metrics.record_compaction(
                 name, "ok", llm_seconds=outcome.llm_duration_s, cost_usd=outcome.cost_usd

@@ -18,6 +18,7 @@ from memd.errors import MemdError
 from memd.logs import get_logger
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import RecallSocketServer
+from memd.retention import PruneResult
 from memd.workspace import AgentPaths
 
 _log = get_logger("memd.recall")
@@ -62,6 +63,20 @@ class RecallService:
             files=len(report.indexed),
             entries=report.entries,
         )
+
+    def on_pruned(self, paths: AgentPaths, pruned: PruneResult) -> None:
+        """Retention hook: drop the deleted archives' rows and scrub them from the file."""
+        try:
+            report = self.index.sync_agent(paths, live=False)
+            if report.removed:
+                self.index.scrub()
+        except (MemdError, OSError) as exc:
+            _log.warning(
+                "pruned archives still indexed",
+                agent=paths.agent,
+                archives=len(pruned.deleted),
+                error=str(exc),
+            )
 
     def start(self, agents: Callable[[], Iterable[AgentPaths]]) -> None:
         """Re-sync every agent in the background (the repair after a crash)."""

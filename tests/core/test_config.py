@@ -46,3 +46,21 @@ def test_model_derives_context_length_unless_given() -> None:
     assert resolve_policy(cfg, "AB", lookup).context_length == 42
     unknown = config(agents={"*": {"model": "nope"}})
     assert resolve_policy(unknown, "x", lookup).context_length == 200_000
+
+
+def test_retention_per_workspace_and_per_agent_glob() -> None:
+    from memd.core.config import resolve_retention
+    from memd.core.retention import RetentionLimits
+
+    cfg = config(
+        retention={"max_archives": 10, "max_age_days": 30},
+        agents={
+            "Research*": {"max_total_mb": 50},
+            "ResearchBot": {"max_archives": 0},  # set means written: no count limit for it
+        },
+    )
+    assert resolve_retention(cfg, "Writer") == RetentionLimits(10, 30, 0)
+    assert resolve_retention(cfg, "ResearchOther") == RetentionLimits(10, 30, 50)
+    assert resolve_retention(cfg, "ResearchBot") == RetentionLimits(0, 30, 50)
+    assert resolve_policy(cfg, "ResearchBot").retention == RetentionLimits(0, 30, 50)
+    assert not resolve_policy(config(), "any").retention.active

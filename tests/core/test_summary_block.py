@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import re
+
 from memd.core.memfile import parse, render_header, render_summary_block
-from memd.core.pins import Pin
+from memd.core.pins import Pin, parse_pinned
+from memd.core.retention import RetentionLimits
 from memd.core.summary_block import (
     SUMMARY_FORMAT,
+    archive_note,
     carried_pins,
     compose_summary,
     parse_summary,
@@ -59,3 +63,66 @@ def test_a_newer_format_is_carried_as_text_not_misread() -> None:
 
 def test_version_line_without_archive() -> None:
     assert parse_summary("x\n\n" + version_line("", 0)).version == SUMMARY_FORMAT
+
+
+# The version-line pattern of every release before the archive note (format 2):
+# older code reads a block with it. Frozen here on purpose.
+_OLD_VERSION_LINE_RE = re.compile(
+    r"^memd-summary: v(\d+)(?:; raw turns in (\S+)(?: \(\+(\d+) earlier\))?)?\s*$"
+)
+
+
+def _composed_with_note(limits: RetentionLimits, pins: list[Pin]) -> str:
+    return compose_summary(
+        "We ship on Fridays.",
+        pins,
+        pinned_tokens=1000,
+        count_text=word_count,
+        archive="archive/history_2026-01-02_10-00-00.md",
+        earlier_archives=1,
+        note=archive_note(limits),
+    ).text
+
+
+def test_the_block_says_the_raw_turns_are_archived_and_for_how_long() -> None:
+    forever = archive_note(RetentionLimits())
+    assert forever == (
+        "memd-archive: raw turns are archived verbatim in archive/ (kept until deleted)"
+    )
+    limited = archive_note(RetentionLimits(max_age_days=30, max_archives=10))
+    assert limited == (
+        "memd-archive: raw turns are archived verbatim in archive/ "
+        "(kept 30 days, at most 10 archives), then deleted"
+    )
+    text = _composed_with_note(RetentionLimits(max_age_days=30), [])
+    lines = text.split("\n")
+    assert lines[-2] == archive_note(RetentionLimits(max_age_days=30))
+    parsed = parse_summary(text)
+    # Lifted out of the body: the next compaction writes a fresh one, never two.
+    assert parsed.body == "We ship on Fridays."
+    assert parsed.archive_note == lines[-2]
+    assert parsed.latest_archive == "archive/history_2026-01-02_10-00-00.md"
+    assert parsed.earlier_archives == 1
+
+
+def test_a_block_with_the_note_still_reads_with_older_code() -> None:
+    pins = [Pin("path", "/srv/a/b.yaml", "2026-01-02T10:00:00")]
+    for with_pins in ([], pins):
+        text = _composed_with_note(RetentionLimits(max_archives=3), with_pins)
+        lines = text.split("\n")
+        # The last line is still the version line older code looks for ...
+        match = _OLD_VERSION_LINE_RE.match(lines[-1])
+        assert match is not None and match.group(2) == "archive/history_2026-01-02_10-00-00.md"
+        # ... and the pinned section it parses ignores the note line.
+        rest = "\n".join(lines[:-1])
+        if with_pins:
+            assert [p.text for p in parse_pinned(rest[rest.rfind("Pinned facts") :])] == [
+                "/srv/a/b.yaml"
+            ]
+
+
+def test_a_block_without_the_note_reads_as_before() -> None:
+    old = "We ship on Fridays.\n\nmemd-summary: v2; raw turns in archive/history_x.md (+2 earlier)"
+    parsed = parse_summary(old)
+    assert parsed.body == "We ship on Fridays." and parsed.archive_note == ""
+    assert parsed.earlier_archives == 2

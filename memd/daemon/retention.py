@@ -1,0 +1,111 @@
+"""The daemon's retention: after each compaction (inside the transaction) and once a day.
+
+The transaction prunes under the agent's lock right after its commit and
+calls :meth:`RetentionService.hook`'s function; the daily pass
+(:meth:`RetentionService.daily`) prunes every agent whose policy sets a limit,
+each under its own lock (an agent being compacted is skipped until the next
+pass: its compaction prunes it anyway). After a prune that deleted archives:
+one log line and one audit record (names, counts, bytes, reasons; never
+content), the recall index drops their rows, the archive figures are
+re-surveyed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from memd.daemon.archives import ArchiveSurvey
+from memd.daemon.registry import AgentRegistry
+from memd.errors import LockTimeout, MemdError, describe_error
+from memd.logs import get_logger
+from memd.retention import PruneHook, PruneResult
+from memd.workspace import AgentPaths
+
+if TYPE_CHECKING:
+    from memd.audit import AuditLog
+    from memd.core.config import MemdConfig
+
+_log = get_logger("memd.daemon")
+
+DAILY_S = 86_400.0
+# An agent being compacted is skipped, not waited for: the compaction prunes it.
+LOCK_WAIT_S = 1.0
+
+
+class RetentionService:
+    def __init__(
+        self,
+        registry: AgentRegistry,
+        archives: ArchiveSurvey,
+        audit: AuditLog,
+        config: MemdConfig,
+    ) -> None:
+        # Replaced on reload: where a crashed compaction's recovery writes (key file, drain).
+        self.config = config
+        self._registry = registry
+        self._archives = archives
+        self._audit = audit
+        # The recall index's hook, when recall runs.
+        self.on_pruned: PruneHook | None = None
+
+    def hook(self, trigger: str) -> PruneHook:
+        def pruned(paths: AgentPaths, result: PruneResult) -> None:
+            self._after_prune(paths, result, trigger)
+
+        return pruned
+
+    def _after_prune(self, paths: AgentPaths, result: PruneResult, trigger: str) -> None:
+        _log.info(
+            "archives pruned",
+            agent=paths.agent,
+            trigger=trigger,
+            archives=list(result.deleted),
+            bytes=result.deleted_bytes,
+            reasons=list(result.plan.all_reasons()),
+            kept=result.kept,
+        )
+        from memd.audit import record_prune
+
+        try:
+            record_prune(self._audit, result, trigger=trigger)
+        except Exception as exc:  # the archives are gone whatever happens here
+            _log.warning("cannot write the audit log", agent=paths.agent, error=describe_error(exc))
+        if self.on_pruned is not None:
+            self.on_pruned(paths, result)
+        self._archives.on_archived(paths, paths.archive_dir)
+
+    def daily(self, prune: Callable[..., PruneResult] | None = None) -> int:
+        """Prune every agent with a retention limit; returns the archives deleted."""
+        from memd.compaction import CompactionOptions
+
+        if prune is None:
+            from memd.compaction import prune_agent
+
+            prune = prune_agent
+        options = CompactionOptions.from_config(self.config)
+        deleted = 0
+        for entry in list(self._registry.agents().values()):
+            limits = entry.policy.retention
+            if not limits.active:
+                continue
+            try:
+                result = prune(
+                    entry.paths,
+                    limits,
+                    lock_wait_s=LOCK_WAIT_S,
+                    on_pruned=self.hook("daily"),
+                    quiet_s=options.drain_quiet_s,
+                    max_s=options.drain_max_s,
+                    key_file=options.key_file,
+                )
+            except LockTimeout:
+                continue
+            except (MemdError, OSError) as exc:
+                _log.warning("retention failed", agent=entry.name, error=describe_error(exc))
+                continue
+            deleted += len(result.deleted)
+        return deleted
+
+
+__all__ = ["DAILY_S", "RetentionService"]

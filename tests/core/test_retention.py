@@ -1,0 +1,154 @@
+"""Retention decisions (pure): which archives go, never the protected one, oldest first."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memd.core.retention import (
+    REASON_AGE,
+    REASON_COUNT,
+    REASON_SIZE,
+    ArchiveInfo,
+    RetentionLimits,
+    archive_order,
+    is_archive_name,
+    plan_prune,
+)
+
+DAY = 86_400.0
+NOW = 1_800_000_000.0
+
+
+def archive(
+    day: int, size: int = 100, n: int = 0, enc: bool = False, age_days: float = 0
+) -> ArchiveInfo:
+    suffix = f"_{n}" if n else ""
+    name = f"history_2026-01-{day:02d}_10-00-00{suffix}.md" + (".enc" if enc else "")
+    return ArchiveInfo(name, size, NOW - age_days * DAY)
+
+
+def test_names() -> None:
+    assert is_archive_name("history_2026-01-01_10-00-00.md")
+    assert is_archive_name("history_2026-01-01_10-00-00_2.md.enc")
+    assert is_archive_name("history_old-style.md")
+    for other in ("notes.md", "history_x.md.tmp", "history_x.txt", "archive.tmp", "x.md.enc"):
+        assert not is_archive_name(other)
+    ordered = sorted(
+        [
+            "history_2026-01-01_10-00-00_10.md",
+            "history_2026-01-01_10-00-00_2.md.enc",
+            "history_2026-01-01_10-00-00.md",
+            "history_2025-12-31_23-59-59.md",
+        ],
+        key=archive_order,
+    )
+    assert ordered == [
+        "history_2025-12-31_23-59-59.md",
+        "history_2026-01-01_10-00-00.md",
+        "history_2026-01-01_10-00-00_2.md.enc",
+        "history_2026-01-01_10-00-00_10.md",
+    ]
+
+
+def test_no_limits_delete_nothing() -> None:
+    archives = [archive(d, age_days=400) for d in range(1, 10)]
+    plan = plan_prune(archives, RetentionLimits(), NOW)
+    assert plan.delete == () and len(plan.keep) == 9
+
+
+def test_max_archives_keeps_the_newest_and_the_protected() -> None:
+    archives = [archive(d) for d in range(1, 6)]
+    plan = plan_prune(archives, RetentionLimits(max_archives=2), NOW)
+    assert [a.name[8:18] for a in plan.delete] == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    assert all(plan.reasons[a.name] == (REASON_COUNT,) for a in plan.delete)
+    # With max_archives = 1 a compaction keeps only the archive it just wrote,
+    # even if (clock skew) its name sorts before older ones.
+    plan = plan_prune(archives, RetentionLimits(max_archives=1), NOW, protect=[archives[0].name])
+    assert [a.name for a in plan.keep] == [archives[0].name]
+
+
+def test_encrypted_archives_count() -> None:
+    archives = [archive(1), archive(2, enc=True), archive(3)]
+    plan = plan_prune(archives, RetentionLimits(max_archives=1), NOW)
+    assert [a.name for a in plan.delete] == [archives[0].name, archives[1].name]
+
+
+def test_age_and_size_and_reasons() -> None:
+    archives = [archive(1, age_days=40), archive(2, age_days=20, size=700), archive(3, size=400)]
+    plan = plan_prune(archives, RetentionLimits(max_age_days=30, max_total_mb=0.001), NOW)
+    assert plan.reasons == {
+        archives[0].name: (REASON_AGE,),
+        archives[1].name: (REASON_SIZE,),
+    }
+    assert plan.bytes == 800
+    assert plan.all_reasons() == (REASON_AGE, REASON_SIZE)
+
+
+def test_non_archives_are_never_listed() -> None:
+    plan = plan_prune(
+        [ArchiveInfo("notes.md", 10, 0.0), archive(1, age_days=99)],
+        RetentionLimits(max_age_days=1),
+        NOW,
+    )
+    assert [a.name for a in plan.delete] == [archive(1).name] and plan.keep == ()
+
+
+def test_describe() -> None:
+    assert RetentionLimits().describe() == "kept until deleted"
+    assert (
+        RetentionLimits(max_archives=10, max_age_days=30, max_total_mb=0.5).describe()
+        == "kept 30 days, at most 10 archives, at most 0.5 MB"
+    )
+
+
+_archive_sets = st.lists(
+    st.builds(
+        archive,
+        day=st.integers(1, 28),
+        size=st.integers(0, 5000),
+        n=st.integers(0, 3),
+        enc=st.booleans(),
+        age_days=st.floats(0, 100),
+    ),
+    max_size=25,
+    unique_by=lambda a: a.name,
+)
+_limits = st.builds(
+    RetentionLimits,
+    max_archives=st.integers(0, 10),
+    max_age_days=st.sampled_from([0, 0.5, 1, 7, 30, 90]),
+    max_total_mb=st.sampled_from([0, 0.001, 0.005, 0.01, 1]),
+)
+
+
+@given(archives=_archive_sets, limits=_limits, data=st.data())
+def test_properties(
+    archives: list[ArchiveInfo], limits: RetentionLimits, data: st.DataObject
+) -> None:
+    names = [a.name for a in archives]
+    protect = set(data.draw(st.lists(st.sampled_from(names), max_size=2))) if names else set()
+    plan = plan_prune(archives, limits, NOW, protect)
+    deleted = {a.name for a in plan.delete}
+    kept = [a for a in plan.keep]
+    # A partition of the input; never the protected ones.
+    assert deleted | {a.name for a in kept} == set(names)
+    assert not deleted & {a.name for a in kept}
+    assert not deleted & protect
+    # Every limit holds afterwards, unless only protected archives are left to break it.
+    free = [a for a in kept if a.name not in protect]
+    if limits.max_archives and len(kept) > limits.max_archives:
+        assert not free
+    if limits.max_total_mb and sum(a.size for a in kept) > limits.max_total_bytes:
+        assert not free
+    if limits.max_age_days:
+        assert all(a.mtime >= NOW - limits.max_age_s for a in free)
+    # Oldest first: an archive deleted for count or size is older than every free kept one.
+    for gone in plan.delete:
+        if REASON_AGE in plan.reasons[gone.name]:
+            continue
+        assert all(archive_order(gone.name) < archive_order(k.name) for k in free)
+    # Nothing deleted without a limit; applying the plan again deletes nothing more.
+    if not limits.active:
+        assert not deleted
+    assert plan_prune(kept, limits, NOW, protect).delete == ()

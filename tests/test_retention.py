@@ -1,0 +1,164 @@
+"""Retention on real files: through the pinned folder, under the lock, never the new archive."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+import pytest
+from support.memfiles import AgentWorkspace, append_entry
+
+from memd.agentdir import AgentDir
+from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent, prune_agent
+from memd.core.memfile import parse
+from memd.core.retention import RetentionLimits
+from memd.core.summary_block import archive_note, parse_summary
+from memd.errors import LockTimeout
+from memd.retention import PruneResult, list_archives, prune_locked
+from memd.workspace import AgentPaths
+
+DAY = 86_400.0
+NOW = time.time()
+SUMMARY = "The user prefers tea; memd ships on Friday; the config lives in /srv/memd/memd.toml."
+
+
+def plant_archives(
+    paths: AgentPaths, ages_days: list[float], enc: tuple[int, ...] = ()
+) -> list[str]:
+    """Archives named by day (oldest first), with mtimes ``ages_days`` ago."""
+    paths.archive_dir.mkdir(exist_ok=True)
+    names = []
+    for index, age in enumerate(ages_days):
+        name = f"history_2026-01-{index + 1:02d}_10-00-00.md" + (".enc" if index in enc else "")
+        path = paths.archive_dir / name
+        path.write_bytes(b"x" * (1000 * (index + 1)))
+        os.utime(path, (NOW - age * DAY, NOW - age * DAY))
+        names.append(name)
+    return names
+
+
+def remaining(paths: AgentPaths) -> list[str]:
+    return sorted(p.name for p in paths.archive_dir.iterdir())
+
+
+def test_prune_locked_deletes_by_policy_and_leaves_other_files(ws: AgentWorkspace) -> None:
+    paths = ws.create_agent("alpha", entries=2)
+    names = plant_archives(paths, [40, 20, 10, 1], enc=(1,))
+    (paths.archive_dir / "README.txt").write_text("an operator's note")
+    (paths.archive_dir / "history_elsewhere.md").symlink_to(paths.memory)
+    with AgentDir.open(paths) as pinned:
+        assert {a.name for a in list_archives(pinned)} == set(names)  # the symlink is not one
+        result = prune_locked(pinned, RetentionLimits(max_age_days=30, max_archives=2), NOW)
+    assert result.deleted == (names[0], names[1])  # by age, then the oldest beyond 2
+    assert result.deleted_bytes == 3000 and result.kept == 2
+    assert remaining(paths) == sorted([*names[2:], "README.txt", "history_elsewhere.md"])
+    assert paths.memory.exists()
+
+
+def test_dry_run_changes_nothing_and_creates_nothing(ws: AgentWorkspace) -> None:
+    paths = ws.create_agent("alpha")
+    names = plant_archives(paths, [40, 1])
+    result = prune_agent(paths, RetentionLimits(max_age_days=30), dry_run=True, now=NOW)
+    assert [a.name for a in result.plan.delete] == [names[0]] and result.deleted == ()
+    assert remaining(paths) == names
+    assert not paths.private_dir.exists()
+
+
+def test_prune_takes_the_compaction_lock(ws: AgentWorkspace) -> None:
+    paths = ws.create_agent("alpha")
+    names = plant_archives(paths, [40, 1])
+    paths.private_dir.mkdir()
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a compaction in flight
+        with pytest.raises(LockTimeout):
+            prune_agent(paths, RetentionLimits(max_age_days=30), lock_wait_s=0.2, now=NOW)
+        assert remaining(paths) == names
+    finally:
+        os.close(fd)
+    seen: list[PruneResult] = []
+    result = prune_agent(
+        paths,
+        RetentionLimits(max_age_days=30),
+        lock_wait_s=1,
+        now=NOW,
+        on_pruned=lambda _paths, pruned: seen.append(pruned),
+    )
+    assert result.deleted == (names[0],) and seen == [result]
+    assert remaining(paths) == [names[1]]
+
+
+def test_compaction_prunes_after_its_commit_but_never_its_own_archive(
+    ws: AgentWorkspace,
+) -> None:
+    paths = ws.create_agent("alpha", entries=6)
+    old = plant_archives(paths, [3, 2, 1])
+    seen: list[PruneResult] = []
+    options = CompactionOptions(
+        lock_wait_s=5,
+        drain_quiet_s=0.05,
+        drain_max_s=2,
+        require_shrink=False,
+        retention=RetentionLimits(max_archives=1),
+        on_pruned=lambda _paths, pruned: seen.append(pruned),
+    )
+    outcome = compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True)
+    assert remaining(paths) == [outcome.archive.name]  # the new one sorts after the planted
+    assert outcome.pruned is not None and sorted(outcome.pruned.deleted) == old
+    assert seen == [outcome.pruned]
+    # The re-seeded block tells the truth about the raw turns.
+    block = parse(paths.memory.read_bytes()).entries[0]
+    parsed = parse_summary(block.summary_text)
+    assert parsed.archive_note == archive_note(RetentionLimits(max_archives=1))
+    assert "at most 1 archives" in block.summary_text
+    assert parsed.latest_archive == f"archive/{outcome.archive.name}"
+
+    # A second compaction keeps only its own archive again; the note is not doubled.
+    append_entry(paths.memory, "Human", "one more turn " * 30)
+    second = compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True)
+    assert remaining(paths) == [second.archive.name]
+    text = parse(paths.memory.read_bytes()).entries[0].summary_text
+    assert text.count("memd-archive:") == 1
+
+
+def test_without_retention_the_block_says_kept_until_deleted(ws: AgentWorkspace) -> None:
+    paths = ws.create_agent("alpha", entries=6)
+    options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, require_shrink=False)
+    outcome = compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True)
+    assert outcome.pruned is None
+    text = parse(paths.memory.read_bytes()).entries[0].summary_text
+    assert "raw turns are archived verbatim in archive/ (kept until deleted)" in text
+
+
+def test_prune_error_does_not_undo_the_compaction(
+    ws: AgentWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memd.compaction as compaction
+
+    def broken(*_args: object, **_kwargs: object) -> PruneResult:
+        raise PermissionError(13, "Permission denied", "archive")
+
+    monkeypatch.setattr(compaction, "prune_locked", broken)
+    paths = ws.create_agent("alpha", entries=6)
+    plant_archives(paths, [3])
+    options = CompactionOptions(
+        lock_wait_s=5, drain_quiet_s=0.05, require_shrink=False, retention=RetentionLimits(1)
+    )
+    outcome = compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True)
+    assert outcome.prune_error is not None and "Permission denied" in outcome.prune_error
+    assert outcome.archive.exists() and len(remaining(paths)) == 2
+
+
+def test_an_archive_folder_symlinked_out_of_the_agent_is_refused(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    paths = ws.create_agent("alpha")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "history_2026-01-01_10-00-00.md").write_text("not the agent's")
+    paths.archive_dir.symlink_to(outside)
+    with pytest.raises(Exception, match="outside the agent's own folder"):
+        prune_agent(paths, RetentionLimits(max_archives=0, max_age_days=0.0001), now=NOW + DAY)
+    assert (outside / "history_2026-01-01_10-00-00.md").exists()
