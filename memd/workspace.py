@@ -241,8 +241,6 @@ def agent_paths_scanned(
     return paths, PRIVATE_DIR in special
 
 
-
-
 def archives_of(paths: AgentPaths) -> list[Path]:
     """The agent's archive files, plain (``.md``) and encrypted (``.md.enc``), oldest
     first (by name, which sorts by time)."""
