@@ -466,3 +466,59 @@ def test_recovery_after_an_external_replace_seals_the_old_file_once(
     seen = entry_contents_everywhere(paths, key_file)
     assert all(seen[text] == 1 for text in expected), seen
     assert _plaintext_outside_memory(paths) == []
+
+
+# -- the daemon, end to end ------------------------------------------------------------
+
+
+def test_the_daemon_seals_archives_and_keeps_no_index_of_them(
+    ws: AgentWorkspace, key_file: Path, tmp_path: Path
+) -> None:
+    from support.daemon_proc import DaemonProcess
+
+    from memd.recall.index import recall_db_path
+
+    paths = ws.create_agent("alpha", entries=1)
+    config = tmp_path / "memd.toml"
+    config.write_text(
+        "[trigger]\ncontext_length = 1000\nthreshold = 0.5\ndebounce_ms = 40\nmax_wait_ms = 200\n"
+        "[watch]\nreconcile_s = 0.5\n[compaction]\ndrain_quiet_s = 0.05\n"
+        "[daemon]\nstate_flush_s = 0.2\nretry_base_s = 0.2\n[summarizer]\nmax_tokens = 120\n"
+        f'[privacy]\nencrypt_archives = true\nkey_file = "{key_file}"\n'
+    )
+    state = tmp_path / "state"
+    append_entry(paths.memory, "Human", PLANTED)  # live, before any archive exists
+    index = recall_db_path(state, ws.root)
+
+    def index_holds_the_secret() -> bool:
+        files = [Path(f"{index}{s}") for s in ("", "-wal", "-shm")]
+        return any(b"kalomiren" in path.read_bytes() for path in files if path.exists())
+
+    with DaemonProcess(ws.root, state, config=config) as daemon:
+        daemon.wait_ready()
+        assert key_file.name in daemon.wait_for("archives encrypted at rest")["detail"]
+        daemon.wait_for("recall index ready", timeout=60)
+        assert not index_holds_the_secret()  # the live file was not indexed either
+        for n in range(20):
+            append_entry(paths.memory, "AI", f"alpha turn {n}: " + "word " * 20)
+        compacted = daemon.wait_for("compacted", lambda line: line.get("agent") == "alpha", 60)
+    archive = Path(compacted["archive"])
+    assert archive.name.endswith(".md.enc")
+    assert b"kalomiren" not in archive.read_bytes()
+    assert PLANTED.encode() in read_archive(paths, archive.name, read_master_key(key_file))
+    assert not index_holds_the_secret()
+
+
+def test_the_daemon_says_at_start_when_the_key_is_unusable(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    from support.daemon_proc import DaemonProcess
+
+    ws.create_agent("alpha", entries=1)
+    missing = tmp_path / "gone.key"
+    config = tmp_path / "memd.toml"
+    config.write_text(f'[privacy]\nencrypt_archives = true\nkey_file = "{missing}"\n')
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        daemon.wait_ready()
+        line = daemon.wait_for("archive key")
+        assert line["level"] == "error" and "does not exist" in line["detail"]

@@ -332,3 +332,33 @@ def _opens(ws: AgentWorkspace, name: str, archive: Path, key: object) -> bool:
     except ArchiveKeyError:
         return False
     return True
+
+
+def test_compact_now_seals_its_archive_when_encryption_is_on(
+    ws: AgentWorkspace,
+    key_file: Path,
+    config_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    paths = ws.create_agent("alpha", entries=4)
+    append_entry(paths.memory, "Human", PLANTED)
+    before = paths.memory.read_bytes()
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--summary",
+        "Operator summary.",
+        "-w",
+        str(ws.root),
+        "-c",
+        str(config_file),
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
+    assert code == 0, err
+    [archive] = list(paths.archive_dir.iterdir())
+    assert archive.name.endswith(".md.enc") and archive.name in out
+    assert b"kalomiren" not in archive.read_bytes()
+    assert read_archive(paths, archive.name, read_master_key(key_file)) == before
