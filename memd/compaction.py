@@ -100,6 +100,7 @@ from memd.fsutil import (
     write_all,
 )
 from memd.retention import PruneHook, PruneResult, prune_locked
+from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
 
@@ -113,6 +114,11 @@ _TEMP_NAMES = (ARCHIVE_TEMP, NEW_MEMORY_TEMP, DRAIN_NAME)
 # 2: the archive may hold only bytes 0..kept_from (K ≤ N) of the snapshot;
 # recovery reads both versions alike (it works from inodes and drain offsets).
 JOURNAL_VERSION = 2
+# An erase-by-pattern's journal (phase "erasing", memd.rewrite) says 3: a memd
+# from before erase-by-pattern refuses it rather than take it for a compaction
+# and archive the erased file. This release reads up to it.
+ERASE_JOURNAL_VERSION = 3
+_NEWEST_READABLE = ERASE_JOURNAL_VERSION
 # Without an agent policy (tests, tools): the pinned section's budget.
 DEFAULT_PINNED_TOKENS = 1000
 
@@ -333,13 +339,19 @@ class _Snapshot:
 class _Journal:
     """The job's record in ``.memd/journal``: merged fields, written durably."""
 
-    def __init__(self, pinned: AgentDir, payload: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        pinned: AgentDir,
+        payload: dict[str, Any] | None = None,
+        version: int = JOURNAL_VERSION,
+    ) -> None:
         self._store = SlotJournal(pinned.paths.journal, dir_fd=pinned.private_fd)
         self.payload: dict[str, Any] = dict(payload or {})
+        self.version = version
 
     def write(self, **changes: Any) -> None:
         self.payload.update(changes)
-        self.payload["version"] = JOURNAL_VERSION
+        self.payload["version"] = self.version
         self._store.write(self.payload)
 
     def clear(self) -> None:
@@ -863,6 +875,7 @@ def _finish(pinned: AgentDir, checkpoint: Checkpoint) -> None:
     # a committed journal whose drain has nothing left to move (idempotent).
     for leftover in (DRAIN_NAME, ARCHIVE_TEMP, NEW_MEMORY_TEMP):
         pinned.unlink_private(leftover)
+    remove_staging(pinned)
     _Journal(pinned).clear()
     checkpoint("cleaned")
 
@@ -1153,18 +1166,29 @@ def _recover_locked(
         # No job in flight: any temp or link is from a job that never reached
         # its first journal write, so nothing outside .memd/ was touched.
         leftovers = [name for name in _TEMP_NAMES if pinned.unlink_private(name)]
-        return f"removed {len(leftovers)} stale temp file(s)" if leftovers else None
+        # An erase-by-pattern's staging that never reached its journal write.
+        stale = len(leftovers) + remove_staging(pinned)
+        return f"removed {stale} stale temp file(s)" if stale else None
     version = payload.get("version", 1)
-    if isinstance(version, int) and version > JOURNAL_VERSION:
+    if isinstance(version, int) and version > _NEWEST_READABLE:
         raise CompactionAborted(
             f"agent {pinned.paths.agent!r}: the compaction journal has format {version}, "
-            f"newer than this memd reads ({JOURNAL_VERSION}); finish it with the newer memd"
+            f"newer than this memd reads ({_NEWEST_READABLE}); finish it with the newer memd"
         )
-    journal = _Journal(pinned, payload)
-    current = pinned.stat_memory()
-    current_id = (current.st_dev, current.st_ino) if current is not None else None
+    journal = _Journal(pinned, payload, version if isinstance(version, int) else JOURNAL_VERSION)
     old_id = (payload.get("old_dev"), payload.get("old_ino"))
     new_id = (payload.get("new_dev"), payload.get("new_ino"))
+    if phase == ERASE_PHASE:
+        # An erase-by-pattern committed (its journal says so): finish its
+        # archive renames and its MEMORY.md swap; the drain below finishes it.
+        apply_staged(pinned)
+        if payload.get("new_ino") is None:
+            _finish(pinned, _no_checkpoint)
+            return "finished an interrupted erase (archives rewritten)"
+        _replace_with_staged_memory(pinned, old_id, new_id)
+        phase = "swapping"
+    current = pinned.stat_memory()
+    current_id = (current.st_dev, current.st_ino) if current is not None else None
     archive_ino = payload.get("archive_ino")
 
     action = recovery_action(phase, current_id, old_id, new_id)
@@ -1193,7 +1217,11 @@ def _recover_locked(
     # MEMORY.md is neither the old nor the new inode: someone replaced (or
     # removed) it while memd was down. Keep every byte, each once: the old
     # inode's whole content becomes the archive, in place of this job's
-    # archive (which holds its first N bytes only).
+    # archive (which holds its first N bytes only). Not after an erasure: the
+    # old inode holds what was erased.
+    if payload.get("erase"):
+        _finish(pinned, _no_checkpoint)
+        return "MEMORY.md was replaced during an interrupted erase; dropped the old file"
     if pinned.private_exists(DRAIN_NAME):
         if isinstance(archive_ino, int):
             _remove_archive_by_inode(pinned, archive_ino)
@@ -1243,6 +1271,26 @@ def _archive_drain_sealed(
         follow_symlinks=False,
     )
     pinned.unlink_private(ARCHIVE_TEMP)
+
+
+def _replace_with_staged_memory(pinned: AgentDir, old_id: object, new_id: object) -> None:
+    """Recovery of a committed erase that crashed before its MEMORY.md replace."""
+    current = pinned.stat_memory()
+    if current is None or (current.st_dev, current.st_ino) != old_id:
+        return
+    try:
+        staged = os.stat(NEW_MEMORY_TEMP, dir_fd=pinned.private_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if (staged.st_dev, staged.st_ino) != new_id:
+        return
+    os.replace(
+        NEW_MEMORY_TEMP,
+        pinned.memory_name,
+        src_dir_fd=pinned.private_fd,
+        dst_dir_fd=pinned.memory_dir_fd,
+    )
+    os.fsync(pinned.memory_dir_fd)
 
 
 def _resolve_pending(

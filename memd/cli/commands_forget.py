@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import sys
@@ -60,6 +61,8 @@ from memd.cli.common import (
 )
 from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
+from memd.core.erasure import compile_pattern
+from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
 from memd.errors import MemdError, UnknownAgent, describe_error
 from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
@@ -251,15 +254,37 @@ def forget_command(
             show_default=False,
         ),
     ] = None,
+    match: Annotated[
+        str | None,
+        typer.Option(
+            "--match",
+            help="Erase only the entries this regular expression matches (and the lines of "
+            "summaries and pinned facts it matches), in MEMORY.md and every archive.",
+            show_default=False,
+        ),
+    ] = None,
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
     state_dir: StateDirOption = None,
 ) -> None:
-    """Erase an agent's MEMORY.md, archives and memd state (the folder stays)."""
+    """Erase an agent's MEMORY.md, archives and memd state (the folder stays); with
+    --match, only what the pattern matches."""
     loaded = load(workspace, config)
     require_workspace(loaded.workspace)
     paths = agent_paths(loaded.workspace, agent, must_exist=False)
     folder_exists = paths.dir.is_dir()
+    if match is not None:
+        pattern = compile_pattern(match)  # a bad one is refused before anything else
+        if not yes:
+            raise ConfirmationRequired(
+                f"memd forget {agent} --match: rewrites its MEMORY.md and archives without the "
+                "matching entries; add --yes to confirm"
+            )
+        if not folder_exists:
+            raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir}")
+        wait_s = loaded.config.compaction.lock_wait_s if wait is None else wait
+        _forget_matching(loaded, state_dir, paths, match, pattern, wait_s)
+        return
     if not yes:
         raise ConfirmationRequired(
             f"memd forget {agent}: erases its memory and every archive; add --yes to confirm"
@@ -283,6 +308,88 @@ def forget_command(
     for note in report.notes:
         print(f"memd: warning: {note}", file=sys.stderr)
     print(report.summary())
+
+
+def _forget_matching(
+    loaded: LoadedConfig,
+    state_dir: Path | None,
+    paths: AgentPaths,
+    match: str,
+    pattern: re.Pattern[str],
+    wait_s: float,
+) -> None:
+    recall, recall_note = _open_recall(loaded, state_dir)
+    index_rows = 0
+    notes = [recall_note] if recall_note else []
+
+    def reindex(committed: AgentPaths) -> None:
+        # Under the agent's lock: the rewritten files are indexed afresh and the
+        # index file scrubbed, so no matched text stays in its bytes.
+        nonlocal index_rows
+        if recall is None:
+            return
+        try:
+            index_rows = recall.sync_agent(committed).entries
+            recall.scrub()
+        except MemdError as exc:
+            notes.append(f"recall index not cleaned: {exc}")
+
+    compaction = loaded.config.compaction
+    key_file = loaded.config.privacy.key_file
+    options = EraseOptions(
+        lock_wait_s=wait_s,
+        drain_quiet_s=compaction.drain_quiet_s,
+        drain_max_s=compaction.drain_max_s,
+        key_file=Path(key_file).expanduser() if key_file else None,
+        encrypting=loaded.config.privacy.encrypt_archives,
+        on_committed=reindex,
+    )
+    try:
+        outcome = erase_by_pattern(paths, pattern, options)
+    finally:
+        if recall is not None:
+            recall.close()
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    with as_owner_of(directory):
+        audit = open_audit(loaded, state_dir)
+        try:
+            pattern_hash = audit.keyed_hash(match)
+        except OSError:
+            pattern_hash = None  # no state dir: auditing is off anyway
+        audit.record(
+            AuditEvent.ERASE_MATCH,
+            paths.agent,
+            entries=outcome.entries,
+            files=outcome.files,
+            archives=outcome.archives,
+            summary_lines=outcome.summary_lines,
+            pinned_lines=outcome.pinned_lines,
+            index_rows=index_rows,
+            pattern_hash=pattern_hash,
+        )
+    for note in notes:
+        print(f"memd: warning: {note}", file=sys.stderr)
+    print(describe_erase(outcome))
+
+
+def describe_erase(outcome: EraseOutcome) -> str:
+    if not outcome.removed:
+        return f"agent {outcome.agent!r}: nothing matched; nothing changed"
+    files = []
+    if outcome.memory:
+        files.append("MEMORY.md")
+    files.append(f"{outcome.archives} archive(s)")
+    text = (
+        f"agent {outcome.agent!r}: erased {outcome.entries} matching entr"
+        f"{'y' if outcome.entries == 1 else 'ies'}, {outcome.summary_lines} summary line(s) "
+        f"and {outcome.pinned_lines} pinned fact line(s); rewrote " + " and ".join(files)
+    )
+    if outcome.resealed:
+        text += (
+            f"; {outcome.resealed} encrypted archive(s) re-sealed under a new data key "
+            "(the old key shredded)"
+        )
+    return text
 
 
 def audit_erasure(audit: AuditLog, report: ForgetReport) -> None:

@@ -1,4 +1,5 @@
-"""Erasure rules, pure: the tombstone ``memd forget`` leaves, and when an agent comes back.
+"""Erasure rules, pure: the tombstone ``memd forget`` leaves, when an agent comes
+back, and what ``memd forget AGENT --match REGEX`` keeps of a memory file.
 
 After ``memd forget AGENT`` a running daemon still knows the agent (its folder
 stays, its in-memory count and job go on): left alone it would write the
@@ -20,7 +21,12 @@ is why only a surviving inode is recorded).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
+
+from memd.core.memfile import SUMMARY_PREAMBLE, EntrySegment, HeaderSegment, parse
+from memd.core.pins import PINNED_HEADING
+from memd.errors import MemdError
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,4 +67,141 @@ def revives(tombstone: Tombstone, memory: FileStamp | None) -> bool:
     return memory.ctime_ns >= tombstone.erased_at_ns
 
 
-__all__ = ["FileStamp", "Tombstone", "agent_key", "revives"]
+# -- erase by pattern ---------------------------------------------------------------
+#
+# An entry (its header line and content) that the pattern matches goes whole.
+# Inside a summary block (memd's, or Swarms' own) the pattern is applied line by
+# line: the lines of the summary and of its pinned facts that match go, the
+# rest of the summary stays (no model call: nothing is re-summarized), and the
+# block's fixed first lines stay so it still reads as a summary. Bytes that are
+# not an entry (a torn write in an old archive) go line by line too: an
+# erasure does not keep a match because it could not be parsed.
+
+
+class BadPattern(MemdError, ValueError):
+    """``--match`` is not a usable regular expression."""
+
+    exit_code = 2
+
+
+def compile_pattern(text: str) -> re.Pattern[str]:
+    """The ``--match`` regex; one line naming it when it is bad or would match everything."""
+    try:
+        pattern = re.compile(text)
+    except re.error as exc:
+        raise BadPattern(f"--match {text!r} is not a valid regular expression: {exc}") from None
+    if pattern.search("") is not None:
+        raise BadPattern(
+            f"--match {text!r} matches the empty string, so it would erase everything; "
+            "to erase the whole memory use `memd forget AGENT --yes`"
+        )
+    return pattern
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """A memory file with the matches taken out, and what went."""
+
+    data: bytes
+    entries: int = 0  # whole entries (and lines of unparsed bytes)
+    summary_lines: int = 0
+    pinned_lines: int = 0
+
+    @property
+    def removed(self) -> int:
+        return self.entries + self.summary_lines + self.pinned_lines
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _drop_lines(raw: bytes, pattern: re.Pattern[str], keep_first: int) -> tuple[bytes, int, int]:
+    """``raw`` without the lines ``pattern`` finds (the first ``keep_first`` always stay).
+
+    Returns (kept bytes, summary lines dropped, pinned lines dropped): a line
+    counts as pinned from the ``Pinned facts`` heading on.
+    """
+    kept: list[bytes] = []
+    summary = pinned = 0
+    in_pinned = False
+    for index, line in enumerate(raw.splitlines(keepends=True)):
+        text = _text(line).rstrip("\r\n")
+        if text.strip() == PINNED_HEADING:
+            in_pinned = True
+        if index >= keep_first and pattern.search(text):
+            if in_pinned:
+                pinned += 1
+            else:
+                summary += 1
+            continue
+        kept.append(line)
+    return b"".join(kept), summary, pinned
+
+
+def _split_entry(segment: EntrySegment) -> tuple[bytes, bytes, bytes] | None:
+    """(header line and blank line, content, terminator) of an entry's raw bytes."""
+    raw = segment.raw
+    head_end = raw.find(b"\n") + 1
+    if raw[head_end : head_end + 1] == b"\r":
+        head_end += 1
+    if raw[head_end : head_end + 1] != b"\n":
+        return None
+    head_end += 1
+    content = segment.content
+    if raw[head_end : head_end + len(content)] != content:
+        return None
+    return raw[:head_end], content, raw[head_end + len(content) :]
+
+
+def _filtered_summary(segment: EntrySegment, pattern: re.Pattern[str]) -> tuple[bytes, int, int]:
+    parts = _split_entry(segment)
+    if parts is None:  # cannot happen for a parsed entry; keep nothing that matches
+        return (b"", 1, 0) if pattern.search(_text(segment.raw)) else (segment.raw, 0, 0)
+    head, content, terminator = parts
+    # The preamble's lines are memd's fixed text, not memory: they stay, so the
+    # block still reads as a summary.
+    content, summary, pinned = _drop_lines(content, pattern, SUMMARY_PREAMBLE.count("\n"))
+    if summary + pinned == 0:
+        return segment.raw, 0, 0
+    return head + content.rstrip(b"\r\n") + terminator, summary, pinned
+
+
+def erase_matching(data: bytes, pattern: re.Pattern[str]) -> Filtered:
+    """``data`` (a MEMORY.md or an archive, up to an entry boundary) without what
+    ``pattern`` matches; everything else byte for byte as it was."""
+    document = parse(data)
+    out: list[bytes] = []
+    entries = summary = pinned = 0
+    for segment in document.segments:
+        if isinstance(segment, HeaderSegment):
+            out.append(segment.raw)
+        elif isinstance(segment, EntrySegment):
+            if document.is_summary_entry(segment):
+                raw, dropped, dropped_pins = _filtered_summary(segment, pattern)
+                summary += dropped
+                pinned += dropped_pins
+                out.append(raw)
+            elif pattern.search(_text(segment.raw)):
+                entries += 1
+            else:
+                out.append(segment.raw)
+        else:
+            raw, dropped, dropped_pins = _drop_lines(segment.raw, pattern, 0)
+            entries += dropped + dropped_pins
+            out.append(raw)
+    if entries + summary + pinned == 0:
+        return Filtered(data)
+    return Filtered(b"".join(out), entries, summary, pinned)
+
+
+__all__ = [
+    "BadPattern",
+    "FileStamp",
+    "Filtered",
+    "Tombstone",
+    "agent_key",
+    "compile_pattern",
+    "erase_matching",
+    "revives",
+]

@@ -1,0 +1,249 @@
+"""Erase by pattern: real files, real compactions, a child process killed at every step."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.cli import run
+from support.memfiles import AgentWorkspace, append_entry
+
+from memd.archive_crypto import generate_master_key, read_archive
+from memd.audit import audit_path, read_audit
+from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent, recover_agent
+from memd.core.memfile import parse
+from memd.erasure import ERASE_CHECKPOINTS, EraseOptions, EraseRefused, erase_by_pattern
+from memd.fsutil import SlotJournal
+from memd.recall.index import RecallIndex, recall_db_path
+from memd.workspace import AgentPaths
+
+CHILD = Path(__file__).parent / "support" / "erase_child.py"
+PLANTED = "PLANTED-c0ffee-4111"
+FAST = CompactionOptions(drain_quiet_s=0.05, drain_max_s=2.0, require_shrink=False)
+
+
+def build_history(ws: AgentWorkspace, key_file: Path | None = None) -> AgentPaths:
+    """Two compactions (two archives, a summary naming the secret) and live entries,
+    the planted string in each place an erasure must reach."""
+    paths = ws.create_agent("alpha", entries=2)
+    append_entry(paths.memory, "Human", f"my card is {PLANTED}, remember it")
+    options = CompactionOptions(
+        drain_quiet_s=0.05, drain_max_s=2.0, require_shrink=False, key_file=key_file
+    )
+    compact_agent(
+        paths,
+        ProvidedSummary(f"The user gave a card ({PLANTED}).\nThe user likes tea."),
+        options,
+        manual=True,
+    )
+    append_entry(paths.memory, "AI", "noted, nothing secret here")
+    append_entry(paths.memory, "Human", f"again: {PLANTED}")
+    compact_agent(paths, ProvidedSummary("The user likes tea."), options, manual=True)
+    append_entry(paths.memory, "Human", f"live turn with {PLANTED}")
+    append_entry(paths.memory, "AI", "live turn kept")
+    return paths
+
+
+def files_of(paths: AgentPaths) -> dict[str, bytes]:
+    """MEMORY.md and every archive (what an erasure may change), by name."""
+    found = {"MEMORY.md": paths.memory.read_bytes()}
+    for item in sorted(paths.archive_dir.iterdir()):
+        found[item.name] = item.read_bytes()
+    return found
+
+
+def raw_texts(files: dict[str, bytes]) -> list[str]:
+    texts = []
+    for data in files.values():
+        document = parse(data)
+        texts += [e.text for e in document.entries if not document.is_summary_entry(e)]
+    return texts
+
+
+def test_erases_entries_summaries_and_archives_and_keeps_the_rest(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    before = files_of(paths)
+    assert sum(data.count(PLANTED.encode()) for data in before.values()) >= 4
+    kept_before = [t for t in raw_texts(before) if PLANTED not in t]
+    outcome = erase_by_pattern(
+        paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05)
+    )
+    after = files_of(paths)
+    assert set(after) == set(before)  # same archives, same names
+    for name, data in after.items():
+        assert PLANTED.encode() not in data, name
+        document = parse(data)
+        assert document.header is not None and document.boundary == document.size
+    # Every other raw entry is still there, exactly as often as before.
+    assert sorted(raw_texts(after)) == sorted(kept_before)
+    assert outcome.entries == 3 and outcome.memory and outcome.archives == 2
+    assert outcome.summary_lines >= 1
+    assert "The user likes tea." in after["MEMORY.md"].decode()
+    # Nothing left behind in .memd/ but the lock and the journal (idle).
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    # A second run finds nothing.
+    again = erase_by_pattern(paths, re.compile(re.escape(PLANTED)))
+    assert again.removed == 0 and files_of(paths) == after
+
+
+def test_late_appends_during_the_erase_are_kept(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+
+    def append_at(name: str) -> None:
+        if name == "memory-staged":  # after the snapshot, before the replace
+            append_entry(paths.memory, "Human", "written while erasing")
+
+    erase_by_pattern(
+        paths,
+        re.compile(re.escape(PLANTED)),
+        EraseOptions(drain_quiet_s=0.05),
+        checkpoint=append_at,
+    )
+    memory = paths.memory.read_text()
+    assert "written while erasing" in memory and PLANTED not in memory
+    assert memory.count("written while erasing") == 1
+
+
+def run_child(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHILD), str(root), "alpha", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("crash_at", ERASE_CHECKPOINTS)
+def test_a_kill_at_any_step_leaves_old_or_new_content_never_half(
+    tmp_path: Path, crash_at: str
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    before = files_of(paths)
+    # What a clean run produces, on a copy.
+    twin = AgentWorkspace(tmp_path / "twin")
+    twin_paths = build_history(twin)
+    erase_by_pattern(twin_paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05))
+    expected_texts = sorted(raw_texts(files_of(twin_paths)))
+
+    result = run_child(ws.root, re.escape(PLANTED), "--crash-at", crash_at)
+    assert result.returncode == 137, result.stderr
+    # What the crash left in .memd/ (journal, manifest, staged temps) holds neither the
+    # pattern nor what it matched; only the old inode's own link (drain.md) does.
+    for leftover in paths.private_dir.iterdir():
+        if leftover.name != "drain.md":
+            assert PLANTED.encode() not in leftover.read_bytes(), leftover.name
+    journal = SlotJournal(paths.journal).read()
+    if journal is not None and journal.get("phase") not in (None, "idle"):
+        assert crash_at in ERASE_CHECKPOINTS[ERASE_CHECKPOINTS.index("journal-erasing") : -1]
+        assert journal["version"] == 3 and journal["erase"] is True
+    recover_agent(paths, quiet_s=0.05, max_s=2.0)
+    after = files_of(paths)
+    committed = ERASE_CHECKPOINTS.index(crash_at) >= ERASE_CHECKPOINTS.index("journal-erasing")
+    if committed:
+        assert all(PLANTED.encode() not in data for data in after.values())
+        assert sorted(raw_texts(after)) == expected_texts
+    else:
+        assert after == before  # byte for byte
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    # And the next erase (or compaction) runs normally.
+    erase_by_pattern(paths, re.compile(re.escape(PLANTED)))
+    assert all(PLANTED.encode() not in data for data in files_of(paths).values())
+
+
+def test_encrypted_archives_are_decrypted_rewritten_and_resealed_under_a_new_key(
+    tmp_path: Path,
+) -> None:
+    key_file = tmp_path / "master.key"
+    generate_master_key(key_file)
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws, key_file)
+    names = sorted(p.name for p in paths.archive_dir.iterdir())
+    assert names and all(n.endswith(".md.enc") for n in names)
+    old_key = (paths.private_dir / "archive.key").read_bytes()
+    old_blobs = {n: (paths.archive_dir / n).read_bytes() for n in names}
+    from memd.archive_crypto import read_master_key
+
+    master = read_master_key(key_file)
+    # Without the key: refused, nothing changed.
+    with pytest.raises(EraseRefused, match="encrypted"):
+        erase_by_pattern(paths, re.compile(re.escape(PLANTED)))
+    assert {n: (paths.archive_dir / n).read_bytes() for n in names} == old_blobs
+    outcome = erase_by_pattern(
+        paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05, key_file=key_file)
+    )
+    assert outcome.resealed == len(names)
+    assert sorted(p.name for p in paths.archive_dir.iterdir()) == names
+    for name in names:
+        plain = read_archive(paths, name, master)
+        assert PLANTED.encode() not in plain and b"Agent Memory" in plain
+        assert PLANTED.encode() not in (paths.archive_dir / name).read_bytes()
+    assert (paths.private_dir / "archive.key").read_bytes() != old_key  # the old key shredded
+    # A surviving copy of an old archive no longer opens: its key is gone.
+    stash = paths.archive_dir / names[0]
+    stash.write_bytes(old_blobs[names[0]])
+    with pytest.raises(Exception, match="data key|authentication"):
+        read_archive(paths, names[0], master)
+
+
+def test_cli_match_audits_counts_never_the_pattern_and_scrubs_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    state = tmp_path / "state"
+    with RecallIndex.open(state, ws.root) as index:
+        index.sync_agent(paths)
+    index_file = recall_db_path(state, ws.root)
+    assert PLANTED.encode() in index_file.read_bytes()
+    args = ["-w", str(ws.root), "--state-dir", str(state)]
+    code, out, err = run(capsys, "forget", "alpha", "--match", re.escape(PLANTED), *args)
+    assert code == 2 and "--yes" in err  # asks first, touches nothing
+    assert PLANTED.encode() in paths.memory.read_bytes()
+    code, out, err = run(capsys, "forget", "alpha", "--match", re.escape(PLANTED), "--yes", *args)
+    assert code == 0, err
+    assert "erased 3 matching entries" in out
+    raw = index_file.read_bytes()
+    wal = Path(f"{index_file}-wal")
+    raw += wal.read_bytes() if wal.exists() else b""
+    assert PLANTED.encode() not in raw
+    with RecallIndex.open(state, ws.root) as index:
+        assert index.search("alpha", "noted")  # the rest is still searchable
+    records = read_audit(audit_path(state, ws.root)).for_agent("alpha")
+    erase = [r for r in records if r.event == "erase_match"]
+    assert len(erase) == 1
+    assert erase[0].fields["entries"] == 3 and erase[0].fields["archives"] == 2
+    assert erase[0].fields["pattern_hash"]
+    log = audit_path(state, ws.root).read_bytes()
+    assert PLANTED.encode() not in log and b"c0ffee" not in log
+
+
+@pytest.mark.parametrize("bad", ["(unclosed", "[z-a]", ".*"])
+def test_cli_bad_pattern_is_one_line_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: str
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha", entries=2)
+    before = paths.memory.read_bytes()
+    code, out, err = run(
+        capsys,
+        "forget",
+        "alpha",
+        "--match",
+        bad,
+        "--yes",
+        "-w",
+        str(ws.root),
+        "--state-dir",
+        str(tmp_path / "s"),
+    )
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and repr(bad) in err
+    assert paths.memory.read_bytes() == before
+    assert not os.path.exists(paths.private_dir / "erase.manifest")
