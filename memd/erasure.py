@@ -138,6 +138,7 @@ class _Archive:
     name: str
     mode: int
     gid: int
+    times_ns: tuple[int, int]  # atime, mtime: retention ages an archive by its mtime
 
 
 class _Erase:
@@ -166,6 +167,10 @@ class _Erase:
         fd = create_file_at(self.pinned.private_fd, temp, [data])
         try:
             share_with_group(fd, archive.mode, archive.gid if archive.gid != os.getegid() else None)
+            # The rewritten archive keeps its age: an erasure must not make
+            # retention keep it longer.
+            os.utime(fd, ns=archive.times_ns)
+            os.fsync(fd)
             ino = os.fstat(fd).st_ino
         finally:
             os.close(fd)
@@ -184,7 +189,10 @@ class _Erase:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return None
-            return _Archive(name, stat.S_IMODE(st.st_mode), st.st_gid), read_to_end(fd)
+            archive = _Archive(
+                name, stat.S_IMODE(st.st_mode), st.st_gid, (st.st_atime_ns, st.st_mtime_ns)
+            )
+            return archive, read_to_end(fd)
         finally:
             os.close(fd)
 

@@ -70,11 +70,16 @@ def test_erases_entries_summaries_and_archives_and_keeps_the_rest(tmp_path: Path
     before = files_of(paths)
     assert sum(data.count(PLANTED.encode()) for data in before.values()) >= 4
     kept_before = [t for t in raw_texts(before) if PLANTED not in t]
+    old = os.stat(next(paths.archive_dir.iterdir()))
+    os.utime(next(paths.archive_dir.iterdir()), ns=(old.st_atime_ns, 1_000_000_000))
+    ages = {p.name: p.stat().st_mtime_ns for p in paths.archive_dir.iterdir()}
     outcome = erase_by_pattern(
         paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05)
     )
     after = files_of(paths)
     assert set(after) == set(before)  # same archives, same names
+    # Same ages too: retention (by mtime) must not keep a rewritten archive longer.
+    assert {p.name: p.stat().st_mtime_ns for p in paths.archive_dir.iterdir()} == ages
     for name, data in after.items():
         assert PLANTED.encode() not in data, name
         document = parse(data)
