@@ -66,7 +66,7 @@ from memd.core.plan import (
     summary_does_not_shrink,
     summary_over_cap,
 )
-from memd.core.retention import NO_LIMITS, RetentionLimits
+from memd.core.retention import NO_LIMITS, ArchiveInfo, RetentionLimits, plan_prune
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
     ComposedSummary,
@@ -99,12 +99,13 @@ from memd.fsutil import (
     share_with_group,
     write_all,
 )
-from memd.retention import PruneHook, PruneResult, prune_locked
+from memd.retention import PruneHook, PruneResult, list_archives, prune_locked
 from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
 
 LOCK_NAME = "lock"
+_NEWEST_ARCHIVE = "history_9999-12-31_23-59-59_999999.md"
 JOURNAL_NAME = "journal"
 DRAIN_NAME = "drain.md"
 NEW_MEMORY_TEMP = "MEMORY.md.new"
@@ -542,17 +543,35 @@ class _Transaction:
                     f"({reply_tokens} tokens for {material.input_tokens} tokens of input); "
                     "nothing changed"
                 )
+        new_name = _archive_stem() + self.archive_suffix
+        earlier = self._earlier_kept(material.earlier_archives, cut)
         composed = compose_summary(
             body,
             material.pins,
             pinned_tokens=self.options.pinned_tokens,
             count_text=self._count_text,
             # Same length as the final name: the size checks see the real block.
-            archive="archive/" + _archive_stem() + self.archive_suffix,
-            earlier_archives=material.earlier_archives,
+            archive="archive/" + new_name,
+            earlier_archives=earlier,
             note=archive_note(self.options.retention),
         )
-        return composed, material.earlier_archives
+        return composed, earlier
+
+    def _earlier_kept(self, earlier: int, size: int) -> int:
+        """How many earlier archives the provenance line may name: with retention,
+        no more than the policy keeps beside the new archive (pruned right after)."""
+        limits = self.options.retention
+        if not limits.active:
+            return earlier
+        try:
+            existing = list_archives(self.pinned)
+        except OSError:
+            return earlier
+        # The new archive's final name may differ (a same-second ``_N``): stand
+        # in with one that sorts after every real archive.
+        stand_in = ArchiveInfo(_NEWEST_ARCHIVE, size, time.time())
+        plan = plan_prune([*existing, stand_in], limits, time.time(), protect=(_NEWEST_ARCHIVE,))
+        return min(earlier, len(plan.keep) - 1)
 
     def summarize(self, snap: _Snapshot) -> tuple[SummaryResult, float]:
         # The snapshot is already parsed; its segments before N are the prefix's.

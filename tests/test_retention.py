@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import time
@@ -121,6 +122,16 @@ def test_compaction_prunes_after_its_commit_but_never_its_own_archive(
     assert remaining(paths) == [second.archive.name]
     text = parse(paths.memory.read_bytes()).entries[0].summary_text
     assert text.count("memd-archive:") == 1
+    # Its provenance line names no earlier archive: retention deleted it.
+    assert parse_summary(text).earlier_archives == 0
+    assert parse_summary(text).latest_archive == f"archive/{second.archive.name}"
+
+    # Without a count limit, the earlier archive is still named.
+    append_entry(paths.memory, "Human", "and another turn " * 30)
+    roomy = dataclasses.replace(options, retention=RetentionLimits(max_archives=5))
+    compact_agent(paths, ProvidedSummary(SUMMARY), roomy, manual=True)
+    text = parse(paths.memory.read_bytes()).entries[0].summary_text
+    assert parse_summary(text).earlier_archives == 1 and len(remaining(paths)) == 2
 
 
 def test_without_retention_the_block_says_kept_until_deleted(ws: AgentWorkspace) -> None:
