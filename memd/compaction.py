@@ -168,6 +168,9 @@ class CompactionOptions:
     # an operator's explicit compact-now may re-seed even a small file.
     require_shrink: bool = True
     on_archived: ArchiveHook | None = None
+    # Model calls this compaction may make (what a spending cap leaves); None:
+    # the summarizer's own [summarizer] max_calls.
+    max_calls: int | None = None
     # [privacy] encrypt_archives: the master key file (read at each job, so a
     # rotated key file is picked up without a restart); None writes plain archives.
     key_file: Path | None = None
@@ -583,6 +586,7 @@ class _Transaction:
             document=prefix_doc,
             max_tokens=self.options.summary_max_tokens,
             instructions=self.options.instructions,
+            max_calls=self.options.max_calls,
         )
         started = time.monotonic()
         try:

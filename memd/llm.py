@@ -289,6 +289,19 @@ class LiteLLMSummarizer:
         self._sleep = sleep if sleep is not None else self._stopping.wait
         self._rng = rng if rng is not None else random.Random()
         self._backoff_base_s = backoff_base_s
+        # Told of every model request (retries included) with its cost when
+        # litellm knows it: the daemon's spending caps count them.
+        self._meter: Callable[[float | None], None] | None = None
+
+    def attach_meter(self, meter: Callable[[float | None], None]) -> None:
+        self._meter = meter
+
+    def _metered(self, cost_usd: float | None) -> None:
+        if self._meter is not None:
+            try:
+                self._meter(cost_usd)
+            except Exception:  # accounting must never fail a summary
+                _logger.exception("spending meter failed")
 
     @property
     def model(self) -> str:
@@ -332,9 +345,10 @@ class LiteLLMSummarizer:
                 "summarizer.context_length or lower summarizer.max_tokens"
             )
         pieces = transcript_pieces(request.document, "" if start_from else previous)
-        plan = plan_chunks(
-            pieces, chunk_tokens=chunk_tokens, max_calls=self._config.max_calls, count_text=count
-        )
+        max_calls = self._config.max_calls
+        if request.max_calls is not None:
+            max_calls = max(1, min(max_calls, request.max_calls))
+        plan = plan_chunks(pieces, chunk_tokens=chunk_tokens, max_calls=max_calls, count_text=count)
         return plan, start_from, limits
 
     def summarize(self, request: SummaryRequest) -> SummaryResult:
@@ -474,11 +488,14 @@ class LiteLLMSummarizer:
             try:
                 response = run_attempt(lambda: litellm.completion(**kwargs), guard)
             except AttemptAbandoned:
+                self._metered(None)
                 reason, retryable = _deadline_reason(timeout_s), True
             except Exception as exc:
+                self._metered(None)
                 reason, retryable = _attempt_failure(exc, guard, timeout_s)
                 server_says = retry_after_s(exc)
             else:
+                self._metered(self._cost_of(response, litellm))
                 return self._result_of(response, agent, litellm)
             if retryable and attempt + 1 < attempts:
                 # A rate limiter that says when to come back knows best.

@@ -74,6 +74,34 @@ class Metrics:
             "Summarizer cost in US dollars, when litellm knows the price.",
             registry=self.registry,
         )
+        self.spending_holds = Counter(
+            "memd_spending_cap_holds",
+            "Compactions held back by a spending cap, by the cap's config key.",
+            ["cap"],
+            registry=self.registry,
+        )
+        self.spending_held = Gauge(
+            "memd_spending_cap_holding",
+            "1 while the cap holds compactions back (until its window passes), else 0.",
+            ["cap"],
+            registry=self.registry,
+        )
+        self.spending_calls = Gauge(
+            "memd_summarizer_calls_last_hour",
+            "Summarizer model requests in the last hour (summarizer.max_calls_per_hour).",
+            registry=self.registry,
+        )
+        self.spending_usd = Gauge(
+            "memd_summarizer_usd_last_day",
+            "Summarizer cost in USD in the last 24 hours (summarizer.max_usd_per_day).",
+            registry=self.registry,
+        )
+        self.fallbacks = Counter(
+            "memd_summarizer_fallbacks",
+            "Compactions made by the builtin summarizer because the model kept failing.",
+            ["agent"],
+            registry=self.registry,
+        )
         self.watcher_lag = Gauge(
             "memd_watcher_lag_seconds",
             "Delay between a file change and its updated token count.",
@@ -126,6 +154,17 @@ class Metrics:
             self.llm_latency.observe(llm_seconds)
         if cost_usd:
             self.llm_cost.inc(cost_usd)
+
+    def record_hold(self, cap: str) -> None:
+        self.spending_holds.labels(cap=cap).inc()
+        self.spending_held.labels(cap=cap).set(1)
+
+    def set_spending(self, calls_last_hour: int, usd_last_day: float, holding: str | None) -> None:
+        """The figures against the caps; ``holding``: the cap key holding now, if any."""
+        self.spending_calls.set(calls_last_hour)
+        self.spending_usd.set(usd_last_day)
+        for cap in ("summarizer.max_calls_per_hour", "summarizer.max_usd_per_day"):
+            self.spending_held.labels(cap=cap).set(1 if cap == holding else 0)
 
     def set_watcher_lag(self, seconds: float) -> None:
         self.watcher_lag.set(max(0.0, seconds))

@@ -343,6 +343,37 @@ def test_more_chunks_than_calls_summarizes_the_oldest_part_only(
     assert "old turn 0 " in seen and "old turn 59 " not in seen
 
 
+def test_a_request_may_allow_fewer_calls_than_the_config(
+    roomy_server: OpenAITestServer,
+) -> None:
+    # What a spending cap leaves this hour: one call, so a partial compaction.
+    filler = [("Human", f"old turn {i} " + "blah " * 50) for i in range(60)]
+    document = memory(*filler)
+    config = SummarizerConfig(
+        model="openai/test-model", api_base=roomy_server.api_base, api_key=SecretStr("k")
+    )
+    llm = LiteLLMSummarizer(config, word_count, window=Window(2_000, "model"))
+    result = llm.summarize(SummaryRequest("alpha", document, 300, max_calls=1))
+    assert len(roomy_server.requests) == 1 and result.calls == 1
+    assert result.summarized_until is not None and result.summarized_until < document.boundary
+
+
+def test_every_request_is_metered_retries_and_failures_included(
+    openai_server: OpenAITestServer,
+) -> None:
+    openai_server.script("http:500", "http:500")
+    metered: list[float | None] = []
+    llm = summarizer(openai_server, retries=2)
+    llm.attach_meter(metered.append)
+    llm.summarize(request())
+    assert len(metered) == len(openai_server.requests) == 3
+    assert metered[:2] == [None, None]  # a failed request has no price
+    openai_server.script("http:401")
+    with pytest.raises(SummarizerError):
+        llm.summarize(request())
+    assert len(metered) == len(openai_server.requests) == 4
+
+
 def test_a_small_window_caps_the_answer() -> None:
     limits = LiteLLMSummarizer(
         SummarizerConfig(model="openai/x", max_tokens=4_000), window=Window(4_096, "model")

@@ -143,6 +143,20 @@ def test_summary_budgets_that_cannot_fit_the_low_water_mark_are_refused() -> Non
         build_config({"summarizer": {"max_calls": 0}}, {})
 
 
+def test_spending_caps_are_validated_and_named() -> None:
+    config, _ = build_config(
+        {"summarizer": {"max_calls_per_hour": 120, "max_usd_per_day": 2.5}}, {}
+    )
+    assert (config.summarizer.max_calls_per_hour, config.summarizer.max_usd_per_day) == (120, 2.5)
+    assert build_config({}, {})[0].summarizer.max_calls_per_hour == 0  # off by default
+    for key, value in (("max_calls_per_hour", -1), ("max_usd_per_day", -0.5)):
+        with pytest.raises(ConfigError, match=f"summarizer.{key}") as info:
+            build_config({"summarizer": {key: value}}, {}, "memd.toml")
+        assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="MEMD_SUMMARIZER_MAX_USD_PER_DAY"):
+        build_config({}, {"MEMD_SUMMARIZER_MAX_USD_PER_DAY": "lots"})
+
+
 def test_default_state_dir_precedence(tmp_path: Path) -> None:
     assert default_state_dir({"MEMD_STATE_DIR": "/x/y", "STATE_DIRECTORY": "/a"}) == Path("/x/y")
     assert default_state_dir({"STATE_DIRECTORY": "/var/lib/memd:/var/lib/other"}) == Path(

@@ -27,12 +27,46 @@ from memd.cli.common import (
     open_state,
 )
 from memd.cli.status_query import AgentStatus, collect_status
-from memd.state import Heartbeat
+from memd.core.config import SummarizerConfig
+from memd.state import Heartbeat, SpendingRecord
 from memd.workspace import agent_paths, list_agents, require_workspace
 
 
+def spending_line(
+    spending: SpendingRecord | None, summarizer: SummarizerConfig, now: float
+) -> str | None:
+    """One line on the summarizer's spending caps: what the daemon counted against
+    them, and whether they hold compactions back (None when no cap is set and
+    nothing holds)."""
+    caps = summarizer.max_calls_per_hour > 0 or summarizer.max_usd_per_day > 0
+    if spending is None or not (caps or spending.held_reason):
+        return None
+    parts = []
+    calls_cap = summarizer.max_calls_per_hour
+    parts.append(
+        f"{spending.calls_last_hour:,} model calls in the last hour"
+        + (f" (cap {calls_cap:,})" if calls_cap else "")
+    )
+    usd_cap = summarizer.max_usd_per_day
+    parts.append(
+        f"${spending.usd_last_day:.4f} in the last 24 h"
+        + (f" (cap ${usd_cap:g})" if usd_cap else "")
+    )
+    line = "summarizer spending: " + ", ".join(parts)
+    if spending.held_reason and spending.held_until is not None and spending.held_until > now:
+        line += (
+            f"; compactions held back until {local_time(spending.held_until, now)}: "
+            f"{spending.held_reason}"
+        )
+    return line
+
+
 def render_table(
-    rows: Sequence[AgentStatus], beat: Heartbeat | None, now: float, workspace: Path
+    rows: Sequence[AgentStatus],
+    beat: Heartbeat | None,
+    now: float,
+    workspace: Path,
+    notes: Sequence[str] = (),
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -49,6 +83,8 @@ def render_table(
             f"; recall off for {len(sealed)} agent(s): archives encrypted at rest "
             "(memd archive cat AGENT NAME reads one)"
         )
+    for note in notes:
+        caption += f"\n{note}"
     table = Table(title=f"memd status: {workspace}", caption=caption, title_justify="left")
     for column, justify in (
         ("agent", "left"),
@@ -114,13 +150,17 @@ def status_command(
     now = time.time()
     with open_state(loaded, state_dir) as store:
         rows, beat = collect_status(loaded, store, names, strict=agent is not None, now=now)
+        # The daemon's figures only: without one running, nothing spends or holds.
+        spent = spending_line(
+            store.read_spending() if beat is not None else None, loaded.config.summarizer, now
+        )
     if as_json:
         payload: Any = rows[0].to_json() if agent is not None else [r.to_json() for r in rows]
         emit(json.dumps(payload, indent=2))
     elif not rows:
         emit(f"no agents under {loaded.workspace / 'agents'}")
     else:
-        render_table(rows, beat, now, loaded.workspace)
+        render_table(rows, beat, now, loaded.workspace, [spent] if spent else [])
     return rows
 
 
@@ -137,4 +177,4 @@ def status(
     status_command(agent, workspace, config, state_dir, as_json)
 
 
-__all__ = ["render_table", "status", "status_command"]
+__all__ = ["render_table", "spending_line", "status", "status_command"]

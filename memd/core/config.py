@@ -68,6 +68,12 @@ class SummarizerConfig(_Section):
     pinned_tokens: int = Field(
         0, ge=0, le=1_000_000, description="pinned facts budget (0 = a share of the threshold)"
     )
+    max_calls_per_hour: int = Field(
+        0, ge=0, le=1_000_000, description="model requests per hour, workspace-wide (0 = no cap)"
+    )
+    max_usd_per_day: float = Field(
+        0.0, ge=0, le=1_000_000, description="USD per 24 h as litellm prices it (0 = no cap)"
+    )
 
 
 class CompactionConfig(_Section):

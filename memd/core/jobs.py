@@ -8,6 +8,7 @@ States::
       │                                        ├─ success above low water ─▶ cooldown
       │                                        ├─ nothing to compact ──────▶ cooldown
       │                                        ├─ lock busy elsewhere ─────▶ backoff, not a failure
+      │   pending ── a spending cap holds ─────────────────────────────▶ cooldown until it passes
       │                                        ├─ failure n < breaker ─────▶ backoff (exponential)
       │                                        └─ failure n ≥ breaker ─────▶ breaker_open
       └── cooldown / backoff / breaker_open expire: the next count re-evaluates
@@ -275,6 +276,21 @@ def on_busy_elsewhere(job: AgentJob, *, policy: RetryPolicy, now: float) -> Deci
     )
 
 
+def on_held(job: AgentJob, reason: str, *, until: float) -> Decision:
+    """A spending cap holds the compaction back until ``until`` (not a failure: no
+    backoff, no breaker); the next count after that time starts it."""
+    return Decision(
+        replace(
+            job,
+            state=JobState.COOLDOWN,
+            next_attempt_at=until,
+            last_error=f"held back: {reason}",
+            rerun_requested=False,
+        ),
+        wake_at=until,
+    )
+
+
 def on_failure(job: AgentJob, error: str, *, policy: RetryPolicy, now: float) -> Decision:
     failures = job.consecutive_failures + 1
     if failures >= policy.breaker_failures:
@@ -304,6 +320,7 @@ __all__ = [
     "on_cancelled",
     "on_count",
     "on_failure",
+    "on_held",
     "on_nothing_to_compact",
     "on_started",
     "on_success",

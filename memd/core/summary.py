@@ -14,6 +14,9 @@ class SummaryRequest:
     document: MemoryDocument  # the snapshot prefix 0..N, parsed
     max_tokens: int  # the summary's budget
     instructions: str = ""  # extra, per-agent summary_instructions
+    # At most this many model calls (a spending cap's remainder); None: the
+    # summarizer's own [summarizer] max_calls.
+    max_calls: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from memd.daemon.registry import AgentRegistry
 from memd.errors import describe_error
 from memd.logs import get_logger
 from memd.notify import SystemdNotifier
-from memd.state import AgentRecord
+from memd.state import AgentRecord, SpendingRecord
 
 if TYPE_CHECKING:
     from memd.state import StateStore
@@ -59,6 +59,9 @@ class StateFlusher:
         self._last_flush = 0.0
         self._last_status = ""
         self.on_erasure: ErasureHook | None = None
+        # The runner's spending against the summarizer caps (set by the lifecycle).
+        self.spending: Callable[[], SpendingRecord] | None = None
+        self._last_spending: SpendingRecord | None = None
         self._erased: set[str] = set()
 
     def start(self, store: StateStore | None) -> None:
@@ -107,9 +110,13 @@ class StateFlusher:
                 )
                 for entry in dirty
             ]
-        status = self.status_text()
+        spending = self.spending() if self.spending is not None else None
+        status = self.status_text(spending)
         if self.store is not None:
             try:
+                if spending is not None and _changed(spending, self._last_spending):
+                    self.store.write_spending(spending)
+                    self._last_spending = spending
                 if records:
                     self.store.upsert_agents(records)
                 for name in removed:
@@ -160,7 +167,7 @@ class StateFlusher:
             if self.on_erasure is not None:
                 self.on_erasure(name, is_erased)
 
-    def status_text(self) -> str:
+    def status_text(self, spending: SpendingRecord | None = None) -> str:
         with self._registry.lock:
             entries = list(self._registry.agents().values())
             running = len(self._stats.running)
@@ -170,11 +177,26 @@ class StateFlusher:
             for e in entries
             if e.count_error is not None or e.job.state in (JobState.BACKOFF, JobState.BREAKER_OPEN)
         )
-        return (
+        text = (
             f"watching {len(entries)} agents; {running} compacting, {pending} queued; "
             f"{self._stats.compactions_ok} compacted, {self._stats.compactions_failed} failed; "
             f"{errors} in error"
         )
+        if spending is not None and spending.held_reason is not None:
+            text += f"; compactions held back ({spending.held_reason})"
+        return text
+
+
+def _changed(new: SpendingRecord, old: SpendingRecord | None) -> bool:
+    """Whether ``new`` says something ``old`` did not (its time aside)."""
+    if old is None:
+        return True
+    return (new.calls_last_hour, round(new.usd_last_day, 6), new.held_reason, new.held_until) != (
+        old.calls_last_hour,
+        round(old.usd_last_day, 6),
+        old.held_reason,
+        old.held_until,
+    )
 
 
 def _memory_stamp(entry: AgentEntry) -> FileStamp | None:

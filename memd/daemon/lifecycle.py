@@ -281,6 +281,7 @@ class Daemon:
         runner.audit = self.audit
         self.runner = runner
         self.flusher.on_erasure = runner.erasure_changed
+        self.flusher.spending = runner.spending_snapshot
         counter = CountService(
             self.config.trigger,
             self.config.tokenizer.encoding,

@@ -27,10 +27,12 @@ from memd.core.jobs import (
     on_cancelled,
     on_count,
     on_failure,
+    on_held,
     on_nothing_to_compact,
     on_started,
     on_success,
 )
+from memd.core.spending import DAY_S, Hold, SpendingCaps, SpendingWindow
 from memd.core.summary import Summarizer
 from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
@@ -47,13 +49,14 @@ from memd.errors import (
 )
 from memd.logs import get_logger
 from memd.scheduler import JobScheduler
-from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer
+from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer, needs_litellm
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
     from memd.audit import AuditLog
     from memd.metrics import Metrics
     from memd.retention import PruneHook
+    from memd.state import SpendingRecord
 
 _log = get_logger("memd.daemon")
 
@@ -119,9 +122,31 @@ class Runner:
         self._summarizer: Summarizer | None = None
         self._scheduler: JobScheduler | None = None
         self._stopping = False
+        # Model requests and their cost, for [summarizer] max_calls_per_hour and
+        # max_usd_per_day (workspace-wide: this daemon is the workspace's).
+        self._spending = SpendingWindow()
+        self._spending_lock = threading.Lock()
+        self._unpriced_warned = False
 
     def start(self, scheduler: JobScheduler) -> None:
         self._scheduler = scheduler
+        self._seed_spending()
+
+    def _seed_spending(self) -> None:
+        """What the ledger says was spent inside the caps' windows before this start
+        (a restart must not reset the caps)."""
+        store = self._flusher.store
+        if store is None:
+            return
+        now = self._clock()
+        try:
+            spent = store.spending_since(now - DAY_S)
+        except Exception as exc:
+            _log.warning("cannot read past spending from the ledger", error=describe_error(exc))
+            return
+        with self._spending_lock:
+            for at, calls, usd in spent:
+                self._spending.record(at, calls, usd)
 
     def stop(self) -> None:
         """No new jobs from here on (queued ones are cancelled when they start)."""
@@ -272,9 +297,72 @@ class Runner:
                 self._summarizer = self._summarizer_factory(
                     self.config, self._counter.tokenizer.count_text
                 )
+                attach = getattr(self._summarizer, "attach_meter", None)
+                if callable(attach):
+                    attach(self._charge)
                 if self._stopping:
                     self._stop_summarizer_retries()
             return self._summarizer
+
+    # ---------------------------------------------------------------- spending
+
+    def _caps(self) -> SpendingCaps:
+        summarizer = self.config.summarizer
+        return SpendingCaps(summarizer.max_calls_per_hour, summarizer.max_usd_per_day)
+
+    def _charge(self, cost_usd: float | None) -> None:
+        """One model request (from the summarizer, in a compaction thread)."""
+        with self._spending_lock:
+            self._spending.record(self._clock(), 1, cost_usd)
+        unpriced = cost_usd is None and self.config.summarizer.max_usd_per_day > 0
+        if unpriced and not self._unpriced_warned:
+            self._unpriced_warned = True
+            _log.warning(
+                "summarizer.max_usd_per_day: litellm reports no cost for this model's "
+                "requests; the cap counts only what it can price",
+                model=self.config.summarizer.model,
+            )
+
+    def _spending_hold(self, job: AgentJob) -> Hold | None:
+        """The cap that holds this agent's compaction back now, if any.
+
+        Only a remote model spends: the builtin summarizer (configured, or standing
+        in after ``fallback_after`` failures) is never held back.
+        """
+        caps = self._caps()
+        if not caps.active or not needs_litellm(self.config.summarizer):
+            return None
+        after = self.config.summarizer.fallback_after
+        if after and job.consecutive_failures >= after:
+            return None
+        with self._spending_lock:
+            return self._spending.hold(self._clock(), caps)
+
+    def _calls_left(self) -> int | None:
+        with self._spending_lock:
+            return self._spending.calls_left(self._clock(), self._caps())
+
+    def spending_snapshot(self) -> SpendingRecord:
+        """What was spent against the caps and the hold now (the flusher stores it
+        for ``memd status``; the metrics follow it)."""
+        from memd.state import SpendingRecord
+
+        now = self._clock()
+        caps = self._caps()
+        remote = needs_litellm(self.config.summarizer)
+        with self._spending_lock:
+            calls = self._spending.calls_in_hour(now)
+            usd = self._spending.usd_in_day(now)
+            hold = self._spending.hold(now, caps) if remote else None
+        if self.metrics is not None:
+            self.metrics.set_spending(calls, usd, hold.key if hold is not None else None)
+        return SpendingRecord(
+            calls_last_hour=calls,
+            usd_last_day=usd,
+            held_reason=hold.reason if hold is not None else None,
+            held_until=hold.until if hold is not None else None,
+            ts=now,
+        )
 
     def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
         options = CompactionOptions.from_config(self.config, policy)
@@ -283,7 +371,23 @@ class Runner:
             lock_wait_s=min(options.lock_wait_s, DAEMON_LOCK_WAIT_S),
             on_archived=self.on_archived,
             on_pruned=self.on_pruned,
+            # Never more calls than the hour's cap leaves: a compaction that
+            # needs more covers the oldest turns (a partial one) instead.
+            max_calls=self._calls_left(),
         )
+
+    def _held(self, entry: AgentEntry, hold: Hold) -> None:
+        """Under the registry lock: the cap holds this compaction back until it passes."""
+        _log.warning(
+            "compaction held back by a spending cap",
+            agent=entry.name,
+            cap=hold.key,
+            reason=hold.reason,
+            until=hold.until,
+        )
+        if self.metrics is not None:
+            self.metrics.record_hold(hold.key)
+        self._apply(entry, on_held(entry.job, hold.reason, until=hold.until))
 
     def _compaction_job(self, entry: AgentEntry) -> None:
         try:
@@ -300,6 +404,10 @@ class Runner:
             if self._stopping or not self._registry.is_current(entry):
                 entry.job = on_cancelled(entry.job)
                 entry.dirty = True
+                return
+            hold = self._spending_hold(entry.job)
+            if hold is not None:
+                self._held(entry, hold)
                 return
             entry.job = on_started(entry.job)
             entry.dirty = True
@@ -378,6 +486,8 @@ class Runner:
             self.metrics.record_compaction(
                 name, "ok", llm_seconds=outcome.llm_duration_s, cost_usd=outcome.cost_usd
             )
+            if fallback:
+                self.metrics.fallbacks.labels(agent=name).inc()
         with self._registry.lock:
             decision = on_success(
                 entry.job,

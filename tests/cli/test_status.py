@@ -287,3 +287,31 @@ def test_status_shows_where_each_agents_window_came_from(
     assert beta["threshold_tokens"] == 180_000
     code, out, _ = run(capsys, "status", "-w", str(ws.root), "--state-dir", str(state_dir))
     assert code == 0 and "memd-agent.json" in out
+
+
+def test_a_spending_cap_holding_compactions_back_is_a_status_line(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    from memd.state import SpendingRecord
+
+    now = time.time()
+    write_daemon_state(state_dir, ws, os.getpid(), now)
+    config = tmp_path / "caps.toml"
+    config.write_text("[summarizer]\nmax_calls_per_hour = 40\n")
+    common = ["-w", str(ws.root), "--state-dir", str(state_dir), "-c", str(config)]
+    with StateStore.open(state_dir, ws.root) as store:
+        store.write_spending(SpendingRecord(12, 0.25, None, None, now))
+    code, out, _ = run(capsys, "status", *common)
+    flat = " ".join(out.split())
+    assert code == 0 and "summarizer spending: 12 model calls in the last hour (cap 40)" in flat
+    assert "held back" not in flat
+    reason = "40 model calls in the last hour reached summarizer.max_calls_per_hour (40)"
+    with StateStore.open(state_dir, ws.root) as store:
+        store.write_spending(SpendingRecord(40, 0.25, reason, now + 600, now))
+    code, out, _ = run(capsys, "status", *common)
+    flat = " ".join(out.split())
+    assert "compactions held back until" in flat and "summarizer.max_calls_per_hour (40)" in flat
+    # Without a running daemon nothing spends: no line from a stale record.
+    write_daemon_state(state_dir, ws, os.getpid(), now - 3600)
+    code, out, _ = run(capsys, "status", *common)
+    assert "summarizer spending" not in out

@@ -99,11 +99,13 @@ class ScriptedCompaction:
         self.script = list(script)
         self.calls: list[str] = []
         self.models: list[str | None] = []  # the summarizer each call was given
+        self.options: list[Any] = []  # the CompactionOptions each call was given
         self.during: Callable[[AgentPaths], None] | None = None
 
-    def __call__(self, paths: AgentPaths, summarizer: Any, _options: Any, **_kw: Any) -> Any:
+    def __call__(self, paths: AgentPaths, summarizer: Any, options: Any, **_kw: Any) -> Any:
         behaviour = self.script.pop(0) if self.script else "ok"
         self.calls.append(paths.agent)
+        self.options.append(options)
         self.models.append(getattr(summarizer, "model", None))
         if behaviour == "fail":
             raise SummarizerError(f"agent {paths.agent!r}: scripted failure")
