@@ -25,7 +25,8 @@ from memd.archive_crypto import (
     read_master_key,
     rewrap_agent_key,
 )
-from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_audit
+from memd.core.audit import AuditEvent
 from memd.errors import MemdError, describe_error
 from memd.fsutil import AgentLock
 from memd.settings import LoadedConfig
@@ -117,6 +118,7 @@ def rekey(
     ] = None,
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
+    state_dir: StateDirOption = None,
 ) -> None:
     """Re-wrap every agent's data key under a new master key (archives are not rewritten).
 
@@ -135,6 +137,7 @@ def rekey(
     wait_s = loaded.config.compaction.lock_wait_s if wait is None else wait
     counts = {"rewrapped": 0, "already": 0, "none": 0}
     failed = 0
+    audit = open_audit(loaded, state_dir)
     for name in list_agents(loaded.workspace):
         try:
             outcome = _rekey_agent(loaded, name, old, new, wait_s)
@@ -143,6 +146,8 @@ def rekey(
             print(f"memd: error: agent {name!r}: {describe_error(exc)}", file=sys.stderr)
             continue
         counts[outcome] += 1
+        if outcome == "rewrapped":
+            audit.record(AuditEvent.REKEY, name, old_key_id=old.key_id, new_key_id=new.key_id)
     print(
         f"rekeyed {counts['rewrapped']} agent(s) to key id {new.key_id}; "
         f"{counts['already']} already under it, {counts['none']} without encrypted archives"

@@ -41,6 +41,7 @@ class AuditEvent(StrEnum):
     ERASURE = "erasure"  # `memd forget AGENT`: the whole memory
     ERASE_MATCH = "erase_match"  # `memd forget AGENT --match`: matching entries
     CONFIG_RELOAD = "config_reload"
+    REKEY = "rekey"  # `memd archive rekey`: an agent's data key re-wrapped
 
 
 class Kind(StrEnum):
@@ -95,6 +96,11 @@ _FIELDS: dict[AuditEvent, dict[str, Kind]] = {
         "ok": Kind.FLAG,
         "changed": Kind.WORDS,
         "errors": Kind.COUNT,
+    },
+    # Key ids are truncated hashes of the keys (memd.archive_crypto), never key bytes.
+    AuditEvent.REKEY: {
+        "old_key_id": Kind.DIGEST,
+        "new_key_id": Kind.DIGEST,
     },
 }
 

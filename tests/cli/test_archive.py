@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -139,11 +140,19 @@ def test_rekey_rewraps_every_agent_and_is_rerunnable(
     ws.create_agent("gamma", entries=1)
     new_key = tmp_path / "new.key"
     run(capsys, "archive", "keygen", str(new_key))
-    args = ["-w", str(ws.root), "-c", str(config_file)]
+    args = ["-w", str(ws.root), "-c", str(config_file), "--state-dir", str(tmp_path / "state")]
 
     code, out, err = run(capsys, "archive", "rekey", "--new-key", str(new_key), *args)
     assert code == 0, err
     assert "rekeyed 2 agent(s)" in out and "1 without encrypted archives" in out
+    # Audited per agent, by key id only (a hash of the key, never key bytes).
+    code, out, err = run(capsys, "audit", "--json", *args)
+    assert code == 0, err
+    rekeys = [line for line in json.loads(out)["records"] if line["event"] == "rekey"]
+    assert sorted(line["agent"] for line in rekeys) == ["alpha", "beta"]
+    new_id = read_master_key(new_key).key_id
+    assert all(line["new_key_id"] == new_id for line in rekeys)
+    assert read_master_key(new_key).key.hex() not in out
     code, out, err = run(capsys, "archive", "rekey", "--new-key", str(new_key), *args)
     assert code == 0, err
     assert "rekeyed 0 agent(s)" in out and "2 already under it" in out
@@ -160,7 +169,8 @@ def test_rekey_rewraps_every_agent_and_is_rerunnable(
         "cat",
         "beta",
         archives["beta"][0].name,
-        *args,
+        "-w",
+        str(ws.root),
         "--key-file",
         str(new_key),
     )
