@@ -68,7 +68,7 @@ from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
 from memd.settings import LoadedConfig, resolve_state_dir
 from memd.state import StateError, StateStore, corrupt_copies, erase_from_corrupt_copies
-from memd.workspace import AgentPaths, agent_paths, require_workspace
+from memd.workspace import MEMORY_FILE, AgentPaths, agent_paths, require_workspace
 
 
 class ConfirmationRequired(MemdError, ValueError):
@@ -138,15 +138,27 @@ def _shred_data_key(paths: AgentPaths, report: ForgetReport) -> None:
         report.notes.append(f"archive data key not overwritten: {describe_error(exc)}")
 
 
+def _remove_memory(paths: AgentPaths, report: ForgetReport) -> None:
+    """Unlink MEMORY.md, and the file it links to when it is a symlink (the link is
+    followed only inside the agent's own folder): that file is the agent's memory."""
+    with AgentDir.open(paths, create_private=False) as pinned:
+        pinned.pin_memory()
+        target = pinned.stat_memory()
+        if target is not None and stat.S_ISREG(target.st_mode) and target.st_nlink > 1:
+            report.survivor = (target.st_dev, target.st_ino)
+        if (pinned.memory_dir_fd, pinned.memory_name) != (pinned.dir_fd, MEMORY_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pinned.memory_name, dir_fd=pinned.memory_dir_fd)
+                report.memory_removed = True
+    if _remove_path(paths.memory) > 0:
+        report.memory_removed = True
+
+
 def erase_agent_files(paths: AgentPaths) -> ForgetReport:
     """Delete the agent's memory, archives and private files. Caller holds the lock."""
     report = ForgetReport(agent=paths.agent)
     _shred_data_key(paths, report)
-    with contextlib.suppress(OSError):
-        memory = os.stat(paths.memory, follow_symlinks=False)
-        if stat.S_ISREG(memory.st_mode) and memory.st_nlink > 1:
-            report.survivor = (memory.st_dev, memory.st_ino)
-    report.memory_removed = _remove_path(paths.memory) > 0
+    _remove_memory(paths, report)
     if paths.archive_dir.is_symlink():
         _remove_path(paths.archive_dir)
     elif paths.archive_dir.exists():

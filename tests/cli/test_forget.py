@@ -313,3 +313,16 @@ def test_erasure_is_audited_without_content(
     assert b"lorem ipsum" not in log.read_bytes() and b"archive 2" not in log.read_bytes()
     code, out, _ = run(capsys, "audit", "alpha", *base_args(ws, state_dir))
     assert code == 0 and "erasure" in out
+
+
+def test_a_symlinked_memory_file_is_erased_with_its_target(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    # MEMORY.md may link to a file in the agent's own folder: that file is the memory.
+    paths = ws.paths("alpha")
+    real = paths.dir / "conversation.md"
+    paths.memory.rename(real)
+    paths.memory.symlink_to("conversation.md")
+    code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 0, err
+    assert not real.exists() and not paths.memory.is_symlink()
