@@ -154,8 +154,9 @@ def record_compaction(
     api_base: str,
     local_hosts: Sequence[str] = (),
 ) -> bool:
-    """The audit line for a committed compaction (never the summary or its input)."""
-    return audit.record(
+    """The audit line for a committed compaction (never the summary or its input),
+    then the one for the retention pass that followed it, if it deleted archives."""
+    written = audit.record(
         AuditEvent.COMPACTION,
         agent,
         trigger=trigger,
@@ -169,6 +170,10 @@ def record_compaction(
         calls=outcome.calls,
         partial=outcome.partial,
     )
+    pruned = getattr(outcome, "pruned", None)  # stand-in outcomes in tests have none
+    if pruned is not None and pruned.deleted:
+        written = record_prune(audit, pruned, trigger="compaction") and written
+    return written
 
 
 def record_prune(audit: AuditLog, pruned: PruneResult, *, trigger: str) -> bool:

@@ -1595,6 +1595,8 @@ def test_daemon_prunes_daily_and_after_each_compaction(
     assert not later.exists()
     after = prunes()[1]
     assert after.fields["trigger"] == "compaction" and after.fields["names"] == (later.name,)
+    records = read_audit(log).records
+    assert records[records.index(after) - 1].event == "compaction"  # recorded in order
     kept = list(archive_dir.iterdir())
     assert kept and all(p.name.startswith("history_20") for p in kept)  # its own archive stays
     block = (ws.root / "agents/alice/MEMORY.md").read_text()

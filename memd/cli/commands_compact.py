@@ -129,7 +129,7 @@ def compact_now(
     ledger = _open_ledger(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
     audit = open_audit(loaded, state_dir)
-    after_prune = after_prune_hook(loaded, state_dir, audit, "compaction")
+    after_prune = after_prune_hook(loaded, state_dir, None, "compaction")
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = 0

@@ -74,15 +74,18 @@ def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneHook:
 
 
 def after_prune_hook(
-    loaded: LoadedConfig, state_dir: Path | None, audit: AuditLog, trigger: str
+    loaded: LoadedConfig, state_dir: Path | None, audit: AuditLog | None, trigger: str
 ) -> PruneHook:
-    """What a CLI does after a prune deleted archives: audit it, drop them from recall."""
+    """What a CLI does after a prune deleted archives: audit it (unless ``audit`` is
+    None: compact-now records it after the compaction's own record), drop them
+    from recall."""
     from memd.audit import record_prune
 
     drop_from_index = archive_pruner(loaded, state_dir)
 
     def after_prune(paths: AgentPaths, pruned: PruneResult) -> None:
-        record_prune(audit, pruned, trigger=trigger)
+        if audit is not None:
+            record_prune(audit, pruned, trigger=trigger)
         drop_from_index(paths, pruned)
 
     return after_prune

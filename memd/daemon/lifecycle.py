@@ -314,7 +314,7 @@ class Daemon:
         # Threads only after the initial count (it may fork a process pool).
         runner.on_archived = self.archives.on_archived
         self.retention = RetentionService(self.registry, self.archives, self.audit, self.config)
-        runner.on_pruned = self.retention.hook("compaction")
+        runner.on_pruned = self.retention.hook("compaction", audit=False)
         self._start_recall(stack, runner)
 
         self._start_metrics(stack, entry_counter, runner)

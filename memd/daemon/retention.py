@@ -49,13 +49,18 @@ class RetentionService:
         # The recall index's hook, when recall runs.
         self.on_pruned: PruneHook | None = None
 
-    def hook(self, trigger: str) -> PruneHook:
+    def hook(self, trigger: str, *, audit: bool = True) -> PruneHook:
+        """After a prune; ``audit`` False when the caller records it (after a
+        compaction, the compaction's record comes first: see record_compaction)."""
+
         def pruned(paths: AgentPaths, result: PruneResult) -> None:
-            self._after_prune(paths, result, trigger)
+            self._after_prune(paths, result, trigger, audit)
 
         return pruned
 
-    def _after_prune(self, paths: AgentPaths, result: PruneResult, trigger: str) -> None:
+    def _after_prune(
+        self, paths: AgentPaths, result: PruneResult, trigger: str, audit: bool
+    ) -> None:
         _log.info(
             "archives pruned",
             agent=paths.agent,
@@ -65,12 +70,15 @@ class RetentionService:
             reasons=list(result.plan.all_reasons()),
             kept=result.kept,
         )
-        from memd.audit import record_prune
+        if audit:
+            from memd.audit import record_prune
 
-        try:
-            record_prune(self._audit, result, trigger=trigger)
-        except Exception as exc:  # the archives are gone whatever happens here
-            _log.warning("cannot write the audit log", agent=paths.agent, error=describe_error(exc))
+            try:
+                record_prune(self._audit, result, trigger=trigger)
+            except Exception as exc:  # the archives are gone whatever happens here
+                _log.warning(
+                    "cannot write the audit log", agent=paths.agent, error=describe_error(exc)
+                )
         if self.on_pruned is not None:
             self.on_pruned(paths, result)
         self._archives.on_archived(paths, paths.archive_dir)
