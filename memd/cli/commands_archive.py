@@ -26,6 +26,7 @@ from memd.archive_crypto import (
     rewrap_agent_key,
 )
 from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_audit
+from memd.compaction import recover_agent
 from memd.core.audit import AuditEvent
 from memd.errors import MemdError, describe_error
 from memd.fsutil import AgentLock
@@ -163,6 +164,11 @@ def _rekey_agent(
     paths = agent_paths(loaded.workspace, name)
     if not paths.private_dir.is_dir():
         return "none"
+    # A job a crash left half done (an erase-by-pattern staged a new data key
+    # wrapped under the old master key) is finished first: re-wrapping the
+    # current key and then letting recovery install the staged one would put
+    # the agent back under the old master key.
+    recover_agent(paths, wait_s=wait_s, key_file=Path(old.source))
     with AgentDir.open(paths, create_private=False) as pinned:
         if pinned.private_fd < 0:
             return "none"

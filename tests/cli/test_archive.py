@@ -372,3 +372,55 @@ def test_compact_now_seals_its_archive_when_encryption_is_on(
     assert archive.name.endswith(".md.enc") and archive.name in out
     assert b"kalomiren" not in archive.read_bytes()
     assert read_archive(paths, archive.name, read_master_key(key_file)) == before
+
+
+def test_rekey_after_a_crashed_erase_finishes_it_first_and_keeps_every_archive_readable(
+    ws: AgentWorkspace,
+    key_file: Path,
+    config_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """forget --match killed at its commit point leaves a new data key staged, wrapped
+    under the old master key: rekey must install it (recovery) before re-wrapping."""
+    import subprocess
+    import sys
+
+    archive, _before = compacted(ws, "alpha", key_file)
+    child = Path(__file__).parent.parent / "support" / "erase_child.py"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(child),
+            str(ws.root),
+            "alpha",
+            "kalomiren",
+            "--crash-at",
+            "journal-erasing",
+            "--key-file",
+            str(key_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 137, result.stderr
+    new_key = tmp_path / "new.key"
+    run(capsys, "archive", "keygen", str(new_key))
+    code, _out, err = run(
+        capsys,
+        "archive",
+        "rekey",
+        "--new-key",
+        str(new_key),
+        "-w",
+        str(ws.root),
+        "-c",
+        str(config_file),
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
+    assert code == 0, err
+    plain = read_archive(ws.paths("alpha"), archive.name, read_master_key(new_key))
+    assert b"kalomiren" not in plain and b"Agent Memory" in plain
