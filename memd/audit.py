@@ -162,8 +162,8 @@ def record_compaction(
         trigger=trigger,
         model=as_word(outcome.model),
         remote=summarizer_is_remote(outcome.model, api_base, local_hosts),
-        # Set by the redaction step when it ran (absent: no count to give).
-        redactions=getattr(outcome, "redactions", None),
+        redactions=outcome.redacted,
+        reply_redactions=outcome.reply_redacted,
         tokens_before=outcome.tokens_before,
         tokens_after=outcome.tokens_after,
         archive=outcome.archive.name,

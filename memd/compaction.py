@@ -66,6 +66,7 @@ from memd.core.plan import (
     summary_does_not_shrink,
     summary_over_cap,
 )
+from memd.core.privacy import Privacy, redact_document
 from memd.core.retention import NO_LIMITS, ArchiveInfo, RetentionLimits, plan_prune
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
@@ -99,6 +100,7 @@ from memd.fsutil import (
     share_with_group,
     write_all,
 )
+from memd.redaction_key import process_key
 from memd.retention import PruneHook, PruneResult, list_archives, prune_locked
 from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
@@ -177,10 +179,17 @@ class CompactionOptions:
     # Applied under the lock once the new archive is committed (it is never deleted).
     retention: RetentionLimits = NO_LIMITS
     on_pruned: PruneHook | None = None
+    # The workspace's redaction key and [privacy] settings (None: a per-process
+    # key): what a remote summarizer is sent, and the scan of every reply.
+    privacy: Privacy | None = None
 
     @classmethod
     def from_config(
-        cls, config: MemdConfig, policy: AgentPolicy | None = None
+        cls,
+        config: MemdConfig,
+        policy: AgentPolicy | None = None,
+        *,
+        redaction_key: bytes | None = None,
     ) -> CompactionOptions:
         summarizer = config.summarizer
         summary_cap = summarizer.summary_tokens or summarizer.max_tokens
@@ -218,6 +227,7 @@ class CompactionOptions:
                 else config.summarizer.summary_instructions
             ),
             retention=policy.retention if policy is not None else config.retention.limits(),
+            privacy=Privacy(redaction_key or process_key(), config.privacy),
         )
 
 
@@ -310,6 +320,8 @@ class CompactionOutcome:
     tokens_appended: int | None = None
     pruned: PruneResult | None = None  # the retention pass after the commit, if any ran
     prune_error: str | None = None  # why it failed (the compaction itself stands)
+    redacted: int = 0  # secrets replaced by placeholders in what the summarizer was sent
+    reply_redacted: int = 0  # secrets the summary itself held, replaced before writing
 
 
 class ProvidedSummary:
@@ -442,6 +454,8 @@ class _Transaction:
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
         self.produced = b""  # header + summary + what the snapshot held past N
+        self.privacy = options.privacy or Privacy(process_key())
+        self.reply_redacted = 0
         self.master: MasterKey | None = None
         self.data_key: DataKey | None = None
         if options.key_file is not None:
@@ -531,8 +545,16 @@ class _Transaction:
         summary of 30,000 tokens); an operator's ``--summary`` is used as given.
         """
         prefix = MemoryDocument(segments=tuple(snap.document.segments_before(cut)), size=cut)
-        material = material_of(prefix, self._count_text)
-        body = result.text.strip()
+        # Every reply is scanned before it is written, local models and an
+        # operator's --summary included: a credential never lands in MEMORY.md
+        # (an echoed one, or one a local model or the builtin copied); pinned
+        # facts are taken from the redacted turns, where a cut-off line still
+        # had its context.
+        scan = self.privacy.for_reply(pii=result.redacted_pii)
+        material = material_of(redact_document(prefix, scan), self._count_text)
+        scrubbed = scan.redact(result.text.strip())
+        self.reply_redacted = scrubbed.count
+        body = scrubbed.text
         # Token rules need the tokenizer (like the cap check); the daemon and
         # compact-now always pass one.
         # The builtin summarizer is extractive: a short result means little
@@ -587,6 +609,7 @@ class _Transaction:
             max_tokens=self.options.summary_max_tokens,
             instructions=self.options.instructions,
             max_calls=self.options.max_calls,
+            privacy=self.privacy,
         )
         started = time.monotonic()
         try:
@@ -1085,6 +1108,8 @@ def _compact_locked(
             tokens_appended=tokens_appended,
             pruned=pruned,
             prune_error=prune_error,
+            redacted=result.redacted,
+            reply_redacted=txn.reply_redacted,
         )
     finally:
         txn.close()

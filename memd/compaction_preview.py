@@ -16,10 +16,12 @@ from memd.compaction import CompactionOptions, read_memory
 from memd.core.memfile import MemoryDocument, parse, render_summary_block
 from memd.core.pins import fit_pins
 from memd.core.plan import has_compactable
+from memd.core.privacy import Privacy
 from memd.core.summary import Summarizer, SummaryRequest
 from memd.core.summary_block import compose_summary, material_of
 from memd.core.summary_plan import is_degenerate
 from memd.errors import NothingToCompact
+from memd.redaction_key import process_key
 from memd.workspace import AgentPaths
 
 CountText = Callable[[str], int]
@@ -65,6 +67,7 @@ def preview(
         document=prefix,
         max_tokens=options.summary_max_tokens,
         instructions=options.instructions,
+        privacy=options.privacy,
     )
     plan_of = getattr(summarizer, "plan", None)
     window = getattr(summarizer, "window", None)
@@ -90,8 +93,9 @@ def preview(
     cut = result.summarized_until or boundary
     summarized = MemoryDocument(segments=tuple(document.segments_before(cut)), size=cut)
     material = material_of(summarized, count_text)
+    privacy = options.privacy or Privacy(process_key())
     composed = compose_summary(
-        result.text.strip(),
+        privacy.for_reply(pii=result.redacted_pii).redact(result.text.strip()).text,
         material.pins,
         pinned_tokens=options.pinned_tokens,
         count_text=count_text,

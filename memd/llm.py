@@ -35,6 +35,7 @@ from memd.core.chunking import (
 )
 from memd.core.config import SummarizerConfig
 from memd.core.memfile import EntrySegment, MemoryDocument, RawSegment, sanitize_summary
+from memd.core.privacy import Privacy, Redactor
 from memd.core.prompts import (
     ChatMessage,
     CountText,
@@ -47,6 +48,7 @@ from memd.core.summary_block import parse_summary
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
+from memd.redaction_key import process_key
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
 _RETRYABLE_TYPE_NAMES: Final = frozenset(
@@ -263,6 +265,24 @@ def transcript_pieces(document: MemoryDocument, previous_body: str) -> list[Piec
     return pieces
 
 
+class _Outbound:
+    """Redaction of one summary's requests, and how many secrets it replaced.
+
+    One per summary: the summarizer object is shared by concurrent compactions.
+    """
+
+    def __init__(self, redactor: Redactor | None) -> None:
+        self.redactor = redactor
+        self.replaced = 0
+
+    def text(self, text: str) -> str:
+        if self.redactor is None or not text:
+            return text
+        redaction = self.redactor.redact(text)
+        self.replaced += redaction.count
+        return redaction.text
+
+
 class LiteLLMSummarizer:
     """Summaries from any litellm model (``openai/…``, ``anthropic/…``, ``ollama/…``).
 
@@ -310,12 +330,25 @@ class LiteLLMSummarizer:
     def limits(self, summary_tokens: int) -> RequestLimits:
         return request_limits(self.window.tokens, self._config.max_tokens, summary_tokens)
 
+    def redactor(self, request: SummaryRequest) -> Redactor | None:
+        """What redacts every text this model is sent; None when it is local (README "Privacy")."""
+        privacy = request.privacy or Privacy(process_key())
+        return privacy.outbound(self._config.model, self._config.api_base)
+
     def plan(self, request: SummaryRequest) -> tuple[ChunkPlan, str, RequestLimits]:
         """The chunks this request needs: (plan, summary so far to start from, limits)."""
+        return self._plan(request, _Outbound(self.redactor(request)))
+
+    def _plan(
+        self, request: SummaryRequest, outbound: _Outbound
+    ) -> tuple[ChunkPlan, str, RequestLimits]:
+        # Texts are redacted before they are measured and cut: a placeholder
+        # is not as long as the secret it replaces.
         count = self._count_text
         limits = self.limits(request.max_tokens)
         last = request.document.last_summary()
         previous = sanitize_summary(parse_summary(last.summary_text).body) if last else ""
+        previous = outbound.text(previous)
         overhead = (
             count(
                 build_rolling_messages(
@@ -344,7 +377,10 @@ class LiteLLMSummarizer:
                 f"{self.window.source}) leaves no room for the transcript; raise "
                 "summarizer.context_length or lower summarizer.max_tokens"
             )
-        pieces = transcript_pieces(request.document, "" if start_from else previous)
+        pieces = [
+            Piece(outbound.text(piece.text), piece.end, piece.role)
+            for piece in transcript_pieces(request.document, "" if start_from else previous)
+        ]
         max_calls = self._config.max_calls
         if request.max_calls is not None:
             max_calls = max(1, min(max_calls, request.max_calls))
@@ -370,7 +406,8 @@ class LiteLLMSummarizer:
                 self.model,
                 self.window.tokens,
             )
-        plan, summary, limits = self.plan(request)
+        outbound = _Outbound(self.redactor(request))
+        plan, summary, limits = self._plan(request, outbound)
         cost: float | None = 0.0
         input_tokens = output_tokens = 0
         parts = len(plan.chunks)
@@ -394,7 +431,7 @@ class LiteLLMSummarizer:
                 parts=parts,
             )
             result = self._call_once_more_if_cut(
-                messages, limits.output_tokens, agent, litellm, retry_messages
+                messages, limits.output_tokens, agent, litellm, retry_messages, outbound
             )
             reply_tokens = self._count_text(result.text)
             if reply_tokens < degenerate_floor(chunk.tokens):
@@ -416,6 +453,8 @@ class LiteLLMSummarizer:
             output_tokens=output_tokens or None,
             summarized_until=plan.cut if plan.partial else None,
             calls=parts,
+            redacted=outbound.replaced,
+            redacted_pii=outbound.redactor is not None and outbound.redactor.pii,
         )
 
     def _completion_kwargs(self, messages: list[ChatMessage], max_tokens: int) -> dict[str, Any]:
@@ -448,16 +487,26 @@ class LiteLLMSummarizer:
         agent: str,
         litellm: ModuleType,
         shorter: list[ChatMessage],
+        outbound: _Outbound | None = None,
     ) -> SummaryResult:
         try:
-            return self._call(messages, max_tokens, agent, litellm)
+            return self._call(messages, max_tokens, agent, litellm, outbound)
         except _Truncated:
             pass  # out of the except block: the second error chains nothing
-        return self._call(shorter, max_tokens, agent, litellm)
+        return self._call(shorter, max_tokens, agent, litellm, outbound)
 
     def _call(
-        self, messages: list[ChatMessage], max_tokens: int, agent: str, litellm: ModuleType
+        self,
+        messages: list[ChatMessage],
+        max_tokens: int,
+        agent: str,
+        litellm: ModuleType,
+        outbound: _Outbound | None = None,
     ) -> SummaryResult:
+        if outbound is not None:
+            # The last gate before the wire: the summary so far (a model's
+            # reply), instructions and anything a caller built itself.
+            messages = [{**m, "content": outbound.text(m["content"])} for m in messages]
         kwargs = self._completion_kwargs(messages, max_tokens)
         missing = _missing_credentials(litellm, kwargs)
         if missing:

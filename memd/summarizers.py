@@ -12,10 +12,12 @@ from typing import Final
 from memd.core.builtin_summary import extractive_summary
 from memd.core.chunking import Window, summarizer_window
 from memd.core.config import SummarizerConfig
+from memd.core.privacy import Privacy, redact_document
 from memd.core.prompts import CountText
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.errors import SummarizerError
 from memd.modelinfo import context_length_for_model
+from memd.redaction_key import process_key
 
 BUILTIN_MODEL: Final = "builtin"
 
@@ -31,9 +33,16 @@ class BuiltinSummarizer:
         return BUILTIN_MODEL
 
     def summarize(self, request: SummaryRequest) -> SummaryResult:
+        # Extracts are sentences and lines of the transcript: it never copies a
+        # credential into a summary. The transcript is redacted first, whole,
+        # because a secret's context ("password=", a PEM header) may not travel
+        # with the line that is kept; then the extract is scanned like any reply.
+        redactor = (request.privacy or Privacy(process_key())).for_reply()
+        document = redact_document(request.document, redactor)
         text = extractive_summary(
-            request.document, max_tokens=request.max_tokens, count_text=self._count_text
+            document, max_tokens=request.max_tokens, count_text=self._count_text
         )
+        text = redactor.redact(text).text
         if not text.strip():
             raise SummarizerError(
                 f"builtin summarizer produced nothing for agent {request.agent!r} "

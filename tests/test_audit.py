@@ -148,6 +148,8 @@ def test_compaction_record_has_figures_not_content(tmp_path: Path) -> None:
         duration_s=1.0,
         llm_duration_s=0.5,
         drained_bytes=0,
+        redacted=3,
+        reply_redacted=1,
     )
     assert record_compaction(log, "alpha", outcome, trigger="threshold", api_base="")
     assert log.path is not None
@@ -156,7 +158,8 @@ def test_compaction_record_has_figures_not_content(tmp_path: Path) -> None:
         "trigger": "threshold",
         "model": "openai/gpt-4o-mini",
         "remote": True,
-        "redactions": None,
+        "redactions": 3,
+        "reply_redactions": 1,
         "tokens_before": 9000,
         "tokens_after": 800,
         "archive": "history_2026-12-02_04-00-00.md",

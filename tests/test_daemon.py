@@ -88,6 +88,8 @@ class Outcome:
     pinned: int = 0
     evicted: int = 0
     calls: int = 1
+    redacted: int = 0
+    reply_redacted: int = 0
 
     @property
     def tokens_produced(self) -> int | None:

@@ -18,6 +18,7 @@ from memd.cli.common import (
     load,
     open_audit,
     open_state,
+    redaction_key,
 )
 from memd.cli.recall_index import after_prune_hook, archive_indexer
 from memd.errors import ConfigError, MemdError, NothingToCompact
@@ -123,8 +124,11 @@ def compact_now(
         if summary is not None
         else make_summarizer(cfg.summarizer, counter.count_text)
     )
+    key = redaction_key(loaded, state_dir) if summarize or not dry_run else None
     if dry_run:
-        _dry_run(ws, targets, disabled, summarizer, cfg, policies, counter.count_text, summarize)
+        _dry_run(
+            ws, targets, disabled, summarizer, cfg, policies, counter.count_text, summarize, key
+        )
         return
     ledger = _open_ledger(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
@@ -153,7 +157,7 @@ def compact_now(
             paths = agent_paths(ws, name)
             policy = policies[name]
             options = dataclasses.replace(
-                CompactionOptions.from_config(cfg, policy),
+                CompactionOptions.from_config(cfg, policy, redaction_key=key),
                 require_shrink=False,
                 on_archived=index_archive,
                 on_pruned=after_prune,
@@ -198,6 +202,8 @@ def compact_now(
                         markup=False,
                         highlight=False,
                     )
+                if outcome.redacted or outcome.reply_redacted:
+                    partial += f"; {outcome.redacted + outcome.reply_redacted} secret(s) redacted"
                 out.print(
                     f"{name}: compacted {outcome.tokens_before:,} → {outcome.tokens_after:,} "
                     f"tokens; archive {outcome.archive.name} ({outcome.duration_s:.1f}s)"
@@ -265,6 +271,7 @@ def _dry_run(
     policies: dict[str, AgentPolicy],
     count_text: Callable[[str], int],
     summarize: bool,
+    key: bytes | None,
 ) -> None:
     from memd.compaction import CompactionOptions
     from memd.compaction_preview import preview
@@ -275,7 +282,7 @@ def _dry_run(
         if name in disabled:
             print(f"{name}: skipped (context_compression = false)")
             continue
-        options = CompactionOptions.from_config(cfg, policies[name])
+        options = CompactionOptions.from_config(cfg, policies[name], redaction_key=key)
         try:
             lines = preview(
                 agent_paths(ws, name), summarizer, options, count_text, summarize=summarize

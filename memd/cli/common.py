@@ -94,6 +94,24 @@ def open_audit(loaded: LoadedConfig, state_dir: Path | None) -> AuditLog:
     return AuditLog.for_workspace(directory, loaded.workspace, "cli")
 
 
+def redaction_key(loaded: LoadedConfig, state_dir: Path | None) -> bytes | None:
+    """The workspace's redaction key, the daemon's (README "Privacy"); made when missing.
+
+    None, with a warning, when it cannot be used: text is still redacted, with
+    a key of this run only (placeholders then differ from the daemon's).
+    """
+    from memd.errors import ConfigError
+    from memd.redaction_key import key_path, load_or_create_key
+
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    try:
+        with as_owner_of(directory):
+            return load_or_create_key(key_path(directory, loaded.workspace))
+    except ConfigError as exc:
+        print(f"memd: warning: {exc}; redacting with a key for this run only", file=sys.stderr)
+        return None
+
+
 def iso_utc(epoch: float | None) -> str | None:
     if epoch is None:
         return None

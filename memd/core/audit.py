@@ -58,7 +58,8 @@ _FIELDS: dict[AuditEvent, dict[str, Kind]] = {
     AuditEvent.COMPACTION: {
         "model": Kind.WORD,
         "remote": Kind.FLAG,
-        "redactions": Kind.COUNT,
+        "redactions": Kind.COUNT,  # secrets the summarizer was not sent
+        "reply_redactions": Kind.COUNT,  # secrets its reply held, replaced before writing
         "tokens_before": Kind.COUNT,
         "tokens_after": Kind.COUNT,
         "archive": Kind.WORD,

@@ -30,6 +30,7 @@ from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from memd.core.config import MemdConfig, PrivacyConfig
+from memd.core.memfile import MemoryDocument, parse
 from memd.core.secrets import Span, find_secrets, replace_spans
 
 BUILTIN_MODEL: Final = "builtin"
@@ -141,6 +142,19 @@ class Redactor:
         return Redaction(redacted, dict(Counter(span.kind for span in spans)))
 
 
+def redact_document(document: MemoryDocument, redactor: Redactor) -> MemoryDocument:
+    """``document`` with every secret replaced, re-parsed (offsets are not kept).
+
+    Redacted whole, not line by line: a secret's context ("password=", a PEM
+    header) may sit on another line than the secret an extract would keep.
+    """
+    raw = document.render().decode("utf-8", "surrogateescape")
+    redacted = redactor.redact(raw)
+    if not redacted.count:
+        return document
+    return parse(redacted.text.encode("utf-8", "surrogateescape"))
+
+
 @dataclass(frozen=True, slots=True)
 class Privacy:
     """The workspace's redaction key with the ``[privacy]`` settings in force."""
@@ -195,5 +209,6 @@ __all__ = [
     "endpoint_host",
     "is_local_host",
     "is_local_summarizer",
+    "redact_document",
     "unredacted_remote_warning",
 ]

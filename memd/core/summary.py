@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from memd.core.memfile import MemoryDocument
+from memd.core.privacy import Privacy
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,9 @@ class SummaryRequest:
     # At most this many model calls (a spending cap's remainder); None: the
     # summarizer's own [summarizer] max_calls.
     max_calls: int | None = None
+    # The workspace's redaction key and [privacy] settings: a summarizer that is
+    # not local redacts everything it sends with it (None: a per-process key).
+    privacy: Privacy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +34,10 @@ class SummaryResult:
     # compaction: the model's call budget ran out); the rest stays raw.
     summarized_until: int | None = None
     calls: int = 1
+    # Secrets replaced by placeholders in what was sent to the model (counted
+    # once per piece of text, however many requests carried it).
+    redacted: int = 0
+    redacted_pii: bool = False  # personal data was redacted on the way out
 
 
 class Summarizer(Protocol):

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from memd.audit import AuditLog
 from memd.core.audit import AuditEvent
 from memd.core.config import MemdConfig
+from memd.core.privacy import unredacted_remote_warning
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.counter import CountService
 from memd.daemon.entries import (
@@ -279,6 +280,7 @@ class Daemon:
             wake=self._wake,
         )
         runner.audit = self.audit
+        runner.redaction_key = self._redaction_key()
         self.runner = runner
         self.flusher.on_erasure = runner.erasure_changed
         self.flusher.spending = runner.spending_snapshot
@@ -378,6 +380,28 @@ class Daemon:
             _log.info("summarizer loaded", ok=loaded, seconds=round(time.monotonic() - started, 2))
 
         threading.Thread(target=warm, name="memd-warm-litellm", daemon=True).start()
+
+    def _redaction_key(self) -> bytes | None:
+        """The workspace's key from the state dir, shared with the CLI (README "Privacy").
+
+        When it cannot be used, compactions still redact, with a key of this
+        process only: placeholders then differ from the CLI's and after a restart.
+        """
+        self._warn_unredacted()
+        if self.options.state_dir is None:
+            return None
+        from memd.redaction_key import key_path, load_or_create_key
+
+        try:
+            return load_or_create_key(key_path(self.options.state_dir, self.workspace))
+        except ConfigError as exc:
+            _log.warning("redaction key unusable; using one for this run only", detail=str(exc))
+            return None
+
+    def _warn_unredacted(self) -> None:
+        warning = unredacted_remote_warning(self.config)
+        if warning is not None:
+            _log.warning("privacy: remote summarizer without redaction", detail=warning)
 
     def _open_store(self) -> StateStore | None:
         if self.options.state_dir is None:
@@ -599,6 +623,7 @@ class Daemon:
             self.recall.index.encrypting = new.privacy.encrypt_archives
         if new.privacy != old.privacy:
             self._check_archive_key(new)
+        self._warn_unredacted()
         self.flusher.reconfigure(new.tokenizer.encoding)
         if self.counter is not None:
             self.counter.reconfigure(new.trigger, new.tokenizer.encoding, tokenizer)

@@ -112,6 +112,8 @@ class Runner:
         self.on_archived: ArchiveHook | None = None
         # Told of archives the retention pass after a compaction deleted.
         self.on_pruned: PruneHook | None = None
+        # The workspace's redaction key (set at start-up; None: a per-process key).
+        self.redaction_key: bytes | None = None
         self._registry = registry
         self._counter = counter
         self._flusher = flusher
@@ -365,7 +367,9 @@ class Runner:
         )
 
     def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
-        options = CompactionOptions.from_config(self.config, policy)
+        options = CompactionOptions.from_config(
+            self.config, policy, redaction_key=self.redaction_key
+        )
         return dataclasses.replace(
             options,
             lock_wait_s=min(options.lock_wait_s, DAEMON_LOCK_WAIT_S),
@@ -476,6 +480,10 @@ class Runner:
             evicted=outcome.evicted,
             cost_usd=outcome.cost_usd,
             seconds=round(duration, 3),
+            # Counts only: how many secrets the summarizer was not sent, and
+            # how many its reply held (an echo, a local model's copy).
+            redacted=outcome.redacted,
+            reply_redacted=outcome.reply_redacted,
         )
         self._ledger(entry, started_wall, duration, outcome, None, fallback)
         self._audit(name, outcome)

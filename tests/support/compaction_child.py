@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from memd.compaction import CompactionOptions, compact_agent
+from memd.core.secrets import find_secrets
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.errors import MemdError, NothingToCompact
 from memd.workspace import agent_paths
@@ -69,6 +70,9 @@ def main() -> int:
 
     paths = agent_paths(args.workspace, args.agent)
     if args.as_uid is not None:
+        # The detector's rules import detect-secrets (and the stdlib modules it
+        # needs) lazily: load them while this Python's files are still readable.
+        find_secrets("warm up")
         os.setgroups([])
         os.setgid(args.as_uid)
         os.setuid(args.as_uid)

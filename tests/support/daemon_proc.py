@@ -23,6 +23,8 @@ import watchdog.observers.inotify_c
 import memd.cli.app, memd.compaction, memd.counting, memd.daemon, memd.scheduler
 import memd.state, memd.summarizers, memd.tokenizer, memd.watcher, memd.core.builtin_summary
 memd.tokenizer.load_encoding("cl100k_base")
+import memd.core.secrets
+memd.core.secrets.find_secrets("warm up")  # detect-secrets' rules, imported lazily
 uid = int(sys.argv[1])
 os.setgroups([])
 os.setgid(uid)

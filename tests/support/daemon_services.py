@@ -137,6 +137,8 @@ class _Outcome:
     pinned: int = 0
     evicted: int = 0
     calls: int = 1
+    redacted: int = 0
+    reply_redacted: int = 0
 
 
 @dataclass

@@ -98,7 +98,9 @@ uid = int(sys.argv[1])
 # Where the daemon's code lives, found while still root.
 # (Third-party and memd only: the standard library is imported before the drop.)
 places = []
-for name in ("memd", "typer", "click", "structlog", "watchdog", "tiktoken", "pydantic"):
+for name in (
+    "memd", "typer", "click", "structlog", "watchdog", "tiktoken", "pydantic", "detect_secrets"
+):
     spec = importlib.util.find_spec(name)
     if spec is not None and spec.submodule_search_locations:
         places.extend(spec.submodule_search_locations)

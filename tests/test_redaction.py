@@ -1,0 +1,280 @@
+"""Redaction observed where it matters: what the LLM test server received, what MEMORY.md holds.
+
+The test server listens on 127.0.0.1, a local address; ``[privacy] redact_local
+= true`` (for a loopback proxy to a remote provider) makes memd treat it as a
+remote summarizer, which is the path under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from support.memfiles import AgentWorkspace, append_entry
+from support.openai_server import OpenAITestServer
+from support.secret_corpus import PLANTED, PLANTED_EXTRA, Planted
+
+from memd.compaction import CompactionOptions, compact_agent
+from memd.core import memfile
+from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
+from memd.core.secrets import PLACEHOLDER_RE
+from memd.llm import LiteLLMSummarizer, import_litellm
+from memd.redaction_key import key_path, load_or_create_key
+from memd.summarizers import BuiltinSummarizer
+from memd.workspace import AgentPaths
+
+ALL_PLANTED = PLANTED + PLANTED_EXTRA
+CREDENTIALS = tuple(p for p in ALL_PLANTED if not p.pii)
+PLACEHOLDER_OF = re.compile(r"\[REDACTED:([a-z0-9_]+)#([0-9a-f]{6})\]")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _litellm_once() -> None:
+    import_litellm()
+
+
+def user_text(body: dict[str, Any]) -> str:
+    return str(body["messages"][-1]["content"])
+
+
+def echo_prompt(body: dict[str, Any]) -> str:
+    """The worst model: its 'summary' is everything it was sent."""
+    return "Facts:\n" + user_text(body)
+
+
+def config_for(server: OpenAITestServer, **privacy: Any) -> MemdConfig:
+    return MemdConfig(
+        summarizer=SummarizerConfig(
+            model="openai/test-model",
+            api_base=server.api_base,
+            api_key=SecretStr("sk-test-5f3a9c"),
+            timeout_s=5,
+            retries=2,
+            max_tokens=3000,
+            context_length=32_000,
+        ),
+        privacy=PrivacyConfig(**privacy),
+    )
+
+
+def options_for(config: MemdConfig, key: bytes) -> CompactionOptions:
+    base = CompactionOptions.from_config(config, redaction_key=key)
+    return CompactionOptions(
+        lock_wait_s=5,
+        drain_quiet_s=0.05,
+        drain_max_s=2,
+        summary_max_tokens=3000,
+        require_shrink=False,
+        privacy=base.privacy,
+    )
+
+
+def plant_everything(ws: AgentWorkspace, name: str = "alpha") -> AgentPaths:
+    """Every planted secret in a turn, and a previous summary that still holds some
+    (as an older memd wrote them), pinned facts included."""
+    paths = ws.create_agent(name)
+    stale = "\n\n".join(
+        [
+            "Facts:\n- the deploy token is " + PLANTED[5].secret,
+            "Pinned facts (kept verbatim; raw turns in the archives):\n2026-01-01:\n"
+            "- " + PLANTED[13].secret,
+            "memd-summary: v2",
+        ]
+    )
+    with paths.memory.open("ab") as handle:
+        handle.write(memfile.render_summary_block(stale, "2026-01-01T09:00:00"))
+    for index, planted in enumerate(ALL_PLANTED):
+        append_entry(paths.memory, "Human" if index % 2 == 0 else "AI", planted.sentence)
+    return paths
+
+
+def leaked(text: str, planted: tuple[Planted, ...] = ALL_PLANTED) -> list[str]:
+    """Kinds whose secret is in ``text``, also once turns' "> " quoting is taken off."""
+    unquoted = re.sub(r"(?m)^[ \t]*> ?", "", text)
+    return [p.kind for p in planted if p.secret in text or p.secret in unquoted]
+
+
+def sent(server: OpenAITestServer) -> str:
+    """Everything the server received, bodies as JSON text and decoded."""
+    return "\n".join(
+        json.dumps(r.body, ensure_ascii=False) + "\n" + r.prompt_text for r in server.requests
+    )
+
+
+def test_no_planted_secret_reaches_a_remote_summarizer(agent_ws: AgentWorkspace) -> None:
+    paths = plant_everything(agent_ws, "beta")
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server, redact_local=True)
+        # A failure, a retry and a truncated answer re-asked: every request is checked.
+        server.script("http:500", "length")
+        outcome = compact_agent(
+            paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32)
+        )
+        assert len(server.requests) == 3
+        wire = sent(server)
+    assert leaked(wire) == []
+    for planted in ALL_PLANTED:
+        assert f"[REDACTED:{planted.kind}#" in wire, planted.kind
+    assert outcome.redacted >= len(ALL_PLANTED)
+    memory = paths.memory.read_text()
+    assert leaked(memory) == []
+
+
+def test_placeholders_are_stable_across_compactions(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("gamma")
+    token = PLANTED[5]  # ghp_
+    email = PLANTED[13]
+    key = load_or_create_key(agent_ws.root / "redaction.key")
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server, redact_local=True)
+        summarizer = LiteLLMSummarizer(config.summarizer)
+        for round_ in range(2):
+            append_entry(paths.memory, "Human", f"round {round_}: {token.sentence}")
+            append_entry(paths.memory, "AI", f"round {round_}: {email.sentence}")
+            compact_agent(paths, summarizer, options_for(config, key))
+        first, second = (user_text(r.body) for r in server.requests)
+    assert leaked(first + second) == []
+    for kind in ("github_token", "email"):
+        in_first = {h for k, h in PLACEHOLDER_OF.findall(first) if k == kind}
+        in_second = {h for k, h in PLACEHOLDER_OF.findall(second) if k == kind}
+        assert len(in_first) == 1 and in_first == in_second, kind
+    # The second request carries the first summary (placeholders kept) and new turns.
+    assert second.count("[REDACTED:github_token#") >= 2
+
+
+def test_an_echoed_secret_never_lands_in_memory(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("delta")
+    for index in range(6):
+        append_entry(paths.memory, "Human", f"turn {index}: we discussed the session handling.")
+    jwt = next(p for p in PLANTED if p.kind == "jwt").secret
+    echoed = f"Facts:\n- the session cookie is {jwt}\n- contact {PLANTED[13].secret}"
+    with OpenAITestServer() as server:
+        config = config_for(server, redact_local=True)
+        server.script(f"ok:{echoed}")
+        outcome = compact_agent(
+            paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32)
+        )
+    memory = paths.memory.read_text()
+    assert jwt not in memory and PLANTED[13].secret not in memory
+    assert "[REDACTED:jwt#" in memory and "[REDACTED:email#" in memory
+    assert outcome.reply_redacted == 2
+
+
+def test_a_local_model_receives_text_as_written_but_its_reply_is_scanned(
+    agent_ws: AgentWorkspace,
+) -> None:
+    paths = plant_everything(agent_ws, "epsilon")
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server)  # 127.0.0.1 and nothing configured: local
+        outcome = compact_agent(
+            paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32)
+        )
+        wire = sent(server)
+    assert set(leaked(wire)) == {p.kind for p in ALL_PLANTED}
+    assert outcome.redacted == 0
+    memory = paths.memory.read_text()
+    # Credentials are never kept in a summary; personal data stays local by default.
+    assert leaked(memory, CREDENTIALS) == []
+    assert PLANTED[13].secret in memory
+
+
+def test_the_builtin_summarizer_never_copies_a_credential(agent_ws: AgentWorkspace) -> None:
+    paths = plant_everything(agent_ws, "zeta")
+    # Sentences of the kind the extractive summary keeps (decisions, errors, facts).
+    for planted in CREDENTIALS:
+        append_entry(paths.memory, "Human", f"Important: we decided this. {planted.sentence}")
+    config = MemdConfig()
+    outcome = compact_agent(
+        paths, BuiltinSummarizer(lambda text: len(text) // 4), options_for(config, b"k" * 32)
+    )
+    memory = paths.memory.read_text()
+    assert leaked(memory, CREDENTIALS) == []
+    assert "[REDACTED:" in memory
+    assert outcome.redacted == 0  # nothing was sent anywhere
+
+
+def test_redaction_off_sends_as_written(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("eta")
+    append_entry(paths.memory, "Human", PLANTED[5].sentence)
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server, redact_local=True, redact=False)
+        compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
+        assert PLANTED[5].secret in sent(server)
+    assert PLANTED[5].secret not in paths.memory.read_text()
+
+
+def test_user_patterns_are_redacted_on_the_wire(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("theta")
+    append_entry(paths.memory, "Human", "The vault unlock code is VAULT-93810482-QX, keep it.")
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server, redact_local=True, patterns={"vault": r"VAULT-\d{8}-[A-Z]{2}"})
+        compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
+        wire = sent(server)
+    assert "VAULT-93810482-QX" not in wire and "[REDACTED:vault#" in wire
+
+
+# ------------------------------------------------------- CLI and daemon, one key
+
+
+def _memd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=180,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("MEMD_")},
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "MEMD_COMPACTION_DRAIN_QUIET_S": "0.05",
+            **env,
+        },
+    )
+
+
+def test_cli_and_daemon_share_one_private_key(ws: AgentWorkspace, tmp_path: Path) -> None:
+    from support.daemon_proc import DaemonProcess
+
+    state = tmp_path / "state"
+    secret = PLANTED[5]
+    for name in ("cli", "daemon"):
+        paths = ws.create_agent(name)
+        append_entry(paths.memory, "Human", secret.sentence)
+    with OpenAITestServer(echo_prompt) as server:
+        config = tmp_path / "memd.toml"
+        config.write_text(
+            "[trigger]\ncontext_length = 1000\nthreshold = 0.5\ndebounce_ms = 40\n"
+            "[compaction]\ndrain_quiet_s = 0.05\n"
+            f'[summarizer]\nmodel = "openai/test-model"\napi_base = "{server.api_base}"\n'
+            'api_key = "sk-test-5f3a9c"\nmax_tokens = 120\ncontext_length = 16000\n'
+            "[privacy]\nredact_local = true\n"
+        )
+        common = ["--workspace", str(ws.root), "--config", str(config)]
+        result = _memd("compact-now", "cli", *common, "--state-dir", str(state), env={})
+        assert result.returncode == 0, result.stderr
+        assert "1 secret(s) redacted" in " ".join(result.stdout.split())
+        key_file = key_path(state, ws.root)
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_bytes()
+        with DaemonProcess(ws.root, state, config=config) as daemon:
+            daemon.wait_ready()
+            for n in range(30):
+                append_entry(ws.root / "agents/daemon/MEMORY.md", "AI", f"turn {n} " + "w " * 20)
+            line = daemon.wait_for("compacted", lambda line: line.get("agent") == "daemon")
+            # The CLI's request came first; the daemon's after its start.
+            cli_sent = user_text(server.requests[0].body)
+            daemon_sent = "\n".join(user_text(r.body) for r in server.requests[1:])
+    assert key_file.read_bytes() == key  # the daemon used the file, did not replace it
+    assert line["redacted"] >= 1 and "reply_redacted" in line
+    assert secret.secret not in cli_sent + daemon_sent
+    cli_tags = set(PLACEHOLDER_RE.findall(cli_sent))
+    daemon_tags = set(PLACEHOLDER_RE.findall(daemon_sent))
+    assert cli_tags and cli_tags <= daemon_tags
