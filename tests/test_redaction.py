@@ -265,10 +265,15 @@ def test_cli_and_daemon_share_one_private_key(ws: AgentWorkspace, tmp_path: Path
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         key = key_file.read_bytes()
         with DaemonProcess(ws.root, state, config=config) as daemon:
-            daemon.wait_ready()
+            daemon.wait_ready(timeout=120)
             for n in range(30):
                 append_entry(ws.root / "agents/daemon/MEMORY.md", "AI", f"turn {n} " + "w " * 20)
-            line = daemon.wait_for("compacted", lambda line: line.get("agent") == "daemon")
+            line = daemon.wait_for(
+                # Importing litellm takes seconds, more on a loaded machine.
+                "compacted",
+                lambda line: line.get("agent") == "daemon",
+                timeout=180,
+            )
             # The CLI's request came first; the daemon's after its start.
             cli_sent = user_text(server.requests[0].body)
             daemon_sent = "\n".join(user_text(r.body) for r in server.requests[1:])
