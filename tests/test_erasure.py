@@ -19,6 +19,7 @@ from memd.core.memfile import parse
 from memd.erasure import ERASE_CHECKPOINTS, EraseOptions, EraseRefused, erase_by_pattern
 from memd.fsutil import SlotJournal
 from memd.recall.index import RecallIndex, recall_db_path
+from memd.rewrite import StagingError
 from memd.workspace import AgentPaths
 
 CHILD = Path(__file__).parent / "support" / "erase_child.py"
@@ -252,3 +253,16 @@ def test_cli_bad_pattern_is_one_line_and_changes_nothing(
     assert err.count("\n") == 1 and repr(bad) in err
     assert paths.memory.read_bytes() == before
     assert not os.path.exists(paths.private_dir / "erase.manifest")
+
+
+def test_a_manifest_from_a_newer_release_is_refused_clearly(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    result = run_child(ws.root, re.escape(PLANTED), "--crash-at", "journal-erasing")
+    assert result.returncode == 137, result.stderr
+    manifest = paths.private_dir / "erase.manifest"
+    manifest.write_text(manifest.read_text().replace('"version": 1', '"version": 99'))
+    before = files_of(paths)
+    with pytest.raises(StagingError, match="format 99, newer"):
+        recover_agent(paths)
+    assert files_of(paths) == before
