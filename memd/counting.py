@@ -12,16 +12,20 @@ size/inode checks catch the rest of the ways files are normally rewritten.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from memd.core.tokens import CountBytes, CountState, extend_count, full_count
-from memd.errors import NotARegularFile
-from memd.fsutil import read_range
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, CountBytes, CountState, PieceCounter
+from memd.errors import MemdError, NotARegularFile, describe_error
+from memd.fsutil import iter_range, read_range
 
 WINDOW_BYTES = 4096
 
@@ -60,38 +64,57 @@ def _read_exact(fd: int, start: int, end: int) -> bytes | None:
     return data if len(data) == end - start else None
 
 
-def _track(state: CountState, mtime_ns: int, data: bytes, data_start: int) -> TrackedCount:
-    """Build the tracked count; ``data`` holds the file from ``data_start`` to its size."""
-    window_start = max(data_start, state.safe_offset - WINDOW_BYTES)
-    window = memoryview(data)[window_start - data_start : state.safe_offset - data_start]
-    return TrackedCount(state, mtime_ns, window_start, _digest(window))
+def _feed(fd: int, counter: PieceCounter, start: int, end: int) -> bool:
+    """Feed bytes ``start..end`` block by block; False when the file got shorter."""
+    seen = start
+    for block in iter_range(fd, start, end):
+        counter.feed(block)
+        seen += len(block)
+    return seen == end
+
+
+def _track(state: CountState, mtime_ns: int, counter: PieceCounter) -> TrackedCount:
+    window_start = state.safe_offset - len(counter.recent)
+    return TrackedCount(state, mtime_ns, window_start, _digest(counter.recent))
 
 
 def count_file(
-    path: Path, previous: TrackedCount | None, count_bytes: CountBytes
+    path: Path,
+    previous: TrackedCount | None,
+    count_bytes: CountBytes,
+    *,
+    max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
 ) -> tuple[TrackedCount, CountKind]:
     """Count ``path`` exactly, reusing ``previous`` when the file only grew.
 
-    Raises FileNotFoundError, PermissionError and other OSErrors from opening
-    or reading, and NotARegularFile.
+    The file is read in blocks and counted in pieces of at most
+    ``max_piece_bytes`` (see :class:`memd.core.tokens.PieceCounter`): memory
+    stays bounded whatever the file's size or line length. Raises
+    FileNotFoundError, PermissionError and other OSErrors from opening or
+    reading, and NotARegularFile.
     """
     # O_NONBLOCK: a FIFO named MEMORY.md must not hang the counting thread.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        return count_fd(fd, path, previous, count_bytes)
+        return count_fd(fd, path, previous, count_bytes, max_piece_bytes=max_piece_bytes)
     finally:
         os.close(fd)
 
 
 def count_fd(
-    fd: int, path: Path, previous: TrackedCount | None, count_bytes: CountBytes
+    fd: int,
+    path: Path,
+    previous: TrackedCount | None,
+    count_bytes: CountBytes,
+    *,
+    max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
 ) -> tuple[TrackedCount, CountKind]:
     """:func:`count_file` on a file already open (``path`` only names it in errors)."""
     for _attempt in range(3):
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{path} is not a regular file")
-        result = _count_open(fd, info, previous, count_bytes)
+        result = _count_open(fd, info, previous, count_bytes, max_piece_bytes)
         if result is not None:
             return result
         previous = None  # it shrank under us: count from scratch
@@ -99,7 +122,11 @@ def count_fd(
 
 
 def _count_open(
-    fd: int, info: os.stat_result, previous: TrackedCount | None, count_bytes: CountBytes
+    fd: int,
+    info: os.stat_result,
+    previous: TrackedCount | None,
+    count_bytes: CountBytes,
+    max_piece_bytes: int,
 ) -> tuple[TrackedCount, CountKind] | None:
     size = info.st_size
     if previous is not None:
@@ -108,22 +135,175 @@ def _count_open(
         # Same size is not trusted on mtime alone (timestamps are coarse): the
         # window and the tail are re-read, which costs a few KB.
         if same_file and size >= old.size:
-            data = _read_exact(fd, previous.window_start, size)
-            if data is None:
+            window = _read_exact(fd, previous.window_start, old.safe_offset)
+            if window is None:
                 return None
-            cut = old.safe_offset - previous.window_start
-            window_ok = previous.window_digest is None or (
-                _digest(memoryview(data)[:cut]) == previous.window_digest
-            )
-            if window_ok:
-                state = extend_count(old, count_bytes, data[cut:], size)
+            if previous.window_digest is None or _digest(window) == previous.window_digest:
+                counter = PieceCounter.resume(
+                    old,
+                    count_bytes,
+                    max_piece_bytes=max_piece_bytes,
+                    window_bytes=WINDOW_BYTES,
+                    recent=window,
+                )
+                if not _feed(fd, counter, old.safe_offset, size):
+                    return None
+                state = counter.finish(old.dev, old.ino)
                 kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
-                return _track(state, info.st_mtime_ns, data, previous.window_start), kind
-    data = _read_exact(fd, 0, size)
-    if data is None:
+                return _track(state, info.st_mtime_ns, counter), kind
+    counter = PieceCounter(count_bytes, max_piece_bytes=max_piece_bytes, window_bytes=WINDOW_BYTES)
+    if not _feed(fd, counter, 0, size):
         return None
-    state = full_count(count_bytes, data, info.st_dev, info.st_ino)
-    return _track(state, info.st_mtime_ns, data, 0), CountKind.RECOUNTED
+    state = counter.finish(info.st_dev, info.st_ino)
+    return _track(state, info.st_mtime_ns, counter), CountKind.RECOUNTED
 
 
-__all__ = ["WINDOW_BYTES", "CountKind", "NotARegularFile", "TrackedCount", "count_fd", "count_file"]
+# --------------------------------------------------------------- many files
+
+# (tracked, kind, failure reason); tracked None with no failure = no such file.
+CountResult = tuple["TrackedCount | None", CountKind, "str | None"]
+StopFn = Callable[[], bool]
+
+# Below this many bytes to count, forking workers costs more than it saves.
+POOL_MIN_BYTES = 4 << 20
+# How often a wait for the pool's results looks at ``stop()``.
+_STOP_POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class CountJob:
+    path: str
+    previous: TrackedCount | None = None
+
+
+def count_one(job: CountJob, count_bytes: CountBytes, max_piece_bytes: int) -> CountResult:
+    """Count one file; failures come back as one line of text (never raised)."""
+    try:
+        tracked, kind = count_file(
+            Path(job.path), job.previous, count_bytes, max_piece_bytes=max_piece_bytes
+        )
+    except FileNotFoundError:
+        return None, CountKind.RECOUNTED, None
+    except (OSError, MemdError, ValueError) as exc:
+        return None, CountKind.RECOUNTED, describe_error(exc)
+    return tracked, kind, None
+
+
+# What the forked workers count with: set in the parent just before the fork
+# and inherited (the loaded encoding is never pickled or loaded again).
+_WORKER_COUNTER: list[tuple[CountBytes, int]] = []
+
+
+def _count_batch(batch: list[tuple[int, CountJob]]) -> list[tuple[int, CountResult]]:
+    count_bytes, max_piece = _WORKER_COUNTER[0]
+    return [(index, count_one(job, count_bytes, max_piece)) for index, job in batch]
+
+
+def pool_worth_it(paths: Iterable[str], workers: int, *, min_bytes: int = POOL_MIN_BYTES) -> bool:
+    """Whether forking ``workers`` pays off: several cores, no other thread (fork
+    is only safe then), and megabytes to count (a stat per file, stopping early)."""
+    if workers < 2 or threading.active_count() > 1:
+        return False
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += os.stat(path).st_size
+        if total >= min_bytes:
+            return True
+    return False
+
+
+def count_many(
+    jobs: Sequence[CountJob],
+    count_bytes: CountBytes,
+    *,
+    max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
+    workers: int = 1,
+    stop: StopFn = lambda: False,
+) -> Iterator[tuple[int, CountResult]]:
+    """``(index into jobs, result)`` for each job, in the order they finish.
+
+    With ``workers > 1`` the files are counted in a pool of forked processes
+    (the caller checked :func:`pool_worth_it`: no other thread may exist), so
+    every core tokenizes; else one by one here. ``stop()`` is looked at between
+    results: when it turns true the workers are killed and the iteration ends
+    (SIGTERM must not wait for a big file). A worker that dies (the OOM killer)
+    does not raise: the files it had not finished come back as failures, to be
+    counted again later.
+    """
+    if workers < 2:
+        for index, job in enumerate(jobs):
+            if stop():
+                return
+            yield index, count_one(job, count_bytes, max_piece_bytes)
+        return
+    yield from _count_forked(jobs, count_bytes, max_piece_bytes, workers, stop)
+
+
+def _count_forked(
+    jobs: Sequence[CountJob],
+    count_bytes: CountBytes,
+    max_piece_bytes: int,
+    workers: int,
+    stop: StopFn,
+) -> Iterator[tuple[int, CountResult]]:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    indexed = list(enumerate(jobs))
+    # Small batches (pickling 30,000 jobs one by one costs), but several per
+    # worker so one big file does not hold a whole batch of small ones back.
+    size = max(1, min(64, len(indexed) // (workers * 8)))
+    batches = [indexed[start : start + size] for start in range(0, len(indexed), size)]
+    _WORKER_COUNTER[:] = [(count_bytes, max_piece_bytes)]
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    complete = False
+    try:
+        pending: dict[Future[list[tuple[int, CountResult]]], list[tuple[int, CountJob]]] = {
+            pool.submit(_count_batch, batch): batch for batch in batches
+        }
+        while pending:
+            if stop():
+                return
+            finished, _ = wait(pending, timeout=_STOP_POLL_S, return_when=FIRST_COMPLETED)
+            for future in finished:
+                batch = pending.pop(future)
+                try:
+                    results = future.result()
+                except BrokenProcessPool:
+                    failure = "a counting worker died (out of memory?); will retry"
+                    results = [(i, (None, CountKind.RECOUNTED, failure)) for i, _ in batch]
+                yield from results
+        complete = True
+    finally:
+        if not complete:
+            _kill_workers(pool)
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=True, cancel_futures=True)
+        _WORKER_COUNTER.clear()
+
+
+def _kill_workers(pool: Any) -> None:
+    """Stop a pool's workers without waiting for the files they are counting
+    (``ProcessPoolExecutor`` has no public way before Python 3.14)."""
+    processes = getattr(pool, "_processes", None) or {}
+    for process in list(processes.values()):
+        with contextlib.suppress(Exception):
+            process.terminate()
+
+
+__all__ = [
+    "POOL_MIN_BYTES",
+    "WINDOW_BYTES",
+    "CountJob",
+    "CountKind",
+    "CountResult",
+    "NotARegularFile",
+    "TrackedCount",
+    "count_fd",
+    "count_file",
+    "count_many",
+    "count_one",
+    "pool_worth_it",
+]

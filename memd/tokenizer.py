@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from memd.core.tokens import safe_chunk_bounds
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, safe_chunk_bounds
 from memd.errors import TokenizerError
 from memd.litellm_data import litellm_file
 from memd.settings import resolve_cache_dir
@@ -244,7 +244,7 @@ def _save_parsed(name: str, bpe: _BpeFile, encoding: tiktoken.Encoding) -> None:
 
 _CHUNK_BYTES: Final = 1 << 20
 # A run longer than this (no safe cut inside) is estimated, not merged by BPE.
-MAX_PIECE_BYTES: Final = 1 << 20
+MAX_PIECE_BYTES: Final = DEFAULT_MAX_PIECE_BYTES
 
 
 class TokenCounter:
@@ -271,8 +271,9 @@ class TokenCounter:
     ):
         self.encoding_name = encoding_name
         self.encoding = load_encoding(encoding_name)
-        self._chunk_bytes = max(1, chunk_bytes)
+        self._chunk_bytes = max(1, min(chunk_bytes, max_piece_bytes))
         self._max_piece_bytes = max(self._chunk_bytes, max_piece_bytes)
+        self.max_piece_bytes = self._max_piece_bytes
         # A pre-token that long can only be a run of letters, of punctuation
         # or of whitespace (digits come in threes).
         n = max(1, max_piece_bytes // 4)  # characters: at most 4 UTF-8 bytes each
@@ -320,12 +321,19 @@ class TokenCounter:
         return total
 
 
-_counters: dict[str, TokenCounter] = {}
+_counters: dict[tuple[str, int], TokenCounter] = {}
+
+
+def shared_counter(encoding_name: str, max_piece_bytes: int = MAX_PIECE_BYTES) -> TokenCounter:
+    """One :class:`TokenCounter` per (encoding, piece bound) in this process."""
+    key = (encoding_name, max_piece_bytes)
+    counter = _counters.get(key)
+    if counter is None:
+        made = TokenCounter(encoding_name, max_piece_bytes=max_piece_bytes)
+        counter = _counters.setdefault(key, made)
+    return counter
 
 
 def count_bytes_with(encoding_name: str, data: bytes) -> int:
     """``TokenCounter(encoding_name).count_bytes(data)``, picklable for process pools."""
-    counter = _counters.get(encoding_name)
-    if counter is None:
-        counter = _counters.setdefault(encoding_name, TokenCounter(encoding_name))
-    return counter.count_bytes(data)
+    return shared_counter(encoding_name).count_bytes(data)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from support.tokens import CL100K
 
 from memd.core.tokens import CountState
-from memd.counting import CountKind, NotARegularFile, TrackedCount, count_file
+from memd.counting import CountJob, CountKind, NotARegularFile, TrackedCount, count_file, count_many
 
 COUNTER = CL100K
 
@@ -149,3 +149,94 @@ def test_incremental_count_always_equals_a_full_recount(tmp_path: Path, ops: lis
         tracked, _ = count_file(path, tracked, COUNTER.count_bytes)
         assert tracked.tokens == full(path)
         assert tracked.size == os.path.getsize(path)
+
+
+def test_a_long_single_line_is_read_and_counted_in_bounded_pieces(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    words = " ".join(f"word{n % 7}x" if n % 5 else "plain" for n in range(40_000))
+    path.write_bytes(entry("Human", words)[:-8])  # one long line, no newline after it
+    longest: list[int] = [0]
+
+    def spy(data: bytes) -> int:
+        longest[0] = max(longest[0], len(data))
+        return COUNTER.count_bytes(data)
+
+    tracked, _ = count_file(path, None, spy, max_piece_bytes=8192)
+    assert tracked.tokens == full(path) and not tracked.state.estimated
+    assert longest[0] <= 8192
+
+
+def test_a_giant_run_is_estimated_and_stays_marked_until_a_recount(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "start " + "q" * 200_000 + " end"))
+    tracked, _ = count_file(path, None, COUNTER.count_bytes, max_piece_bytes=16_384)
+    assert tracked.state.estimated and tracked.tokens >= full(path)
+    with path.open("ab") as f:
+        f.write(entry("AI", "a short reply"))
+    tracked, kind = count_file(path, tracked, COUNTER.count_bytes, max_piece_bytes=16_384)
+    assert kind is CountKind.APPENDED and tracked.state.estimated
+    assert tracked.tokens >= full(path)
+    path.write_bytes(entry("System", "summary"))  # rewritten: exact again
+    tracked, kind = count_file(path, tracked, COUNTER.count_bytes, max_piece_bytes=16_384)
+    assert kind is CountKind.RECOUNTED and not tracked.state.estimated
+    assert tracked.tokens == full(path)
+
+
+def _files(tmp_path: Path, count: int) -> list[CountJob]:
+    jobs = []
+    for n in range(count):
+        path = tmp_path / f"m{n}.md"
+        path.write_bytes(entry("Human", f"file {n} " + "text " * (n * 50)))
+        jobs.append(CountJob(str(path)))
+    jobs.append(CountJob(str(tmp_path / "missing.md")))
+    return jobs
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_count_many_counts_every_file_in_or_out_of_process(tmp_path: Path, workers: int) -> None:
+    jobs = _files(tmp_path, 12)
+    (tmp_path / "dir.md").mkdir()
+    jobs.append(CountJob(str(tmp_path / "dir.md")))
+    results = dict(count_many(jobs, COUNTER.count_bytes, workers=workers))
+    assert sorted(results) == list(range(len(jobs)))
+    for index, job in enumerate(jobs[:12]):
+        tracked, _kind, failure = results[index]
+        assert failure is None and tracked is not None
+        assert tracked.tokens == full(Path(job.path))
+    assert results[12] == (None, CountKind.RECOUNTED, None)  # missing: no file yet
+    assert results[13][0] is None and "not a regular file" in str(results[13][2])
+
+
+def test_a_dead_counting_worker_is_a_failure_not_a_traceback(tmp_path: Path) -> None:
+    jobs = _files(tmp_path, 6)
+    poison = Path(jobs[3].path)
+    poison.write_bytes(b"DIE " * 10)
+
+    def dies_on_poison(data: bytes) -> int:
+        if b"DIE" in data:
+            os._exit(9)  # as the OOM killer would end it
+        return COUNTER.count_bytes(data)
+
+    results = dict(count_many(jobs, dies_on_poison, workers=2))
+    assert sorted(results) == list(range(len(jobs)))
+    assert "worker died" in str(results[3][2])
+
+
+def test_stop_ends_the_pool_without_waiting_for_a_slow_file(tmp_path: Path) -> None:
+    jobs = _files(tmp_path, 4)
+    slow = Path(jobs[0].path)
+    slow.write_bytes(b"SLOW " * 10)
+    stopping: list[bool] = []
+
+    def hangs_on_slow(data: bytes) -> int:
+        if b"SLOW" in data:
+            while True:  # a count that would never finish
+                pass
+        return COUNTER.count_bytes(data)
+
+    seen = []
+    for index, _result in count_many(jobs, hangs_on_slow, workers=2, stop=lambda: bool(stopping)):
+        seen.append(index)
+        if len(seen) == len(jobs) - 1:
+            stopping.append(True)  # SIGTERM arrives while the slow file is counted
+    assert 0 not in seen and len(seen) == len(jobs) - 1

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,8 +22,8 @@ from typing import Any, Literal
 from memd.cli.common import iso_utc
 from memd.core.config import MemdConfig, resolve_policy
 from memd.core.descriptor import AgentWindow
+from memd.counting import CountJob, count_many, pool_worth_it
 from memd.errors import MemdError, NotARegularFile
-from memd.fsutil import read_to_end
 from memd.modelinfo import context_length_for_model
 from memd.settings import LoadedConfig
 from memd.state import AgentRecord, FileKey, Heartbeat, StateStore
@@ -124,62 +123,55 @@ class _Pending:
     """A file that has to be counted here (no live daemon figure, no cached count)."""
 
     agent: str
-    key: FileKey
-    data: bytes
+    path: str
 
 
 def _memory_count(
     store: StateStore, paths: AgentPaths, encoding: str
 ) -> tuple[int | None, _Pending | None]:
-    """(cached or trivial count, or the file's bytes to count). Reads only on a cache miss."""
+    """(cached or trivial count, or the file to count). Never reads the file itself."""
     try:
-        cached = store.cached_count(paths.agent, FileKey.of(paths.memory.stat(), encoding))
-        if cached is not None:
-            return cached, None
-        # O_NONBLOCK: a FIFO named MEMORY.md must not hang `memd status`.
-        fd = os.open(paths.memory, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            # The key of the bytes actually read (the file may have grown since stat).
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise NotARegularFile(
-                    "MEMORY.md is not a regular file (a FIFO, device or folder); memd refuses it"
-                )
-            return None, _Pending(paths.agent, FileKey.of(info, encoding), read_to_end(fd))
-        finally:
-            os.close(fd)
+        info = paths.memory.stat()
     except FileNotFoundError:
         return 0, None
+    if not stat.S_ISREG(info.st_mode):
+        raise NotARegularFile(
+            "MEMORY.md is not a regular file (a FIFO, device or folder); memd refuses it"
+        )
+    cached = store.cached_count(paths.agent, FileKey.of(info, encoding))
+    if cached is not None:
+        return cached, None
+    return None, _Pending(paths.agent, str(paths.memory))
 
 
-_PARALLEL_COUNT_BYTES = 1 << 20
-
-
-def _count_all(pending: Sequence[_Pending], encoding: str) -> dict[str, int]:
+def _count_all(
+    pending: Sequence[_Pending], encoding: str, max_piece_bytes: int
+) -> dict[str, tuple[int, FileKey] | str]:
+    """Each pending agent's (count, key of the bytes counted) or its failure, counted in
+    bounded pieces by the fork pool the daemon's start-up uses."""
     if not pending:
         return {}
-    from memd.tokenizer import count_bytes_with
+    from memd.tokenizer import shared_counter
 
     # Loaded before any fork, so forked workers inherit the tokenizer.
-    count_bytes_with(encoding, b"")
-    total = sum(len(item.data) for item in pending)
+    counter = shared_counter(encoding, max_piece_bytes)
     workers = min(os.cpu_count() or 1, len(pending))
-    if total < _PARALLEL_COUNT_BYTES or workers < 2 or threading.active_count() > 1:
-        return {item.agent: count_bytes_with(encoding, item.data) for item in pending}
-    # tiktoken releases the GIL for part of its work only (threads gave
-    # 1.3-1.4x on two cores), so processes use the other cores; fork
-    # start-up (~10 ms) pays off once there is about a megabyte to count.
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        counts = pool.map(
-            count_bytes_with,
-            [encoding] * len(pending),
-            [item.data for item in pending],
-        )
-        return {item.agent: count for item, count in zip(pending, counts, strict=True)}
+    paths = [item.path for item in pending]
+    if not pool_worth_it(paths, workers):
+        workers = 1
+    jobs = [CountJob(path) for path in paths]
+    counted: dict[str, tuple[int, FileKey] | str] = {}
+    for index, (tracked, _kind, failure) in count_many(
+        jobs, counter.count_bytes, max_piece_bytes=max_piece_bytes, workers=workers
+    ):
+        agent = pending[index].agent
+        if tracked is None:
+            counted[agent] = (0, FileKey(0, 0, 0, 0, encoding)) if failure is None else failure
+            continue
+        state = tracked.state
+        key = FileKey(state.dev, state.ino, state.size, tracked.mtime_ns, encoding)
+        counted[agent] = (tracked.tokens, key)
+    return counted
 
 
 def collect_status(
@@ -222,9 +214,17 @@ def collect_status(
             pending.append(to_count)
         partial.append((paths, name, {"tokens": tokens}))
 
-    counted = _count_all(pending, encoding)
-    if counted:
-        store.save_counts((item.agent, item.key, counted[item.agent]) for item in pending)
+    counts = _count_all(pending, encoding, config.tokenizer.max_piece_bytes)
+    counted: dict[str, int] = {}
+    for agent, outcome in counts.items():
+        if isinstance(outcome, str):
+            if strict:
+                raise MemdError(f"agent {agent!r}: {outcome}")
+            continue
+        counted[agent] = outcome[0]
+    to_save = [(a, o[1], o[0]) for a, o in counts.items() if not isinstance(o, str) and o[1].ino]
+    if to_save:
+        store.save_counts(to_save)
 
     result: list[AgentStatus] = []
     for maybe_paths, name, info in partial:
@@ -266,6 +266,10 @@ def collect_status(
             result.append(_error_row(name, str(info["error"]), beat))
             continue
         tokens = info["tokens"]
+        failure = counts.get(name)
+        if isinstance(failure, str):
+            result.append(_error_row(name, f"agent {name!r}: {failure}", beat))
+            continue
         state = "disabled" if not policy.compress else ("unwatched" if beat else "offline")
         result.append(
             AgentStatus(

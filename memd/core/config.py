@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
 from memd.core.retention import NO_LIMITS, RetentionLimits
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES
 
 # Upper bounds: a value past these is a typo, and one past 2**63 cannot even
 # be stored in the state database (the daemon would then never compact).
@@ -44,6 +45,12 @@ class TriggerConfig(_Section):
 
 class TokenizerConfig(_Section):
     encoding: str = Field("cl100k_base", min_length=1)
+    max_piece_bytes: int = Field(
+        DEFAULT_MAX_PIECE_BYTES,
+        ge=64 << 10,
+        le=64 << 20,
+        description="a run this long with no safe cut is estimated, not merged by BPE",
+    )
 
 
 class SummarizerConfig(_Section):

@@ -13,7 +13,13 @@ r50k_base alike, whatever bytes come before or after ("safe boundaries"):
 * right after a ``\\n`` that follows a printable non-space ASCII character
   and precedes an ASCII letter: no pre-token joins a newline to a following
   letter, and the lone ``\\n`` is one pre-token both mid-text and at
-  end-of-text.
+  end-of-text;
+* right after an ASCII letter followed by one space and an ASCII letter
+  (between two words): no pre-token holds a letter and the space after it
+  (words end at their last letter, spaces only ever lead a word, a
+  punctuation run or a whitespace run), so the word ends there both mid-text
+  and at end-of-text, and `` word`` starts the next pre-token either way.
+  This cut keeps a long single line (no newline) countable in pieces.
 
 The tempting cut *before* ``### `` (right after the ``\\n\\n---\\n\\n``
 terminator) is not safe for p50k_base/r50k_base: at end-of-text their
@@ -39,8 +45,12 @@ from typing import Final
 
 CountBytes = Callable[[bytes], int]
 
+# The longest run without a safe boundary counted exactly; longer runs are
+# estimated from above (``[tokenizer] max_piece_bytes``).
+DEFAULT_MAX_PIECE_BYTES: Final = 1 << 20
+
 # Each match ends exactly at a safe boundary.
-_SAFE_CUT_RE: Final = re.compile(rb"\n###(?= )|[\x21-\x7e]\n(?=[A-Za-z])")
+_SAFE_CUT_RE: Final = re.compile(rb"\n###(?= )|[\x21-\x7e]\n(?=[A-Za-z])|[A-Za-z](?= [A-Za-z])")
 _FIRST_WINDOW: Final = 4096
 
 
@@ -105,6 +115,12 @@ class CountState:
     safe_offset: int
     safe_tokens: int
     tail_tokens: int
+    # Some bytes were counted by a conservative estimate (a run longer than
+    # ``max_piece_bytes`` with no safe cut inside): ``tokens`` is an upper bound.
+    estimated: bool = False
+    # ``safe_offset`` is a forced cut inside such a run: the bytes after it, up
+    # to the next safe boundary, are estimated too.
+    open_run: bool = False
 
     @property
     def tokens(self) -> int:
@@ -145,6 +161,10 @@ def extend_count(
             f"extend_count needs the {expected} bytes from offset {state.safe_offset} "
             f"to {new_size}, got {len(appended)}"
         )
+    if state.open_run:
+        counter = PieceCounter.resume(state, count_bytes, max_piece_bytes=len(appended) + 1)
+        counter.feed(appended)
+        return counter.finish(state.dev, state.ino)
     cut = last_safe_boundary(appended)
     settled = count_bytes(appended[:cut]) if cut else 0
     tail = appended[cut:]
@@ -155,4 +175,145 @@ def extend_count(
         safe_offset=state.safe_offset + cut,
         safe_tokens=state.safe_tokens + settled,
         tail_tokens=count_bytes(tail) if tail else 0,
+        estimated=state.estimated,
     )
+
+
+def upper_bound(data: bytes) -> int:
+    """At least the token count of ``data`` wherever it sits in a file.
+
+    Every token is at least one byte of the decoded text's UTF-8 (``errors=
+    "replace"`` can only make it longer), plus one for the pre-token that
+    straddles each end of the piece.
+    """
+    return len(str(data, "utf-8", "replace").encode("utf-8")) + 2
+
+
+class PieceCounter:
+    """Counts a file fed block by block, holding at most ``max_piece_bytes`` plus
+    one block: the bytes are settled (counted into ``safe_tokens``) at safe
+    boundaries, at most ``max_piece_bytes`` at a time.
+
+    A stretch of ``max_piece_bytes`` with no safe boundary inside (a 200 MB line
+    of letters is one pre-token, which BPE would merge whole: gigabytes) gets a
+    forced cut and is estimated from above, as are the bytes after it up to the
+    next safe boundary; the state is then marked ``estimated``. Everything else
+    is counted exactly: the sum equals ``count_bytes`` of the whole.
+
+    Start from scratch (``offset=0``) or resume a :class:`CountState` at its
+    safe offset (:meth:`resume`); ``recent`` holds the last settled bytes (up
+    to ``window_bytes``), for the caller's digest of the window before the cut.
+    """
+
+    def __init__(
+        self,
+        count_bytes: CountBytes,
+        *,
+        max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
+        window_bytes: int = 4096,
+        offset: int = 0,
+        safe_tokens: int = 0,
+        estimated: bool = False,
+        open_run: bool = False,
+        recent: bytes = b"",
+    ) -> None:
+        self._count_bytes = count_bytes
+        self._max_piece = max(1, max_piece_bytes)
+        self._window = window_bytes
+        self.offset = offset
+        self.safe_tokens = safe_tokens
+        self.estimated = estimated
+        self.open_run = open_run
+        self.recent = recent[-window_bytes:] if window_bytes else b""
+        self._carry = b""
+        self.size = offset
+
+    @classmethod
+    def resume(
+        cls,
+        state: CountState,
+        count_bytes: CountBytes,
+        *,
+        max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
+        window_bytes: int = 4096,
+        recent: bytes = b"",
+    ) -> PieceCounter:
+        """Continue ``state`` from its safe offset (feed the bytes from there on)."""
+        return cls(
+            count_bytes,
+            max_piece_bytes=max_piece_bytes,
+            window_bytes=window_bytes,
+            offset=state.safe_offset,
+            safe_tokens=state.safe_tokens,
+            estimated=state.estimated,
+            open_run=state.open_run,
+            recent=recent,
+        )
+
+    def _settle(self, piece: bytes, *, estimate: bool) -> None:
+        if estimate:
+            self.safe_tokens += upper_bound(piece)
+            self.estimated = True
+        else:
+            self.safe_tokens += self._count_bytes(piece)
+        self.offset += len(piece)
+        if self._window:
+            if len(piece) >= self._window:
+                self.recent = piece[-self._window :]
+            else:
+                self.recent = (self.recent + piece)[-self._window :]
+
+    def feed(self, block: bytes) -> None:
+        """The file's next bytes."""
+        self.size += len(block)
+        buf = self._carry + block if self._carry else block
+        limit = self._max_piece
+        position = 0
+        while len(buf) - position >= limit:
+            end = position + limit
+            if self.open_run:
+                # Still inside the run being estimated, up to its next safe cut.
+                match = _SAFE_CUT_RE.search(buf, position, end)
+                cut = end if match is None else match.end()
+                self._settle(buf[position:cut], estimate=True)
+                self.open_run = match is None
+                position = cut
+                continue
+            window = buf[position:end]
+            cut = last_safe_boundary(window)
+            if cut:
+                self._settle(window[:cut], estimate=False)
+                position += cut
+            else:
+                self._settle(window, estimate=True)
+                self.open_run = True
+                position = end
+        self._carry = buf[position:]
+
+    def finish(self, dev: int, ino: int) -> CountState:
+        """The count of everything fed (the last bytes stay the unsettled tail)."""
+        buf, self._carry = self._carry, b""
+        if self.open_run and buf:
+            match = _SAFE_CUT_RE.search(buf)
+            if match is not None:
+                self._settle(buf[: match.end()], estimate=True)
+                self.open_run = False
+                buf = buf[match.end() :]
+        if self.open_run:
+            tail_tokens = upper_bound(buf) if buf else 0
+        else:
+            cut = last_safe_boundary(buf)
+            if cut:
+                self._settle(buf[:cut], estimate=False)
+                buf = buf[cut:]
+            tail_tokens = self._count_bytes(buf) if buf else 0
+        return CountState(
+            dev=dev,
+            ino=ino,
+            size=self.size,
+            safe_offset=self.offset,
+            safe_tokens=self.safe_tokens,
+            tail_tokens=tail_tokens,
+            estimated=self.estimated,
+            open_run=self.open_run,
+        )

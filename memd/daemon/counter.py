@@ -17,18 +17,16 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
 from memd.core.jobs import appends_could_reach, restored_job
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
-from memd.counting import CountKind, TrackedCount, count_file
+from memd.counting import CountJob, count_many, pool_worth_it
 from memd.daemon.entries import (
     AgentEntry,
     EntryCounter,
-    PoolResult,
     Tokenizer,
     changed_on_disk,
     check_contained,
@@ -36,7 +34,7 @@ from memd.daemon.entries import (
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.runner import Runner
-from memd.errors import MemdError, describe_error
+from memd.errors import MemdError
 from memd.logs import get_logger
 from memd.watcher import Watcher
 
@@ -45,8 +43,6 @@ if TYPE_CHECKING:
 
 _log = get_logger("memd.daemon")
 
-# Below this many bytes to count, forking workers costs more than it saves.
-_POOL_MIN_BYTES = 8 << 20
 # The longest the service thread sleeps without a hint (it re-checks stopping).
 _MAX_WAIT_S = 1.0
 
@@ -96,29 +92,6 @@ def _appends_could_reach(entry: AgentEntry) -> bool:
     )
 
 
-def _pool_count(job: tuple[str, TrackedCount | None]) -> PoolResult:
-    """Runs in a forked scan worker: count one file with the inherited tokenizer."""
-    path, previous = job
-    if not _POOL_COUNTER:
-        from memd.tokenizer import TokenCounter
-
-        _POOL_COUNTER.append(TokenCounter(_POOL_ENCODING[0]))
-    tokenizer = _POOL_COUNTER[0]
-    try:
-        tracked, kind = count_file(Path(path), previous, tokenizer.count_bytes)
-    except FileNotFoundError:
-        return None, CountKind.RECOUNTED, None
-    except (OSError, MemdError, ValueError) as exc:
-        return None, CountKind.RECOUNTED, describe_error(exc)
-    return tracked, kind, None
-
-
-# The encoding name the scan workers use (set in the parent before forking),
-# and each worker's tokenizer (made on its first job; the encoding is inherited).
-_POOL_ENCODING: list[str] = []
-_POOL_COUNTER: list[Tokenizer] = []
-
-
 def _new_debouncer(trigger: TriggerConfig) -> Debouncer[str]:
     return Debouncer(trigger.debounce_ms / 1000, trigger.max_wait_ms / 1000)
 
@@ -135,6 +108,7 @@ class CountService:
         *,
         pool_allowed: bool,
         clock: Callable[[], float] = time.monotonic,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
         self.inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()
         # The hints' timestamps (debouncing); tests pass a made-up clock and
@@ -146,6 +120,8 @@ class CountService:
         self._runner = runner
         self._flusher = flusher
         self._pool_allowed = pool_allowed
+        # The daemon is shutting down (SIGTERM during the start-up count).
+        self._should_stop = should_stop
         self._debouncer: Debouncer[str] = _new_debouncer(trigger)
         self._count_now: set[str] = set()
         self._rescan = False
@@ -304,7 +280,11 @@ class CountService:
     # ----------------------------------------------------------------- reload
 
     def reconfigure(
-        self, trigger: TriggerConfig, encoding: str, tokenizer: Tokenizer | None
+        self,
+        trigger: TriggerConfig,
+        encoding: str,
+        tokenizer: Tokenizer | None,
+        max_piece_bytes: int | None = None,
     ) -> None:
         """New debounce settings (pending agents are counted at once); with a new
         ``tokenizer`` every agent is recounted with it."""
@@ -315,6 +295,8 @@ class CountService:
             self._count_now.update(pending)
         if tokenizer is not None:
             self._counter.tokenizer = tokenizer
+            if max_piece_bytes is not None:
+                self._counter.max_piece_bytes = max_piece_bytes
             for entry in self._registry.agents().values():
                 # Under the count lock: a count still running with the old
                 # encoding finishes first, then its result is dropped.
@@ -367,9 +349,10 @@ class CountService:
         started = time.monotonic()
         workers = max(1, min(len(to_count), os.cpu_count() or 1))
         mode = "serial"
-        if workers > 1 and self._pool_worth_it(to_count):
+        pool_workers = self._pool_workers(to_count)
+        if pool_workers > 1:
             mode = "processes"
-            self._count_in_processes(to_count, workers)
+            self._count_in_processes(to_count, pool_workers)
         elif workers > 1:
             # tiktoken releases the GIL for part of its work: threads help some.
             mode = "threads"
@@ -377,6 +360,8 @@ class CountService:
                 list(pool.map(self._counter.count_locked, to_count))
         else:
             for entry in to_count:
+                if self._should_stop():
+                    break
                 self._counter.count_locked(entry)
         _log.info(
             "initial count",
@@ -386,41 +371,37 @@ class CountService:
             seconds=round(time.monotonic() - started, 3),
         )
 
-    def _pool_worth_it(self, entries: list[AgentEntry]) -> bool:
-        """A process pool pays for its fork only on a large cold scan, and only
-        with the real tokenizer (a test's counter may not survive a fork)."""
-        if not self._pool_allowed or threading.active_count() > 1:
-            return False
-        total = 0
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                total += os.stat(entry.paths.memory).st_size
-            if total >= _POOL_MIN_BYTES:
-                return True
-        return False
+    def _pool_workers(self, entries: list[AgentEntry]) -> int:
+        """Forked workers for a large cold scan (1: count here), and only with the
+        real tokenizer (a test's counter may not survive a fork)."""
+        workers = max(1, min(len(entries), os.cpu_count() or 1))
+        if not self._pool_allowed:
+            return 1
+        paths = (str(entry.paths.memory) for entry in entries)
+        return workers if pool_worth_it(paths, workers) else 1
 
     def _count_in_processes(self, entries: list[AgentEntry], workers: int) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        jobs: list[tuple[AgentEntry, tuple[str, TrackedCount | None]]] = []
+        jobs: list[CountJob] = []
+        counted: list[AgentEntry] = []
         for entry in entries:
             try:
                 check_contained(entry)
             except MemdError:
                 self._counter.count_locked(entry)  # records the refusal
                 continue
-            jobs.append((entry, (str(entry.paths.memory), entry.tracked)))
-        _POOL_ENCODING[:] = [self.encoding]
-        # fork: no other thread exists yet (checked by the caller), and the
-        # children inherit the loaded encoding instead of loading it again.
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            chunk = max(1, len(jobs) // (workers * 8))
-            results = pool.map(_pool_count, [job for _, job in jobs], chunksize=chunk)
-            for (entry, _job), result in zip(jobs, results, strict=True):
-                with entry.count_lock:
-                    self._counter.count(entry, result)
+            jobs.append(CountJob(str(entry.paths.memory), entry.tracked))
+            counted.append(entry)
+        results = count_many(
+            jobs,
+            self._counter.tokenizer.count_bytes,
+            max_piece_bytes=self._counter.max_piece_bytes,
+            workers=workers,
+            stop=lambda: self._stopping or self._should_stop(),
+        )
+        for index, result in results:
+            entry = counted[index]
+            with entry.count_lock:
+                self._counter.count(entry, result)
 
 
 __all__ = ["CountService", "Hint", "HintKind", "HintSink"]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from memd.core.config import AgentPolicy
 from memd.core.jobs import AgentJob
-from memd.counting import CountKind, TrackedCount, count_file
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES
+from memd.counting import CountKind, CountResult, TrackedCount, count_file
 from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
 from memd.workspace import AgentPaths, ArchiveStats, check_memory_link
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 _log = get_logger("memd.daemon")
 
 CountedHook = Callable[[str, int], None]
-# (tracked, kind, failure reason); tracked None with no failure = no MEMORY.md yet.
-PoolResult = tuple["TrackedCount | None", CountKind, "str | None"]
 
 
 class Tokenizer(Protocol):
@@ -104,8 +103,10 @@ class EntryCounter:
         *,
         on_erased: Callable[[AgentEntry], None],
         on_counted: CountedHook | None = None,
+        max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_piece_bytes = max_piece_bytes
         self.metrics: Metrics | None = None
         self._on_erased = on_erased
         self._on_counted = on_counted
@@ -114,7 +115,7 @@ class EntryCounter:
         with entry.count_lock:
             return self.count(entry)
 
-    def count(self, entry: AgentEntry, precounted: PoolResult | None = None) -> bool:
+    def count(self, entry: AgentEntry, precounted: CountResult | None = None) -> bool:
         """Update the entry's count; False (logged once) when the file cannot be counted.
 
         The caller holds ``entry.count_lock``.
@@ -130,7 +131,10 @@ class EntryCounter:
             else:
                 check_contained(entry)
                 tracked, kind = count_file(
-                    entry.paths.memory, entry.tracked, self.tokenizer.count_bytes
+                    entry.paths.memory,
+                    entry.tracked,
+                    self.tokenizer.count_bytes,
+                    max_piece_bytes=self.max_piece_bytes,
                 )
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED
@@ -164,7 +168,6 @@ __all__ = [
     "AgentEntry",
     "CountedHook",
     "EntryCounter",
-    "PoolResult",
     "RunStats",
     "Tokenizer",
     "changed_on_disk",

@@ -116,10 +116,10 @@ def _default_summarizer(config: MemdConfig, count_text: Callable[[str], int]) ->
     return make_summarizer(config.summarizer, count_text)
 
 
-def _default_tokenizer(encoding: str) -> Tokenizer:
-    from memd.tokenizer import TokenCounter
+def _default_tokenizer(encoding: str, max_piece_bytes: int | None = None) -> Tokenizer:
+    from memd.tokenizer import MAX_PIECE_BYTES, TokenCounter
 
-    return TokenCounter(encoding)
+    return TokenCounter(encoding, max_piece_bytes=max_piece_bytes or MAX_PIECE_BYTES)
 
 
 class Daemon:
@@ -142,6 +142,7 @@ class Daemon:
         self._env_overrides = loaded.env_overrides
         self._compact = compact
         self._summarizer_factory = summarizer_factory or _default_summarizer
+        self._real_tokenizer = counter_factory is None
         self._tokenizer_factory = counter_factory or _default_tokenizer
         self._environ = os.environ if environ is None else environ
         self.notifier = notifier or SystemdNotifier(self._environ)
@@ -258,12 +259,15 @@ class Daemon:
         with contextlib.suppress(OSError):
             (self.workspace / AGENTS_DIR).mkdir(exist_ok=True)
         stack.callback(self.notifier.close)
-        tokenizer = self._tokenizer_factory(self.config.tokenizer.encoding)
+        tokenizer = self._new_tokenizer(self.config)
         stack.callback(self.flusher.close)
         self.flusher.start(self._open_store())
         self.audit = AuditLog.for_workspace(self.options.state_dir, self.workspace, "daemon")
         entry_counter = EntryCounter(
-            tokenizer, on_erased=self._reset_if_erased, on_counted=self._on_counted
+            tokenizer,
+            on_erased=self._reset_if_erased,
+            on_counted=self._on_counted,
+            max_piece_bytes=self.config.tokenizer.max_piece_bytes,
         )
         # Reserved text is counted with the tokenizer MEMORY.md is counted with (reload swaps it).
         self.registry.descriptors = Descriptors(
@@ -291,7 +295,8 @@ class Daemon:
             entry_counter,
             runner,
             self.flusher,
-            pool_allowed=self._tokenizer_factory is _default_tokenizer,
+            pool_allowed=self._real_tokenizer,
+            should_stop=lambda: self.should_exit,
         )
         self.counter = counter
         # Runs after the scheduler has stopped: queued jobs will not run now.
@@ -362,6 +367,11 @@ class Daemon:
             env_overrides=list(self._env_overrides),
         )
         self._warm_summarizer()
+
+    def _new_tokenizer(self, config: MemdConfig) -> Tokenizer:
+        if self._real_tokenizer:
+            return _default_tokenizer(config.tokenizer.encoding, config.tokenizer.max_piece_bytes)
+        return self._tokenizer_factory(config.tokenizer.encoding)
 
     def _warm_summarizer(self) -> None:
         """Import litellm in the background now, not seconds into the first compaction."""
@@ -608,9 +618,9 @@ class Daemon:
             self.options.log_format or new.log.format, self.options.log_level or new.log.level
         )
         tokenizer: Tokenizer | None = None
-        if new.tokenizer.encoding != old.tokenizer.encoding:
+        if new.tokenizer != old.tokenizer:
             try:
-                tokenizer = self._tokenizer_factory(new.tokenizer.encoding)
+                tokenizer = self._new_tokenizer(new)
             except MemdError as exc:
                 _log.error("reload: tokenizer unavailable; keeping the old one", error=str(exc))
         # Fan-out: each service takes what it needs from the new config.
@@ -626,7 +636,9 @@ class Daemon:
         self._warn_unredacted()
         self.flusher.reconfigure(new.tokenizer.encoding)
         if self.counter is not None:
-            self.counter.reconfigure(new.trigger, new.tokenizer.encoding, tokenizer)
+            self.counter.reconfigure(
+                new.trigger, new.tokenizer.encoding, tokenizer, new.tokenizer.max_piece_bytes
+            )
             if tokenizer is not None:
                 # Agents' reserved text (memd-agent.json) is counted with the new encoding too.
                 self.registry.reconfigure(new)

@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from memd.core.tokens import (
     CountState,
+    PieceCounter,
     extend_count,
     full_count,
     last_safe_boundary,
     safe_boundaries,
     safe_chunk_bounds,
+    upper_bound,
 )
 from memd.tokenizer import load_encoding
 from tests.support.strategies import any_bytes, append_splits, content_bytes, memory_files
@@ -160,3 +162,111 @@ def test_safe_chunks_tile_the_data_and_add_up(count: Count, data: bytes, target:
     assert bounds[0][0] == 0 and bounds[-1][1] == len(data)
     assert all(end == start for (_, end), (start, _) in itertools.pairwise(bounds))
     assert sum(count(data[start:end]) for start, end in bounds) == count(data)
+
+
+def test_a_space_between_two_words_is_a_safe_boundary() -> None:
+    # A long single line (no newline) must still be countable in pieces.
+    assert safe_boundaries(b"two words here") == [3, 9]
+    assert safe_boundaries(b"two  words, 1 2 x\n") == []
+
+
+def _pieces(data: bytes, sizes: list[int]) -> list[bytes]:
+    blocks, position = [], 0
+    for size in sizes:
+        blocks.append(data[position : position + size])
+        position += size
+    blocks.append(data[position:])
+    return blocks
+
+
+@PROPERTY
+@given(
+    data=memory_files(max_entries=12),
+    sizes=st.lists(st.integers(1, 300), max_size=8),
+    max_piece=st.integers(8, 400),
+)
+def test_piece_counter_is_exact_unless_estimated_and_never_below(
+    count: Count, data: bytes, sizes: list[int], max_piece: int
+) -> None:
+    longest: list[int] = [0]
+
+    def spy(piece: bytes) -> int:
+        longest[0] = max(longest[0], len(piece))
+        return count(piece)
+
+    counter = PieceCounter(spy, max_piece_bytes=max_piece, window_bytes=16)
+    for block in _pieces(data, sizes):
+        counter.feed(block)
+    state = counter.finish(1, 2)
+    truth = count(data)
+    assert state.size == len(data)
+    assert longest[0] <= max_piece  # never more than one piece at a time
+    if state.estimated:
+        assert state.tokens >= truth
+    else:
+        assert state.tokens == truth
+        assert state.safe_tokens == count(data[: state.safe_offset])
+    assert counter.recent == data[: state.safe_offset][-16:]
+
+
+@PROPERTY
+@given(st.data())
+def test_piece_counter_resumed_after_appends_stays_exact_or_above(
+    count: Count, data: st.DataObject
+) -> None:
+    content = data.draw(memory_files(max_entries=12))
+    cuts = data.draw(append_splits(content))
+    max_piece = data.draw(st.integers(8, 300))
+    counter = PieceCounter(count, max_piece_bytes=max_piece)
+    first = cuts[0] if cuts else len(content)
+    counter.feed(content[:first])
+    state = counter.finish(7, 42)
+    for cut in [*cuts[1:], len(content)]:
+        counter = PieceCounter.resume(state, count, max_piece_bytes=max_piece)
+        counter.feed(content[state.safe_offset : cut])
+        state = counter.finish(7, 42)
+        truth = count(content[:cut])
+        assert state.tokens >= truth if state.estimated else state.tokens == truth
+
+
+def test_a_giant_run_is_estimated_in_bounded_pieces_and_the_rest_exactly() -> None:
+    count = reference_counter("cl100k_base")
+    longest: list[int] = [0]
+
+    def spy(piece: bytes) -> int:
+        longest[0] = max(longest[0], len(piece))
+        return count(piece)
+
+    head = ENTRY_A.encode() + b"### User \xe2\x80\x94 2024-01-01T00:00:00\n\nsome words "
+    run = b"a" * 50_000
+    after = b" and more words\n\n---\n\n" + ENTRY_B.encode()
+    counter = PieceCounter(spy, max_piece_bytes=4096)
+    for block in _pieces(head + run + after, [1000] * 60):
+        counter.feed(block)
+    state = counter.finish(1, 1)
+    assert state.estimated and not state.open_run
+    assert longest[0] <= 4096
+    truth = count(head + run + after)
+    assert truth <= state.tokens <= truth + len(run) + 4 * 13
+    # Without the run the same text is exact.
+    plain = PieceCounter(count, max_piece_bytes=4096)
+    plain.feed(head + after)
+    assert plain.finish(1, 1) == full_count(count, head + after, 1, 1)
+
+
+def test_an_open_run_stays_estimated_across_appends() -> None:
+    count = reference_counter("cl100k_base")
+    counter = PieceCounter(count, max_piece_bytes=100)
+    counter.feed(b"words first " + b"z" * 450)
+    state = counter.finish(1, 1)
+    assert state.open_run and state.estimated
+    assert state.tokens >= count(b"words first " + b"z" * 450)
+    whole = b"words first " + b"z" * 460 + b" done"
+    grown = extend_count(state, count, whole[state.safe_offset :], len(whole))
+    assert grown.estimated and grown.tokens >= count(whole)
+
+
+def test_upper_bound_is_never_below_the_count() -> None:
+    count = reference_counter("cl100k_base")
+    for data in (b"", b"a" * 1000, "日本語".encode() * 50, b"\xff\xfe" * 40, b" " * 99):
+        assert upper_bound(data) >= count(data)
