@@ -310,6 +310,10 @@ class AgentRecord:
             safe_offset=self.safe_offset,
             safe_tokens=self.safe_tokens,
             tail_tokens=self.tokens - self.safe_tokens,
+            estimated=self.estimated,
+            # Whether the safe offset was a forced cut is not stored: an estimated
+            # count goes on estimating up to the next safe cut (never below the truth).
+            open_run=self.estimated,
         )
         mtime_ns = self.mtime_ns if current_size == self.size else 0
         return TrackedCount(count, mtime_ns, self.window_start, self.window_digest)

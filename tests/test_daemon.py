@@ -1603,3 +1603,66 @@ def test_daemon_prunes_daily_and_after_each_compaction(
     assert kept and all(p.name.startswith("history_20") for p in kept)  # its own archive stays
     block = (ws.root / "agents/alice/MEMORY.md").read_text()
     assert "(kept 30 days), then deleted" in block
+
+
+def test_readiness_does_not_wait_for_a_file_slow_to_count(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memd.daemon.counter as counter_module
+
+    monkeypatch.setattr(counter_module, "SLOW_COUNT_BYTES", 64 << 10)
+    ws.create_agent("healthy", entries=2)
+    ws.create_agent("huge", entries=0)
+    huge = ws.root / "agents" / "huge" / "MEMORY.md"
+    append_entry(huge, "Human", "GATE " + "word " * 20_000)  # 100 KB: "slow" here
+    gate = threading.Event()
+
+    class GatedOnTheHugeFile:
+        def count_bytes(self, data: bytes) -> int:
+            if b"GATE" in data:
+                assert gate.wait(60)
+            return COUNTER.count_bytes(data)
+
+        def count_text(self, text: str) -> int:
+            return COUNTER.count_text(text)
+
+    h = run_daemon(
+        ws,
+        compact=ScriptedCompaction(),
+        config={"trigger": {"context_length": 10**6}},
+        counter_factory=lambda _encoding: GatedOnTheHugeFile(),
+    )
+    # READY while the huge file is still being counted; the healthy agent is served.
+    assert h.daemon.ready.is_set() and h.tokens("huge") == 0
+    healthy = ws.root / "agents" / "healthy" / "MEMORY.md"
+    assert h.tokens("healthy") == full_tokens(healthy)
+    append_entry(healthy, "AI", "counted while the huge one is not " * 5)
+    assert wait_until(lambda: h.tokens("healthy") == full_tokens(healthy))
+    gate.set()
+    assert wait_until(lambda: h.tokens("huge") == full_tokens(huge))
+
+
+def test_a_giant_run_is_counted_by_estimate_marked_in_the_state_db_and_compacted(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    ws.create_agent("runaway", entries=2)
+    memory = ws.root / "agents" / "runaway" / "MEMORY.md"
+    append_entry(memory, "Human", "x" * 300_000)  # one pre-token of 300 KB
+    compact = ScriptedCompaction("ok")
+    config = {"trigger": {"context_length": 100_000}, "tokenizer": {"max_piece_bytes": 65_536}}
+    h = run_daemon(ws, compact=compact, config=config)
+    assert wait_until(lambda: compact.calls == ["runaway"])  # the estimate is over the threshold
+    h.stop()
+    with StateStore.open(tmp_path / "state", ws.root) as store:
+        (row,) = store.agents()
+    assert not row.estimated  # the compacted file is counted exactly again
+    # Counted again from scratch (no compaction): the row says the count is an estimate.
+    append_entry(memory, "Human", "y" * 300_000)
+    h = run_daemon(
+        ws, compact=ScriptedCompaction(), config={**config, "trigger": {"context_length": 10**7}}
+    )
+    assert h.tokens("runaway") >= full_tokens(memory)
+    h.stop()
+    with StateStore.open(tmp_path / "state", ws.root) as store:
+        (row,) = store.agents()
+    assert row.estimated and row.tokens >= full_tokens(memory)

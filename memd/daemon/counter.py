@@ -92,6 +92,18 @@ def _appends_could_reach(entry: AgentEntry) -> bool:
     )
 
 
+# A MEMORY.md this large takes seconds to count (about 5 MB/s per core): it is
+# counted after READY, so one agent never holds the fleet's readiness back.
+SLOW_COUNT_BYTES = 16 << 20
+
+
+def _slow_to_count(entry: AgentEntry) -> bool:
+    try:
+        return os.stat(entry.paths.memory).st_size > SLOW_COUNT_BYTES
+    except OSError:
+        return False
+
+
 def _new_debouncer(trigger: TriggerConfig) -> Debouncer[str]:
     return Debouncer(trigger.debounce_ms / 1000, trigger.max_wait_ms / 1000)
 
@@ -129,6 +141,9 @@ class CountService:
         self._watcher: Watcher | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Agents whose first count runs in the background (count_later).
+        self._counting_later: set[str] = set()
+        self._later: threading.Thread | None = None
 
     # ---------------------------------------------------------------- service
 
@@ -198,6 +213,9 @@ class CountService:
             if self._count_now:
                 due.extend(self._count_now - set(due))
                 self._count_now.clear()
+            if self._counting_later:
+                # Counted in the background, then requested again: not here meanwhile.
+                due = [name for name in due if name not in self._counting_later]
             rescan, self._rescan = self._rescan, False
         if rescan:
             self.reconcile_agents()
@@ -338,14 +356,21 @@ class CountService:
         entry.dirty = False
         return True
 
-    def initial_count(self, entries: list[AgentEntry], records: Mapping[str, AgentRecord]) -> None:
-        to_count = [
-            entry
-            for entry in entries
-            if entry.name not in records or not self.restore(entry, records[entry.name])
-        ]
+    def initial_count(
+        self, entries: list[AgentEntry], records: Mapping[str, AgentRecord]
+    ) -> list[AgentEntry]:
+        """Count (or restore) every agent before READY, except the files too large to
+        count in a moment: those are returned, for :meth:`count_later` after READY."""
+        to_count: list[AgentEntry] = []
+        later: list[AgentEntry] = []
+        for entry in entries:
+            if entry.name in records and self.restore(entry, records[entry.name]):
+                continue
+            (later if _slow_to_count(entry) else to_count).append(entry)
+        if later:
+            _log.info("counting after READY", agents=[entry.name for entry in later])
         if not to_count:
-            return
+            return later
         started = time.monotonic()
         workers = max(1, min(len(to_count), os.cpu_count() or 1))
         mode = "serial"
@@ -370,6 +395,31 @@ class CountService:
             mode=mode,
             seconds=round(time.monotonic() - started, 3),
         )
+        return later
+
+    def count_later(self, entries: list[AgentEntry]) -> None:
+        """Count large files in the background once the daemon is READY (readiness
+        never waits on one agent); the counting loop leaves them alone meanwhile,
+        then counts what was appended during it and hands them to the runner."""
+        if not entries:
+            return
+        with self._state_lock:
+            self._counting_later.update(entry.name for entry in entries)
+
+        def count_them() -> None:
+            for entry in entries:
+                try:
+                    if not self._stopping and self._registry.is_current(entry):
+                        self._counter.count_locked(entry)
+                except Exception:
+                    _log.exception("counting failed", agent=entry.name)
+                finally:
+                    with self._state_lock:
+                        self._counting_later.discard(entry.name)
+                self.request_count(entry.name)
+
+        self._later = threading.Thread(target=count_them, name="memd-count-large", daemon=True)
+        self._later.start()
 
     def _pool_workers(self, entries: list[AgentEntry]) -> int:
         """Forked workers for a large cold scan (1: count here), and only with the

@@ -107,6 +107,7 @@ class StateFlusher:
                     archives=entry.archives,
                     window_source=entry.policy.window_source,
                     reserved_tokens=entry.policy.reserved_tokens,
+                    estimated=entry.tracked is not None and entry.tracked.state.estimated,
                 )
                 for entry in dirty
             ]

@@ -317,7 +317,9 @@ class Daemon:
         self.registry.register(entries, set(records))
         # Counted before any thread exists, so the scan may fork a process
         # pool safely; changes made meanwhile are caught just below.
-        counter.initial_count(entries, records)
+        later = counter.initial_count(entries, records)
+        if self.should_exit:
+            return  # SIGTERM during the count: stop before READY
         # Threads only after the initial count (it may fork a process pool).
         runner.on_archived = self.archives.on_archived
         self.retention = RetentionService(self.registry, self.archives, self.audit, self.config)
@@ -343,9 +345,10 @@ class Daemon:
         self.watcher.start()
         stack.callback(self.watcher.stop)
         self.watcher.sync({e.name: e.paths.dir for e in entries})
-        counter.recount_changed(entries)
+        counter.recount_changed([entry for entry in entries if entry not in later])
         counter.start(self.watcher)
         stack.callback(counter.stop)
+        counter.count_later(later)
         self._schedule_periodic()
         for entry in entries:
             runner.evaluate(entry)

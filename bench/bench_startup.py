@@ -1,0 +1,98 @@
+"""Restart → READY at fleet scale (issue 13 item 5), against its floor.
+
+    python bench/bench_startup.py                   # 30,000 agents, 3 restarts
+    python bench/bench_startup.py --agents 10000 --repeats 5
+
+Builds a workspace of small MEMORY.md files, runs ``memd run`` once (cold: every
+file counted, the state DB written at the clean stop), then restarts it with
+the files unchanged and times process start → the ``ready`` log line. The
+anchor is a process doing the least any start-up must: the interpreter with
+memd's imports, a stat of every MEMORY.md and an inotify watch on every agent
+folder (raw ``inotify_add_watch``). Prints both (medians) and their ratio
+(target: within 3x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_daemon import HEADER, Proc, entry, write_config
+
+# What the anchor imports: the modules `memd run` has loaded by READY.
+_ANCHOR = r"""
+import ctypes, os, sys
+import memd.cli.app, memd.daemon.lifecycle, memd.compaction, memd.state, memd.tokenizer
+import memd.watcher, memd.scheduler, memd.recall.service
+agents = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+mask = 0x2 | 0x8 | 0x80 | 0x40 | 0x100 | 0x200 | 0x400 | 0x800
+with os.scandir(agents) as found:
+    for item in found:
+        os.stat(item.path + "/MEMORY.md")
+        if libc.inotify_add_watch(fd, os.fsencode(item.path), mask) < 0:
+            raise OSError(ctypes.get_errno(), "inotify_add_watch")
+"""
+
+
+def build(ws: Path, agents: int) -> None:
+    template = HEADER + "".join(entry("Human" if n % 2 == 0 else "AI", n) for n in range(4))
+    for n in range(agents):
+        folder = ws / "agents" / f"agent{n:05d}"
+        folder.mkdir(parents=True)
+        (folder / "MEMORY.md").write_text(template.replace("{name}", f"agent{n:05d}"))
+
+
+def time_ready(ws: Path, state: Path, config: Path) -> tuple[float, int]:
+    proc = Proc(ws, state, config)
+    try:
+        ready_at, line = proc.wait_event("ready", 600)
+        return ready_at - proc.started, int(line.get("agents", -1))
+    finally:
+        proc.stop()
+
+
+def time_anchor(ws: Path) -> float:
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", _ANCHOR, str(ws / "agents")], check=True)
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--agents", type=int, default=30_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="memd-bench-startup-"))
+    try:
+        ws, state = root / "ws", root / "state"
+        build(ws, args.agents)
+        config = write_config(root / "memd.toml", trigger={"context_length": 10**6})
+        cold, agents = time_ready(ws, state, config)
+        restarts, anchors = [], []
+        for _ in range(args.repeats):
+            # Interleaved, so both see the same machine load and page cache.
+            anchors.append(time_anchor(ws))
+            seconds, agents = time_ready(ws, state, config)
+            restarts.append(seconds)
+        restart, anchor = statistics.median(restarts), statistics.median(anchors)
+        print(
+            f"{agents} agents: cold start → READY {cold:.2f} s; restart → READY with unchanged "
+            f"files {restart:.2f} s (median of {args.repeats}: "
+            f"{', '.join(f'{s:.2f}' for s in restarts)}); anchor (interpreter + memd's "
+            f"imports + stat of every file + a watch per agent) {anchor:.2f} s; "
+            f"ratio {restart / anchor:.2f}x (target ≤ 3x)"
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
