@@ -219,6 +219,12 @@ def _check_privacy(config: MemdConfig, source: str, origin: dict[tuple[str, ...]
             f"{where('key_file')}: looks like a key, not a file name; put the key in a file "
             "(memd archive keygen FILE) and name that file here"
         )
+    if key_file and not Path(key_file).expanduser().is_absolute():
+        # The daemon (systemd: cwd /) and a CLI run from different folders.
+        raise ConfigError(
+            f"{where('key_file')}: must be an absolute path (got {key_file!r}); the daemon "
+            "and the CLI resolve a relative one from different folders"
+        )
     if privacy.encrypt_archives and not key_file:
         raise ConfigError(
             f"{where('encrypt_archives')}: encryption needs privacy.key_file (or "

@@ -101,6 +101,8 @@ def _a_valid_value(var: str) -> str:
     defaults = MemdConfig()
     if var == "MEMD_PRIVACY_ENCRYPT_ARCHIVES":
         return "false"  # true alone is refused: it needs privacy.key_file as well
+    if var == "MEMD_PRIVACY_KEY_FILE":
+        return "/etc/memd/archive.key"  # a path, absolute
     for name in top_level_scalars():
         if env_var(name) == var:
             return "/somewhere/else"

@@ -273,11 +273,19 @@ def test_a_key_in_the_config_is_refused_without_echoing_it(value: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["/etc/memd/archive.key", "keys/master.key", "archive.key", "~/memd.key"]
+    "value", ["/etc/memd/archive.key", "/run/credentials/memd.service/key", "~/memd.key"]
 )
 def test_paths_are_not_mistaken_for_keys(value: str) -> None:
     config, _ = build_config({"privacy": {"key_file": value}}, {}, "memd.toml")
     assert config.privacy.key_file == value
+
+
+@pytest.mark.parametrize("value", ["keys/master.key", "archive.key"])
+def test_a_relative_key_file_is_refused_naming_the_key(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"privacy\.key_file: must be an absolute path"):
+        build_config({"privacy": {"key_file": value}}, {}, "memd.toml")
+    with pytest.raises(ConfigError, match=r"invalid setting MEMD_PRIVACY_KEY_FILE"):
+        build_config({}, {"MEMD_PRIVACY_KEY_FILE": value}, "memd.toml")
 
 
 def test_rekey_interrupted_part_way_finishes_on_the_next_run(
@@ -424,3 +432,31 @@ def test_rekey_after_a_crashed_erase_finishes_it_first_and_keeps_every_archive_r
     assert code == 0, err
     plain = read_archive(ws.paths("alpha"), archive.name, read_master_key(new_key))
     assert b"kalomiren" not in plain and b"Agent Memory" in plain
+
+
+def test_cat_prints_a_plain_archive_without_any_key(
+    ws: AgentWorkspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = ws.create_agent("alpha", entries=4)
+    before = paths.memory.read_bytes()
+    archive = compact_agent(
+        paths, Fixed(), CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05)
+    ).archive
+    code, out, err = run(capsys, "archive", "cat", "alpha", archive.name, "-w", str(ws.root))
+    assert code == 0, err
+    assert out.encode() == before
+
+
+def test_an_encrypted_archive_gets_the_plain_archive_modes(
+    ws: AgentWorkspace, key_file: Path
+) -> None:
+    """DESIGN §1: readable by exactly the group that reads MEMORY.md, never writable
+    by it; the agent's group can read the ciphertext, not the key (.memd/ is memd's)."""
+    paths = ws.create_agent("alpha", entries=4)
+    paths.memory.chmod(0o660)
+    options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, key_file=key_file)
+    archive = compact_agent(paths, Fixed(), options).archive
+    assert stat.S_IMODE(archive.stat().st_mode) == 0o640
+    assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o750
+    assert stat.S_IMODE(paths.private_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE((paths.private_dir / DATA_KEY_NAME).stat().st_mode) == 0o600
