@@ -27,7 +27,8 @@ class LlmSlots:
         self.peak = 0  # the most summaries ever in flight at once (tests, metrics)
 
     def close(self) -> None:
-        """Shutdown: summaries in flight finish; the ones still waiting do not start."""
+        """Shutdown: summaries in flight finish; jobs waiting for a busy slot do
+        not start (a job that finds a slot free still runs: it is in flight)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -37,7 +38,10 @@ class LlmSlots:
         with self._cond:
             while self._free == 0 and not self._closed:
                 self._cond.wait()
-            if self._closed:
+            if self._free == 0:
+                # Stopping with every slot busy: waiting would hold the stop for
+                # a whole LLM call. A job that finds a slot free goes on: it is
+                # in flight (its snapshot taken), and SIGTERM lets it commit.
                 raise SummaryNotStarted(
                     f"agent {agent!r}: shutting down; the summary had not started (nothing changed)"
                 )

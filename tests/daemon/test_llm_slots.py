@@ -75,3 +75,16 @@ def test_waiters_beyond_the_slots_wait_then_give_up_on_close() -> None:
     assert isinstance(errors[0], CompactionAborted)  # the transaction rolls back as for any abort
     assert "'b'" in str(errors[0])
     assert slots.peak == 1
+
+
+def test_after_close_a_job_that_finds_a_slot_free_still_runs() -> None:
+    # SIGTERM lets in-flight compactions commit: one that reaches its summary
+    # after the stop began, with a slot free, is not refused.
+    slots = LlmSlots(2)
+    with slots.held("a"):
+        slots.close()
+        with slots.held("b"):
+            assert slots.peak == 2
+        with slots.held("c"):
+            pass
+    assert slots.peak == 2
