@@ -63,7 +63,7 @@ from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
 from memd.core.erasure import compile_pattern
 from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
-from memd.errors import MemdError, UnknownAgent, describe_error
+from memd.errors import MemdError, UnknownAgent, WorkspaceError, describe_error
 from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
 from memd.settings import LoadedConfig, resolve_state_dir
@@ -245,7 +245,13 @@ def forget(
     # even for an agent memd has never compacted.
     paths.private_dir.mkdir(mode=0o700, exist_ok=True)
     with AgentLock(paths.lock, paths.agent).held(wait_s):
-        report = erase_agent_files(paths)
+        try:
+            report = erase_agent_files(paths)
+        except OSError as exc:
+            raise WorkspaceError(
+                f"agent {paths.agent!r}: erasure stopped: {describe_error(exc)}; run it again "
+                "(what was removed stays removed)"
+            ) from None
         _forget_state(report, store, paths)
         # Under the lock too: a compaction waiting for it would otherwise
         # index an archive of the agent between the two erasures.
@@ -306,12 +312,15 @@ def forget_command(
         if not folder_exists and not _known_to_state(store, agent):
             raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir}")
         recall, recall_note = _open_recall(loaded, state_dir)
+        directory = resolve_state_dir(state_dir, loaded.config.state_dir)
         try:
-            report = forget(paths, store, wait_s, folder_exists=folder_exists, recall=recall)
+            # A root CLI acts on the agent's files as memd (the state dir's owner)
+            # does: the .memd/ it finds is memd's, and it leaves no root-owned file.
+            with as_owner_of(directory):
+                report = forget(paths, store, wait_s, folder_exists=folder_exists, recall=recall)
         finally:
             if recall is not None:
                 recall.close()
-        directory = resolve_state_dir(state_dir, loaded.config.state_dir)
         with as_owner_of(directory):  # a root CLI leaves no root-owned file there
             forget_corrupt_copies(report, store.path, recall.path if recall else None)
             audit_erasure(open_audit(loaded, state_dir), report)
@@ -356,12 +365,13 @@ def _forget_matching(
         encrypting=loaded.config.privacy.encrypt_archives,
         on_committed=reindex,
     )
+    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
     try:
-        outcome = erase_by_pattern(paths, pattern, options)
+        with as_owner_of(directory):  # as memd, like `forget AGENT --yes`
+            outcome = erase_by_pattern(paths, pattern, options)
     finally:
         if recall is not None:
             recall.close()
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
     with as_owner_of(directory):
         audit = open_audit(loaded, state_dir)
         try:
