@@ -217,7 +217,7 @@ class _Erase:
         if encrypted:
             self._stage_encrypted(archive_fd, encrypted)
 
-    def _keys(self, names: list[str]) -> tuple[DataKey, DataKey, bytes]:
+    def _keys(self, names: list[str]) -> tuple[DataKey, DataKey, bytes] | None:
         key_file = self.options.key_file
         if key_file is None:
             raise EraseRefused(
@@ -228,18 +228,17 @@ class _Erase:
         master = read_master_key(key_file)
         old = agent_data_key(self.pinned, master, create=False)
         if old is None:
-            raise EraseRefused(
-                f"agent {self.agent!r}: its encrypted archives have no data key (shredded); "
-                "nothing in them can be read, so nothing to erase there; remove them with "
-                "`memd forget AGENT --yes` or `memd prune`; nothing changed"
-            )
+            return None  # shredded already: nothing in them can be read by anyone
         new = new_data_key(self.agent)
         return old, new, wrap_data_key(new, master)
 
     def _stage_encrypted(self, archive_fd: int, names: list[str]) -> None:
         """Filter each encrypted archive; when any held a match, every one is sealed
         under a new data key and the old key is shredded at the commit."""
-        old, new, wrapped = self._keys(names)
+        keys = self._keys(names)
+        if keys is None:
+            return
+        old, new, wrapped = keys
         unchanged: list[str] = []
         for name in names:
             found = self._read_archive(archive_fd, name)

@@ -266,3 +266,18 @@ def test_a_manifest_from_a_newer_release_is_refused_clearly(tmp_path: Path) -> N
     with pytest.raises(StagingError, match="format 99, newer"):
         recover_agent(paths)
     assert files_of(paths) == before
+
+
+def test_archives_whose_key_is_shredded_are_left_as_they_are(tmp_path: Path) -> None:
+    key_file = tmp_path / "master.key"
+    generate_master_key(key_file)
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws, key_file)
+    (paths.private_dir / "archive.key").unlink()  # nobody can open them any more
+    sealed = {p.name: p.read_bytes() for p in paths.archive_dir.iterdir()}
+    outcome = erase_by_pattern(
+        paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05, key_file=key_file)
+    )
+    assert outcome.memory and outcome.archives == 0
+    assert {p.name: p.read_bytes() for p in paths.archive_dir.iterdir()} == sealed
+    assert PLANTED not in paths.memory.read_text()
