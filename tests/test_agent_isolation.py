@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 from support.memfiles import swarms_block as entry
 
 from memd.compaction import CompactionOptions, compact_agent
+from memd.core.secrets import find_secrets
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.workspace import agent_paths
 
@@ -73,8 +75,12 @@ def append_as(uid: int, path: Path, text: str) -> subprocess.CompletedProcess[st
     return as_user(uid, [AGENTS_GID], "/bin/sh", "-c", 'printf %s "$0" >> "$1"', text, str(path))
 
 
-def compact_as_memd_member(root: Path, name: str) -> None:
+def compact_as_memd_member(root: Path, name: str, options: CompactionOptions = FAST) -> None:
     """memd as the unit runs it: its own uid, in the agent's group, umask 0077."""
+    # The child's uid may not read this checkout's packages (a Python under
+    # /root): what compaction imports lazily (detect-secrets' plugins, for the
+    # reply scan) is imported here first, or the test fails when run alone.
+    find_secrets("warm up the lazy imports")
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child exits before coverage sees it
         code = 1
@@ -83,8 +89,11 @@ def compact_as_memd_member(root: Path, name: str) -> None:
             os.setgid(MEMD)
             os.setuid(MEMD)
             os.umask(0o077)
-            compact_agent(agent_paths(root, name), Recap(), FAST)
+            compact_agent(agent_paths(root, name), Recap(), options)
             code = 0
+        except BaseException:
+            traceback.print_exc()  # the parent's assertion alone would not say why
+            raise
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -127,3 +136,44 @@ def test_agent_reads_not_deletes_its_archives_and_others_read_nothing(
     assert as_user(BOB, [AGENTS_GID], "/bin/ls", str(folder)).returncode != 0
     assert as_user(BOB, [AGENTS_GID], "/bin/rm", "-rf", str(folder)).returncode != 0
     assert memory.exists()
+
+
+def test_encrypted_archives_the_agent_reads_only_as_ciphertext_and_never_the_key(
+    workspace: Path,
+) -> None:
+    """With encryption at rest, alice can still read (not delete) her archive file,
+    but it is ciphertext; the data key is in memd's .memd/, which she cannot enter."""
+    from memd.archive_crypto import DATA_KEY_NAME, generate_master_key
+
+    key_file = workspace / "master.key"
+    generate_master_key(key_file)
+    os.chown(key_file, MEMD, MEMD)  # memd's user reads its key; nobody else
+    folder = workspace / "agents" / "alice"
+    assert as_user(ALICE, [AGENTS_GID], "/bin/mkdir", str(folder)).returncode == 0
+    memory = folder / "MEMORY.md"
+    chatter = " ".join(["we talked about the kalomiren build at some length"] * 10)
+    for n in range(6):
+        assert append_as(ALICE, memory, entry("user", f"turn {n}: {chatter}")).returncode == 0
+
+    options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2, key_file=key_file)
+    compact_as_memd_member(workspace, "alice", options)
+
+    (archive,) = (folder / "archive").iterdir()
+    assert archive.name.endswith(".md.enc")
+    read = subprocess.run(
+        ["/bin/cat", str(archive)],
+        user=ALICE,
+        group=ALICE,
+        extra_groups=[AGENTS_GID],
+        capture_output=True,
+        timeout=30,
+        cwd="/",
+    )
+    assert read.returncode == 0 and read.stdout.startswith(b"memd-encrypted-archive v1\n")
+    assert b"kalomiren" not in read.stdout
+    assert as_user(ALICE, [AGENTS_GID], "/bin/rm", "-f", str(archive)).returncode != 0
+    for secret in (folder / ".memd" / DATA_KEY_NAME, key_file):
+        assert secret.exists()
+        assert as_user(ALICE, [AGENTS_GID], "/bin/cat", str(secret)).returncode != 0
+        assert as_user(BOB, [AGENTS_GID], "/bin/cat", str(secret)).returncode != 0
+    assert as_user(BOB, [AGENTS_GID], "/bin/cat", str(archive)).returncode != 0
