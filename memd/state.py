@@ -686,10 +686,15 @@ class StateStore:
         key = self.key_of(name) if erased_at_ns is not None else None
 
         def operation(conn: sqlite3.Connection) -> int:
+            removed = 0
             with self._write(conn):
-                removed = conn.execute("DELETE FROM agents WHERE agent = ?", (name,)).rowcount
-                removed += conn.execute("DELETE FROM ledger WHERE agent = ?", (name,)).rowcount
-                conn.execute("DELETE FROM file_counts WHERE agent = ?", (name,))
+                for table in _AGENT_TABLES:
+                    deleted = conn.execute(
+                        f"DELETE FROM {table} WHERE agent = ?",  # noqa: S608  # a constant name
+                        (name,),
+                    ).rowcount
+                    # What the report counts: the agent's record and its ledger rows.
+                    removed += deleted if table in ("agents", "ledger") else 0
                 if key is not None:
                     conn.execute(
                         "INSERT OR REPLACE INTO erasures VALUES (?,?,?,?)",

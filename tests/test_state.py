@@ -634,3 +634,21 @@ def test_spending_record_round_trip(tmp_path: Path, workspace: Path) -> None:
         record = SpendingRecord(12, 0.5, "summarizer.max_calls_per_hour (12)", 1_700_003_600.0, 1.0)
         store.write_spending(record)
         assert store.read_spending() == record
+
+
+def test_every_table_naming_an_agent_is_cleared_by_forget(tmp_path: Path, workspace: Path) -> None:
+    # A table added later with an `agent` column must join the erasure, or
+    # `memd forget` would leave the agent's rows (and name) behind.
+    with StateStore.open(tmp_path, workspace) as store:
+        assert store.path is not None
+        conn = sqlite3.connect(store.path)
+        tables = [
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        ]
+        with_agent = {
+            table
+            for table in tables
+            if any(col[1] == "agent" for col in conn.execute(f"PRAGMA table_info({table})"))
+        }
+        conn.close()
+    assert with_agent == set(memd.state._AGENT_TABLES)
