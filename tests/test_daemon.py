@@ -8,6 +8,7 @@ compaction function or the real transaction. That nothing *more* happens
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -1666,3 +1667,77 @@ def test_a_giant_run_is_counted_by_estimate_marked_in_the_state_db_and_compacted
     with StateStore.open(tmp_path / "state", ws.root) as store:
         (row,) = store.agents()
     assert row.estimated and row.tokens >= full_tokens(memory)
+
+
+def _daemon_tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        tree = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            total += member.memory_info().rss
+    return total
+
+
+def _run_next_to_a_single_line(root: Path, line_bytes: int) -> int:
+    """A real daemon with a healthy agent and one MEMORY.md holding a single line of
+    ``line_bytes`` letters: READY, the healthy agent compacted, the big file counted
+    (by estimate when it is big), then SIGTERM. Returns the daemon tree's peak RSS."""
+    ws = AgentWorkspace(root / "ws")
+    ws.create_agent("healthy")
+    ws.create_agent("runaway")
+    with open(ws.root / "agents/runaway/MEMORY.md", "ab") as out:
+        out.write("### Human \u2014 2026-01-01T10:00:00\n\n".encode())
+        block = b"a" * (1 << 20)
+        for start in range(0, line_bytes, len(block)):
+            out.write(block[: line_bytes - start])
+    config = write_config(root / "memd.toml")
+    config.write_text(config.read_text() + "[agents.runaway]\ncontext_compression = false\n")
+    peak = [0]
+    done = threading.Event()
+    with DaemonProcess(ws.root, root / "state", config=config) as daemon:
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], _daemon_tree_rss(daemon.pid))
+                done.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            daemon.wait_ready(timeout=90)  # never waits for the big file
+            fill(ws, "healthy", 20)
+            daemon.wait_for("compacted", lambda line: line.get("agent") == "healthy", timeout=120)
+            if line_bytes > 16 << 20:  # counted after READY, by estimate
+                counted = daemon.wait_for("counted after READY", timeout=300)
+                assert counted["agent"] == "runaway" and counted["estimated"] is True
+        finally:
+            done.set()
+            sampler.join()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+        assert "Traceback" not in "".join(daemon.raw)
+    with StateStore.open(root / "state", ws.root) as store:
+        rows = {row.agent: row for row in store.agents()}
+    assert rows["runaway"].tokens >= line_bytes // 8
+    assert rows["runaway"].estimated is (line_bytes > 1 << 20)
+    return peak[0]
+
+
+@pytest.mark.slow
+def test_a_200_mb_single_line_beside_a_healthy_agent_keeps_memory_bounded(
+    tmp_path: Path,
+) -> None:
+    small = _run_next_to_a_single_line(tmp_path / "small", 2 << 20)
+    shutil.rmtree(tmp_path / "small")
+    huge = _run_next_to_a_single_line(tmp_path / "huge", 200 << 20)
+    print(
+        f"peak RSS of the daemon and its workers: 2 MB line {small / 1e6:.0f} MB, "
+        f"200 MB line {huge / 1e6:.0f} MB"
+    )
+    assert huge <= 3 * small

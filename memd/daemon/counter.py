@@ -411,6 +411,13 @@ class CountService:
                 try:
                     if not self._stopping and self._registry.is_current(entry):
                         self._counter.count_locked(entry)
+                        tracked = entry.tracked
+                        _log.info(
+                            "counted after READY",
+                            agent=entry.name,
+                            tokens=entry.tokens,
+                            estimated=tracked is not None and tracked.state.estimated,
+                        )
                 except Exception:
                     _log.exception("counting failed", agent=entry.name)
                 finally:

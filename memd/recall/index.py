@@ -58,6 +58,11 @@ LIVE_SOURCE = MEMORY_FILE
 ARCHIVE_PREFIX = "history_"
 ARCHIVE_SUFFIX = ".md"
 MAX_LIMIT = 100
+# A file larger than this is not indexed (its identity is, so it is not retried
+# until it changes): reading and parsing it whole would cost the daemon
+# gigabytes (a 200 MB single-line MEMORY.md), and compaction keeps live files
+# far smaller than this.
+MAX_INDEX_BYTES = 64 << 20
 
 _log = logging.getLogger("memd.recall")
 _T = TypeVar("_T")
@@ -716,6 +721,9 @@ def _read_file(path: Path) -> tuple[_FileIdentity, bytes] | None:
         result = os.fstat(fd)
         if not stat.S_ISREG(result.st_mode):
             return None
+        if result.st_size > MAX_INDEX_BYTES:
+            _log.warning("%s is over %d MiB: not indexed for recall", path, MAX_INDEX_BYTES >> 20)
+            return _FileIdentity.of(result), b""
         data = read_to_end(fd)
     finally:
         os.close(fd)

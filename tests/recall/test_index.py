@@ -324,3 +324,23 @@ def test_without_a_crash_the_archive_is_indexed_before_the_lock_is_released(
     (hit,) = search(state_dir, ws, "alpha", "saffron")
     assert hit.source == child.stdout.strip().splitlines()[-1]
     assert os.stat(recall_db_path(state_dir, ws.root)).st_mode & 0o077 == 0
+
+
+def test_a_file_over_the_index_bound_is_not_read_nor_retried(
+    ws: AgentWorkspace, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memd.recall.index as index_module
+
+    monkeypatch.setattr(index_module, "MAX_INDEX_BYTES", 4096)
+    paths = ws.create_agent("huge")
+    append_entry(paths.memory, "Human", "needle " + "x" * 8000)  # one giant line
+    reads: list[int] = []
+    real = index_module.read_to_end
+    monkeypatch.setattr(index_module, "read_to_end", lambda fd: reads.append(fd) or real(fd))
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.refresh_live(paths)
+        index.refresh_live(paths)  # unchanged: not looked at again
+        assert index.search("huge", "needle") == [] and reads == []
+        paths.memory.write_text("### Human — 2026-01-01T10:00:00\n\nneedle small\n\n---\n\n")
+        index.refresh_live(paths)
+        assert index.search("huge", "needle")[0].source == LIVE_SOURCE
