@@ -88,6 +88,7 @@ class ForgetReport:
     data_key_destroyed: bool = False
     corrupt_copies_cleaned: int = 0
     corrupt_copies_deleted: int = 0
+    bytes_removed: int = 0  # of MEMORY.md and the archives
     tombstone: bool = False  # the state DB now keeps a running daemon from writing it back
     # The erased MEMORY.md's inode when other hard links keep it alive.
     survivor: tuple[int, int] = (0, 0)
@@ -125,6 +126,15 @@ def _remove_path(path: Path) -> int:
     return count
 
 
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
 def _shred_data_key(paths: AgentPaths, report: ForgetReport) -> None:
     """Destroy the agent's archive data key first: every encrypted archive of the
     agent is unreadable from then on, even a copy whose blocks survive the unlink."""
@@ -144,8 +154,10 @@ def _remove_memory(paths: AgentPaths, report: ForgetReport) -> None:
     with AgentDir.open(paths, create_private=False) as pinned:
         pinned.pin_memory()
         target = pinned.stat_memory()
-        if target is not None and stat.S_ISREG(target.st_mode) and target.st_nlink > 1:
-            report.survivor = (target.st_dev, target.st_ino)
+        if target is not None and stat.S_ISREG(target.st_mode):
+            report.bytes_removed += target.st_size
+            if target.st_nlink > 1:
+                report.survivor = (target.st_dev, target.st_ino)
         if (pinned.memory_dir_fd, pinned.memory_name) != (pinned.dir_fd, MEMORY_FILE):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pinned.memory_name, dir_fd=pinned.memory_dir_fd)
@@ -162,6 +174,7 @@ def erase_agent_files(paths: AgentPaths) -> ForgetReport:
     if paths.archive_dir.is_symlink():
         _remove_path(paths.archive_dir)
     elif paths.archive_dir.exists():
+        report.bytes_removed += _tree_bytes(paths.archive_dir)
         report.archives_removed = _remove_path(paths.archive_dir)
     if paths.private_dir.is_dir() and not paths.private_dir.is_symlink():
         for entry in paths.private_dir.iterdir():
@@ -421,6 +434,7 @@ def audit_erasure(audit: AuditLog, report: ForgetReport) -> None:
         report.agent,
         files=int(report.memory_removed) + report.private_entries_removed,
         archives=report.archives_removed,
+        bytes=report.bytes_removed,
         ledger_rows=report.state_rows_removed,
         index_rows=report.recall_rows_removed,
         shredded=report.data_key_destroyed,

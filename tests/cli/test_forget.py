@@ -310,6 +310,7 @@ def test_erasure_is_audited_without_content(
     fields = dict(records[0].fields)
     assert fields["archives"] == 2 and fields["ledger_rows"] == 2 and fields["tombstone"] is True
     assert fields["files"] >= 2  # MEMORY.md and the journal
+    assert fields["bytes"] > len("alpha archive") + len("alpha archive 2")
     assert b"lorem ipsum" not in log.read_bytes() and b"archive 2" not in log.read_bytes()
     code, out, _ = run(capsys, "audit", "alpha", *base_args(ws, state_dir))
     assert code == 0 and "erasure" in out
