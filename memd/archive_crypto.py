@@ -37,9 +37,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from memd.agentdir import AgentDir
 from memd.errors import MemdError
 from memd.fsutil import create_file_at, read_to_end
@@ -67,6 +64,28 @@ class ArchiveKeyError(MemdError, ValueError):
     """A master key, data key or encrypted archive that cannot be used (one line, named)."""
 
     exit_code = 2
+
+
+class _Aead:
+    """AES-256-GCM from ``cryptography``, imported on first use: every CLI command
+    imports this module (forget, status through recall), few of them encrypt."""
+
+    def __init__(self, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        self._aead = AESGCM(key)
+
+    def encrypt(self, nonce: bytes, data: bytes, aad: bytes) -> bytes:
+        return self._aead.encrypt(nonce, data, aad)
+
+    def decrypt(self, nonce: bytes, data: bytes, aad: bytes) -> bytes | None:
+        """The plaintext, or None when authentication fails (tampered, wrong key or name)."""
+        from cryptography.exceptions import InvalidTag
+
+        try:
+            return self._aead.decrypt(nonce, data, aad)
+        except InvalidTag:
+            return None
 
 
 def _key_id(label: bytes, key: bytes) -> str:
@@ -212,7 +231,7 @@ def _wrap_aad(agent: str) -> bytes:
 def wrap_data_key(data_key: DataKey, master: MasterKey) -> bytes:
     """The data key file's bytes: ``data_key`` sealed under ``master``."""
     nonce = secrets.token_bytes(NONCE_BYTES)
-    wrapped = AESGCM(master.key).encrypt(nonce, data_key.key, _wrap_aad(data_key.agent))
+    wrapped = _Aead(master.key).encrypt(nonce, data_key.key, _wrap_aad(data_key.agent))
     record = {
         "format": DATA_KEY_FORMAT,
         "version": DATA_KEY_VERSION,
@@ -252,8 +271,10 @@ def unwrap_data_key(data: bytes, agent: str, master: MasterKey, source: str) -> 
     try:
         nonce = base64.b64decode(record["nonce"], validate=True)
         wrapped = base64.b64decode(record["wrapped"], validate=True)
-        key = AESGCM(master.key).decrypt(nonce, wrapped, _wrap_aad(agent))
-    except (InvalidTag, KeyError, TypeError, ValueError, binascii.Error):
+        key = _Aead(master.key).decrypt(nonce, wrapped, _wrap_aad(agent))
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        key = None
+    if key is None:
         raise ArchiveKeyError(
             f"agent {agent!r}: data key {source} does not open with key file {master.source} "
             "(damaged or tampered with)"
@@ -466,7 +487,7 @@ def seal_archive(data_key: DataKey, name: str, plaintext: bytes) -> bytes:
         + bytes.fromhex(data_key.key_id)
         + nonce
     )
-    sealed = AESGCM(data_key.key).encrypt(
+    sealed = _Aead(data_key.key).encrypt(
         nonce, plaintext, _archive_aad(header, data_key.agent, name)
     )
     return header + sealed
@@ -515,15 +536,15 @@ def open_archive(data_key: DataKey, name: str, blob: bytes) -> bytes:
             f"agent {agent!r}: archive {name} was encrypted with data key {header.key_id}, "
             f"not the agent's ({data_key.key_id}); its key was destroyed (forget) or replaced"
         )
-    try:
-        return AESGCM(data_key.key).decrypt(
-            header.nonce, blob[header.size :], _archive_aad(blob[: header.size], agent, name)
-        )
-    except InvalidTag:
+    plaintext = _Aead(data_key.key).decrypt(
+        header.nonce, blob[header.size :], _archive_aad(blob[: header.size], agent, name)
+    )
+    if plaintext is None:
         raise ArchiveKeyError(
             f"agent {agent!r}: archive {name} failed authentication (tampered with, "
             "damaged, or renamed)"
-        ) from None
+        )
+    return plaintext
 
 
 __all__ = [
