@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from memd.core.config import MemdConfig
 from memd.core.memfile import render_entry, render_header
+from memd.settings import apply_settings
 
 DEMO_DIR = Path("memd-demo")
 DEMO_CONTEXT_LENGTH = 4_000
@@ -51,12 +53,16 @@ _TURNS = {
 }
 
 
+# What the demo sets over the user's config; saved in the workspace's pointer
+# (memd.pointer), so later commands on the demo workspace show the same thresholds.
+DEMO_SETTINGS: dict[str, dict[str, Any]] = {
+    "trigger": {"context_length": DEMO_CONTEXT_LENGTH, "max_tokens": 0, "debounce_ms": 300}
+}
+
+
 def demo_config(config: MemdConfig) -> MemdConfig:
     """The user's config with a tiny context window so the demo compacts at once."""
-    trigger = config.trigger.model_copy(
-        update={"context_length": DEMO_CONTEXT_LENGTH, "max_tokens": 0, "debounce_ms": 300}
-    )
-    return config.model_copy(update={"trigger": trigger})
+    return apply_settings(config, DEMO_SETTINGS, "memd run --demo")
 
 
 def seed_demo_workspace(root: Path, rounds: int = 14) -> list[str]:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from memd.core.config import MemdConfig, resolve_policy
 from memd.core.summary_plan import BudgetError, summary_budgets
 from memd.errors import ConfigError
+from memd.pointer import StatePointer
 
 SYSTEM_CONFIG = Path("/etc/memd/memd.toml")
 DEFAULT_WORKSPACE = Path("agent_workspace")
@@ -37,6 +38,10 @@ class LoadedConfig:
     source: Path | None  # the TOML file used, if any
     workspace: Path  # absolute, resolved per the precedence rules
     env_overrides: tuple[str, ...]  # names of MEMD_* vars that applied
+    # The config file was named (--config or MEMD_CONFIG), not found by default.
+    config_explicit: bool = False
+    # The daemon's pointer in the workspace, when one is trusted (memd.pointer).
+    pointer: StatePointer | None = None
 
 
 # -- where memd keeps its files: each setting in one small function,
@@ -67,6 +72,47 @@ def resolve_state_dir(
     if configured:
         return Path(configured).expanduser()
     return default_state_dir(environ)
+
+
+def locate_state_dir(
+    flag: Path | None, loaded: LoadedConfig, environ: Mapping[str, str] | None = None
+) -> tuple[Path, str]:
+    """The state dir a command uses, and where that choice came from (printed, so a
+    figure never comes from an unexpected place): ``--state-dir`` > ``MEMD_STATE_DIR``
+    > ``state_dir`` of a config named by ``--config``/``MEMD_CONFIG`` > the daemon's
+    pointer in the workspace > ``state_dir`` of the default config > the default."""
+    env = os.environ if environ is None else environ
+    if flag is not None:
+        return flag.expanduser(), "--state-dir"
+    configured = loaded.config.state_dir
+    if configured and "MEMD_STATE_DIR" in loaded.env_overrides:
+        return Path(configured).expanduser(), "MEMD_STATE_DIR"
+    if configured and loaded.config_explicit:
+        return Path(configured).expanduser(), f"state_dir in {loaded.source}"
+    if loaded.pointer is not None:
+        return loaded.pointer.state_dir, f"the daemon's pointer {loaded.pointer.path}"
+    if configured:
+        return Path(configured).expanduser(), f"state_dir in {loaded.source}"
+    if env.get("STATE_DIRECTORY"):
+        return default_state_dir(env), "$STATE_DIRECTORY"
+    return default_state_dir(env), "the default"
+
+
+def apply_settings(
+    config: MemdConfig, settings: Mapping[str, Mapping[str, Any]], source: str
+) -> MemdConfig:
+    """``config`` with per-section ``settings`` on top (``memd run --demo``'s, or
+    those a daemon's pointer names), validated like a config file's."""
+    data = config.model_dump()
+    for section, values in settings.items():
+        current = data.get(section)
+        if not isinstance(current, dict):
+            raise ConfigError(f"invalid settings in {source}: unknown section [{section}]")
+        data[section] = {**current, **values}
+    try:
+        return MemdConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, source, {}) from None
 
 
 def resolve_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -300,4 +346,10 @@ def load_settings(
     config, applied = build_config(data, env, str(path) if path else "<defaults>")
     resolved = resolve_workspace(workspace, config, env, cwd or Path.cwd())
     config = config.model_copy(update={"workspace": str(resolved)})
-    return LoadedConfig(config=config, source=path, workspace=resolved, env_overrides=applied)
+    return LoadedConfig(
+        config=config,
+        source=path,
+        workspace=resolved,
+        env_overrides=applied,
+        config_explicit=config_file is not None or bool(env.get("MEMD_CONFIG")),
+    )

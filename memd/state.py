@@ -18,15 +18,16 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from memd.core.erasure import Tombstone, agent_key
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
@@ -64,7 +65,9 @@ class Outcome(Protocol):
 # 5: the ledger says what a compaction produced apart from what writers appended
 # meanwhile, whether the builtin summarizer stood in for a failing model, the
 # pinned facts kept and evicted, the model calls made; the spending table.
-SCHEMA_VERSION = 5
+# 6: the daemon keeps how many archives are encrypted at rest (status shows
+# them without listing the folder).
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -106,7 +109,8 @@ CREATE TABLE IF NOT EXISTS agents (
     archive_mtime_ns INTEGER NOT NULL DEFAULT 0,
     window_source TEXT NOT NULL DEFAULT '',
     reserved_tokens INTEGER NOT NULL DEFAULT 0,
-    estimated INTEGER NOT NULL DEFAULT 0
+    estimated INTEGER NOT NULL DEFAULT 0,
+    encrypted_archives INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -201,10 +205,97 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE ledger ADD COLUMN evicted INTEGER",
         "ALTER TABLE ledger ADD COLUMN calls INTEGER",
     ),
+    # 5 -> 6: how many of the surveyed archives are encrypted at rest (status
+    # shows them, and recall off, without listing the folder).
+    5: ("ALTER TABLE agents ADD COLUMN encrypted_archives INTEGER NOT NULL DEFAULT 0",),
 }
 
 # Tables with an ``agent`` column: what an erasure clears (here and in corrupt copies).
 _AGENT_TABLES = ("agents", "ledger", "file_counts")
+
+
+# `memd status` straight from the DB. "Needs attention" first: failing, over
+# its threshold, compacting, estimated; then by how full, then by name.
+StatusSort = Literal["attention", "name", "tokens", "used", "archives"]
+STATUS_SORTS: tuple[StatusSort, ...] = ("attention", "name", "tokens", "used", "archives")
+_FAILING = "state IN ('error', 'breaker_open')"
+_COMPACTING = "state IN ('running', 'pending')"
+_USED = "(tokens * 1.0 / max(threshold_tokens, 1))"
+_ATTENTION = (
+    f"CASE WHEN {_FAILING} THEN 0 WHEN tokens >= threshold_tokens AND threshold_tokens > 0"
+    f" THEN 1 WHEN {_COMPACTING} THEN 2 WHEN estimated != 0 THEN 3 ELSE 4 END"
+)
+_STATUS_ORDER: dict[StatusSort, str] = {
+    "attention": f"{_ATTENTION}, {_USED} DESC, agent",
+    "name": "agent",
+    "tokens": "tokens DESC, agent",
+    "used": f"{_USED} DESC, agent",
+    "archives": "archives DESC, archive_bytes DESC, agent",
+}
+# Whether the agent's latest successful compaction used the builtin fallback
+# (one indexed lookup in the ledger per row, in SQLite).
+_LAST_FALLBACK = (
+    "coalesce((SELECT fallback FROM ledger WHERE ledger.agent = agents.agent"
+    " AND ledger.error IS NULL ORDER BY ledger.id DESC LIMIT 1), 0)"
+)
+# The `memd status --json` object (keys in their documented order), built in
+# SQLite: at 30,000 agents Python's per-row JSON would be most of the time.
+_STATUS_JSON = (
+    "'agent', agent, 'tokens', tokens, 'threshold_tokens', threshold_tokens,"
+    " 'percent_used', round(100.0 * tokens / max(1, threshold_tokens), 1),"
+    " 'archives', archives,"
+    " 'last_compaction_at', CASE WHEN last_compaction_at IS NULL THEN NULL ELSE"
+    " strftime('%Y-%m-%dT%H:%M:%S+00:00', CAST(last_compaction_at AS INTEGER), 'unixepoch') END,"
+    " 'last_error', last_error, 'state', state, 'source', 'daemon',"
+    " 'window_source', window_source, 'reserved_tokens', reserved_tokens,"
+    " 'encrypted_archives', encrypted_archives,"
+    " 'recall', CASE WHEN encrypted_archives > 0 OR ? THEN 'off' ELSE 'on' END,"
+    f" 'last_compaction_fallback', json(CASE WHEN {_LAST_FALLBACK} THEN 'true' ELSE 'false' END),"
+    " 'archive_bytes', archive_bytes,"
+    " 'estimated', json(CASE WHEN estimated != 0 THEN 'true' ELSE 'false' END)"
+)
+
+_TOTALS = (
+    "SELECT count(*), total(tokens),"  # noqa: S608  (constant fragments)
+    f" total(tokens >= threshold_tokens AND threshold_tokens > 0), total({_FAILING}),"
+    f" total({_COMPACTING}), total(estimated != 0), total(archives),"
+    " total(archive_bytes), total(archives IS NULL) FROM agents"
+)
+
+
+class FleetTotals(NamedTuple):
+    agents: int
+    tokens: int
+    over_threshold: int
+    failing: int
+    compacting: int
+    estimated: int
+    archives: int
+    archive_bytes: int
+    unsurveyed: int  # rows whose archives the daemon has not surveyed yet
+
+
+class StatusRow(NamedTuple):
+    """What `memd status` shows of one agent row (the columns, in this order)."""
+
+    agent: str
+    tokens: int
+    threshold_tokens: int
+    archives: int | None
+    archive_bytes: int | None
+    last_compaction_at: float | None
+    last_error: str | None
+    state: str
+    window_source: str
+    reserved_tokens: int
+    encrypted_archives: int
+    last_fallback: bool
+    estimated: bool  # last: stored as 0/1
+
+
+_STATUS_COLUMNS = ", ".join(
+    _LAST_FALLBACK if name == "last_fallback" else name for name in StatusRow._fields
+)
 
 
 class StateError(MemdError, RuntimeError):
@@ -246,6 +337,8 @@ class AgentRecord:
     window_source: str = ""
     reserved_tokens: int = 0
     estimated: bool = False
+    # Schema 5: how many of ``archives`` are encrypted at rest (``.md.enc``).
+    encrypted_archives: int = 0
 
     @classmethod
     def of(
@@ -290,6 +383,7 @@ class AgentRecord:
             window_source=window_source,
             reserved_tokens=reserved_tokens,
             estimated=estimated,
+            encrypted_archives=archives.encrypted if archives else 0,
         )
 
     @property
@@ -297,7 +391,9 @@ class AgentRecord:
         """The surveyed archive/ (None when the daemon has not surveyed it yet)."""
         if self.archives is None:
             return None
-        return ArchiveStats(self.archives, self.archive_bytes or 0, self.archive_mtime_ns)
+        return ArchiveStats(
+            self.archives, self.archive_bytes or 0, self.archive_mtime_ns, self.encrypted_archives
+        )
 
     def to_tracked(self, current_size: int) -> TrackedCount:
         """The stored count as the counter tracks it, for a file now ``current_size``
@@ -507,6 +603,8 @@ class StateStore:
         self._lock = threading.RLock()
         self.path = path  # None when running on the in-memory fallback
         self.warnings = warnings
+        # How the caller chose the state dir (printed by `memd status`/`health`).
+        self.found_by = ""
         self._identity = _file_identity(path)
 
     # ------------------------------------------------------------------ opening
@@ -637,6 +735,7 @@ class StateStore:
                 r.window_source,
                 r.reserved_tokens,
                 int(r.estimated),
+                r.encrypted_archives,
             )
             for r in records
         ]
@@ -902,6 +1001,62 @@ class StateStore:
 
         return self._run(operation)
 
+    # ------------------------------------------------------------ fleet status
+
+    def fleet_totals(self) -> FleetTotals:
+        """Totals over every agent row (one aggregate query: ``memd status`` at 30,000 agents)."""
+
+        def operation(conn: sqlite3.Connection) -> FleetTotals:
+            row = conn.execute(_TOTALS).fetchone()
+            return FleetTotals(*(int(value or 0) for value in row))
+
+        return self._run(operation)
+
+    def fleet_rows(self, sort: StatusSort, limit: int | None) -> list[StatusRow]:
+        """The agents' status rows, ``sort`` order, at most ``limit`` (the DB sorts and cuts)."""
+
+        def operation(conn: sqlite3.Connection) -> list[StatusRow]:
+            rows = conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM agents"  # noqa: S608
+                f" ORDER BY {_STATUS_ORDER[sort]} LIMIT ?",
+                (-1 if limit is None else limit,),
+            ).fetchall()
+            return [StatusRow._make((*row[:-2], bool(row[-2]), bool(row[-1]))) for row in rows]
+
+        return self._run(operation)
+
+    def fleet_json(
+        self,
+        sort: StatusSort,
+        limit: int | None,
+        extra: Mapping[str, object],
+        emit: Callable[[list[tuple[str, str, bool]]], None],
+        *,
+        encrypt_archives: bool = False,
+    ) -> None:
+        """Each row as its ``memd status --json`` object, built by SQLite, handed to
+        ``emit`` in batches as read (a 30,000-agent fleet streams, never held whole).
+
+        Each item is (JSON text, agent, archives unknown); ``extra`` adds constant
+        keys at the end of every object; with ``encrypt_archives`` (the config's)
+        recall is off for every agent.
+        """
+        constant = "".join(", ?, json(?)" for _ in extra)
+        params: list[object] = [int(encrypt_archives)]
+        for key, value in extra.items():
+            params += [key, json.dumps(value)]
+        query = (
+            f"SELECT json_object({_STATUS_JSON}{constant}), agent, archives IS NULL"  # noqa: S608
+            f" FROM agents ORDER BY {_STATUS_ORDER[sort]} LIMIT ?"
+        )
+
+        def operation(conn: sqlite3.Connection) -> None:
+            cursor = conn.execute(query, (*params, -1 if limit is None else limit))
+            while batch := cursor.fetchmany(1000):
+                emit(batch)
+
+        self._run(operation)
+
     # --------------------------------------------------------------- heartbeat
 
     def write_heartbeat(
@@ -967,9 +1122,14 @@ def _ledger_from_row(row: tuple[Any, ...]) -> LedgerEntry:
     return LedgerEntry(*fields)
 
 
+_ESTIMATED = AGENT_COLUMNS.index("estimated")
+
+
 def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:
-    # Columns mirror the fields; `estimated` (the last) is stored as 0/1.
-    return AgentRecord(*row[:-1], estimated=bool(row[-1]))  # type: ignore[arg-type, misc]
+    # Columns mirror the fields; `estimated` is stored as 0/1.
+    values = list(row)
+    values[_ESTIMATED] = bool(values[_ESTIMATED])
+    return AgentRecord(*values)  # type: ignore[arg-type]
 
 
 def _file_identity(path: Path | None) -> tuple[int, int] | None:
@@ -1188,14 +1348,18 @@ def _move_aside(path: Path) -> Path:
 
 __all__ = [
     "SCHEMA_VERSION",
+    "STATUS_SORTS",
     "STOPPED_DETAIL",
     "AgentRecord",
     "FileKey",
+    "FleetTotals",
     "Heartbeat",
     "LedgerEntry",
     "SpendingRecord",
     "StateError",
     "StateStore",
+    "StatusRow",
+    "StatusSort",
     "Tombstone",
     "Trigger",
     "corrupt_copies",

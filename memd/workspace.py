@@ -264,6 +264,7 @@ class ArchiveStats:
     count: int
     total_bytes: int
     mtime_ns: int
+    encrypted: int = 0  # of ``count``: encrypted at rest (``.md.enc``)
 
 
 NO_ARCHIVES = ArchiveStats(0, 0, 0)
@@ -285,7 +286,7 @@ def archive_stats(paths: AgentPaths, known: ArchiveStats | None = None) -> Archi
         return NO_ARCHIVES
     if known is not None and known.mtime_ns == mtime:
         return known
-    count = total = 0
+    count = total = encrypted = 0
     try:
         with os.scandir(paths.archive_dir) as listing:
             for entry in listing:
@@ -297,9 +298,10 @@ def archive_stats(paths: AgentPaths, known: ArchiveStats | None = None) -> Archi
                     continue
                 count += 1
                 total += info.st_size
+                encrypted += entry.name.endswith(".enc")
     except (FileNotFoundError, NotADirectoryError):
         return NO_ARCHIVES
-    return ArchiveStats(count, total, mtime)
+    return ArchiveStats(count, total, mtime, encrypted)
 
 
 def _archive_sort_key(path: Path) -> tuple[str, int]:

@@ -9,6 +9,7 @@ compaction function or the real transaction. That nothing *more* happens
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -913,8 +914,33 @@ def test_subprocess_demo_compacts_with_the_builtin_summarizer(tmp_path: Path) ->
         assert ready["agents"] == 2 and ready["summarizer"] == "builtin"
         line = daemon.wait_for("compacted")
         assert line["model"] == "builtin"
+        saved = daemon.wait_for(
+            "demo settings saved in the workspace; later commands there use them"
+        )
+        assert saved["pointer"] == str(demo / ".memd-state")
+        # Later commands on the demo workspace find the daemon and its settings
+        # without --config or --state-dir (issue 8 D1, D4).
+        health = memd_cli(tmp_path, "health", "--workspace", str(demo))
+        assert health.returncode == 0, health.stderr
+        assert "the daemon's pointer" in health.stdout
         assert daemon.stop() == 0
     assert list((demo / "agents").glob("*/archive/history_*.md"))
+    status = memd_cli(tmp_path, "status", "--workspace", str(demo), "--json")
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)
+    assert {row["threshold_tokens"] for row in rows} == {3600}  # 0.9 x the demo's 4,000
+    assert {row["state_db"].startswith(str(tmp_path / "state")) for row in rows} == {True}
+    health = memd_cli(tmp_path, "health", "--workspace", str(demo))
+    assert health.returncode == 1 and "stopped at" in health.stderr
+
+
+def memd_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``memd ARGS`` as an operator runs it: no MEMD_* variables, a HOME of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMD_", "STATE_DIRECTORY"))}
+    env["HOME"] = str(tmp_path / "operator-home")
+    return subprocess.run(
+        [sys.executable, "-m", "memd", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 def test_subprocess_large_cold_scan_uses_a_process_pool_and_counts_exactly(

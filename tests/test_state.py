@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import stat
@@ -652,3 +653,36 @@ def test_every_table_naming_an_agent_is_cleared_by_forget(tmp_path: Path, worksp
         }
         conn.close()
     assert with_agent == set(memd.state._AGENT_TABLES)
+
+
+def _write_schema_5_db(path: Path) -> None:
+    """What memd with schema 5 (before encrypted-archive counts) left: schema 3 plus
+    the steps to 4 and 5, and a surveyed row."""
+    _write_schema_3_db(path)
+    conn = sqlite3.connect(path)
+    for version in (3, 4):
+        for statement in memd.state._MIGRATIONS[version]:
+            conn.execute(statement)
+    conn.execute(
+        "UPDATE agents SET archive_mtime_ns = 9, window_source = '[trigger]', estimated = 1"
+    )
+    conn.execute("UPDATE schema_version SET version = 5")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_5_db_is_upgraded_with_its_rows(tmp_path: Path, workspace: Path) -> None:
+    state_dir = tmp_path / "s"
+    _write_schema_5_db(state_db_path(state_dir, workspace))
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []
+        alpha = store.get_agent("alpha")
+        assert alpha is not None and alpha.last_error == "boom"
+        assert (alpha.archives, alpha.archive_bytes, alpha.window_source) == (3, 4096, "[trigger]")
+        assert alpha.estimated is True and alpha.encrypted_archives == 0
+        stats = alpha.archive_stats
+        assert stats is not None and (stats.count, stats.mtime_ns, stats.encrypted) == (3, 9, 0)
+        # The new column takes writes, and status reads it.
+        store.upsert_agents([dataclasses.replace(alpha, encrypted_archives=2)])
+        assert store.fleet_rows("name", None)[0].encrypted_archives == 2
+        assert store.get_agent("alpha") == dataclasses.replace(alpha, encrypted_archives=2)

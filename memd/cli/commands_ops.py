@@ -21,6 +21,7 @@ from memd.cli.common import (
     load,
     local_time,
     open_state,
+    state_dir_of,
 )
 from memd.cli.status_query import heartbeat_max_age
 from memd.errors import ConfigError, MemdError, UnknownAgent
@@ -64,7 +65,9 @@ def health(
         beat = store.read_heartbeat()
         # Say where the answer comes from: a different state dir (another
         # --config) is the usual reason for "offline" while a daemon runs.
-        where = f"state {store.path or '(in memory)'}"
+        state_db = str(store.path or "(in memory)")
+        found_by = store.found_by
+        where = f"state {state_db}, from {found_by}"
     reason = None
     if beat is None:
         reason = f"no daemon has run on workspace {loaded.workspace} (no heartbeat in {where})"
@@ -72,9 +75,9 @@ def health(
         stamp = local_time(beat.ts, now)
         reason = f"daemon pid {beat.pid} stopped at {stamp} (a clean stop; {where})"
     elif not beat.is_fresh(now, limit):
-        reason = f"daemon heartbeat is stale: last {ago(now - beat.ts)} (limit {limit:g}s)"
+        reason = f"daemon heartbeat is stale: last {ago(now - beat.ts)} (limit {limit:g}s; {where})"
     elif not beat.pid_alive():
-        reason = f"daemon pid {beat.pid} is not running"
+        reason = f"daemon pid {beat.pid} is not running ({where})"
     elif not beat.healthy:
         reason = f"daemon pid {beat.pid} reports unhealthy: {beat.detail or 'no detail'}"
     if as_json:
@@ -89,7 +92,8 @@ def health(
             "agents": beat.agents if beat else None,
             "detail": beat.detail if beat else None,
             "stopped_at": iso_utc(beat.ts) if beat and beat.stopped else None,
-            "state_db": where.removeprefix("state "),
+            "state_db": state_db,
+            "state_found_by": found_by,
         }
         print(json.dumps(payload, indent=2))
     if reason is not None:
@@ -98,7 +102,9 @@ def health(
     if not as_json:
         print(
             f"healthy: daemon pid {beat.pid}, {beat.agents} agents, "
-            f"heartbeat {ago(now - beat.ts)}" + (f" ({beat.detail})" if beat.detail else "")
+            f"heartbeat {ago(now - beat.ts)}"
+            + (f" ({beat.detail})" if beat.detail else "")
+            + f"; {where}"
         )
 
 
@@ -221,7 +227,7 @@ def doctor(
     from memd.doctor import run_checks, worst
 
     loaded = load(workspace, config)
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
     checks = run_checks(loaded.config, loaded.workspace, directory, offline=offline)
     overall = worst(checks)
     if as_json:
@@ -311,7 +317,7 @@ def config_check(
     """Validate a config file and print the effective config (env overrides applied)."""
     chosen = file if file is not None else config
     try:
-        loaded = load(workspace, chosen)
+        loaded = load(workspace, chosen, follow_pointer=False)
     except ConfigError as exc:
         # Every error at once (not only the first), in both forms.
         if as_json:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
+
+if TYPE_CHECKING:
+    from memd.settings import LoadedConfig
 
 LogFormatChoice = Literal["auto", "json", "console"]
 LogLevelChoice = Literal["debug", "info", "warning", "error"]
@@ -56,21 +60,26 @@ def run_command(
     from memd.settings import resolve_state_dir
 
     transform = None
+    settings: dict[str, dict[str, Any]] = {}
     if demo:
-        from memd.demo import DEMO_DIR, demo_config, seed_demo_workspace
+        from memd.demo import DEMO_DIR, DEMO_SETTINGS, demo_config, seed_demo_workspace
 
         workspace = (workspace or DEMO_DIR).absolute()
         workspace.mkdir(parents=True, exist_ok=True)
         seed_demo_workspace(workspace)
         transform = demo_config
-    loaded = load(workspace, config)
+        settings = DEMO_SETTINGS
+    # The daemon's own settings: never another daemon's pointer.
+    loaded = load(workspace, config, follow_pointer=False)
     if transform is not None:
         loaded = dataclasses.replace(loaded, config=transform(loaded.config))
     configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
+    state = resolve_state_dir(state_dir, loaded.config.state_dir)
+    _leave_pointer(loaded, state, settings)
     options = DaemonOptions(
         config_file=config,
         workspace_flag=workspace,
-        state_dir=resolve_state_dir(state_dir, loaded.config.state_dir),
+        state_dir=state,
         poll=poll,
         log_format=log_format,
         log_level=log_level,
@@ -83,3 +92,33 @@ def run_command(
         sys.stderr.flush()
         os._exit(code)
     raise typer.Exit(code)
+
+
+def _leave_pointer(
+    loaded: LoadedConfig, state_dir: Path, settings: dict[str, dict[str, Any]]
+) -> None:
+    """Tell later commands on this workspace where this daemon's state is and how it is
+    set (memd.pointer): `memd status -w WS` then needs no --config or --state-dir."""
+    from memd.errors import describe_error
+    from memd.logs import get_logger
+    from memd.pointer import write_pointer
+
+    if not loaded.workspace.is_dir():
+        return  # the daemon refuses it with its own one-line reason
+    try:
+        path = write_pointer(loaded.workspace, state_dir, config=loaded.source, settings=settings)
+    except OSError as exc:
+        get_logger("memd.daemon").warning(
+            "cannot leave the state pointer in the workspace; "
+            "commands there need --state-dir (or the daemon's --config)",
+            error=describe_error(exc),
+        )
+        return
+    if settings:
+        # Said where the demo's user looks: the log on the terminal.
+        get_logger("memd.daemon").info(
+            "demo settings saved in the workspace; later commands there use them",
+            pointer=str(path),
+            settings=settings,
+            next=f"memd status --workspace {loaded.workspace}",
+        )

@@ -6,6 +6,7 @@ Command modules import from here and never from each other (nor from ``app``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import sys
@@ -16,7 +17,14 @@ from typing import Annotated
 import typer
 
 from memd.audit import AuditLog
-from memd.settings import LoadedConfig, load_settings, resolve_state_dir
+from memd.errors import ConfigError
+from memd.pointer import PointerRefused, read_pointer
+from memd.settings import (
+    LoadedConfig,
+    apply_settings,
+    load_settings,
+    locate_state_dir,
+)
 from memd.state import StateStore
 
 WorkspaceOption = Annotated[
@@ -49,8 +57,40 @@ StateDirOption = Annotated[
 ]
 
 
-def load(workspace: Path | None, config: Path | None) -> LoadedConfig:
-    return load_settings(config_file=config, workspace=workspace)
+def warn(message: str) -> None:
+    print(f"memd: warning: {message}", file=sys.stderr)
+
+
+def load(
+    workspace: Path | None, config: Path | None, *, follow_pointer: bool = True
+) -> LoadedConfig:
+    """The config, and the running daemon's settings for this workspace.
+
+    A daemon leaves a pointer in its workspace (:mod:`memd.pointer`): its state
+    dir, its config file and the settings it applied (``memd run --demo``).
+    Unless a config was named here (``--config``, ``MEMD_CONFIG``), this command
+    uses the same config and settings, so its thresholds are the daemon's.
+    """
+    loaded = load_settings(config_file=config, workspace=workspace)
+    if not follow_pointer:
+        return loaded
+    try:
+        pointer = read_pointer(loaded.workspace)
+    except PointerRefused as exc:
+        warn(f"ignoring {exc}")
+        return loaded
+    if pointer is None:
+        return loaded
+    if not loaded.config_explicit:
+        try:
+            if pointer.config is not None and pointer.config != loaded.source:
+                loaded = load_settings(config_file=pointer.config, workspace=loaded.workspace)
+            if pointer.settings:
+                settings = apply_settings(loaded.config, pointer.settings, str(pointer.path))
+                loaded = dataclasses.replace(loaded, config=settings)
+        except ConfigError as exc:
+            warn(f"the daemon's settings named by {pointer.path} are not used: {exc}")
+    return dataclasses.replace(loaded, pointer=pointer)
 
 
 @contextlib.contextmanager
@@ -78,19 +118,28 @@ def as_owner_of(directory: Path) -> Iterator[None]:
         os.setegid(0)
 
 
+def state_dir_of(loaded: LoadedConfig, flag: Path | None) -> Path:
+    return locate_state_dir(flag, loaded)[0]
+
+
 def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
-    """The workspace's state DB; its warnings (a rebuilt DB...) go to stderr."""
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    """The workspace's state DB; its warnings (a rebuilt DB...) go to stderr.
+
+    ``store.found_by`` says where the state dir came from (see
+    :func:`memd.settings.locate_state_dir`), for commands that print it.
+    """
+    directory, found_by = locate_state_dir(state_dir, loaded)
     with as_owner_of(directory):
         store = StateStore.open(directory, loaded.workspace)
+    store.found_by = found_by
     for warning in store.warnings:
-        print(f"memd: warning: {warning}", file=sys.stderr)
+        warn(warning)
     return store
 
 
 def open_audit(loaded: LoadedConfig, state_dir: Path | None) -> AuditLog:
     """The workspace's audit log, appended by this CLI (the same file the daemon appends)."""
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
     return AuditLog.for_workspace(directory, loaded.workspace, "cli")
 
 
@@ -103,7 +152,7 @@ def redaction_key(loaded: LoadedConfig, state_dir: Path | None) -> bytes | None:
     from memd.errors import ConfigError
     from memd.redaction_key import key_path, load_or_create_key
 
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
     try:
         with as_owner_of(directory):
             return load_or_create_key(key_path(directory, loaded.workspace))

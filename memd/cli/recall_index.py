@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memd.cli.common import as_owner_of
+from memd.cli.common import as_owner_of, state_dir_of
 from memd.errors import MemdError
 from memd.recall.index import RecallIndex
-from memd.settings import LoadedConfig, resolve_state_dir
+from memd.settings import LoadedConfig
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallIndex:
     """The workspace's recall index; its notes (a rebuilt index...) go to stderr."""
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
     with as_owner_of(directory):  # a root CLI leaves no root-owned file there
         index = RecallIndex.open(directory, loaded.workspace)
     index.encrypting = loaded.config.privacy.encrypt_archives
@@ -31,7 +31,7 @@ def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallInd
 
 def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook:
     """The compaction hook of ``compact-now``: index each archive it commits."""
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
 
     def index_archive(paths: AgentPaths, archive: Path) -> None:
         try:
@@ -53,7 +53,7 @@ def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook
 def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneHook:
     """The retention hook of ``prune`` and ``compact-now``: drop pruned archives'
     rows from the recall index and scrub them from its file."""
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
 
     def drop_pruned(paths: AgentPaths, pruned: PruneResult) -> None:
         try:

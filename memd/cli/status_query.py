@@ -2,8 +2,11 @@
 each agent's figures (the daemon's when it runs, else counted from the files).
 
 When a daemon runs on the workspace (a fresh heartbeat in the state DB from a
-live pid) its figures are used as they are: it already counts every file
-incrementally. Otherwise the files are counted here, exactly, with the
+live pid) the state DB is the source: the daemon counts every file
+incrementally and keeps each agent's archive count and bytes and its window
+there, so a fleet of 30,000 agents is one query, sorted and cut by SQLite
+(:meth:`memd.state.StateStore.fleet_rows`), never a path resolve or a folder
+listing per agent. Otherwise the files are counted here, exactly, with the
 configured tokenizer; counts are cached in the state DB keyed by (dev, inode,
 size, mtime, encoding), so a repeated ``memd status`` does not even load the
 tokenizer. The tokenizer and the model map are imported only on the paths that
@@ -15,8 +18,9 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from memd.cli.common import iso_utc
@@ -26,8 +30,23 @@ from memd.counting import CountJob, count_many, pool_worth_it
 from memd.errors import MemdError, NotARegularFile
 from memd.modelinfo import context_length_for_model
 from memd.settings import LoadedConfig
-from memd.state import AgentRecord, FileKey, Heartbeat, StateStore
-from memd.workspace import AgentPaths, agent_paths, archives_of
+from memd.state import (
+    AgentRecord,
+    FileKey,
+    FleetTotals,
+    Heartbeat,
+    StateStore,
+    StatusRow,
+    StatusSort,
+)
+from memd.workspace import (
+    NO_ARCHIVES,
+    AgentPaths,
+    ArchiveStats,
+    agent_paths,
+    archive_stats,
+    archives_of,
+)
 
 Source = Literal["daemon", "files"]
 # How many heartbeat intervals may pass before a daemon counts as gone.
@@ -56,13 +75,19 @@ class AgentStatus:
     recall: str = "on"
     #: The last compaction used the builtin summarizer because the model kept failing.
     last_fallback: bool = False
+    archive_bytes: int | None = None
+    #: The count includes a conservative estimate (a piece too long to tokenize exactly).
+    estimated: bool = False
+    state_db: str | None = None
 
     @property
     def percent_used(self) -> float:
         return round(100.0 * self.tokens / max(1, self.threshold_tokens), 1)
 
     def to_json(self) -> dict[str, Any]:
-        # Stable keys: scripts and monitoring parse this.
+        # Stable keys: scripts and monitoring parse this (README: "status --json");
+        # new keys are only ever added. The same keys, in the same order, as
+        # memd.state's SQL-built rows.
         return {
             "agent": self.agent,
             "tokens": self.tokens,
@@ -73,13 +98,77 @@ class AgentStatus:
             "last_error": self.last_error,
             "state": self.state,
             "source": self.source,
-            "daemon_pid": self.daemon_pid,
             "window_source": self.window,
             "reserved_tokens": self.reserved_tokens,
             "encrypted_archives": self.encrypted_archives,
             "recall": self.recall,
             "last_compaction_fallback": self.last_fallback,
+            "archive_bytes": self.archive_bytes,
+            "estimated": self.estimated,
+            "daemon_pid": self.daemon_pid,
+            "state_db": self.state_db,
         }
+
+    @classmethod
+    def of_row(
+        cls, row: StatusRow, beat: Heartbeat | None, state_db: str | None, encrypt_archives: bool
+    ) -> AgentStatus:
+        return cls(
+            agent=row.agent,
+            tokens=row.tokens,
+            threshold_tokens=row.threshold_tokens,
+            archives=row.archives or 0,
+            last_compaction_at=row.last_compaction_at,
+            last_error=row.last_error,
+            state=row.state,
+            source="daemon",
+            daemon_pid=beat.pid if beat else None,
+            window=row.window_source,
+            reserved_tokens=row.reserved_tokens,
+            encrypted_archives=row.encrypted_archives,
+            recall=recall_state(row.encrypted_archives, encrypt_archives),
+            last_fallback=row.last_fallback,
+            archive_bytes=row.archive_bytes,
+            estimated=row.estimated,
+            state_db=state_db,
+        )
+
+
+# "Needs attention" first (the same order memd.state's SQL sorts by):
+# failing, over its threshold, compacting, estimated; then fullest first.
+_FAILING = ("error", "breaker_open")
+_COMPACTING = ("running", "pending")
+
+
+def attention_rank(row: AgentStatus) -> int:
+    if row.state in _FAILING:
+        return 0
+    if row.threshold_tokens > 0 and row.tokens >= row.threshold_tokens:
+        return 1
+    if row.state in _COMPACTING:
+        return 2
+    return 3 if row.estimated else 4
+
+
+def _used(row: AgentStatus) -> float:
+    return row.tokens / max(row.threshold_tokens, 1)
+
+
+def sort_rows(rows: Sequence[AgentStatus], sort: StatusSort) -> list[AgentStatus]:
+    """What :meth:`StateStore.fleet_rows` does in SQL, for rows built here."""
+    keys: dict[StatusSort, Callable[[AgentStatus], Any]] = {
+        "attention": lambda r: (attention_rank(r), -_used(r), r.agent),
+        "name": lambda r: r.agent,
+        "tokens": lambda r: (-r.tokens, r.agent),
+        "used": lambda r: (-_used(r), r.agent),
+        "archives": lambda r: (-r.archives, -(r.archive_bytes or 0), r.agent),
+    }
+    return sorted(rows, key=keys[sort])
+
+
+def recall_state(encrypted_archives: int, encrypt_archives: bool) -> str:
+    """An agent with encrypted archives, or any while encryption is on, has no recall index."""
+    return "off" if encrypted_archives or encrypt_archives else "on"
 
 
 def heartbeat_max_age(config: MemdConfig) -> float:
@@ -186,7 +275,12 @@ def collect_status(
     config = loaded.config
     moment = time.time() if now is None else now
     beat = live_daemon(store, config, moment)
-    records: dict[str, AgentRecord] = {r.agent: r for r in store.agents()} if beat else {}
+    records: dict[str, AgentRecord] = {}
+    if beat is not None and len(agents) == 1:
+        found = store.get_agent(agents[0])
+        records = {found.agent: found} if found is not None else {}
+    elif beat is not None:
+        records = {r.agent: r for r in store.agents()}
     encoding = config.tokenizer.encoding
 
     partial: list[tuple[AgentPaths | None, str, dict[str, Any]]] = []
@@ -226,21 +320,26 @@ def collect_status(
     if to_save:
         store.save_counts(to_save)
 
+    state_db = str(store.path) if store.path is not None else None
     result: list[AgentStatus] = []
     for maybe_paths, name, info in partial:
         if maybe_paths is None:
             result.append(_error_row(name, str(info["error"]), beat))
             continue
         paths = maybe_paths
-        policy = resolve_policy(
-            config, name, context_length_for_model, _declared_window(paths, encoding)
-        )
-        window, reserved = policy.window_source, policy.reserved_tokens
-        archive_files = archives_of(paths)
-        archives = len(archive_files)
-        encrypted = sum(1 for path in archive_files if path.name.endswith(".md.enc"))
-        recall = "off" if encrypted or config.privacy.encrypt_archives else "on"
         record = info.get("record")
+        policy = None
+        if isinstance(record, AgentRecord) and record.window_source:
+            # The daemon's figures (schema 3): nothing to resolve or list here.
+            window, reserved = record.window_source, record.reserved_tokens
+        else:
+            policy = resolve_policy(
+                config, name, context_length_for_model, _declared_window(paths, encoding)
+            )
+            window, reserved = policy.window_source, policy.reserved_tokens
+        surveyed = record.archive_stats if isinstance(record, AgentRecord) else None
+        stats = surveyed if surveyed is not None else archive_stats(paths)
+        recall = recall_state(stats.encrypted, config.privacy.encrypt_archives)
         last = _last_compaction(store, paths)
         if isinstance(record, AgentRecord):
             result.append(
@@ -248,7 +347,7 @@ def collect_status(
                     agent=name,
                     tokens=record.tokens,
                     threshold_tokens=record.threshold_tokens,
-                    archives=archives,
+                    archives=stats.count,
                     last_compaction_at=record.last_compaction_at,
                     last_error=record.last_error,
                     state=record.state,
@@ -256,9 +355,12 @@ def collect_status(
                     daemon_pid=beat.pid if beat else None,
                     window=window,
                     reserved_tokens=reserved,
-                    encrypted_archives=encrypted,
+                    encrypted_archives=stats.encrypted,
                     recall=recall,
                     last_fallback=last.fallback,
+                    archive_bytes=stats.total_bytes,
+                    estimated=record.estimated,
+                    state_db=state_db,
                 )
             )
             continue
@@ -270,13 +372,14 @@ def collect_status(
         if isinstance(failure, str):
             result.append(_error_row(name, f"agent {name!r}: {failure}", beat))
             continue
+        assert policy is not None  # resolved above: no daemon record for this agent
         state = "disabled" if not policy.compress else ("unwatched" if beat else "offline")
         result.append(
             AgentStatus(
                 agent=name,
                 tokens=counted[name] if tokens is None else int(tokens),
                 threshold_tokens=policy.threshold_tokens,
-                archives=archives,
+                archives=stats.count,
                 last_compaction_at=last.at,
                 last_error=last.error,
                 state=state,
@@ -284,12 +387,45 @@ def collect_status(
                 daemon_pid=beat.pid if beat else None,
                 window=window,
                 reserved_tokens=reserved,
-                encrypted_archives=encrypted,
+                encrypted_archives=stats.encrypted,
                 recall=recall,
                 last_fallback=last.fallback,
+                archive_bytes=stats.total_bytes,
+                state_db=state_db,
             )
         )
     return result, beat
+
+
+def totals_of(rows: Sequence[AgentStatus]) -> FleetTotals:
+    """:meth:`StateStore.fleet_totals` for rows built here."""
+    return FleetTotals(
+        agents=len(rows),
+        tokens=sum(r.tokens for r in rows),
+        over_threshold=sum(1 for r in rows if 0 < r.threshold_tokens <= r.tokens),
+        failing=sum(1 for r in rows if r.state in _FAILING),
+        compacting=sum(1 for r in rows if r.state in _COMPACTING),
+        estimated=sum(1 for r in rows if r.estimated),
+        archives=sum(r.archives for r in rows),
+        archive_bytes=sum(r.archive_bytes or 0 for r in rows),
+        unsurveyed=0,
+    )
+
+
+def fleet_from_db(store: StateStore, beat: Heartbeat) -> FleetTotals | None:
+    """The daemon's totals when its rows are the whole fleet (it wrote a row for every
+    agent it watches): then status needs nothing but the DB. None otherwise (an agent
+    added since the last flush): the caller lists the folder and fills the gaps."""
+    totals = store.fleet_totals()
+    return totals if totals.agents == beat.agents else None
+
+
+def surveyed_here(workspace: Path, agent: str) -> ArchiveStats:
+    """Archive figures the daemon has not surveyed yet (just after an upgrade)."""
+    try:
+        return archive_stats(agent_paths(workspace, agent))
+    except (MemdError, OSError):
+        return NO_ARCHIVES
 
 
 def _declared_window(paths: AgentPaths, encoding: str) -> AgentWindow | None:
@@ -317,7 +453,13 @@ def _error_row(name: str, message: str, beat: Heartbeat | None) -> AgentStatus:
 __all__ = [
     "HEARTBEAT_INTERVALS",
     "AgentStatus",
+    "attention_rank",
     "collect_status",
+    "fleet_from_db",
     "heartbeat_max_age",
     "live_daemon",
+    "recall_state",
+    "sort_rows",
+    "surveyed_here",
+    "totals_of",
 ]

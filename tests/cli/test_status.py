@@ -14,7 +14,8 @@ from support.memfiles import AgentWorkspace, append_entry
 from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore
 from memd.tokenizer import TokenCounter
 
-STATUS_KEYS = {
+# The keys of schema 1 (never removed or renamed) ...
+STATUS_KEYS_V1 = {
     "agent",
     "tokens",
     "threshold_tokens",
@@ -27,9 +28,15 @@ STATUS_KEYS = {
     "daemon_pid",
     "window_source",
     "reserved_tokens",
+}
+# ... and the ones added since (README: "status --json").
+STATUS_KEYS = STATUS_KEYS_V1 | {
     "encrypted_archives",
     "recall",
     "last_compaction_fallback",
+    "archive_bytes",
+    "estimated",
+    "state_db",
 }
 
 
@@ -315,3 +322,216 @@ def test_a_spending_cap_holding_compactions_back_is_a_status_line(
     write_daemon_state(state_dir, ws, os.getpid(), now - 3600)
     code, out, _ = run(capsys, "status", *common)
     assert "summarizer spending" not in out
+
+
+# ------------------------------------------------------------ fleet (issue 13)
+
+
+def fleet_record(name: str, tokens: int, **changes: object) -> AgentRecord:
+    fields: dict[str, object] = dict(
+        agent=name,
+        dev=1,
+        ino=2,
+        size=3,
+        safe_offset=3,
+        safe_tokens=3,
+        tokens=tokens,
+        threshold_tokens=1000,
+        updated_at=time.time(),
+        archives=1,
+        archive_bytes=100,
+        archive_mtime_ns=1,
+        window_source="[trigger]",
+    )
+    fields.update(changes)
+    return AgentRecord(**fields)  # type: ignore[arg-type]
+
+
+FLEET = [
+    fleet_record("calm", 100),
+    fleet_record("full", 1500),
+    fleet_record("fuller", 2500),
+    fleet_record("broken", 10, state="breaker_open", last_error="summarizer: HTTP 500"),
+    fleet_record("busy", 200, state="running"),
+    fleet_record("guessed", 300, estimated=True),
+    fleet_record("quiet", 50, archives=7, archive_bytes=7000, encrypted_archives=2),
+]
+
+
+def write_fleet(state_dir: Path, workspace: Path, records: list[AgentRecord]) -> None:
+    now = time.time()
+    with StateStore.open(state_dir, workspace) as store:
+        store.upsert_agents(records)
+        # "full"'s latest successful compaction used the builtin fallback.
+        store.record_compaction(
+            LedgerEntry(
+                "full", now - 9, 1.0, "a.md", 9, 1, "builtin", None, None, "daemon", fallback=True
+            )
+        )
+        store.write_heartbeat(os.getpid(), now - 60, True, "", len(records), now)
+
+
+def test_live_fleet_is_read_from_the_state_db_alone(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    """No agent folder exists: every figure must come from the DB (no resolve, no listing)."""
+    workspace = tmp_path / "fleet"
+    (workspace / "agents").mkdir(parents=True)
+    write_fleet(state_dir, workspace, FLEET)
+    code, out, err = run(
+        capsys, "status", "-w", str(workspace), "--state-dir", str(state_dir), "--json"
+    )
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [r["agent"] for r in rows] == sorted(r.agent for r in FLEET)  # --json: by name
+    assert all(set(r) == STATUS_KEYS for r in rows)
+    by_name = {r["agent"]: r for r in rows}
+    assert by_name["quiet"]["archives"] == 7 and by_name["quiet"]["archive_bytes"] == 7000
+    assert (by_name["quiet"]["encrypted_archives"], by_name["quiet"]["recall"]) == (2, "off")
+    assert (by_name["calm"]["encrypted_archives"], by_name["calm"]["recall"]) == (0, "on")
+    assert by_name["full"]["last_compaction_fallback"] is True
+    assert by_name["calm"]["last_compaction_fallback"] is False
+    assert by_name["guessed"]["estimated"] is True and by_name["calm"]["estimated"] is False
+    assert by_name["fuller"]["percent_used"] == 250.0
+    assert by_name["broken"]["last_error"] == "summarizer: HTTP 500"
+    assert {r["source"] for r in rows} == {"daemon"}
+    assert {r["daemon_pid"] for r in rows} == {os.getpid()}
+    assert by_name["calm"]["window_source"] == "[trigger]"
+    assert by_name["calm"]["last_compaction_at"] is None
+    # one object per line: a consumer can read them as they come
+    assert out.startswith("[\n{") and out.rstrip().endswith("}\n]")
+    assert len(out.strip().splitlines()) == len(FLEET) + 2
+
+
+def test_table_shows_attention_first_with_totals_and_paging(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    workspace = tmp_path / "fleet"
+    (workspace / "agents").mkdir(parents=True)
+    write_fleet(state_dir, workspace, FLEET)
+    base = ["status", "-w", str(workspace), "--state-dir", str(state_dir)]
+
+    def agents_listed(out: str) -> list[str]:
+        names = {r.agent for r in FLEET}
+        return [
+            line.split()[0]
+            for line in out.splitlines()
+            if line.split()[:1][0:1] and line.split()[0] in names
+        ]
+
+    code, out, _ = run(capsys, *base, "--limit", "4")
+    assert code == 0
+    # failing, then over threshold (fullest first), then compacting, then estimated
+    assert agents_listed(out) == ["broken", "fuller", "full", "busy"]
+    assert "(builtin fallback)" in out
+    assert "totals: 7 agents, 4,660 tokens, 2 over threshold, 1 failing, 1 compacting" in out
+    assert "1 estimated, 13 archives (7.4 KB)" in out
+    assert "showing 4 of 7 agents, those needing attention first" in out
+    assert f"live from daemon pid {os.getpid()}" in out and "(from --state-dir)" in out
+    code, out, _ = run(capsys, *base, "--all", "--sort", "name")
+    assert agents_listed(out) == sorted(r.agent for r in FLEET)
+    assert "showing" not in out
+    code, out, _ = run(capsys, *base, "--sort", "archives", "--limit", "1")
+    assert agents_listed(out) == ["quiet"]
+    assert "7 (2 enc)" in out and "recall off for 1 agent(s)" in out
+    code, out, _ = run(capsys, *base, "--json", "--sort", "tokens", "--limit", "2")
+    assert [r["agent"] for r in json.loads(out)] == ["fuller", "full"]
+    code, out, err = run(capsys, *base, "--sort", "bogus")
+    assert code == 2 and "bogus" in err
+
+
+def test_rows_the_daemon_has_not_surveyed_yet_are_listed_here(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    """Right after an upgrade from schema 2 the archive figures are unknown (NULL)."""
+    archive = ws.root / "agents" / "alpha" / "archive"
+    archive.mkdir()
+    (archive / "history_2026-01-01_10-00-00.md").write_text("x" * 123)
+    write_fleet(
+        state_dir,
+        ws.root,
+        [
+            fleet_record("alpha", 10, archives=None, archive_bytes=None),
+            fleet_record("beta", 10),
+        ],
+    )
+    rows = status_json(capsys, ws, state_dir)
+    assert isinstance(rows, list)
+    assert (rows[0]["archives"], rows[0]["archive_bytes"]) == (1, 123)
+    code, out, _ = run(capsys, "status", "-w", str(ws.root), "--state-dir", str(state_dir))
+    assert code == 0 and "totals: 2 agents" in out
+
+
+# ----------------------------------------------- the daemon's pointer (issue 8 D1)
+
+
+@pytest.fixture
+def elsewhere_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A HOME whose default state dir is not the daemon's (the usual cause of "offline")."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    return home
+
+
+def test_status_and_health_find_the_daemon_through_its_pointer(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, elsewhere_home: Path
+) -> None:
+    from memd.pointer import write_pointer
+
+    write_daemon_state(state_dir, ws, os.getpid(), time.time())
+    base = ["-w", str(ws.root)]
+    # Without the pointer: the default state dir, no daemon there.
+    code, out, _ = run(capsys, "status", *base)
+    assert code == 0 and "no daemon running" in out and "(from the default)" in out
+    write_pointer(ws.root, state_dir, config=None)
+    code, out, _ = run(capsys, "status", *base)
+    assert code == 0 and f"live from daemon pid {os.getpid()}" in out
+    assert f"(from the daemon's pointer {ws.root / '.memd-state'})" in out
+    row = json.loads(run(capsys, "status", "alpha", "--json", *base)[1])
+    assert row["source"] == "daemon" and row["state_db"].startswith(str(state_dir))
+    code, out, _ = run(capsys, "health", *base)
+    assert code == 0 and "healthy" in out and "the daemon's pointer" in out
+    payload = json.loads(run(capsys, "health", "--json", *base)[1])
+    assert payload["state_found_by"].startswith("the daemon's pointer")
+    # --state-dir still wins (and says so).
+    code, out, _ = run(capsys, "status", *base, "--state-dir", str(elsewhere_home / "s"))
+    assert "no daemon running" in out and "(from --state-dir)" in out
+
+
+def test_an_untrusted_pointer_is_ignored_with_a_warning(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, elsewhere_home: Path
+) -> None:
+    from memd.pointer import write_pointer
+
+    write_daemon_state(state_dir, ws, os.getpid(), time.time())
+    write_pointer(ws.root, state_dir, config=None).chmod(0o666)
+    code, out, err = run(capsys, "status", "-w", str(ws.root))
+    assert code == 0 and "no daemon running" in out
+    assert "memd: warning: ignoring" in err and "writable by group or others" in err
+
+
+def test_the_daemons_config_and_settings_come_with_the_pointer(
+    capsys: pytest.CaptureFixture[str],
+    ws: AgentWorkspace,
+    state_dir: Path,
+    elsewhere_home: Path,
+    tmp_path: Path,
+) -> None:
+    from memd.pointer import write_pointer
+
+    config = tmp_path / "daemon.toml"
+    config.write_text("[trigger]\ncontext_length = 10000\n")
+    write_pointer(ws.root, state_dir, config=config)
+    row = json.loads(run(capsys, "status", "alpha", "--json", "-w", str(ws.root))[1])
+    assert row["threshold_tokens"] == 9000  # the daemon's config, not the defaults
+    write_pointer(ws.root, state_dir, config=config, settings={"trigger": {"context_length": 4000}})
+    row = json.loads(run(capsys, "status", "alpha", "--json", "-w", str(ws.root))[1])
+    assert row["threshold_tokens"] == 3600  # settings over the config, as the daemon ran
+    # A config named here wins over the daemon's.
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[trigger]\ncontext_length = 20000\n")
+    args = ["status", "alpha", "--json", "-w", str(ws.root), "-c", str(mine)]
+    row = json.loads(run(capsys, *args)[1])
+    assert row["threshold_tokens"] == 18000
