@@ -24,10 +24,10 @@ from memd.cli.common import (
     WorkspaceOption,
     load,
     local_time,
+    state_dir_of,
 )
 from memd.core.audit import AuditRecord, describe_fields
 from memd.core.names import validate_agent_name
-from memd.settings import resolve_state_dir
 
 
 def audit_command(
@@ -48,7 +48,7 @@ def audit_command(
     if agent is not None:
         validate_agent_name(agent)
     loaded = load(workspace, config)
-    path = audit_path(resolve_state_dir(state_dir, loaded.config.state_dir), loaded.workspace)
+    path = audit_path(state_dir_of(loaded, state_dir), loaded.workspace)
     contents = read_audit(path)
     records = contents.for_agent(agent)
     if limit is not None:

@@ -58,6 +58,7 @@ from memd.cli.common import (
     load,
     open_audit,
     open_state,
+    state_dir_of,
 )
 from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
@@ -66,7 +67,7 @@ from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
 from memd.errors import MemdError, UnknownAgent, WorkspaceError, describe_error
 from memd.fsutil import AgentLock
 from memd.recall.index import RecallIndex
-from memd.settings import LoadedConfig, resolve_state_dir
+from memd.settings import LoadedConfig
 from memd.state import StateError, StateStore, corrupt_copies, erase_from_corrupt_copies
 from memd.workspace import MEMORY_FILE, AgentPaths, agent_paths, require_workspace
 
@@ -325,7 +326,7 @@ def forget_command(
         if not folder_exists and not _known_to_state(store, agent):
             raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir}")
         recall, recall_note = _open_recall(loaded, state_dir)
-        directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+        directory = state_dir_of(loaded, state_dir)
         try:
             # A root CLI acts on the agent's files as memd (the state dir's owner)
             # does: the .memd/ it finds is memd's, and it leaves no root-owned file.
@@ -378,7 +379,7 @@ def _forget_matching(
         encrypting=loaded.config.privacy.encrypt_archives,
         on_committed=reindex,
     )
-    directory = resolve_state_dir(state_dir, loaded.config.state_dir)
+    directory = state_dir_of(loaded, state_dir)
     try:
         with as_owner_of(directory):  # as memd, like `forget AGENT --yes`
             outcome = erase_by_pattern(paths, pattern, options)
