@@ -8,6 +8,9 @@ of sentences an agent's memory holds, and 16 near misses: hex hashes, UUIDs,
 commit ids, paths, base64, versions, digests, timestamps.  "caught" means the
 exact secret lies inside a reported span of the right category.  Throughput is
 ``find_secrets`` (PII on) over a synthetic memory file of ``--mb`` megabytes.
+Last, end to end: how many planted secrets a remote summarizer's request would
+still hold after redaction, and how many credentials the builtin summarizer
+copies into a summary.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from support.secret_corpus import LOOKALIKES, PLANTED, PLANTED_EXTRA, Planted
 
+from memd.core import memfile
+from memd.core.privacy import Privacy
 from memd.core.secrets import find_secrets
+from memd.core.summary import SummaryRequest
+from memd.summarizers import BuiltinSummarizer
 
 
 def caught(planted: Planted) -> bool:
@@ -71,6 +78,28 @@ def main() -> None:
     print(
         f"throughput: {megabytes / elapsed:.2f} MB/s over {megabytes:.1f} MB ({len(spans)} spans)"
     )
+    end_to_end()
+
+
+def end_to_end() -> None:
+    """What a remote summarizer would be sent, and what the builtin summary keeps."""
+    corpus = PLANTED + PLANTED_EXTRA
+    privacy = Privacy(b"bench-key-0123456789abcdef012345")
+    outbound = privacy.outbound("openai/gpt-4o-mini", "")
+    assert outbound is not None
+    sent = [outbound.redact(p.sentence).text for p in corpus]
+    survived = sum(p.secret in text for p, text in zip(corpus, sent, strict=True))
+    print(f"remote request: {survived}/{len(corpus)} planted secrets survive redaction")
+    data = memfile.render_header("bench", "2026-12-01T10:00:00")
+    for index, planted in enumerate(corpus):
+        stamp = f"2026-12-01T10:{index // 60:02d}:{index % 60:02d}"
+        # The kind of line the extractive summary keeps: a decision naming the secret.
+        data += memfile.render_entry("Human", stamp, f"We decided this. {planted.sentence}")
+    request = SummaryRequest("bench", memfile.parse(data), 4000, privacy=privacy)
+    summary = BuiltinSummarizer(lambda text: len(text) // 4).summarize(request).text
+    credentials = [p for p in corpus if not p.pii]
+    copied = sum(p.secret in summary for p in credentials)
+    print(f"builtin summary: {copied}/{len(credentials)} credentials copied into it")
 
 
 if __name__ == "__main__":

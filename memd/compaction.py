@@ -26,6 +26,7 @@ inode), after it rolls forward (finishes the drain).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import stat
@@ -66,7 +67,7 @@ from memd.core.plan import (
     summary_does_not_shrink,
     summary_over_cap,
 )
-from memd.core.privacy import Privacy, redact_document
+from memd.core.privacy import Privacy
 from memd.core.retention import NO_LIMITS, ArchiveInfo, RetentionLimits, plan_prune
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
@@ -545,13 +546,12 @@ class _Transaction:
         summary of 30,000 tokens); an operator's ``--summary`` is used as given.
         """
         prefix = MemoryDocument(segments=tuple(snap.document.segments_before(cut)), size=cut)
+        material = material_of(prefix, self._count_text)
         # Every reply is scanned before it is written, local models and an
-        # operator's --summary included: a credential never lands in MEMORY.md
-        # (an echoed one, or one a local model or the builtin copied); pinned
-        # facts are taken from the redacted turns, where a cut-off line still
-        # had its context.
+        # operator's --summary included, and the pinned facts with it: a
+        # credential never lands in MEMORY.md (an echoed one, or one a local
+        # model copied). The block only, not the snapshot: cheap at any size.
         scan = self.privacy.for_reply(pii=result.redacted_pii)
-        material = material_of(redact_document(prefix, scan), self._count_text)
         scrubbed = scan.redact(result.text.strip())
         self.reply_redacted = scrubbed.count
         body = scrubbed.text
@@ -580,6 +580,10 @@ class _Transaction:
             earlier_archives=earlier,
             note=archive_note(self.options.retention),
         )
+        pinned = scan.redact(composed.text)
+        if pinned.count:
+            self.reply_redacted += pinned.count
+            composed = dataclasses.replace(composed, text=pinned.text)
         return composed, earlier
 
     def _earlier_kept(self, earlier: int, size: int) -> int:

@@ -566,6 +566,53 @@ def check_archive_key(privacy: PrivacyConfig) -> list[Check]:
     ]
 
 
+# ------------------------------------------------------------------ redaction
+
+
+def check_redaction(config: MemdConfig, state_dir: Path, workspace: Path) -> list[Check]:
+    """What the summarizer receives (README "Privacy"); the workspace's redaction key."""
+    from memd.core.privacy import Privacy, unredacted_remote_warning
+    from memd.errors import ConfigError, describe_error
+    from memd.redaction_key import key_path, process_key, read_key
+
+    name = "redaction"
+    warning = unredacted_remote_warning(config)
+    if warning is not None:
+        return [
+            _warn(
+                name,
+                warning,
+                "set [privacy] redact = true (the default), or use a local summarizer",
+            )
+        ]
+    summarizer = config.summarizer
+    outbound = Privacy(process_key(), config.privacy).outbound(
+        summarizer.model, summarizer.api_base
+    )
+    if outbound is None:
+        what = f"summarizer {summarizer.model!r} is local: it receives turns as written"
+    else:
+        pii = " and personal data" if outbound.pii else ""
+        what = (
+            f"credentials{pii} are replaced by placeholders before {summarizer.model!r} sees them"
+        )
+    path = key_path(state_dir, workspace)
+    try:
+        read_key(path)
+    except FileNotFoundError:
+        return [_ok(name, f"{what}; key {path} is made at the first compaction")]
+    except (OSError, ConfigError) as exc:
+        return [
+            _fail(
+                name,
+                f"{what}, but {describe_error(exc, with_file=False)}",
+                f"chmod 600 {path} and chown it to memd's user, or remove it (placeholders "
+                "then change once)",
+            )
+        ]
+    return [_ok(name, f"{what}; summaries never keep a credential; key {path} (0600)")]
+
+
 # ------------------------------------------------------------------------- all
 
 
@@ -589,6 +636,7 @@ def run_checks(
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
     results += check_archive_key(config.privacy)
+    results += check_redaction(config, state_dir, workspace)
     probe: Prober | None = None
     if not offline and config.summarizer.model != "builtin":
         from memd.llm import probe as real_probe
@@ -611,6 +659,7 @@ __all__ = [
     "check_filesystem",
     "check_flock",
     "check_inotify",
+    "check_redaction",
     "check_state_dir",
     "check_summarizer",
     "check_tokenizer",

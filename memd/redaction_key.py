@@ -58,8 +58,11 @@ def _parse(path: Path, data: bytes) -> bytes:
     return key
 
 
-def _read(path: Path) -> bytes:
-    """The key, from a regular file owned by us (or root) that nobody else can read."""
+def read_key(path: Path) -> bytes:
+    """The key, from a regular file owned by us (or root) that nobody else can read.
+
+    FileNotFoundError when there is none; ConfigError when it is unusable.
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
@@ -111,10 +114,10 @@ def load_or_create_key(path: Path) -> bytes:
     """The key in ``path``, made first when missing. Raises ConfigError with the reason."""
     try:
         try:
-            return _read(path)
+            return read_key(path)
         except FileNotFoundError:
             _create(path)
-            return _read(path)
+            return read_key(path)
     except OSError as exc:
         raise ConfigError(f"redaction key {path}: {describe_error(exc, with_file=False)}") from None
 
@@ -126,4 +129,4 @@ def process_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
 
-__all__ = ["KEY_FORMAT", "key_path", "load_or_create_key", "process_key"]
+__all__ = ["KEY_FORMAT", "key_path", "load_or_create_key", "process_key", "read_key"]

@@ -1112,6 +1112,30 @@ def test_warns_at_start_when_the_workspace_filesystem_breaks_locks(
     assert warnings[0]["log_level"] == "warning"
 
 
+def test_warns_at_start_when_a_remote_summarizer_gets_unredacted_text(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    import structlog
+
+    from memd.redaction_key import key_path
+
+    ws.create_agent("a")
+    remote = {"summarizer": {"model": "openai/gpt-4o-mini"}, "privacy": {"redact": False}}
+    with structlog.testing.capture_logs() as logs:
+        h = run_daemon(ws, compact=ScriptedCompaction(), config=remote)
+        h.stop()
+    warnings = [e for e in logs if e["event"] == "privacy: remote summarizer without redaction"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
+    assert "redact = false" in warnings[0]["detail"]
+    # The runner got the workspace's key from the state dir (made 0600 at start).
+    key_file = key_path(tmp_path / "state", ws.root)
+    assert (key_file.stat().st_mode & 0o777) == 0o600
+    with structlog.testing.capture_logs() as logs:
+        h = run_daemon(ws, compact=ScriptedCompaction())
+        h.stop()
+    assert not [e for e in logs if e["event"].startswith("privacy")]
+
+
 def test_agent_folder_with_an_invalid_name_is_reported_once(
     ws: AgentWorkspace, run_daemon: Any
 ) -> None:

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from memd.core.config import MemdConfig, SummarizerConfig
+from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.doctor import (
     check_filesystem,
     check_flock,
     check_inotify,
+    check_redaction,
     check_state_dir,
     check_summarizer,
     check_tokenizer,
@@ -260,3 +261,31 @@ def test_archive_key_check_presence_validity_and_mode(tmp_path: Path) -> None:
 
     checks = run_checks(MemdConfig(privacy=on), tmp_path, tmp_path / "state", environ={})
     assert any(check.name == "archive key" and check.status == "fail" for check in checks)
+
+
+def test_redaction_check_warns_for_a_remote_summarizer_with_redaction_off(tmp_path: Path) -> None:
+    remote = SummarizerConfig(model="openai/gpt-4o-mini")
+    config = MemdConfig(summarizer=remote, privacy=PrivacyConfig(redact=False))
+    [check] = check_redaction(config, tmp_path / "state", tmp_path / "ws")
+    assert check.status == "warn"
+    assert "remote" in check.message and "redact = false" in check.message
+    assert "redact = true" in check.fix
+
+
+def test_redaction_check_says_what_the_summarizer_receives(tmp_path: Path) -> None:
+    from memd.redaction_key import key_path, load_or_create_key
+
+    state, ws = tmp_path / "state", tmp_path / "ws"
+    remote = MemdConfig(summarizer=SummarizerConfig(model="anthropic/claude-haiku-4-5"))
+    [check] = check_redaction(remote, state, ws)
+    assert check.status == "ok" and "credentials and personal data are replaced" in check.message
+    assert "made at the first compaction" in check.message
+    [local] = check_redaction(MemdConfig(), state, ws)
+    assert local.status == "ok" and "is local" in local.message
+    path = key_path(state, ws)
+    load_or_create_key(path)
+    [check] = check_redaction(remote, state, ws)
+    assert check.status == "ok" and "(0600)" in check.message
+    path.chmod(0o640)
+    [check] = check_redaction(remote, state, ws)
+    assert check.status == "fail" and "mode 0640" in check.message and "chmod 600" in check.fix

@@ -229,7 +229,9 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         "password",
         _rx(
             rf"(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)[\"']?\s*(?::=|=>|=|:)\s*"
-            r"((?:\"[^\"\n]{4,200}\"|'[^'\n]{4,200}'|[^\s\"',;)}\]]{4,200}))"
+            # A quoted value; one whose closing quote was cut off (a line
+            # clipped by an extract) still is one.
+            r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|[^\s\"',;)}\]]{4,200}))"
         ),
         group=1,
         validate=_assigned_value,

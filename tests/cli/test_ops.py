@@ -320,6 +320,15 @@ def test_doctor_ok(capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state
     assert {"name", "status", "message", "fix"} <= set(payload["checks"][0])
 
 
+def test_doctor_warns_when_a_remote_summarizer_is_sent_unredacted_text(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "memd.toml"
+    config.write_text('[summarizer]\nmodel = "openai/gpt-4o-mini"\n[privacy]\nredact = false\n')
+    _code, out, _err = run(capsys, "doctor", "--offline", "-c", str(config), *common(ws, state_dir))
+    assert "warn redaction: summarizer 'openai/gpt-4o-mini' is remote" in " ".join(out.split())
+
+
 def test_doctor_fails_on_unreachable_summarizer(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
 ) -> None:

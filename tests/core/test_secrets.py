@@ -121,3 +121,13 @@ def test_spans_are_always_in_bounds_and_disjoint(text: str) -> None:
     assert all(0 <= s.start < s.end <= len(text) for s in spans)
     assert all(a.end <= b.start for a, b in itertools.pairwise(spans))
     assert all(isinstance(s, Span) for s in spans)
+
+
+@pytest.mark.parametrize(
+    "clipped", ['export API_KEY="s3cr3t-Value_42', "password: 'hunter2-Quartz!"]
+)
+def test_an_assignment_clipped_before_its_closing_quote_is_still_a_credential(
+    clipped: str,
+) -> None:
+    # An extract (a pinned fact, a summary line) may lose the closing quote.
+    assert [s.kind for s in find_secrets(clipped)] == ["password"]
