@@ -278,6 +278,16 @@ def test_cli_and_daemon_share_one_private_key(ws: AgentWorkspace, tmp_path: Path
             cli_sent = user_text(server.requests[0].body)
             daemon_sent = "\n".join(user_text(r.body) for r in server.requests[1:])
     assert key_file.read_bytes() == key  # the daemon used the file, did not replace it
+    # The audit log has the counts (never values) of both, and says the model was
+    # remote only by locality (127.0.0.1 is local; redact_local made it redacted).
+    from memd.audit import audit_path, read_audit
+
+    log = audit_path(state, ws.root)
+    records = [r for r in read_audit(log).records if r.event == "compaction"]
+    by_agent = {r.agent: r.fields for r in records}
+    assert by_agent["cli"]["redactions"] == 1 and by_agent["daemon"]["redactions"] >= 1
+    assert "reply_redactions" in by_agent["daemon"]
+    assert secret.secret.encode() not in log.read_bytes()
     assert line["redacted"] >= 1 and "reply_redacted" in line
     assert secret.secret not in cli_sent + daemon_sent
     cli_tags = set(PLACEHOLDER_RE.findall(cli_sent))
