@@ -466,6 +466,68 @@ def read_archive(paths: AgentPaths, name: str, master: MasterKey | None) -> byte
         return open_archive(data_key, name, blob)
 
 
+def sealed_archive_problem(paths: AgentPaths, master: MasterKey) -> tuple[int, str | None]:
+    """(encrypted archives, what keeps some from opening) for ``memd doctor``.
+
+    Reads only each archive's header (the data key id), never decrypts: a
+    missing data key, one wrapped under another master key, or archives sealed
+    under a key the agent no longer has are all said here, before anyone
+    needs the archives.
+    """
+    agent = paths.agent
+    with AgentDir.open(paths, create_private=False) as pinned:
+        archive_fd, _created = pinned.archive_fd(create=False)
+        if archive_fd < 0:
+            return 0, None
+        with os.scandir(archive_fd) as listing:
+            names = sorted(
+                entry.name
+                for entry in listing
+                if entry.name.startswith("history_") and is_encrypted_name(entry.name)
+            )
+        if not names:
+            return 0, None
+        try:
+            data_key = (
+                read_data_key(pinned.private_fd, agent, master, _data_key_source(pinned))
+                if pinned.private_fd >= 0
+                else None
+            )
+        except ArchiveKeyError as exc:
+            return len(names), str(exc)
+        if data_key is None:
+            return len(names), (
+                f"agent {agent!r}: {len(names)} encrypted archive(s) but no data key "
+                f"({DATA_KEY_NAME} in .memd/): they cannot be decrypted"
+            )
+        foreign = 0
+        for name in names:
+            try:
+                fd = os.open(
+                    name,
+                    os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                    dir_fd=archive_fd,
+                )
+            except OSError:
+                foreign += 1
+                continue
+            try:
+                head = os.pread(fd, _MAX_HEADER_LINE + KEY_ID_BYTES + NONCE_BYTES + 16, 0)
+            finally:
+                os.close(fd)
+            try:
+                if read_archive_header(head, agent, name).key_id != data_key.key_id:
+                    foreign += 1
+            except ArchiveKeyError:
+                foreign += 1
+    if foreign:
+        return len(names), (
+            f"agent {agent!r}: {foreign} of {len(names)} encrypted archive(s) were not sealed "
+            "under the agent's data key (or are damaged): they cannot be decrypted"
+        )
+    return len(names), None
+
+
 # -- archives -----------------------------------------------------------------
 
 
@@ -568,5 +630,6 @@ __all__ = [
     "read_master_key",
     "rewrap_agent_key",
     "seal_archive",
+    "sealed_archive_problem",
     "write_data_key",
 ]

@@ -21,11 +21,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
-from memd.workspace import AGENTS_DIR, MEMORY_FILE, list_agents
+from memd.errors import MemdError, describe_error
+from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
+
+if TYPE_CHECKING:
+    from memd.archive_crypto import MasterKey
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -533,8 +537,9 @@ def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
 # ---------------------------------------------------------------- archive key
 
 
-def check_archive_key(privacy: PrivacyConfig) -> list[Check]:
-    """``[privacy] encrypt_archives``: the master key file is there, valid and 0600."""
+def check_archive_key(privacy: PrivacyConfig, workspace: Path | None = None) -> list[Check]:
+    """``[privacy] encrypt_archives``: the master key file is there, valid and 0600; with
+    ``workspace``, every agent's encrypted archives open with its data key."""
     from memd.archive_crypto import ArchiveKeyError, key_file_problem, read_master_key
 
     name = "archive key"
@@ -557,13 +562,46 @@ def check_archive_key(privacy: PrivacyConfig) -> list[Check]:
     problem = key_file_problem(path)
     if problem is not None:
         return [_fail(name, problem, f"chmod 600 {path}; chown it to memd's user")]
-    return [
+    checks = [
         _ok(
             name,
             f"{path} (key id {key.key_id}, mode 0600); keep a backup apart from the "
             "workspace: losing it loses every encrypted archive",
         )
     ]
+    if workspace is not None and workspace.is_dir():
+        checks += _check_data_keys(workspace, key)
+    return checks
+
+
+def _check_data_keys(workspace: Path, master: MasterKey) -> list[Check]:
+    from memd.archive_crypto import sealed_archive_problem
+
+    name = "archive data keys"
+    sealed_agents = 0
+    problems: list[str] = []
+    for agent in list_agents(workspace):
+        try:
+            count, problem = sealed_archive_problem(agent_paths(workspace, agent), master)
+        except (MemdError, OSError) as exc:
+            count, problem = 1, f"agent {agent!r}: {describe_error(exc)}"
+        sealed_agents += count > 0
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        return [
+            _fail(
+                name,
+                "; ".join(problems[:3]) + more,
+                "restore the agent's .memd/archive.key from a backup of its folder, or the "
+                "master key it was wrapped under; `memd forget AGENT --yes` drops what no "
+                "key opens",
+            )
+        ]
+    if not sealed_agents:
+        return []
+    return [_ok(name, f"{sealed_agents} agent(s) with encrypted archives; every one opens")]
 
 
 # ------------------------------------------------------------------ redaction
@@ -635,7 +673,7 @@ def run_checks(
         results += check_flock(workspace)
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
-    results += check_archive_key(config.privacy)
+    results += check_archive_key(config.privacy, workspace)
     results += check_redaction(config, state_dir, workspace)
     probe: Prober | None = None
     if not offline and config.summarizer.model != "builtin":

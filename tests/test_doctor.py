@@ -289,3 +289,42 @@ def test_redaction_check_says_what_the_summarizer_receives(tmp_path: Path) -> No
     path.chmod(0o640)
     [check] = check_redaction(remote, state, ws)
     assert check.status == "fail" and "mode 0640" in check.message and "chmod 600" in check.fix
+
+
+def test_archive_data_keys_are_checked_against_each_agents_archives(tmp_path: Path) -> None:
+    """A data key gone (or another one) is said by doctor, before the archives are needed."""
+    from support.memfiles import AgentWorkspace, append_entry
+
+    from memd.archive_crypto import DATA_KEY_NAME, generate_master_key
+    from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
+    from memd.core.config import PrivacyConfig
+    from memd.doctor import check_archive_key
+
+    key = tmp_path / "master.key"
+    generate_master_key(key)
+    privacy = PrivacyConfig(encrypt_archives=True, key_file=str(key))
+    ws = AgentWorkspace(tmp_path / "ws")
+    options = CompactionOptions(drain_quiet_s=0.05, key_file=key)
+    for name in ("alpha", "beta"):
+        paths = ws.create_agent(name, entries=3)
+        append_entry(paths.memory, "Human", f"{name} turn")
+        compact_agent(paths, ProvidedSummary("Summary."), options, manual=True)
+    ws.create_agent("gamma", entries=1)  # never compacted: nothing to check
+
+    checks = {check.name: check for check in check_archive_key(privacy, ws.root)}
+    assert checks["archive data keys"].status == "ok"
+    assert "2 agent(s) with encrypted archives" in checks["archive data keys"].message
+
+    (ws.paths("alpha").private_dir / DATA_KEY_NAME).unlink()  # lost, not forgotten
+    [_, keys] = check_archive_key(privacy, ws.root)
+    assert (
+        keys.status == "fail"
+        and "agent 'alpha': 1 encrypted archive(s) but no data key" in keys.message
+    )
+
+    # A new key made since (the next compaction): the old archive is still unreadable.
+    append_entry(ws.paths("alpha").memory, "Human", "alpha again")
+    compact_agent(ws.paths("alpha"), ProvidedSummary("Summary."), options, manual=True)
+    [_, keys] = check_archive_key(privacy, ws.root)
+    assert keys.status == "fail" and "1 of 2 encrypted archive(s) were not sealed" in keys.message
+    assert "beta" not in keys.message
