@@ -160,6 +160,7 @@ class _Erase:
         self.memory_ids: tuple[int, int, int, int] | None = None  # old dev/ino, new dev/ino
         self.copied_to = 0
         self.new_fd = -1
+        self.committed = False
 
     # -- staging ----------------------------------------------------------------
     def _stage(self, archive: _Archive, data: bytes) -> None:
@@ -332,6 +333,7 @@ class _Erase:
                 copied_to=self.copied_to,
             )
         journal.write(**fields)
+        self.committed = True  # from here on, recovery finishes it
         self.checkpoint("journal-erasing")
         apply_staged(pinned)
         self.checkpoint("archives-renamed")
@@ -422,20 +424,25 @@ def _erase_locked(
     )
     txn = _Erase(pinned, pattern, opts, hook)
     journal = _Journal(pinned, version=ERASE_JOURNAL_VERSION)
-    committed = False
     try:
         txn.stage_archives()
         hook("archives-staged")
         txn.stage_memory()
         hook("memory-staged")
         if txn.outcome.removed:
-            committed = True  # from the journal write on, recovery finishes it
             txn.commit(journal)
         _finish(pinned, hook)
-    except BaseException:
-        if not committed:
+    except BaseException as exc:
+        if not txn.committed:
             # Nothing outside .memd/ was touched: drop the staging.
             _finish(pinned, _no_checkpoint)
+            raise
+        if isinstance(exc, OSError):
+            raise CompactionAborted(
+                f"agent {pinned.paths.agent!r}: the erasure is committed but did not finish "
+                f"({describe_error(exc)}); the next memd run on this agent (or this command "
+                "again) finishes it"
+            ) from exc
         raise
     finally:
         txn.close()

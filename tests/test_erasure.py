@@ -17,6 +17,7 @@ from memd.audit import audit_path, read_audit
 from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent, recover_agent
 from memd.core.memfile import parse
 from memd.erasure import ERASE_CHECKPOINTS, EraseOptions, EraseRefused, erase_by_pattern
+from memd.errors import CompactionAborted
 from memd.fsutil import SlotJournal
 from memd.recall.index import RecallIndex, recall_db_path
 from memd.rewrite import StagingError
@@ -281,3 +282,29 @@ def test_archives_whose_key_is_shredded_are_left_as_they_are(tmp_path: Path) -> 
     assert outcome.memory and outcome.archives == 0
     assert {p.name: p.read_bytes() for p in paths.archive_dir.iterdir()} == sealed
     assert PLANTED not in paths.memory.read_text()
+
+
+@pytest.mark.parametrize("fail_at", ["archives-staged", "memory-staged", "archives-renamed"])
+def test_an_error_before_the_commit_changes_nothing_after_it_is_finished_later(
+    tmp_path: Path, fail_at: str
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    before = files_of(paths)
+
+    def fail(name: str) -> None:
+        if name == fail_at:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(CompactionAborted) as info:
+        erase_by_pattern(paths, re.compile(re.escape(PLANTED)), checkpoint=fail)
+    committed = fail_at == "archives-renamed"
+    assert ("committed" in str(info.value)) is committed
+    assert "\n" not in str(info.value) and PLANTED not in str(info.value)
+    if not committed:
+        assert files_of(paths) == before
+        assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+        return
+    recover_agent(paths, quiet_s=0.05)
+    assert all(PLANTED.encode() not in data for data in files_of(paths).values())
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
