@@ -85,7 +85,13 @@ def cat(
     paths = agent_paths(loaded.workspace, agent)
     path = _configured_key_file(loaded, key_file)
     master = read_master_key(path) if path is not None and name.endswith(".enc") else None
-    data = read_archive(paths, name, master)
+    try:
+        data = read_archive(paths, name, master)
+    except OSError as exc:
+        if isinstance(exc, MemdError):
+            raise
+        # e.g. .memd/ owned by another uid (run it as memd's user): one line, no traceback.
+        raise ArchiveKeyError(f"agent {agent!r}: archive {name}: {describe_error(exc)}") from None
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 

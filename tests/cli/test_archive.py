@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -460,3 +461,28 @@ def test_an_encrypted_archive_gets_the_plain_archive_modes(
     assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o750
     assert stat.S_IMODE(paths.private_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((paths.private_dir / DATA_KEY_NAME).stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give .memd/ another owner")
+def test_cat_as_a_user_who_cannot_enter_memd_folder_is_one_line(
+    ws: AgentWorkspace, key_file: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive, _before = compacted(ws, "alpha", key_file)
+    private = ws.paths("alpha").private_dir
+    os.chown(private, 12345, 12345)  # as if memd's own user owned it, not this one
+    try:
+        code, out, err = run(
+            capsys,
+            "archive",
+            "cat",
+            "alpha",
+            archive.name,
+            "-w",
+            str(ws.root),
+            "-c",
+            str(config_file),
+        )
+    finally:
+        os.chown(private, os.getuid(), os.getgid())
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "owned by uid 12345" in err, err
