@@ -25,6 +25,7 @@ inode), after it rolls forward (finishes the drain).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import hashlib
@@ -78,7 +79,7 @@ from memd.core.summary_block import (
     version_line,
 )
 from memd.core.summary_plan import BudgetError, is_degenerate, summary_budgets
-from memd.counting import TrackedCount, count_fd
+from memd.counting import TrackedCount, count_data, count_fd
 from memd.errors import (
     CompactionAborted,
     ConfigError,
@@ -94,6 +95,7 @@ from memd.fsutil import (
     ShortWrite,
     SlotJournal,
     create_file_at,
+    iter_range,
     link_unique_at,
     read_range,
     read_to_end,
@@ -155,6 +157,10 @@ ArchiveHook = Callable[[AgentPaths, Path], None]
 
 def _no_checkpoint(_name: str) -> None:
     return None
+
+
+def _no_tokens(_text: str) -> int:
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,32 +251,34 @@ class ThresholdCheck:
 
 def check_still_over(
     where: AgentDir | AgentPaths, check: ThresholdCheck, count_bytes: ByteCounter
-) -> None:
+) -> TrackedCount | None:
     """Raise :class:`UnderThreshold` when MEMORY.md is under ``check``'s threshold now.
 
-    A file that cannot be counted is left to the snapshot, which reports why.
+    Returns the count it made (None when there is no file or it cannot be
+    counted: the snapshot then reports why).
     """
     if isinstance(where, AgentPaths):
         try:
             opened = AgentDir.open(where, create_private=False)
         except (OSError, MemdError):
-            return
+            return None
         with opened:
-            check_still_over(opened, check, count_bytes)
-        return
+            return check_still_over(opened, check, count_bytes)
     pinned = where
     paths = pinned.paths
+    counted: TrackedCount | None = None
     try:
         fd = pinned.open_memory(os.O_RDONLY)
     except FileNotFoundError:
         fd, tokens = -1, 0
     except (OSError, MemdError):
-        return
+        return None
     if fd >= 0:
         try:
-            tokens = count_fd(fd, paths.memory, check.counted, count_bytes)[0].tokens
+            counted = count_fd(fd, paths.memory, check.counted, count_bytes)[0]
+            tokens = counted.tokens
         except (OSError, MemdError, ValueError):
-            return
+            return None
         finally:
             os.close(fd)
     if tokens < check.threshold_tokens:
@@ -278,6 +286,7 @@ def check_still_over(
             f"agent {paths.agent!r}: under threshold once locked "
             f"({tokens} < {check.threshold_tokens} tokens)"
         )
+    return counted
 
 
 def _guarded_checkpoints(agent: str, hook: Checkpoint, abort: threading.Event | None) -> Checkpoint:
@@ -351,6 +360,43 @@ class _Snapshot:
     st_mode: int
     st_uid: int
     st_gid: int
+    mtime_ns: int
+
+
+def _read_hashing(fd: int) -> tuple[bytes, list[tuple[int, Any]]]:
+    """The file's bytes, hashed while they are read: the sha256 state at the end of
+    each chunk, so the digest of any prefix hashes only the bytes past the last
+    state before it (no second pass over the snapshot)."""
+    digest = hashlib.sha256()
+    states: list[tuple[int, Any]] = [(0, digest.copy())]
+    chunks: list[bytes] = []
+    offset = 0
+    for chunk in iter_range(fd, 0):
+        digest.update(chunk)
+        offset += len(chunk)
+        chunks.append(chunk)
+        states.append((offset, digest.copy()))
+    return b"".join(chunks), states
+
+
+def _prefix_digest(data: bytes, states: list[tuple[int, Any]], length: int) -> str:
+    at = bisect.bisect_right([offset for offset, _ in states], length) - 1
+    offset, state = states[at]
+    digest = state.copy()
+    digest.update(memoryview(data)[offset:length])
+    return str(digest.hexdigest())
+
+
+def snapshot_tokens(
+    data: bytes,
+    dev: int,
+    ino: int,
+    counted: TrackedCount | None,
+    count_bytes: ByteCounter,
+) -> int:
+    """Tokens of a snapshot: the caller's incremental count (made under the lock)
+    extended over the bytes appended since, never a recount of the whole file."""
+    return count_data(data, dev, ino, 0, counted, count_bytes)[0].tokens
 
 
 class _Journal:
@@ -486,12 +532,12 @@ class _Transaction:
             raise NothingToCompact(f"agent {self.agent!r}: no MEMORY.md to compact") from None
         try:
             st = os.fstat(fd)
-            data = read_to_end(fd)
+            data, states = _read_hashing(fd)
         finally:
             os.close(fd)
         document = parse(data)
         boundary = document.boundary
-        digest = hashlib.sha256(data[:boundary]).hexdigest()
+        digest = _prefix_digest(data, states, boundary)
         return _Snapshot(
             dev=st.st_dev,
             ino=st.st_ino,
@@ -503,6 +549,7 @@ class _Transaction:
             st_mode=st.st_mode,
             st_uid=st.st_uid,
             st_gid=st.st_gid,
+            mtime_ns=st.st_mtime_ns,
         )
 
     def prefix_unchanged(self, snap: _Snapshot) -> bool:
@@ -537,7 +584,12 @@ class _Transaction:
         return until
 
     def compose(
-        self, snap: _Snapshot, result: SummaryResult, manual: bool, cut: int
+        self,
+        snap: _Snapshot,
+        result: SummaryResult,
+        manual: bool,
+        cut: int,
+        snapshot_tokens: int | None = None,
     ) -> tuple[ComposedSummary, int]:
         """The block text: the reply, the pins it does not keep itself, provenance.
 
@@ -560,12 +612,19 @@ class _Transaction:
         # The builtin summarizer is extractive: a short result means little
         # worth keeping, not a broken model (and it is the fallback when a
         # model keeps failing, so refusing it would let memory grow unbounded).
-        if not manual and self.count_bytes is not None and result.model != BUILTIN_MODEL:
+        judge = not manual and self.count_bytes is not None and result.model != BUILTIN_MODEL
+        # The input's size is the snapshot's count when all of it was summarized
+        # (the caller's incremental count): the turns are not tokenized again.
+        known = snapshot_tokens if cut == snap.size else None
+        counting = self._count_text if judge and known is None else _no_tokens
+        material = material_of(redact_document(prefix, scan), counting)
+        if judge:
+            input_tokens = material.input_tokens if known is None else known
             reply_tokens = self._count_text(body)
-            if is_degenerate(reply_tokens, material.input_tokens):
+            if is_degenerate(reply_tokens, input_tokens):
                 raise SummarizerError(
                     f"agent {self.agent!r}: summarizer reply refused as degenerate "
-                    f"({reply_tokens} tokens for {material.input_tokens} tokens of input); "
+                    f"({reply_tokens} tokens for {input_tokens} tokens of input); "
                     "nothing changed"
                 )
         new_name = _archive_stem() + self.archive_suffix
@@ -1013,10 +1072,11 @@ def _compact_locked(
         pinned.pin_memory()
     except WorkspaceError as exc:
         raise CompactionAborted(str(exc)) from None
+    counted: TrackedCount | None = None
     if threshold is not None and count_bytes is not None:
         # The lock may have been held by another compactor (compact-now, a
         # second daemon) that just did the work: check before summarizing.
-        check_still_over(pinned, threshold, count_bytes)
+        counted = check_still_over(pinned, threshold, count_bytes)
     _recover_locked(
         pinned, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s, key_file=opts.key_file
     )
@@ -1041,7 +1101,10 @@ def _compact_locked(
                     f"{restarts} times; giving up"
                 )
         cut = txn.cut_of(snap, result)
-        composed, earlier = txn.compose(snap, result, manual, cut)
+        tokens_before = None
+        if count_bytes is not None and measure_tokens:
+            tokens_before = snapshot_tokens(snap.data, snap.dev, snap.ino, counted, count_bytes)
+        composed, earlier = txn.compose(snap, result, manual, cut, tokens_before)
         stamp = _now_local_iso()
         txn.check_summary_size(render_summary_block(composed.text, stamp), snap, manual, cut)
         try:
@@ -1085,7 +1148,6 @@ def _compact_locked(
             ) from exc
         assert txn.archive is not None
         pruned, prune_error = _prune_after_commit(pinned, opts, txn.archive.name)
-        tokens_before = count_bytes(snap.data) if count_bytes and measure_tokens else None
         tokens_after = tokens_produced = tokens_appended = None
         if count_bytes is not None and measure_tokens:
             tokens_produced = count_bytes(txn.produced)

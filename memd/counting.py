@@ -293,6 +293,40 @@ def _kill_workers(pool: Any) -> None:
             process.terminate()
 
 
+def count_data(
+    data: bytes,
+    dev: int,
+    ino: int,
+    mtime_ns: int,
+    previous: TrackedCount | None,
+    count_bytes: CountBytes,
+    *,
+    max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
+) -> tuple[TrackedCount, CountKind]:
+    """Count a file's bytes already read (a compaction's snapshot), exactly: from
+    ``previous`` when ``data`` is the same inode, only grown past it, with the same
+    window before its safe offset; from scratch otherwise."""
+    if previous is not None:
+        old = previous.state
+        if (old.dev, old.ino) == (dev, ino) and len(data) >= old.size:
+            window = data[previous.window_start : old.safe_offset]
+            if previous.window_digest is None or _digest(window) == previous.window_digest:
+                counter = PieceCounter.resume(
+                    old,
+                    count_bytes,
+                    max_piece_bytes=max_piece_bytes,
+                    window_bytes=WINDOW_BYTES,
+                    recent=window,
+                )
+                counter.feed(data[old.safe_offset :])
+                state = counter.finish(dev, ino)
+                kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
+                return _track(state, mtime_ns, counter), kind
+    counter = PieceCounter(count_bytes, max_piece_bytes=max_piece_bytes, window_bytes=WINDOW_BYTES)
+    counter.feed(data)
+    return _track(counter.finish(dev, ino), mtime_ns, counter), CountKind.RECOUNTED
+
+
 __all__ = [
     "POOL_MIN_BYTES",
     "WINDOW_BYTES",
@@ -301,6 +335,7 @@ __all__ = [
     "CountResult",
     "NotARegularFile",
     "TrackedCount",
+    "count_data",
     "count_fd",
     "count_file",
     "count_many",

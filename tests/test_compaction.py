@@ -908,3 +908,105 @@ def test_summary_controls_never_reach_memory_md(agent_ws: AgentWorkspace) -> Non
     for text in (data, archived):
         assert not any(c in text for c in "\x1b\x07\x85\u2028\u2029\u202e")
     assert "given text" in data
+
+
+# -- the daemon's path: no second pass over the snapshot ------------------------
+
+
+class RecordingCounter:
+    """The real tokenizer, recording how many bytes it was handed in all."""
+
+    def __init__(self) -> None:
+        from support.tokens import CL100K
+
+        self.tokenizer = CL100K
+        self.bytes_counted = 0
+
+    def __call__(self, data: bytes) -> int:
+        self.bytes_counted += len(data)
+        return self.tokenizer.count_bytes(data)
+
+
+def test_the_daemons_count_is_extended_not_redone(agent_ws: AgentWorkspace) -> None:
+    from memd.compaction import ThresholdCheck
+    from memd.counting import count_file
+
+    paths = agent_ws.create_agent("alpha", entries=60, size=400)
+    counter = RecordingCounter()
+    # The daemon's incremental count, made before the last appends.
+    counted, _kind = count_file(paths.memory, None, counter.tokenizer.count_bytes)
+    for n in range(3):
+        append_entry(paths.memory, "Human", f"late turn {n}: " + "more words " * 30)
+    snapshot = paths.memory.read_bytes()
+    check = ThresholdCheck(counted, threshold_tokens=1)
+
+    outcome = compact_agent(
+        paths, FixedSummarizer(SUMMARY_TEXT * 12), FAST, count_bytes=counter, threshold=check
+    )
+
+    assert outcome.tokens_before == counter.tokenizer.count_bytes(snapshot)
+    # The appended entries, the summary and the new file: far less than the
+    # snapshot, which is never tokenized whole (nor turn by turn) again.
+    assert counter.bytes_counted < len(snapshot) // 2
+
+
+def test_a_stale_count_of_a_rewritten_file_is_not_trusted(agent_ws: AgentWorkspace) -> None:
+    from memd.compaction import ThresholdCheck
+    from memd.counting import count_file
+
+    paths = agent_ws.create_agent("alpha", entries=30, size=400)
+    counter = RecordingCounter()
+    counted, _kind = count_file(paths.memory, None, counter.tokenizer.count_bytes)
+    # Rewritten in place (same inode, grown): the window before the safe
+    # offset differs, so the snapshot is counted from scratch, exactly.
+    data = paths.memory.read_bytes()
+    with paths.memory.open("r+b") as handle:
+        handle.write(data.swapcase() + b"tail words " * 50)
+    snapshot = paths.memory.read_bytes()
+
+    outcome = compact_agent(
+        paths,
+        FixedSummarizer(SUMMARY_TEXT * 12),
+        FAST,
+        count_bytes=counter,
+        threshold=ThresholdCheck(counted, threshold_tokens=1),
+    )
+
+    assert outcome.tokens_before == counter.tokenizer.count_bytes(snapshot)
+
+
+def test_a_degenerate_reply_is_judged_on_the_daemons_count(agent_ws: AgentWorkspace) -> None:
+    from memd.compaction import ThresholdCheck
+    from memd.counting import count_file
+
+    paths = agent_ws.create_agent("alpha", entries=40, size=200)
+    before = paths.memory.read_bytes()
+    counter = RecordingCounter()
+    counted, _kind = count_file(paths.memory, None, counter.tokenizer.count_bytes)
+    with pytest.raises(SummarizerError, match=rf"for {counted.tokens} tokens of input"):
+        compact_agent(
+            paths,
+            FixedSummarizer("ok"),
+            FAST,
+            count_bytes=counter,
+            threshold=ThresholdCheck(counted, threshold_tokens=1),
+        )
+    assert_untouched(paths, before)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=3000), length=st.integers(min_value=0, max_value=3000))
+def test_prefix_digest_while_reading_is_sha256_of_the_prefix(data: bytes, length: int) -> None:
+    import hashlib
+    import tempfile
+    from unittest import mock
+
+    length = min(length, len(data))
+    # Small reads, so prefixes end inside, at and between chunks.
+    with tempfile.TemporaryFile() as handle, mock.patch.object(fsutil, "_READ_CHUNK", 97):
+        handle.write(data)
+        handle.flush()
+        read, states = compaction._read_hashing(handle.fileno())
+    assert read == data
+    expected = hashlib.sha256(data[:length]).hexdigest()
+    assert compaction._prefix_digest(read, states, length) == expected

@@ -240,3 +240,35 @@ def test_stop_ends_the_pool_without_waiting_for_a_slow_file(tmp_path: Path) -> N
         if len(seen) == len(jobs) - 1:
             stopping.append(True)  # SIGTERM arrives while the slow file is counted
     assert 0 not in seen and len(seen) == len(jobs) - 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    parts=st.lists(
+        st.sampled_from(
+            [entry("Human", "hello there"), entry("AI", "a b\nc d"), b"half an entr", b"\n"]
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    split=st.integers(min_value=0, max_value=12),
+)
+def test_count_data_extends_an_earlier_count_exactly(parts: list[bytes], split: int) -> None:
+    from memd.counting import count_data
+
+    data = b"".join(parts)
+    earlier = b"".join(parts[:split])
+    previous, _kind = count_data(earlier, 1, 2, 0, None, COUNTER.count_bytes)
+    counted, kind = count_data(data, 1, 2, 0, previous, COUNTER.count_bytes)
+    assert counted.tokens == COUNTER.count_bytes(data)
+    assert kind is not CountKind.RECOUNTED
+    # The window is checked: a rewritten earlier part is counted from scratch.
+    rewritten = earlier.swapcase() + data[len(earlier) :]
+    counted, kind = count_data(rewritten, 1, 2, 0, previous, COUNTER.count_bytes)
+    assert counted.tokens == COUNTER.count_bytes(rewritten)
+    window = earlier[previous.window_start : previous.state.safe_offset]
+    if window.swapcase() != window:
+        assert kind is CountKind.RECOUNTED
+    # Another inode: from scratch.
+    counted, kind = count_data(data, 1, 3, 0, previous, COUNTER.count_bytes)
+    assert kind is CountKind.RECOUNTED and counted.tokens == COUNTER.count_bytes(data)
