@@ -852,6 +852,9 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
             daemon.wait_for("summarizer loaded", timeout=120)  # a loaded machine: seconds
             fill(ws, "patient", 20)
             daemon.wait_for("compaction started", lambda line: line.get("agent") == "patient")
+            # In flight once its summary has reached the server (a job still
+            # waiting for an LLM slot would be cancelled instead).
+            assert wait_until(lambda: len(server.requests) == 1, timeout=30)
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(30) == 0
             assert daemon.events("compacted")[0]["agent"] == "patient"
@@ -862,6 +865,7 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
             daemon.wait_ready()
             fill(ws, "slowpoke", 20)
             daemon.wait_for("compaction started", lambda line: line.get("agent") == "slowpoke")
+            assert wait_until(lambda: len(server.requests) == 2, timeout=30)
             before = memory.read_bytes()
             daemon.signal(signal.SIGINT)
             daemon.wait_for("stopping")
@@ -900,6 +904,9 @@ def test_subprocess_sigterm_stops_retrying_a_trickling_summarizer(
             fill(ws, "trickled", 20)
             before = memory.read_bytes()
             daemon.wait_for("compaction started", lambda line: line.get("agent") == "trickled")
+            # The job takes an LLM slot after its snapshot: the first attempt is
+            # under way once the server has it.
+            assert wait_until(lambda: len(server.requests) == 1, timeout=30)
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(60) == 0
         assert len(server.requests) == 1
