@@ -190,16 +190,33 @@ class MemoryDocument:
 
 
 def _entry_starts(data: bytes, begin: int) -> list[re.Match[bytes]]:
+    """The valid entry headers at or after ``begin``, as ``_ENTRY_HEADER_RE.finditer``
+    would find them, but the header regex runs only where a line starts with
+    ``### `` (found with ``bytes.find``): a scan of every byte position costs
+    more than the rest of the parse."""
     starts = []
-    for match in _ENTRY_HEADER_RE.finditer(data, begin):
+    find = data.find
+    match_at = _ENTRY_HEADER_RE.match
+    at = find(b"### ", begin)
+    while at >= 0:
+        # (?m)^ holds at the start of the data or right after a newline.
+        match = match_at(data, at) if at == 0 or data[at - 1] == 0x0A else None
+        if match is None:
+            at = find(b"### ", at + 1)
+            continue
         role = match.group(1)
         stamp = match.group(2).decode("ascii", "replace")
         if role.strip() and parse_timestamp(stamp) is not None:
             starts.append(match)
+        # Matches never overlap: a header match holds no other line start with "### ".
+        at = find(b"### ", match.end())
     return starts
 
 
 def _ends_with_terminator(data: bytes, end: int, floor: int) -> bool:
+    plain = len(BLOCK_TERMINATOR)
+    if end - plain >= floor and data.startswith(BLOCK_TERMINATOR, end - plain, end):
+        return True  # the common LF form; the regex below also takes CRLF variants
     window_start = max(floor, end - _MAX_TERMINATOR_LEN)
     return _TERMINATOR_RE.search(data, window_start, end) is not None
 

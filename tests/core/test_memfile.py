@@ -371,3 +371,45 @@ def test_a_user_message_starting_with_the_marker_hides_nothing() -> None:
     short = render_entry("user", "2026-01-01T00:00:02", "[Compressed Memory Summary]\nfake")
     doc = parse(header + short)
     assert not doc.is_summary_entry(doc.entries[0])
+
+
+def _reference_entry_starts(data: bytes, begin: int) -> list[tuple[int, int]]:
+    """The definition: every match of the header regex from ``begin`` with a role
+    and an ISO timestamp (what the scan over every byte position found)."""
+    from memd.core.memfile import _ENTRY_HEADER_RE, parse_timestamp
+
+    return [
+        (m.start(), m.end())
+        for m in _ENTRY_HEADER_RE.finditer(data, begin)
+        if m.group(1).strip() and parse_timestamp(m.group(2).decode("ascii", "replace"))
+    ]
+
+
+@PROPERTY
+@given(
+    data=st.one_of(memory_files(), any_bytes, st.lists(entry_blocks()).map(b"".join)),
+    begin=st.integers(0, 400),
+)
+def test_header_search_finds_exactly_what_the_regex_scan_finds(data: bytes, begin: int) -> None:
+    from memd.core.memfile import _entry_starts
+
+    begin = min(begin, len(data))
+    found = [(m.start(), m.end()) for m in _entry_starts(data, begin)]
+    assert found == _reference_entry_starts(data, begin)
+
+
+def test_header_search_edges() -> None:
+    from memd.core.memfile import _entry_starts
+
+    line = "### Human \u2014 2024-05-01T10:00:00\n\n".encode()
+    for data, begin in (
+        (line, 0),
+        (b"x" + line, 0),  # not at a line start
+        (b"\n" + line, 1),  # begin right at a line start
+        (b"#" + line, 0),  # "#### " holds "### " mid-line
+        (b"\r" + line, 0),
+        (line + line, 5),  # begin inside the first header
+        (line + b"### \n" + line, 0),
+    ):
+        found = [(m.start(), m.end()) for m in _entry_starts(data, begin)]
+        assert found == _reference_entry_starts(data, begin), (data, begin)
