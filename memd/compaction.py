@@ -598,7 +598,17 @@ class _Transaction:
         summary of 30,000 tokens); an operator's ``--summary`` is used as given.
         """
         prefix = MemoryDocument(segments=tuple(snap.document.segments_before(cut)), size=cut)
-        material = material_of(prefix, self._count_text)
+        # The builtin summarizer is extractive: a short result means little
+        # worth keeping, not a broken model (and it is the fallback when a
+        # model keeps failing, so refusing it would let memory grow unbounded).
+        # Token rules need the tokenizer (like the cap check); the daemon and
+        # compact-now always pass one.
+        judge = not manual and self.count_bytes is not None and result.model != BUILTIN_MODEL
+        # The input's size is the snapshot's count when all of it was summarized
+        # (the caller's incremental count): the turns are not tokenized again.
+        known = snapshot_tokens if cut == snap.size else None
+        counting = self._count_text if judge and known is None else _no_tokens
+        material = material_of(prefix, counting)
         # Every reply is scanned before it is written, local models and an
         # operator's --summary included, and the pinned facts with it: a
         # credential never lands in MEMORY.md (an echoed one, or one a local
@@ -607,17 +617,6 @@ class _Transaction:
         scrubbed = scan.redact(result.text.strip())
         self.reply_redacted = scrubbed.count
         body = scrubbed.text
-        # Token rules need the tokenizer (like the cap check); the daemon and
-        # compact-now always pass one.
-        # The builtin summarizer is extractive: a short result means little
-        # worth keeping, not a broken model (and it is the fallback when a
-        # model keeps failing, so refusing it would let memory grow unbounded).
-        judge = not manual and self.count_bytes is not None and result.model != BUILTIN_MODEL
-        # The input's size is the snapshot's count when all of it was summarized
-        # (the caller's incremental count): the turns are not tokenized again.
-        known = snapshot_tokens if cut == snap.size else None
-        counting = self._count_text if judge and known is None else _no_tokens
-        material = material_of(redact_document(prefix, scan), counting)
         if judge:
             input_tokens = material.input_tokens if known is None else known
             reply_tokens = self._count_text(body)
