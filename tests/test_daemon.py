@@ -1629,31 +1629,40 @@ def test_daemon_prunes_daily_and_after_each_compaction(
     archive_dir.mkdir()
     long_ago = time.time() - 90 * 86_400
 
-    def plant(name: str) -> Path:
-        path = archive_dir / name
-        path.write_text("raw turns")
+    def plant(name: str, text: str = "raw turns", folder: Path = archive_dir) -> Path:
+        path = folder / name
+        path.write_text(swarms_header("alice") + swarms_block("Human", text))
         os.utime(path, (long_ago, long_ago))
         return path
 
-    first = plant("history_2020-01-01_10-00-00.md")
-    encrypted = plant("history_2020-01-02_10-00-00.md.enc")
+    first = plant("history_2020-01-01_10-00-00.md", "the vorpelline key is under the mat")
+    # Another agent's (an agent with an encrypted archive gets no recall index).
+    bob = ws.create_agent("bob").archive_dir
+    bob.mkdir()
+    encrypted = plant("history_2020-01-02_10-00-00.md.enc", folder=bob)
     h = run_daemon(ws, config={"retention": {"max_age_days": 30}})
     log = audit_path(tmp_path / "state", ws.root)
+    recall = h.daemon.recall
+    assert recall is not None and recall.caught_up.wait(20)
+    assert recall.index.search("alice", "vorpelline")  # indexed at start
 
     def prunes() -> list[Any]:
         return [r for r in read_audit(log).records if r.event == "prune"]
 
     assert h.daemon.retention.daily() == 2  # the daily pass, run by hand
     assert not first.exists() and not encrypted.exists()
-    (daily,) = prunes()
-    assert daily.fields["trigger"] == "daily" and daily.fields["archives"] == 2
+    assert not recall.index.search("alice", "vorpelline")  # its rows went with it
+    assert sorted((r.agent, r.fields["trigger"], r.fields["archives"]) for r in prunes()) == [
+        ("alice", "daily", 1),
+        ("bob", "daily", 1),
+    ]
 
     later = plant("history_2020-01-03_10-00-00.md")
     fill(ws, "alice", 20)  # over the threshold: the real transaction compacts
-    assert wait_until(lambda: len(prunes()) == 2, timeout=30)
+    assert wait_until(lambda: len(prunes()) == 3, timeout=30)
     h.stop()
     assert not later.exists()
-    after = prunes()[1]
+    after = prunes()[2]
     assert after.fields["trigger"] == "compaction" and after.fields["names"] == (later.name,)
     records = read_audit(log).records
     assert records[records.index(after) - 1].event == "compaction"  # recorded in order
