@@ -171,3 +171,13 @@ def test_compaction_record_has_figures_not_content(tmp_path: Path) -> None:
 def test_local_hosts_count_as_local() -> None:
     assert summarizer_is_remote("openai/x", "http://10.1.2.3:8000")
     assert not summarizer_is_remote("openai/x", "http://10.1.2.3:8000", ("10.0.0.0/8",))
+
+
+def test_a_log_moved_aside_is_followed_by_a_new_one(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "w.audit.jsonl", "daemon")
+    log.record(AuditEvent.PRUNE, "alpha", archives=1)
+    assert log.path is not None
+    log.path.rename(tmp_path / "w.audit.jsonl.1")
+    log.record(AuditEvent.PRUNE, "alpha", archives=2)
+    assert [r.fields["archives"] for r in read_audit(log.path).records] == [2]
+    assert stat.S_IMODE(log.path.stat().st_mode) == 0o600
