@@ -12,11 +12,10 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.audit import AuditLog
 from memd.errors import ConfigError
 from memd.pointer import PointerRefused, read_pointer
 from memd.settings import (
@@ -26,6 +25,9 @@ from memd.settings import (
     locate_state_dir,
 )
 from memd.state import StateStore
+
+if TYPE_CHECKING:
+    from memd.audit import AuditLog
 
 WorkspaceOption = Annotated[
     Path | None,
@@ -140,6 +142,10 @@ def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
 def open_audit(loaded: LoadedConfig, state_dir: Path | None) -> AuditLog:
     """The workspace's audit log, appended by this CLI (the same file the daemon appends)."""
     directory = state_dir_of(loaded, state_dir)
+    # Imported here: it loads structlog and the privacy model, ~0.2 s that
+    # `memd status` (which never audits) should not pay.
+    from memd.audit import AuditLog
+
     return AuditLog.for_workspace(directory, loaded.workspace, "cli")
 
 
