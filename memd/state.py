@@ -27,14 +27,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
-from memd.core.erasure import Tombstone, agent_key
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
-from memd.core.tokens import CountState
-from memd.counting import TrackedCount
 from memd.errors import MemdError, describe_error
 from memd.workspace import ArchiveStats
+
+if TYPE_CHECKING:
+    # Imported where used: `memd status` on a 30,000-agent fleet reads this
+    # module and pays for every import in its start-up time.
+    from memd.core.erasure import Tombstone
+    from memd.counting import TrackedCount
 
 
 class Outcome(Protocol):
@@ -399,6 +402,9 @@ class AgentRecord:
         """The stored count as the counter tracks it, for a file now ``current_size``
         long; its window digest is verified by the next incremental count, so a file
         truncated and regrown past its old size is recounted."""
+        from memd.core.tokens import CountState
+        from memd.counting import TrackedCount
+
         count = CountState(
             dev=self.dev,
             ino=self.ino,
@@ -834,6 +840,8 @@ class StateStore:
 
     def key_of(self, name: str) -> str:
         """How a tombstone names ``name`` (a salted hash, never the name)."""
+        from memd.core.erasure import agent_key
+
         return agent_key(self._run(self._salt), name)
 
     def tombstones(self) -> dict[str, Tombstone]:
@@ -843,6 +851,8 @@ class StateStore:
             rows = conn.execute(
                 "SELECT agent_key, erased_at_ns, survivor_dev, survivor_ino FROM erasures"
             ).fetchall()
+            from memd.core.erasure import Tombstone
+
             return {row[0]: Tombstone(*row) for row in rows}
 
         return self._run(operation)
@@ -852,6 +862,8 @@ class StateStore:
         stones = self.tombstones()
         if not stones:
             return {}
+        from memd.core.erasure import agent_key
+
         salt = self._run(self._salt)
         found = {name: stones.get(agent_key(salt, name)) for name in names}
         return {name: stone for name, stone in found.items() if stone is not None}
@@ -875,6 +887,8 @@ class StateStore:
         keys = {row[0] for row in conn.execute("SELECT agent_key FROM erasures")}
         if not keys:
             return set()
+        from memd.core.erasure import agent_key
+
         salt = self._salt(conn)  # exists: the keys were made with it
         return {name for name in set(names) if agent_key(salt, name) in keys}
 
@@ -1344,6 +1358,14 @@ def _move_aside(path: Path) -> Path:
                 with contextlib.suppress(OSError):
                     companion.unlink()
     return target
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Tombstone":  # re-exported, imported on first use
+        from memd.core.erasure import Tombstone
+
+        return Tombstone
+    raise AttributeError(name)
 
 
 __all__ = [

@@ -339,6 +339,8 @@ def test_sysusers_and_tmpfiles_create_user_group_and_dirs(tmp_path: Path) -> Non
     workspace = (root / "srv/agents").stat()
     assert workspace.st_gid == agents_gid
     assert workspace.st_mode & 0o7777 == 0o750
+    # memd alone writes the top (its .memd-state pointer); agents only reach agents/.
+    assert workspace.st_uid == int(memd_user[2])
     # Sticky, not setgid: an agent's folder keeps the agent's own group (the
     # isolation between agents; tests/test_agent_isolation.py runs it as uids).
     agents_dir = (root / "srv/agents/agents").stat()

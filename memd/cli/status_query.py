@@ -26,9 +26,7 @@ from typing import Any, Literal
 from memd.cli.common import iso_utc
 from memd.core.config import MemdConfig, resolve_policy
 from memd.core.descriptor import AgentWindow
-from memd.counting import CountJob, count_many, pool_worth_it
 from memd.errors import MemdError, NotARegularFile
-from memd.modelinfo import context_length_for_model
 from memd.settings import LoadedConfig
 from memd.state import (
     AgentRecord,
@@ -240,6 +238,7 @@ def _count_all(
     bounded pieces by the fork pool the daemon's start-up uses."""
     if not pending:
         return {}
+    from memd.counting import CountJob, count_many, pool_worth_it
     from memd.tokenizer import shared_counter
 
     # Loaded before any fork, so forked workers inherit the tokenizer.
@@ -333,6 +332,8 @@ def collect_status(
             # The daemon's figures (schema 3): nothing to resolve or list here.
             window, reserved = record.window_source, record.reserved_tokens
         else:
+            from memd.modelinfo import context_length_for_model
+
             policy = resolve_policy(
                 config, name, context_length_for_model, _declared_window(paths, encoding)
             )
