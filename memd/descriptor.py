@@ -70,7 +70,8 @@ def declared_window(agent_dir: Path, count_text: Callable[[str], int]) -> AgentW
 
 def file_key(agent_dir: Path) -> FileKey | None:
     try:
-        info = os.lstat(agent_dir / DESCRIPTOR_NAME)
+        # A str join: this runs for every agent at start-up (pathlib costs more).
+        info = os.lstat(f"{os.fspath(agent_dir)}/{DESCRIPTOR_NAME}")
     except OSError:
         return None
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
@@ -102,6 +103,9 @@ class Descriptors:
             cached = self._seen.get(agent)
             if cached is not None and cached[0] == key:
                 return cached[1]
+            if key is None:  # no descriptor (most agents): nothing to open
+                self._seen[agent] = (None, None)
+                return None
             count_text = self._count_text
         try:
             read_key, window = read_window(agent_dir, count_text)

@@ -21,16 +21,79 @@ AGENTS_DIR = "agents"
 MEMORY_FILE = "MEMORY.md"
 ARCHIVE_DIR = "archive"
 PRIVATE_DIR = ".memd"
+_SPECIAL = frozenset((MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR))
 
 
-@dataclass(frozen=True, slots=True)
 class AgentPaths:
-    workspace: Path
-    agent: str
-    dir: Path
-    memory: Path
-    archive_dir: Path
-    private_dir: Path
+    """Where one agent's files live.
+
+    ``memory``, ``archive_dir`` and ``private_dir`` are made on first use: a
+    daemon starting with 30,000 agents builds one ``Path`` per agent, not four
+    (pathlib's joins were most of a restart's time).
+    """
+
+    __slots__ = ("_archive_dir", "_memory", "_private_dir", "agent", "dir", "workspace")
+
+    def __init__(
+        self,
+        workspace: Path,
+        agent: str,
+        dir: Path,
+        memory: Path | None = None,
+        archive_dir: Path | None = None,
+        private_dir: Path | None = None,
+    ) -> None:
+        self.workspace = workspace
+        self.agent = agent
+        self.dir = dir
+        self._memory = memory
+        self._archive_dir = archive_dir
+        self._private_dir = private_dir
+
+    @property
+    def memory(self) -> Path:
+        if self._memory is None:
+            self._memory = self.dir / MEMORY_FILE
+        return self._memory
+
+    @property
+    def archive_dir(self) -> Path:
+        if self._archive_dir is None:
+            self._archive_dir = self.dir / ARCHIVE_DIR
+        return self._archive_dir
+
+    @property
+    def private_dir(self) -> Path:
+        if self._private_dir is None:
+            self._private_dir = self.dir / PRIVATE_DIR
+        return self._private_dir
+
+    def memory_fspath(self) -> str:
+        """``str(self.memory)`` without making the ``Path`` (a stat per agent at start-up)."""
+        if self._memory is not None:
+            return os.fspath(self._memory)
+        return f"{os.fspath(self.dir)}/{MEMORY_FILE}"
+
+    def _key(self) -> tuple[Path, str, Path, Path, Path, Path]:
+        return (
+            self.workspace,
+            self.agent,
+            self.dir,
+            self.memory,
+            self.archive_dir,
+            self.private_dir,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AgentPaths):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"AgentPaths(workspace={self.workspace!r}, agent={self.agent!r}, dir={self.dir!r})"
 
     @property
     def lock(self) -> Path:
@@ -200,6 +263,8 @@ def agent_paths_scanned(
     root: Path,
     is_link: bool | None = None,
     agents_dir_plain: bool = False,
+    agents_root: Path | None = None,
+    name_valid: bool = False,
 ) -> tuple[AgentPaths, bool]:
     """:func:`agent_paths` with a fast path, and whether the agent has a ``.memd/``
     dir (maybe a crashed job). ``root`` is ``workspace`` resolved.
@@ -208,21 +273,19 @@ def agent_paths_scanned(
     workspace: ~20 syscalls per agent, seconds for 10,000 agents at start-up.
     When ``agents/`` itself is a plain folder (``agents_dir_plain``) and the
     agent folder is not a link, one ``scandir`` of it tells which entries are
-    symlinks; only then is the full check needed.
+    symlinks; only then is the full check needed. ``agents_root`` (``root /
+    "agents"``) and ``name_valid`` (the scan checked the name) save work per agent.
     """
-    agent_dir = root / AGENTS_DIR / agent
+    agent_dir = (agents_root or root / AGENTS_DIR) / agent
     if is_link is None:
         is_link = agent_dir.is_symlink()
-    if not agents_dir_plain or is_link or not is_valid_agent_name(agent):
+    if not agents_dir_plain or is_link or not (name_valid or is_valid_agent_name(agent)):
         paths = agent_paths(workspace, agent)
         return paths, paths.private_dir.is_dir()
     try:
-        with os.scandir(agent_dir) as listing:
-            special = {
-                item.name: item.is_symlink()
-                for item in listing
-                if item.name in (MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR)
-            }
+        # A str path: DirEntry objects then skip pathlib altogether.
+        with os.scandir(os.fspath(agent_dir)) as listing:
+            special = {item.name: item.is_symlink() for item in listing if item.name in _SPECIAL}
     except NotADirectoryError:
         raise UnknownAgent(f"unknown agent {agent!r}: {agent_dir} is not a folder") from None
     except FileNotFoundError:
@@ -230,15 +293,7 @@ def agent_paths_scanned(
     if any(special.values()):
         paths = agent_paths(workspace, agent)
         return paths, paths.private_dir.is_dir()
-    paths = AgentPaths(
-        workspace=root,
-        agent=agent,
-        dir=agent_dir,
-        memory=agent_dir / MEMORY_FILE,
-        archive_dir=agent_dir / ARCHIVE_DIR,
-        private_dir=agent_dir / PRIVATE_DIR,
-    )
-    return paths, PRIVATE_DIR in special
+    return AgentPaths(workspace=root, agent=agent, dir=agent_dir), PRIVATE_DIR in special
 
 
 def archives_of(paths: AgentPaths) -> list[Path]:

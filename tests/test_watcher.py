@@ -220,3 +220,23 @@ def test_stat_poller_refuses_a_missing_folder(tmp_path: Path) -> None:
 
     with pytest.raises(OSError):
         StatPollBackend(Sink(), poll_interval_s=1).watch("ghost", tmp_path / "ghost")
+
+
+def test_watching_a_renamed_folder_again_does_not_warn(tmp_path: Path) -> None:
+    import warnings
+
+    from memd.watcher import InotifyBackend
+
+    backend = InotifyBackend(Sink())
+    backend.start()
+    try:
+        (tmp_path / "bob").mkdir()
+        backend.watch("bob", tmp_path / "bob")
+        (tmp_path / "bob").rename(tmp_path / "carol")
+        with warnings.catch_warnings(record=True) as caught:
+            # Same inode, same watch descriptor: watchdog warns "Overwritten".
+            backend.watch("carol", tmp_path / "carol")
+        assert caught == []
+        assert backend.watched() == {"carol"}
+    finally:
+        backend.stop()

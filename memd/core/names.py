@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from memd.errors import InvalidAgentName
 
 MAX_AGENT_NAME = 255
@@ -33,7 +35,13 @@ def validate_agent_name(name: str) -> str:
     return name
 
 
+# Most names (ASCII letters, digits, ``-``, ``_``, inner dots): valid at a glance.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
+
+
 def is_valid_agent_name(name: str) -> bool:
+    if _PLAIN_NAME.fullmatch(name) and ".." not in name:
+        return True  # the fast path of a scan over 30,000 agent folders
     try:
         validate_agent_name(name)
     except InvalidAgentName:

@@ -336,7 +336,7 @@ class CountService:
             now=time.time(),
         )
         try:
-            info = os.stat(entry.paths.memory)
+            info = os.stat(entry.paths.memory_fspath())
         except OSError:
             return False
         trust = stored_count_trust(

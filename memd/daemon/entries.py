@@ -76,7 +76,7 @@ def check_contained(entry: AgentEntry) -> None:
 def changed_on_disk(entry: AgentEntry) -> bool:
     """Whether a stat of MEMORY.md differs from what the entry last counted."""
     try:
-        info = os.stat(entry.paths.memory)
+        info = os.stat(entry.paths.memory_fspath())
     except FileNotFoundError:
         return entry.tracked is not None
     except OSError:

@@ -71,10 +71,11 @@ class AgentRegistry:
 
     # -------------------------------------------------------------------- table
 
-    def policy(self, name: str) -> AgentPolicy:
+    def policy(self, name: str, agent_dir: Path | None = None) -> AgentPolicy:
         window = None
         if self.descriptors is not None:
-            window = self.descriptors.window(name, self._agents_root / name)
+            folder = self._agents_root / name if agent_dir is None else agent_dir
+            window = self.descriptors.window(name, folder)
         return resolve_policy(self._config, name, self._context_length_of, window)
 
     def refresh_window(self, name: str) -> None:
@@ -190,6 +191,9 @@ class AgentRegistry:
                 root=self._root,
                 is_link=is_link,
                 agents_dir_plain=self._agents_dir_plain,
+                agents_root=self._agents_root,
+                # From the scan (is_link known): its names were validated there.
+                name_valid=is_link is not None,
             )
         except (MemdError, OSError) as exc:
             reason = str(exc)
@@ -199,7 +203,10 @@ class AgentRegistry:
             return None
         self._rejected.pop(name, None)
         return AgentEntry(
-            name=name, paths=paths, policy=self.policy(name), may_need_recovery=has_private
+            name=name,
+            paths=paths,
+            policy=self.policy(name, paths.dir),
+            may_need_recovery=has_private,
         )
 
     def recover(self, entry: AgentEntry) -> None:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memd.core.names import is_valid_agent_name, validate_agent_name
 from memd.errors import InvalidAgentName
@@ -31,3 +33,20 @@ def test_bad_names_are_refused_with_a_reason(name: str, reason: str) -> None:
     assert reason in str(info.value)
     assert "\n" not in str(info.value)
     assert not is_valid_agent_name(name)
+
+
+@given(
+    st.one_of(
+        st.text(alphabet="ab.-_/\\\x00\n Z9", max_size=12),
+        st.text(max_size=300),
+        st.from_regex(r"[A-Za-z0-9._-]{0,300}", fullmatch=True),
+    )
+)
+def test_the_fast_check_agrees_with_the_full_validation(name: str) -> None:
+    try:
+        validate_agent_name(name)
+    except InvalidAgentName:
+        valid = False
+    else:
+        valid = True
+    assert is_valid_agent_name(name) is valid
