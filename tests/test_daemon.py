@@ -1134,6 +1134,8 @@ def test_warns_at_start_when_a_remote_summarizer_gets_unredacted_text(
     warnings = [e for e in logs if e["event"] == "privacy: remote summarizer without redaction"]
     assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
     assert "redact = false" in warnings[0]["detail"]
+    [ready] = [e for e in logs if e["event"] == "ready"]
+    assert ready["redaction"] == "off (remote)"
     # The runner got the workspace's key from the state dir (made 0600 at start).
     key_file = key_path(tmp_path / "state", ws.root)
     assert (key_file.stat().st_mode & 0o777) == 0o600

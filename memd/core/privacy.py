@@ -186,6 +186,19 @@ class Privacy:
         return Redactor(self.key, pii=pii or self.config.redact_pii is True, patterns=self.patterns)
 
 
+def outbound_redaction(config: MemdConfig) -> str:
+    """What the configured summarizer is sent, in a word or two (the daemon's ``ready`` line)."""
+    summarizer = config.summarizer
+    privacy = config.privacy
+    remote = not is_local_summarizer(summarizer.model, summarizer.api_base, privacy.local_hosts)
+    if not privacy.redact:
+        return "off (remote)" if remote else "off"
+    if not remote and not privacy.redact_local:
+        return "none (local summarizer)"
+    pii = privacy.redact_pii == "auto" or privacy.redact_pii is True
+    return "credentials and personal data" if pii else "credentials"
+
+
 def unredacted_remote_warning(config: MemdConfig) -> str | None:
     """The warning for a remote summarizer configured with ``redact = false``, if so."""
     summarizer = config.summarizer
@@ -209,6 +222,7 @@ __all__ = [
     "endpoint_host",
     "is_local_host",
     "is_local_summarizer",
+    "outbound_redaction",
     "redact_document",
     "unredacted_remote_warning",
 ]

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from memd.audit import AuditLog
 from memd.core.audit import AuditEvent
 from memd.core.config import MemdConfig
-from memd.core.privacy import unredacted_remote_warning
+from memd.core.privacy import outbound_redaction, unredacted_remote_warning
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.counter import CountService
 from memd.daemon.entries import (
@@ -362,6 +362,8 @@ class Daemon:
             watcher=kind,
             state_db=str(self.store.path) if self.store else None,
             summarizer=self.config.summarizer.model,
+            # What that summarizer is sent (README "Privacy").
+            redaction=outbound_redaction(self.config),
             # Proof for operators (and tests) that litellm stays unloaded until
             # a summary is made with a litellm model.
             litellm_loaded="litellm" in sys.modules,

@@ -14,6 +14,7 @@ from memd.core.privacy import (
     Privacy,
     Redactor,
     is_local_summarizer,
+    outbound_redaction,
     unredacted_remote_warning,
 )
 from memd.core.secrets import PLACEHOLDER_RE
@@ -153,3 +154,15 @@ def test_warning_for_a_remote_summarizer_with_redaction_off() -> None:
     assert unredacted_remote_warning(MemdConfig(summarizer=remote)) is None
     local = SummarizerConfig(model="openai/x", api_base="http://127.0.0.1:1/v1")
     assert unredacted_remote_warning(MemdConfig(summarizer=local, privacy=off)) is None
+
+
+def test_what_the_ready_line_says_the_summarizer_is_sent() -> None:
+    remote = SummarizerConfig(model="openai/gpt-4o-mini")
+    assert outbound_redaction(MemdConfig()) == "none (local summarizer)"
+    assert outbound_redaction(MemdConfig(summarizer=remote)) == "credentials and personal data"
+    no_pii = PrivacyConfig(redact_pii=False)
+    assert outbound_redaction(MemdConfig(summarizer=remote, privacy=no_pii)) == "credentials"
+    off = PrivacyConfig(redact=False)
+    assert outbound_redaction(MemdConfig(summarizer=remote, privacy=off)) == "off (remote)"
+    forced = PrivacyConfig(redact_local=True, redact_pii=False)
+    assert outbound_redaction(MemdConfig(privacy=forced)) == "credentials"
