@@ -21,8 +21,10 @@ from memd.cli.common import (
     JsonOption,
     StateDirOption,
     WorkspaceOption,
+    as_owner_of,
     load,
     open_audit,
+    state_dir_of,
 )
 from memd.cli.recall_index import after_prune_hook
 from memd.core.config import resolve_retention
@@ -65,6 +67,7 @@ def prune_command(
     after_prune = after_prune_hook(loaded, state_dir, open_audit(loaded, state_dir), "cli")
     lock_wait = cfg.compaction.lock_wait_s if wait is None else wait
     options = CompactionOptions.from_config(cfg)
+    directory = state_dir_of(loaded, state_dir)
 
     reports: list[dict[str, Any]] = []
     failures = 0
@@ -76,16 +79,19 @@ def prune_command(
                 print(f"{name}: no retention limit set; nothing to do")
             continue
         try:
-            pruned = prune_agent(
-                agent_paths(ws, name),
-                limits,
-                dry_run=dry_run,
-                lock_wait_s=lock_wait,
-                on_pruned=after_prune,
-                quiet_s=options.drain_quiet_s,
-                max_s=options.drain_max_s,
-                key_file=options.key_file,
-            )
+            # A root CLI acts on the agent's files as memd (the state dir's owner)
+            # does: the .memd/ it finds is memd's, and it leaves no root-owned file.
+            with as_owner_of(directory):
+                pruned = prune_agent(
+                    agent_paths(ws, name),
+                    limits,
+                    dry_run=dry_run,
+                    lock_wait_s=lock_wait,
+                    on_pruned=after_prune,
+                    quiet_s=options.drain_quiet_s,
+                    max_s=options.drain_max_s,
+                    key_file=options.key_file,
+                )
         except (MemdError, OSError) as exc:
             failures += 1
             message = describe_error(exc)

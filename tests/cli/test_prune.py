@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from support.cli import run
 from support.memfiles import AgentWorkspace, append_entry
+from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.audit import audit_path, read_audit
 from memd.recall.index import RecallIndex, recall_db_path
@@ -160,3 +163,37 @@ def test_bad_input_is_one_line(
     )
     assert code == exit_code
     assert err.count("\n") == 1 and expected in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root")
+def test_root_prune_acts_as_memd_on_a_daemon_owned_agent(tmp_path: Path) -> None:
+    """The daemon's uid owns the agent's .memd/ and archives: a root `prune` works on
+    them and leaves no root-owned file (a root-owned .memd/ would lock the daemon out)."""
+    with reachable_tmp("memd-prune-") as base:
+        ws = AgentWorkspace(base / "ws")
+        paths = ws.create_agent("alpha", entries=2)
+        paths.archive_dir.mkdir(mode=0o700)
+        for day in (1, 2, 3):
+            (paths.archive_dir / f"history_2026-01-0{day}_10-00-00.md").write_text("raw")
+        state = base / "state"
+        state.mkdir(mode=0o700)
+        for root, dirs, files in os.walk(base):
+            for name in [*dirs, *files]:
+                os.chown(os.path.join(root, name), NOBODY, NOBODY)
+        config = write_config(tmp_path, "[retention]\nmax_archives = 1\n")  # read as root
+        common = ["-w", str(ws.root), "--state-dir", str(state), "-c", str(config)]
+        result = subprocess.run(
+            [sys.executable, "-m", "memd", "prune", *common],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert [p.name for p in paths.archive_dir.iterdir()] == ["history_2026-01-03_10-00-00.md"]
+        owners = {
+            os.path.join(root, name): os.stat(os.path.join(root, name)).st_uid
+            for root, dirs, files in os.walk(base)
+            for name in [*dirs, *files]
+        }
+        assert set(owners.values()) == {NOBODY}, owners
+        assert any(p.name.endswith(".audit.jsonl") for p in state.iterdir())
