@@ -572,6 +572,8 @@ class Daemon:
         start-up (the caller reports that error, not a clean stop)."""
         if self.runner is not None:
             self.runner.stop()
+        if self.retention is not None:
+            self.retention.stop()
         self.notifier.stopping()
         if not quiet:
             running = self.runner.running() if self.runner is not None else []

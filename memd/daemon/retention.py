@@ -12,6 +12,7 @@ re-surveyed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,11 @@ class RetentionService:
         self._audit = audit
         # The recall index's hook, when recall runs.
         self.on_pruned: PruneHook | None = None
+        # Set at shutdown: a daily pass over many agents stops between two of them.
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     def hook(self, trigger: str, *, audit: bool = True) -> PruneHook:
         """After a prune; ``audit`` False when the caller records it (after a
@@ -94,6 +100,8 @@ class RetentionService:
         options = CompactionOptions.from_config(self.config)
         deleted = 0
         for entry in list(self._registry.agents().values()):
+            if self._stopping.is_set():
+                break
             limits = entry.policy.retention
             if not limits.active:
                 continue
