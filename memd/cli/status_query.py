@@ -233,9 +233,9 @@ def _memory_count(
 
 def _count_all(
     pending: Sequence[_Pending], encoding: str, max_piece_bytes: int
-) -> dict[str, tuple[int, FileKey] | str]:
-    """Each pending agent's (count, key of the bytes counted) or its failure, counted in
-    bounded pieces by the fork pool the daemon's start-up uses."""
+) -> dict[str, tuple[int, FileKey, bool] | str]:
+    """Each pending agent's (count, key of the bytes counted, estimated) or its failure,
+    counted in bounded pieces by the fork pool the daemon's start-up uses."""
     if not pending:
         return {}
     from memd.counting import CountJob, count_many, pool_worth_it
@@ -248,17 +248,18 @@ def _count_all(
     if not pool_worth_it(paths, workers):
         workers = 1
     jobs = [CountJob(path) for path in paths]
-    counted: dict[str, tuple[int, FileKey] | str] = {}
+    counted: dict[str, tuple[int, FileKey, bool] | str] = {}
     for index, (tracked, _kind, failure) in count_many(
         jobs, counter.count_bytes, max_piece_bytes=max_piece_bytes, workers=workers
     ):
         agent = pending[index].agent
         if tracked is None:
-            counted[agent] = (0, FileKey(0, 0, 0, 0, encoding)) if failure is None else failure
+            gone = (0, FileKey(0, 0, 0, 0, encoding), False)
+            counted[agent] = gone if failure is None else failure
             continue
         state = tracked.state
         key = FileKey(state.dev, state.ino, state.size, tracked.mtime_ns, encoding)
-        counted[agent] = (tracked.tokens, key)
+        counted[agent] = (tracked.tokens, key, state.estimated)
     return counted
 
 
@@ -309,13 +310,19 @@ def collect_status(
 
     counts = _count_all(pending, encoding, config.tokenizer.max_piece_bytes)
     counted: dict[str, int] = {}
+    estimated: set[str] = set()
+    to_save: list[tuple[str, FileKey, int]] = []
     for agent, outcome in counts.items():
         if isinstance(outcome, str):
             if strict:
                 raise MemdError(f"agent {agent!r}: {outcome}")
             continue
-        counted[agent] = outcome[0]
-    to_save = [(a, o[1], o[0]) for a, o in counts.items() if not isinstance(o, str) and o[1].ino]
+        tokens, key, is_estimate = outcome
+        counted[agent] = tokens
+        if is_estimate:
+            estimated.add(agent)  # not cached: the cache has no room for the mark
+        elif key.ino:
+            to_save.append((agent, key, tokens))
     if to_save:
         store.save_counts(to_save)
 
@@ -393,6 +400,7 @@ def collect_status(
                 last_fallback=last.fallback,
                 archive_bytes=stats.total_bytes,
                 state_db=state_db,
+                estimated=name in estimated,
             )
         )
     return result, beat

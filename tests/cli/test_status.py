@@ -535,3 +535,20 @@ def test_the_daemons_config_and_settings_come_with_the_pointer(
     args = ["status", "alpha", "--json", "-w", str(ws.root), "-c", str(mine)]
     row = json.loads(run(capsys, *args)[1])
     assert row["threshold_tokens"] == 18000
+
+
+def test_without_a_daemon_a_giant_run_is_counted_by_estimate_and_says_so(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "memd.toml"
+    config.write_text("[tokenizer]\nmax_piece_bytes = 65536\n")
+    memory = ws.paths("beta").memory
+    append_entry(memory, "Human", "z" * 300_000)  # one pre-token of 300 KB, no cut inside
+    for _ in range(2):  # the estimate is not cached as if it were exact
+        rows = status_json(capsys, ws, state_dir, "-c", str(config))
+        assert isinstance(rows, list)
+        alpha, beta = rows
+        assert beta["estimated"] is True and beta["tokens"] >= exact(memory)
+        assert alpha["estimated"] is False and alpha["tokens"] == exact(ws.paths("alpha").memory)
+    with StateStore.open(state_dir, ws.root) as store:
+        assert store.cached_count("beta", FileKey.of(memory.stat(), "cl100k_base")) is None
