@@ -5,13 +5,15 @@ Shape (logrotate ``create`` mode, not ``copytruncate``):
 1. take the agent's lock (held for the whole job; it serializes compactors,
    never writers) and finish or roll back any crashed job from its journal;
 2. snapshot MEMORY.md: (dev, ino), a size N at an entry boundary, sha256 of
-   bytes 0..N;
-3. summarize 0..N (the slow part; writers keep appending meanwhile);
+   bytes 0..N; the newest whole turns within ``keep_recent_tokens`` (K..N) stay
+   verbatim, so 0..K is compacted;
+3. summarize 0..K (the slow part; writers keep appending meanwhile); a
+   summarizer out of calls stops earlier and K moves back with it;
 4. re-check that 0..N is unchanged (else start over, a bounded number of times);
-5. write the archive: temp in ``.memd/`` + fsync, journal, ``link()`` to a name
-   that does not exist yet, fsync the archive dir;
+5. write the archive of 0..K: temp in ``.memd/`` + fsync, journal, ``link()``
+   to a name that does not exist yet, fsync the archive dir;
 6. hard-link the old inode as ``.memd/drain.md``; pick M ≥ N at an entry
-   boundary; write header + summary block + bytes N..M to a temp, give it the
+   boundary; write header + summary block + bytes K..M to a temp, give it the
    old file's mode and owner, fsync, journal (old and new inode numbers),
    ``os.replace`` over MEMORY.md, fsync the dir: this is the commit point;
 7. drain: bytes a late writer appended to the old inode past M are appended to
@@ -63,6 +65,7 @@ from memd.core.plan import (
     IDLE_PHASE,
     RecoveryAction,
     has_compactable,
+    kept_tail_start,
     landed_prefix,
     recovery_action,
     summary_does_not_shrink,
@@ -180,6 +183,9 @@ class CompactionOptions:
     # Model calls this compaction may make (what a spending cap leaves); None:
     # the summarizer's own [summarizer] max_calls.
     max_calls: int | None = None
+    # The newest whole turns up to this many tokens stay verbatim after the
+    # summary block (archived at a later compaction); 0 keeps none.
+    keep_recent_tokens: int = 0
     # [privacy] encrypt_archives: the master key file (read at each job, so a
     # rotated key file is picked up without a restart); None writes plain archives.
     key_file: Path | None = None
@@ -201,6 +207,8 @@ class CompactionOptions:
         summarizer = config.summarizer
         summary_cap = summarizer.summary_tokens or summarizer.max_tokens
         pinned = summarizer.pinned_tokens or DEFAULT_PINNED_TOKENS
+        # Without an agent there is no threshold to take a share of.
+        recent = max(0, summarizer.keep_recent_tokens)
         if policy is not None:
             # Budgets scale with the agent's threshold and leave room under
             # the low-water mark, or a compaction could never end below it.
@@ -210,10 +218,12 @@ class CompactionOptions:
                     policy.low_water_tokens,
                     summary_tokens=summarizer.summary_tokens,
                     pinned_tokens=summarizer.pinned_tokens,
+                    recent_tokens=summarizer.keep_recent_tokens,
                 )
             except BudgetError as exc:
                 raise ConfigError(f"agent {policy.agent!r}: {exc}") from None
             summary_cap, pinned = budgets.summary_tokens, budgets.pinned_tokens
+            recent = budgets.recent_tokens
         privacy = config.privacy
         key_file = (
             Path(privacy.key_file).expanduser()
@@ -228,6 +238,7 @@ class CompactionOptions:
             max_restarts=config.compaction.max_restarts,
             summary_max_tokens=summary_cap,
             pinned_tokens=pinned,
+            keep_recent_tokens=recent,
             instructions=(
                 policy.summary_instructions
                 if policy is not None
@@ -422,6 +433,11 @@ class _Journal:
         self._store.write(self.payload)
 
 
+def _prefix(document: MemoryDocument, end: int) -> MemoryDocument:
+    """The part of ``document`` ending at ``end`` (an entry boundary)."""
+    return MemoryDocument(segments=tuple(document.segments_before(end)), size=end)
+
+
 def read_memory(paths: AgentPaths) -> bytes:
     """MEMORY.md's bytes, read as the transaction reads them (contained per agent,
     never through a swapped link, never blocking on a FIFO); for previews."""
@@ -565,16 +581,17 @@ class _Transaction:
         finally:
             os.close(fd)
 
-    def _count_text(self, text: str) -> int:
+    def count_text(self, text: str) -> int:
         if self.count_bytes is not None:
             return self.count_bytes(text.encode("utf-8", "surrogateescape"))
         return max(1, len(text) // 4)  # no tokenizer given (tests): a rough estimate
 
-    def cut_of(self, snap: _Snapshot, result: SummaryResult) -> int:
-        """K: where the summarized part ends (N unless the summarizer stopped early)."""
+    def cut_of(self, snap: _Snapshot, result: SummaryResult, kept_from: int) -> int:
+        """K: where the summarized part ends (where the kept tail starts, unless the
+        summarizer stopped earlier)."""
         until = result.summarized_until
-        if until is None or until >= snap.boundary:
-            return snap.boundary
+        if until is None or until >= kept_from:
+            return kept_from
         ends = {s.start + len(s.raw) for s in snap.document.segments_before(snap.boundary)}
         if until <= 0 or until not in ends:
             raise SummarizerError(
@@ -607,7 +624,7 @@ class _Transaction:
         # The input's size is the snapshot's count when all of it was summarized
         # (the caller's incremental count): the turns are not tokenized again.
         known = snapshot_tokens if cut == snap.size else None
-        counting = self._count_text if judge and known is None else _no_tokens
+        counting = self.count_text if judge and known is None else _no_tokens
         material = material_of(prefix, counting)
         # Every reply is scanned before it is written, local models and an
         # operator's --summary included, and the pinned facts with it: a
@@ -619,7 +636,7 @@ class _Transaction:
         body = scrubbed.text
         if judge:
             input_tokens = material.input_tokens if known is None else known
-            reply_tokens = self._count_text(body)
+            reply_tokens = self.count_text(body)
             if is_degenerate(reply_tokens, input_tokens):
                 raise SummarizerError(
                     f"agent {self.agent!r}: summarizer reply refused as degenerate "
@@ -632,7 +649,7 @@ class _Transaction:
             body,
             material.pins,
             pinned_tokens=self.options.pinned_tokens,
-            count_text=self._count_text,
+            count_text=self.count_text,
             # Same length as the final name: the size checks see the real block.
             archive="archive/" + new_name,
             earlier_archives=earlier,
@@ -660,11 +677,9 @@ class _Transaction:
         plan = plan_prune([*existing, stand_in], limits, time.time(), protect=(_NEWEST_ARCHIVE,))
         return min(earlier, len(plan.keep) - 1)
 
-    def summarize(self, snap: _Snapshot) -> tuple[SummaryResult, float]:
-        # The snapshot is already parsed; its segments before N are the prefix's.
-        prefix_doc = MemoryDocument(
-            segments=tuple(snap.document.segments_before(snap.boundary)), size=snap.boundary
-        )
+    def summarize(self, snap: _Snapshot, kept_from: int) -> tuple[SummaryResult, float]:
+        # The snapshot is already parsed; its segments before K are the prefix's.
+        prefix_doc = _prefix(snap.document, kept_from)
         request = SummaryRequest(
             agent=self.agent,
             document=prefix_doc,
@@ -1084,12 +1099,26 @@ def _compact_locked(
         restarts = 0
         while True:
             snap = txn.take_snapshot()
-            if not has_compactable(snap.document):
+            # The newest turns stay verbatim (an operator's --summary replaces
+            # everything, as given): bytes 0..K are compacted, K..N carried.
+            kept_from = (
+                snap.boundary
+                if manual
+                else kept_tail_start(
+                    snap.document, snap.boundary, opts.keep_recent_tokens, txn.count_text
+                )
+            )
+            if not has_compactable(_prefix(snap.document, kept_from)):
+                kept = (
+                    f" beyond the newest {opts.keep_recent_tokens:,} tokens kept verbatim"
+                    if kept_from < snap.boundary
+                    else ""
+                )
                 raise NothingToCompact(
                     f"agent {paths.agent!r}: nothing to compact (no raw entries since the "
-                    "last summary)"
+                    f"last summary{kept})"
                 )
-            result, llm_s = txn.summarize(snap)
+            result, llm_s = txn.summarize(snap, kept_from)
             hook("summarized")
             if txn.prefix_unchanged(snap):
                 break
@@ -1099,7 +1128,7 @@ def _compact_locked(
                     f"agent {paths.agent!r}: MEMORY.md was rewritten during compaction "
                     f"{restarts} times; giving up"
                 )
-        cut = txn.cut_of(snap, result)
+        cut = txn.cut_of(snap, result, kept_from)
         tokens_before = None
         if count_bytes is not None and measure_tokens:
             tokens_before = snapshot_tokens(snap.data, snap.dev, snap.ino, counted, count_bytes)

@@ -309,6 +309,7 @@ def _check_summary_budgets(config: MemdConfig, source: str) -> None:
                 policy.low_water_tokens,
                 summary_tokens=summarizer.summary_tokens,
                 pinned_tokens=summarizer.pinned_tokens,
+                recent_tokens=summarizer.keep_recent_tokens,
             )
         except BudgetError as exc:
             where = f' for [agents."{name}"]' if name else ""

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -391,11 +392,20 @@ def assert_consistent(paths: AgentPaths, expected: set[str]) -> None:
     assert doc.boundary == doc.size  # complete and parseable
 
 
+def newest_tokens(paths: AgentPaths, entries: int) -> int:
+    """A kept-tail budget that keeps exactly the newest ``entries`` entries
+    (tokens estimated as the transaction does without a tokenizer)."""
+    newest = parse(paths.memory.read_bytes()).entries[-entries:]
+    return sum(max(1, len(e.raw.decode()) // 4) for e in newest)
+
+
+@pytest.mark.parametrize("kept", [0, 2], ids=["no-kept-tail", "kept-tail"])
 @pytest.mark.parametrize("crash_at", [c for c in CHECKPOINTS if c != "locked"])
-def test_crash_at_every_step_recovers(agent_ws: AgentWorkspace, crash_at: str) -> None:
+def test_crash_at_every_step_recovers(agent_ws: AgentWorkspace, crash_at: str, kept: int) -> None:
     paths = agent_ws.create_agent("alpha", entries=5)
     expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
-    result = run_child(agent_ws.root, "alpha", "--crash-at", crash_at)
+    keep = ["--keep-recent", str(newest_tokens(paths, kept))] if kept else []
+    result = run_child(agent_ws.root, "alpha", "--crash-at", crash_at, *keep)
     assert result.returncode == 137, result.stderr
     message = recover_agent(paths)
     wrote_files = CHECKPOINTS.index(crash_at) >= CHECKPOINTS.index("archive-written")
@@ -404,6 +414,10 @@ def test_crash_at_every_step_recovers(agent_ws: AgentWorkspace, crash_at: str) -
     assert_consistent(paths, expected)
     committed = crash_at in CHECKPOINTS[CHECKPOINTS.index("replaced") :]
     assert len(archive_names(paths)) == (1 if committed else 0)
+    if committed and kept:
+        # The newest turns stayed verbatim after the summary, not in the archive.
+        doc = parse(paths.memory.read_bytes())
+        assert len(doc.raw_entries_since_summary()) == kept
     # A later compaction works normally after recovery.
     append_entry(paths.memory, "Human", "alpha turn after recovery")
     compact_agent(paths, FixedSummarizer(), FAST)
@@ -753,11 +767,12 @@ WRITE_POINTS = [c for c in CHECKPOINTS if CHECKPOINTS.index(c) < CHECKPOINTS.ind
     events=st.lists(
         st.tuples(st.sampled_from(WRITE_POINTS), st.sampled_from(["append", "open", "write"])),
         max_size=10,
-    )
+    ),
+    kept=st.integers(min_value=0, max_value=3),
 )
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_interleaving_of_writers_keeps_every_entry_exactly_once(
-    events: list[tuple[str, str]],
+    events: list[tuple[str, str]], kept: int
 ) -> None:
     """Writers that append at any step, or hold a handle opened at any step
     (so possibly on the old inode), never lose or double an entry."""
@@ -789,7 +804,9 @@ def test_any_interleaving_of_writers_keeps_every_entry_exactly_once(
                     continue
                 written.append(text)
 
-        compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint)
+        # Zero to three of the newest turns kept verbatim after the summary.
+        options = replace(FAST, keep_recent_tokens=newest_tokens(paths, kept) if kept else 0)
+        compact_agent(paths, FixedSummarizer(), options, checkpoint=checkpoint)
         for handle in handles:
             handle.close()
         assert recover_agent(paths) is None  # nothing left to finish

@@ -71,7 +71,9 @@ def run_swarms(script: str, *args: str) -> str:
     return result.stdout
 
 
-def memd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def memd(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "memd", *args],
         capture_output=True,
@@ -79,7 +81,15 @@ def memd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
         check=False,
         timeout=120,
         cwd=cwd,
-        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1"},
+        env={
+            **os.environ,
+            "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1",
+            # Forty short turns are far below the turns kept verbatim by default
+            # (a tenth of the 180,000-token default threshold): keep none here;
+            # the kept tail has its own test below.
+            "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "0",
+            **(env or {}),
+        },
     )
 
 
@@ -126,6 +136,28 @@ def test_memd_compacts_a_swarms_file_and_swarms_preloads_the_summary(tmp_path: P
     doc = parse(memory.read_bytes())
     assert [e.text for e in doc.raw_entries_since_summary()] == ["back again"]
     assert doc.boundary == doc.size
+
+
+@needs_swarms
+def test_swarms_preloads_the_summary_and_the_turns_kept_verbatim(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    memory = workspace / "agents" / "ada" / "MEMORY.md"
+    run_swarms(WRITE, str(memory), "ada-chat", json.dumps(TURNS))
+    before = parse(memory.read_bytes())
+    # A 4,000-token window: threshold 3,600, a tenth of it kept verbatim.
+    env = {"MEMD_TRIGGER_CONTEXT_LENGTH": "4000", "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "-1"}
+    result = memd("compact-now", "ada", "--workspace", str(workspace), env=env)
+    assert result.returncode == 0, result.stderr
+    doc = parse(memory.read_bytes())
+    kept = doc.raw_entries_since_summary()
+    assert doc.is_summary_entry(doc.entries[0]) and 0 < len(kept) < len(before.entries)
+    assert [e.raw for e in kept] == [e.raw for e in before.entries[-len(kept) :]]
+
+    # Swarms preloads the whole file: the summary, then the kept turns verbatim.
+    preload = json.loads(run_swarms(READ, str(memory), "ada-chat"))[0]["content"]
+    at = preload.index("[Compressed Memory Summary]")
+    for entry in kept:
+        assert preload.index(entry.raw.decode(), at) > at
 
 
 @needs_swarms

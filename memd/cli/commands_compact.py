@@ -173,8 +173,8 @@ def compact_now(
                     count_bytes=counter.count_bytes,
                     manual=summary is not None,
                 )
-            except NothingToCompact:
-                out.print(f"{name}: nothing to compact (no raw entries since the last summary)")
+            except NothingToCompact as exc:
+                out.print(f"{name}: {str(exc).split(': ', 1)[-1]}", markup=False, highlight=False)
             except MemdError as exc:
                 failures += 1
                 _record(ledger, name, started, None, error=str(exc))

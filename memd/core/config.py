@@ -75,6 +75,12 @@ class SummarizerConfig(_Section):
     pinned_tokens: int = Field(
         0, ge=0, le=1_000_000, description="pinned facts budget (0 = a share of the threshold)"
     )
+    keep_recent_tokens: int = Field(
+        -1,
+        ge=-1,
+        le=1_000_000,
+        description="newest turns kept verbatim (-1 = a tenth of the threshold, 0 = off)",
+    )
     max_calls_per_hour: int = Field(
         0, ge=0, le=1_000_000, description="model requests per hour, workspace-wide (0 = no cap)"
     )

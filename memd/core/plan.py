@@ -3,7 +3,8 @@ and values out.
 
 * whether a summary is acceptable (:func:`summary_over_cap`,
   :func:`summary_does_not_shrink`; its budgets are :mod:`memd.core.summary_plan`'s);
-* whether a memory file has anything to compact (:func:`has_compactable`);
+* whether a memory file has anything to compact (:func:`has_compactable`), and
+  where the newest turns kept verbatim start (:func:`kept_tail_start`);
 * what recovery does with a crashed job, from its journal phase and the inode
   numbers it recorded (:func:`recovery_action`), and how much of a journaled
   drain chunk had landed (:func:`landed_prefix`);
@@ -15,10 +16,13 @@ The transaction (:mod:`memd.compaction`) does the I/O around these decisions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from memd.core.memfile import BLOCK_TERMINATOR, MemoryDocument, RawSegment
+from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument, RawSegment
+
+CountText = Callable[[str], int]
 
 # The summary block adds a fixed preamble and markup around the model output.
 SUMMARY_MARKUP_TOKENS = 64
@@ -58,6 +62,39 @@ def has_compactable(document: MemoryDocument) -> bool:
         isinstance(segment, RawSegment) and segment.raw.strip()
         for segment in document.segments_before(document.boundary)
     )
+
+
+# No real text averages this many bytes per token; an entry longer than that
+# many bytes per token of room is treated as not fitting without counting it.
+_MAX_BYTES_PER_TOKEN = 32
+
+
+def kept_tail_start(
+    document: MemoryDocument, end: int, budget_tokens: int, count_text: CountText
+) -> int:
+    """K: where the newest whole raw entries ending by ``end`` that fit ``budget_tokens``
+    start (``end`` itself when none is kept).
+
+    Only raw entries after the last summary are kept, newest first, while they fit;
+    a summary block or bytes that do not parse end the walk.  Bytes 0..K are
+    compacted, K..end stay verbatim after the new summary block.
+    """
+    if budget_tokens <= 0:
+        return end
+    start = end
+    used = 0
+    for segment in reversed(document.segments_before(end)):
+        if not isinstance(segment, EntrySegment) or document.is_summary_entry(segment):
+            break
+        room = budget_tokens - used
+        size = len(segment.raw)
+        if size > room * _MAX_BYTES_PER_TOKEN:
+            break  # cannot fit (a huge tool dump): not worth tokenizing to find out
+        used += count_text(segment.raw.decode("utf-8", "surrogateescape"))
+        if used > budget_tokens:
+            break
+        start = segment.start
+    return start
 
 
 # ---------------------------------------------------------------------- recovery
@@ -177,6 +214,7 @@ __all__ = [
     "RecoveryAction",
     "StoredCountTrust",
     "has_compactable",
+    "kept_tail_start",
     "landed_prefix",
     "recovery_action",
     "stored_count_trust",

@@ -25,8 +25,14 @@ def ws(tmp_path: Path) -> AgentWorkspace:
 
 
 def test_compaction_is_audited_and_the_log_holds_no_content(
-    ws: AgentWorkspace, state_dir: Path, capsys: pytest.CaptureFixture[str]
+    ws: AgentWorkspace,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Twelve short turns are far below the turns kept verbatim by default (a
+    # tenth of the 180,000-token default threshold): keep none, so beta compacts.
+    monkeypatch.setenv("MEMD_SUMMARIZER_KEEP_RECENT_TOKENS", "0")
     memory = ws.paths("alpha").memory
     append_entry(memory, "Human", f"my key is {SECRET} and {FACT}")
     append_entry(memory, "AI", f"noted: {FACT}")

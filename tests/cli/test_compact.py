@@ -22,8 +22,16 @@ def memd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         text=True,
         check=False,
         timeout=120,
-        # The 1 s drain quiet window is for real late writers; tests have none.
-        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1", **(env or {})},
+        env={
+            **os.environ,
+            # The 1 s drain quiet window is for real late writers; tests have none.
+            "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1",
+            # These transcripts (a dozen short turns) are far below the turns kept
+            # verbatim by default (a tenth of the 180,000-token default threshold):
+            # keep none, so compact-now compacts them; the kept tail has its own test.
+            "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "0",
+            **(env or {}),
+        },
     )
 
 
@@ -242,3 +250,26 @@ def test_fifo_memory_is_refused_by_compact_now_and_status(
     rows = {row["agent"]: row for row in __import__("json").loads(status.stdout)}
     assert rows["beta"]["state"] == "error" and "not a regular file" in rows["beta"]["last_error"]
     assert rows["alpha"]["tokens"] > 0
+
+
+def test_the_newest_turns_stay_verbatim_by_default(ws: AgentWorkspace, tmp_path: Path) -> None:
+    paths = ws.paths("alpha")
+    before = paths.memory.read_bytes()
+    entries = parse(before).entries
+    # A 2,000-token window: threshold 1,800, a tenth of it (180 tokens) kept verbatim.
+    env = {"MEMD_TRIGGER_CONTEXT_LENGTH": "2000", "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "-1"}
+    result = memd("compact-now", "alpha", "--workspace", str(ws.root), env=env)
+    assert result.returncode == 0, result.stderr
+    doc = parse(paths.memory.read_bytes())
+    assert doc.is_summary_entry(doc.entries[0])
+    kept = doc.entries[1:]
+    assert 0 < len(kept) < len(entries)
+    # The kept tail is the newest turns, byte for byte; the archive holds the rest.
+    assert [e.raw for e in kept] == [e.raw for e in entries[-len(kept) :]]
+    [archive] = list(paths.archive_dir.iterdir())
+    assert archive.read_bytes() == before[: entries[-len(kept)].start]
+    # Compacting again right away: nothing beyond the kept tail.
+    again = memd("compact-now", "alpha", "--workspace", str(ws.root), env=env)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to compact" in again.stdout and "kept verbatim" in again.stdout
+    assert len(list(paths.archive_dir.iterdir())) == 1

@@ -82,3 +82,52 @@ def test_stored_count_trust() -> None:
     assert trust(stored, encoding="o200k_base") is StoredCountTrust.RECOUNT
     assert trust(stored, has_window_digest=False) is StoredCountTrust.RECOUNT
     assert trust(stored, tokens=10) is StoredCountTrust.RECOUNT  # a record that makes no sense
+
+
+def test_kept_tail_keeps_the_newest_whole_entries_within_budget() -> None:
+    from memd.core.memfile import parse, render_entry, render_header, render_summary_block
+    from memd.core.plan import kept_tail_start
+
+    data = render_header("x", "2026-01-01T00:00:00")
+    data += render_summary_block("old summary", "2026-01-01T00:00:01")
+    for n in range(4):
+        data += render_entry("Human", f"2026-01-01T00:00:0{n + 2}", f"turn {n} " + "w " * 10)
+    doc = parse(data)
+    entries = doc.entries[1:]
+
+    def count(text: str) -> int:
+        return len(text)
+
+    sizes = [len(e.raw.decode()) for e in entries]
+    end = doc.boundary
+    assert kept_tail_start(doc, end, 0, count) == end  # off
+    assert kept_tail_start(doc, end, sizes[-1] - 1, count) == end  # newest does not fit whole
+    assert kept_tail_start(doc, end, sizes[-1], count) == entries[-1].start
+    assert kept_tail_start(doc, end, sizes[-1] + sizes[-2], count) == entries[-2].start
+    # Never past the summary block: everything since it, at most.
+    assert kept_tail_start(doc, end, 10**9, count) == entries[0].start
+    # A shorter end: the tail ends there.
+    assert kept_tail_start(doc, entries[1].start, sizes[0], count) == entries[0].start
+
+
+def test_the_budget_equation_includes_the_recent_turns() -> None:
+    import pytest
+
+    from memd.core.summary_plan import (
+        HEADER_ALLOWANCE,
+        RECENT_DERIVED,
+        BudgetError,
+        summary_budgets,
+    )
+
+    # 28,800 threshold, low water 17,280: derived shares shrink to fit.
+    derived = summary_budgets(28_800, 17_280, recent_tokens=RECENT_DERIVED)
+    assert derived.total <= 17_280 and derived.recent_tokens > 2_800
+    assert summary_budgets(28_800, 17_280, recent_tokens=0).recent_tokens == 0
+    # Explicit values fit on their own; derived ones take what is left.
+    mixed = summary_budgets(28_800, 17_280, summary_tokens=10_000, recent_tokens=RECENT_DERIVED)
+    assert mixed.summary_tokens == 10_000 and mixed.total <= 17_280
+    with pytest.raises(BudgetError, match="summarizer.keep_recent_tokens") as info:
+        summary_budgets(28_800, 17_280, summary_tokens=10_000, recent_tokens=8_000)
+    assert "summarizer.summary_tokens (10000)" in str(info.value)
+    assert str(HEADER_ALLOWANCE) in str(info.value)

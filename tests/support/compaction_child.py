@@ -2,6 +2,7 @@
 
     python compaction_child.py WORKSPACE AGENT [--crash-at NAME] [--llm-sleep S]
         [--started-file PATH] [--wait S] [--drain-quiet S] [--log PATH] [--key-file PATH]
+        [--keep-recent TOKENS]
 
 ``--crash-at`` calls ``os._exit(137)`` at that checkpoint: no finally blocks,
 no rollback, exactly like ``kill -9`` at that instant.
@@ -62,6 +63,7 @@ def main() -> int:
     parser.add_argument("--drain-quiet", type=float, default=0.2)
     parser.add_argument("--as-uid", type=int)
     parser.add_argument("--key-file", type=Path, help="encrypt archives with this master key")
+    parser.add_argument("--keep-recent", type=int, default=0, help="tokens kept verbatim")
     args = parser.parse_args()
 
     def checkpoint(name: str) -> None:
@@ -81,6 +83,7 @@ def main() -> int:
         drain_quiet_s=args.drain_quiet,
         drain_max_s=5.0,
         key_file=args.key_file,
+        keep_recent_tokens=args.keep_recent,
     )
     try:
         outcome = compact_agent(
