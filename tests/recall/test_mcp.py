@@ -25,6 +25,7 @@ import os, sys
 import asyncio, json, anyio, anyio._backends._asyncio, anyio.streams.text
 import mcp.server.mcpserver, mcp.server.stdio, mcp.types
 import memd.cli.app, memd.recall.mcp_server, memd.recall.client
+memd.cli.app.build_app()  # imports every command module (main() imports only its own)
 uid = int(sys.argv[1])
 if uid != os.getuid():
     os.setgroups([])

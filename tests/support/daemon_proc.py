@@ -25,6 +25,7 @@ import memd.state, memd.summarizers, memd.tokenizer, memd.watcher, memd.core.bui
 memd.tokenizer.load_encoding("cl100k_base")
 import memd.core.secrets
 memd.core.secrets.find_secrets("warm up")  # detect-secrets' rules, imported lazily
+memd.cli.app.build_app()  # imports every command module (main() imports only its own)
 uid = int(sys.argv[1])
 os.setgroups([])
 os.setgid(uid)
