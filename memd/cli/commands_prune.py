@@ -56,7 +56,7 @@ def prune_command(
     config: ConfigOption = None,
     state_dir: StateDirOption = None,
 ) -> None:
-    """Delete archives the retention policy no longer keeps ([retention], [agents."glob"])."""
+    """Delete the archives the retention policy no longer keeps (the config's retention section)."""
     from memd.compaction import CompactionOptions, prune_agent
     from memd.workspace import agent_paths, require_workspace, resolve_agents
 
