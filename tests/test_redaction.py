@@ -13,6 +13,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from support.memfiles import AgentWorkspace, append_entry
 from support.openai_server import OpenAITestServer
 from support.secret_corpus import PLANTED, PLANTED_EXTRA, Planted
 
+from memd.audit import audit_path, read_audit
 from memd.compaction import CompactionOptions, compact_agent
 from memd.core import memfile
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
@@ -240,6 +242,17 @@ def _memd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def audited_compactions(log: Path, agents: set[str]) -> dict[str, Any]:
+    """Each agent's compaction record's fields, once all of ``agents`` have one (bounded)."""
+    deadline = time.monotonic() + 60
+    while True:
+        records = [r for r in read_audit(log).records if r.event == "compaction"]
+        found = {r.agent: r.fields for r in records}
+        if agents <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def test_cli_and_daemon_share_one_private_key(ws: AgentWorkspace, tmp_path: Path) -> None:
     from support.daemon_proc import DaemonProcess
 
@@ -277,17 +290,13 @@ def test_cli_and_daemon_share_one_private_key(ws: AgentWorkspace, tmp_path: Path
             # The CLI's request came first; the daemon's after its start.
             cli_sent = user_text(server.requests[0].body)
             daemon_sent = "\n".join(user_text(r.body) for r in server.requests[1:])
+            # The daemon audits right after its "compacted" line: wait for it.
+            by_agent = audited_compactions(audit_path(state, ws.root), {"cli", "daemon"})
     assert key_file.read_bytes() == key  # the daemon used the file, did not replace it
-    # The audit log has the counts (never values) of both, and says the model was
-    # remote only by locality (127.0.0.1 is local; redact_local made it redacted).
-    from memd.audit import audit_path, read_audit
-
-    log = audit_path(state, ws.root)
-    records = [r for r in read_audit(log).records if r.event == "compaction"]
-    by_agent = {r.agent: r.fields for r in records}
+    # The audit log has the counts (never values) of both.
     assert by_agent["cli"]["redactions"] == 1 and by_agent["daemon"]["redactions"] >= 1
     assert "reply_redactions" in by_agent["daemon"]
-    assert secret.secret.encode() not in log.read_bytes()
+    assert secret.secret.encode() not in audit_path(state, ws.root).read_bytes()
     assert line["redacted"] >= 1 and "reply_redacted" in line
     assert secret.secret not in cli_sent + daemon_sent
     cli_tags = set(PLACEHOLDER_RE.findall(cli_sent))
