@@ -137,6 +137,7 @@ class CountService:
         self._debouncer: Debouncer[str] = _new_debouncer(trigger)
         self._count_now: set[str] = set()
         self._rescan = False
+        self._flush_pending = False  # counts changed since the last live flush
         self._state_lock = threading.Lock()  # debouncer, count_now, rescan
         self._watcher: Watcher | None = None
         self._thread: threading.Thread | None = None
@@ -219,21 +220,39 @@ class CountService:
             rescan, self._rescan = self._rescan, False
         if rescan:
             self.reconcile_agents()
+        counted: list[AgentEntry] = []
         for name in due:
             if self._stopping:
                 return None
             entry = self._registry.get(name)
             if entry is None:
                 continue
+            counted.append(entry)
             try:
                 if self._counter.count_locked(entry):
                     self._runner.evaluate(entry)
             except Exception:  # one agent's surprise must not drop the rest of `due`
                 _log.exception("counting failed", agent=name)
-        if due and self._flusher.live_flush_due(time.monotonic()):
-            self._flusher.flush()
+        if any(entry.dirty for entry in counted):
+            self._flush_pending = True
+        flush_at = self._live_flush(now)
         with self._state_lock:
-            return self._debouncer.next_deadline()
+            deadline = self._debouncer.next_deadline()
+        if flush_at is None:
+            return deadline
+        return flush_at if deadline is None else min(deadline, flush_at)
+
+    def _live_flush(self, now: float) -> float | None:
+        """Flush on change, batched: counts reach the state DB within
+        ``LIVE_FLUSH_S`` of being made. Returns when the pending flush is due
+        (monotonic), or None when nothing waits."""
+        if not self._flush_pending:
+            return None
+        if self._flusher.live_flush_due(now):
+            self._flush_pending = False
+            self._flusher.flush()
+            return None
+        return self._flusher.next_live_flush()
 
     # -------------------------------------------------------------- reconcile
 

@@ -33,9 +33,10 @@ ErasureHook = Callable[[str, bool], None]
 
 _log = get_logger("memd.daemon")
 
-# New counts reach the state DB (what `memd status` reads) within about this
-# long, instead of waiting for the periodic flush (daemon.state_flush_s).
-LIVE_FLUSH_S = 1.0
+# New counts reach the state DB (what `memd status` reads) this soon after they
+# are made, batched: at most one live flush per this long (the periodic flush,
+# daemon.state_flush_s, writes the rest: job states, the heartbeat).
+LIVE_FLUSH_S = 0.1
 
 
 class StateFlusher:
@@ -47,8 +48,11 @@ class StateFlusher:
         encoding: str,
         healthy: Callable[[], bool],
         started_at: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store: StateStore | None = None
+        # When flushes happen (batching live flushes); tests pass a made-up one.
+        self._clock = clock
         self._registry = registry
         self._stats = stats
         self._notifier = notifier
@@ -83,6 +87,10 @@ class StateFlusher:
     def live_flush_due(self, now_monotonic: float) -> bool:
         return self.store is not None and now_monotonic - self._last_flush >= LIVE_FLUSH_S
 
+    def next_live_flush(self) -> float | None:
+        """When the next live flush may run (monotonic), or None without a store."""
+        return None if self.store is None else self._last_flush + LIVE_FLUSH_S
+
     def flush(self, final: bool = False) -> None:
         # Snapshot and write as one step: two flushes at once (the periodic job
         # and a compaction's) could otherwise write an older snapshot last.
@@ -90,7 +98,7 @@ class StateFlusher:
             self._flush_serialized(final)
 
     def _flush_serialized(self, final: bool) -> None:
-        self._last_flush = time.monotonic()
+        self._last_flush = self._clock()
         now = time.time()
         self._honour_erasures()
         with self._registry.lock:

@@ -223,3 +223,43 @@ def test_agents_hint_reconciles_the_agent_set(tmp_path: Path) -> None:
     s.counter.sink.agents_changed("alice")
     s.counter.tick(s.clock.now)
     assert set(s.registry.agents()) == {"bob"}
+
+
+def test_counts_reach_the_state_db_on_change_batched(tmp_path: Path) -> None:
+    from memd.daemon.flusher import LIVE_FLUSH_S
+    from memd.state import StateStore
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    assert s.flusher is not None
+    store = StateStore.open(tmp_path / "state", ws.root)
+    s.flusher.start(store)
+
+    def stored_size() -> int | None:
+        rows = {record.agent: record for record in store.agents()}
+        return rows["alice"].size if "alice" in rows else None
+
+    s.flusher.flush()  # the start-up flush
+    memory = s.fill("alice", 2)
+    s.clock.advance(LIVE_FLUSH_S)
+    s.hint("alice")
+    counted_at = s.counter.tick(s.clock.now)
+    assert counted_at is not None
+    # The count and its flush in the same tick: nothing waits for the periodic flush.
+    assert s.counter.tick(counted_at) is None
+    assert stored_size() == memory.stat().st_size
+    # A second burst counted within LIVE_FLUSH_S of that flush waits for the
+    # batch, and lands when the tick due then runs, with no new hint.
+    s.fill("alice", 1)
+    s.hint("alice")
+    counted_at = s.counter.tick(s.clock.now)
+    assert counted_at is not None
+    flush_at = s.counter.tick(counted_at)
+    assert flush_at is not None and flush_at > counted_at
+    assert stored_size() != memory.stat().st_size
+    assert s.counter.tick(flush_at) is None
+    assert stored_size() == memory.stat().st_size
+    # Nothing changed: no deadline, no flush.
+    assert s.counter.tick(flush_at + 10) is None
+    store.close()

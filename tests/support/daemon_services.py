@@ -194,7 +194,13 @@ def build_services(
     registry.start()
     stats = RunStats()
     flusher = StateFlusher(
-        registry, stats, SystemdNotifier({}), "cl100k_base", lambda: True, started_at=0.0
+        registry,
+        stats,
+        SystemdNotifier({}),
+        "cl100k_base",
+        lambda: True,
+        started_at=0.0,
+        clock=clock,
     )
     services: list[CountService] = []
     runners: list[Runner] = []
