@@ -302,3 +302,23 @@ def test_cli_and_daemon_share_one_private_key(ws: AgentWorkspace, tmp_path: Path
     cli_tags = set(PLACEHOLDER_RE.findall(cli_sent))
     daemon_tags = set(PLACEHOLDER_RE.findall(daemon_sent))
     assert cli_tags and cli_tags <= daemon_tags
+
+
+def test_the_summary_carried_between_rolling_calls_is_redacted_too(
+    agent_ws: AgentWorkspace,
+) -> None:
+    """A model's own reply goes back out as "summary so far": the last gate catches it."""
+    paths = agent_ws.create_agent("iota")
+    for index in range(40):
+        append_entry(paths.memory, "Human", f"turn {index}: " + "we reviewed the rollout plan " * 6)
+    leaked_by_model = PLANTED[6].secret  # github_pat_: never in the file, the model made it up
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server, redact_local=True)
+        small = config.summarizer.model_copy(update={"context_length": 2500, "max_tokens": 300})
+        server.script(f"ok:Facts:\n- the PAT is {leaked_by_model}\n" + "- reviewed the plan\n" * 40)
+        outcome = compact_agent(paths, LiteLLMSummarizer(small), options_for(config, b"k" * 32))
+        assert len(server.requests) >= 2
+        later = "\n".join(user_text(r.body) for r in server.requests[1:])
+    assert leaked_by_model not in later and "[REDACTED:github_token#" in later
+    assert leaked_by_model not in paths.memory.read_text()
+    assert outcome.calls >= 2
