@@ -409,7 +409,7 @@ class LiteLLMSummarizer:
         outbound = _Outbound(self.redactor(request))
         plan, summary, limits = self._plan(request, outbound)
         cost: float | None = 0.0
-        input_tokens = output_tokens = 0
+        input_tokens = output_tokens = calls = 0
         parts = len(plan.chunks)
         for part, chunk in enumerate(plan.chunks, start=1):
             messages = build_rolling_messages(
@@ -433,6 +433,19 @@ class LiteLLMSummarizer:
             result = self._call_once_more_if_cut(
                 messages, limits.output_tokens, agent, litellm, retry_messages, outbound
             )
+            calls += 1
+            if self._count_text(result.text) > limits.output_tokens:
+                # A complete answer over its budget is asked once more, for a
+                # summary half as long; one still over is cut at a line below
+                # (marked), never refused: it is a summary, only too long.
+                shorter = self._call_once_more_if_cut(
+                    retry_messages, limits.output_tokens, agent, litellm, retry_messages, outbound
+                )
+                calls += 1
+                cost = None if cost is None or result.cost_usd is None else cost + result.cost_usd
+                input_tokens += result.input_tokens or 0
+                output_tokens += result.output_tokens or 0
+                result = shorter
             reply_tokens = self._count_text(result.text)
             if reply_tokens < degenerate_floor(chunk.tokens):
                 raise SummarizerError(
@@ -440,7 +453,8 @@ class LiteLLMSummarizer:
                     f"degenerate ({reply_tokens} tokens for a {chunk.tokens}-token chunk)"
                 )
             # A model may overshoot max_tokens as we count them: never carry
-            # more than the planned room into the next request.
+            # more than the planned room into the next request (cut at a line
+            # boundary, marked).
             summary = cut_at_line(result.text, limits.output_tokens, self._count_text)
             cost = None if cost is None or result.cost_usd is None else cost + result.cost_usd
             input_tokens += result.input_tokens or 0
@@ -452,7 +466,7 @@ class LiteLLMSummarizer:
             input_tokens=input_tokens or None,
             output_tokens=output_tokens or None,
             summarized_until=plan.cut if plan.partial else None,
-            calls=parts,
+            calls=calls,
             redacted=outbound.replaced,
             redacted_pii=outbound.redactor is not None and outbound.redactor.pii,
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,6 +314,37 @@ def _check_summary_budgets(config: MemdConfig, source: str) -> None:
         except BudgetError as exc:
             where = f' for [agents."{name}"]' if name else ""
             raise ConfigError(f"invalid config {source}{where}: {exc}") from None
+
+
+def model_window_problems(
+    config: MemdConfig, context_length_of: Callable[[str], int | None]
+) -> list[str]:
+    """The budget equation for each ``[agents."glob"]`` whose window comes from its
+    ``model`` (litellm's map), which loading does not look up: one line per table
+    whose budgets cannot fit, naming the keys. ``memd config check`` reports them
+    as errors, the daemon logs them at start and reload."""
+    summarizer = config.summarizer
+    problems: list[str] = []
+    for pattern, override in config.agents.items():
+        if override.model is None:
+            continue
+        policy = resolve_policy(config, pattern, context_length_of)
+        if not policy.window_source.startswith("model"):
+            continue
+        try:
+            summary_budgets(
+                policy.threshold_tokens,
+                policy.low_water_tokens,
+                summary_tokens=summarizer.summary_tokens,
+                pinned_tokens=summarizer.pinned_tokens,
+                recent_tokens=summarizer.keep_recent_tokens,
+            )
+        except BudgetError as exc:
+            problems.append(
+                f'[agents."{pattern}"] model = "{override.model}" (a '
+                f"{policy.context_length:,}-token window from litellm's model map): {exc}"
+            )
+    return problems
 
 
 def resolve_workspace(

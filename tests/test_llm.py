@@ -374,6 +374,35 @@ def test_every_request_is_metered_retries_and_failures_included(
     assert len(metered) == len(openai_server.requests) == 4
 
 
+LONG_REPLY = "Facts:\n" + "".join(f"- keep fact number {n} in mind\n" for n in range(200))
+
+
+def test_a_complete_reply_over_budget_is_asked_once_more_for_a_shorter_one(
+    openai_server: OpenAITestServer,
+) -> None:
+    short = "Facts:\n" + "".join(f"- fact {n}\n" for n in range(20))
+    openai_server.script(f"ok:{LONG_REPLY}", f"ok:{short}")
+    result = summarizer(openai_server).summarize(request(max_tokens=500))
+    assert len(openai_server.requests) == 2 and result.calls == 2
+    assert result.text == short.strip()
+    # The second request asked for half the length.
+    assert "under 375 tokens" in openai_server.requests[0].prompt_text
+    assert "under 187 tokens" in openai_server.requests[1].prompt_text
+
+
+def test_a_reply_still_over_budget_is_cut_at_a_line_and_marked(
+    openai_server: OpenAITestServer,
+) -> None:
+    openai_server.script(f"ok:{LONG_REPLY}", f"ok:{LONG_REPLY}")
+    llm = summarizer(openai_server)
+    result = llm.summarize(request(max_tokens=500))
+    assert len(openai_server.requests) == 2
+    lines = result.text.split("\n")
+    assert lines[-1] == "[… cut to fit the summary budget …]"
+    assert all(line in LONG_REPLY.split("\n") for line in lines[:-1])  # whole lines only
+    assert llm.limits(500).output_tokens >= len(result.text) // 3
+
+
 def test_a_small_window_caps_the_answer() -> None:
     limits = LiteLLMSummarizer(
         SummarizerConfig(model="openai/x", max_tokens=4_000), window=Window(4_096, "model")

@@ -211,3 +211,41 @@ def test_bad_privacy_settings_are_one_line_naming_the_key(
     message = str(caught.value)
     assert message.startswith("invalid config memd.toml: ") and expected in message
     assert "\n" not in message
+
+
+def test_budgets_are_checked_against_windows_taken_from_an_agents_model() -> None:
+    from memd.settings import model_window_problems
+
+    data = {
+        "trigger": {"context_length": 200_000},
+        "summarizer": {"summary_tokens": 6_000},
+        "agents": {"small*": {"model": "tiny-model"}, "big*": {"model": "huge-model"}},
+    }
+    # Loading cannot know these windows (no model map at load): it passes.
+    config, _ = build_config(data, {})
+    windows = {"tiny-model": 8_192, "huge-model": 1_000_000}
+    problems = model_window_problems(config, windows.get)
+    # 8,192 x 0.9 x 0.6 = 4,423 tokens of low water: 6,000 cannot fit.
+    assert len(problems) == 1
+    [line] = problems
+    assert line.startswith('[agents."small*"] model = "tiny-model" (a 8,192-token window')
+    assert "summarizer.summary_tokens (6000)" in line and "\n" not in line
+    # A window set explicitly is checked at load already; unknown models are not guessed.
+    assert model_window_problems(config, lambda _model: None) == []
+
+
+def test_config_check_fails_on_a_model_window_the_budgets_cannot_fit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "memd.toml"
+    config.write_text('[summarizer]\nsummary_tokens = 6000\n\n[agents."old*"]\nmodel = "gpt-4"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "memd", "config", "check", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and '[agents."old*"] model = "gpt-4"' in result.stderr
+    assert "summarizer.summary_tokens" in result.stderr

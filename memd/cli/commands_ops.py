@@ -331,6 +331,18 @@ def config_check(
             for problem in exc.problems:
                 print(f"memd: error: {problem}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
+    # Windows from an agent's model (litellm's map) are known only now.
+    from memd.modelinfo import context_length_for_model
+    from memd.settings import model_window_problems
+
+    problems = model_window_problems(loaded.config, context_length_for_model)
+    if problems:
+        if as_json:
+            print(json.dumps({"valid": False, "source": str(loaded.source), "errors": problems}))
+        else:
+            for problem in problems:
+                print(f"memd: error: {problem}", file=sys.stderr)
+        raise typer.Exit(2)
     data = effective_config(loaded)
     source = str(loaded.source) if loaded.source else "(no file: defaults)"
     if as_json:

@@ -59,7 +59,7 @@ from memd.notify import SystemdNotifier
 from memd.recall.service import RecallService
 from memd.recall.socket_server import socket_path_for
 from memd.scheduler import JobScheduler
-from memd.settings import LoadedConfig, load_settings
+from memd.settings import LoadedConfig, load_settings, model_window_problems
 from memd.watcher import BackendKind, Watcher, default_backend_kind
 from memd.workspace import AGENTS_DIR, AgentPaths, require_workspace
 
@@ -255,6 +255,7 @@ class Daemon:
         require_workspace(self.workspace)
         self._warn_about_filesystem()
         self._check_archive_key(self.config)
+        self._check_model_windows(self.config)
         self.registry.start()
         with contextlib.suppress(OSError):
             (self.workspace / AGENTS_DIR).mkdir(exist_ok=True)
@@ -596,6 +597,12 @@ class Daemon:
 
     # ------------------------------------------------------------------- reload
 
+    def _check_model_windows(self, config: MemdConfig) -> None:
+        """Budgets that cannot fit a window taken from an agent's model: said at once
+        (those agents' compactions would fail until the config changes)."""
+        for problem in model_window_problems(config, context_length_for_model):
+            _log.warning("summary budgets do not fit an agent's window", problem=problem)
+
     def _reload(self) -> None:
         self.notifier.reloading()
         _log.info("reloading configuration")
@@ -616,6 +623,7 @@ class Daemon:
                 current=str(self.workspace),
                 configured=str(loaded.workspace),
             )
+        self._check_model_windows(loaded.config)
         old = self.config
         new = loaded.config.model_copy(update={"workspace": str(self.workspace)})
         if self.options.config_transform is not None:
