@@ -1017,6 +1017,12 @@ class StateStore:
 
     # ------------------------------------------------------------ fleet status
 
+    def agent_count(self) -> int:
+        def operation(conn: sqlite3.Connection) -> int:
+            return int(conn.execute("SELECT count(*) FROM agents").fetchone()[0])
+
+        return self._run(operation)
+
     def fleet_totals(self) -> FleetTotals:
         """Totals over every agent row (one aggregate query: ``memd status`` at 30,000 agents)."""
 
@@ -1066,7 +1072,7 @@ class StateStore:
 
         def operation(conn: sqlite3.Connection) -> None:
             cursor = conn.execute(query, (*params, -1 if limit is None else limit))
-            while batch := cursor.fetchmany(1000):
+            while batch := cursor.fetchmany(4096):
                 emit(batch)
 
         self._run(operation)

@@ -35,7 +35,7 @@ from memd.cli.common import (
 from memd.cli.status_query import (
     AgentStatus,
     collect_status,
-    fleet_from_db,
+    fleet_in_db,
     live_daemon,
     recall_state,
     sort_rows,
@@ -207,21 +207,20 @@ def _write(text: str) -> None:
     sys.stdout.write(text + "\n")
 
 
-def _stream_json(items: Sequence[str] | None, store_rows: Callable[[Emit], None] | None) -> None:
-    """A JSON array, one object per line, written as produced."""
-    out = sys.stdout
-    first = True
+class _JsonArray:
+    """A JSON array on stdout, one object per line, written chunk by chunk as produced
+    (``--json`` streams: a 30,000-agent fleet is never held as one string)."""
 
-    def one(text: str) -> None:
-        nonlocal first
-        out.write(("[\n" if first else ",\n") + text)
-        first = False
+    def __init__(self) -> None:
+        self._first = True
 
-    for text in items or ():
-        one(text)
-    if store_rows is not None:
-        store_rows(one)
-    out.write("[]\n" if first else "\n]\n")
+    def write(self, texts: Sequence[str]) -> None:
+        if texts:
+            sys.stdout.write(("[\n" if self._first else ",\n") + ",\n".join(texts))
+            self._first = False
+
+    def close(self) -> None:
+        sys.stdout.write("[]\n" if self._first else "\n]\n")
 
 
 def status_command(
@@ -257,8 +256,7 @@ def status_command(
             store.read_spending() if beat is not None else None, loaded.config.summarizer, now
         )
         notes = [spent] if spent else []
-        totals = fleet_from_db(store, beat) if beat is not None and agent is None else None
-        if totals is not None and beat is not None:
+        if beat is not None and agent is None and fleet_in_db(store, beat):
             # The daemon's DB is the whole fleet: SQLite sorts, cuts and (for
             # --json) writes each object; nothing here per agent.
             if as_json:
@@ -272,6 +270,7 @@ def status_command(
                 )
                 return
             sealed = loaded.config.privacy.encrypt_archives
+            totals = store.fleet_totals()
             rows = [
                 _with_archives(
                     AgentStatus.of_row(row, beat, str(store.path), sealed), loaded.workspace, sealed
@@ -296,7 +295,9 @@ def status_command(
             emit(json.dumps(rows[0].to_json(), indent=2))
             return
         chosen = sort_rows(rows, order)[:cut] if cut is not None else sort_rows(rows, order)
-        _stream_json([json.dumps(row.to_json()) for row in chosen], None)
+        array = _JsonArray()
+        array.write([json.dumps(row.to_json()) for row in chosen])
+        array.close()
     elif not rows:
         emit(f"no agents under {loaded.workspace / 'agents'}")
     else:
@@ -338,22 +339,22 @@ def _fleet_json(
     encrypt_archives: bool,
 ) -> None:
     extra = {"daemon_pid": beat.pid, "state_db": str(store.path)}
+    array = _JsonArray()
 
-    def rows(one: Emit) -> None:
-        def batch(items: list[tuple[str, str, bool]]) -> None:
-            for text, name, unsurveyed in items:
-                if unsurveyed:  # archive figures the daemon has not taken yet
-                    data = json.loads(text)
-                    stats = surveyed_here(workspace, name)
-                    data["archives"], data["archive_bytes"] = stats.count, stats.total_bytes
-                    data["encrypted_archives"] = stats.encrypted
-                    data["recall"] = recall_state(stats.encrypted, encrypt_archives)
-                    text = json.dumps(data)
-                one(text)
+    def batch(items: list[tuple[str, str, bool]]) -> None:
+        texts = [text for text, _, _ in items]
+        for index, (text, name, unsurveyed) in enumerate(items):
+            if unsurveyed:  # archive figures the daemon has not taken yet
+                data = json.loads(text)
+                stats = surveyed_here(workspace, name)
+                data["archives"], data["archive_bytes"] = stats.count, stats.total_bytes
+                data["encrypted_archives"] = stats.encrypted
+                data["recall"] = recall_state(stats.encrypted, encrypt_archives)
+                texts[index] = json.dumps(data)
+        array.write(texts)
 
-        store.fleet_json(order, cut, extra, batch, encrypt_archives=encrypt_archives)
-
-    _stream_json(None, rows)
+    store.fleet_json(order, cut, extra, batch, encrypt_archives=encrypt_archives)
+    array.close()
 
 
 SortOption = Annotated[

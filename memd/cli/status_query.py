@@ -421,12 +421,11 @@ def totals_of(rows: Sequence[AgentStatus]) -> FleetTotals:
     )
 
 
-def fleet_from_db(store: StateStore, beat: Heartbeat) -> FleetTotals | None:
-    """The daemon's totals when its rows are the whole fleet (it wrote a row for every
-    agent it watches): then status needs nothing but the DB. None otherwise (an agent
-    added since the last flush): the caller lists the folder and fills the gaps."""
-    totals = store.fleet_totals()
-    return totals if totals.agents == beat.agents else None
+def fleet_in_db(store: StateStore, beat: Heartbeat) -> bool:
+    """Whether the daemon's rows are the whole fleet (it wrote a row for every agent it
+    watches): then status needs nothing but the DB. False when an agent was added since
+    the last flush: the caller lists the folder and fills the gaps."""
+    return store.agent_count() == beat.agents
 
 
 def surveyed_here(workspace: Path, agent: str) -> ArchiveStats:
@@ -464,7 +463,7 @@ __all__ = [
     "AgentStatus",
     "attention_rank",
     "collect_status",
-    "fleet_from_db",
+    "fleet_in_db",
     "heartbeat_max_age",
     "live_daemon",
     "recall_state",
