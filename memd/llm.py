@@ -32,16 +32,15 @@ from memd.core.chunking import (
     plan_chunks,
     request_limits,
     summarizer_window,
+    transcript_pieces,
 )
 from memd.core.config import SummarizerConfig
-from memd.core.memfile import EntrySegment, MemoryDocument, RawSegment, sanitize_summary
+from memd.core.memfile import sanitize_summary
 from memd.core.privacy import Privacy, Redactor
 from memd.core.prompts import (
     ChatMessage,
     CountText,
     build_rolling_messages,
-    render_turn,
-    render_unparsed,
 )
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_block import parse_summary
@@ -234,35 +233,6 @@ _logger = logging.getLogger("memd.summarizer")
 def _estimate_tokens(text: str) -> int:
     # No tokenizer given (tests, tools): a conservative estimate, never low.
     return len(text) // 3 + 1
-
-
-def transcript_pieces(document: MemoryDocument, previous_body: str) -> list[Piece]:
-    """What a summary is made from, oldest first: the previous summary's paragraphs, then turns.
-
-    The previous summary's pieces end where its block ends, so a partial
-    compaction that only re-summarizes it still archives exactly that block.
-    """
-    pieces: list[Piece] = []
-    last = document.last_summary()
-    summary_end = last.start + len(last.raw) if last is not None else 0
-    for paragraph in previous_body.split("\n\n"):
-        if paragraph.strip():
-            pieces.append(Piece(paragraph.strip(), summary_end, "summary"))
-    started = last is None
-    for segment in document.segments:
-        if segment is last:
-            started = True
-            continue
-        if not started:
-            continue
-        end = segment.start + len(segment.raw)
-        if isinstance(segment, EntrySegment):
-            pieces.append(Piece(render_turn(segment), end, segment.role))
-        elif isinstance(segment, RawSegment):
-            rendered = render_unparsed(segment)
-            if rendered:
-                pieces.append(Piece(rendered, end, "unparsed"))
-    return pieces
 
 
 class _Outbound:

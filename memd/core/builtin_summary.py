@@ -26,11 +26,11 @@ from typing import Final
 from memd.core.memfile import (
     EntrySegment,
     MemoryDocument,
-    RawSegment,
     parse_timestamp,
     sanitize_summary,
 )
 from memd.core.pins import extract_facts, is_tool_role, non_repeating_lines
+from memd.core.prompts import since_last_summary
 from memd.core.summary_block import parse_summary
 
 CountText = Callable[[str], int]
@@ -211,28 +211,26 @@ def _carried_lines(previous_body: str, fallback_stamp: str) -> list[Line]:
 
 
 def _collect(document: MemoryDocument) -> tuple[list[Line], int, str, str]:
-    """(lines oldest first, turns read, first stamp, last stamp)."""
+    """(lines oldest first, turns read, first stamp, last stamp).
+
+    The same walk of "last summary + turns since it" as the LLM prompt's.
+    """
+    since = since_last_summary(document)
     lines: list[Line] = []
+    if since.summary is not None:
+        body = parse_summary(since.summary.summary_text).body
+        lines = _carried_lines(body, _stamp(since.summary.timestamp))
     turns = 0
     first = last = ""
-    for segment in document.segments:
-        if isinstance(segment, EntrySegment):
-            if document.is_summary_entry(segment):
-                body = parse_summary(segment.summary_text).body
-                lines = _carried_lines(body, _stamp(segment.timestamp))
-                turns = 0
-                first = last = ""
-                continue
-            stamp = _stamp(segment.timestamp)
-            turns += 1
+    for turn in since.turns:
+        turns += 1
+        if isinstance(turn, EntrySegment):
+            stamp = _stamp(turn.timestamp)
             first = first or stamp
             last = stamp or last
-            lines.extend(_entry_lines(segment.role, stamp, segment.text))
-        elif isinstance(segment, RawSegment):
-            text = segment.raw.decode("utf-8", "replace")
-            if text.strip():
-                turns += 1
-                lines.extend(_entry_lines("(unparsed text)", "", text))
+            lines.extend(_entry_lines(turn.role, stamp, turn.text))
+        else:
+            lines.extend(_entry_lines("(unparsed text)", "", turn.raw.decode("utf-8", "replace")))
     return lines, turns, first, last
 
 

@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from memd.core.memfile import EntrySegment, MemoryDocument
 from memd.core.pins import is_tool_role, non_repeating_lines
+from memd.core.prompts import render_piece, since_last_summary
 
 CountText = Callable[[str], int]
 
@@ -163,6 +165,27 @@ def reduce_tool_output(piece: Piece, room: int, count_text: CountText) -> Piece:
     if is_tool_role(piece.role) and count_text(piece.text) > room // 4:
         return Piece(reduce_entry(piece.text, room // 4, count_text), piece.end, piece.role)
     return piece
+
+
+def transcript_pieces(document: MemoryDocument, previous_body: str) -> list[Piece]:
+    """What a summary is made from, oldest first: the previous summary's paragraphs
+    (when it is re-summarized as material), then every turn since it.
+
+    The previous summary's pieces end where its block ends, so a partial
+    compaction that only re-summarizes it still archives exactly that block.
+    """
+    since = since_last_summary(document)
+    pieces = [
+        Piece(paragraph.strip(), since.summary_end, "summary")
+        for paragraph in previous_body.split("\n\n")
+        if paragraph.strip()
+    ]
+    for turn in since.turns:
+        text = render_piece(turn)
+        if text:
+            role = turn.role if isinstance(turn, EntrySegment) else "unparsed"
+            pieces.append(Piece(text, turn.start + len(turn.raw), role))
+    return pieces
 
 
 def plan_chunks(

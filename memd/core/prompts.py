@@ -8,14 +8,12 @@ its summary is written back into MEMORY.md.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from memd.core.memfile import (
     EntrySegment,
-    HeaderSegment,
     MemoryDocument,
     RawSegment,
     sanitize_summary,
@@ -47,18 +45,6 @@ _SECTION_HELP: Final = {
 }
 
 _MAX_ROLE_CHARS: Final = 60
-# The share of the transcript budget the previous summary may take before it is
-# cut: the newest turns matter at least as much as the old summary.
-_PREVIOUS_SUMMARY_SHARE: Final = 0.5
-_TRUNCATION_MARK: Final = "[…]"
-
-
-@dataclass(frozen=True, slots=True)
-class Transcript:
-    """What a summary is made from: the last summary and the raw material after it."""
-
-    previous_summary: str
-    chunks: tuple[str, ...]  # rendered turns and unparsed text, oldest first
 
 
 def quote_block(first_line_prefix: str, text: str) -> str:
@@ -93,26 +79,46 @@ def render_unparsed(segment: RawSegment) -> str:
     return quote_block("(unparsed text): ", text) if text else ""
 
 
-def transcript_of(document: MemoryDocument) -> Transcript:
-    """The last summary's text and every turn or unparsed chunk after it."""
-    previous_summary = ""
-    chunks: list[str] = []
+@dataclass(frozen=True, slots=True)
+class SinceSummary:
+    """A memory as every summarizer reads it: the last summary block (if any) and
+    the turns after it, oldest first: entries, and unparsed bytes (never skipped)."""
+
+    summary: EntrySegment | None
+    turns: tuple[EntrySegment | RawSegment, ...]
+
+    @property
+    def summary_end(self) -> int:
+        """Where the last summary block ends (0 without one)."""
+        return self.summary.start + len(self.summary.raw) if self.summary is not None else 0
+
+
+def since_last_summary(document: MemoryDocument) -> SinceSummary:
+    """The one walk of "last summary + turns since it" that the LLM prompt and the
+    builtin summarizer share: a summary supersedes everything before it."""
+    summary: EntrySegment | None = None
+    turns: list[EntrySegment | RawSegment] = []
     for segment in document.segments:
-        if isinstance(segment, HeaderSegment):
-            continue
         if isinstance(segment, EntrySegment):
             if document.is_summary_entry(segment):
-                # A summary supersedes everything before it.  Its body only:
-                # memd carries the pinned facts and provenance itself.
-                previous_summary = sanitize_summary(parse_summary(segment.summary_text).body)
-                chunks = []
+                summary, turns = segment, []
             else:
-                chunks.append(render_turn(segment))
-        else:
-            rendered = render_unparsed(segment)
-            if rendered:
-                chunks.append(rendered)
-    return Transcript(previous_summary=previous_summary, chunks=tuple(chunks))
+                turns.append(segment)
+        elif isinstance(segment, RawSegment) and segment.raw.strip():
+            turns.append(segment)
+    return SinceSummary(summary, tuple(turns))
+
+
+def previous_summary_body(since: SinceSummary) -> str:
+    """The last summary's own text (memd carries its pinned facts and provenance)."""
+    if since.summary is None:
+        return ""
+    return sanitize_summary(parse_summary(since.summary.summary_text).body)
+
+
+def render_piece(turn: EntrySegment | RawSegment) -> str:
+    """A turn as the prompt quotes it (empty for unparsed whitespace)."""
+    return render_turn(turn) if isinstance(turn, EntrySegment) else render_unparsed(turn)
 
 
 def system_prompt(summary_max_tokens: int, instructions: str = "") -> str:
@@ -178,116 +184,6 @@ def build_rolling_messages(
         {"role": "system", "content": system_prompt(summary_max_tokens, instructions)},
         {"role": "user", "content": rolling_user_prompt(summary_so_far, chunk, part, parts)},
     ]
-
-
-def _user_prompt(previous_summary: str, chunks: Sequence[str], omitted: int) -> str:
-    previous = previous_summary if previous_summary else "(none)"
-    lines = ["Previous summary:", previous, "", "Conversation turns since that summary:"]
-    if omitted:
-        lines.append(f"[{omitted} older turn(s) omitted to fit the input budget]")
-    if chunks:
-        lines.append("\n\n".join(chunks))
-    else:
-        lines.append("(none)")
-    lines += ["", "Write the new summary now."]
-    return "\n".join(lines)
-
-
-def truncate_to_tokens(text: str, max_tokens: int, count_text: CountText, *, keep: str) -> str:
-    """Longest head (``keep="head"``) or tail of ``text`` within ``max_tokens``.
-
-    Binary search on characters: ``count_text`` is monotone enough in practice
-    and this only runs on the rare oversized piece.
-    """
-    if max_tokens <= 0:
-        return ""
-    if count_text(text) <= max_tokens:
-        return text
-    low, high = 0, len(text)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if keep == "head":
-            candidate = text[:middle] + _TRUNCATION_MARK
-        else:
-            candidate = _TRUNCATION_MARK + text[len(text) - middle :]
-        if count_text(candidate) <= max_tokens:
-            low = middle
-        else:
-            high = middle - 1
-    if low == 0:
-        return ""
-    if keep == "head":
-        return text[:low] + _TRUNCATION_MARK
-    return _TRUNCATION_MARK + text[len(text) - low :]
-
-
-def build_summary_messages(
-    document: MemoryDocument,
-    *,
-    summary_max_tokens: int,
-    instructions: str = "",
-    input_token_budget: int | None = None,
-    count_text: CountText | None = None,
-) -> list[ChatMessage]:
-    """The litellm-style ``messages`` asking for a structured summary of ``document``.
-
-    With ``input_token_budget`` (and ``count_text``), the oldest turns are
-    dropped first until the whole prompt fits; the previous summary is kept
-    (cut to at most half the room only when it alone is too big), and a newest
-    turn too big on its own keeps its tail.
-    """
-    transcript = transcript_of(document)
-    system = system_prompt(summary_max_tokens, instructions)
-    if input_token_budget is None or count_text is None:
-        user = _user_prompt(transcript.previous_summary, transcript.chunks, 0)
-        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-    def total(previous: str, kept: Sequence[str], omitted: int) -> int:
-        return count_text(system) + count_text(_user_prompt(previous, kept, omitted))
-
-    # Room for transcript text, measured with a placeholder "omitted" line so
-    # the final prompt's own framing is already paid for.
-    overhead = total("", [], len(transcript.chunks))
-    room = max(0, input_token_budget - overhead)
-
-    previous = transcript.previous_summary
-    if previous and count_text(previous) > int(room * _PREVIOUS_SUMMARY_SHARE):
-        previous = truncate_to_tokens(
-            previous, int(room * _PREVIOUS_SUMMARY_SHARE), count_text, keep="head"
-        )
-    room -= count_text(previous) if previous else 0
-
-    # Newest first, while it fits; separators cost a token or two each.
-    kept_reversed: list[str] = []
-    for chunk in reversed(transcript.chunks):
-        cost = count_text(chunk) + 2
-        if cost <= room:
-            kept_reversed.append(chunk)
-            room -= cost
-        elif not kept_reversed:
-            tail = truncate_to_tokens(chunk, room - 2, count_text, keep="tail")
-            if tail:
-                # Re-quote: the cut may have removed the first line's "> ".
-                kept_reversed.append(_requote(tail))
-            break
-        else:
-            break
-    kept = list(reversed(kept_reversed))
-
-    # Per-piece counts are an estimate of the joined text: verify and trim.
-    while kept and total(previous, kept, len(transcript.chunks) - len(kept)) > input_token_budget:
-        kept.pop(0)
-    omitted = len(transcript.chunks) - len(kept)
-    user = _user_prompt(previous, kept, omitted)
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-_LINE_START = re.compile(r"(?m)^(?!>)")
-
-
-def _requote(text: str) -> str:
-    """Prefix ``> `` to every line that lacks it (after a mid-turn cut)."""
-    return _LINE_START.sub("> ", text)
 
 
 def messages_text(messages: Sequence[ChatMessage]) -> str:
