@@ -13,17 +13,24 @@ size/inode checks catch the rest of the ways files are normally rewritten.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, CountBytes, CountState, PieceCounter
+from memd.core.tokens import (
+    DEFAULT_MAX_PIECE_BYTES,
+    CountBytes,
+    CountState,
+    PieceCounter,
+    is_junction_cut,
+)
 from memd.errors import MemdError, NotARegularFile, describe_error
 from memd.fsutil import iter_range, read_range
 
@@ -44,6 +51,10 @@ class TrackedCount:
     # Digest of file[window_start:state.safe_offset]; None when restored from
     # the state DB (trusted once, then verified from the next count on).
     window_digest: bytes | None
+    # Digest of the unsettled tail, file[state.safe_offset:state.size]: when it
+    # is unchanged, its tokens are reused instead of tokenizing it again. A
+    # cache hint, not part of the count (the state DB does not keep it).
+    tail_digest: bytes | None = field(default=None, compare=False)
 
     @property
     def tokens(self) -> int:
@@ -75,7 +86,9 @@ def _feed(fd: int, counter: PieceCounter, start: int, end: int) -> bool:
 
 def _track(state: CountState, mtime_ns: int, counter: PieceCounter) -> TrackedCount:
     window_start = state.safe_offset - len(counter.recent)
-    return TrackedCount(state, mtime_ns, window_start, _digest(counter.recent))
+    return TrackedCount(
+        state, mtime_ns, window_start, _digest(counter.recent), _digest(counter.tail)
+    )
 
 
 def count_file(
@@ -84,6 +97,7 @@ def count_file(
     count_bytes: CountBytes,
     *,
     max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
+    junction_cut: bool = False,
 ) -> tuple[TrackedCount, CountKind]:
     """Count ``path`` exactly, reusing ``previous`` when the file only grew.
 
@@ -96,7 +110,14 @@ def count_file(
     # O_NONBLOCK: a FIFO named MEMORY.md must not hang the counting thread.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        return count_fd(fd, path, previous, count_bytes, max_piece_bytes=max_piece_bytes)
+        return count_fd(
+            fd,
+            path,
+            previous,
+            count_bytes,
+            max_piece_bytes=max_piece_bytes,
+            junction_cut=junction_cut,
+        )
     finally:
         os.close(fd)
 
@@ -108,13 +129,14 @@ def count_fd(
     count_bytes: CountBytes,
     *,
     max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
+    junction_cut: bool = False,
 ) -> tuple[TrackedCount, CountKind]:
     """:func:`count_file` on a file already open (``path`` only names it in errors)."""
     for _attempt in range(3):
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"{path} is not a regular file")
-        result = _count_open(fd, info, previous, count_bytes, max_piece_bytes)
+        result = _count_open(fd, info, previous, count_bytes, max_piece_bytes, junction_cut)
         if result is not None:
             return result
         previous = None  # it shrank under us: count from scratch
@@ -127,6 +149,7 @@ def _count_open(
     previous: TrackedCount | None,
     count_bytes: CountBytes,
     max_piece_bytes: int,
+    junction_cut: bool = False,
 ) -> tuple[TrackedCount, CountKind] | None:
     size = info.st_size
     if previous is not None:
@@ -139,23 +162,68 @@ def _count_open(
             if window is None:
                 return None
             if previous.window_digest is None or _digest(window) == previous.window_digest:
-                counter = PieceCounter.resume(
-                    old,
-                    count_bytes,
-                    max_piece_bytes=max_piece_bytes,
-                    window_bytes=WINDOW_BYTES,
-                    recent=window,
+                return _extend_open(
+                    fd, info, previous, window, count_bytes, max_piece_bytes, junction_cut
                 )
-                if not _feed(fd, counter, old.safe_offset, size):
-                    return None
-                state = counter.finish(old.dev, old.ino)
-                kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
-                return _track(state, info.st_mtime_ns, counter), kind
+    return _recount_open(fd, info, count_bytes, max_piece_bytes)
+
+
+def _recount_open(
+    fd: int, info: os.stat_result, count_bytes: CountBytes, max_piece_bytes: int
+) -> tuple[TrackedCount, CountKind] | None:
     counter = PieceCounter(count_bytes, max_piece_bytes=max_piece_bytes, window_bytes=WINDOW_BYTES)
-    if not _feed(fd, counter, 0, size):
+    if not _feed(fd, counter, 0, info.st_size):
         return None
     state = counter.finish(info.st_dev, info.st_ino)
     return _track(state, info.st_mtime_ns, counter), CountKind.RECOUNTED
+
+
+def _extend_open(
+    fd: int,
+    info: os.stat_result,
+    previous: TrackedCount,
+    window: bytes,
+    count_bytes: CountBytes,
+    max_piece_bytes: int,
+    junction_cut: bool,
+) -> tuple[TrackedCount, CountKind] | None:
+    """Count from ``previous`` on: the old tail and the appended bytes.
+
+    With the old tail's digest, the tail is not tokenized again when it is
+    unchanged and nothing was appended, or when the old end is a junction cut
+    (:func:`memd.core.tokens.is_junction_cut`): its tokens settle as they are.
+    A tail rewritten in place is counted from scratch (the old end may have
+    been a junction cut that only held for the bytes it had after it).
+    """
+    old = previous.state
+    size = info.st_size
+    start, recent = old, window
+    if previous.tail_digest is not None and old.size > old.safe_offset and not old.open_run:
+        data = _read_exact(fd, old.safe_offset, min(size, old.size + 1))
+        if data is None:
+            return None
+        tail = data[: old.size - old.safe_offset]
+        if _digest(tail) != previous.tail_digest:
+            return _recount_open(fd, info, count_bytes, max_piece_bytes)
+        if size == old.size:
+            return dataclasses.replace(previous, mtime_ns=info.st_mtime_ns), CountKind.UNCHANGED
+        if junction_cut and is_junction_cut(tail, data[len(tail) :]):
+            start = dataclasses.replace(
+                old, safe_offset=old.size, safe_tokens=old.tokens, tail_tokens=0
+            )
+            recent = (window + tail)[-WINDOW_BYTES:]
+    counter = PieceCounter.resume(
+        start,
+        count_bytes,
+        max_piece_bytes=max_piece_bytes,
+        window_bytes=WINDOW_BYTES,
+        recent=recent,
+    )
+    if not _feed(fd, counter, start.safe_offset, size):
+        return None
+    state = counter.finish(old.dev, old.ino)
+    kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
+    return _track(state, info.st_mtime_ns, counter), kind
 
 
 # --------------------------------------------------------------- many files

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -114,11 +115,14 @@ _OPS = st.lists(
 )
 
 
+@pytest.mark.parametrize("junction_cut", [False, True])
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=_OPS)
-def test_incremental_count_always_equals_a_full_recount(tmp_path: Path, ops: list[tuple]) -> None:
+def test_incremental_count_always_equals_a_full_recount(
+    tmp_path: Path, ops: list[tuple], junction_cut: bool
+) -> None:
     path = tmp_path / "MEMORY.md"
     path.write_bytes(b"")
     tracked: TrackedCount | None = None
@@ -146,7 +150,7 @@ def test_incremental_count_always_equals_a_full_recount(tmp_path: Path, ops: lis
                 with path.open("r+b") as f:
                     f.seek(max(0, size - a))
                     f.write(b"#")
-        tracked, _ = count_file(path, tracked, COUNTER.count_bytes)
+        tracked, _ = count_file(path, tracked, COUNTER.count_bytes, junction_cut=junction_cut)
         assert tracked.tokens == full(path)
         assert tracked.size == os.path.getsize(path)
 
@@ -272,3 +276,53 @@ def test_count_data_extends_an_earlier_count_exactly(parts: list[bytes], split: 
     # Another inode: from scratch.
     counted, kind = count_data(data, 1, 3, 0, previous, COUNTER.count_bytes)
     assert kind is CountKind.RECOUNTED and counted.tokens == COUNTER.count_bytes(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(_TEXT, min_size=1, max_size=12),
+    burst=st.lists(st.integers(1, 3), min_size=1, max_size=12),
+)
+def test_entries_appended_whole_are_tokenized_once(texts: list[str], burst: list[int]) -> None:
+    # Each byte once: the old tail settles with the tokens it already has when
+    # the next entry starts (a junction cut), however the appends are grouped.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "MEMORY.md"
+        path.write_bytes(b"")
+        tokenized = [0]
+
+        def spy(data: bytes) -> int:
+            tokenized[0] += len(data)
+            return COUNTER.count_bytes(data)
+
+        tracked: TrackedCount | None = None
+        blocks = [entry("Human" if n % 2 else "AI", text) for n, text in enumerate(texts)]
+        written = 0
+        for size in itertools.cycle(burst):
+            if written >= len(blocks):
+                break
+            with path.open("ab") as f:
+                f.write(b"".join(blocks[written : written + size]))
+            written += size
+            tracked, _ = count_file(path, tracked, spy, junction_cut=True)
+            assert tracked.tokens == full(path)
+        assert tokenized[0] == path.stat().st_size
+        again, kind = count_file(path, tracked, spy, junction_cut=True)
+        assert kind is CountKind.UNCHANGED and again.tokens == tracked.tokens
+        assert tokenized[0] == path.stat().st_size  # an unchanged file costs no tokens
+
+
+def test_a_tail_rewritten_in_place_is_counted_from_scratch(tmp_path: Path) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "hello there") + entry("AI", "last words"))
+    tracked, _ = count_file(path, None, COUNTER.count_bytes, junction_cut=True)
+    data = path.read_bytes()
+    # The unsettled tail's last newline becomes a space, then an entry is
+    # appended: the old end is no longer a junction cut.
+    with path.open("r+b") as f:
+        f.write(data[:-1] + b" " + entry("Human", "more"))
+    tracked, kind = count_file(path, tracked, COUNTER.count_bytes, junction_cut=True)
+    assert kind is CountKind.RECOUNTED
+    assert tracked.tokens == full(path)

@@ -32,6 +32,11 @@ UTF-8 never straddles a cut.  CRLF lines get no newline cut (``\\r\\n`` at
 end-of-text is one pre-token for p50k_base, two mid-text) but still the
 header cut.
 
+The end of the file is rarely safe (it is the unsettled tail), but once more
+bytes arrive, the old end may turn out to be a cut after all: the *junction*
+rule below lets a count settle its old tail with the tokens it already has,
+so no byte is tokenized twice (:func:`is_junction_cut`).
+
 Counting functions are passed in (``count_bytes``); this module never imports
 tiktoken.
 """
@@ -128,6 +133,35 @@ def safe_chunk_bounds(data: bytes, target: int) -> list[tuple[int, int]]:
     if start < size or not bounds:
         bounds.append((start, size))
     return bounds
+
+
+# Encodings for which :func:`is_junction_cut` holds (proof in its docstring).
+JUNCTION_CUT_ENCODINGS: Final = frozenset({"cl100k_base", "o200k_base"})
+
+
+def is_junction_cut(before: bytes, after: bytes) -> bool:
+    """Whether ``count(before + after) == count(before) + count(after)`` for
+    :data:`JUNCTION_CUT_ENCODINGS`, when ``before`` ends with ``\\n`` and
+    ``after`` starts with ``#`` (an entry appended after a complete one).
+
+    Why, for cl100k_base and o200k_base: the newline at the end of ``before``
+    is covered by a pre-token of the punctuation form (an optional space, then
+    ``[^\\s\\p{L}\\p{N}]+[\\r\\n]*``; o200k: ``[\\r\\n/]*``), of
+    ``\\s*[\\r\\n]+`` or, after those fail,
+    ``\\s+``-forms; the first two are tried first and succeed on any whitespace
+    run holding a newline, and both stop at the last newline of the run: at the
+    cut, since ``#`` is neither whitespace nor a newline (nor ``/``). No
+    alternative lets a pre-token hold a newline and then ``#`` (the letter
+    forms exclude ``\\r\\n`` as their optional first character). So the cut
+    ends a pre-token both mid-text and at end-of-text, the pre-tokens before it
+    are the same in both (none looks past the cut), and with no look-behind
+    in these patterns the text from ``#`` on splits the same alone. BPE runs
+    per pre-token, and both sides of the cut are ASCII (UTF-8 decoding with
+    ``errors="replace"`` cannot straddle it). p50k_base and r50k_base are
+    excluded: their ``\\s+(?!\\S)`` splits ``"\\n\\n#"`` as ``"\\n", "\\n"``
+    mid-text but keeps ``"\\n\\n"`` whole at end-of-text.
+    """
+    return before.endswith(b"\n") and after.startswith(b"#")
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +291,7 @@ class PieceCounter:
         self.recent = recent[-window_bytes:] if window_bytes else b""
         self._carry = b""
         self.size = offset
+        self.tail = b""  # after finish(): the unsettled bytes (the state's tail)
 
     @classmethod
     def resume(
@@ -337,6 +372,7 @@ class PieceCounter:
                 self._settle(buf[:cut], estimate=False)
                 buf = buf[cut:]
             tail_tokens = self._count_bytes(buf) if buf else 0
+        self.tail = buf
         return CountState(
             dev=dev,
             ino=ino,

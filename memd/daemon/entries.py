@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from memd.core.config import AgentPolicy
 from memd.core.jobs import AgentJob
-from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, JUNCTION_CUT_ENCODINGS
 from memd.counting import CountKind, CountResult, TrackedCount, count_file
 from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
@@ -111,6 +111,12 @@ class EntryCounter:
         self._on_erased = on_erased
         self._on_counted = on_counted
 
+    @property
+    def junction_cut(self) -> bool:
+        """Whether the tokenizer's encoding lets an old tail settle without being
+        tokenized again (:func:`memd.core.tokens.is_junction_cut`)."""
+        return getattr(self.tokenizer, "encoding_name", None) in JUNCTION_CUT_ENCODINGS
+
     def count_locked(self, entry: AgentEntry) -> bool:
         with entry.count_lock:
             return self.count(entry)
@@ -135,6 +141,7 @@ class EntryCounter:
                     entry.tracked,
                     self.tokenizer.count_bytes,
                     max_piece_bytes=self.max_piece_bytes,
+                    junction_cut=self.junction_cut,
                 )
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED

@@ -270,3 +270,23 @@ def test_upper_bound_is_never_below_the_count() -> None:
     count = reference_counter("cl100k_base")
     for data in (b"", b"a" * 1000, "日本語".encode() * 50, b"\xff\xfe" * 40, b" " * 99):
         assert upper_bound(data) >= count(data)
+
+
+@PROPERTY
+@given(before=any_bytes, after=any_bytes)
+def test_a_newline_then_a_hash_is_a_cut_for_the_junction_encodings(
+    before: bytes, after: bytes
+) -> None:
+    from memd.core.tokens import JUNCTION_CUT_ENCODINGS, is_junction_cut
+
+    before, after = before + b"\n", b"#" + after
+    assert is_junction_cut(before, after)
+    for name in sorted(JUNCTION_CUT_ENCODINGS):
+        count = reference_counter(name)
+        assert count(before + after) == count(before) + count(after), name
+
+
+def test_the_junction_is_not_a_cut_for_p50k() -> None:
+    count = reference_counter("p50k_base")
+    before, after = b"done\n\n---\n\n", b"### User"
+    assert count(before + after) != count(before) + count(after)
