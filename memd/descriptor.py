@@ -97,8 +97,12 @@ class Descriptors:
                 return file_key(agent_dir) is not None
             return self._seen[agent][0] != file_key(agent_dir)
 
-    def window(self, agent: str, agent_dir: Path) -> AgentWindow | None:
-        key = file_key(agent_dir)
+    def window(
+        self, agent: str, agent_dir: Path, *, present: bool | None = None
+    ) -> AgentWindow | None:
+        """The agent's declared window; ``present=False``: the caller just listed the
+        folder and saw no descriptor (no lstat needed)."""
+        key = None if present is False else file_key(agent_dir)
         with self._lock:
             cached = self._seen.get(agent)
             if cached is not None and cached[0] == key:

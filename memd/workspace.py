@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.core.names import is_valid_agent_name, validate_agent_name
 from memd.core.retention import is_archive_name
 from memd.errors import UnknownAgent, WorkspaceError
@@ -21,7 +22,9 @@ AGENTS_DIR = "agents"
 MEMORY_FILE = "MEMORY.md"
 ARCHIVE_DIR = "archive"
 PRIVATE_DIR = ".memd"
-_SPECIAL = frozenset((MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR))
+# What the fast path looks for in an agent folder (memd-agent.json only to
+# know whether there is one: it is opened with O_NOFOLLOW when read).
+_SPECIAL = frozenset((MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR, DESCRIPTOR_NAME))
 
 
 class AgentPaths:
@@ -265,6 +268,7 @@ def agent_paths_scanned(
     agents_dir_plain: bool = False,
     agents_root: Path | None = None,
     name_valid: bool = False,
+    found: set[str] | None = None,
 ) -> tuple[AgentPaths, bool]:
     """:func:`agent_paths` with a fast path, and whether the agent has a ``.memd/``
     dir (maybe a crashed job). ``root`` is ``workspace`` resolved.
@@ -274,7 +278,9 @@ def agent_paths_scanned(
     When ``agents/`` itself is a plain folder (``agents_dir_plain``) and the
     agent folder is not a link, one ``scandir`` of it tells which entries are
     symlinks; only then is the full check needed. ``agents_root`` (``root /
-    "agents"``) and ``name_valid`` (the scan checked the name) save work per agent.
+    "agents"``) and ``name_valid`` (the scan checked the name) save work per agent;
+    ``found``, when given, receives which of MEMORY.md, ``archive``, ``.memd`` and
+    ``memd-agent.json`` the listing holds (left empty on the slow path).
     """
     agent_dir = (agents_root or root / AGENTS_DIR) / agent
     if is_link is None:
@@ -293,6 +299,8 @@ def agent_paths_scanned(
     if any(special.values()):
         paths = agent_paths(workspace, agent)
         return paths, paths.private_dir.is_dir()
+    if found is not None:
+        found.update(special)
     return AgentPaths(workspace=root, agent=agent, dir=agent_dir), PRIVATE_DIR in special
 
 

@@ -144,3 +144,31 @@ def test_compact_now_plans_with_the_agents_declared_window(
         return int(line.split("summary ")[1].split(" tokens")[0].replace(",", ""))
 
     assert summary_budget(declared) < summary_budget(default) * (2700 - 201) / 180_000 + 1
+
+
+def test_the_start_up_scan_reads_a_descriptor_it_lists_and_lstats_none_it_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memd.descriptor as descriptor_module
+    from memd.core.config import MemdConfig
+    from memd.daemon.registry import AgentRegistry
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("declared")
+    ws.create_agent("plain")
+    write(ws.root / "agents" / "declared", context_length=8000)
+    registry = AgentRegistry(ws.root, MemdConfig(), lambda _paths: None, None)
+    registry.start()
+    registry.descriptors = Descriptors(words)
+    looked: list[Path] = []
+    real_key = descriptor_module.file_key
+    monkeypatch.setattr(
+        descriptor_module, "file_key", lambda folder: looked.append(folder) or real_key(folder)
+    )
+    entries = {name: registry.make_entry(name, link) for name, link in registry.scan().items()}
+    declared, plain = entries["declared"], entries["plain"]
+    assert declared is not None and plain is not None
+    assert declared.policy.window_source == "memd-agent.json"
+    assert declared.policy.context_length == 8000
+    assert plain.policy.window_source == "default"
+    assert looked == [declared.paths.dir]  # the plain agent's listing said: none

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
+from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.core.names import validate_agent_name
 from memd.daemon.entries import AgentEntry
 from memd.descriptor import Descriptors
@@ -71,11 +72,13 @@ class AgentRegistry:
 
     # -------------------------------------------------------------------- table
 
-    def policy(self, name: str, agent_dir: Path | None = None) -> AgentPolicy:
+    def policy(
+        self, name: str, agent_dir: Path | None = None, has_descriptor: bool | None = None
+    ) -> AgentPolicy:
         window = None
         if self.descriptors is not None:
             folder = self._agents_root / name if agent_dir is None else agent_dir
-            window = self.descriptors.window(name, folder)
+            window = self.descriptors.window(name, folder, present=has_descriptor)
         return resolve_policy(self._config, name, self._context_length_of, window)
 
     def refresh_window(self, name: str) -> None:
@@ -184,6 +187,7 @@ class AgentRegistry:
                 _log.warning("agent skipped", agent=repr(item.name), error=str(exc))
 
     def make_entry(self, name: str, is_link: bool | None = None) -> AgentEntry | None:
+        found: set[str] = set()
         try:
             paths, has_private = agent_paths_scanned(
                 self.workspace,
@@ -194,6 +198,7 @@ class AgentRegistry:
                 agents_root=self._agents_root,
                 # From the scan (is_link known): its names were validated there.
                 name_valid=is_link is not None,
+                found=found,
             )
         except (MemdError, OSError) as exc:
             reason = str(exc)
@@ -205,7 +210,8 @@ class AgentRegistry:
         return AgentEntry(
             name=name,
             paths=paths,
-            policy=self.policy(name, paths.dir),
+            # The fast path listed the folder: no memd-agent.json there, no lstat.
+            policy=self.policy(name, paths.dir, None if not found else DESCRIPTOR_NAME in found),
             may_need_recovery=has_private,
         )
 
