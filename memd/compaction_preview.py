@@ -15,7 +15,7 @@ from collections.abc import Callable
 from memd.compaction import CompactionOptions, read_memory
 from memd.core.memfile import MemoryDocument, parse, render_summary_block
 from memd.core.pins import fit_pins
-from memd.core.plan import has_compactable
+from memd.core.plan import has_compactable, kept_tail_start
 from memd.core.privacy import Privacy
 from memd.core.summary import Summarizer, SummaryRequest
 from memd.core.summary_block import compose_summary, material_of
@@ -41,11 +41,19 @@ def preview(
     except FileNotFoundError:
         raise NothingToCompact(f"agent {paths.agent!r}: no MEMORY.md to compact") from None
     document = parse(data)
-    boundary = document.boundary
+    # The same kept tail as the transaction: bytes 0..K are what would be compacted.
+    boundary = kept_tail_start(document, document.boundary, options.keep_recent_tokens, count_text)
+    kept = [e for e in document.raw_entries_since_summary() if e.start >= boundary]
     prefix = MemoryDocument(segments=tuple(document.segments_before(boundary)), size=boundary)
     if not has_compactable(prefix):
+        beyond = (
+            f" beyond the newest {options.keep_recent_tokens:,} tokens kept verbatim"
+            if kept
+            else ""
+        )
         raise NothingToCompact(
-            f"agent {paths.agent!r}: nothing to compact (no raw entries since the last summary)"
+            f"agent {paths.agent!r}: nothing to compact (no raw entries since the last "
+            f"summary{beyond})"
         )
     material = material_of(prefix, count_text)
     kinds = Counter(pin.kind for pin in material.pins)
@@ -57,7 +65,11 @@ def preview(
         f"{material.turns} raw turn(s) since the last summary, {material.input_tokens:,} tokens "
         "to summarize with the previous summary",
         f"  budgets: summary {options.summary_max_tokens:,} tokens, "
-        f"pinned facts {options.pinned_tokens:,} tokens",
+        f"pinned facts {options.pinned_tokens:,} tokens, "
+        f"recent turns {options.keep_recent_tokens:,} tokens",
+        f"  kept verbatim after the summary: {len(kept)} newest turn(s), "
+        f"{sum(count_text(e.raw.decode('utf-8', 'replace')) for e in kept):,} tokens "
+        f"(bytes {boundary:,}..{document.boundary:,}; archived at a later compaction)",
         f"  pinned facts: {len(material.pins)} "
         f"({', '.join(f'{kind} {count}' for kind, count in sorted(kinds.items())) or 'none'}); "
         f"{fitted.evicted} would age out to the archives if the summary kept none itself",

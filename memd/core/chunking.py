@@ -82,6 +82,7 @@ class Chunk:
     texts: tuple[str, ...]
     end: int  # byte offset just past its last entry (0: only previous-summary text)
     tokens: int
+    ends: tuple[int, ...] = ()  # where each of its pieces ends in the file, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +204,7 @@ def plan_chunks(
     """
     chunks: list[Chunk] = []
     texts: list[str] = []
+    ends: list[int] = []
     used = 0
     end = 0
     for raw_piece in pieces:
@@ -213,13 +215,14 @@ def plan_chunks(
             text = reduce_entry(text, chunk_tokens - separator_tokens, count_text)
             cost = count_text(text) + separator_tokens
         if texts and used + cost > chunk_tokens:
-            chunks.append(Chunk(tuple(texts), end, used))
-            texts, used = [], 0
+            chunks.append(Chunk(tuple(texts), end, used, tuple(ends)))
+            texts, ends, used = [], [], 0
         texts.append(text)
+        ends.append(piece.end)
         used += cost
         end = max(end, piece.end)
     if texts:
-        chunks.append(Chunk(tuple(texts), end, used))
+        chunks.append(Chunk(tuple(texts), end, used, tuple(ends)))
     now = chunks[:max_calls]
     partial = len(now) < len(chunks)
     cut = next((c.end for c in reversed(now) if c.end), 0) if partial else 0

@@ -20,7 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from memd.core.chunking import ChunkPlan, plan_chunks, transcript_pieces
 from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument, RawSegment
+from memd.core.prompts import previous_summary_body, since_last_summary
+from memd.core.summary_plan import SummaryBudgets
 
 CountText = Callable[[str], int]
 
@@ -95,6 +98,57 @@ def kept_tail_start(
             break
         start = segment.start
     return start
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPlan:
+    """What one compaction does with a memory, decided before any model is called.
+
+    Bytes ``kept_from``..end stay verbatim (the newest turns); of 0..``kept_from``
+    the ``chunks`` are summarized now, and when they are fewer than the material
+    needs (``chunks.partial``) only 0..``summarized_to`` is compacted and the
+    rest stays raw for the next compaction (the carried tail).
+    """
+
+    kept_from: int
+    chunks: ChunkPlan
+    summarized_to: int
+    budgets: SummaryBudgets
+    previous_inline: bool  # the previous summary is sent whole, not re-summarized
+
+    @property
+    def partial(self) -> bool:
+        return self.chunks.partial
+
+
+def plan_compaction(
+    document: MemoryDocument,
+    end: int,
+    budgets: SummaryBudgets,
+    *,
+    chunk_tokens: int,
+    max_calls: int,
+    count_text: CountText,
+    previous_inline: bool = True,
+) -> CompactionPlan:
+    """The plan (pure): the kept tail within ``budgets.recent_tokens``, then every
+    turn before it packed into chunks of at most ``chunk_tokens`` (the summarizer's
+    room per request), at most ``max_calls`` of them now.
+
+    Every raw entry since the last summary ends up in exactly one of: the kept
+    tail, one chunk summarized now, or the carried tail of a partial compaction.
+    """
+    kept_from = kept_tail_start(document, end, budgets.recent_tokens, count_text)
+    prefix = MemoryDocument(segments=tuple(document.segments_before(kept_from)), size=kept_from)
+    previous = "" if previous_inline else previous_summary_body(since_last_summary(prefix))
+    chunks = plan_chunks(
+        transcript_pieces(prefix, previous),
+        chunk_tokens=chunk_tokens,
+        max_calls=max_calls,
+        count_text=count_text,
+    )
+    summarized_to = chunks.cut if chunks.partial and chunks.cut else kept_from
+    return CompactionPlan(kept_from, chunks, summarized_to, budgets, previous_inline)
 
 
 # ---------------------------------------------------------------------- recovery
@@ -210,12 +264,14 @@ __all__ = [
     "CORRUPT_PHASE",
     "IDLE_PHASE",
     "SUMMARY_MARKUP_TOKENS",
+    "CompactionPlan",
     "FileFacts",
     "RecoveryAction",
     "StoredCountTrust",
     "has_compactable",
     "kept_tail_start",
     "landed_prefix",
+    "plan_compaction",
     "recovery_action",
     "stored_count_trust",
     "summary_does_not_shrink",

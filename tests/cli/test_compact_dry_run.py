@@ -34,14 +34,41 @@ def ws(tmp_path: Path) -> AgentWorkspace:
     return workspace
 
 
-def config(tmp_path: Path, server: OpenAITestServer, max_calls: int = 8) -> str:
+def config(
+    tmp_path: Path, server: OpenAITestServer, max_calls: int = 8, keep_recent: int = 0
+) -> str:
+    # keep_recent 0 by default here: the plan's chunks, pins and partial cut are
+    # about the whole transcript; the kept tail has its own test.
     path = tmp_path / "memd.toml"
     path.write_text(
         "[trigger]\ncontext_length = 32000\n[summarizer]\n"
         f'model = "openai/test-model"\napi_key = "k"\napi_base = "{server.api_base}"\n'
-        f"context_length = 2048\nmax_calls = {max_calls}\n"
+        f"context_length = 2048\nmax_calls = {max_calls}\nkeep_recent_tokens = {keep_recent}\n"
     )
     return str(path)
+
+
+def test_dry_run_shows_the_turns_kept_verbatim(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = snapshot_tree(ws.root)
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, keep_recent=-1),  # a tenth of the threshold (28,800)
+    )
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "recent turns 2,8" in flat  # a tenth, shrunk a little to fit the header
+    kept = int(flat.split("kept verbatim after the summary: ")[1].split()[0])
+    summarized = int(flat.split("tokens; ")[1].split()[0])
+    assert kept > 0 and kept + summarized == 32
+    assert snapshot_tree(ws.root) == before and server.requests == []
 
 
 def test_dry_run_prints_the_plan_and_calls_nothing(

@@ -131,3 +131,87 @@ def test_the_budget_equation_includes_the_recent_turns() -> None:
         summary_budgets(28_800, 17_280, summary_tokens=10_000, recent_tokens=8_000)
     assert "summarizer.summary_tokens (10000)" in str(info.value)
     assert str(HEADER_ALLOWANCE) in str(info.value)
+
+
+# -- the compaction plan: every raw entry has exactly one fate ---------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from memd.core import memfile as _memfile  # noqa: E402
+from memd.core.plan import plan_compaction  # noqa: E402
+from memd.core.summary_plan import SummaryBudgets  # noqa: E402
+
+_ITEM = st.one_of(
+    st.tuples(st.just("entry"), st.sampled_from(["Human", "AI", "Tool"]), st.integers(0, 400)),
+    st.tuples(st.just("summary"), st.just("System"), st.integers(1, 60)),
+    st.tuples(st.just("junk"), st.just(""), st.integers(1, 30)),
+)
+
+
+def _document(items: list[tuple[str, str, int]]) -> _memfile.MemoryDocument:
+    data = _memfile.render_header("p", "2026-01-01T00:00:00")
+    for n, (kind, role, words) in enumerate(items):
+        stamp = f"2026-01-01T{n // 3600:02d}:{n // 60 % 60:02d}:{n % 60:02d}"
+        if kind == "entry":
+            lines = [f"{role} line {n}.{i} " + "word " * (i % 7) for i in range(words // 6 + 1)]
+            data += _memfile.render_entry(role, stamp, "\n".join(lines))
+        elif kind == "summary":
+            data += _memfile.render_summary_block("Facts:\n" + "- fact\n" * words, stamp)
+        else:
+            data += b"stray " * words + b"\n\n"
+    return _memfile.parse(data)
+
+
+def _tokens(text: str) -> int:
+    return len(text) // 4 + 1
+
+
+@given(
+    items=st.lists(_ITEM, max_size=30),
+    recent=st.integers(0, 3_000),
+    chunk_tokens=st.integers(150, 3_000),
+    max_calls=st.integers(1, 6),
+    previous_inline=st.booleans(),
+)
+@settings(max_examples=300, deadline=None)
+def test_every_raw_entry_is_kept_summarized_once_or_carried(
+    items: list[tuple[str, str, int]],
+    recent: int,
+    chunk_tokens: int,
+    max_calls: int,
+    previous_inline: bool,
+) -> None:
+    doc = _document(items)
+    end = doc.boundary
+    budgets = SummaryBudgets(summary_tokens=500, pinned_tokens=500, recent_tokens=recent)
+    plan = plan_compaction(
+        doc,
+        end,
+        budgets,
+        chunk_tokens=chunk_tokens,
+        max_calls=max_calls,
+        count_text=_tokens,
+        previous_inline=previous_inline,
+    )
+    assert plan.summarized_to <= plan.kept_from <= end
+    kept_tokens = 0
+    summarized = [e for c in plan.chunks.chunks for e in c.ends]
+    for entry in doc.raw_entries_since_summary():
+        entry_end = entry.start + len(entry.raw)
+        in_chunks = summarized.count(entry_end)
+        if entry.start >= plan.kept_from:  # verbatim, after the new summary
+            kept_tokens += _tokens(entry.raw.decode())
+            assert in_chunks == 0
+        elif entry_end <= plan.summarized_to:  # summarized now, in exactly one chunk
+            assert in_chunks == 1, (entry_end, summarized)
+        else:  # the carried tail of a partial compaction: raw for the next one
+            assert plan.partial and in_chunks == 0
+    assert kept_tokens <= recent
+    # Chunks follow the file's order and fit the summarizer's room.
+    assert summarized == sorted(summarized)
+    assert all(chunk.tokens <= chunk_tokens for chunk in plan.chunks.chunks)
+    assert len(plan.chunks.chunks) <= max_calls
+    # The compacted part ends at an entry boundary (or where the kept tail starts).
+    ends = {s.start + len(s.raw) for s in doc.segments}
+    assert plan.summarized_to in ends | {plan.kept_from}
