@@ -3,8 +3,10 @@
 Start-up (in this order, so nothing is missed and READY means ready): open the
 state DB, load the tokenizer, finish or roll back any crashed compaction of
 every agent, count every MEMORY.md (reusing the stored count of files that did
-not change, in parallel for the rest), start the scheduler, the watches and
-the counter, evaluate every agent, then notify ``READY=1`` and log ``ready``.
+not change, in parallel for the rest; a file too large to count in a moment is
+counted right after READY instead, so readiness never waits on one agent),
+start the scheduler, the watches and the counter, evaluate every agent, then
+notify ``READY=1`` and log ``ready``.
 Each service is started with its stop pushed on one exit stack, so shutdown is
 the reverse of start-up by construction.
 
