@@ -250,7 +250,7 @@ class CountService:
             return None
         if self._flusher.live_flush_due(now):
             self._flush_pending = False
-            self._flusher.flush()
+            self._flusher.flush(live=True)
             return None
         return self._flusher.next_live_flush()
 

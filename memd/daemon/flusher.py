@@ -91,13 +91,16 @@ class StateFlusher:
         """When the next live flush may run (monotonic), or None without a store."""
         return None if self.store is None else self._last_flush + LIVE_FLUSH_S
 
-    def flush(self, final: bool = False) -> None:
+    def flush(self, final: bool = False, *, live: bool = False) -> None:
+        """Write what changed. ``live`` (new counts, up to ten times a second):
+        the changed rows only; the heartbeat, spending and ``STATUS=`` line (a
+        pass over every agent) wait for the periodic flush."""
         # Snapshot and write as one step: two flushes at once (the periodic job
         # and a compaction's) could otherwise write an older snapshot last.
         with self._lock:
-            self._flush_serialized(final)
+            self._flush_serialized(final, live)
 
-    def _flush_serialized(self, final: bool) -> None:
+    def _flush_serialized(self, final: bool, live: bool = False) -> None:
         self._last_flush = self._clock()
         now = time.time()
         self._honour_erasures()
@@ -119,8 +122,8 @@ class StateFlusher:
                 )
                 for entry in dirty
             ]
-        spending = self.spending() if self.spending is not None else None
-        status = self.status_text(spending)
+        spending = self.spending() if self.spending is not None and not live else None
+        status = "" if live else self.status_text(spending)
         if self.store is not None:
             try:
                 if spending is not None and _changed(spending, self._last_spending):
@@ -130,7 +133,7 @@ class StateFlusher:
                     self.store.upsert_agents(records)
                 for name in removed:
                     self.store.remove_agent(name)
-                if not final:
+                if not final and not live:
                     self.store.write_heartbeat(
                         os.getpid(),
                         self._started_at,
@@ -142,7 +145,7 @@ class StateFlusher:
             except Exception as exc:
                 self._registry.give_back(dirty, removed)
                 _log.warning("cannot write the state database", error=describe_error(exc))
-        if not final and status != self._last_status:
+        if not final and not live and status != self._last_status:
             self._last_status = status
             self._notifier.status(status)
 
