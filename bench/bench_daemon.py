@@ -153,7 +153,7 @@ def part_cpu(appends: int, rate: float, repeats: int = 3) -> None:
             make_memory(memory, "agent", size)
             config = write_config(
                 root / "memd.toml",
-                trigger={"context_length": 10**9, "debounce_ms": 20, "max_wait_ms": 200},
+                trigger={"context_length": 10**8, "debounce_ms": 20, "max_wait_ms": 200},
             )
             proc = Proc(root / "ws", root / "state", config)
             proc.wait_event("ready", 300)
@@ -217,7 +217,7 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
         ws = root / "ws"
         for n in range(agents):
             make_memory(ws / "agents" / f"agent{n:04d}" / "MEMORY.md", f"agent{n:04d}", 2_000)
-        config, _ = build_config({"trigger": {"context_length": 10**9}}, {})
+        config, _ = build_config({"trigger": {"context_length": 10**8}}, {})
         debounce_s = config.trigger.debounce_ms / 1000
         counts: dict[str, list[tuple[float, int]]] = {}
         daemon: Daemon
@@ -342,7 +342,7 @@ def part_scan(agents: int, mb_each: float) -> None:
 
         # Time the daemon's own start-up scan in a fresh ``memd run`` process
         # (its "initial count" log line), then check its counts against raw.
-        config_path = write_config(root / "memd.toml", trigger={"context_length": 10**9})
+        config_path = write_config(root / "memd.toml", trigger={"context_length": 10**8})
         proc = Proc(ws, root / "state", config_path)
         _, line = proc.wait_event("initial count", 300)
         proc.wait_event("ready", 60)
