@@ -1813,3 +1813,28 @@ def test_a_200_mb_single_line_beside_a_healthy_agent_keeps_memory_bounded(
         f"200 MB line {huge / 1e6:.0f} MB"
     )
     assert huge <= 3 * small
+
+
+def test_subprocess_sigterm_during_the_start_up_pool_stops_it_at_once(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    import psutil
+
+    body = " ".join(f"turn{n} of a long history" for n in range(40_000))
+    for n in range(6):  # ~6 MB each: a cold start that forks counting workers
+        memory = ws.create_agent(f"big{n}").memory
+        with memory.open("a", encoding="utf-8") as out:
+            for turn in range(6):
+                out.write(f"### Human \u2014 2026-01-01T10:00:0{turn}\n\n{body}\n\n---\n\n")
+    with DaemonProcess(ws.root, tmp_path / "state") as daemon:
+        process = psutil.Process(daemon.pid)
+        assert wait_until(lambda: len(process.children()) >= 2, timeout=60)
+        workers = process.children()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(30) == 0
+        assert daemon.events("ready") == []
+        (initial,) = daemon.events("initial count")
+        assert initial["mode"] == "processes" and initial["stopped"] is True
+        assert initial["counted"] < 6  # the pool was cut short, not waited for
+        assert "Traceback" not in "".join(daemon.raw)
+        assert not [w for w in workers if w.is_running() and w.status() != "zombie"]

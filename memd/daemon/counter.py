@@ -393,26 +393,30 @@ class CountService:
         started = time.monotonic()
         workers = max(1, min(len(to_count), os.cpu_count() or 1))
         mode = "serial"
+        done = 0
         pool_workers = self._pool_workers(to_count)
         if pool_workers > 1:
             mode = "processes"
-            self._count_in_processes(to_count, pool_workers)
+            done = self._count_in_processes(to_count, pool_workers)
         elif workers > 1:
             # tiktoken releases the GIL for part of its work: threads help some.
             mode = "threads"
             with ThreadPoolExecutor(workers, thread_name_prefix="memd-scan") as pool:
-                list(pool.map(self._counter.count_locked, to_count))
+                done = len(list(pool.map(self._counter.count_locked, to_count)))
         else:
             for entry in to_count:
                 if self._should_stop():
                     break
                 self._counter.count_locked(entry)
+                done += 1
         _log.info(
             "initial count",
-            counted=len(to_count),
+            counted=done,
             reused=len(entries) - len(to_count),
             mode=mode,
             seconds=round(time.monotonic() - started, 3),
+            # SIGTERM arrived: the rest was not counted (the daemon stops).
+            stopped=done < len(to_count),
         )
         return later
 
@@ -456,7 +460,8 @@ class CountService:
         paths = (str(entry.paths.memory) for entry in entries)
         return workers if pool_worth_it(paths, workers) else 1
 
-    def _count_in_processes(self, entries: list[AgentEntry], workers: int) -> None:
+    def _count_in_processes(self, entries: list[AgentEntry], workers: int) -> int:
+        """Count ``entries`` in forked workers; returns how many were counted."""
         jobs: list[CountJob] = []
         counted: list[AgentEntry] = []
         for entry in entries:
@@ -474,10 +479,13 @@ class CountService:
             workers=workers,
             stop=lambda: self._stopping or self._should_stop(),
         )
+        done = len(entries) - len(counted)  # the refused ones, counted above
         for index, result in results:
             entry = counted[index]
             with entry.count_lock:
                 self._counter.count(entry, result)
+            done += 1
+        return done
 
 
 __all__ = ["CountService", "Hint", "HintKind", "HintSink"]
