@@ -396,6 +396,9 @@ def run_sandboxed(
         "HOME": "/nonexistent",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "PYTHONPATH": str(Path(__file__).parent),
+        # 40 short turns sit well inside the default kept tail (a tenth of the
+        # threshold): keep none, so there is something to compact.
+        "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "0",
     }
     launcher = [sys.executable, "-m", "support.sandbox", "--unit", str(unit_file)]
     launcher += ["--rw", str(writable), "--user", f"{MEMD_UID}:{MEMD_UID}"]
