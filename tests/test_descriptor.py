@@ -120,10 +120,12 @@ def test_a_running_daemon_follows_an_agents_descriptor(
 
 
 def test_compact_now_plans_with_the_agents_declared_window(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from support.cli import run
 
+    # 30 short turns fit the default kept tail: keep none, so there is a plan.
+    monkeypatch.setenv("MEMD_SUMMARIZER_KEEP_RECENT_TOKENS", "0")
     ws = AgentWorkspace(tmp_path / "ws")
     paths = ws.create_agent("alpha", entries=30, size=60)
 

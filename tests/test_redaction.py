@@ -315,7 +315,9 @@ def test_the_summary_carried_between_rolling_calls_is_redacted_too(
     with OpenAITestServer(echo_prompt) as server:
         config = config_for(server, redact_local=True)
         small = config.summarizer.model_copy(update={"context_length": 2500, "max_tokens": 300})
-        server.script(f"ok:Facts:\n- the PAT is {leaked_by_model}\n" + "- reviewed the plan\n" * 40)
+        # Within the reply budget: an over-budget reply would be re-asked and
+        # dropped, and the leaked PAT never carried.
+        server.script(f"ok:Facts:\n- the PAT is {leaked_by_model}\n" + "- reviewed the plan\n" * 12)
         outcome = compact_agent(paths, LiteLLMSummarizer(small), options_for(config, b"k" * 32))
         assert len(server.requests) >= 2
         later = "\n".join(user_text(r.body) for r in server.requests[1:])
