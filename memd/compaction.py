@@ -637,7 +637,7 @@ class _Transaction:
         if judge:
             input_tokens = material.input_tokens if known is None else known
             reply_tokens = self.count_text(body)
-            if is_degenerate(reply_tokens, input_tokens):
+            if is_degenerate(reply_tokens, input_tokens, self.options.summary_max_tokens):
                 raise SummarizerError(
                     f"agent {self.agent!r}: summarizer reply refused as degenerate "
                     f"({reply_tokens} tokens for {input_tokens} tokens of input); "

@@ -115,7 +115,7 @@ def preview(
         earlier_archives=material.earlier_archives,
     )
     if summarizer.model != "provided" and is_degenerate(
-        count_text(result.text), material.input_tokens
+        count_text(result.text), material.input_tokens, options.summary_max_tokens
     ):
         lines.append("  the reply is degenerate: a real compaction would refuse it")
     total = len(material.pins)

@@ -417,7 +417,7 @@ class LiteLLMSummarizer:
                 output_tokens += result.output_tokens or 0
                 result = shorter
             reply_tokens = self._count_text(result.text)
-            if reply_tokens < degenerate_floor(chunk.tokens):
+            if reply_tokens < degenerate_floor(chunk.tokens, limits.output_tokens):
                 raise SummarizerError(
                     f"summarizer {self.model!r} failed for agent {agent!r}: reply refused as "
                     f"degenerate ({reply_tokens} tokens for a {chunk.tokens}-token chunk)"

@@ -94,12 +94,21 @@ def summary_budgets(
     )
 
 
-def degenerate_floor(input_tokens: int) -> int:
-    """The fewest tokens a summary of ``input_tokens`` tokens may have."""
+def degenerate_floor(input_tokens: int, reply_budget: int | None = None) -> int:
+    """The fewest tokens a summary of ``input_tokens`` tokens may have.
+
+    With ``reply_budget`` (what the summary may hold), the floor never asks for
+    more than a quarter of it: 0.5 % of a 10 MB transcript (~12,500 tokens) is
+    more than a 4,000-token summary may be, so every reply would be refused and
+    the memory would never be compacted again.
+    """
     # A short input may have a short summary: the floor only binds from 512 tokens.
     floor = min(DEGENERATE_FLOOR, input_tokens // 16)
-    return max(floor, math.ceil(input_tokens * DEGENERATE_SHARE))
+    floor = max(floor, math.ceil(input_tokens * DEGENERATE_SHARE))
+    if reply_budget is not None:
+        floor = min(floor, max(DEGENERATE_FLOOR, reply_budget // 4))
+    return floor
 
 
-def is_degenerate(reply_tokens: int, input_tokens: int) -> bool:
-    return reply_tokens < degenerate_floor(input_tokens)
+def is_degenerate(reply_tokens: int, input_tokens: int, reply_budget: int | None = None) -> bool:
+    return reply_tokens < degenerate_floor(input_tokens, reply_budget)
