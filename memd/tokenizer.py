@@ -20,13 +20,12 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, safe_chunk_bounds
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, PieceCounter
 from memd.errors import TokenizerError
 from memd.litellm_data import litellm_file
 from memd.settings import resolve_cache_dir
@@ -250,10 +249,13 @@ MAX_PIECE_BYTES: Final = DEFAULT_MAX_PIECE_BYTES
 class TokenCounter:
     """Exact token counts: ``len(encode_ordinary(data.decode("utf-8", "replace")))``.
 
-    Inputs larger than ``chunk_bytes`` are cut at token-safe boundaries (see
-    ``memd.core.tokens``) and counted piece by piece: the sum is the same, and
-    memory stays bounded by a chunk's token list instead of one Python int per
-    token of the whole file (hundreds of MB for a 20 MB file).
+    Inputs larger than ``chunk_bytes`` are counted piece by piece, cut at
+    token-safe boundaries (:class:`memd.core.tokens.PieceCounter`, the same
+    pieces a file is counted in): the sum is the same, and memory stays bounded
+    by a piece's token list instead of one Python int per token of the whole
+    input (hundreds of MB for a 20 MB file). A stretch of ``max_piece_bytes``
+    with no safe boundary (a 200 MB line of letters is one pre-token, which BPE
+    would merge whole: 10 GB and minutes) is estimated from above instead.
 
     tiktoken releases the GIL for only part of its work (two threads gave
     1.3-1.4x one thread here, ``bench/bench_tokenizer_backends.py``); to use
@@ -272,53 +274,22 @@ class TokenCounter:
         self.encoding_name = encoding_name
         self.encoding = load_encoding(encoding_name)
         self._chunk_bytes = max(1, min(chunk_bytes, max_piece_bytes))
-        self._max_piece_bytes = max(self._chunk_bytes, max_piece_bytes)
-        self.max_piece_bytes = self._max_piece_bytes
-        # A pre-token that long can only be a run of letters, of punctuation
-        # or of whitespace (digits come in threes).
-        n = max(1, max_piece_bytes // 4)  # characters: at most 4 UTF-8 bytes each
-        self._giant_run = re.compile(rf"[^\W\d_]{{{n},}}|[^\s\w]{{{n},}}|\s{{{n},}}")
+        self.max_piece_bytes = max(self._chunk_bytes, max_piece_bytes)
 
     def count_text(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))
 
-    def _count_slice(self, data: bytes, start: int, end: int) -> int:
-        text = str(memoryview(data)[start:end], "utf-8", "replace")
-        return len(self.encoding.encode_ordinary(text))
+    def _count_piece(self, data: bytes) -> int:
+        return len(self.encoding.encode_ordinary(str(data, "utf-8", "replace")))
 
     def count_bytes(self, data: bytes) -> int:
         if len(data) <= self._chunk_bytes:
-            return self._count_slice(data, 0, len(data))
-        bounds = safe_chunk_bounds(data, self._chunk_bytes)
-        total = 0
-        for start, end in bounds:
-            if end - start > self._max_piece_bytes:
-                total += self._count_huge_span(data, start, end)
-            else:
-                total += self._count_slice(data, start, end)
-        return total
-
-    def _count_huge_span(self, data: bytes, start: int, end: int) -> int:
-        """Count a span with no safe cut inside, without merging a giant pre-token.
-
-        tiktoken merges each pre-token whole, and a run of letters is one
-        pre-token: a 200 MB line took 10 GB and minutes. Runs longer than
-        ``max_piece_bytes`` are estimated from above (a token is at least one
-        byte, plus one for the cut on each side); the text between them is
-        counted exactly. Thresholds then act on the estimate, so the file is
-        still compacted.
-        """
-        text = str(memoryview(data)[start:end], "utf-8", "replace")
-        total = 0
-        position = 0
-        for run in self._giant_run.finditer(text):
-            if run.start() > position:
-                total += len(self.encoding.encode_ordinary(text[position : run.start()]))
-            total += len(run.group().encode("utf-8")) + 2
-            position = run.end()
-        if position < len(text):
-            total += len(self.encoding.encode_ordinary(text[position:]))
-        return total
+            return self._count_piece(data)
+        pieces = PieceCounter(
+            self._count_piece, max_piece_bytes=self.max_piece_bytes, window_bytes=0
+        )
+        pieces.feed(data)
+        return pieces.finish(0, 0).tokens
 
 
 _counters: dict[tuple[str, int], TokenCounter] = {}
