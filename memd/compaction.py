@@ -216,9 +216,9 @@ class CompactionOptions:
                 budgets = summary_budgets(
                     policy.threshold_tokens,
                     policy.low_water_tokens,
-                    summary_tokens=summarizer.summary_tokens,
-                    pinned_tokens=summarizer.pinned_tokens,
-                    recent_tokens=summarizer.keep_recent_tokens,
+                    summary_tokens=policy.summary_tokens,
+                    pinned_tokens=policy.pinned_tokens,
+                    recent_tokens=policy.keep_recent_tokens,
                 )
             except BudgetError as exc:
                 raise ConfigError(f"agent {policy.agent!r}: {exc}") from None

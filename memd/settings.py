@@ -300,16 +300,15 @@ def _check_summary_budgets(config: MemdConfig, source: str) -> None:
     Models are not looked up here (no litellm map at load); an agent whose
     derived context is smaller is checked again when it compacts.
     """
-    summarizer = config.summarizer
     for name in ["", *config.agents]:
         policy = resolve_policy(config, name)
         try:
             summary_budgets(
                 policy.threshold_tokens,
                 policy.low_water_tokens,
-                summary_tokens=summarizer.summary_tokens,
-                pinned_tokens=summarizer.pinned_tokens,
-                recent_tokens=summarizer.keep_recent_tokens,
+                summary_tokens=policy.summary_tokens,
+                pinned_tokens=policy.pinned_tokens,
+                recent_tokens=policy.keep_recent_tokens,
             )
         except BudgetError as exc:
             where = f' for [agents."{name}"]' if name else ""
@@ -323,7 +322,6 @@ def model_window_problems(
     ``model`` (litellm's map), which loading does not look up: one line per table
     whose budgets cannot fit, naming the keys. ``memd config check`` reports them
     as errors, the daemon logs them at start and reload."""
-    summarizer = config.summarizer
     problems: list[str] = []
     for pattern, override in config.agents.items():
         if override.model is None:
@@ -335,9 +333,9 @@ def model_window_problems(
             summary_budgets(
                 policy.threshold_tokens,
                 policy.low_water_tokens,
-                summary_tokens=summarizer.summary_tokens,
-                pinned_tokens=summarizer.pinned_tokens,
-                recent_tokens=summarizer.keep_recent_tokens,
+                summary_tokens=policy.summary_tokens,
+                pinned_tokens=policy.pinned_tokens,
+                recent_tokens=policy.keep_recent_tokens,
             )
         except BudgetError as exc:
             problems.append(

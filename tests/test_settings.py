@@ -249,3 +249,27 @@ def test_config_check_fails_on_a_model_window_the_budgets_cannot_fit(tmp_path: P
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and '[agents."old*"] model = "gpt-4"' in result.stderr
     assert "summarizer.summary_tokens" in result.stderr
+
+
+def test_summary_budgets_are_overridable_per_agent() -> None:
+    from memd.compaction import CompactionOptions
+    from memd.core.config import resolve_policy
+
+    data = {
+        "trigger": {"context_length": 32_000},
+        "agents": {
+            "scratch-*": {"keep_recent_tokens": 0, "summary_tokens": 4_000},
+            "chatty": {"keep_recent_tokens": 5_000},
+        },
+    }
+    config, _ = build_config(data, {})
+    default = CompactionOptions.from_config(config, resolve_policy(config, "other"))
+    scratch = CompactionOptions.from_config(config, resolve_policy(config, "scratch-1"))
+    chatty = CompactionOptions.from_config(config, resolve_policy(config, "chatty"))
+    assert default.keep_recent_tokens > 2_500  # a tenth of 28,800, shrunk to fit
+    assert (scratch.keep_recent_tokens, scratch.summary_max_tokens) == (0, 4_000)
+    assert chatty.keep_recent_tokens == 5_000
+    # The equation holds per table: 17,280 tokens of low water cannot take 18,000.
+    data["agents"]["chatty"] = {"keep_recent_tokens": 18_000}
+    with pytest.raises(ConfigError, match='agents."chatty".*summarizer.keep_recent_tokens'):
+        build_config(data, {})

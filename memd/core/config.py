@@ -252,6 +252,10 @@ class AgentOverride(_Section):
     max_tokens: int | None = Field(None, ge=0, le=MAX_CONTEXT_TOKENS)
     summary_instructions: str | None = None
     context_compression: bool | None = None
+    # The summary budgets for these agents ([summarizer] keys of the same names).
+    summary_tokens: int | None = Field(None, ge=0, le=1_000_000)
+    pinned_tokens: int | None = Field(None, ge=0, le=1_000_000)
+    keep_recent_tokens: int | None = Field(None, ge=-1, le=1_000_000)
     max_archives: int | None = Field(None, ge=0, le=1_000_000)
     max_age_days: float | None = Field(None, ge=0, le=36_500)
     max_total_mb: float | None = Field(None, ge=0, le=100_000_000)
@@ -293,6 +297,11 @@ class AgentPolicy:
     reserved_tokens: int = 0
     #: How long its archives are kept (``[retention]``, then ``[agents."glob"]``).
     retention: RetentionLimits = NO_LIMITS
+    #: Summary budgets (``[summarizer]``, then ``[agents."glob"]``): 0 (and -1 for
+    #: the recent turns) = a share of the threshold.
+    summary_tokens: int = 0
+    pinned_tokens: int = 0
+    keep_recent_tokens: int = -1
 
 
 ContextLengthLookup = Callable[[str], int | None]
@@ -319,6 +328,9 @@ def resolve_policy(
     threshold = trigger.threshold
     max_tokens = trigger.max_tokens
     instructions = config.summarizer.summary_instructions
+    summary_tokens = config.summarizer.summary_tokens
+    pinned_tokens = config.summarizer.pinned_tokens
+    keep_recent_tokens = config.summarizer.keep_recent_tokens
     compress = True
     retention = config.retention.limits()
     for pattern, override in config.agents.items():
@@ -340,6 +352,12 @@ def resolve_policy(
             instructions = override.summary_instructions
         if override.context_compression is not None:
             compress = override.context_compression
+        if override.summary_tokens is not None:
+            summary_tokens = override.summary_tokens
+        if override.pinned_tokens is not None:
+            pinned_tokens = override.pinned_tokens
+        if override.keep_recent_tokens is not None:
+            keep_recent_tokens = override.keep_recent_tokens
         retention = _retention_override(retention, override)
     reserved = 0
     if window is not None:
@@ -361,6 +379,9 @@ def resolve_policy(
         window_source=source,
         reserved_tokens=reserved,
         retention=retention,
+        summary_tokens=summary_tokens,
+        pinned_tokens=pinned_tokens,
+        keep_recent_tokens=keep_recent_tokens,
     )
 
 
