@@ -53,7 +53,6 @@ from memd.compaction import (  # the transaction's own steps, shared with compac
     _recover_locked,
 )
 from memd.core.erasure import Filtered, erase_matching
-from memd.core.memfile import parse
 from memd.errors import CompactionAborted, MemdError, WorkspaceError, describe_error
 from memd.fsutil import AgentLock, create_file_at, read_to_end, share_with_group
 from memd.rewrite import (
@@ -294,8 +293,10 @@ class _Erase:
             data = read_to_end(fd)
         finally:
             os.close(fd)
-        boundary = parse(data).boundary
-        filtered = erase_matching(data[:boundary], self.pattern)
+        # The whole file, the unterminated tail included (a torn last entry, or
+        # one being written): its matching lines go too. A writer still writing
+        # that entry appends the rest to the old inode, which the drain moves.
+        filtered = erase_matching(data, self.pattern)
         if not filtered.removed:
             pinned.unlink_private(DRAIN_NAME)
             return
@@ -304,7 +305,7 @@ class _Erase:
         self.new_fd = create_file_at(
             pinned.private_fd,
             NEW_MEMORY_TEMP,
-            [filtered.data, data[boundary:]],
+            [filtered.data],
             mode=stat.S_IMODE(old.st_mode),
         )
         _keep_owner(self.new_fd, old, self.agent)

@@ -364,6 +364,27 @@ def resolve_workspace(
     return chosen if chosen.is_absolute() else cwd / chosen
 
 
+_OLLAMA_MODEL_PREFIXES = ("ollama/", "ollama_chat/")
+
+
+def with_ollama_api_base(config: MemdConfig, env: Mapping[str, str]) -> MemdConfig:
+    """An ``ollama/*`` summarizer without ``api_base`` goes wherever litellm's
+    ``OLLAMA_API_BASE`` points: name that address in the config, so whether it
+    counts as local (redaction, audit, doctor) is judged on where requests
+    really go, not on the localhost litellm would use without it."""
+    summarizer = config.summarizer
+    ollama_base = env.get("OLLAMA_API_BASE", "").strip()
+    if (
+        not ollama_base
+        or summarizer.api_base.strip()
+        or not summarizer.model.strip().lower().startswith(_OLLAMA_MODEL_PREFIXES)
+    ):
+        return config
+    return config.model_copy(
+        update={"summarizer": summarizer.model_copy(update={"api_base": ollama_base})}
+    )
+
+
 def load_settings(
     config_file: Path | None = None,
     workspace: Path | None = None,
@@ -376,6 +397,7 @@ def load_settings(
     config, applied = build_config(data, env, str(path) if path else "<defaults>")
     resolved = resolve_workspace(workspace, config, env, cwd or Path.cwd())
     config = config.model_copy(update={"workspace": str(resolved)})
+    config = with_ollama_api_base(config, env)
     return LoadedConfig(
         config=config,
         source=path,

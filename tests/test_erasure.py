@@ -308,3 +308,19 @@ def test_an_error_before_the_commit_changes_nothing_after_it_is_finished_later(
     recover_agent(paths, quiet_s=0.05)
     assert all(PLANTED.encode() not in data for data in files_of(paths).values())
     assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+
+
+def test_cli_match_erases_from_a_torn_last_entry_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An agent killed mid-write leaves an unterminated last entry: it is text of
+    # MEMORY.md all the same, and the pattern must not survive in it.
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha", entries=3)
+    with paths.memory.open("ab") as torn:
+        torn.write(f"### Human \u2014 2026-12-01T10:00:00\n\nmy card {PLANTED} and".encode())
+    args = ["-w", str(ws.root), "--state-dir", str(tmp_path / "state")]
+    code, _, err = run(capsys, "forget", "alpha", "--match", re.escape(PLANTED), "--yes", *args)
+    assert code == 0, err
+    assert PLANTED.encode() not in paths.memory.read_bytes()
+    assert len(parse(paths.memory.read_bytes()).entries) == 3  # the whole entries stay

@@ -170,6 +170,32 @@ def test_an_echoed_secret_never_lands_in_memory(agent_ws: AgentWorkspace) -> Non
     assert outcome.reply_redacted == 2
 
 
+def test_a_secret_behind_a_terminal_escape_neither_leaves_nor_lands(
+    agent_ws: AgentWorkspace,
+) -> None:
+    """grep --color wraps a match in escapes that end in a letter ("\x1b[K"): the
+    detector must see the token start, on the wire and in the reply (where the
+    block's sanitizer would otherwise drop the escape after the scan)."""
+    paths = agent_ws.create_agent("zeta")
+    anthropic = next(p for p in PLANTED if p.kind == "anthropic_api_key").secret
+    coloured = f".env:ANTHROPIC_KEY=\x1b[01;31m\x1b[K{anthropic}\x1b[m\x1b[K"
+    for index in range(6):
+        append_entry(paths.memory, "Human", f"turn {index}: what does grep say?")
+    append_entry(paths.memory, "Tool", f"$ grep -r ANTHROPIC .\n{coloured}\n")
+    with OpenAITestServer() as server:
+        config = config_for(server, redact_local=True)
+        server.script(f"ok:Facts:\n- the tool printed: {coloured}\n" + "- checked the env\n" * 8)
+        outcome = compact_agent(
+            paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32)
+        )
+        wire = sent(server)
+    assert anthropic not in wire and "[REDACTED:anthropic_api_key#" in wire
+    summary = memfile.parse(paths.memory.read_bytes())
+    block = b"".join(s.raw for s in summary.segments).decode()
+    assert anthropic not in block
+    assert outcome.reply_redacted >= 1
+
+
 def test_a_local_model_receives_text_as_written_but_its_reply_is_scanned(
     agent_ws: AgentWorkspace,
 ) -> None:

@@ -273,3 +273,27 @@ def test_summary_budgets_are_overridable_per_agent() -> None:
     data["agents"]["chatty"] = {"keep_recent_tokens": 18_000}
     with pytest.raises(ConfigError, match='agents."chatty".*summarizer.keep_recent_tokens'):
         build_config(data, {})
+
+
+@pytest.mark.parametrize("model", ["ollama/llama3", "ollama_chat/llama3"])
+def test_an_ollama_summarizer_goes_where_ollama_api_base_points(tmp_path: Path, model: str) -> None:
+    from memd.core.privacy import is_local_summarizer, outbound_redaction
+
+    config = write(tmp_path / "memd.toml", f'[summarizer]\nmodel = "{model}"\n')
+    # litellm sends to $OLLAMA_API_BASE when api_base is unset: judge that host,
+    # or a remote Ollama would count as local and receive credentials as written.
+    env = {"OLLAMA_API_BASE": "http://192.0.2.2:11434"}
+    remote = load_settings(config_file=config, environ=env, cwd=tmp_path).config
+    assert remote.summarizer.api_base == "http://192.0.2.2:11434"
+    assert not is_local_summarizer(remote.summarizer.model, remote.summarizer.api_base)
+    assert outbound_redaction(remote) == "credentials and personal data"
+    local = load_settings(config_file=config, environ={}, cwd=tmp_path).config
+    assert local.summarizer.api_base == ""
+    assert outbound_redaction(local) == "none (local summarizer)"
+    # an explicit api_base wins over the environment, as it does in litellm
+    pinned = write(
+        tmp_path / "pinned.toml",
+        f'[summarizer]\nmodel = "{model}"\napi_base = "http://127.0.0.1:11434"\n',
+    )
+    kept = load_settings(config_file=pinned, environ=env, cwd=tmp_path).config
+    assert kept.summarizer.api_base == "http://127.0.0.1:11434"

@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 from memd.core.config import MemdConfig, PrivacyConfig
 from memd.core.memfile import MemoryDocument, parse
+from memd.core.sanitize import strip_controls
 from memd.core.secrets import Span, find_secrets, replace_spans
 
 BUILTIN_MODEL: Final = "builtin"
@@ -133,6 +134,11 @@ class Redactor:
         return find_secrets(text, pii=self.pii, user_patterns=self.patterns)
 
     def redact(self, text: str) -> Redaction:
+        """``text`` with credentials replaced, seen (and returned) without terminal
+        escapes and other controls: ``"\x1b[31msk-ant-…"`` reads as one word to
+        the detector, and the block written to MEMORY.md drops the escape later,
+        which would make a whole credential of what was scanned as a fragment."""
+        text = visible_text(text)
         spans = self.spans(text)
         if not spans:
             return Redaction(text)
@@ -140,6 +146,12 @@ class Redactor:
             text, spans, lambda span, value: self.placeholder(span.kind, value)
         )
         return Redaction(redacted, dict(Counter(span.kind for span in spans)))
+
+
+def visible_text(text: str) -> str:
+    """``text`` as a reader sees it: a carriage return read as a line break, escape
+    sequences and other control characters gone (newline and tab kept)."""
+    return strip_controls(text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def redact_document(document: MemoryDocument, redactor: Redactor) -> MemoryDocument:

@@ -131,7 +131,10 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
     return re.compile(pattern, flags)
 
 
-_B: Final = r"(?<![A-Za-z0-9_])"  # not in the middle of a longer token
+# Not in the middle of a longer token; but a token right after an escaped
+# newline or tab in JSON ("\\n"), a %-encoded byte ("%3D") or a JSON unicode
+# escape ("\\u003d") starts there, although a letter or digit precedes it.
+_B: Final = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrt])|(?<=%[0-9A-Fa-f]{2})|(?<=\\u[0-9A-Fa-f]{4}))"
 _E: Final = r"(?![A-Za-z0-9_])"
 _ASSIGN_KEYS: Final = (
     r"password|passwd|pwd|passphrase|secret|client[_-]?secret|secret[_-]?key|token|"

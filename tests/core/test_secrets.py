@@ -131,3 +131,19 @@ def test_an_assignment_clipped_before_its_closing_quote_is_still_a_credential(
 ) -> None:
     # An extract (a pinned fact, a summary line) may lose the closing quote.
     assert [s.kind for s in find_secrets(clipped)] == ["password"]
+
+
+@pytest.mark.parametrize(
+    "before",
+    ["\\n", "\\t", "%3D", "\\u003d"],
+    ids=["json-newline", "json-tab", "url-encoded", "json-unicode"],
+)
+def test_a_token_after_an_escaped_separator_is_found(before: str) -> None:
+    # JSON dumps and URL-encoded query strings in tool output put a letter or a
+    # digit right before a token that starts there all the same.
+    for planted in PLANTED:
+        if planted.kind not in {"anthropic_api_key", "openai_api_key", "github_token", "jwt"}:
+            continue
+        text = f'{{"env": "HOME=/root{before}{planted.secret}"}}'
+        found = [text[s.start : s.end] for s in find_secrets(text)]
+        assert planted.secret in found, (planted.kind, found)
