@@ -236,14 +236,21 @@ def _estimate_tokens(text: str) -> int:
 
 
 class _Outbound:
-    """Redaction of one summary's requests, and how many secrets it replaced.
+    """One summary's requests: their redaction (and how many secrets it replaced)
+    and how many went out, against the allowance a spending cap leaves
+    (``allowed``; None: no cap, retries and re-asks as configured).
 
     One per summary: the summarizer object is shared by concurrent compactions.
     """
 
-    def __init__(self, redactor: Redactor | None) -> None:
+    def __init__(self, redactor: Redactor | None, allowed: int | None = None) -> None:
         self.redactor = redactor
         self.replaced = 0
+        self.allowed = allowed
+        self.sent = 0
+
+    def may_send(self) -> bool:
+        return self.allowed is None or self.sent < self.allowed
 
     def text(self, text: str) -> str:
         if self.redactor is None or not text:
@@ -376,12 +383,25 @@ class LiteLLMSummarizer:
                 self.model,
                 self.window.tokens,
             )
-        outbound = _Outbound(self.redactor(request))
+        outbound = _Outbound(self.redactor(request), request.max_calls)
         plan, summary, limits = self._plan(request, outbound)
         cost: float | None = 0.0
-        input_tokens = output_tokens = calls = 0
+        input_tokens = output_tokens = 0
         parts = len(plan.chunks)
+        stopped_at: int | None = None
         for part, chunk in enumerate(plan.chunks, start=1):
+            if part > 1 and self._stopping.is_set():
+                # memd is stopping: the chunks summarized so far commit as a
+                # partial compaction (the rest stays raw for the next one)
+                # instead of every remaining call delaying the stop.
+                done = plan.chunks[part - 2].end
+                if done <= 0:
+                    raise SummarizerError(
+                        f"summarizer {self.model!r} failed for agent {agent!r}: memd is "
+                        "stopping; the summary is not finished (nothing changed)"
+                    )
+                stopped_at = done
+                break
             messages = build_rolling_messages(
                 summary,
                 chunk.texts,
@@ -403,15 +423,17 @@ class LiteLLMSummarizer:
             result = self._call_once_more_if_cut(
                 messages, limits.output_tokens, agent, litellm, retry_messages, outbound
             )
-            calls += 1
-            if self._count_text(result.text) > limits.output_tokens:
+            if (
+                self._count_text(result.text) > limits.output_tokens
+                and outbound.may_send()
+                and not self._stopping.is_set()
+            ):
                 # A complete answer over its budget is asked once more, for a
                 # summary half as long; one still over is cut at a line below
                 # (marked), never refused: it is a summary, only too long.
                 shorter = self._call_once_more_if_cut(
                     retry_messages, limits.output_tokens, agent, litellm, retry_messages, outbound
                 )
-                calls += 1
                 cost = None if cost is None or result.cost_usd is None else cost + result.cost_usd
                 input_tokens += result.input_tokens or 0
                 output_tokens += result.output_tokens or 0
@@ -435,8 +457,10 @@ class LiteLLMSummarizer:
             cost_usd=cost,
             input_tokens=input_tokens or None,
             output_tokens=output_tokens or None,
-            summarized_until=plan.cut if plan.partial else None,
-            calls=calls,
+            summarized_until=(
+                stopped_at if stopped_at is not None else plan.cut if plan.partial else None
+            ),
+            calls=outbound.sent,  # every request, re-asks and retries included
             redacted=outbound.replaced,
             redacted_pii=outbound.redactor is not None and outbound.redactor.pii,
         )
@@ -513,6 +537,21 @@ class LiteLLMSummarizer:
                     f"summarizer {self.model!r} failed for agent {agent!r}: memd is stopping; "
                     f"not retrying ({reason})"
                 )
+            if outbound is not None:
+                if outbound.sent and self._stopping.is_set():
+                    # The next chunk or a re-ask of a summary under way: a stop
+                    # must not wait for every remaining call (TimeoutStopSec).
+                    raise SummarizerError(
+                        f"summarizer {self.model!r} failed for agent {agent!r}: memd is "
+                        "stopping; the summary is not finished (nothing changed)"
+                    )
+                if not outbound.may_send():
+                    raise SummarizerError(
+                        f"summarizer {self.model!r} failed for agent {agent!r}: the spending "
+                        f"cap leaves {outbound.allowed} model requests for this compaction, "
+                        f"all used{f' ({reason})' if reason else ''}; nothing changed"
+                    )
+                outbound.sent += 1
             guard = AttemptGuard(
                 deadline=min(time.monotonic() + timeout_s, overall_deadline),
                 max_reply_bytes=max_reply,

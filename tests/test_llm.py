@@ -514,3 +514,41 @@ def test_stop_ends_the_retries(openai_server: OpenAITestServer) -> None:
         llm.summarize(request())
     stopper.join()
     assert len(openai_server.requests) == 1
+
+
+def test_a_spending_allowance_bounds_every_request_re_asks_and_retries_included(
+    openai_server: OpenAITestServer,
+) -> None:
+    # What a spending cap leaves: two requests. A cut-off answer re-asked, then
+    # a complete one over budget: its re-ask would be a third request, so the
+    # reply is cut at a line instead; the calls reported are the requests sent.
+    openai_server.script("length", f"ok:{LONG_REPLY}")
+    result = summarizer(openai_server).summarize(
+        SummaryRequest("alpha", memory(), 500, max_calls=2)
+    )
+    assert len(openai_server.requests) == 2 and result.calls == 2
+    assert result.text.endswith("[… cut to fit the summary budget …]")
+    # One request left and the first attempt fails: no retry beyond it.
+    openai_server.script("http:500", "http:500")
+    with pytest.raises(SummarizerError, match="spending cap leaves 1 model requests"):
+        summarizer(openai_server, retries=2).summarize(
+            SummaryRequest("alpha", memory(), 500, max_calls=1)
+        )
+    assert len(openai_server.requests) == 3
+
+
+def test_stop_during_a_multi_chunk_summary_commits_the_chunks_done(
+    roomy_server: OpenAITestServer,
+) -> None:
+    filler = [("Human", f"old turn {i} " + "blah " * 50) for i in range(60)]
+    document = memory(*filler)
+    config = SummarizerConfig(
+        model="openai/test-model", api_base=roomy_server.api_base, api_key=SecretStr("k")
+    )
+    llm = LiteLLMSummarizer(config, word_count, window=Window(2_000, "model"))
+    assert len(llm.plan(SummaryRequest("alpha", document, 300))[0].chunks) > 2
+    llm.attach_meter(lambda _cost: llm.stop())  # memd stops during the first request
+    result = llm.summarize(SummaryRequest("alpha", document, 300))
+    assert len(roomy_server.requests) == 1 and result.calls == 1
+    ends = {e.start + len(e.raw) for e in document.entries}
+    assert result.summarized_until in ends and result.summarized_until < document.boundary

@@ -156,16 +156,18 @@ def compact_now(
                 continue
             paths = agent_paths(ws, name)
             policy = policies[name]
-            options = dataclasses.replace(
-                CompactionOptions.from_config(cfg, policy, redaction_key=key),
-                require_shrink=False,
-                on_archived=index_archive,
-                on_pruned=after_prune,
-            )
-            if wait is not None:
-                options = dataclasses.replace(options, lock_wait_s=wait)
             started = time.time()
             try:
+                # Inside the try: one agent's budgets that do not fit its window
+                # (its memd-agent.json) fail that agent, not the whole --all run.
+                options = dataclasses.replace(
+                    CompactionOptions.from_config(cfg, policy, redaction_key=key),
+                    require_shrink=False,
+                    on_archived=index_archive,
+                    on_pruned=after_prune,
+                )
+                if wait is not None:
+                    options = dataclasses.replace(options, lock_wait_s=wait)
                 outcome = compact_agent(
                     paths,
                     summarizer,
@@ -282,8 +284,8 @@ def _dry_run(
         if name in disabled:
             print(f"{name}: skipped (context_compression = false)")
             continue
-        options = CompactionOptions.from_config(cfg, policies[name], redaction_key=key)
         try:
+            options = CompactionOptions.from_config(cfg, policies[name], redaction_key=key)
             lines = preview(
                 agent_paths(ws, name), summarizer, options, count_text, summarize=summarize
             )

@@ -108,6 +108,28 @@ def test_all_agents(ws: AgentWorkspace) -> None:
         assert len(list(ws.paths(name).archive_dir.iterdir())) == 1
 
 
+def test_all_agents_goes_on_past_an_agent_whose_budgets_do_not_fit_its_window(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    import json
+
+    # beta declares a 4,096-token window: 3,000 summary tokens do not fit under
+    # its low-water mark. That fails beta (in one line), not alpha and gamma.
+    (ws.paths("beta").dir / "memd-agent.json").write_text(
+        json.dumps({"format": "memd-agent", "version": 1, "agent": "beta", "context_length": 4096}),
+        encoding="utf-8",
+    )
+    env = {"MEMD_SUMMARIZER_SUMMARY_TOKENS": "3000"}
+    for dry in ([], ["--dry-run"]):
+        result = memd("compact-now", "--all", *dry, "--workspace", str(ws.root), env=env)
+        assert result.returncode != 0
+        assert "agent 'beta'" in result.stderr and "Traceback" not in result.stderr
+        for name in ("alpha", "gamma"):
+            assert f"{name}:" in result.stdout, (dry, result.stdout)
+    assert not ws.paths("beta").archive_dir.exists()
+    assert ws.paths("gamma").archive_dir.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message", "code"),
     [
