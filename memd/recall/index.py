@@ -359,11 +359,20 @@ class RecallIndex:
         kind: str,
         identity: _FileIdentity | None,
         entries: list[IndexedEntry],
+        path: Path | None = None,
     ) -> None:
-        """Swap the rows of one file in one transaction (``identity`` None: drop them)."""
+        """Swap the rows of one file in one transaction (``identity`` None: drop them).
+
+        With ``path``, rows read from it are written only if the file is still
+        the one that was read: the daemon syncs without the agent's lock, so a
+        ``forget --match`` may rewrite the file (and re-index and scrub) between
+        its read and this write, and the erased text must not come back.
+        """
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
+                if path is not None and identity is not None and _changed(path, identity):
+                    return  # whoever changed it indexes it (or the next sync does)
                 _delete_sources(conn, "agent = ? AND name = ?", (agent, name))
                 if identity is None:
                     return
@@ -413,7 +422,7 @@ class RecallIndex:
             return 0
         identity, data = read
         entries = raw_entries_for_index(parse(data))
-        self._replace_source(agent, name, kind, identity, entries)
+        self._replace_source(agent, name, kind, identity, entries, path)
         return len(entries)
 
     def sync_agent(self, paths: AgentPaths, *, live: bool = True) -> SyncReport:
@@ -705,6 +714,14 @@ def _archives_on_disk(paths: AgentPaths) -> dict[str, _FileIdentity]:
             if stat.S_ISREG(result.st_mode):
                 found[entry.name] = _FileIdentity.of(result)
     return found
+
+
+def _changed(path: Path, read: _FileIdentity) -> bool:
+    """True when ``path`` is no longer the file (or the content) that was read."""
+    try:
+        return _FileIdentity.of(os.stat(path)) != read
+    except OSError:
+        return True
 
 
 def _read_file(path: Path) -> tuple[_FileIdentity, bytes] | None:

@@ -344,3 +344,34 @@ def test_a_file_over_the_index_bound_is_not_read_nor_retried(
         paths.memory.write_text("### Human — 2026-01-01T10:00:00\n\nneedle small\n\n---\n\n")
         index.refresh_live(paths)
         assert index.search("huge", "needle")[0].source == LIVE_SOURCE
+
+
+def test_a_file_rewritten_between_read_and_write_keeps_its_new_rows(
+    ws: AgentWorkspace, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon syncs without the agent's lock: forget --match may rewrite the
+    # file, re-index and scrub it between the sync's read and its write. The
+    # stale rows must not be written back over the erasure.
+    import memd.recall.index as index_module
+
+    paths = ws.create_agent("alpha", entries=2)
+    append_entry(paths.memory, "Human", "The vorquellan code is 4111.")
+    live = paths.memory
+    original_parse = index_module.parse
+
+    def rewritten_meanwhile(data: bytes) -> object:
+        document = original_parse(data)
+        erased = live.read_bytes().replace(b"vorquellan", b"erased")
+        temporary = live.with_name("MEMORY.md.tmp")
+        temporary.write_bytes(erased)
+        os.replace(temporary, live)  # a new file, as forget --match writes it
+        return document
+
+    with RecallIndex.open(state_dir, ws.root) as index:
+        monkeypatch.setattr(index_module, "parse", rewritten_meanwhile)
+        index.index_file("alpha", live, kind="live")
+        monkeypatch.undo()
+        assert index.search("alpha", "vorquellan code") == []
+        index.index_file("alpha", live, kind="live")  # the next sync reads the new file
+        assert index.search("alpha", "erased code")
+    assert b"vorquellan" not in recall_db_path(state_dir, ws.root).read_bytes()
