@@ -81,7 +81,7 @@ from memd.core.summary_block import (
     material_of,
     version_line,
 )
-from memd.core.summary_plan import BudgetError, is_degenerate, summary_budgets
+from memd.core.summary_plan import BudgetError, is_degenerate
 from memd.counting import TrackedCount, count_data, count_fd
 from memd.errors import (
     CompactionAborted,
@@ -213,13 +213,7 @@ class CompactionOptions:
             # Budgets scale with the agent's threshold and leave room under
             # the low-water mark, or a compaction could never end below it.
             try:
-                budgets = summary_budgets(
-                    policy.threshold_tokens,
-                    policy.low_water_tokens,
-                    summary_tokens=policy.summary_tokens,
-                    pinned_tokens=policy.pinned_tokens,
-                    recent_tokens=policy.keep_recent_tokens,
-                )
+                budgets = policy.budgets()
             except BudgetError as exc:
                 raise ConfigError(f"agent {policy.agent!r}: {exc}") from None
             summary_cap, pinned = budgets.summary_tokens, budgets.pinned_tokens
@@ -828,7 +822,7 @@ class _Transaction:
             mode=stat.S_IMODE(snap.st_mode),
         )
         new_st = os.fstat(self.new_fd)
-        self._preserve_owner(self.new_fd, snap)
+        keep_owner(self.new_fd, snap.st_mode, snap.st_uid, snap.st_gid, self.agent)
         self.checkpoint("new-written")
         self.journal.write(
             phase="swapping",
@@ -848,25 +842,6 @@ class _Transaction:
         self.committed = True
         self.checkpoint("replaced")
         return copy_until, new_st.st_ino
-
-    def _preserve_owner(self, fd: int, snap: _Snapshot) -> None:
-        # Agents may run under other UIDs: the re-seeded file must stay
-        # appendable by them, so it keeps the old owner, group and mode.
-        # Through the fd: the temp's name is in memd's folder, but an fd
-        # cannot be redirected at all.
-        os.fchmod(fd, stat.S_IMODE(snap.st_mode))
-        if (snap.st_uid, snap.st_gid) == (os.geteuid(), os.getegid()):
-            return
-        try:
-            os.fchown(fd, snap.st_uid, snap.st_gid)
-        except PermissionError:
-            with contextlib.suppress(PermissionError):
-                os.fchown(fd, -1, snap.st_gid)
-            if snap.st_uid != os.geteuid() and not (snap.st_mode & stat.S_IWGRP):
-                raise CompactionAborted(
-                    f"agent {self.agent!r}: cannot give the new MEMORY.md its owner uid "
-                    f"{snap.st_uid} (run memd as that user or make the file group-writable)"
-                ) from None
 
     def close(self) -> None:
         if self.new_fd >= 0:
@@ -1433,6 +1408,28 @@ def _replace_with_staged_memory(pinned: AgentDir, old_id: object, new_id: object
         dst_dir_fd=pinned.memory_dir_fd,
     )
     os.fsync(pinned.memory_dir_fd)
+
+
+def keep_owner(fd: int, mode: int, uid: int, gid: int, agent: str) -> None:
+    """Give a new MEMORY.md (through its fd) the old one's mode, owner and group.
+
+    Agents may run under other UIDs: the re-seeded file must stay appendable by
+    them. Through the fd: the temp's name is in memd's folder, but an fd cannot
+    be redirected at all.
+    """
+    os.fchmod(fd, stat.S_IMODE(mode))
+    if (uid, gid) == (os.geteuid(), os.getegid()):
+        return
+    try:
+        os.fchown(fd, uid, gid)
+    except PermissionError:
+        with contextlib.suppress(PermissionError):
+            os.fchown(fd, -1, gid)
+        if uid != os.geteuid() and not (mode & stat.S_IWGRP):
+            raise CompactionAborted(
+                f"agent {agent!r}: cannot give the new MEMORY.md its owner uid {uid} "
+                "(run memd as that user or make the file group-writable); nothing changed"
+            ) from None
 
 
 def _resolve_pending(

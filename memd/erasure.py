@@ -23,7 +23,6 @@ it matched; the temps hold only what is kept.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import stat
@@ -51,6 +50,7 @@ from memd.compaction import (  # the transaction's own steps, shared with compac
     _finish,
     _Journal,
     _recover_locked,
+    keep_owner,
 )
 from memd.core.erasure import Filtered, erase_matching
 from memd.errors import CompactionAborted, MemdError, WorkspaceError, describe_error
@@ -308,7 +308,7 @@ class _Erase:
             [filtered.data],
             mode=stat.S_IMODE(old.st_mode),
         )
-        _keep_owner(self.new_fd, old, self.agent)
+        keep_owner(self.new_fd, old.st_mode, old.st_uid, old.st_gid, self.agent)
         new = os.fstat(self.new_fd)
         self.memory_ids = (old.st_dev, old.st_ino, new.st_dev, new.st_ino)
         self.copied_to = len(data)
@@ -364,23 +364,6 @@ class _Erase:
         if self.new_fd >= 0:
             os.close(self.new_fd)
             self.new_fd = -1
-
-
-def _keep_owner(fd: int, old: os.stat_result, agent: str) -> None:
-    # The agent's uid must still be able to append to its MEMORY.md.
-    os.fchmod(fd, stat.S_IMODE(old.st_mode))
-    if (old.st_uid, old.st_gid) == (os.geteuid(), os.getegid()):
-        return
-    try:
-        os.fchown(fd, old.st_uid, old.st_gid)
-    except PermissionError:
-        with contextlib.suppress(PermissionError):
-            os.fchown(fd, -1, old.st_gid)
-        if old.st_uid != os.geteuid() and not (old.st_mode & stat.S_IWGRP):
-            raise CompactionAborted(
-                f"agent {agent!r}: cannot give the new MEMORY.md its owner uid {old.st_uid} "
-                "(run memd as that user or make the file group-writable); nothing changed"
-            ) from None
 
 
 def erase_by_pattern(

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from memd.core.config import MemdConfig, resolve_policy
-from memd.core.summary_plan import BudgetError, summary_budgets
+from memd.core.summary_plan import BudgetError
 from memd.errors import ConfigError
 from memd.pointer import StatePointer
 
@@ -303,13 +303,7 @@ def _check_summary_budgets(config: MemdConfig, source: str) -> None:
     for name in ["", *config.agents]:
         policy = resolve_policy(config, name)
         try:
-            summary_budgets(
-                policy.threshold_tokens,
-                policy.low_water_tokens,
-                summary_tokens=policy.summary_tokens,
-                pinned_tokens=policy.pinned_tokens,
-                recent_tokens=policy.keep_recent_tokens,
-            )
+            policy.budgets()
         except BudgetError as exc:
             where = f' for [agents."{name}"]' if name else ""
             raise ConfigError(f"invalid config {source}{where}: {exc}") from None
@@ -330,13 +324,7 @@ def model_window_problems(
         if not policy.window_source.startswith("model"):
             continue
         try:
-            summary_budgets(
-                policy.threshold_tokens,
-                policy.low_water_tokens,
-                summary_tokens=policy.summary_tokens,
-                pinned_tokens=policy.pinned_tokens,
-                recent_tokens=policy.keep_recent_tokens,
-            )
+            policy.budgets()
         except BudgetError as exc:
             problems.append(
                 f'[agents."{pattern}"] model = "{override.model}" (a '

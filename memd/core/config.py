@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
 from memd.core.retention import NO_LIMITS, RetentionLimits
+from memd.core.summary_plan import SummaryBudgets, summary_budgets
 from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES
 
 # Upper bounds: a value past these is a typo, and one past 2**63 cannot even
@@ -302,6 +303,17 @@ class AgentPolicy:
     summary_tokens: int = 0
     pinned_tokens: int = 0
     keep_recent_tokens: int = -1
+
+    def budgets(self) -> SummaryBudgets:
+        """Summary, pinned and recent-turn budgets under this agent's low-water
+        mark; raises :class:`BudgetError` when explicit ones cannot fit."""
+        return summary_budgets(
+            self.threshold_tokens,
+            self.low_water_tokens,
+            summary_tokens=self.summary_tokens,
+            pinned_tokens=self.pinned_tokens,
+            recent_tokens=self.keep_recent_tokens,
+        )
 
 
 ContextLengthLookup = Callable[[str], int | None]
