@@ -23,8 +23,6 @@ import argparse
 import itertools
 import json
 import multiprocessing
-import os
-import random
 import shutil
 import sqlite3
 import sys
@@ -35,31 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_daemon import Proc, entry, make_memory, write_config
+from bench_daemon import Proc, entry, latency_writer, make_memory, write_config
 
 from memd.state import state_db_path
 from memd.tokenizer import TokenCounter
 
 DEBOUNCE_MS = 500
-
-
-def _writer(root: str, agents: int, rate: float, seconds: float, out: str) -> None:
-    rng = random.Random(7)
-    records = []
-    interval = 1 / rate
-    start = time.time()
-    n = 0
-    while time.time() - start < seconds:
-        agent = f"agent{rng.randrange(agents):04d}"
-        path = os.path.join(root, "agents", agent, "MEMORY.md")
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(entry("Human", n, words=20))
-        records.append((agent, time.time(), os.path.getsize(path)))
-        n += 1
-        delay = start + n * interval - time.time()
-        if delay > 0:
-            time.sleep(delay)
-    Path(out).write_text(json.dumps(records))
 
 
 class RowWatcher:
@@ -138,7 +117,8 @@ def main() -> None:
             watcher.start()
             out = root / "writes.json"
             writer = multiprocessing.Process(
-                target=_writer, args=(str(ws), args.agents, args.rate, args.seconds, str(out))
+                target=latency_writer,
+                args=(str(ws), args.agents, args.rate, args.seconds, str(out)),
             )
             cpu_before = proc.cpu()
             writer.start()

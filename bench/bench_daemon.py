@@ -186,7 +186,10 @@ def part_cpu(appends: int, rate: float, repeats: int = 3) -> None:
 # ----------------------------------------------------------------- (b) latency
 
 
-def _latency_writer(root: str, agents: int, rate: float, seconds: float, out: str) -> None:
+def latency_writer(root: str, agents: int, rate: float, seconds: float, out: str) -> None:
+    """Appends at ``rate`` per second to random agents for ``seconds``; writes
+    (agent, time, size after) per append to ``out`` (JSON). Also used by
+    bench_append_latency.py."""
     import random
 
     rng = random.Random(7)
@@ -237,7 +240,7 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
         assert daemon.ready.wait(120)
         out = root / "writes.json"
         writer = multiprocessing.Process(
-            target=_latency_writer, args=(str(ws), agents, rate, seconds, str(out))
+            target=latency_writer, args=(str(ws), agents, rate, seconds, str(out))
         )
         writer.start()
         writer.join(seconds + 60)
