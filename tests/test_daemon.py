@@ -625,11 +625,11 @@ def test_file_deleted_mid_compaction_is_retried(ws: AgentWorkspace, run_daemon: 
     memory = fill(ws, "alice", 20)
     # deleting the file races the compaction; whatever wins, the daemon survives
     memory.unlink()
-    time.sleep(0.5)
     assert h.daemon.healthy()
     memory.write_text(swarms_header("alice"))
     fill(ws, "alice", 20)
     assert wait_until(lambda: h.tokens("alice") == full_tokens(memory) and h.tokens("alice") < 500)
+    assert h.daemon.healthy()
     h.stop()
 
 
@@ -809,8 +809,14 @@ def test_subprocess_sighup_reloads_config(ws: AgentWorkspace, tmp_path: Path) ->
     ):
         daemon.wait_ready()
         assert daemon.events("ready")[0]["env_overrides"] == ["MEMD_DAEMON_COOLDOWN_S"]
-        fill(ws, "alice", 20)
-        time.sleep(0.5)
+        memory = fill(ws, "alice", 20)
+        # Under the high threshold: once the new count is in the state DB (a job
+        # decision follows every count), nothing has been started.
+        with StateStore.open(tmp_path / "state", ws.root) as store:
+            expected = full_tokens(memory)
+            assert wait_until(
+                lambda: (r := store.get_agent("alice")) is not None and r.tokens == expected
+            )
         assert daemon.events("compaction started") == []
         # a broken config is refused, the daemon keeps running
         path.write_text("[trigger]\nthreshold = 7\n")
@@ -868,14 +874,17 @@ def test_subprocess_sigterm_waits_for_inflight_compaction_and_second_sigint_forc
             assert wait_until(lambda: len(server.requests) == 2, timeout=30)
             before = memory.read_bytes()
             daemon.signal(signal.SIGINT)
-            daemon.wait_for("stopping")
-            time.sleep(0.5)
-            assert daemon.proc is not None and daemon.proc.poll() is None  # still waiting
+            # The first SIGINT stops the daemon gently: it waits for the job in
+            # flight (the rule itself: tests/daemon/test_lifecycle.py).
+            stopping = daemon.wait_for("stopping")
+            assert stopping["compacting"] == ["slowpoke"]
+            assert daemon.proc is not None and daemon.proc.poll() is None
             daemon.signal(signal.SIGINT)
             # Forced: it exits while the LLM call (scripted to answer after
             # 30 s) is still in flight, without waiting for it.
             assert daemon.wait(15) == 130
             assert server.requests and not daemon.events("compacted")
+            assert daemon.events("stopped")[-1]["exit_code"] == 130
         assert memory.read_bytes() == before
         assert not list((ws.root / "agents/slowpoke/archive").glob("history_*.md"))
 
@@ -1342,10 +1351,15 @@ def test_encoding_reload_keeps_an_open_breaker(tmp_path):
     calls = len(compact.calls)
     cfg.write_text(TOML.format(ctx=2000, enc="o200k_base"))
     d.request_reload()
-    time.sleep(1.5)
+    # The reload recounts the file in the new encoding, and every recount is
+    # followed by a job decision: once the o200k count is in, the decision that
+    # could have reset the breaker has been taken.
+    o200k = TokenCounter("o200k_base").count_bytes(mem.read_bytes())
+    recounted = wait_until(lambda: d.agents()["a"].tokens == o200k, timeout=10)
     state = d.agents()["a"].job.state
     d.handle_exit(signal.SIGTERM, None)
     t.join(20)
+    assert recounted
     assert state is JobState.BREAKER_OPEN and len(compact.calls) == calls, (state, compact.calls)
 
 
