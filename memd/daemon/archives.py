@@ -10,6 +10,7 @@ mtime moved (archives are never modified in place).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ _log = get_logger("memd.daemon")
 class ArchiveSurvey:
     def __init__(self, registry: AgentRegistry) -> None:
         self._registry = registry
+        # One refresh at a time (the periodic survey, a compaction's commit): the
+        # figures written are those of the last listing. Nothing else is taken under it.
+        self._lock = threading.Lock()
 
     @staticmethod
     def restore(entry: AgentEntry, record: AgentRecord | None) -> None:
@@ -36,16 +40,16 @@ class ArchiveSurvey:
             entry.archives = record.archive_stats
 
     def refresh(self, entry: AgentEntry, *, relist: bool = False) -> None:
-        try:
-            stats = archive_stats(entry.paths, None if relist else entry.archives)
-        except OSError as exc:
-            _log.debug("cannot survey archives", agent=entry.name, error=describe_error(exc))
-            return
-        if stats == entry.archives:
-            return
-        with self._registry.lock:
+        with self._lock:
+            try:
+                stats = archive_stats(entry.paths, None if relist else entry.archives)
+            except OSError as exc:
+                _log.debug("cannot survey archives", agent=entry.name, error=describe_error(exc))
+                return
+            if stats == entry.archives:
+                return
             entry.archives = stats
-            entry.dirty = True
+            entry.dirty = True  # after the figures (see AgentRegistry.take_changes)
 
     def survey(self) -> None:
         """The periodic pass: one stat per agent, a listing where something changed."""

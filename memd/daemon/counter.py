@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
-from memd.core.jobs import appends_could_reach, restored_job
+from memd.core.jobs import appends_could_reach
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
 from memd.counting import CountJob, count_many, pool_worth_it
 from memd.daemon.entries import (
@@ -346,14 +346,7 @@ class CountService:
 
     def restore(self, entry: AgentEntry, record: AgentRecord) -> bool:
         """Reuse a stored count when the file is the same inode and size."""
-        entry.job = restored_job(
-            record.state,
-            consecutive_failures=record.consecutive_failures,
-            last_error=record.last_error,
-            last_compaction_at=record.last_compaction_at,
-            next_attempt_at=record.next_attempt_at,
-            now=time.time(),
-        )
+        self._runner.restore(entry, record)  # the job state is the runner's
         try:
             info = os.stat(entry.paths.memory_fspath())
         except OSError:

@@ -2,7 +2,7 @@
 
 An :class:`AgentEntry` is owned by the registry (which agents exist); its
 count is written only through :class:`EntryCounter` under the entry's
-``count_lock``, and its job state only by the runner under the registry lock.
+``count_lock``, and its job state only by the runner under the runner's lock.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class AgentEntry:
 
 @dataclass(slots=True)
 class RunStats:
-    """The runner's figures, read by the flusher for ``STATUS=`` and the heartbeat."""
+    """The runner's figures (``running`` changed under the runner's lock), read by
+    the flusher for ``STATUS=`` and the heartbeat."""
 
     running: set[str] = field(default_factory=set)
     compactions_ok: int = 0

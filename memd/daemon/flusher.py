@@ -104,24 +104,25 @@ class StateFlusher:
         self._last_flush = self._clock()
         now = time.time()
         self._honour_erasures()
-        with self._registry.lock:
-            dirty, removed = self._registry.take_changes()
-            records = [
-                AgentRecord.of(
-                    entry.name,
-                    entry.tracked,
-                    entry.job,
-                    threshold_tokens=entry.policy.threshold_tokens,
-                    count_error=entry.count_error,
-                    encoding=self._encoding,
-                    now=now,
-                    archives=entry.archives,
-                    window_source=entry.policy.window_source,
-                    reserved_tokens=entry.policy.reserved_tokens,
-                    estimated=entry.tracked is not None and entry.tracked.state.estimated,
-                )
-                for entry in dirty
-            ]
+        # Each entry's dirty flag is cleared before its fields are read: a change
+        # made meanwhile (field first, then dirty) is in this snapshot or the next.
+        dirty, removed = self._registry.take_changes()
+        records = [
+            AgentRecord.of(
+                entry.name,
+                entry.tracked,
+                entry.job,
+                threshold_tokens=entry.policy.threshold_tokens,
+                count_error=entry.count_error,
+                encoding=self._encoding,
+                now=now,
+                archives=entry.archives,
+                window_source=entry.policy.window_source,
+                reserved_tokens=entry.policy.reserved_tokens,
+                estimated=entry.tracked is not None and entry.tracked.state.estimated,
+            )
+            for entry in dirty
+        ]
         spending = self.spending() if self.spending is not None and not live else None
         status = "" if live else self.status_text(spending)
         if self.store is not None:
@@ -161,8 +162,7 @@ class StateFlusher:
                     continue
                 store.lift_tombstone(stone)
                 del stones[name]
-                with self._registry.lock:
-                    entry.dirty = True
+                entry.dirty = True
                 _log.info("agent writes again after its erasure", agent=name)
         except Exception as exc:
             _log.warning("cannot read erasures from the state database", error=describe_error(exc))
@@ -180,9 +180,8 @@ class StateFlusher:
                 self.on_erasure(name, is_erased)
 
     def status_text(self, spending: SpendingRecord | None = None) -> str:
-        with self._registry.lock:
-            entries = list(self._registry.agents().values())
-            running = len(self._stats.running)
+        entries = list(self._registry.agents().values())
+        running = len(self._stats.running)  # the runner's: one read, no lock
         pending = sum(1 for e in entries if e.job.state is JobState.PENDING)
         errors = sum(
             1

@@ -2,8 +2,11 @@
 paths (fast), recover a crashed compaction when an agent is added, keep the table.
 
 The registry owns the agents table, the set of agents removed since the last
-state flush, and the lock guarding both (the runner takes the same lock for
-job-state transitions, so a snapshot sees table and jobs consistent).
+state flush, and the lock guarding both (and each entry's policy). An entry's
+job state is the runner's (under the runner's lock), its count the counter's
+(under the entry's ``count_lock``). While holding this lock the registry
+calls into no other service (it takes only the descriptors' lock, a leaf), so
+any service may take it while holding its own.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class AgentRegistry:
         context_length_of: ContextLengthOf | None,
     ) -> None:
         self.workspace = workspace
-        self.lock = threading.RLock()  # the table, the removed set, job states
+        self._lock = threading.RLock()  # the table, the removed set, the policies
         self._config = config
         self._recover = recover
         self._context_length_of = context_length_of
@@ -62,7 +65,7 @@ class AgentRegistry:
 
     def reconfigure(self, config: MemdConfig) -> None:
         """New per-agent policies (reload)."""
-        with self.lock:
+        with self._lock:
             self._config = config
             if self.descriptors is not None:
                 self.descriptors.clear()  # the tokenizer may have changed
@@ -85,14 +88,14 @@ class AgentRegistry:
         """The agent's folder changed: re-resolve its policy if its memd-agent.json did."""
         if self.descriptors is None or not self.descriptors.changed(name, self._agents_root / name):
             return
-        with self.lock:
+        with self._lock:
             entry = self._agents.get(name)
             if entry is not None:
                 entry.policy = self.policy(name)
                 entry.dirty = True
 
     def agents(self) -> dict[str, AgentEntry]:
-        with self.lock:
+        with self._lock:
             return dict(self._agents)
 
     def get(self, name: str) -> AgentEntry | None:
@@ -103,15 +106,15 @@ class AgentRegistry:
         return self._agents.get(entry.name) is entry
 
     def names(self) -> set[str]:
-        with self.lock:
+        with self._lock:
             return set(self._agents)
 
     def all_paths(self) -> list[AgentPaths]:
-        with self.lock:
+        with self._lock:
             return [entry.paths for entry in self._agents.values()]
 
     def dirs(self) -> dict[str, Path]:
-        with self.lock:
+        with self._lock:
             return {name: entry.paths.dir for name, entry in self._agents.items()}
 
     def __len__(self) -> int:
@@ -119,7 +122,7 @@ class AgentRegistry:
 
     def register(self, entries: list[AgentEntry], known_before: set[str]) -> None:
         """Start-up: the scanned agents; stored agents no longer present are removed."""
-        with self.lock:
+        with self._lock:
             for entry in entries:
                 self._agents[entry.name] = entry
             self._removed.update(known_before - set(self._agents))
@@ -130,7 +133,7 @@ class AgentRegistry:
         if entry is None:
             return None
         self.recover(entry)
-        with self.lock:
+        with self._lock:
             if name in self._agents:
                 return None
             self._agents[name] = entry
@@ -139,7 +142,7 @@ class AgentRegistry:
         return entry
 
     def remove(self, name: str) -> AgentEntry | None:
-        with self.lock:
+        with self._lock:
             entry = self._agents.pop(name, None)
             if entry is None:
                 return None
@@ -148,17 +151,19 @@ class AgentRegistry:
         return entry
 
     def take_changes(self) -> tuple[list[AgentEntry], list[str]]:
-        """Entries changed and names removed since the last call (caller holds ``lock``)."""
-        dirty = [entry for entry in self._agents.values() if entry.dirty]
-        for entry in dirty:
-            entry.dirty = False
-        removed = list(self._removed)
-        self._removed.clear()
+        """Entries changed and names removed since the last call (their dirty
+        flags cleared: whoever changes an entry sets the field, then ``dirty``)."""
+        with self._lock:
+            dirty = [entry for entry in self._agents.values() if entry.dirty]
+            for entry in dirty:
+                entry.dirty = False
+            removed = list(self._removed)
+            self._removed.clear()
         return dirty, removed
 
     def give_back(self, dirty: list[AgentEntry], removed: list[str]) -> None:
         """A flush failed: mark them again for the next one."""
-        with self.lock:
+        with self._lock:
             for entry in dirty:
                 entry.dirty = True
             self._removed.update(removed)

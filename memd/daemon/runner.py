@@ -1,10 +1,21 @@
 """Job decisions from the core state machine (:mod:`memd.core.jobs`) → the
 scheduler; each compaction's outcome → the next decision, the ledger, metrics.
 
-The runner owns the agents' job states (changed under the registry lock), the
+The runner owns the agents' job states (``AgentEntry.job``: only the runner
+writes it, under the runner's own lock), who is compacting (``RunStats``), the
 summarizer and the abort event handed to every transaction: the transaction
 never calls back, it re-checks the threshold itself and rolls back when a
 forced exit sets the event.
+
+Locks: the runner's lock serializes every job transition (decide, then apply,
+as one step). It is never held while taking another service's lock (the
+registry's, the flusher's, an entry's ``count_lock``; only leaf locks inside:
+the runner's spending lock, the scheduler's, the metrics'); the other way
+round, code holding an entry's ``count_lock`` or the flusher's lock may call
+into the runner, so no two services' locks are ever taken in both orders.
+The flusher reads a job without this lock: an ``AgentJob`` is immutable and a
+transition writes ``job`` before it sets ``dirty``, so a flush that clears
+``dirty`` then reads ``job`` sees the new job or is followed by one that does.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from memd.core.jobs import (
     on_nothing_to_compact,
     on_started,
     on_success,
+    restored_job,
 )
 from memd.core.spending import DAY_S, Hold, SpendingCaps, SpendingWindow
 from memd.core.summary import Summarizer
@@ -56,7 +68,7 @@ if TYPE_CHECKING:
     from memd.audit import AuditLog
     from memd.metrics import Metrics
     from memd.retention import PruneHook
-    from memd.state import SpendingRecord
+    from memd.state import AgentRecord, SpendingRecord
 
 _log = get_logger("memd.daemon")
 
@@ -124,6 +136,9 @@ class Runner:
         self._summarizer: Summarizer | None = None
         self._scheduler: JobScheduler | None = None
         self._stopping = False
+        # Job states, the running set, the config and the summarizer (see the
+        # module docstring for the order with the other services' locks).
+        self._lock = threading.RLock()
         # Model requests and their cost, for [summarizer] max_calls_per_hour and
         # max_usd_per_day (workspace-wide: this daemon is the workspace's).
         self._spending = SpendingWindow()
@@ -152,7 +167,7 @@ class Runner:
 
     def stop(self) -> None:
         """No new jobs from here on (queued ones are cancelled when they start)."""
-        with self._registry.lock:
+        with self._lock:
             self._stopping = True
             self._stop_summarizer_retries()
         self.llm_slots.close()
@@ -165,7 +180,7 @@ class Runner:
             stop()
 
     def reconfigure(self, config: MemdConfig) -> None:
-        with self._registry.lock:
+        with self._lock:
             self.config = config
             self.retry_policy = RetryPolicy.from_config(config.daemon)
             self._summarizer = None  # rebuilt lazily with the new settings
@@ -174,7 +189,7 @@ class Runner:
 
     def evaluate(self, entry: AgentEntry) -> None:
         """A count (or an expired hold) for the agent: decide and act."""
-        with self._registry.lock:
+        with self._lock:
             if self._stopping or entry.count_error is not None:
                 return
             if not self._registry.is_current(entry):
@@ -192,9 +207,10 @@ class Runner:
         )
 
     def _apply(self, entry: AgentEntry, decision: Decision) -> None:
-        if decision.job != entry.job:
+        changed = decision.job != entry.job
+        entry.job = decision.job  # before dirty: see the module docstring
+        if changed:
             entry.dirty = True
-        entry.job = decision.job
         scheduler = self._scheduler
         if scheduler is None or self._stopping:
             return
@@ -231,7 +247,7 @@ class Runner:
             return
         if self._scheduler is not None:
             self._scheduler.cancel(f"wake:{name}")
-        with self._registry.lock:
+        with self._lock:
             if entry is not None and entry.job.state not in (JobState.PENDING, JobState.RUNNING):
                 entry.job = AgentJob()
 
@@ -241,7 +257,7 @@ class Runner:
         # goes with it, or the next state flush would write it back.
         if entry.paths.archive_dir.exists():
             return
-        with self._registry.lock:
+        with self._lock:
             if entry.job.state not in (JobState.PENDING, JobState.RUNNING) and (
                 entry.job != AgentJob()
             ):
@@ -250,11 +266,25 @@ class Runner:
 
     def cancel_pending(self) -> None:
         """Shutdown: queued jobs will not run."""
-        with self._registry.lock:
-            for entry in self._registry.agents().values():
+        entries = self._registry.agents().values()  # under the registry's lock, not ours
+        with self._lock:
+            for entry in entries:
                 if entry.job.state is JobState.PENDING:
                     entry.job = on_cancelled(entry.job)
                     entry.dirty = True
+
+    def restore(self, entry: AgentEntry, record: AgentRecord) -> None:
+        """Start-up: the job state stored before the restart (a hold still holds)."""
+        job = restored_job(
+            record.state,
+            consecutive_failures=record.consecutive_failures,
+            last_error=record.last_error,
+            last_compaction_at=record.last_compaction_at,
+            next_attempt_at=record.next_attempt_at,
+            now=time.time(),
+        )
+        with self._lock:
+            entry.job = job
 
     def hold_expired(self, entry: AgentEntry, now: float) -> bool:
         """A cooldown, backoff or open breaker past its time (a lost wake-up)."""
@@ -266,7 +296,7 @@ class Runner:
         )
 
     def running(self) -> list[str]:
-        with self._registry.lock:
+        with self._lock:
             return sorted(self._stats.running)
 
     # ----------------------------------------------------------------- compact
@@ -294,7 +324,7 @@ class Runner:
         return summarizer, False
 
     def _get_summarizer(self) -> Summarizer:
-        with self._registry.lock:
+        with self._lock:
             if self._summarizer is None:
                 self._summarizer = self._summarizer_factory(
                     self.config, self._counter.tokenizer.count_text
@@ -381,7 +411,7 @@ class Runner:
         )
 
     def _held(self, entry: AgentEntry, hold: Hold) -> None:
-        """Under the registry lock: the cap holds this compaction back until it passes."""
+        """Under the runner's lock: the cap holds this compaction back until it passes."""
         _log.warning(
             "compaction held back by a spending cap",
             agent=entry.name,
@@ -404,7 +434,7 @@ class Runner:
 
     def _compact_one(self, entry: AgentEntry) -> None:
         name = entry.name
-        with self._registry.lock:
+        with self._lock:
             if self._stopping or not self._registry.is_current(entry):
                 entry.job = on_cancelled(entry.job)
                 entry.dirty = True
@@ -439,7 +469,7 @@ class Runner:
         except Exception as exc:
             error = exc
         finally:
-            with self._registry.lock:
+            with self._lock:
                 self._stats.running.discard(name)
         duration = time.monotonic() - started
         # The file was replaced (or not): count it again before deciding.
@@ -496,7 +526,7 @@ class Runner:
             )
             if fallback:
                 self.metrics.fallbacks.labels(agent=name).inc()
-        with self._registry.lock:
+        with self._lock:
             decision = on_success(
                 entry.job,
                 achieved_tokens=achieved,
@@ -528,13 +558,13 @@ class Runner:
         policy = self.retry_policy
         now = self._clock()
         if isinstance(error, SummaryNotStarted):
-            with self._registry.lock:
+            with self._lock:
                 entry.job = on_cancelled(entry.job)
                 entry.dirty = True
             return
         if isinstance(error, UnderThreshold):
             _log.info("already under threshold; skipped", agent=name, tokens=entry.tokens)
-            with self._registry.lock:
+            with self._lock:
                 self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
             return
         if isinstance(error, NothingToCompact):
@@ -547,12 +577,12 @@ class Runner:
                 )
             if self.metrics is not None:
                 self.metrics.record_compaction(name, "nothing")
-            with self._registry.lock:
+            with self._lock:
                 self._apply(entry, on_nothing_to_compact(entry.job, policy=policy, now=now))
             return
         if isinstance(error, LockTimeout):
             _log.info("agent is being compacted by another process; retrying later", agent=name)
-            with self._registry.lock:
+            with self._lock:
                 self._apply(entry, on_busy_elsewhere(entry.job, policy=policy, now=now))
             return
         reason = describe_error(error)
@@ -568,7 +598,7 @@ class Runner:
         if self.metrics is not None:
             aborted = isinstance(error, CompactionAborted)
             self.metrics.record_compaction(name, "aborted" if aborted else "error")
-        with self._registry.lock:
+        with self._lock:
             decision = on_failure(entry.job, reason, policy=policy, now=now)
             _log.warning(
                 "compaction failed",

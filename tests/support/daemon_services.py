@@ -151,6 +151,7 @@ class Services:
     counter: CountService
     compact: ScriptedCompaction
     flusher: StateFlusher | None = None
+    entry_counter: EntryCounter | None = None
 
     def fill(self, agent: str, entries: int) -> Path:
         memory = self.ws.root / "agents" / agent / "MEMORY.md"
@@ -232,4 +233,6 @@ def build_services(
     entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
     registry.register(entries, set())
     counter.initial_count(entries, {})
-    return Services(ws, clock, scheduler, registry, runner, counter, compact, flusher)
+    return Services(
+        ws, clock, scheduler, registry, runner, counter, compact, flusher, entry_counter
+    )

@@ -1,0 +1,111 @@
+"""The runner owns the job states and its lock: a flush that runs in the middle of
+a transition never loses it, and the runner's lock is not the registry's."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from support.daemon_services import ScriptedCompaction, Services, build_services
+from support.memfiles import AgentWorkspace
+
+from memd.core.jobs import JobState
+from memd.daemon.entries import AgentEntry
+from memd.state import StateStore
+
+
+class InterleavedEntry(AgentEntry):
+    """An entry that runs ``between`` right after ``dirty`` is set, as a flusher
+    thread could: the deterministic form of the race the ordering rule closes."""
+
+    __slots__ = ("_dirty_flag", "between")
+
+    @property  # type: ignore[override]
+    def dirty(self) -> bool:
+        return self._dirty_flag
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self._dirty_flag = value
+        between: Callable[[], None] | None = getattr(self, "between", None)
+        if value and between is not None:
+            self.between = None  # once
+            between()
+
+
+def interleaved(s: Services, name: str) -> InterleavedEntry:
+    """Replace the registered entry of ``name`` by an :class:`InterleavedEntry`."""
+    entry = s.registry.get(name)
+    assert entry is not None
+    fields: dict[str, Any] = {
+        field: getattr(entry, field) for field in AgentEntry.__dataclass_fields__
+    }
+    twin = InterleavedEntry(**fields)
+    twin.between = None
+    s.registry.register([twin], set())
+    return twin
+
+
+def count(s: Services, entry: AgentEntry) -> None:
+    """Count the agent without deciding (the counter's half of a tick)."""
+    assert s.entry_counter is not None
+    assert s.entry_counter.count_locked(entry)
+
+
+def stored_state(store: StateStore, name: str) -> str:
+    (record,) = [record for record in store.agents() if record.agent == name]
+    return record.state
+
+
+def test_a_flush_in_the_middle_of_a_transition_never_loses_it(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("ok"))
+    assert s.flusher is not None
+    store = StateStore.open(tmp_path / "state", ws.root)
+    s.flusher.start(store)
+    s.flusher.flush()
+    entry = interleaved(s, "alice")
+    s.fill("alice", 20)
+    count(s, entry)  # over threshold now, not yet decided
+    s.flusher.flush()
+    assert stored_state(store, "alice") == "idle"
+    # The flusher runs right after the transition marks the entry dirty.
+    entry.between = s.flusher.flush
+    s.runner.evaluate(entry)
+    assert entry.job.state is JobState.PENDING and entry.between is None
+    s.flusher.flush()  # the next periodic flush
+    assert stored_state(store, "alice") == "pending"
+    store.close()
+
+
+def test_job_transitions_do_not_wait_for_the_registry_lock(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("ok"))
+    s.fill("alice", 20)
+    entry = s.registry.get("alice")
+    assert entry is not None
+    count(s, entry)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_the_registry() -> None:
+        with s.registry._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_registry)
+    holder.start()
+    try:
+        assert held.wait(30)
+        decided = threading.Thread(target=s.runner.evaluate, args=(entry,))
+        decided.start()
+        decided.join(10)
+        assert not decided.is_alive()  # decided while another service held its own lock
+        assert s.scheduler.submitted == ["compact:alice"]
+    finally:
+        release.set()
+        holder.join(30)
