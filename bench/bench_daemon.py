@@ -18,6 +18,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import queue
 import shutil
 import signal
 import statistics
@@ -213,6 +214,7 @@ def latency_writer(root: str, agents: int, rate: float, seconds: float, out: str
 
 def part_latency(agents: int, rate: float, seconds: float) -> None:
     from memd.daemon import Daemon, DaemonOptions
+    from memd.daemon.entries import CountUpdate
     from memd.settings import LoadedConfig, build_config
 
     root = Path(tempfile.mkdtemp(prefix="memd-bench-latency-"))
@@ -222,18 +224,12 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
             make_memory(ws / "agents" / f"agent{n:04d}" / "MEMORY.md", f"agent{n:04d}", 2_000)
         config, _ = build_config({"trigger": {"context_length": 10**8}}, {})
         debounce_s = config.trigger.debounce_ms / 1000
-        counts: dict[str, list[tuple[float, int]]] = {}
-        daemon: Daemon
-
-        def on_counted(agent: str, _tokens: int) -> None:
-            tracked = daemon.agents()[agent].tracked
-            if tracked is not None:
-                counts.setdefault(agent, []).append((time.time(), tracked.size))
-
+        # Every count the daemon makes (agent, tokens, size, when), read after the run.
+        updates: queue.SimpleQueue[CountUpdate] = queue.SimpleQueue()
         daemon = Daemon(
             LoadedConfig(config, None, ws, ()),
             DaemonOptions(state_dir=root / "state", install_signal_handlers=False),
-            on_counted=on_counted,
+            count_updates=updates,
         )
         thread = threading.Thread(target=daemon.run, daemon=True)
         thread.start()
@@ -247,6 +243,11 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
         time.sleep(debounce_s + 1.0)
         daemon.handle_exit(signal.SIGTERM, None)
         thread.join(60)
+        counts: dict[str, list[tuple[float, int]]] = {}
+        while not updates.empty():
+            update = updates.get()
+            if update.size is not None:
+                counts.setdefault(update.agent, []).append((update.at, update.size))
         writes = json.loads(out.read_text())
         every: list[float] = []  # each append -> the first count that includes it
         last: list[float] = []  # the last append of a burst -> its count

@@ -26,6 +26,7 @@ from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
 from memd.counting import CountJob, count_many, pool_worth_it
 from memd.daemon.entries import (
     AgentEntry,
+    Counted,
     EntryCounter,
     Tokenizer,
     changed_on_disk,
@@ -229,7 +230,7 @@ class CountService:
                 continue
             counted.append(entry)
             try:
-                if self._counter.count_locked(entry):
+                if self._count(entry):
                     self._runner.evaluate(entry)
             except Exception:  # one agent's surprise must not drop the rest of `due`
                 _log.exception("counting failed", agent=name)
@@ -241,6 +242,14 @@ class CountService:
         if flush_at is None:
             return deadline
         return flush_at if deadline is None else min(deadline, flush_at)
+
+    def _count(self, entry: AgentEntry) -> bool:
+        """Count ``entry``; False when it could not be counted. A MEMORY.md found
+        gone is the runner's to judge (an erased memory takes its job's past along)."""
+        counted = self._counter.count_locked(entry)
+        if counted is Counted.MISSING:
+            self._runner.reset_if_erased(entry)
+        return counted is not Counted.FAILED
 
     def _live_flush(self, now: float) -> float | None:
         """Flush on change, batched: counts reach the state DB within
@@ -312,7 +321,7 @@ class CountService:
         shows in a stat (size, inode, mtime) and is counted now, incrementally."""
         for entry in entries:
             if entry.count_error is None and changed_on_disk(entry):
-                self._counter.count_locked(entry)
+                self._count(entry)
 
     # ----------------------------------------------------------------- reload
 
@@ -395,12 +404,12 @@ class CountService:
             # tiktoken releases the GIL for part of its work: threads help some.
             mode = "threads"
             with ThreadPoolExecutor(workers, thread_name_prefix="memd-scan") as pool:
-                done = len(list(pool.map(self._counter.count_locked, to_count)))
+                done = len(list(pool.map(self._count, to_count)))
         else:
             for entry in to_count:
                 if self._should_stop():
                     break
-                self._counter.count_locked(entry)
+                self._count(entry)
                 done += 1
         _log.info(
             "initial count",
@@ -426,7 +435,7 @@ class CountService:
             for entry in entries:
                 try:
                     if not self._stopping and self._registry.is_current(entry):
-                        self._counter.count_locked(entry)
+                        self._count(entry)
                         tracked = entry.tracked
                         _log.info(
                             "counted after READY",
@@ -461,7 +470,7 @@ class CountService:
             try:
                 check_contained(entry)
             except MemdError:
-                self._counter.count_locked(entry)  # records the refusal
+                self._count(entry)  # records the refusal
                 continue
             jobs.append(CountJob(str(entry.paths.memory), entry.tracked))
             counted.append(entry)

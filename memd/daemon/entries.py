@@ -8,11 +8,12 @@ count is written only through :class:`EntryCounter` under the entry's
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from enum import Enum
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from memd.core.config import AgentPolicy
 from memd.core.jobs import AgentJob
@@ -27,7 +28,22 @@ if TYPE_CHECKING:
 
 _log = get_logger("memd.daemon")
 
-CountedHook = Callable[[str, int], None]
+
+class Counted(Enum):
+    """What one count of an agent's MEMORY.md found (returned to the caller, who acts)."""
+
+    COUNTED = "counted"
+    MISSING = "missing"  # no MEMORY.md: counted as empty (its memory may have been erased)
+    FAILED = "failed"  # unreadable or refused: the entry carries the error, retried later
+
+
+class CountUpdate(NamedTuple):
+    """One count made, as published on :attr:`EntryCounter.updates` (benchmarks read it)."""
+
+    agent: str
+    tokens: int
+    size: int | None  # bytes counted (None: no MEMORY.md)
+    at: float  # wall-clock time the count was made
 
 
 class Tokenizer(Protocol):
@@ -96,21 +112,20 @@ def changed_on_disk(entry: AgentEntry) -> bool:
 
 class EntryCounter:
     """Counts one agent's MEMORY.md into its entry (the counter's and the runner's
-    one way to do it); publishes the figure to metrics and the ``on_counted`` hook."""
+    one way to do it); publishes the figure to metrics and, when given a queue,
+    each count made on ``updates`` (nobody is called back: a reader drains it)."""
 
     def __init__(
         self,
         tokenizer: Tokenizer,
         *,
-        on_erased: Callable[[AgentEntry], None],
-        on_counted: CountedHook | None = None,
+        updates: queue.SimpleQueue[CountUpdate] | None = None,
         max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_piece_bytes = max_piece_bytes
         self.metrics: Metrics | None = None
-        self._on_erased = on_erased
-        self._on_counted = on_counted
+        self.updates = updates
 
     @property
     def junction_cut(self) -> bool:
@@ -118,18 +133,20 @@ class EntryCounter:
         tokenized again (:func:`memd.core.tokens.is_junction_cut`)."""
         return getattr(self.tokenizer, "encoding_name", None) in JUNCTION_CUT_ENCODINGS
 
-    def count_locked(self, entry: AgentEntry) -> bool:
+    def count_locked(self, entry: AgentEntry) -> Counted:
         with entry.count_lock:
             return self.count(entry)
 
-    def count(self, entry: AgentEntry, precounted: CountResult | None = None) -> bool:
-        """Update the entry's count; False (logged once) when the file cannot be counted.
+    def count(self, entry: AgentEntry, precounted: CountResult | None = None) -> Counted:
+        """Update the entry's count; ``FAILED`` (logged once) when the file cannot be
+        counted, ``MISSING`` when it is gone (the caller tells the runner).
 
         The caller holds ``entry.count_lock``.
         """
         started = entry.burst_started
         entry.burst_started = None
         before = entry.tokens
+        counted = Counted.COUNTED
         try:
             if precounted is not None:
                 tracked, kind, failure = precounted
@@ -146,7 +163,7 @@ class EntryCounter:
                 )
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED
-            self._on_erased(entry)
+            counted = Counted.MISSING
         except (OSError, MemdError, ValueError) as exc:
             reason = describe_error(exc)
             if entry.count_error != reason:
@@ -154,7 +171,7 @@ class EntryCounter:
             entry.count_error = reason
             entry.tracked = None
             entry.dirty = True
-            return False
+            return Counted.FAILED
         if entry.count_error is not None:
             _log.info("MEMORY.md readable again", agent=entry.name)
         entry.count_error = None
@@ -167,14 +184,16 @@ class EntryCounter:
             self.metrics.set_agent(entry.name, entry.tokens, entry.policy.threshold_tokens)
             if started is not None:
                 self.metrics.set_watcher_lag(time.monotonic() - started)
-        if self._on_counted is not None:
-            self._on_counted(entry.name, entry.tokens)
-        return True
+        if self.updates is not None:
+            size = None if tracked is None else tracked.size
+            self.updates.put(CountUpdate(entry.name, entry.tokens, size, time.time()))
+        return counted
 
 
 __all__ = [
     "AgentEntry",
-    "CountedHook",
+    "CountUpdate",
+    "Counted",
     "EntryCounter",
     "RunStats",
     "Tokenizer",

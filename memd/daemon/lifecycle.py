@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import sys
 import threading
@@ -44,7 +45,7 @@ from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.counter import CountService
 from memd.daemon.entries import (
     AgentEntry,
-    CountedHook,
+    CountUpdate,
     EntryCounter,
     RunStats,
     Tokenizer,
@@ -136,7 +137,7 @@ class Daemon:
         counter_factory: Callable[[str], Tokenizer] | None = None,
         notifier: SystemdNotifier | None = None,
         environ: Mapping[str, str] | None = None,
-        on_counted: CountedHook | None = None,
+        count_updates: queue.SimpleQueue[CountUpdate] | None = None,
     ) -> None:
         self.options = options or DaemonOptions()
         self.config = loaded.config
@@ -148,7 +149,8 @@ class Daemon:
         self._tokenizer_factory = counter_factory or _default_tokenizer
         self._environ = os.environ if environ is None else environ
         self.notifier = notifier or SystemdNotifier(self._environ)
-        self._on_counted = on_counted
+        # Every count made is put here when given (a benchmark's latency probe).
+        self._count_updates = count_updates
         self.started_at = time.time()
 
         self.registry = AgentRegistry(
@@ -268,8 +270,7 @@ class Daemon:
         self.audit = AuditLog.for_workspace(self.options.state_dir, self.workspace, "daemon")
         entry_counter = EntryCounter(
             tokenizer,
-            on_erased=self._reset_if_erased,
-            on_counted=self._on_counted,
+            updates=self._count_updates,
             max_piece_bytes=self.config.tokenizer.max_piece_bytes,
         )
         # Reserved text is counted with the tokenizer MEMORY.md is counted with (reload swaps it).
@@ -512,10 +513,6 @@ class Daemon:
                 server.close()
 
         stack.callback(close)
-
-    def _reset_if_erased(self, entry: AgentEntry) -> None:
-        if self.runner is not None:
-            self.runner.reset_if_erased(entry)
 
     def _wake(self, agent: str) -> None:
         # A scheduled wake-up is a hint like a watcher's: count, then decide.

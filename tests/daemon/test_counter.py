@@ -12,7 +12,7 @@ from pathlib import Path
 from support.daemon_services import COUNTER, ScriptedCompaction, build_services
 from support.memfiles import AgentWorkspace, append_entry
 
-from memd.core.jobs import JobState
+from memd.core.jobs import AgentJob, JobState
 from memd.workspace import AgentPaths
 
 
@@ -263,3 +263,27 @@ def test_counts_reach_the_state_db_on_change_batched(tmp_path: Path) -> None:
     # Nothing changed: no deadline, no flush.
     assert s.counter.tick(flush_at + 10) is None
     store.close()
+
+
+def test_a_memory_erased_with_its_archives_takes_its_job_past_along(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("gone")
+    ws.create_agent("kept")
+    s = build_services(ws, ScriptedCompaction("ok", "ok"))
+    for name in ("gone", "kept"):
+        s.fill(name, 20)
+        s.hint(name)
+    s.settle()
+    assert s.scheduler.run_queued() == 2
+    compacted_at = s.job("gone").last_compaction_at
+    assert compacted_at is not None and s.job("kept").last_compaction_at == compacted_at
+    # `gone` loses MEMORY.md and has no archive/ (erased); `kept` keeps an archive/.
+    (ws.root / "agents/gone/MEMORY.md").unlink()
+    (ws.root / "agents/kept/archive").mkdir()
+    (ws.root / "agents/kept/MEMORY.md").unlink()
+    s.hint("gone")
+    s.hint("kept")
+    s.settle()
+    assert s.tokens("gone") == 0 == s.tokens("kept")
+    assert s.job("gone") == AgentJob()
+    assert s.job("kept").last_compaction_at == compacted_at

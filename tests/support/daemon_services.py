@@ -204,8 +204,7 @@ def build_services(
         clock=clock,
     )
     services: list[CountService] = []
-    runners: list[Runner] = []
-    entry_counter = EntryCounter(COUNTER, on_erased=lambda entry: runners[0].reset_if_erased(entry))
+    entry_counter = EntryCounter(COUNTER)
     runner = Runner(
         config,
         registry,
@@ -217,7 +216,6 @@ def build_services(
         wake=lambda agent: services[0].request_count(agent),
         clock=clock,
     )
-    runners.append(runner)
     counter = CountService(
         config.trigger,
         "cl100k_base",
