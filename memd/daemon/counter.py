@@ -259,7 +259,7 @@ class CountService:
             return None
         if self._flusher.live_flush_due(now):
             self._flush_pending = False
-            self._flusher.flush(live=True)
+            self._runner.flush(live=True)
             return None
         return self._flusher.next_live_flush()
 

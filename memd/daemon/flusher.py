@@ -3,8 +3,9 @@
 
 Each flush also honours ``memd forget``'s tombstones (:mod:`memd.core.erasure`):
 an erased agent's row is not written back (the state DB refuses it in the same
-transaction), the daemon is told which agents are erased (their metrics go),
-and a tombstone is lifted once the agent has a MEMORY.md created after it.
+transaction), a tombstone is lifted once the agent has a MEMORY.md created after
+it, and the agents erased or back since the last flush are returned to the
+caller (the runner: their metrics and job past go). The flusher calls no one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from memd.core.erasure import FileStamp, revives
 from memd.core.jobs import JobState
@@ -28,15 +29,19 @@ from memd.state import AgentRecord, SpendingRecord
 if TYPE_CHECKING:
     from memd.state import StateStore
 
-# Called with the agent's name and whether it is now erased (True) or back (False).
-ErasureHook = Callable[[str, bool], None]
-
 _log = get_logger("memd.daemon")
 
 # New counts reach the state DB (what `memd status` reads) this soon after they
 # are made, batched: at most one live flush per this long (the periodic flush,
 # daemon.state_flush_s, writes the rest: job states, the heartbeat).
 LIVE_FLUSH_S = 0.1
+
+
+class ErasureChange(NamedTuple):
+    """An agent ``memd forget`` erased (``erased``), or that writes again (not ``erased``)."""
+
+    agent: str
+    erased: bool
 
 
 class StateFlusher:
@@ -62,9 +67,6 @@ class StateFlusher:
         self._lock = threading.Lock()
         self._last_flush = 0.0
         self._last_status = ""
-        self.on_erasure: ErasureHook | None = None
-        # The runner's spending against the summarizer caps (set by the lifecycle).
-        self.spending: Callable[[], SpendingRecord] | None = None
         self._last_spending: SpendingRecord | None = None
         self._erased: set[str] = set()
 
@@ -91,19 +93,29 @@ class StateFlusher:
         """When the next live flush may run (monotonic), or None without a store."""
         return None if self.store is None else self._last_flush + LIVE_FLUSH_S
 
-    def flush(self, final: bool = False, *, live: bool = False) -> None:
-        """Write what changed. ``live`` (new counts, up to ten times a second):
-        the changed rows only; the heartbeat, spending and ``STATUS=`` line (a
-        pass over every agent) wait for the periodic flush."""
+    def flush(
+        self,
+        final: bool = False,
+        *,
+        live: bool = False,
+        spending: SpendingRecord | None = None,
+    ) -> list[ErasureChange]:
+        """Write what changed, and ``spending`` (the runner's, against the caps) when
+        given; returns the erasures that came or went since the last flush.
+        ``live`` (new counts, up to ten times a second): the changed rows only;
+        the heartbeat, spending and ``STATUS=`` line (a pass over every agent)
+        wait for the periodic flush."""
         # Snapshot and write as one step: two flushes at once (the periodic job
         # and a compaction's) could otherwise write an older snapshot last.
         with self._lock:
-            self._flush_serialized(final, live)
+            return self._flush_serialized(final, live, None if live else spending)
 
-    def _flush_serialized(self, final: bool, live: bool = False) -> None:
+    def _flush_serialized(
+        self, final: bool, live: bool, spending: SpendingRecord | None
+    ) -> list[ErasureChange]:
         self._last_flush = self._clock()
         now = time.time()
-        self._honour_erasures()
+        changes = self._honour_erasures()
         # Each entry's dirty flag is cleared before its fields are read: a change
         # made meanwhile (field first, then dirty) is in this snapshot or the next.
         dirty, removed = self._registry.take_changes()
@@ -123,11 +135,10 @@ class StateFlusher:
             )
             for entry in dirty
         ]
-        spending = self.spending() if self.spending is not None and not live else None
         status = "" if live else self.status_text(spending)
         if self.store is not None:
             try:
-                if spending is not None and _changed(spending, self._last_spending):
+                if spending is not None and _newer_and_changed(spending, self._last_spending):
                     self.store.write_spending(spending)
                     self._last_spending = spending
                 if records:
@@ -149,11 +160,12 @@ class StateFlusher:
         if not final and not live and status != self._last_status:
             self._last_status = status
             self._notifier.status(status)
+        return changes
 
-    def _honour_erasures(self) -> None:
+    def _honour_erasures(self) -> list[ErasureChange]:
         store = self.store
         if store is None:
-            return
+            return []
         try:
             stones = store.tombstoned(self._registry.names())
             for name, stone in list(stones.items()):
@@ -166,18 +178,18 @@ class StateFlusher:
                 _log.info("agent writes again after its erasure", agent=name)
         except Exception as exc:
             _log.warning("cannot read erasures from the state database", error=describe_error(exc))
-            return
+            return []
         erased = set(stones)
-        changes = [(name, True) for name in erased - self._erased]
-        changes += [(name, False) for name in self._erased - erased]
+        changes = [ErasureChange(name, True) for name in sorted(erased - self._erased)]
+        changes += [ErasureChange(name, False) for name in sorted(self._erased - erased)]
         self._erased = erased
-        for name, is_erased in changes:
-            if is_erased:
+        for change in changes:
+            if change.erased:
                 _log.info(
-                    "agent erased by memd forget; not tracked until it writes again", agent=name
+                    "agent erased by memd forget; not tracked until it writes again",
+                    agent=change.agent,
                 )
-            if self.on_erasure is not None:
-                self.on_erasure(name, is_erased)
+        return changes
 
     def status_text(self, spending: SpendingRecord | None = None) -> str:
         entries = list(self._registry.agents().values())
@@ -198,10 +210,13 @@ class StateFlusher:
         return text
 
 
-def _changed(new: SpendingRecord, old: SpendingRecord | None) -> bool:
-    """Whether ``new`` says something ``old`` did not (its time aside)."""
+def _newer_and_changed(new: SpendingRecord, old: SpendingRecord | None) -> bool:
+    """Whether ``new`` says something ``old`` did not (its time aside). A snapshot
+    older than the one written is stale: taken before the flush lock, it lost the race."""
     if old is None:
         return True
+    if new.ts < old.ts:
+        return False
     return (new.calls_last_hour, round(new.usd_last_day, 6), new.held_reason, new.held_until) != (
         old.calls_last_hour,
         round(old.usd_last_day, 6),
@@ -218,4 +233,4 @@ def _memory_stamp(entry: AgentEntry) -> FileStamp | None:
     return FileStamp(result.st_dev, result.st_ino, result.st_ctime_ns)
 
 
-__all__ = ["LIVE_FLUSH_S", "ErasureHook", "StateFlusher"]
+__all__ = ["LIVE_FLUSH_S", "ErasureChange", "StateFlusher"]

@@ -290,8 +290,6 @@ class Daemon:
         runner.audit = self.audit
         runner.redaction_key = self._redaction_key()
         self.runner = runner
-        self.flusher.on_erasure = runner.erasure_changed
-        self.flusher.spending = runner.spending_snapshot
         counter = CountService(
             self.config.trigger,
             self.config.tokenizer.encoding,
@@ -356,7 +354,7 @@ class Daemon:
         self._schedule_periodic()
         for entry in entries:
             runner.evaluate(entry)
-        self.flusher.flush()
+        runner.flush()
         self.notifier.ready(self.flusher.status_text())
         self.ready.set()
         _log.info(
@@ -520,9 +518,9 @@ class Daemon:
             self.counter.request_count(agent)
 
     def _schedule_periodic(self) -> None:
-        assert self.scheduler is not None and self.counter is not None
+        assert self.scheduler is not None and self.counter is not None and self.runner is not None
         self.scheduler.every("reconcile", self.config.watch.reconcile_s, self.counter.reconcile)
-        self.scheduler.every("state-flush", self.config.daemon.state_flush_s, self.flusher.flush)
+        self.scheduler.every("state-flush", self.config.daemon.state_flush_s, self.runner.flush)
         # Soon after start (agents restored without figures are listed), then
         # with the reconcile: what compact-now, forget and prune did meanwhile.
         self.scheduler.every(
@@ -562,10 +560,11 @@ class Daemon:
             waiter.join(timeout=2.0)
 
     def _final_flush(self) -> None:
-        if self.runner is not None:
-            self.runner.cancel_pending()
+        if self.runner is None:
+            return
+        self.runner.cancel_pending()
         with contextlib.suppress(Exception):
-            self.flusher.flush(final=True)
+            self.runner.flush(final=True)
 
     def _shutdown(self, stack: contextlib.ExitStack, quiet: bool = False) -> int:
         """Stop everything that started, in reverse; ``quiet`` after a failed

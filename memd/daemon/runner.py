@@ -11,8 +11,9 @@ Locks: the runner's lock serializes every job transition (decide, then apply,
 as one step). It is never held while taking another service's lock (the
 registry's, the flusher's, an entry's ``count_lock``; only leaf locks inside:
 the runner's spending lock, the scheduler's, the metrics'); the other way
-round, code holding an entry's ``count_lock`` or the flusher's lock may call
-into the runner, so no two services' locks are ever taken in both orders.
+round, no service calls into the runner while holding its own lock (a count
+and a flush return what they found, the caller acts after), so no two
+services' locks are ever taken in both orders.
 The flusher reads a job without this lock: an ``AgentJob`` is immutable and a
 transition writes ``job`` before it sets ``dirty``, so a flush that clears
 ``dirty`` then reads ``job`` sees the new job or is followed by one that does.
@@ -232,7 +233,14 @@ class Runner:
         if self.metrics is not None:
             self.metrics.remove_agent(name)
 
-    def erasure_changed(self, name: str, erased: bool) -> None:
+    def flush(self, final: bool = False, *, live: bool = False) -> None:
+        """Write the state DB (the flusher, with this runner's spending), then act on
+        the erasures that flush found (the flusher returns them: it calls no one)."""
+        spending = None if live else self.spending_snapshot()
+        for change in self._flusher.flush(final, live=live, spending=spending):
+            self._erasure_changed(change.agent, change.erased)
+
+    def _erasure_changed(self, name: str, erased: bool) -> None:
         """``memd forget`` erased the agent (or it writes again): its metrics series go
         (and stay away while erased); its past job state goes with its memory."""
         entry = self._registry.get(name)
@@ -375,8 +383,8 @@ class Runner:
             return self._spending.calls_left(self._clock(), self._caps())
 
     def spending_snapshot(self) -> SpendingRecord:
-        """What was spent against the caps and the hold now (the flusher stores it
-        for ``memd status``; the metrics follow it)."""
+        """What was spent against the caps and the hold now (each :meth:`flush` hands it
+        to the flusher, which stores it for ``memd status``; the metrics follow it)."""
         from memd.state import SpendingRecord
 
         now = self._clock()
@@ -430,7 +438,7 @@ class Runner:
             # `memd status` and the ledger readers see the result at once,
             # not at the next periodic flush.
             if not self._stopping:
-                self._flusher.flush()
+                self.flush()
 
     def _compact_one(self, entry: AgentEntry) -> None:
         name = entry.name

@@ -109,3 +109,52 @@ def test_job_transitions_do_not_wait_for_the_registry_lock(tmp_path: Path) -> No
     finally:
         release.set()
         holder.join(30)
+
+
+def test_a_flush_that_finds_an_erasure_takes_the_agents_past_and_metrics(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from memd.core.jobs import AgentJob
+    from memd.metrics import Metrics
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("ghost")
+    ws.create_agent("other")
+    s = build_services(ws, ScriptedCompaction("fail", "fail"))
+    assert s.flusher is not None
+    store = StateStore.open(tmp_path / "state", ws.root)
+    s.flusher.start(store)
+    metrics = Metrics(process=False)
+    s.runner.metrics = metrics
+    assert s.entry_counter is not None
+    s.entry_counter.metrics = metrics
+    for name in ("ghost", "other"):
+        s.fill(name, 20)
+        s.hint(name)
+    s.settle()
+    s.scheduler.run_queued()
+    assert s.job("ghost").state is JobState.BACKOFF and "wake:ghost" in s.scheduler.wakes
+
+    def series(name: str) -> float | None:
+        return metrics.registry.get_sample_value("memd_agent_tokens", {"agent": name})
+
+    assert series("ghost") is not None
+    # `memd forget ghost` in another process: a tombstone (its files stay for this test).
+    store.forget_agent("ghost", erased_at_ns=time.time_ns() + 10**12)
+    s.runner.flush()
+    assert s.job("ghost") == AgentJob() and "wake:ghost" not in s.scheduler.wakes
+    assert series("ghost") is None
+    assert s.job("other").state is JobState.BACKOFF and "wake:other" in s.scheduler.wakes
+    assert series("other") is not None
+    # Back: a new MEMORY.md lifts the tombstone; its series returns with its count.
+    (ws.root / "agents/ghost/MEMORY.md").unlink()
+    ws.create_agent("ghost", entries=1)
+    store.forget_agent("ghost", erased_at_ns=time.time_ns() - 10**9)  # before the new file
+    s.hint("ghost")
+    s.settle()
+    s.runner.flush()
+    assert store.tombstoned(["ghost"]) == {}
+    assert series("ghost") == s.tokens("ghost") > 0
+    store.close()
