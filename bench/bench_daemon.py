@@ -187,13 +187,34 @@ def part_cpu(appends: int, rate: float, repeats: int = 3) -> None:
 # ----------------------------------------------------------------- (b) latency
 
 
-def latency_writer(root: str, agents: int, rate: float, seconds: float, out: str) -> None:
+def swarms_turns() -> list[str]:
+    """Turns as a Swarms agent appends them (bench/transcripts.py: chat, tool calls,
+    tool outputs; ~750 bytes on average), in transcript order."""
+    from transcripts import make_batches
+
+    text = "".join(batch.text for batch in make_batches(count=2))
+    return ["### " + block for block in text.split("### ")[1:]]
+
+
+def appended_entry(kind: str, n: int, turns: list[str] | None = None) -> str:
+    """The ``n``-th entry a latency writer appends: ``short`` is a 20-word entry
+    (~180 bytes), ``swarms`` cycles through :func:`swarms_turns` (pass them in)."""
+    if kind == "swarms":
+        assert turns is not None
+        return turns[n % len(turns)]
+    return entry("Human", n, words=20)
+
+
+def latency_writer(
+    root: str, agents: int, rate: float, seconds: float, out: str, kind: str = "short"
+) -> None:
     """Appends at ``rate`` per second to random agents for ``seconds``; writes
-    (agent, time, size after) per append to ``out`` (JSON). Also used by
-    bench_append_latency.py."""
+    (agent, time, size after) per append to ``out`` (JSON). ``kind``: what is
+    appended (:func:`appended_entry`). Also used by bench_append_latency.py."""
     import random
 
     rng = random.Random(7)
+    turns = swarms_turns() if kind == "swarms" else None
     records = []
     interval = 1 / rate
     start = time.time()
@@ -202,7 +223,7 @@ def latency_writer(root: str, agents: int, rate: float, seconds: float, out: str
         agent = f"agent{rng.randrange(agents):04d}"
         path = os.path.join(root, "agents", agent, "MEMORY.md")
         with open(path, "a", encoding="utf-8") as handle:
-            handle.write(entry("Human", n, words=20))
+            handle.write(appended_entry(kind, n, turns))
         done = time.time()
         records.append((agent, done, os.path.getsize(path)))
         n += 1
