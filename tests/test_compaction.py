@@ -1012,6 +1012,35 @@ def test_a_degenerate_reply_is_judged_on_the_daemons_count(agent_ws: AgentWorksp
 
 
 @settings(max_examples=60, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=3000),
+    length=st.integers(min_value=0, max_value=3000),
+    flip=st.integers(min_value=0, max_value=2999),
+)
+def test_prefix_recheck_compares_every_byte_of_the_prefix(
+    data: bytes, length: int, flip: int
+) -> None:
+    import tempfile
+    from unittest import mock
+
+    length = min(length, len(data))
+    flip = flip % len(data)
+    changed = bytearray(data)
+    changed[flip] ^= 0xFF
+    # Small reads, so the changed byte falls inside, at and between chunks.
+    with mock.patch.object(fsutil, "_READ_CHUNK", 97):
+        for on_disk, same in ((data, True), (bytes(changed), flip >= length)):
+            with tempfile.TemporaryFile() as handle:
+                handle.write(on_disk)
+                handle.flush()
+                assert compaction._same_prefix(handle.fileno(), data, length) is same
+        with tempfile.TemporaryFile() as handle:  # the file got shorter than the prefix
+            handle.write(data[: length - 1] if length else b"")
+            handle.flush()
+            assert compaction._same_prefix(handle.fileno(), data, length) is (length == 0)
+
+
+@settings(max_examples=60, deadline=None)
 @given(data=st.binary(max_size=3000), length=st.integers(min_value=0, max_value=3000))
 def test_prefix_digest_while_reading_is_sha256_of_the_prefix(data: bytes, length: int) -> None:
     import hashlib

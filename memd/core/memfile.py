@@ -157,33 +157,34 @@ class MemoryDocument:
             return False
         return segment.content.replace(b"\r\n", b"\n").startswith(SUMMARY_PREAMBLE.encode())
 
-    def last_summary(self, end: int | None = None) -> EntrySegment | None:
-        """The newest summary block ending at or before ``end`` (default: boundary)."""
+    def since_summary(
+        self, end: int | None = None
+    ) -> tuple[EntrySegment | None, list[EntrySegment]]:
+        """The newest summary block ending at or before ``end`` (default: boundary) and
+        the entries after it up to ``end``, in one walk."""
         limit = self.boundary if end is None else end
         found: EntrySegment | None = None
-        for segment in self.segments:
-            if segment.start + len(segment.raw) > limit:
-                break
-            if isinstance(segment, EntrySegment) and self.is_summary_entry(segment):
-                found = segment
-        return found
-
-    def segments_before(self, offset: int) -> list[Segment]:
-        return [s for s in self.segments if s.start + len(s.raw) <= offset]
-
-    def raw_entries_since_summary(self, end: int | None = None) -> list[EntrySegment]:
-        """Entries after the last summary block, up to ``end`` (default: boundary)."""
-        limit = self.boundary if end is None else end
         pending: list[EntrySegment] = []
         for segment in self.segments:
             if segment.start + len(segment.raw) > limit:
                 break
             if isinstance(segment, EntrySegment):
                 if self.is_summary_entry(segment):
-                    pending = []
+                    found, pending = segment, []
                 else:
                     pending.append(segment)
-        return pending
+        return found, pending
+
+    def last_summary(self, end: int | None = None) -> EntrySegment | None:
+        """The newest summary block ending at or before ``end`` (default: boundary)."""
+        return self.since_summary(end)[0]
+
+    def segments_before(self, offset: int) -> list[Segment]:
+        return [s for s in self.segments if s.start + len(s.raw) <= offset]
+
+    def raw_entries_since_summary(self, end: int | None = None) -> list[EntrySegment]:
+        """Entries after the last summary block, up to ``end`` (default: boundary)."""
+        return self.since_summary(end)[1]
 
     def render(self) -> bytes:
         return b"".join(s.raw for s in self.segments)

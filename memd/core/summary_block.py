@@ -178,14 +178,20 @@ class Material:
     earlier_archives: int  # archives the provenance line names besides the new one
 
 
-def material_of(prefix: MemoryDocument, count_text: CountText) -> Material:
-    """The summary material of ``prefix`` (the part of MEMORY.md being compacted)."""
-    block = prefix.last_summary()
+def material_of(prefix: MemoryDocument, count_text: CountText | None) -> Material:
+    """The summary material of ``prefix`` (the part of MEMORY.md being compacted).
+
+    ``count_text`` None: the caller knows the input's size already (the
+    daemon's incremental count), so no turn is decoded to be counted
+    (``input_tokens`` is then 0).
+    """
+    block, entries = prefix.since_summary()
     previous = parse_summary(block.summary_text) if block is not None else ParsedSummary(body="")
-    entries = prefix.raw_entries_since_summary()
     carried = carried_pins(previous, block.timestamp) if block is not None else []
     new = pins_of_entries((e.role, e.timestamp, e.text) for e in entries)
-    input_tokens = count_text(previous.body) + sum(count_text(e.text) for e in entries)
+    input_tokens = 0
+    if count_text is not None:
+        input_tokens = count_text(previous.body) + sum(count_text(e.text) for e in entries)
     return Material(
         previous=previous,
         pins=tuple(merge_pins(carried, new)),
