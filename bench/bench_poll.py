@@ -2,10 +2,13 @@
 
 Prints, for N agents (default 10,000) polled at the default 1 s interval: the
 threads the watcher adds, its idle CPU (share of one core, measured over a
-quiet window), and the latency from an append to the watcher's callback
-(p50/p99 over appends to random agents). watchdog's PollingObserver, which
-memd used before, runs one emitter thread per folder: it is measured at a
-smaller fleet (default 1,000) and the ratio printed per agent.
+quiet window: the whole process, and memd's polling thread alone from its own
+CPU clock), the same pass's floor (a Python loop of one bare ``os.stat`` per
+MEMORY.md, timed in the same process), the load average, and the latency from
+an append to the watcher's callback (p50/p99 over appends to random agents).
+watchdog's PollingObserver, which memd used before, runs one emitter thread
+per folder: it is measured at a smaller fleet (default 1,000) and the ratio
+printed per agent.
 
     python bench/bench_poll.py [--agents 10000] [--anchor-agents 1000] [--idle-s 10]
 """
@@ -42,6 +45,26 @@ class LatencySink:
             if started is not None:
                 self.latencies.append(now - started)
                 self.arrived.notify_all()
+
+
+def thread_cpu(name: str) -> float | None:
+    """CPU seconds of the live thread called ``name`` (its own CPU clock), or None."""
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return None
+
+
+def stat_floor(folders: dict[str, Path], runs: int = 5) -> float:
+    """Seconds of CPU for one bare os.stat of every MEMORY.md (best of ``runs``)."""
+    paths = [str(folder / "MEMORY.md") for folder in folders.values()]
+    best = float("inf")
+    for _ in range(runs):
+        start = time.thread_time()
+        for path in paths:
+            os.stat(path)
+        best = min(best, time.thread_time() - start)
+    return best
 
 
 def make_fleet(root: Path, count: int) -> dict[str, Path]:
@@ -92,8 +115,15 @@ def measure(
             threads = threading.active_count() - threads_before
             time.sleep(2 * interval_s)  # first snapshots taken
             cpu0, wall0 = time.process_time(), time.monotonic()
+            thread0 = thread_cpu("memd-poll")
             time.sleep(idle_s)
-            idle_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+            thread1 = thread_cpu("memd-poll")
+            wall = time.monotonic() - wall0
+            idle_cpu = (time.process_time() - cpu0) / wall
+            poll_cpu = (
+                float("nan") if thread0 is None or thread1 is None else (thread1 - thread0) / wall
+            )
+            floor = stat_floor(folders) / interval_s
             names = random.Random(7).sample(sorted(folders), min(appends, count))
             for agent in names:
                 with sink.lock:
@@ -110,10 +140,16 @@ def measure(
             "agents": count,
             "threads": threads,
             "idle_cpu": idle_cpu,
+            "poll_cpu": poll_cpu,
+            "floor": floor,
             "p50": statistics.median(lat),
             "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "missed": len(names) - len(sink.latencies),
         }
+
+
+def _share(value: float) -> str:
+    return "-" if value != value else f"{value:.1%}"  # NaN: not measured
 
 
 def main(argv: list[str]) -> int:
@@ -134,15 +170,22 @@ def main(argv: list[str]) -> int:
             measure("watchdog", args.anchor_agents, args.idle_s, args.appends, args.interval_s),
         ),
     ]
-    print(f"poll interval {args.interval_s:g} s, {os.cpu_count()} cores")
-    columns = ("agents", "threads", "idle CPU", "p50", "p99", "missed")
+    load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"poll interval {args.interval_s:g} s, {os.cpu_count()} cores, load average {load}")
+    columns = ("agents", "threads", "idle CPU", "thread", "floor", "p50", "p99", "missed")
     print(f"{'watcher':<26}" + "".join(f" {name:>8}" for name in columns))
     for name, row in rows:
         print(
             f"{name:<26} {row['agents']:>8} {row['threads']:>8} {row['idle_cpu']:>8.1%} "
+            f"{_share(row['poll_cpu']):>8} {row['floor']:>8.1%} "
             f"{row['p50']:>7.2f}s {row['p99']:>7.2f}s {row['missed']:>8}"
         )
     memd, anchor = rows[0][1], rows[1][1]
+    print(
+        f"memd's polling thread: {memd['poll_cpu'] / memd['agents'] * 1e6:.2f} µs per agent "
+        f"per pass, {memd['poll_cpu'] / memd['floor']:.2f}x the bare-stat floor "
+        f"({memd['floor'] / memd['agents'] * 1e6:.2f} µs per stat)"
+    )
     per_agent_memd = memd["idle_cpu"] / memd["agents"]
     per_agent_anchor = anchor["idle_cpu"] / anchor["agents"]
     if per_agent_memd > 0:

@@ -14,7 +14,7 @@ Backends, behind one swappable name (:func:`make_backend`):
   one inotify instance) per watched folder, which does not scale to a large
   fleet (figures in the README's performance section).
 * ``polling`` (``--poll``), for NFS/CIFS and Docker Desktop mounts where
-  inotify sees nothing: :class:`StatPollBackend`, one thread that stats each
+  inotify sees nothing: :mod:`memd.poller`, one thread that stats each
   agent's MEMORY.md per pass. (watchdog's ``PollingObserver`` runs one emitter
   thread per folder and snapshots whole folders: 1,000 threads at 1,000 agents.)
 * ``observer``: watchdog's platform ``Observer`` (portable fallback).
@@ -34,6 +34,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
 from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.logs import get_logger
+from memd.poller import StatPoller
 from memd.workspace import AGENTS_DIR, MEMORY_FILE
 
 BackendKind = Literal["inotify", "polling", "observer"]
@@ -281,149 +282,44 @@ class ObserverBackend:
             self._agents_changed(key)
 
 
-# A pass stats every agent's MEMORY.md; the descriptor changes rarely, so it
-# is stat'ed on every few passes only (the reconcile rescan is the backstop).
-_DESCRIPTOR_EVERY = 5
-
-# (inode, size, mtime, ctime) of a file, or None when it is missing.
-_Signature = tuple[int, int, int, int] | None
-
-
-def _signature(path: str) -> _Signature:
-    try:
-        st = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-class _Polled:
-    """One watched agent folder: its file paths and their last signatures."""
-
-    __slots__ = ("descriptor", "descriptor_seen", "folder", "memory", "memory_seen")
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = str(folder)
-        self.memory = os.path.join(self.folder, MEMORY_FILE)
-        self.descriptor = os.path.join(self.folder, DESCRIPTOR_NAME)
-        self.memory_seen = _signature(self.memory)
-        self.descriptor_seen = _signature(self.descriptor)
-
-
 class StatPollBackend:
-    """``--poll``: one thread; each pass lists ``agents/`` and stats each MEMORY.md.
-
-    memd needs to know only which names came and went in ``agents/`` and that
-    an agent's MEMORY.md (or its descriptor) changed, so one ``stat`` per agent
-    per pass does, where a directory snapshot per folder would list and stat
-    every file in it. :meth:`poll_once` is one pass (tests call it directly).
-    """
+    """``--poll``: :class:`memd.poller.StatPoller` (one thread) behind the backend protocol."""
 
     kind: BackendKind = "polling"
 
     def __init__(self, sink: WatchSink, poll_interval_s: float) -> None:
-        self._agents_changed, self._memory_changed = _guarded(sink)
-        self._interval_s = poll_interval_s
-        self._folders: dict[str, _Polled] = {}
-        self._root: Path | None = None
-        self._root_seen: tuple[int, frozenset[str]] | None = None
-        self._passes = 0
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        agents_changed, memory_changed = _guarded(sink)
+        self.poller = StatPoller(agents_changed, memory_changed, poll_interval_s)
 
     def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="memd-poll", daemon=True)
-        self._thread.start()
+        self.poller.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
-        with self._lock:
-            self._folders.clear()
-            self._root = self._root_seen = None
+        self.poller.stop()
 
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self.poller.is_alive()
 
     def watch(self, key: str, path: Path) -> None:
-        # What an inotify watch would refuse (missing, not a folder, unreadable).
-        if not os.path.isdir(path):
-            raise NotADirectoryError(2, "no such folder", str(path))
         if key == ROOT_KEY:
-            listing = self._list_root(path)
-            with self._lock:
-                self._root, self._root_seen = path, listing
-            return
-        polled = _Polled(path)
-        with self._lock:
-            self._folders[key] = polled
+            self.poller.watch_root(path)
+        else:
+            self.poller.watch(key, path)
 
     def unwatch(self, key: str) -> None:
-        with self._lock:
-            if key == ROOT_KEY:
-                self._root = self._root_seen = None
-            else:
-                self._folders.pop(key, None)
+        if key == ROOT_KEY:
+            self.poller.unwatch_root()
+        else:
+            self.poller.unwatch(key)
 
     def watched(self) -> set[str]:
-        with self._lock:
-            keys = set(self._folders)
-            if self._root is not None:
-                keys.add(ROOT_KEY)
-            return keys
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self._interval_s):
-            try:
-                self.poll_once()
-            except Exception:  # a bug here must not end polling for every agent
-                _log.exception("poll pass failed")
-
-    @staticmethod
-    def _list_root(path: Path) -> tuple[int, frozenset[str]]:
-        return os.stat(path).st_ino, frozenset(os.listdir(path))
+        keys = self.poller.watched()
+        if self.poller.root_watched():
+            keys.add(ROOT_KEY)
+        return keys
 
     def poll_once(self) -> None:
-        """One pass: report what changed since the previous one."""
-        self._passes += 1
-        with self._lock:
-            root, root_seen = self._root, self._root_seen
-            folders = list(self._folders.items())
-        if root is not None and root_seen is not None:
-            self._poll_root(root, root_seen)
-        check_descriptor = self._passes % _DESCRIPTOR_EVERY == 0
-        for key, polled in folders:
-            seen = _signature(polled.memory)
-            if seen != polled.memory_seen:
-                polled.memory_seen = seen
-                if seen is None and not os.path.isdir(polled.folder):
-                    self._agents_changed(key)
-                else:
-                    self._memory_changed(key)
-            if check_descriptor:
-                descriptor = _signature(polled.descriptor)
-                if descriptor != polled.descriptor_seen:
-                    polled.descriptor_seen = descriptor
-                    self._memory_changed(key)
-
-    def _poll_root(self, root: Path, seen: tuple[int, frozenset[str]]) -> None:
-        try:
-            now = self._list_root(root)
-        except OSError:
-            now = None
-        with self._lock:
-            if self._root != root:
-                return  # unwatched meanwhile
-            self._root_seen = now
-        if now is None or now[0] != seen[0]:
-            self._agents_changed(None)  # agents/ itself went away or was replaced
-            return
-        for name in sorted(now[1] ^ seen[1]):
-            self._agents_changed(name)
+        self.poller.poll_once()
 
 
 def make_backend(

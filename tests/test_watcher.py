@@ -160,66 +160,28 @@ def test_default_backend() -> None:
     assert default_backend_kind(False) == "inotify"
 
 
-def test_stat_poller_reports_each_change_once_per_pass(tmp_path: Path) -> None:
-    # One pass at a time, no thread and no sleeping: what changed between two
-    # passes is reported once, and nothing when nothing changed.
-    from memd.core.descriptor import DESCRIPTOR_NAME
-    from memd.watcher import _DESCRIPTOR_EVERY, ROOT_KEY, StatPollBackend
+def test_poll_backend_maps_the_root_key_to_agents_folder(tmp_path: Path) -> None:
+    # The passes themselves are tested in test_poller.py; here the backend's
+    # ROOT_KEY is agents/ (listed, pinned) and other keys are agent folders.
+    from memd.watcher import ROOT_KEY, StatPollBackend
 
     agents = tmp_path / "agents"
-    alice = agents / "alice"
-    alice.mkdir(parents=True)
+    (agents / "alice").mkdir(parents=True)
     sink = Sink()
-    poller = StatPollBackend(sink, poll_interval_s=3600)
-    poller.watch(ROOT_KEY, agents)
-    poller.watch("alice", alice)
-    assert poller.watched() == {ROOT_KEY, "alice"}
-
-    def one_pass() -> list[tuple[str, str | None]]:
-        sink.clear()
-        poller.poll_once()
-        return list(sink.events)
-
-    assert one_pass() == []
-    memory = alice / "MEMORY.md"
-    memory.write_bytes(b"# Agent Memory\n")
-    assert one_pass() == [("memory", "alice")]
-    assert one_pass() == []
-    with memory.open("ab") as f:
-        f.write(b"one more line\n")
-    assert one_pass() == [("memory", "alice")]
-    replacement = alice / "MEMORY.md.tmp"
-    replacement.write_bytes(b"# Agent Memory\n")
-    os.replace(replacement, memory)
-    assert one_pass() == [("memory", "alice")]
-    (alice / ".memd").mkdir()
-    (alice / ".memd" / "journal").write_text("{}")
-    assert one_pass() == []  # memd's private files are not agent activity
-
+    backend = StatPollBackend(sink, poll_interval_s=3600)
+    backend.watch(ROOT_KEY, agents)
+    backend.watch("alice", agents / "alice")
+    assert backend.watched() == {ROOT_KEY, "alice"}
     (agents / "bob").mkdir()
-    assert one_pass() == [("agents", "bob")]
-    (agents / "bob").rename(agents / "carol")
-    assert sorted(one_pass()) == [("agents", "bob"), ("agents", "carol")]
-
-    (alice / DESCRIPTOR_NAME).write_text("{}")
-    seen = [event for _ in range(_DESCRIPTOR_EVERY) for event in one_pass()]
-    assert seen == [("memory", "alice")]
-
-    memory.unlink()
-    (alice / DESCRIPTOR_NAME).unlink()
-    (alice / ".memd" / "journal").unlink()
-    (alice / ".memd").rmdir()
-    alice.rmdir()
-    assert ("agents", "alice") in one_pass()
-    poller.unwatch("alice")
-    assert poller.watched() == {ROOT_KEY}
-
-
-def test_stat_poller_refuses_a_missing_folder(tmp_path: Path) -> None:
-    from memd.watcher import StatPollBackend
-
+    (agents / "alice" / "MEMORY.md").write_text("x")
+    backend.poll_once()
+    assert sink.events == [("agents", "bob"), ("memory", "alice")]
+    backend.unwatch(ROOT_KEY)
+    assert backend.watched() == {"alice"}
+    backend.unwatch("alice")
+    assert backend.watched() == set()
     with pytest.raises(OSError):
-        StatPollBackend(Sink(), poll_interval_s=1).watch("ghost", tmp_path / "ghost")
+        backend.watch("ghost", tmp_path / "ghost")
 
 
 def test_watching_a_renamed_folder_again_does_not_warn(tmp_path: Path) -> None:
