@@ -7,18 +7,21 @@ stderr and a non-zero exit code taken from the exception (see :mod:`memd.errors`
 
 ``memd COMMAND …`` imports only that command's module: ``memd status`` on a
 30,000-agent fleet is run by scripts and monitoring, and the other commands'
-imports (structlog, the recall server, the compaction) would be most of its time.
+imports (structlog, the recall server, the compaction) would be most of its time;
+the plain forms of ``memd status`` do not even import Typer
+(:mod:`memd.cli.status_argv`).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from memd.errors import MemdError
+
+if TYPE_CHECKING:
+    import typer
 
 # name -> (module under memd.cli, attribute), in `memd --help` order; "config"
 # is a command group (a Typer app of its own).
@@ -41,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_app(only: str | None = None) -> typer.Typer:
     """The CLI; with ``only``, just that command (same name, options and help)."""
+    import typer
+
     app = typer.Typer(
         name="memd",
         help="Memory-compaction daemon for AI agents' MEMORY.md files.",
@@ -76,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     only = args[0] if args and args[0] in COMMANDS else None
     try:
+        if only == "status":
+            from memd.cli.status_argv import run_status
+
+            run_status(args[1:])  # exits, unless the arguments are for Typer to read
         build_app(only)(args=args, prog_name="memd", standalone_mode=True)
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)

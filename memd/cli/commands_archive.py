@@ -25,7 +25,8 @@ from memd.archive_crypto import (
     read_master_key,
     rewrap_agent_key,
 )
-from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load, open_audit
+from memd.cli.common import load, open_audit
+from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.compaction import recover_agent
 from memd.core.audit import AuditEvent
 from memd.errors import MemdError, describe_error

@@ -17,15 +17,8 @@ from typing import Annotated
 import typer
 
 from memd.audit import audit_path, read_audit
-from memd.cli.common import (
-    ConfigOption,
-    JsonOption,
-    StateDirOption,
-    WorkspaceOption,
-    load,
-    local_time,
-    state_dir_of,
-)
+from memd.cli.common import load, local_time, state_dir_of
+from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.core.audit import AuditRecord, describe_fields
 from memd.core.names import validate_agent_name
 

@@ -11,15 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.cli.common import (
-    ConfigOption,
-    StateDirOption,
-    WorkspaceOption,
-    load,
-    open_audit,
-    open_state,
-    redaction_key,
-)
+from memd.cli.common import load, open_audit, open_state, redaction_key
+from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import after_prune_hook, archive_indexer
 from memd.errors import ConfigError, MemdError, NothingToCompact
 

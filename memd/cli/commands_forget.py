@@ -50,16 +50,8 @@ import typer
 from memd.agentdir import AgentDir
 from memd.archive_crypto import destroy_data_key
 from memd.audit import AuditLog
-from memd.cli.common import (
-    ConfigOption,
-    StateDirOption,
-    WorkspaceOption,
-    as_owner_of,
-    load,
-    open_audit,
-    open_state,
-    state_dir_of,
-)
+from memd.cli.common import as_owner_of, load, open_audit, open_state, state_dir_of
+from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
 from memd.core.erasure import compile_pattern

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from memd.cli.common import ConfigOption, WorkspaceOption, load
+from memd.cli.common import load
+from memd.cli.options import ConfigOption, WorkspaceOption
 from memd.core.names import validate_agent_name
 from memd.errors import ConfigError
 from memd.recall.socket_server import socket_path_for

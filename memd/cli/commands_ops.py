@@ -11,18 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from memd.cli.common import (
-    ConfigOption,
-    JsonOption,
-    StateDirOption,
-    WorkspaceOption,
-    ago,
-    iso_utc,
-    load,
-    local_time,
-    open_state,
-    state_dir_of,
-)
+from memd.cli.common import ago, iso_utc, load, local_time, open_state, state_dir_of
+from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.status_query import heartbeat_max_age
 from memd.errors import ConfigError, MemdError, UnknownAgent
 from memd.settings import LoadedConfig, resolve_state_dir

@@ -16,16 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memd.cli.common import (
-    ConfigOption,
-    JsonOption,
-    StateDirOption,
-    WorkspaceOption,
-    as_owner_of,
-    load,
-    open_audit,
-    state_dir_of,
-)
+from memd.cli.common import as_owner_of, load, open_audit, state_dir_of
+from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import after_prune_hook
 from memd.core.config import resolve_retention
 from memd.errors import MemdError, describe_error

@@ -15,7 +15,8 @@ from typing import Annotated
 
 import typer
 
-from memd.cli.common import ConfigOption, JsonOption, StateDirOption, WorkspaceOption, load
+from memd.cli.common import load
+from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.recall import Highlighted, RecallQueryError, excerpt, parse_since
 from memd.recall.index import RecallHit

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from memd.cli.common import ConfigOption, StateDirOption, WorkspaceOption, load
+from memd.cli.common import load
+from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 
 if TYPE_CHECKING:
     from memd.settings import LoadedConfig

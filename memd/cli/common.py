@@ -1,6 +1,8 @@
-"""What every command shares: options, loading the config, the state DB, time formatting.
+"""What every command shares: loading the config, the state DB, time formatting.
 
-Command modules import from here and never from each other (nor from ``app``).
+Command modules import from here (and their Typer options from
+:mod:`memd.cli.options`) and never from each other (nor from ``app``). Nothing
+here imports Typer: ``memd status`` runs without it (:mod:`memd.cli.status_argv`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from memd.errors import ConfigError
 from memd.pointer import PointerRefused, read_pointer
@@ -28,35 +28,6 @@ from memd.state import StateStore
 
 if TYPE_CHECKING:
     from memd.audit import AuditLog
-
-WorkspaceOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--workspace",
-        "-w",
-        help="Workspace root (default: MEMD_WORKSPACE, WORKSPACE_DIR, config, ./agent_workspace).",
-        show_default=False,
-    ),
-]
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        "-c",
-        help="TOML config file (default: MEMD_CONFIG, else /etc/memd/memd.toml if present).",
-        show_default=False,
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
-StateDirOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--state-dir",
-        help="memd's state dir (default: config state_dir, MEMD_STATE_DIR, "
-        "$STATE_DIRECTORY, ~/.local/state/memd).",
-        show_default=False,
-    ),
-]
 
 
 def warn(message: str) -> None:

@@ -1,0 +1,41 @@
+"""The options several commands share, as Typer parameter types.
+
+Apart from :mod:`memd.cli.common` so that the commands' shared helpers do not
+import Typer (``memd status`` runs without it, see :mod:`memd.cli.status_argv`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+WorkspaceOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--workspace",
+        "-w",
+        help="Workspace root (default: MEMD_WORKSPACE, WORKSPACE_DIR, config, ./agent_workspace).",
+        show_default=False,
+    ),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML config file (default: MEMD_CONFIG, else /etc/memd/memd.toml if present).",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="memd's state dir (default: config state_dir, MEMD_STATE_DIR, "
+        "$STATE_DIRECTORY, ~/.local/state/memd).",
+        show_default=False,
+    ),
+]
