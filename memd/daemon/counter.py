@@ -1,6 +1,10 @@
 """Hints in, counts out: the watcher's (and wake-ups') hints arrive on a queue, are
 debounced, and each due agent is counted and handed to the runner.
 
+The counter reads its queue and drives nothing upstream: an ``agents`` hint
+makes the registry rescan (the watch service, :mod:`memd.daemon.watches`,
+follows the published agent set; the counter never touches the watcher).
+
 One step is :meth:`CountService.tick` (celery beat's shape): take the queued
 hints, count what is due at ``now``, return when the next thing is due. The
 service thread only sleeps until then or until a hint arrives, so tests drive
@@ -37,7 +41,6 @@ from memd.daemon.registry import AgentRegistry
 from memd.daemon.runner import Runner
 from memd.errors import MemdError
 from memd.logs import get_logger
-from memd.watcher import Watcher
 
 if TYPE_CHECKING:
     from memd.state import AgentRecord
@@ -140,7 +143,6 @@ class CountService:
         self._rescan = False
         self._flush_pending = False  # counts changed since the last live flush
         self._state_lock = threading.Lock()  # debouncer, count_now, rescan
-        self._watcher: Watcher | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         # Agents whose first count runs in the background (count_later).
@@ -149,8 +151,7 @@ class CountService:
 
     # ---------------------------------------------------------------- service
 
-    def start(self, watcher: Watcher | None) -> None:
-        self._watcher = watcher
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="memd-count", daemon=True)
         self._thread.start()
 
@@ -275,46 +276,25 @@ class CountService:
             _log.exception("reconcile failed")
 
     def _reconcile(self) -> None:
-        watcher = self._watcher
-        restarted = False
-        if watcher is not None and not watcher.is_alive() and not self._stopping:
-            _log.warning("watcher thread died; restarting it")
-            watcher.restart()
-            restarted = True
-        self.reconcile_agents(force_sync=restarted)
+        self.reconcile_agents()
         now = time.time()
         for entry in self._registry.agents().values():
-            if restarted or entry.count_error is not None or changed_on_disk(entry):
+            if entry.count_error is not None or changed_on_disk(entry):
                 self.request_count(entry.name)
             elif self._runner.hold_expired(entry, now):
                 self._runner.evaluate(entry)  # safety net for a lost wake-up
 
-    def reconcile_agents(self, force_sync: bool = False) -> None:
-        names = set(self._registry.scan())
-        known = self._registry.names()
-        for name in sorted(names - known):
-            if self._registry.add(name) is not None:
-                if self._watcher is not None:
-                    self._watcher.sync(self._registry.dirs())
-                self.request_count(name)
-        for name in sorted(known - names):
-            if self._registry.remove(name) is not None:
-                with self._state_lock:
-                    self._debouncer.cancel(name)
-                    self._count_now.discard(name)
-                self._runner.forget(name)
-                if self._watcher is not None:
-                    self._watcher.unwatch(name)
-        watcher = self._watcher
-        if watcher is None:
-            return
-        # Agents whose watch went away (their folder was replaced under the
-        # same name) are watched again and recounted: events may have been missed.
-        unwatched = (names & known) - watcher.watched()
-        if force_sync or names != known or watcher.failed or unwatched:
-            watcher.sync(self._registry.dirs())
-            for name in sorted(unwatched):
-                self.request_count(name)
+    def reconcile_agents(self) -> None:
+        """The registry rescans (and publishes the agent set for the watches); new
+        agents are counted at once, gone ones forgotten."""
+        added, removed = self._registry.reconcile()
+        for name in added:
+            self.request_count(name)
+        for name in removed:
+            with self._state_lock:
+                self._debouncer.cancel(name)
+                self._count_now.discard(name)
+            self._runner.forget(name)
 
     def recount_changed(self, entries: list[AgentEntry]) -> None:
         """Start-up, once the watches are live: anything written during the scan

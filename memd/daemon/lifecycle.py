@@ -11,7 +11,10 @@ Each service is started with its stop pushed on one exit stack, so shutdown is
 the reverse of start-up by construction.
 
 Data walks one way: watcher → (hint queue) → counter → runner → scheduler →
-transaction → files; the flusher writes registry snapshots to the state DB.
+transaction → files; the flusher writes registry snapshots to the state DB and
+returns the erasures it found to the runner that asked. The watches follow the
+agent set the registry publishes at each rescan (the watch service owns the
+watcher); nothing downstream calls a stage upstream.
 
 Signals (uvicorn's shape): :meth:`Daemon.capture_signals` installs
 :meth:`Daemon.handle_exit` and restores the previous handlers; the handler
@@ -54,6 +57,7 @@ from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry, RecoverFn
 from memd.daemon.retention import DAILY_S, RetentionService
 from memd.daemon.runner import CompactFn, Runner, SummarizerFactory
+from memd.daemon.watches import WatchService
 from memd.descriptor import Descriptors
 from memd.errors import ConfigError, MemdError, describe_error
 from memd.logs import LogFormat, configure_logging, get_logger
@@ -174,6 +178,7 @@ class Daemon:
         self.archives = ArchiveSurvey(self.registry)
         self.scheduler: JobScheduler | None = None
         self.watcher: Watcher | None = None
+        self.watches: WatchService | None = None
         self.recall: RecallService | None = None
         self._metrics_server: MetricsServer | None = None
         self.retention: RetentionService | None = None
@@ -344,11 +349,12 @@ class Daemon:
             kind=kind,
             poll_interval_s=self.config.watch.poll_interval_s,
         )
-        self.watcher.start()
-        stack.callback(self.watcher.stop)
-        self.watcher.sync({e.name: e.paths.dir for e in entries})
+        self.watches = WatchService(
+            self.watcher, self.registry, counter.sink, check_every_s=self.config.watch.reconcile_s
+        )
+        self.watches.start(stack)
         counter.recount_changed([entry for entry in entries if entry not in later])
-        counter.start(self.watcher)
+        counter.start()
         stack.callback(counter.stop)
         counter.count_later(later)
         self._schedule_periodic()
@@ -585,8 +591,8 @@ class Daemon:
 
     def healthy(self) -> bool:
         return (
-            self.watcher is not None
-            and self.watcher.is_alive()
+            self.watches is not None
+            and self.watches.is_alive()
             and self.scheduler is not None
             and self.scheduler.is_alive()
             and self.counter is not None
@@ -655,6 +661,8 @@ class Daemon:
             if tokenizer is not None:
                 # Agents' reserved text (memd-agent.json) is counted with the new encoding too.
                 self.registry.reconfigure(new)
+        if self.watches is not None:
+            self.watches.check_every_s = new.watch.reconcile_s
         if (
             new.watch.reconcile_s != old.watch.reconcile_s
             or new.daemon.state_flush_s != old.daemon.state_flush_s

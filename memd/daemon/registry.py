@@ -7,6 +7,10 @@ job state is the runner's (under the runner's lock), its count the counter's
 (under the entry's ``count_lock``). While holding this lock the registry
 calls into no other service (it takes only the descriptors' lock, a leaf), so
 any service may take it while holding its own.
+
+Each rescan of the agent set is published (:class:`Rescans`): the watch service
+(:mod:`memd.daemon.watches`) waits for it and keeps the watches matching the
+set. The registry is read, it tells no one.
 """
 
 from __future__ import annotations
@@ -31,6 +35,37 @@ RecoverFn = Callable[[AgentPaths], "str | None"]
 ContextLengthOf = Callable[[str], "int | None"]
 
 
+class Rescans:
+    """The registry's rescans, published: a number that grows with each one, and a
+    wait for the next (the watch service's). Nobody is called: readers wait."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._number = 0
+
+    @property
+    def number(self) -> int:
+        with self._changed:
+            return self._number
+
+    def publish(self) -> None:
+        with self._changed:
+            self._number += 1
+            self._changed.notify_all()
+
+    def wait(self, seen: int, timeout: float, stop: threading.Event) -> int:
+        """The latest rescan's number once it is past ``seen``, or after ``timeout``
+        seconds, or once ``stop`` is set (and :meth:`wake` called)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._number != seen or stop.is_set(), timeout)
+            return self._number
+
+    def wake(self) -> None:
+        """Wake the waiters (one of them is stopping: it set its ``stop`` first)."""
+        with self._changed:
+            self._changed.notify_all()
+
+
 class AgentRegistry:
     def __init__(
         self,
@@ -52,6 +87,7 @@ class AgentRegistry:
         self._agents_dir_plain = False
         # Each agent's memd-agent.json (set at start-up, when the tokenizer exists).
         self.descriptors: Descriptors | None = None
+        self.rescans = Rescans()
 
     @property
     def root(self) -> Path:
@@ -140,6 +176,16 @@ class AgentRegistry:
             self._removed.discard(name)
         _log.info("agent added", agent=name)
         return entry
+
+    def reconcile(self) -> tuple[list[str], list[str]]:
+        """Rescan ``agents/``: new folders are added (recovered), gone ones removed.
+        Returns (added, removed) and publishes the rescan (the watches follow it)."""
+        names = set(self.scan())
+        known = self.names()
+        added = [name for name in sorted(names - known) if self.add(name) is not None]
+        removed = [name for name in sorted(known - names) if self.remove(name) is not None]
+        self.rescans.publish()
+        return added, removed
 
     def remove(self, name: str) -> AgentEntry | None:
         with self._lock:
@@ -232,4 +278,4 @@ class AgentRegistry:
             _log.warning("recovered an interrupted compaction", agent=entry.name, action=done)
 
 
-__all__ = ["AgentRegistry", "ContextLengthOf", "RecoverFn"]
+__all__ = ["AgentRegistry", "ContextLengthOf", "RecoverFn", "Rescans"]

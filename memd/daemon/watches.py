@@ -1,0 +1,110 @@
+"""The watches follow the agent set, one way: the registry publishes each rescan
+(:class:`memd.daemon.registry.Rescans`), this service keeps the watcher's
+watches matching the set, restarts a dead watcher, and asks the counter (a hint
+on its queue) to count whatever a missing watch may have hidden.
+
+It is the watcher's only driver: the counter downstream reads hints and never
+calls the watcher; the registry is read, never told. One step is :meth:`tick`
+(tests call it); the service thread runs it after each published rescan, and
+at least every ``check_every_s`` (a dead watcher is restarted even when no
+rescan comes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from memd.daemon.counter import HintSink
+from memd.daemon.registry import AgentRegistry
+from memd.logs import get_logger
+from memd.watcher import Watcher
+
+_log = get_logger("memd.daemon")
+
+
+class WatchService:
+    def __init__(
+        self,
+        watcher: Watcher,
+        registry: AgentRegistry,
+        hints: HintSink,
+        *,
+        check_every_s: float,
+    ) -> None:
+        self.watcher = watcher
+        # How long the thread waits for a rescan before checking anyway (reload sets it).
+        self.check_every_s = check_every_s
+        self._registry = registry
+        self._hints = hints
+        self._synced: set[str] = set()  # the agent set the watches were last matched to
+        self._lock = threading.Lock()  # one tick at a time (the thread's, a test's)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, stack: contextlib.ExitStack) -> None:
+        """Start the watcher and watch every registered agent now (the caller then
+        stats what changed meanwhile), then follow the rescans in a thread."""
+        self.watcher.start()
+        stack.callback(self.watcher.stop)
+        seen = self._registry.rescans.number
+        self._synced = self._registry.names()
+        self.watcher.sync(self._registry.dirs())
+        self._thread = threading.Thread(
+            target=self._loop, args=(seen,), name="memd-watch", daemon=True
+        )
+        self._thread.start()
+        stack.callback(self.stop)
+
+    def stop(self, timeout: float = 5) -> None:
+        self._stop.set()
+        self._registry.rescans.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+
+    def is_alive(self) -> bool:
+        """The watcher's thread, and this service's that keeps it."""
+        thread = self._thread
+        return self.watcher.is_alive() and thread is not None and thread.is_alive()
+
+    def _loop(self, seen: int) -> None:
+        while not self._stop.is_set():
+            seen = self._registry.rescans.wait(seen, self.check_every_s, self._stop)
+            if self._stop.is_set():
+                return
+            try:
+                self.tick()
+            except Exception:  # the next rescan tries again
+                _log.exception("keeping the watches failed")
+
+    def tick(self) -> None:
+        """Match the watches to the agent set now; ask for a count of every agent
+        whose events may have been missed (new, re-watched, or all after a restart)."""
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
+        watcher = self.watcher
+        restarted = False
+        if not watcher.is_alive() and not self._stop.is_set():
+            _log.warning("watcher thread died; restarting it")
+            watcher.restart()
+            restarted = True
+        names = self._registry.names()
+        added = names - self._synced
+        if added:
+            # First: a new folder may take over the watch of a folder renamed to
+            # it, and the name that watch had is then seen as lost just below.
+            watcher.sync(self._registry.dirs())
+        # Agents whose watch went away (their folder was replaced under the same
+        # name) or never came (it failed) are watched again and recounted:
+        # events may have been missed.
+        lost = (names - added) - watcher.watched()
+        if restarted or names != self._synced or watcher.failed or lost:
+            watcher.sync(self._registry.dirs())
+        self._synced = names
+        for name in sorted(names if restarted else added | lost):
+            self._hints.count_now(name)
+
+
+__all__ = ["WatchService"]
