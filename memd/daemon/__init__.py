@@ -1,6 +1,8 @@
 """The daemon: single-purpose services linked one way (see :mod:`memd.daemon.lifecycle`).
 
-* :mod:`~memd.daemon.registry`: the agents (scan, refused names, add/remove, recovery);
+* :mod:`~memd.daemon.registry`: the agents (scan, refused names, add/remove, recovery),
+  each rescan published;
+* :mod:`~memd.daemon.watches`: the watcher's one driver, following the published agent set;
 * :mod:`~memd.daemon.counter`: watcher hints on a queue → debounce → counts;
 * :mod:`~memd.daemon.runner`: job decisions → the scheduler; outcomes → ledger, metrics;
 * :mod:`~memd.daemon.flusher`: registry snapshots → state DB, heartbeat, ``STATUS=``;

@@ -9,12 +9,14 @@ import queue
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.memfiles import AgentWorkspace
 
+import memd.watcher
 from memd.daemon.counter import Hint, HintKind, HintSink
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.watches import WatchService
@@ -29,6 +31,7 @@ class Rig:
     inbox: queue.SimpleQueue[Hint]
     service: WatchService
     stack: contextlib.ExitStack
+    backends: list[Any] = field(default_factory=list)  # every backend the watcher started
 
     def agent_dir(self, name: str) -> Path:
         return self.ws.root / "agents" / name
@@ -68,7 +71,16 @@ class Rig:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
+def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    # The backend is reached through its one swappable name (watchfiles' pattern).
+    backends: list[Any] = []
+    real_make_backend = memd.watcher.make_backend
+
+    def make_backend(*args: Any, **kwargs: Any) -> Any:
+        backends.append(real_make_backend(*args, **kwargs))
+        return backends[-1]
+
+    monkeypatch.setattr(memd.watcher, "make_backend", make_backend)
     ws = AgentWorkspace(tmp_path / "ws")
     for name in ("alice", "bob"):
         ws.create_agent(name)
@@ -83,7 +95,7 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     service = WatchService(watcher, registry, sink, check_every_s=86_400)
     with contextlib.ExitStack() as stack:
         service.start(stack)
-        yield Rig(ws, registry, inbox, service, stack)
+        yield Rig(ws, registry, inbox, service, stack, backends)
 
 
 def test_start_watches_every_registered_agent_and_asks_for_no_count(rig: Rig) -> None:
@@ -124,13 +136,12 @@ def test_a_folder_replaced_under_the_same_name_is_watched_again_and_recounted(
 
 
 def test_a_dead_watcher_is_restarted_and_every_agent_recounted(rig: Rig) -> None:
-    backend = rig.service.watcher._backend  # the thread dies under us
-    assert backend is not None
-    backend.stop()
+    assert len(rig.backends) == 1
+    rig.backends[0].stop()  # its thread dies under us
     assert not rig.service.is_alive()
     rig.drain()
     rig.service.tick()
-    assert rig.service.is_alive()
+    assert rig.service.is_alive() and len(rig.backends) == 2  # a new backend
     assert rig.count_requests() == ["alice", "bob"]
     assert rig.sees_writes_to("alice")
 
