@@ -214,8 +214,11 @@ def test_agents_hint_reconciles_the_agent_set(tmp_path: Path) -> None:
     ws.create_agent("alice")
     s = build_services(ws, ScriptedCompaction())
     ws.create_agent("bob", entries=3)
+    published = s.registry.rescans.number
     s.counter.sink.agents_changed("bob")
     s.counter.tick(s.clock.now)  # the rescan adds bob and asks for his count now
+    # The rescan is published (the watch service follows it): the counter calls no watcher.
+    assert s.registry.rescans.number == published + 1
     s.counter.tick(s.clock.now)
     assert s.tokens("bob") == full(ws.root / "agents/bob/MEMORY.md") > 0
     (ws.root / "agents/alice/MEMORY.md").unlink()
