@@ -8,11 +8,14 @@ observer thread silently).
 
 Backends, behind one swappable name (:func:`make_backend`):
 
-* ``inotify`` (Linux default): watchdog's inotify layer (``InotifyFD``) with a
-  single callback for every folder: one inotify instance and one thread for
-  any number of agents. watchdog's ``Observer`` starts one emitter thread (and
-  one inotify instance) per watched folder, which does not scale to a large
-  fleet (figures in the README's performance section).
+* ``inotify`` (Linux default): :class:`InotifyBackend`, one inotify instance
+  (:mod:`memd.inotify`) and one thread for any number of agents; each read's
+  events are parsed in one pass and coalesced per agent (at fleet scale an
+  event comes with every append, so the per-event cost is the daemon's
+  per-append cost). watchdog's ``Observer`` starts one emitter thread (and one
+  inotify instance) per watched folder, which does not scale to a large fleet
+  (figures in the README's performance section), and its ``InotifyFD`` builds
+  objects and takes locks per event.
 * ``polling`` (``--poll``), for NFS/CIFS and Docker Desktop mounts where
   inotify sees nothing: :mod:`memd.poller`, one thread that stats each
   agent's MEMORY.md per pass. (watchdog's ``PollingObserver`` runs one emitter
@@ -24,15 +27,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
-import warnings
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
 from memd.core.descriptor import DESCRIPTOR_NAME
+from memd.inotify import (
+    EVENT,
+    IN_ATTRIB,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    Inotify,
+)
+from memd.inotify import available as inotify_available
 from memd.logs import get_logger
 from memd.poller import StatPoller
 from memd.workspace import AGENTS_DIR, MEMORY_FILE
@@ -85,68 +105,92 @@ def _guarded(sink: WatchSink) -> tuple[Callable[[str | None], None], Callable[[s
     return agents_changed, memory_changed
 
 
+_SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF
+_WATCH_MASK: Final = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_CREATE
+    | IN_DELETE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_ONLYDIR
+)
+
+# After the first event of a quiet spell, the reader waits this long before
+# reading: the events of many appends arrive in one read (and identical ones
+# are merged by the kernel), so the thread wakes once per batch, not per write.
+# Small next to the debounce (500 ms by default) it precedes.
+READ_DELAY_S: Final = 0.02
+_READ_BYTES: Final = 1 << 16
+
+
 class InotifyBackend:
-    """All folders on one private watchdog ``InotifyFD``: one thread, one fd."""
+    """All folders on one inotify fd, read by one thread.
+
+    Each read is parsed in one pass (``struct``, no per-event objects) and
+    coalesced: an agent written many times in one batch is reported once,
+    ``agents/`` names once each, and an overflow as one rescan.
+    """
 
     kind: BackendKind = "inotify"
 
-    def __init__(self, sink: WatchSink) -> None:
-        from watchdog.observers.inotify_c import InotifyConstants as C
-
+    def __init__(self, sink: WatchSink, read_delay_s: float = READ_DELAY_S) -> None:
         self._agents_changed, self._memory_changed = _guarded(sink)
-        self._mask = (
-            C.IN_MODIFY
-            | C.IN_ATTRIB
-            | C.IN_CREATE
-            | C.IN_DELETE
-            | C.IN_MOVED_FROM
-            | C.IN_MOVED_TO
-            | C.IN_DELETE_SELF
-            | C.IN_MOVE_SELF
-            | C.IN_ONLYDIR
-        )
-        self._fd: Any = None
+        self._read_delay_s = read_delay_s
+        self._inotify: Inotify | None = None
+        self._wake: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # The reader thread and watched() both read the fd: one at a time, so
+        # batches are dispatched in the kernel's order (reentrant: a sink may ask).
+        self._read_lock = threading.RLock()
         self._wd_by_key: dict[str, int] = {}
         self._key_by_wd: dict[int, str] = {}
-        self._memory_name = os.fsencode(MEMORY_FILE)
-        self._descriptor_name = os.fsencode(DESCRIPTOR_NAME)
+        self._watched_names = (os.fsencode(MEMORY_FILE), os.fsencode(DESCRIPTOR_NAME))
         self._stopping = False
 
     def start(self) -> None:
-        from watchdog.observers.inotify_c import InotifyFD
-
         self._stopping = False
-        # A renamed agent folder keeps its inotify watch descriptor, so watching
-        # it under its new name re-registers the same callback, and watchdog
-        # warns. One filter for that warning (attributed to this module), set
-        # once: a catch_warnings() per watch cost 0.2 s at 30,000 agents.
-        warnings.filterwarnings(
-            "ignore",
-            message="Callback with id .* already exists",
-            category=RuntimeWarning,
-            module=__name__,
+        self._inotify = Inotify()  # private: restartable
+        self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(self._inotify, self._wake[0]),
+            name="memd-inotify",
+            daemon=True,
         )
-        self._fd = InotifyFD()  # private instance: restartable, not shared
-        self._fd.start()
+        self._thread.start()
 
     def stop(self) -> None:
         self._stopping = True
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            fd.stop()
-            fd.join(timeout=2)
+        thread, self._thread = self._thread, None
+        wake, self._wake = self._wake, None
+        inotify, self._inotify = self._inotify, None
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                os.write(wake[1], b"x")
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2)
+        if inotify is not None:
+            with self._read_lock:  # not under a reader's feet
+                inotify.close()  # drops every watch
+        if wake is not None:
+            for fd in wake:
+                os.close(fd)
         with self._lock:
             self._wd_by_key.clear()
             self._key_by_wd.clear()
 
     def is_alive(self) -> bool:
-        return self._fd is not None and bool(self._fd.is_alive())
+        return self._thread is not None and self._thread.is_alive()
 
     def watch(self, key: str, path: Path) -> None:
-        if self._fd is None:
+        inotify = self._inotify
+        if inotify is None:
             raise RuntimeError("watcher is not started")
-        wd = self._fd.add_callback(os.fsencode(path), self._mask, self, id(self))
+        wd = inotify.add_watch(path, _WATCH_MASK)
         with self._lock:
             # inotify gave back a descriptor another key holds: that folder
             # was renamed to this path, so the old key is no longer watched
@@ -165,41 +209,105 @@ class InotifyBackend:
             if self._key_by_wd.get(wd) != key:
                 return  # the descriptor now belongs to the folder's new name
             del self._key_by_wd[wd]
-        if self._fd is not None:
-            self._fd.remove_callbacks([(wd, id(self))])
+        inotify = self._inotify
+        if inotify is not None:
+            # EINVAL: the kernel dropped the watch already (folder deleted).
+            with contextlib.suppress(OSError):
+                inotify.rm_watch(wd)
 
     def watched(self) -> set[str]:
+        """The watched keys, after every event the kernel has queued so far (a
+        watch it dropped is not listed, whatever the reader thread's delay)."""
+        inotify = self._inotify
+        if inotify is not None:
+            # A read error here is the reader thread's to die of (then restarted).
+            with contextlib.suppress(OSError):
+                self._read_queued(inotify)
         with self._lock:
             return set(self._wd_by_key)
 
-    # watchdog's WatchCallback protocol, called on the InotifyFD thread.
-    def on_event(self, event: Any) -> None:
-        with self._lock:
-            key = self._key_by_wd.get(event.wd)
-        if key is None:
-            return
-        if key == ROOT_KEY:
-            if event.is_delete_self or event.is_move_self:
-                self._agents_changed(None)
-            elif event.name and not event.is_modify:
-                self._agents_changed(os.fsdecode(event.name))
-            return
-        if event.name in (self._memory_name, self._descriptor_name):
-            self._memory_changed(key)
-        elif event.is_delete_self or event.is_move_self:
-            self._agents_changed(key)
+    def _read_queued(self, inotify: Inotify) -> None:
+        """Read and dispatch what is queued now (one reader at a time, in order)."""
+        with self._read_lock:
+            fd = inotify.fd
+            if fd < 0:
+                return  # closed by stop()
+            chunks = []
+            while True:  # until the queue is drained (the fd is non-blocking)
+                try:
+                    chunk = os.read(fd, _READ_BYTES)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    if self._stopping:
+                        return
+                    raise
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            if chunks:
+                self.dispatch(b"".join(chunks))
 
-    def on_watch_deleted(self, wd: int) -> None:
-        with self._lock:
-            key = self._key_by_wd.pop(wd, None)
-            if key is not None and self._wd_by_key.get(key) == wd:
-                del self._wd_by_key[key]
-        if key is not None and not self._stopping:
-            self._agents_changed(None if key == ROOT_KEY else key)
+    def _run(self, inotify: Inotify, wake: int) -> None:
+        poller = select.poll()
+        poller.register(inotify.fd, select.POLLIN)
+        poller.register(wake, select.POLLIN)
+        while not self._stopping:
+            ready = poller.poll()
+            if self._stopping or any(ready_fd == wake for ready_fd, _ in ready):
+                return
+            if self._read_delay_s > 0:
+                time.sleep(self._read_delay_s)
+            self._read_queued(inotify)
 
-    def on_queue_overflow(self) -> None:
-        _log.warning("inotify queue overflowed; rescanning every agent")
-        self._agents_changed(None)
+    def dispatch(self, data: bytes) -> None:
+        """Report the events in ``data`` (what one or more reads returned), coalesced."""
+        memory: dict[str, None] = {}  # ordered sets: reported in arrival order
+        names: dict[str | None, None] = {}
+        gone: list[str] = []
+        overflow = False
+        unpack = EVENT.unpack_from
+        header = EVENT.size
+        watched_names = self._watched_names
+        offset, end = 0, len(data)
+        with self._lock:
+            key_by_wd = self._key_by_wd
+            while offset + header <= end:
+                wd, mask, _cookie, length = unpack(data, offset)
+                name = data[offset + header : offset + header + length].rstrip(b"\0")
+                offset += header + length
+                if mask & IN_Q_OVERFLOW:
+                    overflow = True
+                    continue
+                key = key_by_wd.get(wd)
+                if key is None:
+                    continue
+                if mask & IN_IGNORED:
+                    # The watch is gone (folder deleted or replaced): forget it,
+                    # and the agent set is looked at again.
+                    del key_by_wd[wd]
+                    if self._wd_by_key.get(key) == wd:
+                        del self._wd_by_key[key]
+                    gone.append(key)
+                elif key == ROOT_KEY:
+                    if mask & _SELF_GONE:
+                        names[None] = None
+                    elif name and not mask & IN_MODIFY:
+                        names[os.fsdecode(name)] = None
+                elif name in watched_names:
+                    memory[key] = None
+                elif mask & _SELF_GONE:
+                    names[key] = None
+        if overflow:
+            _log.warning("inotify queue overflowed; rescanning every agent")
+            names[None] = None
+        if not self._stopping:
+            for key in gone:
+                names[None if key == ROOT_KEY else key] = None
+        for changed in names:
+            self._agents_changed(changed)
+        for agent in memory:
+            self._memory_changed(agent)
 
 
 class _KeyedHandler(FileSystemEventHandler):
@@ -335,11 +443,7 @@ def make_backend(
 def default_backend_kind(poll: bool) -> BackendKind:
     if poll:
         return "polling"
-    try:
-        import watchdog.observers.inotify_c  # noqa: F401  (Linux only)
-    except (ImportError, OSError):
-        return "observer"
-    return "inotify"
+    return "inotify" if inotify_available() else "observer"
 
 
 class Watcher:

@@ -202,3 +202,81 @@ def test_watching_a_renamed_folder_again_does_not_warn(tmp_path: Path) -> None:
         assert backend.watched() == {"carol"}
     finally:
         backend.stop()
+
+
+def _event(wd: int, mask: int, name: bytes = b"") -> bytes:
+    from memd.inotify import EVENT
+
+    padded = name + b"\0" * (16 - len(name) % 16) if name else b""  # NUL-padded, as the kernel does
+    return EVENT.pack(wd, mask, 0, len(padded)) + padded
+
+
+def test_inotify_batch_is_reported_once_per_agent(tmp_path: Path) -> None:
+    # One read's events, scripted in the kernel's layout: every MEMORY.md write
+    # of an agent collapses to one report, agents/ names to one each, and an
+    # overflow or a watch the kernel dropped to a rescan or that agent's name.
+    from memd import inotify as C
+    from memd.watcher import ROOT_KEY, InotifyBackend
+
+    agents = tmp_path / "agents"
+    for name in ("alice", "bob", "erin"):
+        (agents / name).mkdir(parents=True)
+    sink = Sink()
+    backend = InotifyBackend(sink, read_delay_s=0)
+    backend.start()
+    try:
+        backend.watch(ROOT_KEY, agents)
+        backend.watch("alice", agents / "alice")
+        backend.watch("bob", agents / "bob")
+        backend.watch("erin", agents / "erin")
+        wd = dict(backend._wd_by_key)
+        data = b"".join(
+            [
+                *[_event(wd["alice"], C.IN_MODIFY, b"MEMORY.md") for _ in range(50)],
+                _event(wd["bob"], C.IN_CREATE, b"memd-agent.json"),
+                _event(wd["bob"], C.IN_MODIFY, b".memd"),  # memd's own files: nothing
+                _event(wd["alice"], C.IN_MODIFY, b"MEMORY.md"),
+                _event(wd[ROOT_KEY], C.IN_CREATE | 0x40000000, b"carol"),
+                _event(wd[ROOT_KEY], C.IN_MODIFY, b"alice"),  # a folder's mtime: nothing
+                _event(wd[ROOT_KEY], C.IN_CREATE | 0x40000000, b"carol"),
+                _event(wd["erin"], C.IN_DELETE_SELF),
+                _event(wd["erin"], C.IN_IGNORED),
+                _event(12345, C.IN_MODIFY, b"MEMORY.md"),  # not ours (any more)
+            ]
+        )
+        backend.dispatch(data)
+        assert sink.events == [
+            ("agents", "carol"),
+            ("agents", "erin"),
+            ("memory", "alice"),
+            ("memory", "bob"),
+        ]
+        assert backend.watched() == {ROOT_KEY, "alice", "bob"}  # erin's watch is gone
+        sink.clear()
+        backend.dispatch(_event(-1, C.IN_Q_OVERFLOW) + _event(wd["bob"], C.IN_MODIFY, b"MEMORY.md"))
+        assert sink.events == [("agents", None), ("memory", "bob")]
+    finally:
+        backend.stop()
+    assert not backend.is_alive()
+
+
+def test_inotify_burst_of_appends_wakes_the_sink_once(tmp_path: Path) -> None:
+    # Real writes: the reader waits read_delay_s after the first event, then
+    # reads the whole burst at once (one report, not one per append).
+    from memd.watcher import InotifyBackend
+
+    (tmp_path / "alice").mkdir()
+    sink = Sink()
+    backend = InotifyBackend(sink, read_delay_s=1.0)
+    backend.start()
+    try:
+        backend.watch("alice", tmp_path / "alice")
+        for n in range(20):
+            with (tmp_path / "alice" / "MEMORY.md").open("a") as handle:
+                handle.write(f"append {n}\n")
+        assert sink.wait_for(("memory", "alice"))
+        time.sleep(1.5)  # (a second batch, if the burst was split, reports by now)
+        # One batch; two if the machine stalled the writer past the delay.
+        assert 1 <= len(sink.events) <= 2
+    finally:
+        backend.stop()

@@ -19,7 +19,6 @@ LogLine = dict[str, Any]
 _AS_USER = """
 import os, sys
 import apscheduler.triggers.date, apscheduler.triggers.interval
-import watchdog.observers.inotify_c
 import memd.cli.app, memd.compaction, memd.counting, memd.daemon, memd.scheduler
 import memd.state, memd.summarizers, memd.tokenizer, memd.watcher, memd.core.builtin_summary
 memd.tokenizer.load_encoding("cl100k_base")
