@@ -1,11 +1,12 @@
 """``--poll`` at fleet scale: memd's one-thread stat poller vs watchdog's PollingObserver.
 
 Prints, for N agents (default 10,000) polled at the default 1 s interval: the
-threads the watcher adds, its idle CPU (share of one core, measured over a
-quiet window: the whole process, and memd's polling thread alone from its own
-CPU clock), the same pass's floor (a Python loop of one bare ``os.stat`` per
-MEMORY.md, timed in the same process), the load average, and the latency from
-an append to the watcher's callback (p50/p99 over appends to random agents).
+threads the watcher adds, the fds it holds (MEMORY.md files held open on a
+local disk), its idle CPU (share of one core, measured over a quiet window:
+the whole process, and memd's polling thread alone from its own CPU clock),
+the same pass's floor (a Python loop of one bare ``os.stat`` per MEMORY.md,
+timed in the same process), the load average, and the latency from an append
+to the watcher's callback (p50/p99 over appends to random agents).
 watchdog's PollingObserver, which memd used before, runs one emitter thread
 per folder: it is measured at a smaller fleet (default 1,000) and the ratio
 printed per agent.
@@ -85,6 +86,7 @@ def measure(
         folders = make_fleet(root, count)
         sink = LatencySink()
         threads_before = threading.active_count()
+        fds_before = len(os.listdir("/proc/self/fd"))
         if kind == "memd":
             watcher = Watcher(root, sink, kind="polling", poll_interval_s=interval_s)
             watcher.start()
@@ -120,6 +122,7 @@ def measure(
             thread1 = thread_cpu("memd-poll")
             wall = time.monotonic() - wall0
             idle_cpu = (time.process_time() - cpu0) / wall
+            fds = len(os.listdir("/proc/self/fd")) - fds_before
             poll_cpu = (
                 float("nan") if thread0 is None or thread1 is None else (thread1 - thread0) / wall
             )
@@ -140,6 +143,7 @@ def measure(
             "agents": count,
             "threads": threads,
             "idle_cpu": idle_cpu,
+            "fds": fds,
             "poll_cpu": poll_cpu,
             "floor": floor,
             "p50": statistics.median(lat),
@@ -172,11 +176,12 @@ def main(argv: list[str]) -> int:
     ]
     load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
     print(f"poll interval {args.interval_s:g} s, {os.cpu_count()} cores, load average {load}")
-    columns = ("agents", "threads", "idle CPU", "thread", "floor", "p50", "p99", "missed")
+    columns = ("agents", "threads", "fds", "idle CPU", "thread", "floor", "p50", "p99", "missed")
     print(f"{'watcher':<26}" + "".join(f" {name:>8}" for name in columns))
     for name, row in rows:
         print(
-            f"{name:<26} {row['agents']:>8} {row['threads']:>8} {row['idle_cpu']:>8.1%} "
+            f"{name:<26} {row['agents']:>8} {row['threads']:>8} {row['fds']:>8} "
+            f"{row['idle_cpu']:>8.1%} "
             f"{_share(row['poll_cpu']):>8} {row['floor']:>8.1%} "
             f"{row['p50']:>7.2f}s {row['p99']:>7.2f}s {row['missed']:>8}"
         )

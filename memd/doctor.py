@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.errors import MemdError, describe_error
+from memd.fsutil import mount_of
 from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
 
 if TYPE_CHECKING:
@@ -289,35 +290,6 @@ def check_flock(workspace: Path) -> list[Check]:
 
 
 # ------------------------------------------------------------------ filesystem
-
-
-def _unescape_mount(field: str) -> str:
-    # /proc/mounts escapes space, tab, newline and backslash as \\ooo octal.
-    out, index = [], 0
-    while index < len(field):
-        if field[index] == "\\" and field[index + 1 : index + 4].isdigit():
-            out.append(chr(int(field[index + 1 : index + 4], 8)))
-            index += 4
-        else:
-            out.append(field[index])
-            index += 1
-    return "".join(out)
-
-
-def mount_of(path: Path, mounts_text: str) -> tuple[str, str] | None:
-    """(mount point, fs type) of the mount holding ``path`` (longest prefix wins)."""
-    target = str(path)
-    best: tuple[str, str] | None = None
-    for line in mounts_text.splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point, fstype = _unescape_mount(fields[1]), fields[2]
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        # Later lines win on equal length: they are mounted over earlier ones.
-        if inside and (best is None or len(point) >= len(best[0])):
-            best = (point, fstype)
-    return best
 
 
 # /proc/self/mounts, not /proc/mounts: systemd's ProcSubset=pid (the shipped

@@ -310,3 +310,41 @@ class SlotJournal:
         finally:
             os.close(fd)
         self._seq = seq
+
+
+def _unescape_mount(field: str) -> str:
+    # /proc/mounts escapes space, tab, newline and backslash as \\ooo octal.
+    out, index = [], 0
+    while index < len(field):
+        if field[index] == "\\" and field[index + 1 : index + 4].isdigit():
+            out.append(chr(int(field[index + 1 : index + 4], 8)))
+            index += 4
+        else:
+            out.append(field[index])
+            index += 1
+    return "".join(out)
+
+
+def mount_of(path: Path, mounts_text: str) -> tuple[str, str] | None:
+    """(mount point, fs type) of the mount holding ``path`` (longest prefix wins)."""
+    target = str(path)
+    best: tuple[str, str] | None = None
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point, fstype = _unescape_mount(fields[1]), fields[2]
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        # Later lines win on equal length: they are mounted over earlier ones.
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, fstype)
+    return best
+
+
+def filesystem_of(path: Path, mounts_file: Path = Path("/proc/self/mounts")) -> str | None:
+    """The type of the filesystem holding ``path`` (``ext4``, ``nfs4``...), None if unknown."""
+    try:
+        found = mount_of(Path(os.path.realpath(path)), mounts_file.read_text(errors="replace"))
+    except OSError:
+        return None
+    return None if found is None else found[1]

@@ -29,13 +29,17 @@ and reported after it is released. :meth:`StatPoller.poll_once` is one pass
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import resource
+import stat as stat_module
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from memd.core.descriptor import DESCRIPTOR_NAME
+from memd.fsutil import filesystem_of
 from memd.logs import get_logger
 from memd.workspace import MEMORY_FILE
 
@@ -46,12 +50,40 @@ _log = get_logger("memd.poller")
 DESCRIPTOR_EVERY = 5
 # How long agents/ is listed on every pass after its stat last moved.
 SETTLE_S = 2.0
+# A held MEMORY.md is checked against its path on every this many passes
+# (a slice of the agents each pass), whatever its fstat says.
+VERIFY_EVERY = 30
+# Filesystems where a held fd is harmless and its fstat tells a replacement
+# (nlink drops to 0) or a rename away (ctime moves). Never network or FUSE
+# shares: there an open file can turn an agent's unlink into a ``.nfsXXXX``
+# left behind (its folder cannot be removed) or, on SMB, refuse its rename;
+# nor overlayfs, where a file held open from a lower layer misses the
+# writes made after its copy-up.
+LOCAL_FILESYSTEMS = frozenset(
+    {"bcachefs", "btrfs", "ext2", "ext3", "ext4", "f2fs", "jfs", "tmpfs", "xfs", "zfs"}
+)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # (inode, size, mtime_ns) of a file, or None when it is missing.
 Signature = tuple[int, int, int] | None
 
 _MEMORY_NAME = os.fsencode(MEMORY_FILE)
 _DESCRIPTOR_NAME = os.fsencode(DESCRIPTOR_NAME)
+
+
+def default_fd_budget(root: Path) -> int:
+    """How many MEMORY.md files a poller of ``root`` may hold open.
+
+    None off :data:`LOCAL_FILESYSTEMS`; there, a share of the soft
+    ``RLIMIT_NOFILE`` that leaves a quarter of it, and at least 1,024 fds, to
+    the rest of the daemon (the limit is never raised).
+    """
+    if filesystem_of(root) not in LOCAL_FILESYSTEMS:
+        return 0
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft > 1 << 20:
+        soft = 1 << 20
+    return max(0, soft - max(1024, soft // 4))
 
 
 def _signature(name: bytes, dir_fd: int | None, seen: Signature | bool) -> Signature:
@@ -66,9 +98,23 @@ def _signature(name: bytes, dir_fd: int | None, seen: Signature | bool) -> Signa
 
 
 class _Agent:
-    """One watched agent folder: the names a pass stats and what it saw last."""
+    """One watched agent folder: the names a pass stats and what it saw last.
 
-    __slots__ = ("descriptor", "descriptor_seen", "folder", "key", "memory", "memory_seen")
+    ``fd`` (-1: none) is MEMORY.md held open on a local filesystem, with the
+    ctime and size the last path stat saw of that same inode.
+    """
+
+    __slots__ = (
+        "descriptor",
+        "descriptor_seen",
+        "fd",
+        "fd_ctime",
+        "fd_size",
+        "folder",
+        "key",
+        "memory",
+        "memory_seen",
+    )
 
     def __init__(self, key: str, folder: bytes) -> None:
         self.key = key
@@ -76,6 +122,8 @@ class _Agent:
         self.memory = self.descriptor = b""
         self.memory_seen: Signature = None
         self.descriptor_seen: Signature = None
+        self.fd = -1
+        self.fd_ctime = self.fd_size = -1
 
     def name(self, root: bytes | None) -> None:
         """Stat relative to the pinned ``agents/`` (``root``) when the folder is in it."""
@@ -86,6 +134,14 @@ class _Agent:
                 folder = name
         self.memory = os.path.join(folder, _MEMORY_NAME)
         self.descriptor = os.path.join(folder, _DESCRIPTOR_NAME)
+
+    def release(self) -> bool:
+        """Close the held file, if any; whether one was held."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return False
+        os.close(fd)
+        return True
 
 
 class StatPoller:
@@ -105,7 +161,9 @@ class StatPoller:
         interval_s: float,
         *,
         clock: Callable[[], float] = time.monotonic,
+        fd_budget: int | None = None,
     ) -> None:
+        """``fd_budget``: MEMORY.md files held open at most (None: :func:`default_fd_budget`)."""
         self._agents_changed = agents_changed
         self._memory_changed = memory_changed
         self._interval_s = interval_s
@@ -116,6 +174,10 @@ class StatPoller:
         self._root_stat: tuple[int, int, int] | None = None
         self._root_names: frozenset[str] = frozenset()
         self._root_settle_until = 0.0
+        self._root_dev = -1
+        self._fd_budget_asked = fd_budget
+        self._fd_budget = 0
+        self._held = 0
         self._passes = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -134,8 +196,8 @@ class StatPoller:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
         with self._lock:
-            self._agents.clear()
             self._unpin_root()
+            self._agents.clear()
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -176,11 +238,18 @@ class StatPoller:
 
     def unwatch(self, key: str) -> None:
         with self._lock:
-            self._agents.pop(key, None)
+            agent = self._agents.pop(key, None)
+            if agent is not None:
+                self._release(agent)
 
     def watched(self) -> set[str]:
         with self._lock:
             return set(self._agents)
+
+    def held(self) -> int:
+        """How many MEMORY.md files are held open."""
+        with self._lock:
+            return self._held
 
     def _pin_root(self, root: bytes) -> None:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -194,17 +263,68 @@ class StatPoller:
         self._root_stat = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         self._root_names = names
         self._root_settle_until = self._clock() + SETTLE_S
+        self._root_dev = st.st_dev
+        asked = self._fd_budget_asked
+        self._fd_budget = default_fd_budget(Path(os.fsdecode(root))) if asked is None else asked
         for agent in self._agents.values():
             agent.name(root)
 
     def _unpin_root(self) -> None:
+        """Forget ``agents/``: agents are stat'ed by full path, none held open."""
         fd, self._root_fd = self._root_fd, None
         self._root = self._root_stat = None
         self._root_names = frozenset()
+        self._root_dev = -1
+        self._fd_budget = 0
         if fd is not None:
             os.close(fd)
             for agent in self._agents.values():
                 agent.name(None)
+                self._release(agent)
+
+    def _release(self, agent: _Agent) -> None:
+        if agent.release():
+            self._held -= 1
+
+    def _hold(self, agent: _Agent, st: os.stat_result, dir_fd: int | None) -> None:
+        """Hold MEMORY.md open (``st`` is its path stat) while the budget allows.
+
+        Only a regular file on agents/'s own filesystem with a single link: a
+        held fd tells a replacement by its link count dropping to 0, which a
+        second link would hide. Its ctime and size are taken from ``st``,
+        the stat the pass reported from, so a write in between still shows.
+        """
+        if st.st_nlink != 1 or st.st_dev != self._root_dev or not stat_module.S_ISREG(st.st_mode):
+            self._release(agent)
+            return
+        fd = agent.fd
+        if fd >= 0:
+            try:
+                same = os.fstat(fd).st_ino == st.st_ino
+            except OSError:
+                same = False
+            if not same:
+                self._release(agent)
+                fd = -1
+        if fd < 0:
+            if self._held >= self._fd_budget:
+                return
+            try:
+                fd = os.open(agent.memory, _OPEN_FLAGS, dir_fd=dir_fd)
+            except OSError as exc:  # a symlink (ELOOP), gone, or out of fds
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self._fd_budget = self._held
+                return
+            try:
+                opened = os.fstat(fd)
+            except OSError:
+                opened = None
+            if opened is None or (opened.st_ino, opened.st_dev) != (st.st_ino, st.st_dev):
+                os.close(fd)  # replaced in between: the next pass sees it
+                return
+            agent.fd = fd
+            self._held += 1
+        agent.fd_ctime, agent.fd_size = st.st_ctime_ns, st.st_size
 
     # ---------------------------------------------------------------- a pass
 
@@ -256,21 +376,45 @@ class StatPoller:
         return False, changes
 
     def _poll_agents(self, with_descriptor: bool) -> tuple[list[str], list[str]]:
-        """(agents whose MEMORY.md or descriptor changed, agents whose folder is gone)."""
+        """(agents whose MEMORY.md or descriptor changed, agents whose folder is gone).
+
+        A held MEMORY.md whose fstat shows the same ctime and size and one
+        link is unchanged: no path to resolve. Otherwise (and for every
+        :data:`VERIFY_EVERY`-th agent, taking turns) the path is stat'ed.
+        """
         dir_fd = self._root_fd
-        stat, access, exists = os.stat, os.access, os.F_OK
+        stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
         memory: list[str] = []
         gone: list[str] = []
-        for agent in self._agents.values():
+        agents = list(self._agents.values())
+        for agent in agents[self._passes % VERIFY_EVERY :: VERIFY_EVERY]:
+            agent.fd_ctime = -1
+        for agent in agents:
+            fd = agent.fd
+            if fd >= 0:
+                try:
+                    held = fstat(fd)
+                except OSError:
+                    pass
+                else:
+                    if (
+                        held.st_ctime_ns == agent.fd_ctime
+                        and held.st_size == agent.fd_size
+                        and held.st_nlink == 1
+                    ):
+                        continue
             seen = agent.memory_seen
-            if seen is None and not access(agent.memory, exists, dir_fd=dir_fd):
+            if seen is None and fd < 0 and not access(agent.memory, exists, dir_fd=dir_fd):
                 continue  # still missing
             try:
                 st = stat(agent.memory, dir_fd=dir_fd)
             except OSError:
                 now: Signature = None
+                self._release(agent)
             else:
                 now = (st.st_ino, st.st_size, st.st_mtime_ns)
+                if fd >= 0 or self._held < self._fd_budget:
+                    self._hold(agent, st, dir_fd)
             if now != seen:
                 agent.memory_seen = now
                 if now is None and not os.path.isdir(agent.folder):
@@ -278,7 +422,7 @@ class StatPoller:
                 else:
                     memory.append(agent.key)
         if with_descriptor:
-            for agent in self._agents.values():
+            for agent in agents:
                 now = _signature(agent.descriptor, dir_fd, agent.descriptor_seen)
                 if now != agent.descriptor_seen:
                     agent.descriptor_seen = now
@@ -286,4 +430,12 @@ class StatPoller:
         return memory, gone
 
 
-__all__ = ["DESCRIPTOR_EVERY", "SETTLE_S", "Signature", "StatPoller"]
+__all__ = [
+    "DESCRIPTOR_EVERY",
+    "LOCAL_FILESYSTEMS",
+    "SETTLE_S",
+    "VERIFY_EVERY",
+    "Signature",
+    "StatPoller",
+    "default_fd_budget",
+]

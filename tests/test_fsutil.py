@@ -112,3 +112,19 @@ def test_write_all_reports_how_much_landed_when_it_fails() -> None:
         os.close(fd)
     assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
     assert info.value.written == 0
+
+
+def test_filesystem_of_reads_the_longest_mount(tmp_path: Path) -> None:
+    from memd.fsutil import filesystem_of
+
+    mounts = tmp_path / "mounts"
+    target = tmp_path / "srv" / "agents"
+    target.mkdir(parents=True)
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        f"server:/export {tmp_path / 'srv'} nfs4 rw 0 0\n"
+        "tmpfs /run tmpfs rw 0 0\n"
+    )
+    assert filesystem_of(target, mounts) == "nfs4"
+    assert filesystem_of(tmp_path, mounts) == "ext4"
+    assert filesystem_of(target, tmp_path / "no-such-file") is None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from memd.core.descriptor import DESCRIPTOR_NAME
-from memd.poller import DESCRIPTOR_EVERY, SETTLE_S, StatPoller
+from memd.poller import DESCRIPTOR_EVERY, SETTLE_S, VERIFY_EVERY, StatPoller, default_fd_budget
 
 Event = tuple[str, str | None]
 
@@ -16,7 +17,7 @@ Event = tuple[str, str | None]
 class Fleet:
     """agents/ with a poller on it; ``one_pass()`` returns what the pass reported."""
 
-    def __init__(self, tmp_path: Path, *names: str) -> None:
+    def __init__(self, tmp_path: Path, *names: str, fd_budget: int = 0) -> None:
         self.agents = tmp_path / "agents"
         self.agents.mkdir()
         for name in names:
@@ -28,6 +29,7 @@ class Fleet:
             lambda agent: self.events.append(("memory", agent)),
             interval_s=3600,
             clock=lambda: self.now,
+            fd_budget=fd_budget,
         )
         self.poller.watch_root(self.agents)
         for name in names:
@@ -43,8 +45,21 @@ class Fleet:
         self.now += SETTLE_S + 1
 
 
-def test_each_change_is_reported_once_per_pass(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, "alice")
+MakeFleet = Callable[..., Fleet]
+
+
+@pytest.fixture(params=[0, 100], ids=["path-stat", "held-open"])
+def make_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> MakeFleet:
+    """Fleets whose poller stats every path, or holds MEMORY.md files open."""
+
+    def make(*names: str) -> Fleet:
+        return Fleet(tmp_path, *names, fd_budget=request.param)
+
+    return make
+
+
+def test_each_change_is_reported_once_per_pass(tmp_path: Path, make_fleet: MakeFleet) -> None:
+    fleet = make_fleet("alice")
     alice = fleet.agents / "alice"
     one_pass = fleet.one_pass
     assert fleet.poller.watched() == {"alice"} and fleet.poller.root_watched()
@@ -80,8 +95,8 @@ def test_each_change_is_reported_once_per_pass(tmp_path: Path) -> None:
     assert fleet.poller.watched() == set()
 
 
-def test_a_replaced_file_of_the_same_size_is_noticed(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, "alice")
+def test_a_replaced_file_of_the_same_size_is_noticed(tmp_path: Path, make_fleet: MakeFleet) -> None:
+    fleet = make_fleet("alice")
     memory = fleet.agents / "alice" / "MEMORY.md"
     memory.write_bytes(b"# Agent Memory\n")
     fleet.one_pass()
@@ -95,9 +110,9 @@ def test_a_replaced_file_of_the_same_size_is_noticed(tmp_path: Path) -> None:
 
 
 def test_agents_folder_is_listed_only_when_its_stat_moved(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_fleet: MakeFleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fleet = Fleet(tmp_path, "alice")
+    fleet = make_fleet("alice")
     listings: list[object] = []
     real_listdir = os.listdir
 
@@ -120,12 +135,12 @@ def test_agents_folder_is_listed_only_when_its_stat_moved(
 
 
 def test_a_folder_made_in_the_same_clock_tick_is_still_reported(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, make_fleet: MakeFleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Coarse timestamps: a second mkdir in the tick of the first leaves
     # agents/ with the stat already seen. Listing goes on for SETTLE_S after
     # a move, so the second folder still shows.
-    fleet = Fleet(tmp_path, "alice")
+    fleet = make_fleet("alice")
     fleet.settle()
     fleet.one_pass()
     root = os.fsencode(fleet.agents)
@@ -146,8 +161,10 @@ def test_a_folder_made_in_the_same_clock_tick_is_still_reported(
     assert fleet.one_pass() == [("agents", "carol")]
 
 
-def test_a_file_that_cannot_be_stated_does_not_stop_the_pass(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, "alice", "bob")
+def test_a_file_that_cannot_be_stated_does_not_stop_the_pass(
+    tmp_path: Path, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet("alice", "bob")
     memory = fleet.agents / "alice" / "MEMORY.md"
     memory.write_text("x")
     assert fleet.one_pass() == [("memory", "alice")]
@@ -161,8 +178,8 @@ def test_a_file_that_cannot_be_stated_does_not_stop_the_pass(tmp_path: Path) -> 
     assert fleet.one_pass() == [("memory", "alice")]
 
 
-def test_a_replaced_agents_folder_is_pinned_again(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, "alice")
+def test_a_replaced_agents_folder_is_pinned_again(tmp_path: Path, make_fleet: MakeFleet) -> None:
+    fleet = make_fleet("alice")
     fleet.agents.rename(tmp_path / "agents.old")
     (fleet.agents / "alice").mkdir(parents=True)
     assert ("agents", None) in fleet.one_pass()
@@ -175,8 +192,10 @@ def test_a_replaced_agents_folder_is_pinned_again(tmp_path: Path) -> None:
     assert fleet.one_pass() == [("memory", "alice")]  # the new file, not the old one
 
 
-def test_agents_folder_gone_is_unwatched_for_the_next_sync(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, "alice")
+def test_agents_folder_gone_is_unwatched_for_the_next_sync(
+    tmp_path: Path, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet("alice")
     fleet.agents.rename(tmp_path / "elsewhere")
     events = fleet.one_pass()
     assert ("agents", None) in events
@@ -187,8 +206,10 @@ def test_agents_folder_gone_is_unwatched_for_the_next_sync(tmp_path: Path) -> No
     assert fleet.one_pass() == [("memory", "alice")]
 
 
-def test_agent_folder_outside_agents_is_stated_by_its_full_path(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path)
+def test_agent_folder_outside_agents_is_stated_by_its_full_path(
+    tmp_path: Path, make_fleet: MakeFleet
+) -> None:
+    fleet = make_fleet()
     outside = tmp_path / "outside" / "dave"
     outside.mkdir(parents=True)
     fleet.poller.watch("dave", outside)
@@ -196,15 +217,141 @@ def test_agent_folder_outside_agents_is_stated_by_its_full_path(tmp_path: Path) 
     assert fleet.one_pass() == [("memory", "dave")]
 
 
-def test_a_missing_folder_is_refused(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path)
+def test_a_missing_folder_is_refused(tmp_path: Path, make_fleet: MakeFleet) -> None:
+    fleet = make_fleet()
     with pytest.raises(OSError):
         fleet.poller.watch("ghost", tmp_path / "ghost")
 
 
-def test_stop_closes_the_pinned_folder(tmp_path: Path) -> None:
-    fleet = Fleet(tmp_path, "alice")
+def test_stop_closes_the_pinned_folder_and_every_held_file(make_fleet: MakeFleet) -> None:
+    fleet = make_fleet("alice", "bob")
+    for name in ("alice", "bob"):
+        (fleet.agents / name / "MEMORY.md").write_text("x")
+    fleet.one_pass()
+    held = fleet.poller.held()
     before = set(os.listdir("/proc/self/fd"))
     fleet.poller.stop()
-    assert len(before - set(os.listdir("/proc/self/fd"))) == 1
+    assert len(before - set(os.listdir("/proc/self/fd"))) == 1 + held
     assert not fleet.poller.root_watched() and fleet.poller.watched() == set()
+    assert fleet.poller.held() == 0
+
+
+# ---------------------------------------------------------------- held open
+
+
+def held_fleet(tmp_path: Path, *names: str, fd_budget: int = 100) -> Fleet:
+    fleet = Fleet(tmp_path, *names, fd_budget=fd_budget)
+    for name in names:
+        (fleet.agents / name / "MEMORY.md").write_text("# Agent Memory\n")
+    assert sorted(fleet.one_pass()) == [("memory", name) for name in sorted(names)]
+    return fleet
+
+
+def test_a_held_file_follows_the_path_through_replacements(tmp_path: Path) -> None:
+    fleet = held_fleet(tmp_path, "alice")
+    assert fleet.poller.held() == 1
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    with memory.open("a") as f:
+        f.write("appended\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    assert fleet.one_pass() == []
+
+    replacement = memory.with_name("MEMORY.md.tmp")
+    replacement.write_bytes(memory.read_bytes())
+    os.replace(replacement, memory)  # a new inode, same size
+    assert fleet.one_pass() == [("memory", "alice")]
+    with memory.open("a") as f:  # written in the new file: the fd now held
+        f.write("more\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+
+    memory.rename(memory.with_name("old.md"))  # renamed away (keeps its one link)
+    memory.write_bytes(memory.with_name("old.md").read_bytes())
+    assert fleet.one_pass() == [("memory", "alice")]
+    with memory.with_name("old.md").open("a") as f:
+        f.write("not MEMORY.md any more\n")
+    assert fleet.one_pass() == []
+    with memory.open("a") as f:
+        f.write("in MEMORY.md\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    assert fleet.poller.held() == 1
+
+
+def test_the_budget_bounds_the_files_held_open(tmp_path: Path) -> None:
+    fleet = held_fleet(tmp_path, "alice", "bob", "carol", fd_budget=1)
+    assert fleet.poller.held() == 1
+    for name in ("alice", "bob", "carol"):
+        with (fleet.agents / name / "MEMORY.md").open("a") as f:
+            f.write("x\n")
+    assert sorted(fleet.one_pass()) == [("memory", "alice"), ("memory", "bob"), ("memory", "carol")]
+    assert fleet.poller.held() == 1
+
+
+def test_linked_files_are_stated_by_path_not_held(tmp_path: Path) -> None:
+    # A second hard link would hide a replacement (the held inode keeps a
+    # link); a symlink can be pointed elsewhere without touching its target.
+    fleet = held_fleet(tmp_path, "alice", "bob")
+    os.link(fleet.agents / "alice" / "MEMORY.md", tmp_path / "backup.md")
+    bob = fleet.agents / "bob" / "MEMORY.md"
+    (fleet.agents / "bob" / "one.md").write_text("same size\n")
+    (fleet.agents / "bob" / "two.md").write_text("same size\n")
+    bob.unlink()
+    bob.symlink_to("one.md")
+    assert fleet.one_pass() == [("memory", "bob")]  # alice's content did not change
+    assert fleet.poller.held() == 0
+    bob.unlink()
+    bob.symlink_to("two.md")
+    assert fleet.one_pass() == [("memory", "bob")]
+    replacement = tmp_path / "new.md"
+    replacement.write_bytes((fleet.agents / "alice" / "MEMORY.md").read_bytes())
+    os.replace(replacement, fleet.agents / "alice" / "MEMORY.md")
+    assert fleet.one_pass() == [("memory", "alice")]
+
+
+def test_a_removed_folder_gives_its_file_back(tmp_path: Path) -> None:
+    fleet = held_fleet(tmp_path, "alice")
+    (fleet.agents / "alice" / "MEMORY.md").unlink()
+    (fleet.agents / "alice").rmdir()
+    assert ("agents", "alice") in fleet.one_pass()
+    assert fleet.poller.held() == 0
+    bob = tmp_path / "second"
+    bob.mkdir()
+    fleet = held_fleet(bob, "bob")
+    assert fleet.poller.held() == 1
+    fleet.poller.unwatch("bob")
+    assert fleet.poller.held() == 0
+
+
+def test_a_held_file_is_checked_against_its_path_in_turn(tmp_path: Path) -> None:
+    # Where a rename does not move the held inode's ctime (not every
+    # filesystem sets it), the fstat alone would never tell: every agent's
+    # path is stat'ed again within VERIFY_EVERY passes.
+    fleet = held_fleet(tmp_path, "alice")
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    memory.rename(memory.with_name("old.md"))
+    memory.write_text("a new file\n")
+    agent = fleet.poller._agents["alice"]
+    agent.fd_ctime = os.fstat(agent.fd).st_ctime_ns  # as if the rename left it alone
+    seen = [event for _ in range(VERIFY_EVERY) for event in fleet.one_pass()]
+    assert seen == [("memory", "alice")]
+
+
+def test_files_are_held_open_only_on_local_filesystems_within_a_share_of_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import resource
+
+    from memd import poller
+
+    limits = {"soft": 20_000}
+    monkeypatch.setattr(
+        resource, "getrlimit", lambda which: (limits["soft"], resource.RLIM_INFINITY)
+    )
+    monkeypatch.setattr(poller, "filesystem_of", lambda path: "ext4")
+    assert default_fd_budget(tmp_path) == 15_000
+    limits["soft"] = 1024  # systemd's default soft limit: nothing to spare
+    assert default_fd_budget(tmp_path) == 0
+    limits["soft"] = 65_536
+    assert default_fd_budget(tmp_path) == 49_152
+    for remote in ("nfs4", "cifs", "fuse.grpcfuse", "virtiofs", "overlay", None):
+        monkeypatch.setattr(poller, "filesystem_of", lambda path, fs=remote: fs)
+        assert default_fd_budget(tmp_path) == 0
