@@ -17,7 +17,16 @@ Printed, as medians over the runs:
   remote summarizer is sent is redacted inside the summarizer), timed apart;
 * the I/O floor, measured in the same run on the same file: read it, sha256 it,
   write and fsync a copy (the archive) and a small new file, fsync the folder;
-* the ratio overhead / I/O floor (target ≤ 2 at 10 MB).
+* the ratio overhead / I/O floor (target ≤ 2 at 10 MB);
+* reading the turns: splitting the turns since the last summary out of the
+  snapshot and decoding them, timed apart on the archived bytes. The
+  transaction itself reads only the newest entries and the last summary
+  block; every turn is read once, by the pinning pass that takes it (so this
+  is inside the pinning figure), as a summarizer's prompt building reads it
+  inside the summarizer's time. The ratio with it added is printed too.
+
+The summarizer here answers at once: the builtin summarizer (or a model) is
+the "LLM call" the overhead excludes, prompt building included.
 
 ``--encrypt`` measures plain and encrypted archives ([privacy] encrypt_archives)
 in the same run and prints both, and the ratio.
@@ -41,6 +50,7 @@ from typing import Any
 import memd.core.summary_block as summary_block
 from memd.archive_crypto import generate_master_key
 from memd.compaction import CompactionOptions, ThresholdCheck, compact_agent
+from memd.core.memfile import parse
 from memd.core.privacy import Redactor
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.counting import count_file
@@ -125,6 +135,15 @@ def io_floor(memory: Path, scratch: Path) -> float:
     return elapsed
 
 
+def read_turns(snapshot: bytes) -> float:
+    """Split out and decode every turn since the last summary (what pinning reads)."""
+    started = time.perf_counter()
+    _summary, turns = parse(snapshot).since_summary()
+    for turn in turns:
+        assert turn.text
+    return time.perf_counter() - started
+
+
 @dataclass
 class Figures:
     overhead: list[float] = field(default_factory=list)  # excl. pinning and redaction
@@ -132,6 +151,7 @@ class Figures:
     redaction: list[float] = field(default_factory=list)
     floor: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    turns: list[float] = field(default_factory=list)  # inside pinning; see the docstring
 
 
 def measure(size: int, runs: int, key_file: Path | None) -> Figures:
@@ -171,6 +191,7 @@ def measure(size: int, runs: int, key_file: Path | None) -> Figures:
                 outcome.duration_s - outcome.llm_duration_s - PINNING.seconds - REDACTION.seconds
             )
             assert outcome.tokens_before == counted.tokens
+            figures.turns.append(read_turns(outcome.archive.read_bytes()))
     return figures
 
 
@@ -190,6 +211,14 @@ def report(label: str, figures: Figures) -> None:
     print(
         f"  {label}pinning median {_ms(figures.pinning)}; redaction median "
         f"{_ms(figures.redaction)}; cpu median {_ms(figures.cpu)} (all of it)"
+    )
+    with_turns = statistics.median(
+        [o + t for o, t in zip(figures.overhead, figures.turns, strict=True)]
+    )
+    print(
+        f"  {label}reading the turns (inside pinning) median {_ms(figures.turns)}; "
+        f"overhead with it {with_turns * 1000:.1f} ms, ratio "
+        f"{with_turns / statistics.median(figures.floor):.2f}"
     )
 
 

@@ -437,11 +437,6 @@ class _Journal:
         self._store.write(self.payload)
 
 
-def _prefix(document: MemoryDocument, end: int) -> MemoryDocument:
-    """The part of ``document`` ending at ``end`` (an entry boundary)."""
-    return MemoryDocument(segments=tuple(document.segments_before(end)), size=end)
-
-
 def read_memory(paths: AgentPaths) -> bytes:
     """MEMORY.md's bytes, read as the transaction reads them (contained per agent,
     never through a swapped link, never blocking on a FIFO); for previews."""
@@ -596,8 +591,9 @@ class _Transaction:
         until = result.summarized_until
         if until is None or until >= kept_from:
             return kept_from
-        ends = {s.start + len(s.raw) for s in snap.document.segments_before(snap.boundary)}
-        if until <= 0 or until not in ends:
+        # ``until`` must end a segment: the newest one ending by it ends there.
+        newest = next(iter(snap.document.segments_reversed(until)), None) if until > 0 else None
+        if newest is None or newest.start + len(newest.raw) != until:
             raise SummarizerError(
                 f"agent {self.agent!r}: summarizer stopped at byte {until}, which is not the "
                 "end of an entry"
@@ -618,7 +614,7 @@ class _Transaction:
         A reply too short to summarize its input is refused ("ok" is not a
         summary of 30,000 tokens); an operator's ``--summary`` is used as given.
         """
-        prefix = MemoryDocument(segments=tuple(snap.document.segments_before(cut)), size=cut)
+        prefix = snap.document.prefix(cut)
         # The builtin summarizer is extractive: a short result means little
         # worth keeping, not a broken model (and it is the fallback when a
         # model keeps failing, so refusing it would let memory grow unbounded).
@@ -683,7 +679,7 @@ class _Transaction:
 
     def summarize(self, snap: _Snapshot, kept_from: int) -> tuple[SummaryResult, float]:
         # The snapshot is already parsed; its segments before K are the prefix's.
-        prefix_doc = _prefix(snap.document, kept_from)
+        prefix_doc = snap.document.prefix(kept_from)
         request = SummaryRequest(
             agent=self.agent,
             document=prefix_doc,
@@ -1093,7 +1089,7 @@ def _compact_locked(
                     snap.document, snap.boundary, opts.keep_recent_tokens, txn.count_text
                 )
             )
-            if not has_compactable(_prefix(snap.document, kept_from)):
+            if not has_compactable(snap.document.prefix(kept_from)):
                 kept = (
                     f" beyond the newest {opts.keep_recent_tokens:,} tokens kept verbatim"
                     if kept_from < snap.boundary
@@ -1166,8 +1162,12 @@ def _compact_locked(
             tokens_produced = count_bytes(txn.produced)
             with contextlib.suppress(OSError):
                 now_bytes = read_to_end(txn.new_fd)
-                tokens_after = count_bytes(now_bytes)
-                tokens_appended = count_bytes(now_bytes[len(txn.produced) :])
+                if now_bytes == txn.produced:
+                    # Nothing was appended while the job ran: the same bytes.
+                    tokens_after, tokens_appended = tokens_produced, 0
+                else:
+                    tokens_after = count_bytes(now_bytes)
+                    tokens_appended = count_bytes(now_bytes[len(txn.produced) :])
         assert txn.archive is not None
         return CompactionOutcome(
             archive=txn.archive,

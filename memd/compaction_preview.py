@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from memd.compaction import CompactionOptions, read_memory
-from memd.core.memfile import MemoryDocument, parse, render_summary_block
+from memd.core.memfile import parse, render_summary_block
 from memd.core.pins import fit_pins
 from memd.core.plan import has_compactable, kept_tail_start
 from memd.core.privacy import Privacy
@@ -44,7 +44,7 @@ def preview(
     # The same kept tail as the transaction: bytes 0..K are what would be compacted.
     boundary = kept_tail_start(document, document.boundary, options.keep_recent_tokens, count_text)
     kept = [e for e in document.raw_entries_since_summary() if e.start >= boundary]
-    prefix = MemoryDocument(segments=tuple(document.segments_before(boundary)), size=boundary)
+    prefix = document.prefix(boundary)
     if not has_compactable(prefix):
         beyond = (
             f" beyond the newest {options.keep_recent_tokens:,} tokens kept verbatim"
@@ -103,7 +103,7 @@ def preview(
         return lines
     result = summarizer.summarize(request)
     cut = result.summarized_until or boundary
-    summarized = MemoryDocument(segments=tuple(document.segments_before(cut)), size=cut)
+    summarized = document.prefix(cut)
     material = material_of(summarized, count_text)
     privacy = options.privacy or Privacy(process_key())
     composed = compose_summary(

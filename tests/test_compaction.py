@@ -327,6 +327,23 @@ def test_entries_between_snapshot_and_swap_are_carried(agent_ws: AgentWorkspace)
     assert seen["written just before the swap"] == 1
 
 
+def test_with_nothing_appended_the_new_file_is_counted_once(agent_ws: AgentWorkspace) -> None:
+    from support.tokens import CL100K
+
+    paths = agent_ws.create_agent("alpha", entries=6)
+    counted: list[int] = []
+
+    def count_bytes(data: bytes) -> int:
+        counted.append(len(data))
+        return CL100K.count_bytes(data)
+
+    outcome = compact_agent(paths, FixedSummarizer(), FAST, count_bytes=count_bytes)
+    new_file = paths.memory.read_bytes()
+    assert outcome.tokens_after == outcome.tokens_produced == CL100K.count_bytes(new_file)
+    assert outcome.tokens_appended == 0
+    assert counted.count(len(new_file)) == 1
+
+
 def test_appends_during_the_job_are_measured_apart_from_what_it_produced(
     agent_ws: AgentWorkspace,
 ) -> None:

@@ -14,6 +14,7 @@ Bytes that fit no rule become :class:`RawSegment` and are carried verbatim.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -113,20 +114,293 @@ class RawSegment:
 Segment = HeaderSegment | EntrySegment | RawSegment
 
 
-@dataclass(frozen=True, slots=True)
+class _Ambiguous(Exception):
+    """The fast reading cannot decide a boundary locally: use the full parse."""
+
+
+# The terminator followed by the start of an entry header, as Swarms writes them (LF).
+_NEXT_ENTRY: Final = BLOCK_TERMINATOR + b"### "
+_MARKER_BYTES: Final = SUMMARY_MARKER.encode()
+_PREAMBLE_BYTES: Final = SUMMARY_PREAMBLE.encode()
+_WHITESPACE: Final = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
+
+
 class MemoryDocument:
-    segments: tuple[Segment, ...]
-    size: int
+    """A memory file's bytes, split into segments on demand (see :func:`parse`).
+
+    ``segments`` is the whole split (built once, when asked for). The compaction
+    path asks for less: where the last complete entry ends, the newest turns,
+    the last summary block and the turns after it. For a file without ``\\r``
+    (what Swarms writes) those are found from the bytes around them: an entry
+    starts where a valid header line follows a terminator, so a search for
+    ``\\n\\n---\\n\\n### `` (backwards from the end, or forwards from a
+    known entry) and the header check at each hit find the same boundaries as
+    the whole split, without building the entries in between. A summary block
+    is found by its marker (searched backwards). The one case that is not
+    local (a header line right before a terminator that would share its blank
+    line: whether the terminator closes an entry then depends on whether that
+    header starts one) and any ``\\r`` fall back to the whole split. Property
+    tests hold both readings equal.
+
+    A document may be a prefix of a larger buffer (:meth:`prefix`): ``size``
+    bytes of it, never copied.
+    """
+
+    __slots__ = ("_data", "_first", "_full", "_header", "_header_end", "_local", "size")
+
+    def __init__(self, data: bytes, size: int | None = None) -> None:
+        self._data = data
+        self.size = len(data) if size is None else size
+        self._full: tuple[Segment, ...] | None = None
+        header = _HEADER_RE.match(data, 0, self.size)
+        self._header = (
+            HeaderSegment(
+                start=0,
+                raw=header.group(0),
+                conversation=header.group(1).decode("utf-8", "replace"),
+                created=header.group(2).decode("utf-8", "replace"),
+            )
+            if header is not None
+            else None
+        )
+        self._header_end = header.end() if header is not None else 0
+        self._local: bool | None = None  # None: not checked yet
+        self._first: int | None = -1  # -1: not searched yet
+
+    # -- the whole split ---------------------------------------------------------
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        if self._full is None:
+            self._full = _split(self._data, self.size, self._header)
+        return self._full
 
     @property
     def header(self) -> HeaderSegment | None:
-        first = self.segments[0] if self.segments else None
-        return first if isinstance(first, HeaderSegment) else None
+        return self._header
 
     @property
     def entries(self) -> list[EntrySegment]:
         return [s for s in self.segments if isinstance(s, EntrySegment)]
 
+    def render(self) -> bytes:
+        return self._data if self.size == len(self._data) else self._data[: self.size]
+
+    def prefix(self, end: int) -> MemoryDocument:
+        """The document of bytes ``0..end`` (``end`` a segment boundary): the same
+        segments as this one's that end by ``end``, on the same buffer."""
+        part = MemoryDocument(self._data, end)
+        part._local = self._local if self._local is not False else None
+        if self._full is not None:
+            part._full = tuple(s for s in self._full if s.start + len(s.raw) <= end)
+        return part
+
+    def segments_before(self, offset: int) -> list[Segment]:
+        return [s for s in self.segments if s.start + len(s.raw) <= offset]
+
+    # -- reading without the whole split -------------------------------------------
+    def _is_local(self) -> bool:
+        if self._local is None:
+            self._local = self._full is None and self._data.find(b"\r", 0, self.size) < 0
+        return self._local
+
+    def _give_up(self) -> None:
+        self._local = False
+
+    def _valid(self, at: int) -> re.Match[bytes] | None:
+        """The entry header match at ``at`` when a valid header line starts there."""
+        data = self._data
+        if at != 0 and data[at - 1] != 0x0A:
+            return None
+        match = _ENTRY_HEADER_RE.match(data, at, self.size)
+        if match is None or not match.group(1).strip():
+            return None
+        if parse_timestamp(match.group(2).decode("ascii", "replace")) is None:
+            return None
+        return match
+
+    def _first_start(self) -> int | None:
+        """Where the first entry header after the file header starts (any entry
+        starts there, closed or not)."""
+        if self._first == -1:
+            data, size = self._data, self.size
+            at = data.find(b"### ", self._header_end, size)
+            while at >= 0 and self._valid(at) is None:
+                at = data.find(b"### ", at + 1, size)
+            self._first = at if at >= 0 else None
+        return self._first
+
+    def _check_not_shared(self, terminator: int) -> None:
+        """Raise when a valid header line ends right before ``terminator`` with a
+        blank line the terminator shares (its entry would have no room for one)."""
+        data = self._data
+        line_end = terminator - 1 if terminator and data[terminator - 1] == 0x0A else terminator
+        line_start = data.rfind(b"\n", 0, line_end) + 1
+        if line_start >= self._header_end and self._valid(line_start) is not None:
+            raise _Ambiguous
+
+    def _is_start(self, at: int) -> bool:
+        """Whether an entry (closed or not) starts at ``at``, a valid header."""
+        if at == self._first_start():
+            return True
+        terminator = at - len(BLOCK_TERMINATOR)
+        if terminator < self._header_end or not self._data.startswith(
+            BLOCK_TERMINATOR, terminator, at
+        ):
+            return False
+        self._check_not_shared(terminator)
+        return True
+
+    def _next_start(self, body: int) -> tuple[int, re.Match[bytes]] | None:
+        """The first entry start closing an entry whose content starts at ``body``."""
+        data, size = self._data, self.size
+        at = data.find(_NEXT_ENTRY, body, size)
+        while at >= 0:
+            start = at + len(BLOCK_TERMINATOR)
+            match = self._valid(start)
+            if match is not None:
+                return start, match
+            at = data.find(_NEXT_ENTRY, at + 1, size)
+        return None
+
+    def _prev_start(self, before: int) -> tuple[int, re.Match[bytes]] | None:
+        """The last entry start (closed or not) before ``before``."""
+        data = self._data
+        low = self._header_end
+        high = min(self.size, before + len(_NEXT_ENTRY) - len(BLOCK_TERMINATOR) - 1)
+        while True:
+            at = data.rfind(_NEXT_ENTRY, low, high)
+            if at < 0:
+                break
+            start = at + len(BLOCK_TERMINATOR)
+            match = self._valid(start)
+            if match is not None:
+                self._check_not_shared(at)
+                return start, match
+            high = at + len(_NEXT_ENTRY) - 1
+        first = self._first_start()
+        if first is not None and first < before:
+            match = self._valid(first)
+            assert match is not None
+            return first, match
+        return None
+
+    def _end_of(self, match: re.Match[bytes]) -> tuple[int, tuple[int, re.Match[bytes]] | None]:
+        """Where the entry opened by ``match`` ends (-1: never closed, raw to the
+        end) and the entry that follows it."""
+        body = match.end()
+        following = self._next_start(body)
+        if following is not None:
+            return following[0], following
+        size = self.size
+        plain = len(BLOCK_TERMINATOR)
+        if size - plain >= body and self._data.startswith(BLOCK_TERMINATOR, size - plain, size):
+            return size, None
+        return -1, None
+
+    def _entry(self, match: re.Match[bytes], end: int) -> EntrySegment:
+        start = match.start()
+        return EntrySegment(
+            start=start,
+            raw=self._data[start:end],
+            role=match.group(1).decode("utf-8", "replace"),
+            timestamp=match.group(2).decode("ascii", "replace"),
+            content=self._data[match.end() : end - len(BLOCK_TERMINATOR)],
+        )
+
+    def _raw(self, start: int, end: int) -> RawSegment:
+        return RawSegment(start=start, raw=self._data[start:end])
+
+    def _boundary_local(self) -> int:
+        last = self._prev_start(self.size)
+        if last is None:
+            return self._header_end
+        start, match = last
+        end, _ = self._end_of(match)
+        if end >= 0:
+            return end
+        return self._header_end if start == self._first_start() else start
+
+    def _reversed_local(self, end: int) -> Iterator[Segment]:
+        """The segments ending by ``end``, newest first (as ``reversed(segments_before(end))``)."""
+        size = self.size
+        first = self._first_start()
+        if first is None:
+            if self._header_end < size <= end:
+                yield self._raw(self._header_end, size)
+        else:
+            current = self._prev_start(min(end, size))
+            stop = size
+            if current is not None:
+                start, match = current
+                stop, _ = self._end_of(match)
+                if stop < 0:  # never closed: raw to the end of the file
+                    if size <= end:
+                        yield self._raw(start, size)
+                    stop = start
+                    current = self._prev_start(start) if start != first else None
+            while current is not None:
+                start, match = current
+                if stop <= end:
+                    yield self._entry(match, stop)
+                stop = start
+                current = self._prev_start(start) if start != first else None
+            if self._header_end < first <= end:
+                yield self._raw(self._header_end, first)
+        if self._header is not None and self._header_end <= end:
+            yield self._header
+
+    def _last_summary_local(self, limit: int) -> tuple[EntrySegment, int] | None:
+        """The newest summary block ending by ``limit``, and where it ends.
+
+        Every summary's content starts with the marker (after blanks): each
+        marker found backwards is checked as such a start, nothing else is read.
+        """
+        data, low = self._data, self._header_end
+        high = min(limit, self.size)
+        while True:
+            at = data.rfind(_MARKER_BYTES, low, high)
+            if at < 0:
+                return None
+            high = at + len(_MARKER_BYTES) - 1
+            blank = at
+            while blank > low:
+                window = data[max(low, blank - 64) : blank]
+                kept = len(window.rstrip(_WHITESPACE))
+                blank -= len(window) - kept
+                if kept:
+                    break
+            line_start = data.rfind(b"\n", 0, blank) + 1
+            if line_start < low or not data.startswith(b"### ", line_start):
+                continue
+            match = self._valid(line_start)
+            if match is None or not self._is_start(line_start):
+                continue
+            end, _ = self._end_of(match)
+            if end < 0 or end > limit:
+                continue
+            entry = self._entry(match, end)
+            if self.is_summary_entry(entry):
+                return entry, end
+
+    def _entries_from(self, start: int | None, limit: int) -> Iterator[EntrySegment]:
+        """The closed entries from the one at ``start`` on, ending by ``limit``."""
+        if start is None or start >= self.size:
+            return
+        match = self._valid(start)
+        assert match is not None
+        while True:
+            end, following = self._end_of(match)
+            if end < 0 or end > limit:
+                return
+            yield self._entry(match, end)
+            if following is None:
+                return
+            match = following[1]
+
+    def _local_or_none(self) -> bool:
+        return self._full is None and self._is_local()
+
+    # -- what compaction reads -----------------------------------------------------
     @property
     def boundary(self) -> int:
         """End offset of the last complete entry (or of the header).
@@ -134,10 +408,31 @@ class MemoryDocument:
         Everything before it can be archived; everything after it (a partial
         trailing write, or trailing bytes we cannot parse) stays in MEMORY.md.
         """
+        if self._local_or_none():
+            try:
+                return self._boundary_local()
+            except _Ambiguous:
+                self._give_up()
         for segment in reversed(self.segments):
             if isinstance(segment, EntrySegment | HeaderSegment):
                 return segment.start + len(segment.raw)
         return 0
+
+    def segments_reversed(self, end: int) -> Iterator[Segment]:
+        """The segments ending at or before ``end``, newest first (read as they are
+        iterated: a walk that stops early reads only the entries it saw)."""
+        yielded = 0
+        if self._local_or_none():
+            try:
+                for segment in self._reversed_local(end):
+                    yield segment
+                    yielded += 1
+                return
+            except _Ambiguous:
+                self._give_up()
+        for index, segment in enumerate(reversed(self.segments_before(end))):
+            if index >= yielded:
+                yield segment
 
     def is_summary_entry(self, segment: EntrySegment) -> bool:
         """memd's ``System`` summary blocks anywhere; Swarms' own only where Swarms writes them.
@@ -149,68 +444,122 @@ class MemoryDocument:
         """
         if segment.is_summary:
             return True
-        if len(self.segments) < 2 or self.segments[1] is not segment:
-            return False
-        if not isinstance(self.segments[0], HeaderSegment):
+        # The first segment after the header: right where the header ends.
+        if self._header is None or segment.start != self._header_end:
             return False
         if segment.role.strip().lower() not in {"user", "system"}:
             return False
-        return segment.content.replace(b"\r\n", b"\n").startswith(SUMMARY_PREAMBLE.encode())
+        return segment.content.replace(b"\r\n", b"\n").startswith(_PREAMBLE_BYTES)
 
     def since_summary(
         self, end: int | None = None
-    ) -> tuple[EntrySegment | None, list[EntrySegment]]:
+    ) -> tuple[EntrySegment | None, Iterator[EntrySegment]]:
         """The newest summary block ending at or before ``end`` (default: boundary) and
-        the entries after it up to ``end``, in one walk."""
+        the entries after it up to ``end``, oldest first (read as they are iterated)."""
         limit = self.boundary if end is None else end
-        found: EntrySegment | None = None
+        if self._local_or_none():
+            try:
+                found = self._last_summary_local(limit)
+                if found is None:
+                    return None, self._entries_from(self._first_start(), limit)
+                summary, summary_end = found
+                start = summary_end if summary_end < self.size else None
+                return summary, self._entries_from(start, limit)
+            except _Ambiguous:
+                self._give_up()
+        found_summary: EntrySegment | None = None
         pending: list[EntrySegment] = []
         for segment in self.segments:
             if segment.start + len(segment.raw) > limit:
                 break
             if isinstance(segment, EntrySegment):
                 if self.is_summary_entry(segment):
-                    found, pending = segment, []
+                    found_summary, pending = segment, []
                 else:
                     pending.append(segment)
-        return found, pending
+        return found_summary, iter(pending)
 
     def last_summary(self, end: int | None = None) -> EntrySegment | None:
         """The newest summary block ending at or before ``end`` (default: boundary)."""
         return self.since_summary(end)[0]
 
-    def segments_before(self, offset: int) -> list[Segment]:
-        return [s for s in self.segments if s.start + len(s.raw) <= offset]
-
     def raw_entries_since_summary(self, end: int | None = None) -> list[EntrySegment]:
         """Entries after the last summary block, up to ``end`` (default: boundary)."""
-        return self.since_summary(end)[1]
+        return list(self.since_summary(end)[1])
 
-    def render(self) -> bytes:
-        return b"".join(s.raw for s in self.segments)
+    def unparsed_edges(self) -> tuple[RawSegment | None, RawSegment | None]:
+        """The bytes that are no entry: before the first entry (after the header),
+        and after the last one (an entry never closed, raw to the end)."""
+        if self._local_or_none():
+            try:
+                return self._edges_local()
+            except _Ambiguous:
+                self._give_up()
+        leading: RawSegment | None = None
+        trailing: RawSegment | None = None
+        seen_entry = False
+        for segment in self.segments:
+            if isinstance(segment, EntrySegment):
+                seen_entry = True
+            elif isinstance(segment, RawSegment):
+                if seen_entry or leading is not None:
+                    trailing = segment
+                else:
+                    leading = segment
+        return leading, trailing
+
+    def _edges_local(self) -> tuple[RawSegment | None, RawSegment | None]:
+        size, header_end = self.size, self._header_end
+        first = self._first_start()
+        if first is None:
+            return (self._raw(header_end, size) if header_end < size else None), None
+        leading = self._raw(header_end, first) if first > header_end else None
+        last = self._prev_start(size)
+        assert last is not None
+        end, _ = self._end_of(last[1])
+        if end >= 0:
+            return leading, None
+        trailing = self._raw(last[0], size)
+        # Nothing before it: the whole split sees one run of unparsed bytes.
+        return (trailing, None) if leading is None and last[0] == first else (leading, trailing)
+
+    def turns_since_summary(self) -> tuple[EntrySegment | None, list[EntrySegment | RawSegment]]:
+        """The last summary block and everything after it that is not blank, oldest
+        first: entries, and unparsed bytes (never skipped). Without a summary,
+        everything."""
+        summary, entries = self.since_summary(self.size)
+        leading, trailing = self.unparsed_edges()
+        turns: list[EntrySegment | RawSegment] = []
+        if summary is None and leading is not None and leading.raw.strip():
+            turns.append(leading)
+        turns.extend(entries)
+        if trailing is not None and trailing.raw.strip():
+            turns.append(trailing)
+        return summary, turns
 
 
-def _entry_starts(data: bytes, begin: int) -> list[re.Match[bytes]]:
+def _entry_starts(data: bytes, begin: int, size: int | None = None) -> list[re.Match[bytes]]:
     """The valid entry headers at or after ``begin``, as ``_ENTRY_HEADER_RE.finditer``
     would find them, but the header regex runs only where a line starts with
     ``### `` (found with ``bytes.find``): a scan of every byte position costs
     more than the rest of the parse."""
     starts = []
+    end = len(data) if size is None else size
     find = data.find
     match_at = _ENTRY_HEADER_RE.match
-    at = find(b"### ", begin)
+    at = find(b"### ", begin, end)
     while at >= 0:
         # (?m)^ holds at the start of the data or right after a newline.
-        match = match_at(data, at) if at == 0 or data[at - 1] == 0x0A else None
+        match = match_at(data, at, end) if at == 0 or data[at - 1] == 0x0A else None
         if match is None:
-            at = find(b"### ", at + 1)
+            at = find(b"### ", at + 1, end)
             continue
         role = match.group(1)
         stamp = match.group(2).decode("ascii", "replace")
         if role.strip() and parse_timestamp(stamp) is not None:
             starts.append(match)
         # Matches never overlap: a header match holds no other line start with "### ".
-        at = find(b"### ", match.end())
+        at = find(b"### ", match.end(), end)
     return starts
 
 
@@ -235,24 +584,22 @@ def _terminator_start(data: bytes, end: int, floor: int) -> int:
 
 
 def parse(data: bytes) -> MemoryDocument:
-    """Split ``data`` into segments; ``parse(d).render() == d`` always."""
+    """Split ``data`` into segments; ``parse(d).render() == d`` always.
+
+    The split is made when it is asked for (:class:`MemoryDocument`)."""
+    return MemoryDocument(data)
+
+
+def _split(data: bytes, size: int, header: HeaderSegment | None) -> tuple[Segment, ...]:
+    """The segments of ``data[:size]``, whole (the reference reading)."""
     segments: list[Segment] = []
     pos = 0
-    header = _HEADER_RE.match(data)
     if header is not None:
-        segments.append(
-            HeaderSegment(
-                start=0,
-                raw=header.group(0),
-                conversation=header.group(1).decode("utf-8", "replace"),
-                created=header.group(2).decode("utf-8", "replace"),
-            )
-        )
-        pos = header.end()
+        segments.append(header)
+        pos = len(header.raw)
 
-    starts = _entry_starts(data, pos)
+    starts = _entry_starts(data, pos, size)
     index = 0
-    size = len(data)
     while pos < size:
         while index < len(starts) and starts[index].start() < pos:
             index += 1
@@ -274,7 +621,7 @@ def parse(data: bytes) -> MemoryDocument:
             if end < 0 and _ends_with_terminator(data, size, body_start):
                 end = size
             if end < 0:
-                segments.append(RawSegment(start=pos, raw=data[pos:]))
+                segments.append(RawSegment(start=pos, raw=data[pos:size]))
                 break
             content_end = _terminator_start(data, end, body_start)
             segments.append(
@@ -294,7 +641,7 @@ def parse(data: bytes) -> MemoryDocument:
         )
         segments.append(RawSegment(start=pos, raw=data[pos:next_start]))
         pos = next_start
-    return MemoryDocument(segments=tuple(segments), size=size)
+    return tuple(segments)
 
 
 def render_header(conversation: str, created: str) -> bytes:

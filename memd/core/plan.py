@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from memd.core.chunking import ChunkPlan, plan_chunks, transcript_pieces
-from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument, RawSegment
+from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument
 from memd.core.prompts import previous_summary_body, since_last_summary
 from memd.core.summary_plan import SummaryBudgets
 
@@ -57,13 +57,19 @@ def summary_does_not_shrink(block_bytes: int, replaced_bytes: int) -> str | None
 
 def has_compactable(document: MemoryDocument) -> bool:
     """Raw entries since the last summary, or unparseable bytes before the boundary."""
-    if document.raw_entries_since_summary():
+    boundary = document.boundary
+    # The newest entry is a raw one exactly when some raw entry follows the last summary.
+    newest = next(iter(document.segments_reversed(boundary)), None)
+    if isinstance(newest, EntrySegment) and not document.is_summary_entry(newest):
         return True
     # Unparseable bytes before the boundary count too: archiving them is how
-    # they leave the active file (still verbatim, in the archive).
-    return any(
-        isinstance(segment, RawSegment) and segment.raw.strip()
-        for segment in document.segments_before(document.boundary)
+    # they leave the active file (still verbatim, in the archive). Only bytes
+    # before the first entry can be both unparseable and before the boundary.
+    leading, _trailing = document.unparsed_edges()
+    return (
+        leading is not None
+        and leading.start + len(leading.raw) <= boundary
+        and bool(leading.raw.strip())
     )
 
 
@@ -86,7 +92,7 @@ def kept_tail_start(
         return end
     start = end
     used = 0
-    for segment in reversed(document.segments_before(end)):
+    for segment in document.segments_reversed(end):
         if not isinstance(segment, EntrySegment) or document.is_summary_entry(segment):
             break
         room = budget_tokens - used
@@ -139,7 +145,7 @@ def plan_compaction(
     tail, one chunk summarized now, or the carried tail of a partial compaction.
     """
     kept_from = kept_tail_start(document, end, budgets.recent_tokens, count_text)
-    prefix = MemoryDocument(segments=tuple(document.segments_before(kept_from)), size=kept_from)
+    prefix = document.prefix(kept_from)
     previous = "" if previous_inline else previous_summary_body(since_last_summary(prefix))
     chunks = plan_chunks(
         transcript_pieces(prefix, previous),

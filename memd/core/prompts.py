@@ -96,16 +96,7 @@ class SinceSummary:
 def since_last_summary(document: MemoryDocument) -> SinceSummary:
     """The one walk of "last summary + turns since it" that the LLM prompt and the
     builtin summarizer share: a summary supersedes everything before it."""
-    summary: EntrySegment | None = None
-    turns: list[EntrySegment | RawSegment] = []
-    for segment in document.segments:
-        if isinstance(segment, EntrySegment):
-            if document.is_summary_entry(segment):
-                summary, turns = segment, []
-            else:
-                turns.append(segment)
-        elif isinstance(segment, RawSegment) and segment.raw.strip():
-            turns.append(segment)
+    summary, turns = document.turns_since_summary()
     return SinceSummary(summary, tuple(turns))
 
 

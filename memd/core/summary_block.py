@@ -32,7 +32,7 @@ body and writes a fresh one each time.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -181,21 +181,31 @@ class Material:
 def material_of(prefix: MemoryDocument, count_text: CountText | None) -> Material:
     """The summary material of ``prefix`` (the part of MEMORY.md being compacted).
 
-    ``count_text`` None: the caller knows the input's size already (the
-    daemon's incremental count), so no turn is decoded to be counted
-    (``input_tokens`` is then 0).
+    One walk: each turn since the last summary is read (and decoded) once, as
+    the pin extraction takes it. ``count_text`` None: the caller knows the
+    input's size already (the daemon's incremental count), so no turn is
+    counted (``input_tokens`` is then 0).
     """
     block, entries = prefix.since_summary()
     previous = parse_summary(block.summary_text) if block is not None else ParsedSummary(body="")
     carried = carried_pins(previous, block.timestamp) if block is not None else []
-    new = pins_of_entries((e.role, e.timestamp, e.text) for e in entries)
-    input_tokens = 0
-    if count_text is not None:
-        input_tokens = count_text(previous.body) + sum(count_text(e.text) for e in entries)
+    turns = 0
+    input_tokens = count_text(previous.body) if count_text is not None else 0
+
+    def read() -> Iterator[tuple[str, str, str]]:
+        nonlocal turns, input_tokens
+        for entry in entries:
+            text = entry.text
+            turns += 1
+            if count_text is not None:
+                input_tokens += count_text(text)
+            yield entry.role, entry.timestamp, text
+
+    new = pins_of_entries(read())
     return Material(
         previous=previous,
         pins=tuple(merge_pins(carried, new)),
         input_tokens=input_tokens,
-        turns=len(entries),
+        turns=turns,
         earlier_archives=previous.earlier_archives + (1 if previous.latest_archive else 0),
     )

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from memd.core.memfile import (
+    SUMMARY_PREAMBLE,
     EntrySegment,
     HeaderSegment,
     MemoryDocument,
@@ -416,3 +417,112 @@ def test_header_search_edges() -> None:
     ):
         found = [(m.start(), m.end()) for m in _entry_starts(data, begin)]
         assert found == _reference_entry_starts(data, begin), (data, begin)
+
+
+# -- the lazy reading (what compaction asks for) equals the whole split ------------
+
+SUMMARY_PREAMBLE_BYTES = SUMMARY_PREAMBLE.encode()
+_LF_PIECES = st.sampled_from(
+    [
+        b"### A \xe2\x80\x94 2024-01-01T00:00:00\n\n",  # a header line and its blank line
+        b"### System \xe2\x80\x94 2024-01-01\n\n[Compressed Memory Summary]\nold\n\n---\n\n",
+        b"### user \xe2\x80\x94 2024-01-01\n\n" + SUMMARY_PREAMBLE_BYTES + b"swarms\n\n---\n\n",
+        b"### B \xe2\x80\x94 not-a-time\n\n",
+        b"\n\n---\n\n",
+        b"---\n\n",
+        b"\n",
+        b" \n\t",
+        b"[Compressed Memory Summary]",
+        b"x",
+        b"### ",
+    ]
+)
+lf_memory_files = st.one_of(
+    memory_files().map(lambda data: data.replace(b"\r", b"")),
+    st.lists(st.one_of(_LF_PIECES, _LF_PIECES, entry_blocks(crlf=False)), max_size=12).map(
+        b"".join
+    ),
+    st.tuples(st.just(HEADER), st.lists(st.one_of(_LF_PIECES, entry_blocks(crlf=False)))).map(
+        lambda parts: parts[0] + b"".join(parts[1])
+    ),
+)
+
+
+def _whole(data: bytes) -> MemoryDocument:
+    """The reference: a document whose every answer comes from the whole split."""
+    doc = parse(data)
+    assert doc.segments is not None
+    return doc
+
+
+def _same_readings(data: bytes) -> None:
+    whole = _whole(data)
+    ends = {0, len(data), whole.boundary}
+    for segment in whole.segments:
+        ends |= {segment.start, segment.start + len(segment.raw)}
+    assert parse(data).boundary == whole.boundary
+    assert parse(data).unparsed_edges() == whole.unparsed_edges()
+    assert parse(data).turns_since_summary() == whole.turns_since_summary()
+    for end in sorted(ends):
+        newest_first = list(reversed(whole.segments_before(end)))
+        assert list(parse(data).segments_reversed(end)) == newest_first
+        # A walk that stops after the newest one reads the same (and no more).
+        assert next(iter(parse(data).segments_reversed(end)), None) == next(
+            iter(newest_first), None
+        )
+        summary, turns = parse(data).since_summary(end)
+        expected_summary, expected_turns = whole.since_summary(end)
+        assert (summary, list(turns)) == (expected_summary, list(expected_turns))
+    for segment in whole.segments:
+        end = segment.start + len(segment.raw)
+        part = parse(data).prefix(end)
+        assert part.render() == data[:end]
+        assert part.segments == tuple(whole.segments_before(end))
+        assert parse(data).prefix(end).boundary == _whole(data[:end]).boundary
+        summary, turns = parse(data).prefix(end).since_summary()
+        expected_summary, expected_turns = _whole(data[:end]).since_summary()
+        assert (summary, list(turns)) == (expected_summary, list(expected_turns))
+
+
+@PROPERTY
+@given(data=st.one_of(lf_memory_files, lf_memory_files, any_bytes))
+def test_the_lazy_reading_equals_the_whole_split(data: bytes) -> None:
+    _same_readings(data)
+
+
+def test_the_lazy_reading_edges() -> None:
+    empty = b"### A \xe2\x80\x94 2024-01-01\n\n"
+    for data in (
+        b"",
+        HEADER,
+        HEADER + empty,  # an entry never closed
+        HEADER + empty + b"---\n\n",  # its blank line is not a terminator's
+        HEADER + empty + b"\n\n---\n\n",
+        HEADER + empty + b"---\n\n" + empty + b"---\n\n" + render_entry("B", TS, "x"),
+        empty + b"\n---\n\n" + render_entry("B", TS, "x"),
+        b"junk\n" + render_entry("B", TS, "x"),
+        HEADER + render_summary_block("s", TS) + render_entry("B", TS, "x"),
+        HEADER + render_entry("B", TS, "x") + render_summary_block("s", TS),
+        HEADER + render_entry("B", TS, " \n [Compressed Memory Summary]\nnot a summary"),
+        HEADER + render_entry("System", TS, " \n [Compressed Memory Summary]\nsummary"),
+        HEADER + render_entry("System", TS, "x") + b"### [Compressed Memory Summary] \xe2\x80\x94 ",
+    ):
+        _same_readings(data)
+
+
+def test_the_compaction_path_reads_a_swarms_file_without_splitting_it_whole() -> None:
+    turns = b"".join(render_entry("Human", TS, f"turn {i}") for i in range(200))
+    partial = render_entry("Human", TS, "half a repl")[:-10]
+    data = HEADER + render_summary_block("so far", TS) + turns + partial
+    doc = parse(data)
+    assert doc.boundary == len(data) - len(partial)
+    newest = next(iter(doc.segments_reversed(doc.boundary)))
+    assert isinstance(newest, EntrySegment) and newest.content == b"turn 199"
+    summary, since = doc.prefix(doc.boundary).since_summary()
+    assert summary is not None and summary.summary_text.startswith("so far")
+    assert next(since).content == b"turn 0"
+    assert doc._full is None
+    # A carriage return anywhere: the whole split answers (the same).
+    crlf = parse(data.replace(b"turn 7", b"turn\r7"))
+    assert crlf.boundary == doc.boundary
+    assert crlf._full is not None

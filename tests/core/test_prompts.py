@@ -63,7 +63,7 @@ def test_the_walk_starts_after_the_last_summary() -> None:
     data += memfile.render_entry("Human", "2026-01-01T00:03:00", "new turn after summary")
     doc = memfile.parse(data)
     since = since_last_summary(doc)
-    assert since.summary is doc.entries[1]
+    assert since.summary == doc.entries[1]
     assert since.summary_end == doc.entries[2].start
     assert [t.text for t in since.turns if isinstance(t, memfile.EntrySegment)] == [
         "new turn after summary"
