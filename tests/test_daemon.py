@@ -185,11 +185,11 @@ class Harness:
         self.thread = thread
 
     def tokens(self, agent: str) -> int | None:
-        entry = self.daemon.agents().get(agent)
+        entry = self.daemon.services.registry.agents().get(agent)
         return None if entry is None else entry.tokens
 
     def job(self, agent: str) -> JobState | None:
-        entry = self.daemon.agents().get(agent)
+        entry = self.daemon.services.registry.agents().get(agent)
         return None if entry is None else entry.job.state
 
     def stop(self) -> int | None:
@@ -275,9 +275,9 @@ def test_counts_at_startup_and_follows_appends_and_replacements(
     assert wait_until(lambda: h.tokens("carol") == full_tokens(ws.root / "agents/carol/MEMORY.md"))
     (ws.root / "agents" / "bob" / "MEMORY.md").unlink()
     (ws.root / "agents" / "bob").rmdir()
-    assert wait_until(lambda: "bob" not in h.daemon.agents())
+    assert wait_until(lambda: "bob" not in h.daemon.services.registry.agents())
     (ws.root / "agents" / "carol").rename(ws.root / "agents" / "dave")
-    assert wait_until(lambda: set(h.daemon.agents()) == {"alice", "dave"})
+    assert wait_until(lambda: set(h.daemon.services.registry.agents()) == {"alice", "dave"})
     assert h.stop() == 0
 
 
@@ -289,7 +289,10 @@ def test_polling_mode_counts_and_compacts(ws: AgentWorkspace, run_daemon: Any) -
         compact=compact,
         config={"watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 60}},
     )
-    assert h.daemon.watcher is not None and h.daemon.watcher.kind == "polling"
+    assert (
+        h.daemon.services.watches.watcher is not None
+        and h.daemon.services.watches.watcher.kind == "polling"
+    )
     memory = fill(ws, "nfs", 2)
     assert wait_until(lambda: h.tokens("nfs") == full_tokens(memory))
     fill(ws, "nfs", 20)
@@ -336,8 +339,9 @@ def test_restart_with_unchanged_files_does_not_retokenize(
     first = run_daemon(ws, compact=ScriptedCompaction(), config=big)
     assert wait_until(
         lambda: (
-            {row.agent for row in first.daemon.store.agents()} == {"a1", "a2", "a3"}
-            and not any(e.dirty for e in first.daemon.agents().values())
+            {row.agent for row in first.daemon.services.flusher.store.agents()}
+            == {"a1", "a2", "a3"}
+            and not any(e.dirty for e in first.daemon.services.registry.agents().values())
         )
     )
     assert first.stop() == 0
@@ -403,7 +407,7 @@ def test_trigger_during_a_run_runs_exactly_once_more(ws: AgentWorkspace, run_dae
     assert compact.entered.wait(10)
     # The run has not committed yet; more appends push the count up again.
     memory = fill(ws, "alice", 20)
-    assert wait_until(lambda: h.daemon.agents()["alice"].job.rerun_requested)
+    assert wait_until(lambda: h.daemon.services.registry.agents()["alice"].job.rerun_requested)
     # slow finishes by writing a small file, then the late appends would be
     # lost in a real run; here we append again after it so the rerun is due
     compact.release.set()
@@ -496,7 +500,7 @@ def test_stop_cancels_jobs_waiting_for_an_llm_slot(ws: AgentWorkspace, run_daemo
     assert h.code == 0
     assert compact.committed == 2
     # Cancelled, not failed: no backoff is carried into the next start.
-    assert h.daemon.compactions_failed == 0
+    assert h.daemon.services.stats.compactions_failed == 0
     assert all(h.job(name) is not JobState.BACKOFF for name in names)
 
 
@@ -507,7 +511,7 @@ def test_failures_back_off_then_open_the_breaker(ws: AgentWorkspace, run_daemon:
     h = run_daemon(ws, compact=compact)
     fill(ws, "flaky", 20)
     assert wait_until(lambda: h.job("flaky") is JobState.BREAKER_OPEN, timeout=10)
-    entry = h.daemon.agents()["flaky"]
+    entry = h.daemon.services.registry.agents()["flaky"]
     assert entry.job.consecutive_failures == 3
     assert "scripted failure" in (entry.job.last_error or "")
     assert compact.calls == ["flaky"] * 3
@@ -540,7 +544,7 @@ def test_busy_lock_and_nothing_to_compact_are_retried_without_counting_failures(
     h = run_daemon(ws, compact=compact)
     fill(ws, "alice", 20)
     assert wait_until(lambda: compact.committed == 1, timeout=10)
-    assert h.daemon.agents()["alice"].job.consecutive_failures == 0
+    assert h.daemon.services.registry.agents()["alice"].job.consecutive_failures == 0
     h.stop()
 
 
@@ -554,7 +558,10 @@ def test_recount_under_the_lock_skips_work_another_compactor_did(
     assert wait_until(lambda: compact.calls == ["alice"])
     assert wait_until(lambda: h.job("alice") is JobState.IDLE)
     assert compact.committed == 0
-    assert h.daemon.compactions_failed == 0 and h.daemon.compactions_ok == 0
+    assert (
+        h.daemon.services.stats.compactions_failed == 0
+        and h.daemon.services.stats.compactions_ok == 0
+    )
     h.stop()
 
 
@@ -595,16 +602,22 @@ def test_bad_input_is_logged_per_agent_and_others_are_unaffected(
     (agents / "notafile" / "MEMORY.md").mkdir()
     garbage = agents / "garbage" / "MEMORY.md"
     assert wait_until(lambda: h.tokens("garbage") == full_tokens(garbage))
-    assert wait_until(lambda: h.daemon.agents()["escape"].count_error is not None)
-    assert "resolves outside the agent's own folder" in str(h.daemon.agents()["escape"].count_error)
-    assert wait_until(lambda: h.daemon.agents()["notafile"].count_error is not None)
+    assert wait_until(lambda: h.daemon.services.registry.agents()["escape"].count_error is not None)
+    assert "resolves outside the agent's own folder" in str(
+        h.daemon.services.registry.agents()["escape"].count_error
+    )
+    assert wait_until(
+        lambda: h.daemon.services.registry.agents()["notafile"].count_error is not None
+    )
     good = fill(ws, "good", 3)
     assert wait_until(lambda: h.tokens("good") == full_tokens(good))
     # a fixed file is picked up by the next reconcile
     (agents / "notafile" / "MEMORY.md").rmdir()
     (agents / "notafile" / "MEMORY.md").write_text(swarms_header("notafile"))
-    assert wait_until(lambda: h.daemon.agents()["notafile"].count_error is None, timeout=5)
-    assert h.daemon.healthy()
+    assert wait_until(
+        lambda: h.daemon.services.registry.agents()["notafile"].count_error is None, timeout=5
+    )
+    assert h.daemon.services.healthy()
     h.stop()
 
 
@@ -615,7 +628,7 @@ def test_agent_folder_symlinked_outside_is_skipped(
     (tmp_path / "elsewhere").mkdir()
     (ws.root / "agents" / "evil").symlink_to(tmp_path / "elsewhere")
     h = run_daemon(ws, compact=ScriptedCompaction())
-    assert set(h.daemon.agents()) == {"inside"}
+    assert set(h.daemon.services.registry.agents()) == {"inside"}
     h.stop()
 
 
@@ -625,11 +638,11 @@ def test_file_deleted_mid_compaction_is_retried(ws: AgentWorkspace, run_daemon: 
     memory = fill(ws, "alice", 20)
     # deleting the file races the compaction; whatever wins, the daemon survives
     memory.unlink()
-    assert h.daemon.healthy()
+    assert h.daemon.services.healthy()
     memory.write_text(swarms_header("alice"))
     fill(ws, "alice", 20)
     assert wait_until(lambda: h.tokens("alice") == full_tokens(memory) and h.tokens("alice") < 500)
-    assert h.daemon.healthy()
+    assert h.daemon.services.healthy()
     h.stop()
 
 
@@ -650,11 +663,11 @@ def test_dead_watcher_is_restarted_by_reconcile(
     monkeypatch.setattr(memd.watcher, "make_backend", make_backend)
     ws.create_agent("alice")
     h = run_daemon(ws, compact=ScriptedCompaction(), config={"trigger": {"context_length": 10**6}})
-    assert h.daemon.watcher is not None and len(backends) == 1
+    assert h.daemon.services.watches.watcher is not None and len(backends) == 1
     backends[0].stop()  # the observer thread dies silently
-    assert not h.daemon.healthy()
+    assert not h.daemon.services.healthy()
     memory = fill(ws, "alice", 2)  # an event nobody sees
-    assert wait_until(lambda: h.daemon.healthy(), timeout=5)
+    assert wait_until(lambda: h.daemon.services.healthy(), timeout=5)
     assert len(backends) == 2  # restarted with a new backend
     assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
     h.stop()
@@ -684,9 +697,9 @@ def test_end_to_end_real_compaction_with_concurrent_writers(
     ]
     for proc in procs:
         assert proc.wait(60) == 0
-    assert wait_until(lambda: h.daemon.compactions_ok >= 1, timeout=20)
+    assert wait_until(lambda: h.daemon.services.stats.compactions_ok >= 1, timeout=20)
     assert wait_until(
-        lambda: not h.daemon.runner.running() and h.job("busy") is not JobState.PENDING
+        lambda: not h.daemon.services.runner.running() and h.job("busy") is not JobState.PENDING
     )
     # every entry exactly once across archives and the live file
     seen = entry_contents_everywhere(paths)
@@ -698,7 +711,9 @@ def test_end_to_end_real_compaction_with_concurrent_writers(
     assert wait_until(lambda: h.tokens("busy") == full_tokens(paths.memory))
     store = StateStore.open(tmp_path / "state", ws.root)
     try:
-        assert wait_until(lambda: len(store.history("busy")) == h.daemon.compactions_ok)
+        assert wait_until(
+            lambda: len(store.history("busy")) == h.daemon.services.stats.compactions_ok
+        )
         assert all(entry.trigger == "daemon" and entry.archive for entry in store.history("busy"))
     finally:
         store.close()
@@ -717,17 +732,19 @@ def test_two_daemons_on_one_workspace_are_serialized_by_the_agent_lock(
         if n % 10 == 0:
             time.sleep(0.02)
     daemons = (first.daemon, second.daemon)
-    assert wait_until(lambda: sum(d.compactions_ok for d in daemons) >= 1, timeout=20)
+    assert wait_until(
+        lambda: sum(d.services.stats.compactions_ok for d in daemons) >= 1, timeout=20
+    )
     assert wait_until(
         lambda: (
-            all(not d.runner.running() for d in daemons)
+            all(not d.services.runner.running() for d in daemons)
             and all(h.tokens("shared") == full_tokens(paths.memory) for h in (first, second))
         ),
         timeout=20,
     )
     seen = entry_contents_everywhere(paths)
     assert len(seen) == 150 and set(seen.values()) == {1}
-    assert all(d.compactions_failed == 0 for d in daemons)
+    assert all(d.services.stats.compactions_failed == 0 for d in daemons)
     first.stop()
     second.stop()
 
@@ -1048,8 +1065,10 @@ def test_full_disk_fails_the_compaction_cleanly_and_it_is_retried(
     )
     with paths.memory.open("a", encoding="utf-8") as handle:
         handle.write(batch)
-    assert wait_until(lambda: h.daemon.compactions_failed >= 1, timeout=15)
-    entry = h.daemon.agents()["hoarder"]
+    assert wait_until(lambda: h.daemon.services.stats.compactions_failed >= 1, timeout=15)
+    entry = h.daemon.services.registry.agents()["hoarder"]
+    # The failure is tallied before the job's transition is applied: wait for that too.
+    assert wait_until(lambda: entry.job.last_error is not None)
     assert "space" in (entry.job.last_error or "").lower()
     assert not list(paths.archive_dir.glob("history_*.md"))
     before = entry_contents_everywhere(paths)
@@ -1057,7 +1076,7 @@ def test_full_disk_fails_the_compaction_cleanly_and_it_is_retried(
     bystander = fill(ws, "bystander", 2)
     assert wait_until(lambda: h.tokens("bystander") == full_tokens(bystander))
     filler.unlink()  # space comes back: the backoff retry succeeds
-    assert wait_until(lambda: h.daemon.compactions_ok >= 1, timeout=15)
+    assert wait_until(lambda: h.daemon.services.stats.compactions_ok >= 1, timeout=15)
     after = entry_contents_everywhere(paths)
     assert after == before
     h.stop()
@@ -1168,7 +1187,7 @@ def test_agent_folder_with_an_invalid_name_is_reported_once(
     skipped = [e for e in logs if e["event"] == "agent skipped"]
     assert [e["agent"] for e in skipped] == [repr("bad\nname")]
     assert "control character" in skipped[0]["error"]
-    assert set(h.daemon.agents()) == {"fine"}
+    assert set(h.daemon.services.registry.agents()) == {"fine"}
 
 
 def test_erased_agent_memory_resets_its_job(ws: AgentWorkspace, run_daemon: Any) -> None:
@@ -1180,12 +1199,16 @@ def test_erased_agent_memory_resets_its_job(ws: AgentWorkspace, run_daemon: Any)
     h = run_daemon(ws, compact=compact)
     fill(ws, "gone", 20)
     assert wait_until(lambda: compact.committed == 1)
-    assert wait_until(lambda: h.daemon.agents()["gone"].job.last_compaction_at is not None)
+    assert wait_until(
+        lambda: h.daemon.services.registry.agents()["gone"].job.last_compaction_at is not None
+    )
     folder = ws.root / "agents" / "gone"
     (folder / "archive").mkdir(exist_ok=True)
     shutil.rmtree(folder / "archive")
     (folder / "MEMORY.md").unlink()
-    assert wait_until(lambda: h.daemon.agents()["gone"].job.last_compaction_at is None)
+    assert wait_until(
+        lambda: h.daemon.services.registry.agents()["gone"].job.last_compaction_at is None
+    )
     assert h.stop() == 0
 
 
@@ -1196,7 +1219,9 @@ BIG = {"trigger": {"context_length": 10**6}}
 def _settle(h):
     from support.daemon_proc import wait_until
 
-    assert wait_until(lambda: not any(e.dirty for e in h.daemon.agents().values()))
+    assert wait_until(
+        lambda: not any(e.dirty for e in h.daemon.services.registry.agents().values())
+    )
 
 
 def test_same_size_rewrite_while_down_is_recounted(ws, run_daemon):
@@ -1318,8 +1343,8 @@ def test_count_in_flight_during_reload_does_not_mix_encodings(tmp_path):
     jp(mem)
     assert entered.wait(10)  # count thread is counting with cl100k
     cfg.write_text(TOML.format(ctx=10**7, enc="o200k_base"))
-    d.request_reload()
-    assert wait_until(lambda: d.counter.tokenizer.encoding == "o200k_base")
+    d.handle_exit(signal.SIGHUP, None)
+    assert wait_until(lambda: d.services.counter.tokenizer.encoding == "o200k_base")
     time.sleep(0.3)
     blocking.clear()
     gate.set()  # the old-encoding count lands after the reset
@@ -1327,9 +1352,10 @@ def test_count_in_flight_during_reload_does_not_mix_encodings(tmp_path):
     jp(mem)
     o200k = TokenCounter("o200k_base")
     ok = wait_until(
-        lambda: d.agents()["a"].tokens == o200k.count_bytes(mem.read_bytes()), timeout=3
+        lambda: d.services.registry.agents()["a"].tokens == o200k.count_bytes(mem.read_bytes()),
+        timeout=3,
     )
-    got = d.agents()["a"].tokens
+    got = d.services.registry.agents()["a"].tokens
     d.handle_exit(signal.SIGTERM, None)
     t.join(20)
     assert ok, (
@@ -1347,16 +1373,18 @@ def test_encoding_reload_keeps_an_open_breaker(tmp_path):
     compact = ScriptedCompaction("fail", "fail", "fail", "fail")
     d, t, cfg = start(tmp_path, ws, compact, 2000)
     jp(mem, 6)
-    assert wait_until(lambda: d.agents()["a"].job.state is JobState.BREAKER_OPEN, timeout=10)
+    assert wait_until(
+        lambda: d.services.registry.agents()["a"].job.state is JobState.BREAKER_OPEN, timeout=10
+    )
     calls = len(compact.calls)
     cfg.write_text(TOML.format(ctx=2000, enc="o200k_base"))
-    d.request_reload()
+    d.handle_exit(signal.SIGHUP, None)
     # The reload recounts the file in the new encoding, and every recount is
     # followed by a job decision: once the o200k count is in, the decision that
     # could have reset the breaker has been taken.
     o200k = TokenCounter("o200k_base").count_bytes(mem.read_bytes())
-    recounted = wait_until(lambda: d.agents()["a"].tokens == o200k, timeout=10)
-    state = d.agents()["a"].job.state
+    recounted = wait_until(lambda: d.services.registry.agents()["a"].tokens == o200k, timeout=10)
+    state = d.services.registry.agents()["a"].job.state
     d.handle_exit(signal.SIGTERM, None)
     t.join(20)
     assert recounted
@@ -1372,31 +1400,45 @@ def test_concurrent_flushes_never_leave_a_stale_row(ws, run_daemon, tmp_path):
     mem = ws.root / "agents/a/MEMORY.md"
     h = run_daemon(ws, compact=ScriptedCompaction(), config=BIG)
     d = h.daemon
-    assert wait_until(lambda: not any(e.dirty for e in d.agents().values()))
-    store = d.store
+    assert wait_until(lambda: not any(e.dirty for e in d.services.registry.agents().values()))
+    store = d.services.flusher.store
     real = store.upsert_agents
-    entered, release = threading.Event(), threading.Event()
+    entered, release, overtaken, written = (threading.Event() for _ in range(4))
     calls = []
 
     def slow_upsert(records):
         records = list(records)
         calls.append(records)
-        if len(calls) == 1:  # the periodic flush: snapshot taken, write delayed
+        if len(calls) == 1:  # a flush (periodic or live): snapshot taken, write delayed
             entered.set()
             release.wait(10)
+            try:
+                return real(records)
+            finally:
+                written.set()
+        if not release.is_set():
+            overtaken.set()
         return real(records)
 
     store.upsert_agents = slow_upsert
     append_entry(mem, "AI", "first append " * 10)
-    assert entered.wait(10)  # periodic flush holds snapshot #1
+    assert entered.wait(10)  # a flush holds snapshot #1, its write delayed
     append_entry(mem, "AI", "second append " * 10)
-    assert wait_until(lambda: h.tokens("a") == full_tokens(mem))
-    d.flusher.flush()  # what a compaction job's end does
-    release.set()  # periodic flush now writes snapshot #1
-    time.sleep(1.0)  # several more periodic flushes
+    entry = d.services.registry.agents()["a"]
+    # The count a tick makes (made here: the counter thread may be the one whose
+    # live flush is delayed, or wait for it).
+    assert d.services.entry_counter.count_locked(entry)
+    assert entry.tokens == full_tokens(mem)
+    later = threading.Thread(target=d.services.flusher.flush)  # what a compaction job's end does
+    later.start()
+    # Serialized flushes: the later one waits for the delayed one (this wait
+    # runs out). Were they not, it would write now, and the delayed one after it.
+    overtaken.wait(1.0)
+    release.set()  # the delayed flush now writes snapshot #1 ...
+    later.join(10)
+    assert written.wait(10) and not later.is_alive()  # ... and the later one after it
     store.upsert_agents = real
     row = store.get_agent("a")
-    entry = d.agents()["a"]
     assert row.tokens == entry.tokens, (row.tokens, entry.tokens, entry.dirty)
     h.stop()
 
@@ -1439,13 +1481,13 @@ def test_folder_moved_away_and_replaced_is_watched_again(ws, run_daemon):
     (agents / "a").mkdir()
     mem = agents / "a" / "MEMORY.md"
     mem.write_text(swarms_header("a"))
-    assert wait_until(lambda: set(h.daemon.agents()) == {"a", "b"})
+    assert wait_until(lambda: set(h.daemon.services.registry.agents()) == {"a", "b"})
     time.sleep(0.5)
     append_entry(mem, "AI", "hello " * 50)
     assert wait_until(lambda: h.tokens("a") == full_tokens(mem), timeout=3), (
         h.tokens("a"),
         full_tokens(mem),
-        h.daemon.watcher.watched(),
+        h.daemon.services.watches.watcher.watched(),
     )
 
 
@@ -1463,7 +1505,7 @@ def test_folder_deleted_and_recreated_is_watched_again(ws, run_daemon):
     assert wait_until(lambda: h.tokens("a") == full_tokens(mem), timeout=3), (
         h.tokens("a"),
         full_tokens(mem),
-        h.daemon.watcher.watched(),
+        h.daemon.services.watches.watcher.watched(),
     )
 
 
@@ -1554,7 +1596,7 @@ def test_fast_writers_are_compacted_again_and_again_never_cooled_down(
     # its swap, so mid-flight the same entries sit in both (the journal makes
     # that exactly-once on recovery). A stop lets it commit.
     assert h.stop() == 0
-    compactions = h.daemon.compactions_ok
+    compactions = h.daemon.services.stats.compactions_ok
     appended = sum(
         n for text, n in entry_contents_everywhere(paths).items() if text.startswith("w")
     )
@@ -1579,7 +1621,7 @@ def test_archive_figures_and_window_reach_the_state_db(
     paths = ws.create_agent("arch")
     h = run_daemon(ws, config={"trigger": {"context_length": 4000}})
     fill(ws, "arch", 120)
-    assert wait_until(lambda: h.daemon.compactions_ok >= 1, timeout=20)
+    assert wait_until(lambda: h.daemon.services.stats.compactions_ok >= 1, timeout=20)
 
     def on_disk() -> tuple[int, int]:
         files = [p for p in paths.archive_dir.iterdir() if p.name.startswith("history_")]
@@ -1623,7 +1665,7 @@ def test_daemon_audits_compactions_and_reloads_without_content(
     fill(ws, "alice", 20)
     log = audit_path(tmp_path / "state", ws.root)
     assert wait_until(lambda: log.exists() and read_audit(log).records, timeout=30)
-    h.daemon.request_reload()
+    h.daemon.handle_exit(signal.SIGHUP, None)
 
     def reloads() -> list[Any]:
         return [r for r in read_audit(log).records if r.event == "config_reload"]
@@ -1662,14 +1704,14 @@ def test_daemon_prunes_daily_and_after_each_compaction(
     encrypted = plant("history_2020-01-02_10-00-00.md.enc", folder=bob)
     h = run_daemon(ws, config={"retention": {"max_age_days": 30}})
     log = audit_path(tmp_path / "state", ws.root)
-    recall = h.daemon.recall
+    recall = h.daemon.services.recall.service
     assert recall is not None and recall.caught_up.wait(20)
     assert recall.index.search("alice", "vorpelline")  # indexed at start
 
     def prunes() -> list[Any]:
         return [r for r in read_audit(log).records if r.event == "prune"]
 
-    assert h.daemon.retention.daily() == 2  # the daily pass, run by hand
+    assert h.daemon.services.retention.daily() == 2  # the daily pass, run by hand
     assert not first.exists() and not encrypted.exists()
     assert not recall.index.search("alice", "vorpelline")  # its rows went with it
     assert sorted((r.agent, r.fields["trigger"], r.fields["archives"]) for r in prunes()) == [

@@ -6,6 +6,10 @@
 * :mod:`~memd.daemon.counter`: watcher hints on a queue → debounce → counts;
 * :mod:`~memd.daemon.runner`: job decisions → the scheduler; outcomes → ledger, metrics;
 * :mod:`~memd.daemon.flusher`: registry snapshots → state DB, heartbeat, ``STATUS=``;
+* :mod:`~memd.daemon.recall`, :mod:`~memd.daemon.metrics`: the recall index and the
+  metrics endpoint, each started with ``start(exit_stack)``;
+* :mod:`~memd.daemon.wiring`: every service built from the config, linked one way;
+* :mod:`~memd.daemon.checks`: what start-up and reload say about the surroundings;
 * :mod:`~memd.daemon.lifecycle`: signals, ordered start-up and shutdown, reload fan-out.
 """
 

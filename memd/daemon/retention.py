@@ -52,6 +52,9 @@ class RetentionService:
         # Set at shutdown: a daily pass over many agents stops between two of them.
         self._stopping = threading.Event()
 
+    def reconfigure(self, config: MemdConfig) -> None:
+        self.config = config
+
     def stop(self) -> None:
         self._stopping.set()
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+import structlog
 
 from memd.daemon import Daemon, DaemonOptions
 from memd.settings import LoadedConfig, build_config
@@ -42,3 +47,73 @@ def test_handlers_are_left_alone_when_not_asked_to_install(tmp_path: Path) -> No
     before = signal.getsignal(signal.SIGTERM)
     with daemon.capture_signals():
         assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """A reload configures logging (to stderr): put the test defaults back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_reload_hands_the_new_config_to_every_service(tmp_path: Path) -> None:
+    import threading
+
+    from support.daemon_proc import wait_until
+    from support.daemon_services import ScriptedCompaction
+    from support.memfiles import AgentWorkspace
+    from support.tokens import CL100K
+
+    from memd.settings import load_settings
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=2)
+    config_file = tmp_path / "memd.toml"
+    config_file.write_text("[daemon]\ncooldown_s = 60\n")
+    loaded = load_settings(config_file=config_file, workspace=ws.root, environ={})
+    options = DaemonOptions(
+        config_file=config_file,
+        workspace_flag=ws.root,
+        state_dir=tmp_path / "state",
+        install_signal_handlers=False,
+    )
+    daemon = Daemon(
+        loaded,
+        options,
+        compact=ScriptedCompaction(),  # type: ignore[arg-type]
+        counter_factory=lambda _encoding: CL100K,
+        environ={},
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(30)
+        s = daemon.services
+        assert s is not None
+        threshold = s.registry.agents()["alice"].policy.threshold_tokens
+        config_file.write_text(
+            "[daemon]\ncooldown_s = 7\n\n[trigger]\ncontext_length = 50000\n\n"
+            "[retention]\nmax_archives = 3\n\n[watch]\nreconcile_s = 9\n"
+        )
+        daemon.handle_exit(signal.SIGHUP, None)  # the real signal rule
+
+        def every_service_has_it() -> bool:
+            return (
+                s.runner.config.daemon.cooldown_s == 7
+                and s.registry.agents()["alice"].policy.threshold_tokens != threshold
+                and s.retention.config.retention.max_archives == 3
+            )
+
+        # Each service in turn, within one reload (waited on: the main loop runs it).
+        assert wait_until(every_service_has_it, timeout=30)
+        assert daemon.config.daemon.cooldown_s == 7
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]

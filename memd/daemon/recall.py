@@ -1,0 +1,73 @@
+"""The recall index beside the daemon, as one stage: opened and started with
+:meth:`RecallStage.start` (after the initial count: it starts threads), its stop
+pushed on the exit stack; told of each archive a compaction commits and of
+each prune, and of ``[privacy] encrypt_archives`` on reload.
+
+Off without a state dir, or when the index cannot be opened (said once): the
+hooks then do nothing and the daemon runs without recall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from memd.core.config import MemdConfig
+from memd.daemon.registry import AgentRegistry
+from memd.recall.service import RecallService
+from memd.recall.socket_server import socket_path_for
+from memd.retention import PruneResult
+from memd.workspace import AgentPaths
+
+
+class RecallStage:
+    def __init__(
+        self,
+        state_dir: Path | None,
+        workspace: Path,
+        config: MemdConfig,
+        registry: AgentRegistry,
+    ) -> None:
+        self._state_dir = state_dir
+        self._workspace = workspace
+        self._config = config
+        self._registry = registry
+        # The running service (None until started, and when recall is off).
+        self.service: RecallService | None = None
+
+    def start(self, stack: contextlib.ExitStack) -> None:
+        if self._state_dir is None:
+            return
+        recall = RecallService.open(self._state_dir, self._workspace)
+        if recall is None:
+            return
+        recall.index.encrypting = self._config.privacy.encrypt_archives
+        self.service = recall
+        recall.start(self._registry.all_paths)
+        stack.callback(self._stop, recall)
+        recall.serve(
+            self._registry.root, socket_path_for(self._config.recall.socket, self._workspace)
+        )
+
+    @staticmethod
+    def _stop(recall: RecallService) -> None:
+        with contextlib.suppress(Exception):
+            recall.stop()
+
+    def reconfigure(self, config: MemdConfig) -> None:
+        self._config = config
+        if self.service is not None:
+            self.service.index.encrypting = config.privacy.encrypt_archives
+
+    def on_archived(self, paths: AgentPaths, archive: Path) -> None:
+        """A compaction committed ``archive`` (under the agent's lock): index it."""
+        if self.service is not None:
+            self.service.on_archived(paths, archive)
+
+    def on_pruned(self, paths: AgentPaths, result: PruneResult) -> None:
+        """Retention deleted archives: their rows go."""
+        if self.service is not None:
+            self.service.on_pruned(paths, result)
+
+
+__all__ = ["RecallStage"]

@@ -1,0 +1,302 @@
+"""How the daemon's services are built from the config and linked, each to the next
+stage only: the one module that knows every service. :class:`Services` opens
+what building needs (the tokenizer, the state DB, the audit log, the redaction
+key) and constructs the rest without starting a thread; the lifecycle
+(:mod:`memd.daemon.lifecycle`) starts them in order and stops them in reverse.
+
+Data walks one way: watcher → (hint queue) → counter → runner → scheduler →
+transaction → files; the flusher writes registry snapshots to the state DB and
+returns the erasures it found to the runner that asked. The watches follow the
+agent set the registry publishes at each rescan (the watch service owns the
+watcher); nothing downstream calls a stage upstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memd.audit import AuditLog
+from memd.core.config import MemdConfig
+from memd.daemon import checks
+from memd.daemon.archives import ArchiveSurvey
+from memd.daemon.counter import CountService
+from memd.daemon.entries import AgentEntry, CountUpdate, EntryCounter, RunStats, Tokenizer
+from memd.daemon.flusher import StateFlusher
+from memd.daemon.metrics import MetricsStage
+from memd.daemon.recall import RecallStage
+from memd.daemon.registry import AgentRegistry, RecoverFn
+from memd.daemon.retention import DAILY_S, RetentionService
+from memd.daemon.runner import CompactFn, Runner, SummarizerFactory
+from memd.daemon.watches import WatchService
+from memd.descriptor import Descriptors
+from memd.errors import describe_error
+from memd.logs import get_logger
+from memd.modelinfo import context_length_for_model
+from memd.notify import SystemdNotifier
+from memd.scheduler import JobScheduler
+from memd.watcher import BackendKind, Watcher, default_backend_kind
+from memd.workspace import AGENTS_DIR, AgentPaths
+
+if TYPE_CHECKING:
+    from memd.core.summary import Summarizer
+    from memd.state import AgentRecord, StateStore
+
+_log = get_logger("memd.daemon")
+
+# The daily retention pass: its first run, a minute after start (not in the start-up rush).
+RETENTION_FIRST_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What a caller may put in place of the real thing (tests: a scripted
+    compaction, a fake tokenizer; a benchmark: a queue of every count)."""
+
+    compact: CompactFn | None = None
+    recover: RecoverFn | None = None
+    summarizer_factory: SummarizerFactory | None = None
+    tokenizer_factory: Callable[[str], Tokenizer] | None = None
+    # Every count made is put here when given (a benchmark's latency probe).
+    count_updates: queue.SimpleQueue[CountUpdate] | None = None
+
+
+def default_compact() -> CompactFn:
+    from memd.compaction import compact_agent
+
+    return compact_agent
+
+
+def default_recover(config_of: Callable[[], MemdConfig]) -> RecoverFn:
+    from memd.compaction import CompactionOptions, recover_agent
+
+    def recover(paths: AgentPaths) -> str | None:
+        # The current config's master key: a crash's old file kept as an
+        # archive is sealed like any other archive.
+        return recover_agent(paths, key_file=CompactionOptions.from_config(config_of()).key_file)
+
+    return recover
+
+
+def default_summarizer(config: MemdConfig, count_text: Callable[[str], int]) -> Summarizer:
+    from memd.summarizers import make_summarizer
+
+    return make_summarizer(config.summarizer, count_text)
+
+
+def new_tokenizer(config: MemdConfig, parts: Parts) -> Tokenizer:
+    if parts.tokenizer_factory is not None:
+        return parts.tokenizer_factory(config.tokenizer.encoding)
+    from memd.tokenizer import MAX_PIECE_BYTES, TokenCounter
+
+    return TokenCounter(
+        config.tokenizer.encoding,
+        max_piece_bytes=config.tokenizer.max_piece_bytes or MAX_PIECE_BYTES,
+    )
+
+
+def open_store(state_dir: Path | None, workspace: Path) -> StateStore | None:
+    if state_dir is None:
+        return None
+    from memd.state import StateStore
+
+    store = StateStore.open(state_dir, workspace)
+    for warning in store.warnings:
+        _log.warning("state database", detail=warning)
+    return store
+
+
+def stored_records(store: StateStore | None) -> dict[str, AgentRecord]:
+    if store is None:
+        return {}
+    try:
+        return {record.agent: record for record in store.agents()}
+    except Exception as exc:
+        _log.warning("state database unreadable; counting every file", error=describe_error(exc))
+        return {}
+
+
+class Services:
+    """Every service of one daemon, built (not started) from the config.
+
+    Building opens the tokenizer, the state DB (its close pushed on ``stack``),
+    the audit log and the redaction key; the scheduler and the watcher start
+    threads, so they are made only by :meth:`new_scheduler` and
+    :meth:`new_watches`, after the initial count (which may fork).
+    """
+
+    def __init__(
+        self,
+        stack: contextlib.ExitStack,
+        config: MemdConfig,
+        workspace: Path,
+        state_dir: Path | None,
+        parts: Parts,
+        notifier: SystemdNotifier,
+        *,
+        started_at: float,
+        config_of: Callable[[], MemdConfig],
+        should_stop: Callable[[], bool],
+    ) -> None:
+        self._config = config
+        self.registry = AgentRegistry(
+            workspace,
+            config,
+            parts.recover or default_recover(config_of),
+            context_length_for_model,
+        )
+        self.registry.start()
+        with contextlib.suppress(OSError):
+            (workspace / AGENTS_DIR).mkdir(exist_ok=True)
+        self.stats = RunStats()
+        self.flusher = StateFlusher(
+            self.registry,
+            self.stats,
+            notifier,
+            config.tokenizer.encoding,
+            self.healthy,
+            started_at,
+        )
+        self.archives = ArchiveSurvey(self.registry)
+        self.scheduler: JobScheduler | None = None
+        self.watches: WatchService | None = None
+        tokenizer = new_tokenizer(config, parts)
+        stack.callback(self.flusher.close)
+        self.flusher.start(open_store(state_dir, workspace))
+        self.audit = AuditLog.for_workspace(state_dir, workspace, "daemon")
+        self.entry_counter = EntryCounter(
+            tokenizer,
+            updates=parts.count_updates,
+            max_piece_bytes=config.tokenizer.max_piece_bytes,
+        )
+        counted_with = self.entry_counter
+        # Reserved text is counted with the tokenizer MEMORY.md is counted with (reload swaps it).
+        self.registry.descriptors = Descriptors(
+            lambda text: counted_with.tokenizer.count_text(text)
+        )
+        self.runner = Runner(
+            config,
+            self.registry,
+            self.entry_counter,
+            self.flusher,
+            self.stats,
+            parts.compact or default_compact(),
+            parts.summarizer_factory or default_summarizer,
+            # A scheduled wake-up is a hint like a watcher's: count, then decide.
+            wake=lambda agent: self.counter.request_count(agent),
+        )
+        self.runner.audit = self.audit
+        checks.warn_unredacted(config)
+        self.runner.redaction_key = checks.redaction_key(state_dir, workspace)
+        self.counter = CountService(
+            config.trigger,
+            config.tokenizer.encoding,
+            self.registry,
+            self.entry_counter,
+            self.runner,
+            self.flusher,
+            pool_allowed=parts.tokenizer_factory is None,
+            should_stop=should_stop,
+        )
+        self.retention = RetentionService(self.registry, self.archives, self.audit, config)
+        self.recall = RecallStage(state_dir, workspace, config, self.registry)
+        self.metrics = MetricsStage(config.metrics, self.entry_counter, self.runner)
+        # A committed archive: indexed for recall, then its agent's figures surveyed.
+        self.runner.on_archived = self._on_archived
+        self.runner.on_pruned = self.retention.hook("compaction", audit=False)
+        self.retention.on_pruned = self.recall.on_pruned
+
+    def _on_archived(self, paths: AgentPaths, archive: Path) -> None:
+        self.recall.on_archived(paths, archive)
+        self.archives.on_archived(paths, archive)
+
+    def load_agents(self) -> tuple[list[AgentEntry], list[AgentEntry]]:
+        """Start-up: every agent found, recovered, registered and counted (or its
+        stored count reused); returns them and those counted after READY."""
+        records = stored_records(self.flusher.store)
+        scanned = self.registry.scan()
+        entries = [
+            entry
+            for entry in (
+                self.registry.make_entry(name, link) for name, link in sorted(scanned.items())
+            )
+            if entry
+        ]
+        for entry in entries:
+            self.registry.recover(entry)
+            self.archives.restore(entry, records.get(entry.name))
+        self.registry.register(entries, set(records))
+        # Counted before any thread exists, so the scan may fork a process
+        # pool safely; changes made meanwhile are caught once the watches are live.
+        return entries, self.counter.initial_count(entries, records)
+
+    def new_scheduler(self) -> JobScheduler:
+        daemon = self._config.daemon
+        self.scheduler = JobScheduler(
+            compaction_slots=max(daemon.max_concurrent_io, daemon.max_concurrent_llm)
+        )
+        return self.scheduler
+
+    def new_watches(self, poll: bool | None) -> WatchService:
+        """The watcher and its one driver; ``poll``: the command line's choice (None:
+        the config's ``[watch] poll``)."""
+        watch = self._config.watch
+        kind: BackendKind = default_backend_kind(watch.poll if poll is None else poll)
+        watcher = Watcher(
+            self.registry.workspace,
+            self.counter.sink,
+            kind=kind,
+            poll_interval_s=watch.poll_interval_s,
+        )
+        self.watches = WatchService(
+            watcher, self.registry, self.counter.sink, check_every_s=watch.reconcile_s
+        )
+        return self.watches
+
+    def schedule_periodic(self, config: MemdConfig | None = None) -> None:
+        """The periodic jobs (again after a reload that changed their intervals)."""
+        if config is not None:
+            self._config = config
+        assert self.scheduler is not None
+        watch, daemon = self._config.watch, self._config.daemon
+        self.scheduler.every("reconcile", watch.reconcile_s, self.counter.reconcile)
+        self.scheduler.every("state-flush", daemon.state_flush_s, self.runner.flush)
+        # Soon after start (agents restored without figures are listed), then
+        # with the reconcile: what compact-now, forget and prune did meanwhile.
+        self.scheduler.every(
+            "archive-survey", watch.reconcile_s, self.archives.survey, first_in_s=1.0
+        )
+        # A minute after start (not in the start-up rush), then daily.
+        self.scheduler.every(
+            "retention", DAILY_S, self.retention.daily, first_in_s=RETENTION_FIRST_S
+        )
+
+    def final_flush(self) -> None:
+        """Shutdown, after the scheduler stopped: queued jobs will not run now."""
+        self.runner.cancel_pending()
+        with contextlib.suppress(Exception):
+            self.runner.flush(final=True)
+
+    def healthy(self) -> bool:
+        return (
+            self.watches is not None
+            and self.watches.is_alive()
+            and self.scheduler is not None
+            and self.scheduler.is_alive()
+            and self.counter.is_alive()
+        )
+
+
+__all__ = [
+    "RETENTION_FIRST_S",
+    "Parts",
+    "Services",
+    "default_summarizer",
+    "new_tokenizer",
+    "open_store",
+    "stored_records",
+]

@@ -1,0 +1,52 @@
+"""The recall index as a stage: off without a state dir (its hooks do nothing),
+started and told of archives and prunes otherwise, stopped by the exit stack."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from support.memfiles import AgentWorkspace
+
+from memd.core.config import MemdConfig
+from memd.daemon.recall import RecallStage
+from memd.daemon.registry import AgentRegistry
+from memd.settings import build_config
+
+
+def registry_of(ws: AgentWorkspace, config: MemdConfig) -> AgentRegistry:
+    registry = AgentRegistry(ws.root, config, recover=lambda _paths: None, context_length_of=None)
+    registry.start()
+    entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
+    registry.register(entries, set())
+    return registry
+
+
+def test_without_a_state_dir_recall_is_off_and_its_hooks_do_nothing(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=2)
+    config = MemdConfig()
+    recall = RecallStage(None, ws.root, config, registry_of(ws, config))
+    with contextlib.ExitStack() as stack:
+        recall.start(stack)
+        assert recall.service is None
+        recall.on_archived(paths, paths.archive_dir / "history_x.md")
+        recall.reconfigure(config)
+
+
+def test_started_it_indexes_on_each_archive_and_follows_reloads(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=2)
+    config = MemdConfig()
+    recall = RecallStage(tmp_path / "state", ws.root, config, registry_of(ws, config))
+    with contextlib.ExitStack() as stack:
+        recall.start(stack)
+        service = recall.service
+        assert service is not None and service.server is not None
+        assert service.caught_up.wait(30)  # the start-up sync of every agent
+        assert not service.index.encrypting
+        encrypted = {"encrypt_archives": True, "key_file": str(tmp_path / "master.key")}
+        recall.reconfigure(build_config({"privacy": encrypted}, {})[0])
+        assert service.index.encrypting
+        recall.on_archived(paths, paths.archive_dir / "history_x.md")  # no archive: logged
+    assert service._stopping.is_set()  # stopped with the stack
