@@ -65,13 +65,18 @@ class Hint(NamedTuple):
 
 
 class HintSink:
-    """What the watcher calls: each event becomes a hint on the counter's queue."""
+    """The put side of the counter's queue: each watcher event (and each scheduled
+    wake-up, each count the watch service asks for) becomes a hint on it."""
 
     def __init__(
         self, inbox: queue.SimpleQueue[Hint], clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._inbox = inbox
         self._clock = clock
+
+    @property
+    def inbox(self) -> queue.SimpleQueue[Hint]:
+        return self._inbox
 
     def agents_changed(self, name: str | None) -> None:
         self._inbox.put(Hint(HintKind.AGENTS, name, self._clock()))
@@ -123,13 +128,15 @@ class CountService:
         flusher: StateFlusher,
         *,
         pool_allowed: bool,
+        hints: HintSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()
-        # The hints' timestamps (debouncing); tests pass a made-up clock and
-        # call tick() themselves.
-        self.sink = HintSink(self.inbox, clock)
+        # The queue read here, made before the stages that put on it (the runner's
+        # wake-ups) when given; ``clock`` stamps the hints (debouncing): tests pass
+        # a made-up one and call tick() themselves.
+        self.sink = HintSink(queue.SimpleQueue(), clock) if hints is None else hints
+        self.inbox = self.sink.inbox
         self.encoding = encoding
         self._registry = registry
         self._counter = counter

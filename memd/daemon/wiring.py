@@ -24,7 +24,7 @@ from memd.audit import AuditLog
 from memd.core.config import MemdConfig
 from memd.daemon import checks
 from memd.daemon.archives import ArchiveSurvey
-from memd.daemon.counter import CountService
+from memd.daemon.counter import CountService, HintSink
 from memd.daemon.entries import AgentEntry, CountUpdate, EntryCounter, RunStats, Tokenizer
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.metrics import MetricsStage
@@ -178,6 +178,8 @@ class Services:
         self.registry.descriptors = Descriptors(
             lambda text: counted_with.tokenizer.count_text(text)
         )
+        # The counter's queue, made first: the runner's wake-ups are put on it.
+        hints = HintSink(queue.SimpleQueue())
         self.runner = Runner(
             config,
             self.registry,
@@ -187,7 +189,7 @@ class Services:
             parts.compact or default_compact(),
             parts.summarizer_factory or default_summarizer,
             # A scheduled wake-up is a hint like a watcher's: count, then decide.
-            wake=lambda agent: self.counter.request_count(agent),
+            wake=hints.count_now,
         )
         self.runner.audit = self.audit
         checks.warn_unredacted(config)
@@ -200,6 +202,7 @@ class Services:
             self.runner,
             self.flusher,
             pool_allowed=parts.tokenizer_factory is None,
+            hints=hints,
             should_stop=should_stop,
         )
         self.retention = RetentionService(self.registry, self.archives, self.audit, config)

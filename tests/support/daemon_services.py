@@ -5,13 +5,14 @@ compaction (watchfiles' ``MockRustNotify`` pattern)."""
 from __future__ import annotations
 
 import os
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memd.core.config import MemdConfig
-from memd.daemon.counter import CountService
+from memd.daemon.counter import CountService, HintSink
 from memd.daemon.entries import EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry
@@ -203,8 +204,9 @@ def build_services(
         started_at=0.0,
         clock=clock,
     )
-    services: list[CountService] = []
     entry_counter = EntryCounter(COUNTER)
+    # The counter's queue, made first (as the daemon does): wake-ups are hints on it.
+    hints = HintSink(queue.SimpleQueue(), clock)
     runner = Runner(
         config,
         registry,
@@ -213,7 +215,7 @@ def build_services(
         stats,
         compact,  # type: ignore[arg-type]
         lambda _config, _count: summarizer,
-        wake=lambda agent: services[0].request_count(agent),
+        wake=hints.count_now,
         clock=clock,
     )
     counter = CountService(
@@ -224,9 +226,9 @@ def build_services(
         runner,
         flusher,
         pool_allowed=False,
+        hints=hints,
         clock=clock,
     )
-    services.append(counter)
     runner.start(scheduler)  # type: ignore[arg-type]
     entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
     registry.register(entries, set())
