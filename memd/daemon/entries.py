@@ -74,8 +74,8 @@ class AgentEntry:
 
 @dataclass(slots=True)
 class RunStats:
-    """The runner's figures (``running`` changed under the runner's lock), read by
-    the flusher for ``STATUS=`` and the heartbeat."""
+    """The runner's figures (changed under the runner's lock), read by the flusher
+    for ``STATUS=`` and the heartbeat (one read each, no lock)."""
 
     running: set[str] = field(default_factory=set)
     compactions_ok: int = 0

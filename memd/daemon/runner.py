@@ -501,7 +501,8 @@ class Runner:
     ) -> None:
         name = entry.name
         policy = self.retry_policy
-        self._stats.compactions_ok += 1
+        with self._lock:  # compaction threads end side by side: no increment lost
+            self._stats.compactions_ok += 1
         # Judge what the compaction produced, not appends made meanwhile.
         achieved = outcome.tokens_produced
         _log.info(
@@ -594,7 +595,8 @@ class Runner:
                 self._apply(entry, on_busy_elsewhere(entry.job, policy=policy, now=now))
             return
         reason = describe_error(error)
-        self._stats.compactions_failed += 1
+        with self._lock:
+            self._stats.compactions_failed += 1
         if not isinstance(error, (MemdError, OSError)):
             _log.error(
                 "compaction crashed",
