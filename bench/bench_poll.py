@@ -11,7 +11,12 @@ watchdog's PollingObserver, which memd used before, runs one emitter thread
 per folder: it is measured at a smaller fleet (default 1,000) and the ratio
 printed per agent.
 
-    python bench/bench_poll.py [--agents 10000] [--anchor-agents 1000] [--idle-s 10]
+The whole daemon with ``--poll`` is measured too (``--part daemon``): its
+threads, fds and idle CPU, and each append -> the count that includes it,
+against poll interval + debounce + 300 ms.
+
+    python bench/bench_poll.py [--part watcher|daemon|all] [--agents 10000]
+        [--anchor-agents 1000] [--idle-s 10]
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from memd.watcher import Watcher
 
@@ -54,6 +61,20 @@ def thread_cpu(name: str) -> float | None:
         if thread.name == name and thread.ident is not None:
             return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
     return None
+
+
+def threads_cpu() -> dict[str, float]:
+    """CPU seconds of every live thread, by name (summed over threads of one name)."""
+    seen: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if thread.ident is None:
+            continue
+        try:
+            cpu = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except OSError:  # ended meanwhile
+            continue
+        seen[thread.name] = seen.get(thread.name, 0.0) + cpu
+    return seen
 
 
 def stat_floor(folders: dict[str, Path], runs: int = 5) -> float:
@@ -152,6 +173,89 @@ def measure(
         }
 
 
+def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -> dict[str, Any]:
+    """The whole daemon with ``[watch] poll = true``, in this process: threads,
+    idle CPU, and each append -> the count that includes it (what the issue's
+    "event -> count" means), against poll interval + debounce + 300 ms."""
+    import queue
+
+    from memd.daemon import Daemon, DaemonOptions
+    from memd.daemon.entries import CountUpdate
+    from memd.settings import LoadedConfig, build_config
+
+    with tempfile.TemporaryDirectory(prefix="memd-bench-poll-daemon-") as tmp:
+        root = Path(tmp)
+        folders = make_fleet(root / "ws", count)
+        config, _ = build_config(
+            {
+                "trigger": {"context_length": 10**8},
+                "watch": {"poll": True, "poll_interval_s": interval_s},
+            },
+            {},
+        )
+        debounce_s = config.trigger.debounce_ms / 1000
+        updates: queue.SimpleQueue[CountUpdate] = queue.SimpleQueue()
+        threads_before = threading.active_count()
+        fds_before = len(os.listdir("/proc/self/fd"))
+        daemon = Daemon(
+            LoadedConfig(config, None, root / "ws", ()),
+            DaemonOptions(state_dir=root / "state", install_signal_handlers=False),
+            count_updates=updates,
+        )
+        runner = threading.Thread(target=daemon.run, name="bench-daemon", daemon=True)
+        runner.start()
+        try:
+            if not daemon.ready.wait(600):
+                raise RuntimeError("the daemon did not reach READY")
+            time.sleep(max(3.0, 3 * interval_s))  # first flush of every row, first passes
+            threads = threading.active_count() - threads_before - 1  # not the runner
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            before = threads_cpu()
+            time.sleep(idle_s)
+            after = threads_cpu()
+            wall = time.monotonic() - wall0
+            idle_cpu = (time.process_time() - cpu0) / wall
+            by_thread = {name: (cpu - before.get(name, 0.0)) / wall for name, cpu in after.items()}
+            poll_cpu = by_thread.get("memd-poll", float("nan"))
+            fds = len(os.listdir("/proc/self/fd")) - fds_before
+            rng = random.Random(11)
+            latencies: list[float] = []
+            missed = 0
+            for agent in rng.sample(sorted(folders), min(appends, count)):
+                memory = folders[agent] / "MEMORY.md"
+                with memory.open("ab") as f:
+                    f.write(b"### user \xe2\x80\x94 2026-12-01T10:00:00\n\nhello\n\n---\n\n")
+                appended, size = time.time(), memory.stat().st_size
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        update = updates.get(timeout=max(0.0, deadline - time.monotonic()))
+                    except queue.Empty:
+                        missed += 1
+                        break
+                    if update.agent == agent and (update.size or 0) >= size:
+                        latencies.append(update.at - appended)
+                        break
+                time.sleep(rng.uniform(0, interval_s))
+        finally:
+            daemon.handle_exit(signal.SIGTERM, None)
+            runner.join(60)
+        lat = sorted(latencies) or [float("nan")]
+        return {
+            "agents": count,
+            "threads": threads,
+            "fds": fds,
+            "idle_cpu": idle_cpu,
+            "poll_cpu": poll_cpu,
+            "p50": statistics.median(lat),
+            "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "max": lat[-1],
+            "target": interval_s + debounce_s + 0.3,
+            "missed": missed,
+            "by_thread": by_thread,
+        }
+
+
 def _share(value: float) -> str:
     return "-" if value != value else f"{value:.1%}"  # NaN: not measured
 
@@ -163,7 +267,33 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--appends", type=int, default=40)
     parser.add_argument("--interval-s", type=float, default=1.0)
+    parser.add_argument(
+        "--part",
+        choices=["watcher", "daemon", "all"],
+        default="all",
+        help="watcher: the poller alone vs watchdog; daemon: the whole daemon with --poll",
+    )
     args = parser.parse_args(argv)
+    if args.part in ("daemon", "all"):
+        row = measure_daemon(args.agents, args.idle_s, args.appends, args.interval_s)
+        load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
+        print(
+            f"memd daemon with --poll, {row['agents']} agents, "
+            f"poll interval {args.interval_s:g} s, "
+            f"load average {load}: {row['threads']} threads, {row['fds']} fds; idle CPU "
+            f"{row['idle_cpu']:.1%} of a core (polling thread {_share(row['poll_cpu'])}); "
+            f"append -> count p50 {row['p50']:.2f} s, p99 {row['p99']:.2f} s, "
+            f"max {row['max']:.2f} s (target poll interval + debounce + 300 ms = "
+            f"{row['target']:.2f} s, p99 ratio {row['p99'] / row['target']:.2f}), "
+            f"missed {row['missed']}"
+        )
+        busiest = sorted(row["by_thread"].items(), key=lambda item: -item[1])
+        print(
+            "  idle CPU by thread: "
+            + ", ".join(f"{name} {share:.2%}" for name, share in busiest if share >= 0.0001)
+        )
+        if args.part == "daemon":
+            return 0
     rows = [
         (
             "memd stat poller",

@@ -379,8 +379,9 @@ class StatPoller:
         """(agents whose MEMORY.md or descriptor changed, agents whose folder is gone).
 
         A held MEMORY.md whose fstat shows the same ctime and size and one
-        link is unchanged: no path to resolve. Otherwise (and for every
-        :data:`VERIFY_EVERY`-th agent, taking turns) the path is stat'ed.
+        link is unchanged: no path to resolve. Otherwise the path is stat'ed.
+        Every :data:`VERIFY_EVERY`-th held agent, taking turns, has its path
+        stat'ed as well, whatever its fstat says.
         """
         dir_fd = self._root_fd
         stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
@@ -388,7 +389,9 @@ class StatPoller:
         gone: list[str] = []
         agents = list(self._agents.values())
         for agent in agents[self._passes % VERIFY_EVERY :: VERIFY_EVERY]:
-            agent.fd_ctime = -1
+            # The path still names the held inode, unchanged: one stat tells.
+            if agent.fd >= 0 and _signature(agent.memory, dir_fd, False) != agent.memory_seen:
+                agent.fd_ctime = -1  # not so: the loop below stats it and takes the new file
         for agent in agents:
             fd = agent.fd
             if fd >= 0:
