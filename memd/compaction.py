@@ -56,8 +56,9 @@ from memd.core.memfile import (
     HeaderSegment,
     MemoryDocument,
     parse,
+    render_clean_summary_block,
     render_header,
-    render_summary_block,
+    sanitize_summary,
 )
 from memd.core.ownership import archive_access
 from memd.core.plan import (
@@ -67,6 +68,7 @@ from memd.core.plan import (
     has_compactable,
     kept_tail_start,
     landed_prefix,
+    may_exceed_cap,
     recovery_action,
     summary_does_not_shrink,
     summary_over_cap,
@@ -708,8 +710,8 @@ class _Transaction:
         (only the small summary is tokenized)."""
         if manual:
             return
-        if self.count_bytes is not None:
-            cap = self.options.summary_max_tokens + self.options.pinned_tokens
+        cap = self.options.summary_max_tokens + self.options.pinned_tokens
+        if self.count_bytes is not None and may_exceed_cap(block, cap):
             too_long = summary_over_cap(self.count_bytes(block), cap)
             if too_long is not None:
                 raise SummarizerError(f"agent {self.agent!r}: {too_long}")
@@ -1115,14 +1117,19 @@ def _compact_locked(
             tokens_before = snapshot_tokens(snap.data, snap.dev, snap.ino, counted, count_bytes)
         composed, earlier = txn.compose(snap, result, manual, cut, tokens_before)
         stamp = _now_local_iso()
-        txn.check_summary_size(render_summary_block(composed.text, stamp), snap, manual, cut)
+        # The last line names the archive: checked with a stand-in name of the
+        # same length, written with the final one; the rest is sanitized once.
+        head, _newline, stand_in = composed.text.rpartition("\n")
+        clean = sanitize_summary(head)
+        txn.check_summary_size(
+            render_clean_summary_block(clean, stamp, stand_in), snap, manual, cut
+        )
         try:
             txn.write_archive(snap, cut)
             assert txn.archive is not None
             provenance = version_line(f"archive/{txn.archive.name}", earlier)
-            head = composed.text.rpartition("\n")[0]
-            text = f"{head}\n{provenance}" if head else provenance
-            copied_to, _new_ino = txn.swap(snap, render_summary_block(text, stamp), cut)
+            block = render_clean_summary_block(clean, stamp, provenance)
+            copied_to, _new_ino = txn.swap(snap, block, cut)
         except BaseException as exc:
             if not txn.committed:
                 txn.rollback()

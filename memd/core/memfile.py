@@ -673,7 +673,8 @@ def sanitize_summary(summary: str) -> str:
     # Lone surrogates (from JSON-decoded LLM output) cannot be encoded, and a
     # lone "\r" is a line break to readers in text mode (Swarms): normalize
     # both before quoting, so the quoting sees the lines every reader sees.
-    cleaned = _LONE_SURROGATE.sub("\ufffd", summary)
+    # (ASCII-only text, known in O(1), holds no surrogate.)
+    cleaned = summary if summary.isascii() else _LONE_SURROGATE.sub("\ufffd", summary)
     cleaned = cleaned.replace("\r\n", "\n").replace("\r", "\n")
     # Terminal escapes, other controls, NEL, U+2028/9 and bidi overrides: the
     # one sanitizer for LLM replies and --summary text alike.
@@ -683,6 +684,25 @@ def sanitize_summary(summary: str) -> str:
 
 def render_summary_block(summary: str, timestamp: str) -> bytes:
     return render_entry(SUMMARY_ROLE, timestamp, SUMMARY_PREAMBLE + sanitize_summary(summary))
+
+
+# memd's own last line of a block (the format and archive line): printable ASCII.
+_OWN_LINE_RE: Final = re.compile(r"[!-~](?:[ -~]*[!-~])?")
+
+
+def render_clean_summary_block(clean: str, timestamp: str, last_line: str) -> bytes:
+    """A summary block from text :func:`sanitize_summary` already cleaned, with memd's
+    own ``last_line`` after it.
+
+    The transaction renders its block twice (to check it, then with the archive's
+    final name in that line) and sanitizes the reply once; the line is added
+    after the sanitizer, so nothing in the reply (an unterminated escape
+    sequence, a trailing carriage return) can reach into it.
+    """
+    if not _OWN_LINE_RE.fullmatch(last_line) or last_line.startswith("#"):
+        raise ValueError(f"not a line memd writes as it is: {last_line!r}")
+    text = f"{clean}\n{last_line}" if clean else last_line
+    return render_entry(SUMMARY_ROLE, timestamp, SUMMARY_PREAMBLE + text)
 
 
 def contains_entry_header(text: str) -> bool:

@@ -24,6 +24,7 @@ from memd.core.chunking import ChunkPlan, plan_chunks, transcript_pieces
 from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument
 from memd.core.prompts import previous_summary_body, since_last_summary
 from memd.core.summary_plan import SummaryBudgets
+from memd.core.tokens import upper_bound
 
 CountText = Callable[[str], int]
 
@@ -39,6 +40,13 @@ def summary_over_cap(summary_tokens: int, cap: int) -> str | None:
     if summary_tokens > cap + SUMMARY_MARKUP_TOKENS:
         return f"summary has {summary_tokens} tokens, over the cap of {cap}"
     return None
+
+
+def may_exceed_cap(block: bytes, cap: int) -> bool:
+    """Whether ``block`` could be over ``cap`` at all: a text has no more tokens than
+    bytes (plus the two at its ends), so a block within the cap in bytes need not
+    be tokenized to pass :func:`summary_over_cap`."""
+    return upper_bound(block) > cap + SUMMARY_MARKUP_TOKENS
 
 
 def summary_does_not_shrink(block_bytes: int, replaced_bytes: int) -> str | None:
@@ -277,6 +285,7 @@ __all__ = [
     "has_compactable",
     "kept_tail_start",
     "landed_prefix",
+    "may_exceed_cap",
     "plan_compaction",
     "recovery_action",
     "stored_count_trust",

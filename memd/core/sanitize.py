@@ -40,7 +40,9 @@ def strip_controls(text: str) -> str:
     Callers that want a lone carriage return read as a line break (as text-mode
     readers do) turn it into a newline first; here it is removed.
     """
-    return _CONTROL.sub("", _ESCAPE_SEQUENCE.sub("", text))
+    if "\x1b" in text or "\x9b" in text:  # a plain find: most text has no escape at all
+        text = _ESCAPE_SEQUENCE.sub("", text)
+    return _CONTROL.sub("", text)
 
 
 __all__ = ["strip_controls"]

@@ -526,3 +526,31 @@ def test_the_compaction_path_reads_a_swarms_file_without_splitting_it_whole() ->
     crlf = parse(data.replace(b"turn 7", b"turn\r7"))
     assert crlf.boundary == doc.boundary
     assert crlf._full is not None
+
+
+@PROPERTY
+@given(summary=summary_texts, stamp=timestamps)
+def test_a_clean_block_renders_as_the_whole_text_would(summary: str, stamp: str) -> None:
+    from memd.core.memfile import render_clean_summary_block
+
+    line = "memd-summary: v2; raw turns in archive/history_2026-01-01_00-00-00.md (+2 earlier)"
+    block = render_clean_summary_block(sanitize_summary(summary), stamp, line)
+    # Text that ends in a word (as the composed summary's last line does) renders
+    # the same either way; otherwise its trailing blanks go with the sanitizer.
+    if summary[-1:].isalnum():
+        assert block == render_summary_block(f"{summary}\n{line}", stamp)
+    (entry,) = parse(block).entries
+    assert entry.is_summary and entry.summary_text.split("\n")[-1] == line
+
+
+def test_nothing_in_the_reply_reaches_into_the_last_line() -> None:
+    from memd.core.memfile import render_clean_summary_block
+
+    line = "memd-summary: v2"
+    for reply in ("an unterminated OSC \x1b]0;title", "ends in a carriage return\r", ""):
+        block = render_clean_summary_block(sanitize_summary(reply), TS, line)
+        (entry,) = parse(block).entries
+        assert entry.summary_text.split("\n")[-1] == line
+    for bad in ("", "two\nlines", "### System \u2014 2024-01-01", " padded", "caf\u00e9"):
+        with pytest.raises(ValueError, match="not a line memd writes"):
+            render_clean_summary_block("x", TS, bad)

@@ -9,6 +9,7 @@ from memd.core.plan import (
     StoredCountTrust,
     has_compactable,
     landed_prefix,
+    may_exceed_cap,
     recovery_action,
     stored_count_trust,
     summary_does_not_shrink,
@@ -24,6 +25,14 @@ def test_summary_size_rules() -> None:
     assert summary_does_not_shrink(99, 100) is None
     refused = summary_does_not_shrink(100, 100)
     assert refused is not None and "(100 bytes) would not shrink" in refused
+
+
+def test_a_block_within_the_cap_in_bytes_need_not_be_counted() -> None:
+    block = render_summary_block("word " * 200, "2026-01-01T00:00:02")
+    assert not may_exceed_cap(block, len(block))  # bytes bound tokens from above
+    assert may_exceed_cap(block, len(block) - 64 - 3)  # it could be over: count it
+    # Invalid UTF-8 decodes to U+FFFD (3 bytes), which the bound allows for.
+    assert may_exceed_cap(b"\xff" * 100, 150 - 64)
 
 
 def test_has_compactable() -> None:
