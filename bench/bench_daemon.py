@@ -75,13 +75,21 @@ def write_config(path: Path, **sections: dict[str, Any]) -> Path:
 class Proc:
     """``memd run`` as a subprocess, with its JSON log lines."""
 
-    def __init__(self, workspace: Path, state: Path, config: Path, extra: list[str] | None = None):
+    def __init__(
+        self,
+        workspace: Path,
+        state: Path,
+        config: Path,
+        extra: list[str] | None = None,
+        python_args: list[str] | None = None,  # before "-m memd" (a profiler's)
+    ):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMD_", "NOTIFY_"))}
         env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
+                *(python_args or []),
                 "-m",
                 "memd",
                 "run",

@@ -9,12 +9,17 @@ the files unchanged and times process start → the ``ready`` log line. The
 anchor is a process doing the least any start-up must: the interpreter with
 memd's imports, a stat of every MEMORY.md and an inotify watch on every agent
 folder (raw ``inotify_add_watch``). Prints both (medians) and their ratio
-(target: within 3x).
+(target: within 3x), and the load average before and after.
+
+With ``MEMD_BENCH_PROFILE=DIR`` each restart runs under cProfile (main thread,
+start to stop) and leaves ``DIR/restart-N.prof``; its times are then not the
+daemon's own.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -24,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench_daemon import HEADER, Proc, entry, write_config
+from bench_status import compile_memd
 
 # What the anchor imports: the modules `memd run` has loaded by READY.
 _ANCHOR = r"""
@@ -50,8 +56,11 @@ def build(ws: Path, agents: int) -> None:
         (folder / "MEMORY.md").write_text(template.replace("{name}", f"agent{n:05d}"))
 
 
-def time_ready(ws: Path, state: Path, config: Path) -> tuple[float, int]:
-    proc = Proc(ws, state, config)
+def time_ready(
+    ws: Path, state: Path, config: Path, profile: Path | None = None
+) -> tuple[float, int]:
+    python_args = None if profile is None else ["-m", "cProfile", "-o", str(profile)]
+    proc = Proc(ws, state, config, python_args=python_args)
     try:
         ready_at, line = proc.wait_event("ready", 600)
         return ready_at - proc.started, int(line.get("agents", -1))
@@ -70,6 +79,11 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=30_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    profiles = os.environ.get("MEMD_BENCH_PROFILE")
+    if profiles:
+        Path(profiles).mkdir(parents=True, exist_ok=True)
+    compile_memd()  # memd as installed, for the daemon and the anchor alike
+    load_before = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="memd-bench-startup-"))
     try:
         ws, state = root / "ws", root / "state"
@@ -77,10 +91,11 @@ def main() -> None:
         config = write_config(root / "memd.toml", trigger={"context_length": 10**6})
         cold, agents = time_ready(ws, state, config)
         restarts, anchors = [], []
-        for _ in range(args.repeats):
+        for repeat in range(args.repeats):
             # Interleaved, so both see the same machine load and page cache.
             anchors.append(time_anchor(ws))
-            seconds, agents = time_ready(ws, state, config)
+            profile = Path(profiles) / f"restart-{repeat}.prof" if profiles else None
+            seconds, agents = time_ready(ws, state, config, profile)
             restarts.append(seconds)
         restart, anchor = statistics.median(restarts), statistics.median(anchors)
         print(
@@ -88,7 +103,8 @@ def main() -> None:
             f"files {restart:.2f} s (median of {args.repeats}: "
             f"{', '.join(f'{s:.2f}' for s in restarts)}); anchor (interpreter + memd's "
             f"imports + stat of every file + a watch per agent) {anchor:.2f} s; "
-            f"ratio {restart / anchor:.2f}x (target ≤ 3x)"
+            f"ratio {restart / anchor:.2f}x (target ≤ 3x); {os.cpu_count()} CPUs, load average "
+            f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
