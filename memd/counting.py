@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import os
 import stat
@@ -325,7 +326,11 @@ def _count_forked(
     size = max(1, min(64, len(indexed) // (workers * 8)))
     batches = [indexed[start : start + size] for start in range(0, len(indexed), size)]
     _WORKER_COUNTER[:] = [(count_bytes, max_piece_bytes)]
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    # The workers collect cycles whatever the parent's collector is doing (the
+    # daemon pauses it for its start-up pass, and a fork inherits that).
+    pool = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("fork"), initializer=gc.enable
+    )
     complete = False
     try:
         pending: dict[Future[list[tuple[int, CountResult]]], list[tuple[int, CountJob]]] = {

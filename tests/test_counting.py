@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 from pathlib import Path
@@ -224,6 +225,22 @@ def test_a_dead_counting_worker_is_a_failure_not_a_traceback(tmp_path: Path) -> 
     results = dict(count_many(jobs, dies_on_poison, workers=2))
     assert sorted(results) == list(range(len(jobs)))
     assert "worker died" in str(results[3][2])
+
+
+def test_workers_collect_cycles_when_the_parent_has_paused_its_collector(tmp_path: Path) -> None:
+    """The daemon's start-up pass runs with the GC off; its forked workers turn it on."""
+    jobs = _files(tmp_path, 4)
+
+    def collector_state(data: bytes) -> int:
+        return 1 if gc.isenabled() else 0
+
+    gc.disable()
+    try:
+        results = dict(count_many(jobs, collector_state, workers=2))
+    finally:
+        gc.enable()
+    counted = [result[0] for result in results.values() if result[0] is not None]
+    assert len(counted) == 4 and all(tracked.tokens > 0 for tracked in counted)  # 0: GC off
 
 
 def test_stop_ends_the_pool_without_waiting_for_a_slow_file(tmp_path: Path) -> None:

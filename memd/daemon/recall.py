@@ -1,6 +1,7 @@
 """The recall index beside the daemon, as one stage: opened and started with
 :meth:`RecallStage.start` (after the initial count: it starts threads), its stop
-pushed on the exit stack; told of each archive a compaction commits and of
+pushed on the exit stack, its re-sync of every agent started after READY
+(:meth:`RecallStage.resync`); told of each archive a compaction commits and of
 each prune, and of ``[privacy] encrypt_archives`` on reload.
 
 Off without a state dir, or when the index cannot be opened (said once): the
@@ -43,11 +44,17 @@ class RecallStage:
             return
         recall.index.encrypting = self._config.privacy.encrypt_archives
         self.service = recall
-        recall.start(self._registry.all_paths)
         stack.callback(self._stop, recall)
         recall.serve(
             self._registry.root, socket_path_for(self._config.recall.socket, self._workspace)
         )
+
+    def resync(self) -> None:
+        """Re-sync every agent's index in the background (the repair after a crash).
+        Started after READY: it is a pass over every agent, which before READY
+        competed with the start-up's own for the interpreter lock."""
+        if self.service is not None:
+            self.service.start(self._registry.all_paths)
 
     @staticmethod
     def _stop(recall: RecallService) -> None:

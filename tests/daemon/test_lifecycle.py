@@ -1,17 +1,26 @@
-"""The lifecycle's one signal rule, with real signals raised against the real handler."""
+"""The lifecycle's one signal rule, with real signals raised against the real handler;
+what the start-up pass runs with, and what waits for READY."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+from support.daemon_proc import wait_until
+from support.memfiles import AgentWorkspace
+from support.tokens import CL100K
 
 from memd.daemon import Daemon, DaemonOptions
+from memd.recall.service import RecallService
+from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, build_config
+from memd.tokenizer import TokenCounter
 
 
 def make_daemon(tmp_path: Path, install: bool = True) -> Daemon:
@@ -117,3 +126,45 @@ def test_a_reload_hands_the_new_config_to_every_service(tmp_path: Path) -> None:
         daemon.handle_exit(signal.SIGTERM, None)
         thread.join(60)
     assert codes == [0]
+
+
+def test_start_up_pauses_the_collector_and_background_passes_wait_for_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up pass runs with the cyclic GC off (back on after); the recall
+    re-sync and the periodic jobs (the first archive survey) start only at READY."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alpha", "beta"):
+        ws.create_agent(name, entries=2)
+    config, _ = build_config({}, {})
+    options = DaemonOptions(state_dir=tmp_path / "state", install_signal_handlers=False)
+    seen: dict[str, tuple[bool, bool]] = {}  # what -> (ready already, GC on)
+    daemon: Daemon
+
+    def counter(encoding: str) -> TokenCounter:
+        seen["tokenizer"] = (daemon.ready.is_set(), gc.isenabled())
+        return CL100K
+
+    def note(what: str, original: Callable[..., None]) -> Callable[..., None]:
+        def call(self: object, *args: object, **kwargs: object) -> None:
+            seen.setdefault(what, (daemon.ready.is_set(), gc.isenabled()))
+            original(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(RecallService, "start", note("recall sync", RecallService.start))
+    monkeypatch.setattr(JobScheduler, "every", note("periodic", JobScheduler.every))
+    daemon = Daemon(LoadedConfig(config, None, ws.root, ()), options, counter_factory=counter)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    assert gc.isenabled()
+    thread.start()
+    try:
+        assert daemon.ready.wait(20)
+        assert wait_until(lambda: "recall sync" in seen and gc.isenabled())
+        assert seen["tokenizer"] == (False, False)  # during the pass: no collector
+        assert seen["recall sync"] == (True, False)  # after READY (still in start-up)
+        assert seen["periodic"] == (True, False)
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(30)
+    assert gc.isenabled()
