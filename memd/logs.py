@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -86,9 +87,24 @@ def get_logger(name: str = "memd", **initial: Any) -> structlog.stdlib.BoundLogg
     return logger.bind(**initial) if initial else logger
 
 
+def debug_check(name: str = "memd") -> Callable[[], bool]:
+    """Whether a debug line of logger ``name`` would be written, as a function a
+    hot path calls first: each structlog call binds a logger before its level is
+    looked at, while stdlib caches the answer (and forgets it when levels change)."""
+    logger = logging.getLogger(name)
+    return lambda: logger.isEnabledFor(logging.DEBUG)
+
+
 def agent_logger(agent: str, name: str = "memd") -> structlog.stdlib.BoundLogger:
     """A logger whose every line names the agent."""
     return get_logger(name, agent=agent)
 
 
-__all__ = ["LogFormat", "agent_logger", "configure_logging", "get_logger", "resolve_format"]
+__all__ = [
+    "LogFormat",
+    "agent_logger",
+    "configure_logging",
+    "debug_check",
+    "get_logger",
+    "resolve_format",
+]

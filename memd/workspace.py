@@ -8,6 +8,7 @@ workspace and not into another agent's folder; MEMORY.md, ``archive/`` and
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -191,6 +192,30 @@ def resolve_own(paths: AgentPaths, path: Path, what: str) -> Path:
 def check_memory_link(paths: AgentPaths) -> None:
     """Refuse a MEMORY.md symlinked out of its agent's own folder (checked per count)."""
     resolve_own(paths, paths.memory, "MEMORY.md")
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO must not hang the reader
+
+
+def open_memory(paths: AgentPaths) -> int:
+    """MEMORY.md opened for reading, refused when it is a symlink out of the agent's
+    own folder (:func:`check_memory_link`, the check each count makes).
+
+    A plain file, the usual case, costs one ``open``: with ``O_NOFOLLOW`` it
+    succeeds only on a name that is not a symlink, so the file is an entry of the
+    agent's folder itself, contained by construction (no ``realpath`` per count).
+    A symlink is resolved and checked, and its target opened with ``O_NOFOLLOW``
+    too (a target swapped for a link meanwhile is refused, not followed).
+    Non-blocking, close-on-exec; raises what ``open`` raises (FileNotFoundError
+    for a missing file) and WorkspaceError for a link that leaves the folder.
+    """
+    try:
+        return os.open(paths.memory_fspath(), _READ_FLAGS | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    target = resolve_own(paths, paths.memory, "MEMORY.md")
+    return os.open(target, _READ_FLAGS | os.O_NOFOLLOW)
 
 
 def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> AgentPaths:
@@ -404,6 +429,7 @@ __all__ = [
     "is_archive_name",
     "is_within",
     "list_agents",
+    "open_memory",
     "require_workspace",
     "resolve_agents",
     "resolve_own",

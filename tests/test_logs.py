@@ -88,3 +88,16 @@ def test_importing_logs_does_not_import_litellm() -> None:
     code = "import memd.logs, sys; print('litellm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_debug_check_follows_the_level() -> None:
+    import logging
+
+    from memd.logs import debug_check
+
+    logger = logging.getLogger("memd.test.debug_check")
+    enabled = debug_check("memd.test.debug_check")
+    logger.setLevel(logging.INFO)
+    assert not enabled()
+    logger.setLevel(logging.DEBUG)  # a reload with --log-level debug
+    assert enabled()

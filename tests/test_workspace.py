@@ -47,3 +47,47 @@ def test_fast_paths_equal_the_checked_paths(tmp_path: Path) -> None:
         agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True)
     with pytest.raises(UnknownAgent):
         agent_paths_scanned(ws.root, "ghost", root=root, is_link=False, agents_dir_plain=True)
+
+
+def test_open_memory_opens_only_what_stays_in_the_agents_own_folder(tmp_path: Path) -> None:
+    import errno
+
+    from memd.errors import WorkspaceError
+    from memd.workspace import open_memory
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    ws.create_agent("bob")
+    paths = agent_paths(ws.root, "alice")
+    memory = ws.root / "agents/alice/MEMORY.md"
+
+    def read(fd: int) -> bytes:
+        try:
+            return os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+
+    assert read(open_memory(paths)) == memory.read_bytes()  # a plain file: opened as is
+    # A link within the agent's own folder: its target is opened.
+    (ws.root / "agents/alice/kept").mkdir()
+    moved = ws.root / "agents/alice/kept/MEMORY.md"
+    memory.rename(moved)
+    os.symlink("kept/MEMORY.md", memory)
+    assert read(open_memory(paths)) == moved.read_bytes()
+    # Out of the folder (into another agent's, or out of the workspace): refused.
+    for target in (ws.root / "agents/bob/MEMORY.md", tmp_path / "outside.md"):
+        target.touch()
+        memory.unlink()
+        os.symlink(target, memory)
+        with pytest.raises(WorkspaceError, match="resolves outside the agent's own folder"):
+            open_memory(paths)
+    memory.unlink()
+    os.symlink("MEMORY.md", memory)  # a loop
+    with pytest.raises(OSError) as caught:
+        open_memory(paths)
+    assert caught.value.errno == errno.ELOOP
+    memory.unlink()
+    with pytest.raises(FileNotFoundError):
+        open_memory(paths)
+    os.mkfifo(memory)  # never hangs the counting thread (non-blocking)
+    os.close(open_memory(paths))

@@ -18,15 +18,17 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from memd.core.config import AgentPolicy
 from memd.core.jobs import AgentJob
 from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, JUNCTION_CUT_ENCODINGS
-from memd.counting import CountKind, CountResult, TrackedCount, count_file
+from memd.counting import CountKind, CountResult, TrackedCount, count_fd
 from memd.errors import MemdError, describe_error
-from memd.logs import get_logger
-from memd.workspace import AgentPaths, ArchiveStats, check_memory_link
+from memd.logs import debug_check, get_logger
+from memd.workspace import AgentPaths, ArchiveStats, check_memory_link, open_memory
 
 if TYPE_CHECKING:
     from memd.metrics import Metrics
 
-_log = get_logger("memd.daemon")
+_LOGGER = "memd.daemon"
+_log = get_logger(_LOGGER)
+_debug = debug_check(_LOGGER)
 
 
 class Counted(Enum):
@@ -153,14 +155,18 @@ class EntryCounter:
                 if failure is not None:
                     raise _CountFailed(failure)
             else:
-                check_contained(entry)
-                tracked, kind = count_file(
-                    entry.paths.memory,
-                    entry.tracked,
-                    self.tokenizer.count_bytes,
-                    max_piece_bytes=self.max_piece_bytes,
-                    junction_cut=self.junction_cut,
-                )
+                fd = open_memory(entry.paths)  # contained: checked as it is opened
+                try:
+                    tracked, kind = count_fd(
+                        fd,
+                        entry.paths.memory,
+                        entry.tracked,
+                        self.tokenizer.count_bytes,
+                        max_piece_bytes=self.max_piece_bytes,
+                        junction_cut=self.junction_cut,
+                    )
+                finally:
+                    os.close(fd)
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED
             counted = Counted.MISSING
@@ -178,7 +184,7 @@ class EntryCounter:
         entry.tracked = tracked
         if kind is not CountKind.UNCHANGED or entry.tokens != before:
             entry.dirty = True
-        if kind is CountKind.RECOUNTED or entry.tokens != before:
+        if (kind is CountKind.RECOUNTED or entry.tokens != before) and _debug():
             _log.debug("counted", agent=entry.name, tokens=entry.tokens, kind=str(kind))
         if self.metrics is not None:
             self.metrics.set_agent(entry.name, entry.tokens, entry.policy.threshold_tokens)
