@@ -87,6 +87,22 @@ def test_last_safe_boundary_is_the_largest_boundary(data: bytes) -> None:
     assert last_safe_boundary(data) == max(safe_boundaries(data), default=0)
 
 
+def test_last_safe_boundary_across_its_window_edges() -> None:
+    # Every prefix of a text whose cuts of each kind sit on and around the
+    # backward windows' edges (64, 256, 1024 bytes from the end).
+    text = (
+        b"### Human \xe2\x80\x94 2026\n\nword word\n"
+        + b"{}-=+" * 13
+        + b"\n### AI\nNext line"
+        + b"0123456789:;" * 30
+        + b"a b\n\n---\n\n"
+        + b"[]" * 500
+    )
+    for end in range(len(text) + 1):
+        data = text[:end]
+        assert last_safe_boundary(data) == max(safe_boundaries(data), default=0), end
+
+
 def test_last_safe_boundary_looks_far_back_when_needed() -> None:
     data = b"intro.\nText" + b" \r\n" * 200_000
     assert last_safe_boundary(data) == 7
