@@ -177,6 +177,14 @@ def on_count(
         # Under threshold there is nothing to retry: whatever failed before (a
         # breaker, a backoff) was overcome, e.g. by `memd compact-now` or
         # `memd forget`, so the agent is healthy again.
+        if (
+            job.state is JobState.IDLE
+            and job.next_attempt_at is None
+            and job.consecutive_failures == 0
+            and job.last_error is None
+            and not job.rerun_requested
+        ):
+            return Decision(job)  # already so: every count of a quiet agent, no new job
         return Decision(
             replace(
                 job,

@@ -122,7 +122,11 @@ class AgentRegistry:
 
     def refresh_window(self, name: str) -> None:
         """The agent's folder changed: re-resolve its policy if its memd-agent.json did."""
-        if self.descriptors is None or not self.descriptors.changed(name, self._agents_root / name):
+        if self.descriptors is None:
+            return
+        known = self._agents.get(name)
+        folder = known.paths.dir if known is not None else self._agents_root / name
+        if not self.descriptors.changed(name, folder):
             return
         with self._lock:
             entry = self._agents.get(name)
