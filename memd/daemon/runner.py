@@ -10,7 +10,7 @@ forced exit sets the event.
 Locks: the runner's lock serializes every job transition (decide, then apply,
 as one step). It is never held while taking another service's lock (the
 registry's, the flusher's, an entry's ``count_lock``; only leaf locks inside:
-the runner's spending lock, the scheduler's, the metrics'); the other way
+the spending guard's, the scheduler's, the metrics'); the other way
 round, no service calls into the runner while holding its own lock (a count
 and a flush return what they found, the caller acts after), so no two
 services' locks are ever taken in both orders.
@@ -45,12 +45,13 @@ from memd.core.jobs import (
     on_success,
     restored_job,
 )
-from memd.core.spending import DAY_S, Hold, SpendingCaps, SpendingWindow
+from memd.core.spending import Hold
 from memd.core.summary import Summarizer
 from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.llm_slots import LlmSlots
 from memd.daemon.registry import AgentRegistry
+from memd.daemon.spending import SpendingGuard
 from memd.errors import (
     CompactionAborted,
     LockTimeout,
@@ -62,14 +63,14 @@ from memd.errors import (
 )
 from memd.logs import get_logger
 from memd.scheduler import JobScheduler
-from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer, needs_litellm
+from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
     from memd.audit import AuditLog
     from memd.metrics import Metrics
     from memd.retention import PruneHook
-    from memd.state import AgentRecord, SpendingRecord
+    from memd.state import AgentRecord
 
 _log = get_logger("memd.daemon")
 
@@ -118,7 +119,7 @@ class Runner:
         # Summaries in flight, daemon-wide; the rest of a job runs beside them
         # on the compaction pool (a restart applies a new size).
         self.llm_slots = LlmSlots(config.daemon.max_concurrent_llm)
-        self.metrics: Metrics | None = None
+        self._metrics: Metrics | None = None
         # The workspace's audit log (None without a state dir).
         self.audit: AuditLog | None = None
         # Told of each archive a compaction commits (the recall index).
@@ -142,29 +143,11 @@ class Runner:
         self._lock = threading.RLock()
         # Model requests and their cost, for [summarizer] max_calls_per_hour and
         # max_usd_per_day (workspace-wide: this daemon is the workspace's).
-        self._spending = SpendingWindow()
-        self._spending_lock = threading.Lock()
-        self._unpriced_warned = False
+        self.spending = SpendingGuard(config.summarizer, clock)
 
     def start(self, scheduler: JobScheduler) -> None:
         self._scheduler = scheduler
-        self._seed_spending()
-
-    def _seed_spending(self) -> None:
-        """What the ledger says was spent inside the caps' windows before this start
-        (a restart must not reset the caps)."""
-        store = self._flusher.store
-        if store is None:
-            return
-        now = self._clock()
-        try:
-            spent = store.spending_since(now - DAY_S)
-        except Exception as exc:
-            _log.warning("cannot read past spending from the ledger", error=describe_error(exc))
-            return
-        with self._spending_lock:
-            for at, calls, usd in spent:
-                self._spending.record(at, calls, usd)
+        self.spending.seed(self._flusher.store)
 
     def stop(self) -> None:
         """No new jobs from here on (queued ones are cancelled when they start)."""
@@ -185,6 +168,17 @@ class Runner:
             self.config = config
             self.retry_policy = RetryPolicy.from_config(config.daemon)
             self._summarizer = None  # rebuilt lazily with the new settings
+        self.spending.reconfigure(config.summarizer)
+
+    @property
+    def metrics(self) -> Metrics | None:
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, metrics: Metrics | None) -> None:
+        """Where outcomes (and the spending guard's figures) are published."""
+        self._metrics = metrics
+        self.spending.metrics = metrics
 
     # ------------------------------------------------------------------ decide
 
@@ -236,7 +230,7 @@ class Runner:
     def flush(self, final: bool = False, *, live: bool = False) -> None:
         """Write the state DB (the flusher, with this runner's spending), then act on
         the erasures that flush found (the flusher returns them: it calls no one)."""
-        spending = None if live else self.spending_snapshot()
+        spending = None if live else self.spending.snapshot()
         for change in self._flusher.flush(final, live=live, spending=spending):
             self._erasure_changed(change.agent, change.erased)
 
@@ -339,70 +333,10 @@ class Runner:
                 )
                 attach = getattr(self._summarizer, "attach_meter", None)
                 if callable(attach):
-                    attach(self._charge)
+                    attach(self.spending.charge)
                 if self._stopping:
                     self._stop_summarizer_retries()
             return self._summarizer
-
-    # ---------------------------------------------------------------- spending
-
-    def _caps(self) -> SpendingCaps:
-        summarizer = self.config.summarizer
-        return SpendingCaps(summarizer.max_calls_per_hour, summarizer.max_usd_per_day)
-
-    def _charge(self, cost_usd: float | None) -> None:
-        """One model request (from the summarizer, in a compaction thread)."""
-        with self._spending_lock:
-            self._spending.record(self._clock(), 1, cost_usd)
-        unpriced = cost_usd is None and self.config.summarizer.max_usd_per_day > 0
-        if unpriced and not self._unpriced_warned:
-            self._unpriced_warned = True
-            _log.warning(
-                "summarizer.max_usd_per_day: litellm reports no cost for this model's "
-                "requests; the cap counts only what it can price",
-                model=self.config.summarizer.model,
-            )
-
-    def _spending_hold(self, job: AgentJob) -> Hold | None:
-        """The cap that holds this agent's compaction back now, if any.
-
-        Only a remote model spends: the builtin summarizer (configured, or standing
-        in after ``fallback_after`` failures) is never held back.
-        """
-        caps = self._caps()
-        if not caps.active or not needs_litellm(self.config.summarizer):
-            return None
-        after = self.config.summarizer.fallback_after
-        if after and job.consecutive_failures >= after:
-            return None
-        with self._spending_lock:
-            return self._spending.hold(self._clock(), caps)
-
-    def _calls_left(self) -> int | None:
-        with self._spending_lock:
-            return self._spending.calls_left(self._clock(), self._caps())
-
-    def spending_snapshot(self) -> SpendingRecord:
-        """What was spent against the caps and the hold now (each :meth:`flush` hands it
-        to the flusher, which stores it for ``memd status``; the metrics follow it)."""
-        from memd.state import SpendingRecord
-
-        now = self._clock()
-        caps = self._caps()
-        remote = needs_litellm(self.config.summarizer)
-        with self._spending_lock:
-            calls = self._spending.calls_in_hour(now)
-            usd = self._spending.usd_in_day(now)
-            hold = self._spending.hold(now, caps) if remote else None
-        if self.metrics is not None:
-            self.metrics.set_spending(calls, usd, hold.key if hold is not None else None)
-        return SpendingRecord(
-            calls_last_hour=calls,
-            usd_last_day=usd,
-            held_reason=hold.reason if hold is not None else None,
-            held_until=hold.until if hold is not None else None,
-            ts=now,
-        )
 
     def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
         options = CompactionOptions.from_config(
@@ -415,7 +349,7 @@ class Runner:
             on_pruned=self.on_pruned,
             # Never more calls than the hour's cap leaves: a compaction that
             # needs more covers the oldest turns (a partial one) instead.
-            max_calls=self._calls_left(),
+            max_calls=self.spending.calls_left(),
         )
 
     def _held(self, entry: AgentEntry, hold: Hold) -> None:
@@ -447,7 +381,7 @@ class Runner:
                 entry.job = on_cancelled(entry.job)
                 entry.dirty = True
                 return
-            hold = self._spending_hold(entry.job)
+            hold = self.spending.hold(entry.job)
             if hold is not None:
                 self._held(entry, hold)
                 return

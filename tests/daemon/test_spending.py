@@ -10,7 +10,7 @@ import pytest
 from support.daemon_services import ScriptedCompaction, Services, build_services
 from support.memfiles import AgentWorkspace
 
-from memd.core.jobs import JobState
+from memd.core.jobs import AgentJob, JobState
 from memd.core.spending import CALLS_KEY, HOUR_S, USD_KEY
 from memd.metrics import Metrics
 from memd.workspace import AgentPaths
@@ -79,7 +79,7 @@ def test_the_call_cap_holds_back_then_the_compaction_resumes(
     assert "compaction held back by a spending cap" in capsys.readouterr().out
     assert sample(metrics, "memd_spending_cap_holds_total", cap=CALLS_KEY) == 1
     assert s.flusher is not None
-    snapshot = s.runner.spending_snapshot()
+    snapshot = s.runner.spending.snapshot()
     assert snapshot.calls_last_hour == 3 and snapshot.held_until == spent_at + HOUR_S
     assert sample(metrics, "memd_spending_cap_holding", cap=CALLS_KEY) == 1
     assert "compactions held back" in s.flusher.status_text(snapshot)
@@ -94,7 +94,7 @@ def test_the_call_cap_holds_back_then_the_compaction_resumes(
     s.scheduler.run_queued()
     assert s.compact.calls == ["alpha", "alpha"]
     assert s.job("alpha").state is JobState.IDLE
-    assert s.runner.spending_snapshot().held_reason is None
+    assert s.runner.spending.snapshot().held_reason is None
     assert sample(metrics, "memd_spending_cap_holding", cap=CALLS_KEY) == 0
 
 
@@ -107,7 +107,7 @@ def test_the_usd_cap_holds_for_a_day(tmp_path: Path) -> None:
     assert s.compact.calls == ["alpha"]
     assert sample(metrics, "memd_spending_cap_holds_total", cap=USD_KEY) == 1
     assert s.job("alpha").next_attempt_at == spent_at + 24 * HOUR_S
-    assert s.runner.spending_snapshot().usd_last_day == pytest.approx(0.06)
+    assert s.runner.spending.snapshot().usd_last_day == pytest.approx(0.06)
 
 
 def test_the_builtin_summarizer_is_never_held_back(tmp_path: Path) -> None:
@@ -136,3 +136,29 @@ def test_a_restart_remembers_what_the_ledger_says_was_spent(tmp_path: Path) -> N
     assert s.compact.calls == []
     assert s.job("alpha").next_attempt_at == row.started_at + HOUR_S
     store.close()
+
+
+def test_the_guard_counts_calls_and_says_once_when_it_cannot_price_them() -> None:
+    import structlog
+
+    from memd.daemon.spending import SpendingGuard
+    from memd.settings import build_config
+
+    remote = {"model": "openai/metered", "max_calls_per_hour": 3, "max_usd_per_day": 1.0}
+    config = build_config({"summarizer": remote}, {})[0].summarizer
+    now = [1000.0]
+    guard = SpendingGuard(config, lambda: now[0])
+    assert guard.calls_left() == 3
+    with structlog.testing.capture_logs() as logs:
+        guard.charge(None)
+        guard.charge(None)
+        guard.charge(0.25)
+    unpriced = [line for line in logs if "litellm reports no cost" in line["event"]]
+    assert len(unpriced) == 1  # said once, not per request
+    assert guard.calls_left() == 0
+    hold = guard.hold(AgentJob())
+    assert hold is not None and hold.key == CALLS_KEY and hold.until == 1000.0 + HOUR_S
+    snapshot = guard.snapshot()
+    assert (snapshot.calls_last_hour, snapshot.usd_last_day) == (3, pytest.approx(0.25))
+    now[0] += HOUR_S
+    assert guard.calls_left() == 3 and guard.hold(AgentJob()) is None
