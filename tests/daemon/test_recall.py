@@ -1,5 +1,6 @@
 """The recall index as a stage: off without a state dir (its hooks do nothing),
-started and told of archives and prunes otherwise, stopped by the exit stack."""
+started (its re-sync of every agent once asked, after READY) and told of archives
+and prunes otherwise, stopped by the exit stack."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def test_started_it_indexes_on_each_archive_and_follows_reloads(tmp_path: Path) 
         recall.start(stack)
         service = recall.service
         assert service is not None and service.server is not None
-        assert service.caught_up.wait(30)  # the start-up sync of every agent
+        assert not service.caught_up.is_set()  # the re-sync waits for READY ...
+        recall.resync()
+        assert service.caught_up.wait(30)  # ... then goes over every agent
         assert not service.index.encrypting
         encrypted = {"encrypt_archives": True, "key_file": str(tmp_path / "master.key")}
         recall.reconfigure(build_config({"privacy": encrypted}, {})[0])
