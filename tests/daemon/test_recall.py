@@ -44,6 +44,8 @@ def test_started_it_indexes_on_each_archive_and_follows_reloads(tmp_path: Path) 
         recall.start(stack)
         service = recall.service
         assert service is not None and service.server is not None
+        socket_file = service.server.path
+        assert socket_file.exists()  # serving
         assert not service.caught_up.is_set()  # the re-sync waits for READY ...
         recall.resync()
         assert service.caught_up.wait(30)  # ... then goes over every agent
@@ -52,4 +54,4 @@ def test_started_it_indexes_on_each_archive_and_follows_reloads(tmp_path: Path) 
         recall.reconfigure(build_config({"privacy": encrypted}, {})[0])
         assert service.index.encrypting
         recall.on_archived(paths, paths.archive_dir / "history_x.md")  # no archive: logged
-    assert service._stopping.is_set()  # stopped with the stack
+    assert not socket_file.exists()  # stopped with the stack
