@@ -11,6 +11,22 @@
 * :mod:`~memd.daemon.wiring`: every service built from the config, linked one way;
 * :mod:`~memd.daemon.checks`: what start-up and reload say about the surroundings;
 * :mod:`~memd.daemon.lifecycle`: signals, ordered start-up and shutdown, reload fan-out.
+
+Each service owns its state and its lock: the registry its table (and each
+entry's policy), the runner the job states and tallies, the spending guard its
+window, the counter its debouncer, the flusher its snapshot-and-write, the
+archive survey its figures, the watch service its ticks; an entry's count is
+written under its own ``count_lock``. The only nestings, always in this order
+(so no two locks are ever taken in both orders):
+
+* counter → registry → descriptors (a ``memd-agent.json`` hint re-resolves a policy);
+* flusher → registry, and watch service → registry (a snapshot, the agent set);
+* runner → spending guard, scheduler, metrics (leaves);
+* an entry's ``count_lock`` → metrics, the count-update queue (leaves).
+
+The registry calls no service while holding its lock, so it ends every chain;
+otherwise a service calls the next one only after letting its own lock go
+(a count and a flush return what they found; the caller acts on it).
 """
 
 from memd.daemon.entries import AgentEntry
