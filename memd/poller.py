@@ -8,16 +8,24 @@ and stat every file in it, with one thread per folder.
 
 What keeps a pass cheap at 10,000 agents (figures in the README):
 
-* each MEMORY.md is stat'ed relative to a pinned ``agents/`` fd (two path
-  components to resolve, not the whole workspace path; on NFS fewer
-  directories to revalidate), and its signature is ``(inode, size, mtime)``
-  in a plain list per agent;
+* on a local filesystem each MEMORY.md is held open and checked with one
+  ``fstat``: the same ctime, size and a single link mean unchanged, with no
+  path to resolve. An in-place write moves ctime and size; a replacement
+  drops the held inode's link count to 0; a rename away moves its ctime (and
+  every :data:`VERIFY_EVERY`-th agent in turn has its path stat'ed anyway,
+  for a filesystem or a clock tick where that does not show). Held within a
+  share of ``RLIMIT_NOFILE`` (:func:`default_fd_budget`), never on a network
+  or FUSE share;
+* otherwise each MEMORY.md is stat'ed relative to a pinned ``agents/`` fd
+  (two path components to resolve, not the whole workspace path; on NFS
+  fewer directories to revalidate), its signature ``(inode, size, mtime)``;
 * ``agents/`` is listed only when its own stat moved, and on every pass for
   :data:`SETTLE_S` after that: timestamps are coarse (a clock tick; 1-2 s on
   some filesystems), so a second folder made in the same tick as the first
   leaves the stat as it was;
 * a file seen missing is probed with ``access`` (no exception object per
-  agent per pass), and the descriptor only every :data:`DESCRIPTOR_EVERY` passes.
+  agent per pass), and the descriptor only every :data:`DESCRIPTOR_EVERY`
+  passes.
 
 A file that cannot be stat'ed (gone, a symlink loop, ``ESTALE``) counts as
 missing for that agent alone: the pass goes on for every other agent, and the
@@ -45,8 +53,9 @@ from memd.workspace import MEMORY_FILE
 
 _log = get_logger("memd.poller")
 
-# The descriptor changes rarely: stat'ed on every few passes only (the
-# daemon's reconcile rescan is the backstop).
+# The descriptor changes rarely: probed on every few passes only (a change
+# shows within this many intervals; probing every agent's costs about as much
+# as a pass over their held MEMORY.md files).
 DESCRIPTOR_EVERY = 5
 # How long agents/ is listed on every pass after its stat last moved.
 SETTLE_S = 2.0
