@@ -22,6 +22,7 @@ against poll interval + debounce + 300 ms.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -89,12 +90,29 @@ def stat_floor(folders: dict[str, Path], runs: int = 5) -> float:
     return best
 
 
+# Unless ``--descriptors``: 0 (none, the default fleet) or 1 (every agent has
+# a memd-agent.json, as memd_swarms.attach writes by default).
+DESCRIPTORS = {"share": 0.0}
+
+
 def make_fleet(root: Path, count: int) -> dict[str, Path]:
     folders = {}
+    every = 0 if DESCRIPTORS["share"] <= 0 else max(1, round(1 / DESCRIPTORS["share"]))
     for n in range(count):
         folder = root / "agents" / f"agent{n:05d}"
         folder.mkdir(parents=True)
         (folder / "MEMORY.md").write_bytes(b"# Agent Memory\n\n")
+        if every and n % every == 0:
+            descriptor = {
+                "format": "memd-agent",
+                "version": 1,
+                "agent": folder.name,
+                "model": "gpt-4o-mini",
+                "context_length": 128_000,
+                "reserved": {"unit": "text", "text": "You are a helpful agent."},
+                "writer": "bench_poll",
+            }
+            (folder / "memd-agent.json").write_text(json.dumps(descriptor))
         folders[folder.name] = folder
     return folders
 
@@ -273,12 +291,20 @@ def main(argv: list[str]) -> int:
         default="all",
         help="watcher: the poller alone vs watchdog; daemon: the whole daemon with --poll",
     )
+    parser.add_argument(
+        "--descriptors",
+        type=float,
+        default=0.0,
+        help="share of agents with a memd-agent.json (memd_swarms writes one per agent)",
+    )
     args = parser.parse_args(argv)
+    DESCRIPTORS["share"] = args.descriptors
     if args.part in ("daemon", "all"):
         row = measure_daemon(args.agents, args.idle_s, args.appends, args.interval_s)
         load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
         print(
-            f"memd daemon with --poll, {row['agents']} agents, "
+            f"memd daemon with --poll, {row['agents']} agents "
+            f"({args.descriptors:.0%} with a memd-agent.json), "
             f"poll interval {args.interval_s:g} s, "
             f"load average {load}: {row['threads']} threads, {row['fds']} fds; idle CPU "
             f"{row['idle_cpu']:.1%} of a core (polling thread {_share(row['poll_cpu'])}); "
@@ -305,7 +331,10 @@ def main(argv: list[str]) -> int:
         ),
     ]
     load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
-    print(f"poll interval {args.interval_s:g} s, {os.cpu_count()} cores, load average {load}")
+    print(
+        f"poll interval {args.interval_s:g} s, {os.cpu_count()} cores, load average {load}, "
+        f"{args.descriptors:.0%} of agents with a memd-agent.json"
+    )
     columns = ("agents", "threads", "fds", "idle CPU", "thread", "floor", "p50", "p99", "missed")
     print(f"{'watcher':<26}" + "".join(f" {name:>8}" for name in columns))
     for name, row in rows:

@@ -76,6 +76,7 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 # (inode, size, mtime_ns) of a file, or None when it is missing.
 Signature = tuple[int, int, int] | None
 
+_MEMORY, _DESCRIPTOR = 0, 1  # a _File's kind
 _MEMORY_NAME = os.fsencode(MEMORY_FILE)
 _DESCRIPTOR_NAME = os.fsencode(DESCRIPTOR_NAME)
 
@@ -106,33 +107,42 @@ def _signature(name: bytes, dir_fd: int | None, seen: Signature | bool) -> Signa
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class _Agent:
-    """One watched agent folder: the names a pass stats and what it saw last.
+class _File:
+    """One file a pass checks: its name, what it saw last, and maybe a held fd.
 
-    ``fd`` (-1: none) is MEMORY.md held open on a local filesystem, with the
-    ctime and size the last path stat saw of that same inode.
+    ``fd`` (-1: none) is the file held open on a local filesystem, with the
+    ctime and size of the path stat that ``seen`` was taken from.
     """
 
-    __slots__ = (
-        "descriptor",
-        "descriptor_seen",
-        "fd",
-        "fd_ctime",
-        "fd_size",
-        "folder",
-        "key",
-        "memory",
-        "memory_seen",
-    )
+    __slots__ = ("agent", "fd", "fd_ctime", "fd_size", "kind", "name", "seen")
+
+    def __init__(self, agent: _Agent, kind: int) -> None:
+        self.agent = agent
+        self.kind = kind  # _MEMORY or _DESCRIPTOR
+        self.name = b""
+        self.seen: Signature = None
+        self.fd = -1
+        self.fd_ctime = self.fd_size = -1
+
+    def release(self) -> bool:
+        """Close the held fd, if any; whether one was held."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return False
+        os.close(fd)
+        return True
+
+
+class _Agent:
+    """One watched agent folder: its MEMORY.md and its descriptor."""
+
+    __slots__ = ("descriptor", "folder", "key", "memory")
 
     def __init__(self, key: str, folder: bytes) -> None:
         self.key = key
         self.folder = folder
-        self.memory = self.descriptor = b""
-        self.memory_seen: Signature = None
-        self.descriptor_seen: Signature = None
-        self.fd = -1
-        self.fd_ctime = self.fd_size = -1
+        self.memory = _File(self, _MEMORY)
+        self.descriptor = _File(self, _DESCRIPTOR)
 
     def name(self, root: bytes | None) -> None:
         """Stat relative to the pinned ``agents/`` (``root``) when the folder is in it."""
@@ -141,16 +151,8 @@ class _Agent:
             parent, name = os.path.split(folder)
             if parent == root and name:
                 folder = name
-        self.memory = os.path.join(folder, _MEMORY_NAME)
-        self.descriptor = os.path.join(folder, _DESCRIPTOR_NAME)
-
-    def release(self) -> bool:
-        """Close the held file, if any; whether one was held."""
-        fd, self.fd = self.fd, -1
-        if fd < 0:
-            return False
-        os.close(fd)
-        return True
+        self.memory.name = os.path.join(folder, _MEMORY_NAME)
+        self.descriptor.name = os.path.join(folder, _DESCRIPTOR_NAME)
 
 
 class StatPoller:
@@ -186,7 +188,7 @@ class StatPoller:
         self._root_dev = -1
         self._fd_budget_asked = fd_budget
         self._fd_budget = 0
-        self._held = 0
+        self._held = [0, 0]  # fds held, by kind
         self._passes = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -241,24 +243,25 @@ class StatPoller:
         agent = _Agent(key, os.fsencode(path))
         with self._lock:
             agent.name(self._root if self._root_fd is not None else None)
-            agent.memory_seen = _signature(agent.memory, self._root_fd, False)
-            agent.descriptor_seen = _signature(agent.descriptor, self._root_fd, False)
+            for file in (agent.memory, agent.descriptor):
+                file.seen = _signature(file.name, self._root_fd, False)
             self._agents[key] = agent
 
     def unwatch(self, key: str) -> None:
         with self._lock:
             agent = self._agents.pop(key, None)
             if agent is not None:
-                self._release(agent)
+                self._release(agent.memory)
+                self._release(agent.descriptor)
 
     def watched(self) -> set[str]:
         with self._lock:
             return set(self._agents)
 
     def held(self) -> int:
-        """How many MEMORY.md files are held open."""
+        """How many files (MEMORY.md and descriptors) are held open."""
         with self._lock:
-            return self._held
+            return sum(self._held)
 
     def _pin_root(self, root: bytes) -> None:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -289,14 +292,15 @@ class StatPoller:
             os.close(fd)
             for agent in self._agents.values():
                 agent.name(None)
-                self._release(agent)
+                self._release(agent.memory)
+                self._release(agent.descriptor)
 
-    def _release(self, agent: _Agent) -> None:
-        if agent.release():
-            self._held -= 1
+    def _release(self, file: _File) -> None:
+        if file.release():
+            self._held[file.kind] -= 1
 
-    def _hold(self, agent: _Agent, st: os.stat_result, dir_fd: int | None) -> None:
-        """Hold MEMORY.md open (``st`` is its path stat) while the budget allows.
+    def _hold(self, file: _File, st: os.stat_result, dir_fd: int | None, room: int) -> None:
+        """Hold ``file`` open (``st`` is its path stat) while fewer than ``room`` of its kind are.
 
         Only a regular file on agents/'s own filesystem with a single link: a
         held fd tells a replacement by its link count dropping to 0, which a
@@ -304,25 +308,25 @@ class StatPoller:
         the stat the pass reported from, so a write in between still shows.
         """
         if st.st_nlink != 1 or st.st_dev != self._root_dev or not stat_module.S_ISREG(st.st_mode):
-            self._release(agent)
+            self._release(file)
             return
-        fd = agent.fd
+        fd = file.fd
         if fd >= 0:
             try:
                 same = os.fstat(fd).st_ino == st.st_ino
             except OSError:
                 same = False
             if not same:
-                self._release(agent)
+                self._release(file)
                 fd = -1
         if fd < 0:
-            if self._held >= self._fd_budget:
+            if self._held[file.kind] >= room:
                 return
             try:
-                fd = os.open(agent.memory, _OPEN_FLAGS, dir_fd=dir_fd)
+                fd = os.open(file.name, _OPEN_FLAGS, dir_fd=dir_fd)
             except OSError as exc:  # a symlink (ELOOP), gone, or out of fds
                 if exc.errno in (errno.EMFILE, errno.ENFILE):
-                    self._fd_budget = self._held
+                    self._fd_budget = sum(self._held)
                 return
             try:
                 opened = os.fstat(fd)
@@ -331,9 +335,9 @@ class StatPoller:
             if opened is None or (opened.st_ino, opened.st_dev) != (st.st_ino, st.st_dev):
                 os.close(fd)  # replaced in between: the next pass sees it
                 return
-            agent.fd = fd
-            self._held += 1
-        agent.fd_ctime, agent.fd_size = st.st_ctime_ns, st.st_size
+            file.fd = fd
+            self._held[file.kind] += 1
+        file.fd_ctime, file.fd_size = st.st_ctime_ns, st.st_size
 
     # ---------------------------------------------------------------- a pass
 
@@ -342,14 +346,36 @@ class StatPoller:
         with self._lock:
             self._passes += 1
             root_gone, names = self._poll_root()
-            memory, folders_gone = self._poll_agents(self._passes % DESCRIPTOR_EVERY == 0)
+            agents = list(self._agents.values())
+            budget = self._fd_budget
+            gone: list[str] = []
+            changed: list[str] = []
+            room = budget - self._held[_DESCRIPTOR]
+            for file in self._poll_files([a.memory for a in agents], self._passes, room):
+                if file.seen is None and not os.path.isdir(file.agent.folder):
+                    gone.append(file.agent.key)  # MEMORY.md gone with its folder
+                else:
+                    changed.append(file.agent.key)
+            if self._passes % DESCRIPTOR_EVERY == 0:
+                # MEMORY.md first: descriptors are held only while the budget
+                # keeps an fd for every agent's MEMORY.md (and given back when
+                # new agents need them).
+                turn = self._passes // DESCRIPTOR_EVERY
+                room = budget - len(agents)
+                files = [a.descriptor for a in agents]
+                for file in files:  # give back what new agents' MEMORY.md need
+                    if self._held[_DESCRIPTOR] <= room:
+                        break
+                    self._release(file)
+                descriptors = self._poll_files(files, turn, room)
+                changed.extend(f.agent.key for f in descriptors)
         if root_gone:
             self._agents_changed(None)
         for name in names:
             self._agents_changed(name)
-        for key in folders_gone:
+        for key in gone:
             self._agents_changed(key)
-        for key in memory:
+        for key in changed:
             self._memory_changed(key)
 
     def _poll_root(self) -> tuple[bool, list[str]]:
@@ -384,25 +410,23 @@ class StatPoller:
         self._root_names = names
         return False, changes
 
-    def _poll_agents(self, with_descriptor: bool) -> tuple[list[str], list[str]]:
-        """(agents whose MEMORY.md or descriptor changed, agents whose folder is gone).
+    def _poll_files(self, files: list[_File], turn: int, room: int) -> list[_File]:
+        """The files that changed (``seen`` updated), holding up to ``room`` of their kind open.
 
-        A held MEMORY.md whose fstat shows the same ctime and size and one
-        link is unchanged: no path to resolve. Otherwise the path is stat'ed.
-        Every :data:`VERIFY_EVERY`-th held agent, taking turns, has its path
-        stat'ed as well, whatever its fstat says.
+        A held file whose fstat shows the same ctime and size and one link is
+        unchanged: no path to resolve. Otherwise its path is stat'ed. Every
+        :data:`VERIFY_EVERY`-th held file, taking turns (``turn``), has its
+        path stat'ed as well, whatever its fstat says.
         """
         dir_fd = self._root_fd
         stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
-        memory: list[str] = []
-        gone: list[str] = []
-        agents = list(self._agents.values())
-        for agent in agents[self._passes % VERIFY_EVERY :: VERIFY_EVERY]:
+        changed: list[_File] = []
+        for file in files[turn % VERIFY_EVERY :: VERIFY_EVERY]:
             # The path still names the held inode, unchanged: one stat tells.
-            if agent.fd >= 0 and _signature(agent.memory, dir_fd, False) != agent.memory_seen:
-                agent.fd_ctime = -1  # not so: the loop below stats it and takes the new file
-        for agent in agents:
-            fd = agent.fd
+            if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
+                file.fd_ctime = -1  # not so: the loop below stats it and takes the new file
+        for file in files:
+            fd = file.fd
             if fd >= 0:
                 try:
                     held = fstat(fd)
@@ -410,36 +434,27 @@ class StatPoller:
                     pass
                 else:
                     if (
-                        held.st_ctime_ns == agent.fd_ctime
-                        and held.st_size == agent.fd_size
+                        held.st_ctime_ns == file.fd_ctime
+                        and held.st_size == file.fd_size
                         and held.st_nlink == 1
                     ):
                         continue
-            seen = agent.memory_seen
-            if seen is None and fd < 0 and not access(agent.memory, exists, dir_fd=dir_fd):
+            seen = file.seen
+            if seen is None and fd < 0 and not access(file.name, exists, dir_fd=dir_fd):
                 continue  # still missing
             try:
-                st = stat(agent.memory, dir_fd=dir_fd)
+                st = stat(file.name, dir_fd=dir_fd)
             except OSError:
                 now: Signature = None
-                self._release(agent)
+                self._release(file)
             else:
                 now = (st.st_ino, st.st_size, st.st_mtime_ns)
-                if fd >= 0 or self._held < self._fd_budget:
-                    self._hold(agent, st, dir_fd)
+                if fd >= 0 or self._held[file.kind] < room:
+                    self._hold(file, st, dir_fd, room)
             if now != seen:
-                agent.memory_seen = now
-                if now is None and not os.path.isdir(agent.folder):
-                    gone.append(agent.key)
-                else:
-                    memory.append(agent.key)
-        if with_descriptor:
-            for agent in agents:
-                now = _signature(agent.descriptor, dir_fd, agent.descriptor_seen)
-                if now != agent.descriptor_seen:
-                    agent.descriptor_seen = now
-                    memory.append(agent.key)
-        return memory, gone
+                file.seen = now
+                changed.append(file)
+        return changed
 
 
 __all__ = [

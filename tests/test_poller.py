@@ -329,8 +329,8 @@ def test_a_held_file_is_checked_against_its_path_in_turn(tmp_path: Path) -> None
     memory = fleet.agents / "alice" / "MEMORY.md"
     memory.rename(memory.with_name("old.md"))
     memory.write_text("a new file\n")
-    agent = fleet.poller._agents["alice"]
-    agent.fd_ctime = os.fstat(agent.fd).st_ctime_ns  # as if the rename left it alone
+    held = fleet.poller._agents["alice"].memory
+    held.fd_ctime = os.fstat(held.fd).st_ctime_ns  # as if the rename left it alone
     seen = [event for _ in range(VERIFY_EVERY) for event in fleet.one_pass()]
     assert seen == [("memory", "alice")]
 
@@ -355,3 +355,42 @@ def test_files_are_held_open_only_on_local_filesystems_within_a_share_of_the_lim
     for remote in ("nfs4", "cifs", "fuse.grpcfuse", "virtiofs", "overlay", None):
         monkeypatch.setattr(poller, "filesystem_of", lambda path, fs=remote: fs)
         assert default_fd_budget(tmp_path) == 0
+
+
+def descriptor_passes(fleet: Fleet) -> list[Event]:
+    """What the next DESCRIPTOR_EVERY passes reported (one of them checks descriptors)."""
+    return [event for _ in range(DESCRIPTOR_EVERY) for event in fleet.one_pass()]
+
+
+def test_a_held_descriptor_notices_replacements_and_writes(tmp_path: Path) -> None:
+    fleet = held_fleet(tmp_path, "alice")
+    descriptor = fleet.agents / "alice" / DESCRIPTOR_NAME
+    descriptor.write_text('{"version": 1}')
+    assert descriptor_passes(fleet) == [("memory", "alice")]
+    assert fleet.poller.held() == 2
+    replacement = descriptor.with_name("new.json")
+    replacement.write_text('{"version": 2}')  # same size
+    os.replace(replacement, descriptor)
+    assert descriptor_passes(fleet) == [("memory", "alice")]
+    with descriptor.open("a") as f:  # the new file is the one held now
+        f.write(" ")
+    assert descriptor_passes(fleet) == [("memory", "alice")]
+    descriptor.unlink()
+    assert descriptor_passes(fleet) == [("memory", "alice")]
+    assert fleet.poller.held() == 1
+
+
+def test_memory_files_come_before_descriptors_in_the_budget(tmp_path: Path) -> None:
+    fleet = held_fleet(tmp_path, "alice", fd_budget=2)
+    alice = fleet.poller._agents["alice"]
+    (fleet.agents / "alice" / DESCRIPTOR_NAME).write_text("{}")
+    descriptor_passes(fleet)
+    assert alice.memory.fd >= 0 and alice.descriptor.fd >= 0  # room for both
+    (fleet.agents / "bob").mkdir()
+    (fleet.agents / "bob" / "MEMORY.md").write_text("x")
+    fleet.poller.watch("bob", fleet.agents / "bob")
+    descriptor_passes(fleet)
+    descriptor_passes(fleet)
+    bob = fleet.poller._agents["bob"]
+    assert fleet.poller.held() == 2
+    assert alice.memory.fd >= 0 and bob.memory.fd >= 0 and alice.descriptor.fd < 0
