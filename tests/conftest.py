@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +46,19 @@ def cl100k() -> Callable[[str], int]:
     from support.tokens import CL100K
 
     return CL100K.count_text
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """memd's logging configured in a test (``configure_logging``, a daemon's
+    reload) is undone after it: the root handlers and structlog's defaults."""
+    import logging
+
+    import structlog
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()

@@ -5,22 +5,12 @@ import json
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from memd.logs import agent_logger, configure_logging, get_logger, resolve_format
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 class _Tty(io.StringIO):

@@ -4,14 +4,12 @@ what the start-up pass runs with, and what waits for READY."""
 from __future__ import annotations
 
 import gc
-import logging
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import structlog
 from support.daemon_proc import wait_until
 from support.memfiles import AgentWorkspace
 from support.tokens import CL100K
@@ -56,17 +54,6 @@ def test_handlers_are_left_alone_when_not_asked_to_install(tmp_path: Path) -> No
     before = signal.getsignal(signal.SIGTERM)
     with daemon.capture_signals():
         assert signal.getsignal(signal.SIGTERM) is before
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """A reload configures logging (to stderr): put the test defaults back after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 @pytest.mark.usefixtures("restore_logging")
