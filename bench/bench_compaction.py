@@ -1,13 +1,19 @@
 """Compaction overhead excluding the LLM call, on the daemon's real path, vs its I/O.
 
-    python bench/bench_compaction.py [--size-mb 1] [--runs 20] [--encrypt]
+    python bench/bench_compaction.py [--size-mb 1] [--runs 20] [--encrypt] [--first]
+        [--keep-recent-tokens N]
     python bench/bench_compaction.py --size-mb 10 --runs 5
 
-Each run compacts a fresh MEMORY.md the way the daemon does: the real tokenizer,
+Each run compacts a MEMORY.md the way the daemon does: the real tokenizer,
 the daemon's incremental count of the file handed in (``ThresholdCheck``), token
 figures measured (``measure_tokens=True``), a summarizer that answers at once
 with a reply long enough to pass the degenerate-reply check. The drain's quiet
-window is 0 here (idle waiting for late writers, not work).
+window is 0 here (idle waiting for late writers, not work). The agent has been
+compacted once before, as the daemon usually finds it (``--first``: a fresh
+agent folder, whose first compaction also creates ``.memd/``, the journal and
+``archive/``); no newest turns are kept verbatim unless ``--keep-recent-tokens``
+says so (the daemon keeps a tenth of the threshold: tokenizing that tail is
+then part of the overhead).
 
 Printed, as medians over the runs:
 
@@ -49,13 +55,13 @@ from typing import Any
 
 import memd.core.summary_block as summary_block
 from memd.archive_crypto import generate_master_key
-from memd.compaction import CompactionOptions, ThresholdCheck, compact_agent
+from memd.compaction import CompactionOptions, ProvidedSummary, ThresholdCheck, compact_agent
 from memd.core.memfile import parse
 from memd.core.privacy import Redactor
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.counting import count_file
 from memd.tokenizer import TokenCounter
-from memd.workspace import agent_paths
+from memd.workspace import AgentPaths, agent_paths
 
 
 class InstantSummarizer:
@@ -95,13 +101,15 @@ for _name in ("pins_of_entries", "covered_keys", "carried_pins"):
 REDACTION.wrap(Redactor, "redact")  # the reply and its pinned facts, before writing
 
 
-def make_memory(path: Path, size: int) -> None:
+def make_memory(path: Path, size: int, *, append: bool = False) -> None:
+    """A MEMORY.md of about ``size`` bytes: a header and turns, or (``append``)
+    turns added to the file there is."""
     header = (
         "# Agent Memory\n\n**Conversation:** bench\n**Created:** 2026-01-01T00:00:00\n\n"
         "---\n\n## Interaction Log\n\n"
     )
-    parts = [header]
-    total = len(header)
+    parts = [] if append else [header]
+    total = path.stat().st_size if append else len(header)
     index = 0
     while total < size:
         stamp = datetime.datetime(2026, 1, 1).isoformat()
@@ -109,7 +117,21 @@ def make_memory(path: Path, size: int) -> None:
         parts.append(block)
         total += len(block.encode())
         index += 1
-    path.write_text("".join(parts), encoding="utf-8")
+    with path.open("a" if append else "w", encoding="utf-8") as out:
+        out.write("".join(parts))
+
+
+def compacted_before(paths: AgentPaths) -> None:
+    """The agent as the daemon usually finds it: compacted before (its .memd/
+    folder, lock, journal and archive folder exist; MEMORY.md starts with a
+    summary block)."""
+    make_memory(paths.memory, 8192)
+    compact_agent(
+        paths,
+        ProvidedSummary("Earlier turns: the bench agent said some words."),
+        CompactionOptions(drain_quiet_s=0.0, drain_max_s=1.0, require_shrink=False),
+        manual=True,
+    )
 
 
 def io_floor(memory: Path, scratch: Path) -> float:
@@ -154,7 +176,9 @@ class Figures:
     turns: list[float] = field(default_factory=list)  # inside pinning; see the docstring
 
 
-def measure(size: int, runs: int, key_file: Path | None) -> Figures:
+def measure(
+    size: int, runs: int, key_file: Path | None, *, first: bool = False, keep_recent: int = 0
+) -> Figures:
     tokenizer = TokenCounter("cl100k_base")
     figures = Figures()
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,8 +188,12 @@ def measure(size: int, runs: int, key_file: Path | None) -> Figures:
         for run in range(runs):
             folder = ws / "agents" / f"a{run}"
             folder.mkdir(parents=True)
-            make_memory(folder / "MEMORY.md", size)
             paths = agent_paths(ws, f"a{run}")
+            if first:
+                make_memory(paths.memory, size)
+            else:
+                compacted_before(paths)
+                make_memory(paths.memory, size, append=True)
             # What the daemon has in memory when it starts the job.
             counted, _kind = count_file(paths.memory, None, tokenizer.count_bytes)
             figures.floor.append(io_floor(paths.memory, scratch))
@@ -173,6 +201,7 @@ def measure(size: int, runs: int, key_file: Path | None) -> Figures:
                 drain_quiet_s=0.0,
                 drain_max_s=1.0,
                 summary_max_tokens=size // 4,
+                keep_recent_tokens=keep_recent,
                 key_file=key_file,
             )
             PINNING.seconds = REDACTION.seconds = 0.0
@@ -227,19 +256,31 @@ def main() -> int:
     parser.add_argument("--size-mb", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--encrypt", action="store_true", help="also with encrypted archives")
+    parser.add_argument(
+        "--first", action="store_true", help="the agent's first compaction (no .memd/ yet)"
+    )
+    parser.add_argument(
+        "--keep-recent-tokens",
+        type=int,
+        default=0,
+        help="newest turns kept verbatim (the daemon's default: a tenth of the threshold)",
+    )
     args = parser.parse_args()
     size = int(args.size_mb * 1024 * 1024)
+    which = "first compaction" if args.first else "compacted before"
     print(
         f"compaction overhead excl. LLM, daemon path, {args.size_mb:g} MB MEMORY.md, "
-        f"{args.runs} runs"
+        f"{args.runs} runs, agent {which}, kept tail {args.keep_recent_tokens} tokens"
     )
-    plain = measure(size, args.runs, None)
+    plain = measure(size, args.runs, None, first=args.first, keep_recent=args.keep_recent_tokens)
     report("plain archive:     " if args.encrypt else "", plain)
     if args.encrypt:
         with tempfile.TemporaryDirectory() as keys:
             key_file = Path(keys) / "master.key"
             generate_master_key(key_file)
-            sealed = measure(size, args.runs, key_file)
+            sealed = measure(
+                size, args.runs, key_file, first=args.first, keep_recent=args.keep_recent_tokens
+            )
         report("encrypted archive: ", sealed)
         ratio = statistics.median(sealed.overhead) / statistics.median(plain.overhead)
         print(f"  encrypted / plain overhead median: {ratio:.2f}x")

@@ -157,6 +157,9 @@ ByteCounter = Callable[[bytes], int]
 # index). It reports its own failures: a crash or error here only leaves the
 # archive unindexed until the next start re-syncs it.
 ArchiveHook = Callable[[AgentPaths, Path], None]
+# The snapshot is hashed in pieces of this size: a prefix digest re-hashes less
+# than one.
+_HASH_CHUNK = 1 << 20
 
 
 def _no_checkpoint(_name: str) -> None:
@@ -366,19 +369,27 @@ class _Snapshot:
 
 
 def _read_hashing(fd: int) -> tuple[bytes, list[tuple[int, Any]]]:
-    """The file's bytes, hashed while they are read: the sha256 state at the end of
-    each chunk, so the digest of any prefix hashes only the bytes past the last
-    state before it (no second pass over the snapshot)."""
+    """The file's bytes and the sha256 state at the end of each chunk, so the digest
+    of any prefix hashes only the bytes past the last state before it (no second
+    pass over the snapshot).
+
+    Read in one piece of the size ``fstat`` gives (then whatever was appended
+    meanwhile): the snapshot is held once, never as chunks plus their join.
+    """
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0) if size else b""
+    # Appended since the fstat, or a short read: the rest, in chunks.
+    rest = b"".join(iter_range(fd, len(data)))
+    if rest:
+        data += rest
     digest = hashlib.sha256()
     states: list[tuple[int, Any]] = [(0, digest.copy())]
-    chunks: list[bytes] = []
-    offset = 0
-    for chunk in iter_range(fd, 0):
-        digest.update(chunk)
-        offset += len(chunk)
-        chunks.append(chunk)
-        states.append((offset, digest.copy()))
-    return b"".join(chunks), states
+    view = memoryview(data)
+    for offset in range(0, len(data), _HASH_CHUNK):
+        end = min(len(data), offset + _HASH_CHUNK)
+        digest.update(view[offset:end])
+        states.append((end, digest.copy()))
+    return data, states
 
 
 def _prefix_digest(data: bytes, states: list[tuple[int, Any]], length: int) -> str:
@@ -731,8 +742,9 @@ class _Transaction:
         if self.created_archive_dir:
             share_with_group(archive_fd, access.dir_mode, access.gid)
         private_fd = self.pinned.private_fd
-        plaintext = snap.data[:cut]
+        plaintext = memoryview(snap.data)[:cut]  # written from the snapshot, not a copy
         name = ""
+        content: bytes | memoryview
         if self.master is None:
             content = plaintext
         else:
@@ -740,7 +752,7 @@ class _Transaction:
             data_key = self.data_key or agent_data_key(self.pinned, self.master, create=True)
             assert data_key is not None
             name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
-            content = seal_archive(data_key, name, plaintext)
+            content = seal_archive(data_key, name, snap.data[:cut])
         fd = create_file_at(private_fd, ARCHIVE_TEMP, [content])
         try:
             share_with_group(fd, access.file_mode, access.gid)

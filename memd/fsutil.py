@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def create_file_at(
-    dir_fd: int, name: str, chunks: list[bytes], mode: int = PRIVATE_FILE_MODE
+    dir_fd: int, name: str, chunks: Sequence[bytes | memoryview], mode: int = PRIVATE_FILE_MODE
 ) -> int:
     """Create ``name`` in the folder ``dir_fd`` exclusively, write, fsync; returns the open fd.
 

@@ -186,7 +186,7 @@ def material_of(prefix: MemoryDocument, count_text: CountText | None) -> Materia
     input's size already (the daemon's incremental count), so no turn is
     counted (``input_tokens`` is then 0).
     """
-    block, entries = prefix.since_summary()
+    block, texts = prefix.since_summary_texts()
     previous = parse_summary(block.summary_text) if block is not None else ParsedSummary(body="")
     carried = carried_pins(previous, block.timestamp) if block is not None else []
     turns = 0
@@ -194,12 +194,11 @@ def material_of(prefix: MemoryDocument, count_text: CountText | None) -> Materia
 
     def read() -> Iterator[tuple[str, str, str]]:
         nonlocal turns, input_tokens
-        for entry in entries:
-            text = entry.text
+        for role, timestamp, text in texts:
             turns += 1
             if count_text is not None:
                 input_tokens += count_text(text)
-            yield entry.role, entry.timestamp, text
+            yield role, timestamp, text
 
     new = pins_of_entries(read())
     return Material(

@@ -472,7 +472,11 @@ def _same_readings(data: bytes) -> None:
         )
         summary, turns = parse(data).since_summary(end)
         expected_summary, expected_turns = whole.since_summary(end)
-        assert (summary, list(turns)) == (expected_summary, list(expected_turns))
+        expected = list(expected_turns)
+        assert (summary, list(turns)) == (expected_summary, expected)
+        summary, texts = parse(data).since_summary_texts(end)
+        assert summary == expected_summary
+        assert list(texts) == [(e.role, e.timestamp, e.text) for e in expected]
     for segment in whole.segments:
         end = segment.start + len(segment.raw)
         part = parse(data).prefix(end)
