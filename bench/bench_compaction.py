@@ -160,9 +160,9 @@ def io_floor(memory: Path, scratch: Path) -> float:
 def read_turns(snapshot: bytes) -> float:
     """Split out and decode every turn since the last summary (what pinning reads)."""
     started = time.perf_counter()
-    _summary, turns = parse(snapshot).since_summary()
-    for turn in turns:
-        assert turn.text
+    _summary, turns = parse(snapshot).since_summary_texts()
+    for _role, _stamp, text in turns:
+        assert text
     return time.perf_counter() - started
 
 
