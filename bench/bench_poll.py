@@ -1,22 +1,27 @@
-"""``--poll`` at fleet scale: memd's one-thread stat poller vs watchdog's PollingObserver.
+"""``--poll`` at fleet scale: memd's one-thread stat poller, its CPU per pass, the whole daemon.
 
-Prints, for N agents (default 10,000) polled at the default 1 s interval: the
-threads the watcher adds, the fds it holds (MEMORY.md files held open on a
-local disk), its idle CPU (share of one core, measured over a quiet window:
-the whole process, and memd's polling thread alone from its own CPU clock),
-the same pass's floor (a Python loop of one bare ``os.stat`` per MEMORY.md,
-timed in the same process), the load average, and the latency from an append
-to the watcher's callback (p50/p99 over appends to random agents).
-watchdog's PollingObserver, which memd used before, runs one emitter thread
-per folder: it is measured at a smaller fleet (default 1,000) and the ratio
-printed per agent.
+Three parts, for N agents (default 10,000) at the default 1 s interval, each
+printing the load average (the machine is shared: CPU time per syscall grows
+with it, so compare the ratios measured in one run):
 
-The whole daemon with ``--poll`` is measured too (``--part daemon``): its
-threads, fds and idle CPU, and each append -> the count that includes it,
-against poll interval + debounce + 300 ms.
+``passes``: the CPU of one pass, interleaved in one thread over the same
+fleet: memd's pass with the files held open (a local disk), with every path
+stat'ed (no fds to spare, or a network share), the pass memd had before issue
+13, and two floors: a Python loop of one bare ``os.fstat`` per held MEMORY.md
+and one of one bare ``os.stat`` per full path.
 
-    python bench/bench_poll.py [--part watcher|daemon|all] [--agents 10000]
-        [--anchor-agents 1000] [--idle-s 10]
+``watcher``: the poller on its own thread vs watchdog's PollingObserver (used
+before; one emitter thread per folder, so measured at a smaller fleet,
+default 1,000, and compared per agent): threads and fds added, idle CPU of the
+process and of memd's polling thread alone (its own CPU clock), and append ->
+callback latency (p50/p99 over appends to random agents).
+
+``daemon``: the whole daemon with ``[watch] poll = true`` in this process:
+threads, fds, idle CPU by thread, and each append -> the count that includes
+it, against poll interval + debounce + 300 ms.
+
+    python bench/bench_poll.py [--part passes|watcher|daemon|all] [--agents 10000]
+        [--descriptors 0..1] [--anchor-agents 1000] [--idle-s 10] [--rounds 50]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +280,98 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
         }
 
 
+def legacy_pass(root: Path, folders: dict[str, Path]) -> Callable[[], None]:
+    """The pass before issue 13's work, for a ratio in the same run: every
+    MEMORY.md stat'ed by its full path into an (inode, size, mtime, ctime)
+    tuple kept on an object per agent, ``agents/`` listed every pass, each
+    descriptor stat'ed every fifth pass."""
+
+    class Polled:
+        __slots__ = ("descriptor", "descriptor_seen", "memory", "memory_seen")
+
+        def __init__(self, folder: Path) -> None:
+            self.memory = os.path.join(str(folder), "MEMORY.md")
+            self.descriptor = os.path.join(str(folder), "memd-agent.json")
+            self.memory_seen = signature(self.memory)
+            self.descriptor_seen = signature(self.descriptor)
+
+    def signature(path: str) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    agents = root / "agents"
+    polled = [(name, Polled(folder)) for name, folder in folders.items()]
+    state = {"passes": 0, "root": frozenset(os.listdir(agents))}
+
+    def one_pass() -> None:
+        state["passes"] = int(state["passes"]) + 1
+        listing = frozenset(os.listdir(agents))
+        _changed = listing ^ state["root"]
+        state["root"] = listing
+        check_descriptor = int(state["passes"]) % 5 == 0
+        for _key, item in polled:
+            seen = signature(item.memory)
+            if seen != item.memory_seen:
+                item.memory_seen = seen
+            if check_descriptor:
+                descriptor = signature(item.descriptor)
+                if descriptor != item.descriptor_seen:
+                    item.descriptor_seen = descriptor
+
+    return one_pass
+
+
+def measure_passes(count: int, rounds: int) -> dict[str, float]:
+    """CPU per pass (ms, mean of ``rounds`` interleaved): memd's pass with files
+    held open and with every path stat'ed, the previous pass, and two floors:
+    a Python loop of one bare ``os.fstat`` per held MEMORY.md and one of one
+    bare ``os.stat`` per full path."""
+    from memd.poller import StatPoller
+
+    with tempfile.TemporaryDirectory(prefix="memd-bench-poll-passes-") as tmp:
+        root = Path(tmp)
+        folders = make_fleet(root, count)
+        passes: dict[str, Callable[[], None]] = {}
+        pollers = []
+        for name, budget in (("memd, files held open", None), ("memd, paths stat'ed", 0)):
+            poller = StatPoller(lambda name: None, lambda agent: None, 1.0, fd_budget=budget)
+            poller.watch_root(root / "agents")
+            for agent, folder in folders.items():
+                poller.watch(agent, folder)
+            poller.poll_once()
+            passes[name] = poller.poll_once
+            pollers.append(poller)
+        passes["previous pass (before issue 13)"] = legacy_pass(root, folders)
+        paths = [str(folder / "MEMORY.md") for folder in folders.values()]
+        # The held poller's own fds (a second set would not fit RLIMIT_NOFILE).
+        fds = [agent.memory.fd for agent in pollers[0]._agents.values() if agent.memory.fd >= 0]
+
+        def fstat_floor() -> None:
+            for fd in fds:
+                os.fstat(fd)
+
+        def stat_floor() -> None:
+            for path in paths:
+                os.stat(path)
+
+        passes["floor: bare os.fstat loop"] = fstat_floor
+        passes["floor: bare os.stat loop"] = stat_floor
+        spent: dict[str, float] = dict.fromkeys(passes, 0.0)
+        try:
+            for _ in range(rounds):
+                for name, one_pass in passes.items():
+                    start = time.thread_time()
+                    one_pass()
+                    spent[name] += time.thread_time() - start
+        finally:
+            for poller in pollers:
+                poller.stop()
+        return {name: total / rounds for name, total in spent.items()}
+
+
 def _share(value: float) -> str:
     return "-" if value != value else f"{value:.1%}"  # NaN: not measured
 
@@ -287,10 +385,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--interval-s", type=float, default=1.0)
     parser.add_argument(
         "--part",
-        choices=["watcher", "daemon", "all"],
+        choices=["passes", "watcher", "daemon", "all"],
         default="all",
-        help="watcher: the poller alone vs watchdog; daemon: the whole daemon with --poll",
+        help=(
+            "passes: CPU per pass vs the previous pass and the stat floors, interleaved; "
+            "watcher: the poller alone vs watchdog; daemon: the whole daemon with --poll"
+        ),
     )
+    parser.add_argument("--rounds", type=int, default=50, help="interleaved passes (passes)")
     parser.add_argument(
         "--descriptors",
         type=float,
@@ -299,6 +401,22 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     DESCRIPTORS["share"] = args.descriptors
+    if args.part in ("passes", "all"):
+        costs = measure_passes(args.agents, args.rounds)
+        load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
+        print(
+            f"one pass over {args.agents} agents ({args.descriptors:.0%} with a "
+            f"memd-agent.json), CPU, mean of {args.rounds} interleaved; load average {load}"
+        )
+        held = costs["memd, files held open"]
+        for name, cost in costs.items():
+            print(
+                f"  {name:<34} {cost * 1e3:7.2f} ms  {cost / args.agents * 1e6:5.2f} µs/agent  "
+                f"{cost / args.interval_s:6.2%} of a core at {args.interval_s:g} s  "
+                f"memd held / this = {held / cost:.2f}"
+            )
+        if args.part == "passes":
+            return 0
     if args.part in ("daemon", "all"):
         row = measure_daemon(args.agents, args.idle_s, args.appends, args.interval_s)
         load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
