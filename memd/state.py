@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
 
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
 from memd.errors import MemdError, describe_error
-from memd.workspace import ArchiveStats
+from memd.workspace import ArchiveStats, FolderFacts
 
 if TYPE_CHECKING:
     # Imported where used: `memd status` on a 30,000-agent fleet reads this
@@ -70,7 +70,7 @@ class Outcome(Protocol):
 # pinned facts kept and evicted, the model calls made; the spending table.
 # 6: the daemon keeps how many archives are encrypted at rest (status shows
 # them without listing the folder).
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -113,7 +113,10 @@ CREATE TABLE IF NOT EXISTS agents (
     window_source TEXT NOT NULL DEFAULT '',
     reserved_tokens INTEGER NOT NULL DEFAULT 0,
     estimated INTEGER NOT NULL DEFAULT 0,
-    encrypted_archives INTEGER NOT NULL DEFAULT 0
+    encrypted_archives INTEGER NOT NULL DEFAULT 0,
+    folder_ino INTEGER NOT NULL DEFAULT 0,
+    folder_ctime_ns INTEGER NOT NULL DEFAULT 0,
+    folder_entries INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -211,6 +214,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     # 5 -> 6: how many of the surveyed archives are encrypted at rest (status
     # shows them, and recall off, without listing the folder).
     5: ("ALTER TABLE agents ADD COLUMN encrypted_archives INTEGER NOT NULL DEFAULT 0",),
+    # 6 -> 7: the agent folder as the daemon last listed it (memd.workspace.FolderFacts),
+    # so a restart stats each folder instead of reading it (0: not known, list it).
+    6: (
+        "ALTER TABLE agents ADD COLUMN folder_ino INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agents ADD COLUMN folder_ctime_ns INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agents ADD COLUMN folder_entries INTEGER NOT NULL DEFAULT 0",
+    ),
 }
 
 # Tables with an ``agent`` column: what an erasure clears (here and in corrupt copies).
@@ -342,6 +352,10 @@ class AgentRecord:
     estimated: bool = False
     # Schema 5: how many of ``archives`` are encrypted at rest (``.md.enc``).
     encrypted_archives: int = 0
+    # Schema 7: the agent folder as last listed (FolderFacts; ctime 0: unknown).
+    folder_ino: int = 0
+    folder_ctime_ns: int = 0
+    folder_entries: int = 0
 
     @classmethod
     def of(
@@ -358,6 +372,7 @@ class AgentRecord:
         window_source: str = "",
         reserved_tokens: int = 0,
         estimated: bool = False,
+        folder: FolderFacts | None = None,
     ) -> AgentRecord:
         """The row for an agent's count and job (a count error reads as the state "error")."""
         state = tracked.state if tracked is not None else None
@@ -387,7 +402,17 @@ class AgentRecord:
             reserved_tokens=reserved_tokens,
             estimated=estimated,
             encrypted_archives=archives.encrypted if archives else 0,
+            folder_ino=folder.ino if folder else 0,
+            folder_ctime_ns=folder.ctime_ns if folder else 0,
+            folder_entries=folder.entries if folder else 0,
         )
+
+    @property
+    def folder(self) -> FolderFacts | None:
+        """The agent folder as the daemon last listed it (None: unknown)."""
+        if not self.folder_ctime_ns:
+            return None
+        return FolderFacts(self.folder_ino, self.folder_ctime_ns, self.folder_entries)
 
     @property
     def archive_stats(self) -> ArchiveStats | None:
@@ -742,6 +767,9 @@ class StateStore:
                 r.reserved_tokens,
                 int(r.estimated),
                 r.encrypted_archives,
+                r.folder_ino,
+                r.folder_ctime_ns,
+                r.folder_entries,
             )
             for r in records
         ]

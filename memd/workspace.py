@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.core.names import is_valid_agent_name, validate_agent_name
@@ -284,6 +286,41 @@ def list_agents(workspace: Path) -> list[str]:
     return sorted(scan_agents(workspace))
 
 
+# A folder whose ctime is this recent may still change within the same clock
+# tick without its ctime moving ("racy" timestamps): its facts are not kept.
+_RACY_NS = 2_000_000_000
+_HAS_PRIVATE = 1
+_HAS_DESCRIPTOR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class FolderFacts:
+    """An agent folder as a listing saw it: its identity and ctime (any entry
+    added, removed, renamed or replaced by a symlink moves the folder's ctime,
+    which no one but root can set back), and which of memd's entries it held.
+    Stored with the agent's record, so a restart stats the folder instead of
+    listing it again while the ctime has not moved."""
+
+    ino: int
+    ctime_ns: int
+    entries: int  # _HAS_PRIVATE | _HAS_DESCRIPTOR
+
+    @property
+    def has_private(self) -> bool:
+        return bool(self.entries & _HAS_PRIVATE)
+
+    @property
+    def has_descriptor(self) -> bool:
+        return bool(self.entries & _HAS_DESCRIPTOR)
+
+
+class ScannedAgent(NamedTuple):
+    paths: AgentPaths
+    has_private: bool  # a ``.memd/`` dir: maybe a crashed job
+    has_descriptor: bool | None  # memd-agent.json there (None: not listed, unknown)
+    folder: FolderFacts | None  # what the listing saw (None: slow path, or racy)
+
+
 def agent_paths_scanned(
     workspace: Path,
     agent: str,
@@ -293,40 +330,52 @@ def agent_paths_scanned(
     agents_dir_plain: bool = False,
     agents_root: Path | None = None,
     name_valid: bool = False,
-    found: set[str] | None = None,
-) -> tuple[AgentPaths, bool]:
-    """:func:`agent_paths` with a fast path, and whether the agent has a ``.memd/``
-    dir (maybe a crashed job). ``root`` is ``workspace`` resolved.
+    known: FolderFacts | None = None,
+) -> ScannedAgent:
+    """:func:`agent_paths` with a fast path. ``root`` is ``workspace`` resolved.
 
     ``agent_paths`` resolves every path to refuse symlinks that escape the
     workspace: ~20 syscalls per agent, seconds for 10,000 agents at start-up.
     When ``agents/`` itself is a plain folder (``agents_dir_plain``) and the
     agent folder is not a link, one ``scandir`` of it tells which entries are
-    symlinks; only then is the full check needed. ``agents_root`` (``root /
-    "agents"``) and ``name_valid`` (the scan checked the name) save work per agent;
-    ``found``, when given, receives which of MEMORY.md, ``archive``, ``.memd`` and
-    ``memd-agent.json`` the listing holds (left empty on the slow path).
+    symlinks; only then is the full check needed. With ``known`` (the facts of
+    the last listing, from the state DB) one stat of the folder does instead
+    while its ctime has not moved: no directory read per agent at a restart.
+    ``agents_root`` (``root / "agents"``) and ``name_valid`` (the scan checked the
+    name) save work per agent.
     """
     agent_dir = (agents_root or root / AGENTS_DIR) / agent
     if is_link is None:
         is_link = agent_dir.is_symlink()
     if not agents_dir_plain or is_link or not (name_valid or is_valid_agent_name(agent)):
-        paths = agent_paths(workspace, agent)
-        return paths, paths.private_dir.is_dir()
+        return _slow(workspace, agent)
+    where = os.fspath(agent_dir)  # a str path: DirEntry objects then skip pathlib
     try:
-        # A str path: DirEntry objects then skip pathlib altogether.
-        with os.scandir(os.fspath(agent_dir)) as listing:
+        # Before the listing: a change during it moves the ctime past this one.
+        info = os.stat(where)
+        if known is not None and (info.st_ino, info.st_ctime_ns) == (known.ino, known.ctime_ns):
+            paths = AgentPaths(workspace=root, agent=agent, dir=agent_dir)
+            return ScannedAgent(paths, known.has_private, known.has_descriptor, known)
+        with os.scandir(where) as listing:
             special = {item.name: item.is_symlink() for item in listing if item.name in _SPECIAL}
     except NotADirectoryError:
         raise UnknownAgent(f"unknown agent {agent!r}: {agent_dir} is not a folder") from None
     except FileNotFoundError:
         raise UnknownAgent(f"unknown agent {agent!r}: no folder {agent_dir}") from None
     if any(special.values()):
-        paths = agent_paths(workspace, agent)
-        return paths, paths.private_dir.is_dir()
-    if found is not None:
-        found.update(special)
-    return AgentPaths(workspace=root, agent=agent, dir=agent_dir), PRIVATE_DIR in special
+        return _slow(workspace, agent)
+    has_private, has_descriptor = PRIVATE_DIR in special, DESCRIPTOR_NAME in special
+    folder = None
+    if time.time_ns() - info.st_ctime_ns > _RACY_NS:
+        entries = (_HAS_PRIVATE if has_private else 0) | (_HAS_DESCRIPTOR if has_descriptor else 0)
+        folder = FolderFacts(info.st_ino, info.st_ctime_ns, entries)
+    paths = AgentPaths(workspace=root, agent=agent, dir=agent_dir)
+    return ScannedAgent(paths, has_private, has_descriptor, folder)
+
+
+def _slow(workspace: Path, agent: str) -> ScannedAgent:
+    paths = agent_paths(workspace, agent)
+    return ScannedAgent(paths, paths.private_dir.is_dir(), None, None)
 
 
 def archives_of(paths: AgentPaths) -> list[Path]:
@@ -417,6 +466,8 @@ __all__ = [
     "PRIVATE_DIR",
     "AgentPaths",
     "ArchiveStats",
+    "FolderFacts",
+    "ScannedAgent",
     "UnknownAgent",
     "agent_paths",
     "agent_paths_scanned",

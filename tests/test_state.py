@@ -686,3 +686,42 @@ def test_a_schema_5_db_is_upgraded_with_its_rows(tmp_path: Path, workspace: Path
         store.upsert_agents([dataclasses.replace(alpha, encrypted_archives=2)])
         assert store.fleet_rows("name", None)[0].encrypted_archives == 2
         assert store.get_agent("alpha") == dataclasses.replace(alpha, encrypted_archives=2)
+
+
+def _write_schema_6_db(path: Path) -> None:
+    """What memd with schema 6 (before the agent folder's facts) left: schema 5 plus
+    its step to 6, the row encrypted-archive counts and all."""
+    _write_schema_5_db(path)
+    conn = sqlite3.connect(path)
+    for statement in memd.state._MIGRATIONS[5]:
+        conn.execute(statement)
+    conn.execute("UPDATE agents SET encrypted_archives = 1")
+    conn.execute("UPDATE schema_version SET version = 6")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_6_db_is_upgraded_and_its_agents_folders_are_unknown(
+    tmp_path: Path, workspace: Path
+) -> None:
+    from memd.workspace import FolderFacts
+
+    state_dir = tmp_path / "s"
+    _write_schema_6_db(state_db_path(state_dir, workspace))
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []
+        alpha = store.get_agent("alpha")
+        assert alpha is not None and alpha.last_error == "boom"
+        assert (alpha.archives, alpha.encrypted_archives, alpha.estimated) == (3, 1, True)
+        assert alpha.folder is None  # never listed by a memd that stored it: list it
+        # The new columns take writes and read back as the facts written.
+        facts = FolderFacts(ino=77, ctime_ns=1_700_000_000_000_000_000, entries=3)
+        store.upsert_agents([dataclasses.replace(alpha, folder_ino=77,
+                                                 folder_ctime_ns=facts.ctime_ns,
+                                                 folder_entries=3)])  # fmt: skip
+        again = store.get_agent("alpha")
+        assert again is not None and again.folder == facts
+        assert facts.has_private and facts.has_descriptor
+    conn = sqlite3.connect(state_db_path(state_dir, workspace))
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (7,)
+    conn.close()

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.memfiles import AgentWorkspace
 
+import memd.workspace
 from memd.errors import UnknownAgent
-from memd.workspace import agent_paths, agent_paths_scanned, list_agents, scan_agents
+from memd.workspace import (
+    FolderFacts,
+    agent_paths,
+    agent_paths_scanned,
+    list_agents,
+    scan_agents,
+)
 
 
 def test_scan_keeps_valid_folders_and_reports_the_rest(tmp_path: Path) -> None:
@@ -33,10 +41,11 @@ def test_fast_paths_equal_the_checked_paths(tmp_path: Path) -> None:
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alice")
     root = ws.root.resolve()
-    fast, has_private = agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True)
-    assert fast == agent_paths(root, "alice") and not has_private
+    fast = agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True)
+    assert fast.paths == agent_paths(root, "alice") and not fast.has_private
+    assert fast.has_descriptor is False
     (ws.root / "agents/alice/.memd").mkdir()
-    assert agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True)[1]
+    assert agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True).has_private
     # A symlinked MEMORY.md takes the checked path (and is refused when it leaves).
     outside = tmp_path / "outside.md"
     outside.write_text("x")
@@ -47,6 +56,62 @@ def test_fast_paths_equal_the_checked_paths(tmp_path: Path) -> None:
         agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True)
     with pytest.raises(UnknownAgent):
         agent_paths_scanned(ws.root, "ghost", root=root, is_link=False, agents_dir_plain=True)
+
+
+def changed(folder: Path, change: Callable[[], None]) -> None:
+    """Make ``change`` in ``folder`` and see its ctime move (a change within the
+    clock tick of the last one leaves it: memd never keeps such facts, see
+    ``_RACY_NS``, but here they were kept on purpose)."""
+    before = os.stat(folder).st_ctime_ns
+    change()
+    nudge = folder / ".nudge"
+    while os.stat(folder).st_ctime_ns == before:
+        nudge.mkdir()
+        nudge.rmdir()
+
+
+def test_a_folder_unchanged_since_its_listing_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    folder = ws.root / "agents/alice"
+    (folder / ".memd").mkdir()
+    root = ws.root.resolve()
+    monkeypatch.setattr(memd.workspace, "_RACY_NS", -(10**18))  # keep even fresh facts
+    listed = agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True)
+    facts = listed.folder
+    assert facts is not None and facts.has_private and not facts.has_descriptor
+    assert facts.ino == os.stat(folder).st_ino
+
+    def no_listing(path: object) -> None:
+        raise AssertionError(f"listed {path}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(memd.workspace.os, "scandir", no_listing)
+        known = agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True, known=facts)
+    assert known == listed  # same paths and entries, from one stat
+    # Any change of the folder's entries moves its ctime: listed again. Here a
+    # planted symlink, which the listing sees and the checked path refuses.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    changed(folder, lambda: (folder / "archive").symlink_to(outside))
+    with pytest.raises(Exception, match="archive"):
+        agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True, known=facts)
+    # Facts of another folder (same name, new inode) are not this one's.
+    stale = FolderFacts(facts.ino + 1, os.stat(folder).st_ctime_ns, facts.entries)
+    (folder / "archive").unlink()
+    changed(folder, lambda: (folder / "memd-agent.json").write_text("{}"))
+    fresh = agent_paths_scanned(ws.root, "alice", root=root, agents_dir_plain=True, known=stale)
+    assert fresh.has_descriptor is True and fresh.folder != stale
+
+
+def test_facts_of_a_folder_changed_a_moment_ago_are_not_kept(tmp_path: Path) -> None:
+    """Its ctime may not move at a change within the same clock tick ("racy")."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    scanned = agent_paths_scanned(ws.root, "alice", root=ws.root.resolve(), agents_dir_plain=True)
+    assert scanned.folder is None and scanned.has_descriptor is False
 
 
 def test_open_memory_opens_only_what_stays_in_the_agents_own_folder(tmp_path: Path) -> None:

@@ -367,7 +367,8 @@ class CountService:
         entry.tracked = record.to_tracked(info.st_size)
         if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
-        entry.dirty = False
+        # Nothing to write back, unless the folder was listed anew (its facts change).
+        entry.dirty = entry.folder != record.folder
         return True
 
     def initial_count(

@@ -21,7 +21,7 @@ from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, JUNCTION_CUT_ENCODINGS
 from memd.counting import CountKind, CountResult, TrackedCount, count_fd
 from memd.errors import MemdError, describe_error
 from memd.logs import debug_check, get_logger
-from memd.workspace import AgentPaths, ArchiveStats, check_memory_link, open_memory
+from memd.workspace import AgentPaths, ArchiveStats, FolderFacts, check_memory_link, open_memory
 
 if TYPE_CHECKING:
     from memd.metrics import Metrics
@@ -67,6 +67,8 @@ class AgentEntry:
     may_need_recovery: bool = True
     # archive/ as last surveyed (memd.daemon.archives); None until then.
     archives: ArchiveStats | None = None
+    # The folder as listed at start-up (stored, so the next restart need not list it).
+    folder: FolderFacts | None = None
     count_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

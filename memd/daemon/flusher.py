@@ -132,6 +132,7 @@ class StateFlusher:
                 window_source=entry.policy.window_source,
                 reserved_tokens=entry.policy.reserved_tokens,
                 estimated=entry.tracked is not None and entry.tracked.state.estimated,
+                folder=entry.folder,
             )
             for entry in dirty
         ]

@@ -21,13 +21,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
-from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.core.names import validate_agent_name
 from memd.daemon.entries import AgentEntry
 from memd.descriptor import Descriptors
 from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
-from memd.workspace import AGENTS_DIR, AgentPaths, agent_paths_scanned, scan_agents
+from memd.workspace import (
+    AGENTS_DIR,
+    AgentPaths,
+    FolderFacts,
+    agent_paths_scanned,
+    scan_agents,
+)
 
 _log = get_logger("memd.daemon")
 
@@ -241,10 +246,13 @@ class AgentRegistry:
                 self._rejected[item.name] = str(exc)
                 _log.warning("agent skipped", agent=repr(item.name), error=str(exc))
 
-    def make_entry(self, name: str, is_link: bool | None = None) -> AgentEntry | None:
-        found: set[str] = set()
+    def make_entry(
+        self, name: str, is_link: bool | None = None, folder: FolderFacts | None = None
+    ) -> AgentEntry | None:
+        """The agent's entry (None: refused, said once); ``folder``: its folder as
+        the last run listed it (from the state DB), to skip the listing if unchanged."""
         try:
-            paths, has_private = agent_paths_scanned(
+            scanned = agent_paths_scanned(
                 self.workspace,
                 name,
                 root=self._root,
@@ -253,7 +261,7 @@ class AgentRegistry:
                 agents_root=self._agents_root,
                 # From the scan (is_link known): its names were validated there.
                 name_valid=is_link is not None,
-                found=found,
+                known=folder,
             )
         except (MemdError, OSError) as exc:
             reason = str(exc)
@@ -262,12 +270,14 @@ class AgentRegistry:
             self._rejected[name] = reason
             return None
         self._rejected.pop(name, None)
+        paths = scanned.paths
         return AgentEntry(
             name=name,
             paths=paths,
             # The fast path listed the folder: no memd-agent.json there, no lstat.
-            policy=self.policy(name, paths.dir, None if not found else DESCRIPTOR_NAME in found),
-            may_need_recovery=has_private,
+            policy=self.policy(name, paths.dir, scanned.has_descriptor),
+            may_need_recovery=scanned.has_private,
+            folder=scanned.folder,
         )
 
     def recover(self, entry: AgentEntry) -> None:

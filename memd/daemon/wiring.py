@@ -222,13 +222,12 @@ class Services:
         stored count reused); returns them and those counted after READY."""
         records = stored_records(self.flusher.store)
         scanned = self.registry.scan()
-        entries = [
-            entry
-            for entry in (
-                self.registry.make_entry(name, link) for name, link in sorted(scanned.items())
-            )
-            if entry
-        ]
+        entries = []
+        for name, link in sorted(scanned.items()):
+            record = records.get(name)
+            entry = self.registry.make_entry(name, link, record.folder if record else None)
+            if entry is not None:
+                entries.append(entry)
         for entry in entries:
             self.registry.recover(entry)
             self.archives.restore(entry, records.get(entry.name))

@@ -4,20 +4,24 @@ what the start-up pass runs with, and what waits for READY."""
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.daemon_proc import wait_until
 from support.memfiles import AgentWorkspace
 from support.tokens import CL100K
 
+import memd.workspace
 from memd.daemon import Daemon, DaemonOptions
 from memd.recall.service import RecallService
 from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, build_config
+from memd.state import StateStore
 from memd.tokenizer import TokenCounter
 
 
@@ -155,3 +159,59 @@ def test_start_up_pauses_the_collector_and_background_passes_wait_for_ready(
         daemon.handle_exit(signal.SIGTERM, None)
         thread.join(30)
     assert gc.isenabled()
+
+
+def run_until_ready(ws: AgentWorkspace, state_dir: Path) -> None:
+    """Start a daemon on ``ws``, wait for READY, stop it cleanly."""
+    config, _ = build_config({}, {})
+    options = DaemonOptions(state_dir=state_dir, install_signal_handlers=False)
+    daemon = Daemon(
+        LoadedConfig(config, None, ws.root, ()), options, counter_factory=lambda _: CL100K
+    )
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(20)
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(30)
+    assert daemon.stopped.is_set()
+
+
+def test_a_restart_stats_agent_folders_it_listed_before_instead_of_reading_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alpha", "beta"):
+        ws.create_agent(name, entries=2)
+    state_dir = tmp_path / "state"
+    monkeypatch.setattr(memd.workspace, "_RACY_NS", -(10**18))  # keep even fresh facts
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path: Any) -> Any:
+        listed.append(os.path.basename(os.fspath(path)))
+        return real_scandir(path)
+
+    monkeypatch.setattr(memd.workspace.os, "scandir", scandir)
+    run_until_ready(ws, state_dir)
+    assert {"alpha", "beta"} <= set(listed)  # the first start lists each folder
+    with StateStore.open(state_dir, ws.root) as store:
+        stored = {record.agent: record.folder for record in store.agents()}
+    alpha_facts = stored["alpha"]
+    assert alpha_facts is not None and stored["beta"] is not None
+    assert alpha_facts.ino == os.stat(ws.root / "agents" / "alpha").st_ino
+    listed.clear()
+    # alpha's folder changes while memd is down: alpha alone is listed again.
+    folder = ws.root / "agents" / "alpha"
+    before = os.stat(folder).st_ctime_ns
+    (folder / ".memd").mkdir()
+    while os.stat(folder).st_ctime_ns == before:  # past the ctime's clock tick
+        (folder / ".nudge").mkdir()
+        (folder / ".nudge").rmdir()
+    run_until_ready(ws, state_dir)
+    assert "beta" not in listed and "alpha" in listed
+    with StateStore.open(state_dir, ws.root) as store:
+        alpha = store.get_agent("alpha")
+    assert alpha is not None and alpha.folder is not None and alpha.folder.has_private
+    assert alpha.folder.ctime_ns == os.stat(folder).st_ctime_ns
