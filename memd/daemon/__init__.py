@@ -14,14 +14,16 @@
 
 Each service owns its state and its lock: the registry its table (and each
 entry's policy), the runner the job states and tallies, the spending guard its
-window, the counter its debouncer, the flusher its snapshot-and-write, the
-archive survey its figures, the watch service its ticks; an entry's count is
-written under its own ``count_lock``. The only nestings, always in this order
+window, the summarizer source the summarizer in use, the counter its
+debouncer, the flusher its snapshot-and-write, the archive survey its figures,
+the watch service its ticks; an entry's count is written under its own
+``count_lock``. The only nestings, always in this order
 (so no two locks are ever taken in both orders):
 
 * counter → registry → descriptors (a ``memd-agent.json`` hint re-resolves a policy);
 * flusher → registry, and watch service → registry (a snapshot, the agent set);
-* runner → spending guard, scheduler, metrics (leaves);
+* runner → spending guard, scheduler, metrics (leaves); the summarizer source's
+  lock is a leaf too (taken with no other held);
 * an entry's ``count_lock`` → metrics, the count-update queue (leaves).
 
 The registry calls no service while holding its lock, so it ends every chain;

@@ -2,8 +2,10 @@
 scheduler; each compaction's outcome → the next decision, the ledger, metrics.
 
 The runner owns the agents' job states (``AgentEntry.job``: only the runner
-writes it, under the runner's own lock), who is compacting (``RunStats``), the
-summarizer and the abort event handed to every transaction: the transaction
+writes it, under the runner's own lock), who is compacting (``RunStats``) and
+the abort event handed to every transaction; it asks the spending guard
+(:mod:`~memd.daemon.spending`) and the summarizer source
+(:mod:`~memd.daemon.summarizer`), each with its own state and lock. The transaction
 never calls back, it re-checks the threshold itself and rolls back when a
 forced exit sets the event.
 
@@ -52,6 +54,7 @@ from memd.daemon.flusher import StateFlusher
 from memd.daemon.llm_slots import LlmSlots
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.spending import SpendingGuard
+from memd.daemon.summarizer import SummarizerFactory, SummarizerSource
 from memd.errors import (
     CompactionAborted,
     LockTimeout,
@@ -63,7 +66,7 @@ from memd.errors import (
 )
 from memd.logs import get_logger
 from memd.scheduler import JobScheduler
-from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer
+from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
@@ -92,7 +95,6 @@ class CompactFn(Protocol):
     ) -> CompactionOutcome: ...
 
 
-SummarizerFactory = Callable[[MemdConfig, Callable[[str], int]], Summarizer]
 # Asks for a count of the agent now (the counter's inbox): a wake-up is a hint.
 WakeFn = Callable[[str], None]
 
@@ -133,17 +135,22 @@ class Runner:
         self._flusher = flusher
         self._stats = stats
         self._compact = compact
-        self._summarizer_factory = summarizer_factory
         self._wake = wake
-        self._summarizer: Summarizer | None = None
         self._scheduler: JobScheduler | None = None
         self._stopping = False
-        # Job states, the running set, the config and the summarizer (see the
+        # Job states, the running set and the config (see the
         # module docstring for the order with the other services' locks).
         self._lock = threading.RLock()
         # Model requests and their cost, for [summarizer] max_calls_per_hour and
         # max_usd_per_day (workspace-wide: this daemon is the workspace's).
         self.spending = SpendingGuard(config.summarizer, clock)
+        # The summarizer in use (the builtin one standing in after repeated failures).
+        self.summarizers = SummarizerSource(
+            config,
+            summarizer_factory,
+            lambda text: counter.tokenizer.count_text(text),
+            self.spending.charge,
+        )
 
     def start(self, scheduler: JobScheduler) -> None:
         self._scheduler = scheduler
@@ -153,21 +160,14 @@ class Runner:
         """No new jobs from here on (queued ones are cancelled when they start)."""
         with self._lock:
             self._stopping = True
-            self._stop_summarizer_retries()
+        self.summarizers.stop()
         self.llm_slots.close()
-
-    def _stop_summarizer_retries(self) -> None:
-        # In-flight summaries may finish (they commit), but none retries:
-        # retries could outlast systemd's TimeoutStopSec.
-        stop = getattr(self._summarizer, "stop", None)
-        if callable(stop):
-            stop()
 
     def reconfigure(self, config: MemdConfig) -> None:
         with self._lock:
             self.config = config
             self.retry_policy = RetryPolicy.from_config(config.daemon)
-            self._summarizer = None  # rebuilt lazily with the new settings
+        self.summarizers.reconfigure(config)
         self.spending.reconfigure(config.summarizer)
 
     @property
@@ -303,41 +303,6 @@ class Runner:
 
     # ----------------------------------------------------------------- compact
 
-    def _summarizer_for(self, agent: str, failures: int) -> tuple[Summarizer, bool]:
-        """The configured summarizer, or the builtin one once a remote model kept failing
-        (then with True: the ledger and ``memd status`` say the fallback was used).
-
-        A model that is down (or keeps answering "ok") must not let an agent's
-        memory outgrow its window: after ``summarizer.fallback_after``
-        consecutive failures the agent is compacted offline; the next
-        compaction tries the model again.
-        """
-        summarizer = self._get_summarizer()
-        after = self.config.summarizer.fallback_after
-        model = getattr(summarizer, "model", BUILTIN_MODEL)
-        if after and failures >= after and model != BUILTIN_MODEL:
-            _log.warning(
-                "summarizer failing; compacting with the builtin summarizer",
-                agent=agent,
-                model=model,
-                failures=failures,
-            )
-            return BuiltinSummarizer(self._counter.tokenizer.count_text), True
-        return summarizer, False
-
-    def _get_summarizer(self) -> Summarizer:
-        with self._lock:
-            if self._summarizer is None:
-                self._summarizer = self._summarizer_factory(
-                    self.config, self._counter.tokenizer.count_text
-                )
-                attach = getattr(self._summarizer, "attach_meter", None)
-                if callable(attach):
-                    attach(self.spending.charge)
-                if self._stopping:
-                    self._stop_summarizer_retries()
-            return self._summarizer
-
     def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
         options = CompactionOptions.from_config(
             self.config, policy, redaction_key=self.redaction_key
@@ -399,7 +364,7 @@ class Runner:
         error: BaseException | None = None
         fallback = False
         try:
-            summarizer, fallback = self._summarizer_for(name, failures)
+            summarizer, fallback = self.summarizers.for_agent(name, failures)
             outcome = self._compact(
                 entry.paths,
                 self.llm_slots.bound(summarizer),
@@ -592,13 +557,7 @@ class Runner:
             duration_s=duration,
             outcome=outcome,
             error=error,
-            model=(
-                BUILTIN_MODEL
-                if fallback
-                else self._summarizer.model
-                if self._summarizer is not None
-                else None
-            ),
+            model=BUILTIN_MODEL if fallback else self.summarizers.model,
             fallback=fallback,
         )
         try:

@@ -1,0 +1,73 @@
+"""The summarizer source: built once when first needed (again after a reload),
+metered, stopped at shutdown even when built after it, stood in for by the
+builtin summarizer after ``fallback_after`` failures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from memd.core.config import MemdConfig
+from memd.daemon.summarizer import SummarizerSource
+from memd.settings import build_config
+
+
+class Remote:
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.meter: Callable[[float | None], None] | None = None
+        self.stopped = False
+
+    def attach_meter(self, meter: Callable[[float | None], None]) -> None:
+        self.meter = meter
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def config_of(**summarizer: Any) -> MemdConfig:
+    return build_config({"summarizer": {"model": "openai/x", **summarizer}}, {})[0]
+
+
+def source(
+    config: MemdConfig, built: list[Remote], charged: list[float | None]
+) -> SummarizerSource:
+    def factory(config: MemdConfig, _count: Callable[[str], int]) -> Remote:
+        built.append(Remote(config.summarizer.model))
+        return built[-1]
+
+    return SummarizerSource(config, factory, lambda text: len(text.split()), charged.append)  # type: ignore[arg-type]
+
+
+def test_built_once_metered_and_rebuilt_after_a_reload() -> None:
+    built: list[Remote] = []
+    charged: list[float | None] = []
+    summarizers = source(config_of(), built, charged)
+    assert summarizers.model is None  # nothing built before it is needed
+    assert summarizers.get() is summarizers.get() is built[0]
+    assert built[0].meter is not None
+    built[0].meter(0.5)
+    assert charged == [0.5]
+    summarizers.reconfigure(config_of(model="openai/y"))
+    assert summarizers.get() is built[1] and summarizers.model == "openai/y"
+
+
+def test_stopped_before_it_is_built_it_is_built_stopped() -> None:
+    built: list[Remote] = []
+    summarizers = source(config_of(), built, [])
+    summarizers.stop()
+    assert summarizers.get().stopped  # type: ignore[attr-defined]
+    first = built[0]
+    summarizers.reconfigure(config_of())
+    summarizers.get()
+    assert first.stopped and built[1].stopped
+
+
+def test_the_builtin_stands_in_after_fallback_after_failures() -> None:
+    summarizers = source(config_of(fallback_after=2), [], [])
+    chosen, fallback = summarizers.for_agent("alpha", failures=1)
+    assert chosen.model == "openai/x" and not fallback
+    chosen, fallback = summarizers.for_agent("alpha", failures=2)
+    assert chosen.model == "builtin" and fallback
+    never = source(config_of(fallback_after=0), [], [])
+    assert never.for_agent("alpha", failures=50)[0].model == "openai/x"
