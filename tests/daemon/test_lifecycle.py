@@ -18,6 +18,7 @@ from support.tokens import CL100K
 
 import memd.workspace
 from memd.daemon import Daemon, DaemonOptions
+from memd.notify import SystemdNotifier
 from memd.recall.service import RecallService
 from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, build_config
@@ -215,3 +216,45 @@ def test_a_restart_stats_agent_folders_it_listed_before_instead_of_reading_them(
         alpha = store.get_agent("alpha")
     assert alpha is not None and alpha.folder is not None and alpha.folder.has_private
     assert alpha.folder.ctime_ns == os.stat(folder).st_ctime_ns
+
+
+class RecordingNotifier(SystemdNotifier):
+    """What the lifecycle tells systemd, in order (no socket: nothing is sent)."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.said: list[str] = []
+
+    def notify(self, *fields: str) -> bool:
+        self.said.append(fields[0].split("=")[0])
+        return False
+
+    def close(self) -> None:
+        self.said.append("close")
+        super().close()
+
+
+def test_a_failed_start_up_is_never_ready_and_closes_the_notifier_last(tmp_path: Path) -> None:
+    from support.memfiles import AgentWorkspace
+
+    from memd.errors import MemdError
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=2)
+
+    def broken_tokenizer(_encoding: str) -> Any:
+        raise MemdError("tokenizer unavailable (scripted)")
+
+    config, _ = build_config({}, {})
+    notifier = RecordingNotifier()
+    daemon = Daemon(
+        LoadedConfig(config, None, ws.root, ()),
+        DaemonOptions(state_dir=tmp_path / "state", install_signal_handlers=False),
+        counter_factory=broken_tokenizer,
+        notifier=notifier,
+    )
+    with pytest.raises(MemdError, match="scripted"):
+        daemon.run()
+    # Never READY; told stopping, then closed last (pushed first on the stack).
+    assert notifier.said == ["STOPPING", "close"]
+    assert daemon.stopped.is_set() and daemon.services is None
