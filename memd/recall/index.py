@@ -366,16 +366,18 @@ class RecallIndex:
         With ``path``, rows read from it are written only if the file is still
         the one that was read: the daemon syncs without the agent's lock, so a
         ``forget --match`` may rewrite the file (and re-index and scrub) between
-        its read and this write, and the erased text must not come back.
+        its read and this write, and the erased text must not come back; an
+        archive changed after that check, before the commit, has its rows taken
+        back (:meth:`_take_back_if_gone`).
         """
 
-        def operation(conn: sqlite3.Connection) -> None:
+        def operation(conn: sqlite3.Connection) -> bool:
             with self._write(conn):
                 if path is not None and identity is not None and _changed(path, identity):
-                    return  # whoever changed it indexes it (or the next sync does)
+                    return False  # whoever changed it indexes it (or the next sync does)
                 _delete_sources(conn, "agent = ? AND name = ?", (agent, name))
                 if identity is None:
-                    return
+                    return False
                 source_id = conn.execute(
                     "INSERT INTO sources (agent, name, kind, dev, ino, size, mtime_ns,"
                     " indexed_at) VALUES (?,?,?,?,?,?,?,?)",
@@ -408,8 +410,38 @@ class RecallIndex:
                         "INSERT INTO entries_fts (rowid, text) VALUES (?, ?)",
                         (entry_id, entry.text),
                     )
+                return True
 
-        self._run(operation)
+        written = self._run(operation)
+        if written and kind == "archive" and path is not None and identity is not None:
+            self._take_back_if_gone(agent, name, identity, path)
+
+    def _take_back_if_gone(
+        self, agent: str, name: str, identity: _FileIdentity, path: Path
+    ) -> None:
+        """Rows just written for an archive that is no longer the file read: taken
+        back (exactly those: rows a newer read wrote stay), and scrubbed.
+
+        The check inside the write covers a change made before it; this one covers
+        a change made after that check but before the commit. A prune in another
+        process (``memd prune``, ``compact-now``) deletes the archive, then drops
+        rows of archives no longer on disk: its read of the sources does not wait
+        for this write (WAL), so it found none of these rows to drop. The live
+        file is left alone: appends change it all the time, and nobody drops it.
+        """
+        if not _changed(path, identity):
+            return
+
+        def operation(conn: sqlite3.Connection) -> int:
+            with self._write(conn):
+                return _delete_sources(
+                    conn,
+                    "agent = ? AND name = ? AND dev = ? AND ino = ? AND size = ? AND mtime_ns = ?",
+                    (agent, name, identity.dev, identity.ino, identity.size, identity.mtime_ns),
+                )
+
+        if self._run(operation):
+            self.scrub()
 
     # ----------------------------------------------------------------- writing
 

@@ -375,3 +375,42 @@ def test_a_file_rewritten_between_read_and_write_keeps_its_new_rows(
         index.index_file("alpha", live, kind="live")  # the next sync reads the new file
         assert index.search("alpha", "erased code")
     assert b"vorquellan" not in recall_db_path(state_dir, ws.root).read_bytes()
+
+
+def test_an_archive_pruned_by_another_process_while_it_is_indexed_leaves_no_rows(
+    ws: AgentWorkspace, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon indexes a committed archive after the transaction has returned,
+    # outside the agent's lock. `memd prune` (another process, its own connection)
+    # may delete that archive and drop the rows of vanished archives in between:
+    # after the indexer checked the file, before it committed. The pruner's read
+    # does not wait for the indexer's write (WAL), so it finds nothing to drop;
+    # the indexer must take its rows back, and scrub them.
+    import memd.recall.index as index_module
+
+    paths = ws.create_agent("alpha")
+    paths.archive_dir.mkdir()
+    archive = paths.archive_dir / "history_2026-01-01_00-00-00.md"
+    entry = "### Human — 2026-01-01T00:00:00\n\nturn {i}: the quillwort ledger\n\n---\n\n"
+    archive.write_text("".join(entry.format(i=i) for i in range(50)))
+    real_changed = index_module._changed
+    dropped: list[list[str]] = []
+
+    indexer = RecallIndex.open(state_dir, ws.root)
+    pruner = RecallIndex.open(state_dir, ws.root)
+
+    def pruned_meanwhile(path: Path, read: object) -> bool:
+        changed = real_changed(path, read)  # type: ignore[arg-type]
+        if path == archive and not dropped:
+            archive.unlink()  # the prune, under the agent's lock
+            dropped.append(pruner.sync_agent(paths, live=False).removed)
+        return changed
+
+    with indexer, pruner:
+        monkeypatch.setattr(index_module, "_changed", pruned_meanwhile)
+        indexer.sync_agent(paths, live=False)
+        monkeypatch.undo()
+        assert dropped == [[]]  # the pruner saw none of the rows being written
+        assert pruner.search("alpha", "quillwort") == []
+        assert indexer.sync_agent(paths, live=False).removed == []  # nothing left over
+    assert b"quillwort" not in _db_bytes(state_dir, ws)
