@@ -59,6 +59,7 @@ def run_command(
     from memd.daemon import EXIT_FORCED, Daemon, DaemonOptions
     from memd.logs import configure_logging
     from memd.settings import resolve_state_dir
+    from memd.threads import name_native_threads
 
     transform = None
     settings: dict[str, dict[str, Any]] = {}
@@ -86,6 +87,7 @@ def run_command(
         log_level=log_level,
         config_transform=transform,
     )
+    name_native_threads()  # `top -H`, `ps -L` and /proc tell the daemon's threads apart
     code = Daemon(loaded, options).run()
     if code == EXIT_FORCED:
         # A forced stop does not wait for a slow LLM call in a worker thread;

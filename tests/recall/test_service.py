@@ -1,0 +1,59 @@
+"""The daemon's re-sync of every agent at start: after a restart with unchanged
+files it is a stat pass against the identities the index stored (no file is
+read), and its end says what it cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import structlog
+from support.memfiles import AgentWorkspace, append_entry
+
+import memd.recall.index as index_module
+from memd.recall.service import RecallService
+from memd.workspace import AgentPaths
+
+
+def resync(state_dir: Path, ws: AgentWorkspace, agents: list[AgentPaths]) -> dict[str, object]:
+    """One daemon start's re-sync (a new service on the same index); its "ready" line."""
+    service = RecallService.open(state_dir, ws.root)
+    assert service is not None
+    try:
+        with structlog.testing.capture_logs() as logs:
+            service.start(lambda: agents)
+            assert service.caught_up.wait(60)
+    finally:
+        service.stop()
+    [ready] = [line for line in logs if line["event"] == "recall index ready"]
+    return ready
+
+
+def test_a_restart_with_unchanged_files_reads_none_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    agents = [ws.create_agent(f"agent{n}", entries=3) for n in range(5)]
+    archived = agents[0]
+    archived.archive_dir.mkdir()
+    (archived.archive_dir / "history_2026-01-01_00-00-00.md").write_text(
+        "### Human — 2026-01-01T00:00:00\n\nthe heliotrope key\n\n---\n\n"
+    )
+    reads: list[int] = []
+    real = index_module.read_to_end
+    monkeypatch.setattr(index_module, "read_to_end", lambda fd: reads.append(fd) or real(fd))
+    state_dir = tmp_path / "state"
+
+    first = resync(state_dir, ws, agents)  # an empty index: every file is read once
+    assert len(reads) == 6 and first["files_indexed"] == 6 and first["agents"] == 5
+    assert first["agents_repaired"] == 1  # the archive no index held
+
+    reads.clear()
+    again = resync(state_dir, ws, agents)  # the restart: nothing changed
+    assert reads == [] and again["files_indexed"] == 0 and again["agents_repaired"] == 0
+    assert {"seconds", "cpu_s"} <= again.keys()
+
+    append_entry(agents[3].memory, "AI", "one more turn")
+    reads.clear()
+    after_append = resync(state_dir, ws, agents)  # only the changed file is read
+    assert len(reads) == 1 and after_append["files_indexed"] == 1
