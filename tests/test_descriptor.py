@@ -113,7 +113,11 @@ def test_a_running_daemon_follows_an_agents_descriptor(
         assert started["agent"] == "ada"
         daemon.wait_for("compacted", timeout=60)
         # A descriptor memd cannot use is reported once and the agent keeps running.
-        (memory.parent / "memd-agent.json").write_text('{"format": "memd-agent", "version": 7}')
+        # Written whole (temp + rename, as an agent writes it): an in-place write
+        # can be read half-written, which is reported as another error first.
+        future = memory.parent / ".memd-agent.tmp"
+        future.write_text('{"format": "memd-agent", "version": 7}', encoding="utf-8")
+        os.replace(future, memory.parent / "memd-agent.json")
         ignored = daemon.wait_for("agent descriptor ignored")
         assert "version 7 is not one memd reads" in ignored["error"]
         assert daemon.stop() == 0
