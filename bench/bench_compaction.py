@@ -32,7 +32,9 @@ Printed, as medians over the runs:
   inside the summarizer's time. The ratio with it added is printed too.
 
 The summarizer here answers at once: the builtin summarizer (or a model) is
-the "LLM call" the overhead excludes, prompt building included.
+the "LLM call" the overhead excludes, prompt building included. ``--builtin``
+also times the builtin summarizer on each snapshot, apart (what a daemon with
+``model = "builtin"`` spends where a model call would be).
 
 ``--encrypt`` measures plain and encrypted archives ([privacy] encrypt_archives)
 in the same run and prints both, and the ratio.
@@ -60,6 +62,7 @@ from memd.core.memfile import parse
 from memd.core.privacy import Redactor
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.counting import count_file
+from memd.summarizers import BuiltinSummarizer
 from memd.tokenizer import TokenCounter
 from memd.workspace import AgentPaths, agent_paths
 
@@ -166,6 +169,14 @@ def read_turns(snapshot: bytes) -> float:
     return time.perf_counter() - started
 
 
+def builtin_summary(snapshot: bytes, tokenizer: TokenCounter, max_tokens: int) -> float:
+    """The builtin summarizer's time on ``snapshot`` (redaction of what it reads included)."""
+    request = SummaryRequest(agent="bench", document=parse(snapshot), max_tokens=max_tokens)
+    started = time.perf_counter()
+    BuiltinSummarizer(tokenizer.count_text).summarize(request)
+    return time.perf_counter() - started
+
+
 @dataclass
 class Figures:
     overhead: list[float] = field(default_factory=list)  # excl. pinning and redaction
@@ -174,10 +185,17 @@ class Figures:
     floor: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     turns: list[float] = field(default_factory=list)  # inside pinning; see the docstring
+    builtin: list[float] = field(default_factory=list)  # the builtin summarizer, apart
 
 
 def measure(
-    size: int, runs: int, key_file: Path | None, *, first: bool = False, keep_recent: int = 0
+    size: int,
+    runs: int,
+    key_file: Path | None,
+    *,
+    first: bool = False,
+    keep_recent: int = 0,
+    builtin: bool = False,
 ) -> Figures:
     tokenizer = TokenCounter("cl100k_base")
     figures = Figures()
@@ -220,7 +238,10 @@ def measure(
                 outcome.duration_s - outcome.llm_duration_s - PINNING.seconds - REDACTION.seconds
             )
             assert outcome.tokens_before == counted.tokens
-            figures.turns.append(read_turns(outcome.archive.read_bytes()))
+            snapshot = outcome.archive.read_bytes()
+            figures.turns.append(read_turns(snapshot))
+            if builtin:
+                figures.builtin.append(builtin_summary(snapshot, tokenizer, size // 4))
     return figures
 
 
@@ -244,6 +265,8 @@ def report(label: str, figures: Figures) -> None:
     with_turns = statistics.median(
         [o + t for o, t in zip(figures.overhead, figures.turns, strict=True)]
     )
+    if figures.builtin:
+        print(f"  {label}builtin summarizer (the LLM's stand-in) median {_ms(figures.builtin)}")
     print(
         f"  {label}reading the turns (inside pinning) median {_ms(figures.turns)}; "
         f"overhead with it {with_turns * 1000:.1f} ms, ratio "
@@ -265,6 +288,9 @@ def main() -> int:
         default=0,
         help="newest turns kept verbatim (the daemon's default: a tenth of the threshold)",
     )
+    parser.add_argument(
+        "--builtin", action="store_true", help="also time the builtin summarizer, apart"
+    )
     args = parser.parse_args()
     size = int(args.size_mb * 1024 * 1024)
     which = "first compaction" if args.first else "compacted before"
@@ -272,7 +298,14 @@ def main() -> int:
         f"compaction overhead excl. LLM, daemon path, {args.size_mb:g} MB MEMORY.md, "
         f"{args.runs} runs, agent {which}, kept tail {args.keep_recent_tokens} tokens"
     )
-    plain = measure(size, args.runs, None, first=args.first, keep_recent=args.keep_recent_tokens)
+    plain = measure(
+        size,
+        args.runs,
+        None,
+        first=args.first,
+        keep_recent=args.keep_recent_tokens,
+        builtin=args.builtin,
+    )
     report("plain archive:     " if args.encrypt else "", plain)
     if args.encrypt:
         with tempfile.TemporaryDirectory() as keys:
