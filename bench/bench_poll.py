@@ -220,6 +220,7 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
         debounce_s = config.trigger.debounce_ms / 1000
         updates: queue.SimpleQueue[CountUpdate] = queue.SimpleQueue()
         threads_before = threading.active_count()
+        idents_before = {t.ident for t in threading.enumerate()}
         fds_before = len(os.listdir("/proc/self/fd"))
         daemon = Daemon(
             LoadedConfig(config, None, root / "ws", ()),
@@ -231,8 +232,22 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
         try:
             if not daemon.ready.wait(600):
                 raise RuntimeError("the daemon did not reach READY")
-            time.sleep(max(3.0, 3 * interval_s))  # first flush of every row, first passes
+            # Past the start-up work that follows READY (first flush of every
+            # row, the recall index's catch-up, first passes): wait until a
+            # second of CPU costs less than a tenth of a second, at most 60 s.
+            settle_until = time.monotonic() + 60
+            time.sleep(max(3.0, 3 * interval_s))
+            while time.monotonic() < settle_until:
+                cpu = time.process_time()
+                time.sleep(1.0)
+                if time.process_time() - cpu < 0.1:
+                    break
             threads = threading.active_count() - threads_before - 1  # not the runner
+            thread_names = [
+                t.name
+                for t in threading.enumerate()
+                if t.ident not in idents_before and t is not runner
+            ]
             cpu0, wall0 = time.process_time(), time.monotonic()
             before = threads_cpu()
             time.sleep(idle_s)
@@ -277,6 +292,7 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             "target": interval_s + debounce_s + 0.3,
             "missed": missed,
             "by_thread": by_thread,
+            "thread_names": thread_names,
         }
 
 
@@ -431,6 +447,7 @@ def main(argv: list[str]) -> int:
             f"{row['target']:.2f} s, p99 ratio {row['p99'] / row['target']:.2f}), "
             f"missed {row['missed']}"
         )
+        print(f"  threads: {', '.join(sorted(row['thread_names']))}")
         busiest = sorted(row["by_thread"].items(), key=lambda item: -item[1])
         print(
             "  idle CPU by thread: "
