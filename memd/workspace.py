@@ -185,10 +185,17 @@ def _own_path(path: Path, agent_real: Path, agent: str, what: str) -> None:
 
 def resolve_own(paths: AgentPaths, path: Path, what: str) -> Path:
     """``path`` (one of the agent's), or its symlink's target when that stays in the
-    agent's own folder; refused otherwise (containment per agent, DESIGN.md §1)."""
+    agent's own folder; refused otherwise (containment per agent, DESIGN.md §1).
+
+    A path that is not a symlink (the usual case) costs one ``lstat``: the agent
+    folder's ``realpath`` (an ``lstat`` per component) is only needed to check
+    a link's target.
+    """
+    if not path.is_symlink():
+        return path
     agent_real = Path(os.path.realpath(paths.dir))
     _own_path(path, agent_real, paths.agent, what)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    return Path(os.path.realpath(path))
 
 
 def check_memory_link(paths: AgentPaths) -> None:
