@@ -37,8 +37,15 @@ class JobScheduler:
         self.compaction_slots = compaction_slots
         self._scheduler = BackgroundScheduler(
             executors={
-                DEFAULT_EXECUTOR: ThreadPoolExecutor(max_workers=periodic_workers),
-                COMPACTION_EXECUTOR: ThreadPoolExecutor(max_workers=compaction_slots),
+                # Thread names (memd-periodic_0, memd-compact_0, ...) show in
+                # top -H and /proc/PID/task/*/comm (memd/threads.py).
+                DEFAULT_EXECUTOR: ThreadPoolExecutor(
+                    max_workers=periodic_workers,
+                    pool_kwargs={"thread_name_prefix": "memd-periodic"},
+                ),
+                COMPACTION_EXECUTOR: ThreadPoolExecutor(
+                    max_workers=compaction_slots, pool_kwargs={"thread_name_prefix": "memd-compact"}
+                ),
             },
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
             timezone=UTC,

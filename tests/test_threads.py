@@ -50,7 +50,7 @@ def test_memd_run_names_its_threads(tmp_path: Path) -> None:
     ws.create_agent("alpha", entries=2)
     with DaemonProcess(ws.root, tmp_path / "state") as daemon:
         daemon.wait_ready()
-        expected = {"memd-count", "memd-inotify", "memd-watch", "APScheduler"}
+        expected = {"memd-count", "memd-inotify", "memd-watch", "APScheduler", "memd-periodic_0"}
         # A thread started just before READY is named once it first runs Python.
         deadline = time.monotonic() + 20
         while not expected <= (names := thread_names(daemon.pid)) and time.monotonic() < deadline:
