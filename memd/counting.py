@@ -339,6 +339,7 @@ def _count_forked(
     # worker so one big file does not hold a whole batch of small ones back.
     size = max(1, min(64, len(indexed) // (workers * 8)))
     batches = [indexed[start : start + size] for start in range(0, len(indexed), size)]
+    count_bytes(b"")  # a lazily loaded encoding: loaded here once, not in every worker
     _WORKER_COUNTER[:] = [(count_bytes, max_piece_bytes)]
     # The workers collect cycles whatever the parent's collector is doing (the
     # daemon pauses it for its start-up pass, and a fork inherits that).

@@ -123,11 +123,7 @@ def _locate(name: str, bpe: _BpeFile) -> Path:
     )
 
 
-def load_encoding(name: str) -> tiktoken.Encoding:
-    """The tiktoken encoding ``name``, loaded from local files only (cached)."""
-    cached = _loaded.get(name)
-    if cached is not None:
-        return cached
+def _offline(name: str) -> _BpeFile:
     bpe = OFFLINE_ENCODINGS.get(name)
     if bpe is None:
         offered = ", ".join(sorted(OFFLINE_ENCODINGS))
@@ -135,11 +131,32 @@ def load_encoding(name: str) -> tiktoken.Encoding:
             f"tokenizer encoding {name!r} is unknown or not available offline "
             f"(use one of: {offered})"
         )
+    return bpe
+
+
+_located: dict[str, Path] = {}
+
+
+def locate_encoding(name: str) -> Path:
+    """The folder holding encoding ``name``'s BPE file (its digest checked), without
+    loading it; :class:`TokenizerError` when it is unknown or not found offline."""
+    directory = _located.get(name)
+    if directory is None:
+        directory = _located[name] = _locate(name, _offline(name))
+    return directory
+
+
+def load_encoding(name: str) -> tiktoken.Encoding:
+    """The tiktoken encoding ``name``, loaded from local files only (cached)."""
+    cached = _loaded.get(name)
+    if cached is not None:
+        return cached
+    bpe = _offline(name)
     with _load_lock:
         cached = _loaded.get(name)
         if cached is not None:
             return cached
-        directory = _locate(name, bpe)
+        directory = locate_encoding(name)
         import tiktoken
 
         encoding = _load_parsed(name, bpe)
@@ -272,9 +289,24 @@ class TokenCounter:
         max_piece_bytes: int = MAX_PIECE_BYTES,
     ):
         self.encoding_name = encoding_name
-        self.encoding = load_encoding(encoding_name)
+        # Checked now (an unknown encoding, or one not found offline, fails here);
+        # its table is loaded at the first count, or by warm() (~0.15 s a daemon
+        # restarting with every file unchanged need not spend before READY).
+        locate_encoding(encoding_name)
+        self._encoding: tiktoken.Encoding | None = None
         self._chunk_bytes = max(1, min(chunk_bytes, max_piece_bytes))
         self.max_piece_bytes = max(self._chunk_bytes, max_piece_bytes)
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        encoding = self._encoding
+        if encoding is None:
+            encoding = self._encoding = load_encoding(self.encoding_name)
+        return encoding
+
+    def warm(self) -> None:
+        """Load the encoding now (the daemon's background thread, after READY)."""
+        _ = self.encoding
 
     def count_text(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))

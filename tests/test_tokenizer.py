@@ -12,6 +12,7 @@ import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.preludes import NO_LITELLM_PRELUDE
@@ -261,3 +262,30 @@ def test_a_giant_pre_token_is_estimated_from_above_not_merged() -> None:
     # Ordinary text (no giant run) is still counted exactly.
     text = "".join(f"Plain sentence number {n} with words.\n" for n in range(60000))
     assert counter.count_bytes(text.encode()) == len(counter.encoding.encode_ordinary(text))
+
+
+def test_a_counter_checks_its_encoding_at_once_and_loads_it_at_the_first_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon restarting with every file unchanged reaches READY without the table."""
+    import memd.tokenizer
+
+    loads: list[str] = []
+    real = memd.tokenizer.load_encoding
+
+    def load(name: str) -> Any:
+        loads.append(name)
+        return real(name)
+
+    monkeypatch.setattr(memd.tokenizer, "load_encoding", load)
+    counter = TokenCounter("cl100k_base")
+    assert loads == []  # checked (found offline), not loaded
+    assert counter.count_text("hello world") == 2
+    counter.warm()
+    assert counter.count_bytes(b"hello world") == 2
+    assert loads == ["cl100k_base"]  # once
+    lazy = TokenCounter("cl100k_base")
+    lazy.warm()  # the daemon's background thread
+    assert loads == ["cl100k_base", "cl100k_base"] and lazy.count_text("hello") == 1
+    with pytest.raises(TokenizerError, match="unknown"):
+        TokenCounter("no_such_encoding")

@@ -95,6 +95,18 @@ def warm_summarizer(config: MemdConfig) -> threading.Thread | None:
     return thread
 
 
+def warm_tokenizer(tokenizer: object) -> threading.Thread | None:
+    """Load the tokenizer's encoding in the background (the thread, or None when
+    it has nothing to load): a restart with every file unchanged reached READY
+    without it, and the first append should not wait for it."""
+    warm = getattr(tokenizer, "warm", None)
+    if not callable(warm):
+        return None
+    thread = threading.Thread(target=warm, name="memd-warm-tokenizer", daemon=True)
+    thread.start()
+    return thread
+
+
 def restart_only_changes(old: MemdConfig, new: MemdConfig, poll_fixed: bool) -> None:
     """Reload: settings a running daemon cannot change are named (``poll_fixed``:
     the command line chose the watcher, so ``watch.poll`` does not matter)."""
@@ -118,6 +130,7 @@ __all__ = [
     "redaction_key",
     "restart_only_changes",
     "warm_summarizer",
+    "warm_tokenizer",
     "warn_about_filesystem",
     "warn_unredacted",
 ]

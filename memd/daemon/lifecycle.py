@@ -236,6 +236,7 @@ class Daemon:
         # pass for the interpreter lock and delayed READY by seconds.
         s.schedule_periodic()
         s.recall.resync()
+        checks.warm_tokenizer(s.entry_counter.tokenizer)  # unless a count needed it already
         if self._parts.summarizer_factory is None:
             checks.warm_summarizer(self.config)
 
