@@ -18,7 +18,13 @@ Shape (logrotate ``create`` mode, not ``copytruncate``):
    ``os.replace`` over MEMORY.md, fsync the dir: this is the commit point;
 7. drain: bytes a late writer appended to the old inode past M are appended to
    the new file (journaled by offset, idempotent) until the old inode has been
-   quiet for ``drain_quiet_s`` (bounded by ``drain_max_s``); drop the link.
+   quiet for ``drain_quiet_s`` (bounded by ``drain_max_s``); drop the link;
+8. apply the retention limits (never to the new archive) and let the lock go.
+
+The transaction calls no one back: what it committed and what retention
+deleted come back in its :class:`CompactionOutcome` (``archive``, ``pruned``),
+and the caller hands them on (the recall index, the archive figures) once the
+lock is let go.
 
 Recovery reads the journal and decides by inode numbers, never by guessing:
 before the replace it rolls back (removes the archive it had linked, by
@@ -108,7 +114,7 @@ from memd.fsutil import (
     write_all,
 )
 from memd.redaction_key import process_key
-from memd.retention import PruneHook, PruneResult, list_archives, prune_locked
+from memd.retention import PruneResult, list_archives, prune_locked
 from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
@@ -153,10 +159,6 @@ PRE_COMMIT_CHECKPOINTS = frozenset(CHECKPOINTS[: CHECKPOINTS.index("replaced")])
 
 Checkpoint = Callable[[str], None]
 ByteCounter = Callable[[bytes], int]
-# Called with the committed archive, still under the agent's lock (the recall
-# index). It reports its own failures: a crash or error here only leaves the
-# archive unindexed until the next start re-syncs it.
-ArchiveHook = Callable[[AgentPaths, Path], None]
 # The snapshot is hashed in pieces of this size: a prefix digest re-hashes less
 # than one.
 _HASH_CHUNK = 1 << 20
@@ -179,7 +181,6 @@ class CompactionOptions:
     # The daemon needs a compaction to shrink the file (else it would loop);
     # an operator's explicit compact-now may re-seed even a small file.
     require_shrink: bool = True
-    on_archived: ArchiveHook | None = None
     # Model calls this compaction may make (what a spending cap leaves); None:
     # the summarizer's own [summarizer] max_calls.
     max_calls: int | None = None
@@ -189,9 +190,9 @@ class CompactionOptions:
     # [privacy] encrypt_archives: the master key file (read at each job, so a
     # rotated key file is picked up without a restart); None writes plain archives.
     key_file: Path | None = None
-    # Applied under the lock once the new archive is committed (it is never deleted).
+    # Applied under the lock once the new archive is committed (it is never deleted);
+    # what it deleted is in the outcome (``pruned``), for the caller to hand on.
     retention: RetentionLimits = NO_LIMITS
-    on_pruned: PruneHook | None = None
     # The workspace's redaction key and [privacy] settings (None: a per-process
     # key): what a remote summarizer is sent, and the scan of every reply.
     privacy: Privacy | None = None
@@ -976,12 +977,6 @@ def _drain(
     return moved
 
 
-def _notify_archived(hook: ArchiveHook, paths: AgentPaths, archive: Path) -> None:
-    # The hook logs its own failures; the job is committed whatever it does.
-    with contextlib.suppress(Exception):
-        hook(paths, archive)
-
-
 def _append(fd: int, data: bytes) -> None:
     """Append ``data`` durably to an O_APPEND fd; a failed write says how much landed."""
     write_all(fd, data)
@@ -1019,7 +1014,8 @@ def compact_agent(
 
     Raises NothingToCompact, LockTimeout, SummarizerError or CompactionAborted
     (UnderThreshold among them); in every one of those cases MEMORY.md and the
-    archive dir are as they were.
+    archive dir are as they were. On success the outcome names the archive
+    committed and what retention pruned, for the caller to hand on.
     """
     hook = _guarded_checkpoints(paths.agent, checkpoint or _no_checkpoint, abort)
     try:
@@ -1165,8 +1161,6 @@ def _compact_locked(
                 hook,
             )
             _finish(pinned, hook)
-            if opts.on_archived is not None and txn.archive is not None:
-                _notify_archived(opts.on_archived, paths, txn.archive)
         except OSError as exc:
             # Past the commit point nothing can be rolled back; the journal
             # keeps the drain offsets and the next run finishes it.
@@ -1223,15 +1217,7 @@ def _prune_after_commit(
         pruned = prune_locked(pinned, opts.retention, time.time(), protect=(archive_name,))
     except OSError as exc:
         return None, describe_error(exc)
-    if pruned.deleted and opts.on_pruned is not None:
-        _notify_pruned(opts.on_pruned, pinned.paths, pruned)
     return pruned, None
-
-
-def _notify_pruned(hook: PruneHook, paths: AgentPaths, pruned: PruneResult) -> None:
-    # The hook logs its own failures; the archives are gone whatever it does.
-    with contextlib.suppress(Exception):
-        hook(paths, pruned)
 
 
 def prune_agent(
@@ -1241,7 +1227,6 @@ def prune_agent(
     now: float | None = None,
     dry_run: bool = False,
     lock_wait_s: float = 300.0,
-    on_pruned: PruneHook | None = None,
     quiet_s: float = 1.0,
     max_s: float = 10.0,
     key_file: Path | None = None,
@@ -1251,6 +1236,8 @@ def prune_agent(
     Takes the agent's compaction lock (serialized with any compaction) and first
     finishes or rolls back a crashed compaction, so a journal never names an
     archive this deleted. A dry run reads only: no lock, nothing created.
+    The caller hands on what was deleted (the recall index drops it) after the
+    lock is let go.
     """
     when = time.time() if now is None else now
     with AgentDir.open(paths, create_private=not dry_run) as pinned:
@@ -1260,10 +1247,7 @@ def prune_agent(
         with lock.held(lock_wait_s):
             pinned.pin_memory()
             _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file)
-            pruned = prune_locked(pinned, limits, when)
-            if pruned.deleted and on_pruned is not None:
-                _notify_pruned(on_pruned, paths, pruned)
-            return pruned
+            return prune_locked(pinned, limits, when)
 
 
 def recover_agent(
@@ -1490,7 +1474,6 @@ def _resolve_pending(
 __all__ = [
     "CHECKPOINTS",
     "PRE_COMMIT_CHECKPOINTS",
-    "ArchiveHook",
     "CompactionOptions",
     "CompactionOutcome",
     "ProvidedSummary",

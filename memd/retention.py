@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memd.agentdir import AgentDir
@@ -29,7 +29,6 @@ from memd.core.retention import (
     is_archive_name,
     plan_prune,
 )
-from memd.workspace import AgentPaths
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +45,6 @@ class PruneResult:
     @property
     def kept(self) -> int:
         return len(self.plan.keep) + len(self.plan.delete) - len(self.deleted)
-
-
-# Told of each prune that deleted something (under the agent's lock): the
-# recall index drops the archives' rows, the audit log records it.
-PruneHook = Callable[[AgentPaths, PruneResult], None]
 
 
 def list_archives(pinned: AgentDir) -> list[ArchiveInfo]:
@@ -104,4 +98,4 @@ def prune_locked(
     )
 
 
-__all__ = ["PruneHook", "PruneResult", "list_archives", "prune_locked"]
+__all__ = ["PruneResult", "list_archives", "prune_locked"]

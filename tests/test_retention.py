@@ -79,15 +79,8 @@ def test_prune_takes_the_compaction_lock(ws: AgentWorkspace) -> None:
         assert remaining(paths) == names
     finally:
         os.close(fd)
-    seen: list[PruneResult] = []
-    result = prune_agent(
-        paths,
-        RetentionLimits(max_age_days=30),
-        lock_wait_s=1,
-        now=NOW,
-        on_pruned=lambda _paths, pruned: seen.append(pruned),
-    )
-    assert result.deleted == (names[0],) and seen == [result]
+    result = prune_agent(paths, RetentionLimits(max_age_days=30), lock_wait_s=1, now=NOW)
+    assert result.deleted == (names[0],)
     assert remaining(paths) == [names[1]]
 
 
@@ -96,19 +89,16 @@ def test_compaction_prunes_after_its_commit_but_never_its_own_archive(
 ) -> None:
     paths = ws.create_agent("alpha", entries=6)
     old = plant_archives(paths, [3, 2, 1])
-    seen: list[PruneResult] = []
     options = CompactionOptions(
         lock_wait_s=5,
         drain_quiet_s=0.05,
         drain_max_s=2,
         require_shrink=False,
         retention=RetentionLimits(max_archives=1),
-        on_pruned=lambda _paths, pruned: seen.append(pruned),
     )
     outcome = compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True)
     assert remaining(paths) == [outcome.archive.name]  # the new one sorts after the planted
     assert outcome.pruned is not None and sorted(outcome.pruned.deleted) == old
-    assert seen == [outcome.pruned]
     # The re-seeded block tells the truth about the raw turns.
     block = parse(paths.memory.read_bytes()).entries[0]
     parsed = parse_summary(block.summary_text)

@@ -13,7 +13,7 @@ import typer
 
 from memd.cli.common import load, open_audit, open_state, redaction_key
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
-from memd.cli.recall_index import after_prune_hook, archive_indexer
+from memd.cli.recall_index import archive_indexer, prune_follow_up
 from memd.errors import ConfigError, MemdError, NothingToCompact
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ def compact_now(
     ledger = _open_ledger(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
     audit = open_audit(loaded, state_dir)
-    after_prune = after_prune_hook(loaded, state_dir, None, "compaction")
+    after_prune = prune_follow_up(loaded, state_dir, None, "compaction")
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = 0
@@ -156,8 +156,6 @@ def compact_now(
                 options = dataclasses.replace(
                     CompactionOptions.from_config(cfg, policy, redaction_key=key),
                     require_shrink=False,
-                    on_archived=index_archive,
-                    on_pruned=after_prune,
                 )
                 if wait is not None:
                     options = dataclasses.replace(options, lock_wait_s=wait)
@@ -177,6 +175,12 @@ def compact_now(
                     raise
                 err.print(f"memd: error: {exc}", markup=False, highlight=False)
             else:
+                # Handed on once the agent's lock is let go (each reports its own failure).
+                with contextlib.suppress(Exception):
+                    index_archive(paths, outcome.archive)
+                if outcome.pruned is not None and outcome.pruned.deleted:
+                    with contextlib.suppress(Exception):
+                        after_prune(paths, outcome.pruned)
                 _record(ledger, name, started, outcome, error=None)
                 _audit(audit, name, outcome, cfg)
                 pins = f"; {outcome.pinned} pinned fact(s)" if outcome.pinned else ""

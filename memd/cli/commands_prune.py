@@ -10,6 +10,7 @@ changes nothing (no lock, no audit record).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,7 +19,7 @@ import typer
 
 from memd.cli.common import as_owner_of, load, open_audit, state_dir_of
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
-from memd.cli.recall_index import after_prune_hook
+from memd.cli.recall_index import prune_follow_up
 from memd.core.config import resolve_retention
 from memd.errors import MemdError, describe_error
 
@@ -56,7 +57,7 @@ def prune_command(
     cfg = loaded.config
     ws = require_workspace(loaded.workspace)
     targets = resolve_agents(ws, [agent] if agent else [], all_agents=agent is None)
-    after_prune = after_prune_hook(loaded, state_dir, open_audit(loaded, state_dir), "cli")
+    after_prune = prune_follow_up(loaded, state_dir, open_audit(loaded, state_dir), "cli")
     lock_wait = cfg.compaction.lock_wait_s if wait is None else wait
     options = CompactionOptions.from_config(cfg)
     directory = state_dir_of(loaded, state_dir)
@@ -73,17 +74,22 @@ def prune_command(
         try:
             # A root CLI acts on the agent's files as memd (the state dir's owner)
             # does: the .memd/ it finds is memd's, and it leaves no root-owned file.
+            paths = agent_paths(ws, name)
             with as_owner_of(directory):
                 pruned = prune_agent(
-                    agent_paths(ws, name),
+                    paths,
                     limits,
                     dry_run=dry_run,
                     lock_wait_s=lock_wait,
-                    on_pruned=after_prune,
                     quiet_s=options.drain_quiet_s,
                     max_s=options.drain_max_s,
                     key_file=options.key_file,
                 )
+                if pruned.deleted:
+                    # Audited and dropped from recall once the agent's lock is let go;
+                    # each step reports its own failure, the archives are gone regardless.
+                    with contextlib.suppress(Exception):
+                        after_prune(paths, pruned)
         except (MemdError, OSError) as exc:
             failures += 1
             message = describe_error(exc)

@@ -1,8 +1,12 @@
-"""The recall index as CLI commands open it (recall, compact-now, forget)."""
+"""The recall index as CLI commands open it (recall, compact-now, forget), and what
+``compact-now`` and ``prune`` hand it once their transaction has returned (the
+agent's lock let go: the index re-checks each file it read, see
+:meth:`memd.recall.index.RecallIndex.index_file`)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,8 +18,12 @@ from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
     from memd.audit import AuditLog
-    from memd.compaction import ArchiveHook
-    from memd.retention import PruneHook, PruneResult
+    from memd.retention import PruneResult
+
+# An archive a compaction committed → the recall index.
+ArchiveIndexer = Callable[[AgentPaths, Path], None]
+# What a prune deleted → the audit log, the recall index.
+PruneFollowUp = Callable[[AgentPaths, "PruneResult"], None]
 
 
 def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallIndex:
@@ -29,8 +37,8 @@ def open_recall_index(loaded: LoadedConfig, state_dir: Path | None) -> RecallInd
     return index
 
 
-def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook:
-    """The compaction hook of ``compact-now``: index each archive it commits."""
+def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveIndexer:
+    """What ``compact-now`` does with each archive it committed: index it."""
     directory = state_dir_of(loaded, state_dir)
 
     def index_archive(paths: AgentPaths, archive: Path) -> None:
@@ -50,9 +58,9 @@ def archive_indexer(loaded: LoadedConfig, state_dir: Path | None) -> ArchiveHook
     return index_archive
 
 
-def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneHook:
-    """The retention hook of ``prune`` and ``compact-now``: drop pruned archives'
-    rows from the recall index and scrub them from its file."""
+def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneFollowUp:
+    """What ``prune`` and ``compact-now`` do after retention deleted archives: drop
+    their rows from the recall index and scrub them from its file."""
     directory = state_dir_of(loaded, state_dir)
 
     def drop_pruned(paths: AgentPaths, pruned: PruneResult) -> None:
@@ -73,9 +81,9 @@ def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneHook:
     return drop_pruned
 
 
-def after_prune_hook(
+def prune_follow_up(
     loaded: LoadedConfig, state_dir: Path | None, audit: AuditLog | None, trigger: str
-) -> PruneHook:
+) -> PruneFollowUp:
     """What a CLI does after a prune deleted archives: audit it (unless ``audit`` is
     None: compact-now records it after the compaction's own record), drop them
     from recall."""
@@ -91,4 +99,11 @@ def after_prune_hook(
     return after_prune
 
 
-__all__ = ["after_prune_hook", "archive_indexer", "archive_pruner", "open_recall_index"]
+__all__ = [
+    "ArchiveIndexer",
+    "PruneFollowUp",
+    "archive_indexer",
+    "archive_pruner",
+    "open_recall_index",
+    "prune_follow_up",
+]

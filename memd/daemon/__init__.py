@@ -5,6 +5,8 @@
 * :mod:`~memd.daemon.watches`: the watcher's one driver, following the published agent set;
 * :mod:`~memd.daemon.counter`: watcher hints on a queue → debounce → counts;
 * :mod:`~memd.daemon.runner`: job decisions → the scheduler; outcomes → ledger, metrics;
+* :mod:`~memd.daemon.committed`: a committed compaction's outcome, handed on by the
+  runner once the agent's lock is let go → recall, archive figures, retention's report;
 * :mod:`~memd.daemon.flusher`: registry snapshots → state DB, heartbeat, ``STATUS=``;
 * :mod:`~memd.daemon.recall`, :mod:`~memd.daemon.metrics`: the recall index and the
   metrics endpoint, each started with ``start(exit_stack)``;

@@ -11,7 +11,6 @@ mtime moved (archives are never modified in place).
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memd.daemon.entries import AgentEntry
@@ -56,8 +55,8 @@ class ArchiveSurvey:
         for entry in self._registry.agents().values():
             self.refresh(entry)
 
-    def on_archived(self, paths: AgentPaths, _archive: Path) -> None:
-        """A compaction committed an archive (called under the agent's lock)."""
+    def archived(self, paths: AgentPaths) -> None:
+        """The agent's archives changed (a compaction committed one, a prune deleted some)."""
         entry = self._registry.get(paths.agent)
         if entry is not None:
             # Listed even if the folder's mtime looks unchanged (coarse clocks).

@@ -1,8 +1,9 @@
 """The recall index beside the daemon, as one stage: opened and started with
 :meth:`RecallStage.start` (after the initial count: it starts threads), its stop
 pushed on the exit stack, its re-sync of every agent started after READY
-(:meth:`RecallStage.resync`); told of each archive a compaction commits and of
-each prune, and of ``[privacy] encrypt_archives`` on reload.
+(:meth:`RecallStage.resync`); handed each archive a compaction commits and each
+prune's result (after the agent's lock is let go), and told of ``[privacy]
+encrypt_archives`` on reload.
 
 Off without a state dir, or when the index cannot be opened (said once): the
 hooks then do nothing and the daemon runs without recall.
@@ -66,15 +67,15 @@ class RecallStage:
         if self.service is not None:
             self.service.index.encrypting = config.privacy.encrypt_archives
 
-    def on_archived(self, paths: AgentPaths, archive: Path) -> None:
-        """A compaction committed ``archive`` (under the agent's lock): index it."""
+    def index_archive(self, paths: AgentPaths, archive: Path) -> None:
+        """A compaction committed ``archive``: index it."""
         if self.service is not None:
-            self.service.on_archived(paths, archive)
+            self.service.index_archive(paths, archive)
 
-    def on_pruned(self, paths: AgentPaths, result: PruneResult) -> None:
+    def drop_pruned(self, paths: AgentPaths, result: PruneResult) -> None:
         """Retention deleted archives: their rows go."""
         if self.service is not None:
-            self.service.on_pruned(paths, result)
+            self.service.drop_pruned(paths, result)
 
 
 __all__ = ["RecallStage"]

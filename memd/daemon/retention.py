@@ -1,26 +1,29 @@
 """The daemon's retention: after each compaction (inside the transaction) and once a day.
 
 The transaction prunes under the agent's lock right after its commit and
-calls :meth:`RetentionService.hook`'s function; the daily pass
+returns what it deleted; the runner hands that on (:mod:`memd.daemon.committed`)
+to :meth:`RetentionService.pruned`. The daily pass
 (:meth:`RetentionService.daily`) prunes every agent whose policy sets a limit,
 each under its own lock (an agent being compacted is skipped until the next
-pass: its compaction prunes it anyway). After a prune that deleted archives:
-one log line and one audit record (names, counts, bytes, reasons; never
-content), the recall index drops their rows, the archive figures are
-re-surveyed.
+pass: its compaction prunes it anyway). After a prune that deleted archives,
+once the agent's lock is let go: one log line and one audit record (names,
+counts, bytes, reasons; never content), the recall index drops their rows, the
+archive figures are re-surveyed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from memd.daemon.archives import ArchiveSurvey
+from memd.daemon.recall import RecallStage
 from memd.daemon.registry import AgentRegistry
 from memd.errors import LockTimeout, MemdError, describe_error
 from memd.logs import get_logger
-from memd.retention import PruneHook, PruneResult
+from memd.retention import PruneResult
 from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
@@ -39,6 +42,7 @@ class RetentionService:
         self,
         registry: AgentRegistry,
         archives: ArchiveSurvey,
+        recall: RecallStage,
         audit: AuditLog,
         config: MemdConfig,
     ) -> None:
@@ -46,9 +50,8 @@ class RetentionService:
         self.config = config
         self._registry = registry
         self._archives = archives
+        self._recall = recall
         self._audit = audit
-        # The recall index's hook, when recall runs.
-        self.on_pruned: PruneHook | None = None
         # Set at shutdown: a daily pass over many agents stops between two of them.
         self._stopping = threading.Event()
 
@@ -58,18 +61,11 @@ class RetentionService:
     def stop(self) -> None:
         self._stopping.set()
 
-    def hook(self, trigger: str, *, audit: bool = True) -> PruneHook:
-        """After a prune; ``audit`` False when the caller records it (after a
-        compaction, the compaction's record comes first: see record_compaction)."""
-
-        def pruned(paths: AgentPaths, result: PruneResult) -> None:
-            self._after_prune(paths, result, trigger, audit)
-
-        return pruned
-
-    def _after_prune(
-        self, paths: AgentPaths, result: PruneResult, trigger: str, audit: bool
+    def pruned(
+        self, paths: AgentPaths, result: PruneResult, trigger: str, *, audit: bool = True
     ) -> None:
+        """A prune deleted archives; ``audit`` False when the caller records it (after a
+        compaction, the compaction's record comes first: see record_compaction)."""
         _log.info(
             "archives pruned",
             agent=paths.agent,
@@ -88,9 +84,8 @@ class RetentionService:
                 _log.warning(
                     "cannot write the audit log", agent=paths.agent, error=describe_error(exc)
                 )
-        if self.on_pruned is not None:
-            self.on_pruned(paths, result)
-        self._archives.on_archived(paths, paths.archive_dir)
+        self._recall.drop_pruned(paths, result)
+        self._archives.archived(paths)
 
     def daily(self, prune: Callable[..., PruneResult] | None = None) -> int:
         """Prune every agent with a retention limit; returns the archives deleted."""
@@ -113,7 +108,6 @@ class RetentionService:
                     entry.paths,
                     limits,
                     lock_wait_s=LOCK_WAIT_S,
-                    on_pruned=self.hook("daily"),
                     quiet_s=options.drain_quiet_s,
                     max_s=options.drain_max_s,
                     key_file=options.key_file,
@@ -123,6 +117,10 @@ class RetentionService:
             except (MemdError, OSError) as exc:
                 _log.warning("retention failed", agent=entry.name, error=describe_error(exc))
                 continue
+            if result.deleted:
+                # Each step reports its own failures; the archives are gone whatever happens.
+                with contextlib.suppress(Exception):
+                    self.pruned(entry.paths, result, "daily")
             deleted += len(result.deleted)
         return deleted
 

@@ -1,5 +1,6 @@
 """Job decisions from the core state machine (:mod:`memd.core.jobs`) → the
-scheduler; each compaction's outcome → the next decision, the ledger, metrics.
+scheduler; each compaction's outcome → the next decision, the ledger, metrics,
+and (a committed one) the stages after the commit (:mod:`memd.daemon.committed`).
 
 The runner owns the agents' job states (``AgentEntry.job``: only the runner
 writes it, under the runner's own lock), who is compacting (``RunStats``) and
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from memd.compaction import ArchiveHook, CompactionOptions, CompactionOutcome, ThresholdCheck
+from memd.compaction import CompactionOptions, CompactionOutcome, ThresholdCheck
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.jobs import (
     NOT_COMPACTABLE,
@@ -49,6 +50,7 @@ from memd.core.jobs import (
 )
 from memd.core.spending import Hold
 from memd.core.summary import Summarizer
+from memd.daemon.committed import AfterCommit
 from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.llm_slots import LlmSlots
@@ -72,7 +74,6 @@ from memd.workspace import AgentPaths
 if TYPE_CHECKING:
     from memd.audit import AuditLog
     from memd.metrics import Metrics
-    from memd.retention import PruneHook
     from memd.state import AgentRecord
 
 _log = get_logger("memd.daemon")
@@ -111,6 +112,7 @@ class Runner:
         summarizer_factory: SummarizerFactory,
         wake: WakeFn,
         clock: Callable[[], float] = time.time,
+        after_commit: AfterCommit | None = None,
     ) -> None:
         self.config = config
         # Wall-clock time for the job decisions (backoff, cooldown, wake-ups);
@@ -124,10 +126,9 @@ class Runner:
         self._metrics: Metrics | None = None
         # The workspace's audit log (None without a state dir).
         self.audit: AuditLog | None = None
-        # Told of each archive a compaction commits (the recall index).
-        self.on_archived: ArchiveHook | None = None
-        # Told of archives the retention pass after a compaction deleted.
-        self.on_pruned: PruneHook | None = None
+        # The next stage of a committed compaction (recall, archive figures,
+        # retention's report), handed its outcome once the transaction returned.
+        self._after_commit = after_commit
         # The workspace's redaction key (set at start-up; None: a per-process key).
         self.redaction_key: bytes | None = None
         self._registry = registry
@@ -310,8 +311,6 @@ class Runner:
         return dataclasses.replace(
             options,
             lock_wait_s=min(options.lock_wait_s, DAEMON_LOCK_WAIT_S),
-            on_archived=self.on_archived,
-            on_pruned=self.on_pruned,
             # Never more calls than the hour's cap leaves: a compaction that
             # needs more covers the oldest turns (a partial one) instead.
             max_calls=self.spending.calls_left(),
@@ -375,6 +374,11 @@ class Runner:
             )
         except Exception as exc:
             error = exc
+        else:
+            # Handed forward, not called back: the transaction returned (the
+            # agent's lock is let go) with what it archived and pruned.
+            if self._after_commit is not None:
+                self._after_commit.committed(entry.paths, outcome)
         finally:
             with self._lock:
                 self._stats.running.discard(name)

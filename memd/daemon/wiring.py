@@ -5,7 +5,9 @@ key) and constructs the rest without starting a thread; the lifecycle
 (:mod:`memd.daemon.lifecycle`) starts them in order and stops them in reverse.
 
 Data walks one way: watcher → (hint queue) → counter → runner → scheduler →
-transaction → files; the flusher writes registry snapshots to the state DB and
+transaction → files; the transaction's outcome goes back up only as its return
+value, and the runner hands a committed one on (→ recall, archive figures,
+retention's report); the flusher writes registry snapshots to the state DB and
 returns the erasures it found to the runner that asked. The watches follow the
 agent set the registry publishes at each rescan (the watch service owns the
 watcher); nothing downstream calls a stage upstream.
@@ -24,6 +26,7 @@ from memd.audit import AuditLog
 from memd.core.config import MemdConfig
 from memd.daemon import checks
 from memd.daemon.archives import ArchiveSurvey
+from memd.daemon.committed import AfterCommit
 from memd.daemon.counter import CountService, HintSink
 from memd.daemon.entries import AgentEntry, CountUpdate, EntryCounter, RunStats, Tokenizer
 from memd.daemon.flusher import StateFlusher
@@ -178,6 +181,11 @@ class Services:
         self.registry.descriptors = Descriptors(
             lambda text: counted_with.tokenizer.count_text(text)
         )
+        # The stages after a commit, made before the runner that hands them outcomes.
+        self.recall = RecallStage(state_dir, workspace, config, self.registry)
+        self.retention = RetentionService(
+            self.registry, self.archives, self.recall, self.audit, config
+        )
         # The counter's queue, made first: the runner's wake-ups are put on it.
         hints = HintSink(queue.SimpleQueue())
         self.runner = Runner(
@@ -190,6 +198,7 @@ class Services:
             parts.summarizer_factory or default_summarizer,
             # A scheduled wake-up is a hint like a watcher's: count, then decide.
             wake=hints.count_now,
+            after_commit=AfterCommit(self.recall, self.archives, self.retention),
         )
         self.runner.audit = self.audit
         checks.warn_unredacted(config)
@@ -205,17 +214,7 @@ class Services:
             hints=hints,
             should_stop=should_stop,
         )
-        self.retention = RetentionService(self.registry, self.archives, self.audit, config)
-        self.recall = RecallStage(state_dir, workspace, config, self.registry)
         self.metrics = MetricsStage(config.metrics, self.entry_counter, self.runner)
-        # A committed archive: indexed for recall, then its agent's figures surveyed.
-        self.runner.on_archived = self._on_archived
-        self.runner.on_pruned = self.retention.hook("compaction", audit=False)
-        self.retention.on_pruned = self.recall.on_pruned
-
-    def _on_archived(self, paths: AgentPaths, archive: Path) -> None:
-        self.recall.on_archived(paths, archive)
-        self.archives.on_archived(paths, archive)
 
     def load_agents(self) -> tuple[list[AgentEntry], list[AgentEntry]]:
         """Start-up: every agent found, recovered, registered and counted (or its

@@ -1,7 +1,9 @@
 """The daemon's side of recall: index archives as they are written, repair at start.
 
-The daemon owns one :class:`RecallService`. Each committed compaction calls
-:meth:`RecallService.on_archived` under the agent's lock; at start-up
+The daemon owns one :class:`RecallService`. Each committed compaction's archive
+is handed to :meth:`RecallService.index_archive` once the transaction has
+returned (outside the agent's lock: the index re-checks each file it read
+before and after writing its rows); at start-up
 :meth:`RecallService.start` re-syncs every agent in a background thread (an
 archive written by a run that crashed before indexing it, or by an older memd,
 is indexed then). Nothing here can stop the daemon: a failure is logged with
@@ -45,8 +47,8 @@ class RecallService:
             _log.warning("recall index", detail=note)
         return cls(index)
 
-    def on_archived(self, paths: AgentPaths, archive: Path) -> None:
-        """Compaction hook: index the new archive (and the re-seeded MEMORY.md)."""
+    def index_archive(self, paths: AgentPaths, archive: Path) -> None:
+        """A compaction committed ``archive``: index it (and the re-seeded MEMORY.md)."""
         try:
             report = self.index.sync_agent(paths)
         except (MemdError, OSError) as exc:
@@ -65,8 +67,8 @@ class RecallService:
             entries=report.entries,
         )
 
-    def on_pruned(self, paths: AgentPaths, pruned: PruneResult) -> None:
-        """Retention hook: drop the deleted archives' rows and scrub them from the file."""
+    def drop_pruned(self, paths: AgentPaths, pruned: PruneResult) -> None:
+        """Retention deleted archives: drop their rows and scrub them from the file."""
         try:
             report = self.index.sync_agent(paths, live=False)
             if report.removed:

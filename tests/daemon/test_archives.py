@@ -45,11 +45,11 @@ def test_a_committed_archive_is_counted_at_once_even_with_an_unchanged_mtime(
     assert entry.archives is not None and entry.archives.count == 1 and entry.dirty
     entry.dirty = False
     mtime = entry.paths.archive_dir.stat().st_mtime_ns
-    second = archive(entry, "20261202T000001", size=30)
+    archive(entry, "20261202T000001", size=30)
     os.utime(entry.paths.archive_dir, ns=(mtime, mtime))  # a coarse clock: same mtime
     survey.survey()
     assert entry.archives.count == 1 and not entry.dirty  # the survey trusts the mtime
-    survey.on_archived(entry.paths, second)  # a commit lists the folder again
+    survey.archived(entry.paths)  # a commit lists the folder again
     assert entry.archives.count == 2 and entry.archives.total_bytes == 40 and entry.dirty
     assert first.exists()
 

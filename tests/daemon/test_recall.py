@@ -1,6 +1,6 @@
-"""The recall index as a stage: off without a state dir (its hooks do nothing),
-started (its re-sync of every agent once asked, after READY) and told of archives
-and prunes otherwise, stopped by the exit stack."""
+"""The recall index as a stage: off without a state dir (what it is handed is
+dropped), started (its re-sync of every agent once asked, after READY) and handed
+archives and prunes otherwise, stopped by the exit stack."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def registry_of(ws: AgentWorkspace, config: MemdConfig) -> AgentRegistry:
     return registry
 
 
-def test_without_a_state_dir_recall_is_off_and_its_hooks_do_nothing(tmp_path: Path) -> None:
+def test_without_a_state_dir_recall_is_off_and_what_it_is_handed_is_dropped(tmp_path: Path) -> None:
     ws = AgentWorkspace(tmp_path / "ws")
     paths = ws.create_agent("alice", entries=2)
     config = MemdConfig()
@@ -31,7 +31,7 @@ def test_without_a_state_dir_recall_is_off_and_its_hooks_do_nothing(tmp_path: Pa
     with contextlib.ExitStack() as stack:
         recall.start(stack)
         assert recall.service is None
-        recall.on_archived(paths, paths.archive_dir / "history_x.md")
+        recall.index_archive(paths, paths.archive_dir / "history_x.md")
         recall.reconfigure(config)
 
 
@@ -53,5 +53,5 @@ def test_started_it_indexes_on_each_archive_and_follows_reloads(tmp_path: Path) 
         encrypted = {"encrypt_archives": True, "key_file": str(tmp_path / "master.key")}
         recall.reconfigure(build_config({"privacy": encrypted}, {})[0])
         assert service.index.encrypting
-        recall.on_archived(paths, paths.archive_dir / "history_x.md")  # no archive: logged
+        recall.index_archive(paths, paths.archive_dir / "history_x.md")  # no archive: logged
     assert not socket_file.exists()  # stopped with the stack

@@ -11,6 +11,7 @@ from memd.audit import AuditLog, read_audit
 from memd.core.config import MemdConfig
 from memd.core.retention import ArchiveInfo, PrunePlan, RetentionLimits
 from memd.daemon.archives import ArchiveSurvey
+from memd.daemon.recall import RecallStage
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.retention import RetentionService
 from memd.errors import CompactionAborted, LockTimeout
@@ -19,7 +20,9 @@ from memd.settings import build_config
 from memd.workspace import AgentPaths
 
 
-def service(tmp_path: Path, agents: list[str], data: dict[str, Any]) -> RetentionService:
+def service(
+    tmp_path: Path, agents: list[str], data: dict[str, Any]
+) -> tuple[RetentionService, DroppedRows]:
     ws = AgentWorkspace(tmp_path / "ws")
     for name in agents:
         ws.create_agent(name)
@@ -29,7 +32,19 @@ def service(tmp_path: Path, agents: list[str], data: dict[str, Any]) -> Retentio
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())
     audit = AuditLog(tmp_path / "w.audit.jsonl", "daemon")
-    return RetentionService(registry, ArchiveSurvey(registry), audit, config)
+    recall = DroppedRows(None, ws.root, config, registry)
+    return RetentionService(registry, ArchiveSurvey(registry), recall, audit, config), recall
+
+
+class DroppedRows(RecallStage):
+    """The recall stage, recording which agents' pruned rows it was handed."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.dropped: list[str] = []
+
+    def drop_pruned(self, paths: AgentPaths, result: PruneResult) -> None:
+        self.dropped.append(paths.agent)
 
 
 class ScriptedPrune:
@@ -43,13 +58,11 @@ class ScriptedPrune:
             raise self.raises[paths.agent]
         gone = ArchiveInfo("history_x.md", 9, 0.0)
         plan = PrunePlan(delete=(gone,), keep=(), reasons={gone.name: ("max_archives",)})
-        result = PruneResult(paths.agent, limits, plan, deleted=(gone.name,), deleted_bytes=9)
-        kw["on_pruned"](paths, result)
-        return result
+        return PruneResult(paths.agent, limits, plan, deleted=(gone.name,), deleted_bytes=9)
 
 
 def test_daily_prunes_agents_with_limits_under_a_short_lock_wait(tmp_path: Path) -> None:
-    svc = service(
+    svc, recall = service(
         tmp_path,
         ["keep-all", "scratch-1", "scratch-2", "busy", "broken"],
         {"agents": {"scratch-*": {"max_age_days": 2}, "b*": {"max_archives": 3}}},
@@ -62,6 +75,8 @@ def test_daily_prunes_agents_with_limits_under_a_short_lock_wait(tmp_path: Path)
     assert set(called) == {"scratch-1", "scratch-2", "busy", "broken"}  # not keep-all
     assert called["scratch-1"][0] == RetentionLimits(max_age_days=2)
     assert called["busy"][1]["lock_wait_s"] == 1.0
+    # What was pruned is handed on after the prune returned: recall drops its rows.
+    assert recall.dropped == ["scratch-1", "scratch-2"]
     records = read_audit(tmp_path / "w.audit.jsonl").records
     assert [(r.agent, r.fields["trigger"]) for r in records] == [
         ("scratch-1", "daily"),
@@ -70,20 +85,17 @@ def test_daily_prunes_agents_with_limits_under_a_short_lock_wait(tmp_path: Path)
 
 
 def test_a_stopped_service_prunes_no_further_agent(tmp_path: Path) -> None:
-    svc = service(tmp_path, ["a", "b"], {"retention": {"max_archives": 1}})
+    svc, _recall = service(tmp_path, ["a", "b"], {"retention": {"max_archives": 1}})
     prune = ScriptedPrune()
     svc.stop()
     assert svc.daily(prune) == 0 and prune.calls == []
 
 
-def test_the_compaction_hook_leaves_the_audit_to_the_compaction_record(tmp_path: Path) -> None:
-    svc = service(tmp_path, ["a"], {})
-    dropped: list[str] = []
-    svc.on_pruned = lambda paths, _result: dropped.append(paths.agent)
+def test_a_compactions_prune_leaves_the_audit_to_the_compaction_record(tmp_path: Path) -> None:
+    svc, recall = service(tmp_path, ["a"], {})
     prune = ScriptedPrune()
     paths = svc._registry.agents()["a"].paths
-    svc.hook("compaction", audit=False)(
-        paths, prune(paths, RetentionLimits(1), on_pruned=svc.hook("x"))
-    )
-    assert dropped == ["a", "a"]
+    svc.pruned(paths, prune(paths, RetentionLimits(1)), "compaction", audit=False)
+    svc.pruned(paths, prune(paths, RetentionLimits(1)), "x")
+    assert recall.dropped == ["a", "a"]
     assert [r.fields["trigger"] for r in read_audit(tmp_path / "w.audit.jsonl").records] == ["x"]

@@ -158,3 +158,42 @@ def test_a_flush_that_finds_an_erasure_takes_the_agents_past_and_metrics(
     assert store.tombstoned(["ghost"]) == {}
     assert series("ghost") == s.tokens("ghost") > 0
     store.close()
+
+
+class HandedOn:
+    """The stages after a commit: records what the runner hands them, and whether
+    the agent was still counted as compacting (the ``seconds`` logged include it)."""
+
+    def __init__(self, s: Services | None = None) -> None:
+        self.s = s
+        self.handed: list[tuple[str, Path, list[str]]] = []
+
+    def committed(self, paths: Any, outcome: Any) -> None:
+        running = self.s.runner.running() if self.s is not None else []
+        self.handed.append((paths.agent, outcome.archive, running))
+
+
+def test_only_a_committed_compaction_is_handed_on_with_its_outcome(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    handed = HandedOn()
+    s = build_services(ws, ScriptedCompaction("fail", "nothing", "ok"), after_commit=handed)
+    handed.s = s
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    s.scheduler.run_queued()  # failed: nothing committed, nothing handed on
+    assert s.job("alice").state is JobState.BACKOFF and handed.handed == []
+    s.clock.now = s.job("alice").next_attempt_at
+    s.scheduler.fire_due_wakes()
+    s.counter.tick(s.clock.now)
+    s.scheduler.run_queued()  # nothing to compact: nothing handed on either
+    assert s.compact.calls == ["alice", "alice"] and handed.handed == []
+    s.clock.now = s.job("alice").next_attempt_at
+    s.scheduler.fire_due_wakes()
+    s.counter.tick(s.clock.now)
+    s.scheduler.run_queued()
+    assert s.compact.calls == ["alice"] * 3
+    # The outcome the transaction returned, handed on while the job still runs.
+    assert handed.handed == [("alice", ws.root / "agents" / "alice" / "archive", ["alice"])]
+    assert s.job("alice").state is JobState.IDLE

@@ -4,24 +4,31 @@ opened closed by the exit stack."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.daemon_services import COUNTER, ScriptedCompaction
-from support.memfiles import AgentWorkspace
+from support.daemon_services import COUNTER, Clock, FakeScheduler, ScriptedCompaction
+from support.memfiles import AgentWorkspace, append_entry
 
 from memd.core.jobs import JobState
 from memd.daemon.wiring import Parts, Services
 from memd.notify import SystemdNotifier
 from memd.settings import build_config
+from memd.workspace import AgentPaths
 
 
 @contextlib.contextmanager
-def built(ws: AgentWorkspace, state_dir: Path | None) -> Iterator[Services]:
-    config, _ = build_config({"trigger": {"context_length": 1000}}, {})
-    parts = Parts(compact=ScriptedCompaction(), tokenizer_factory=lambda _encoding: COUNTER)  # type: ignore[arg-type]
+def built(
+    ws: AgentWorkspace, state_dir: Path | None, parts: Parts | None = None, **data: Any
+) -> Iterator[Services]:
+    config, _ = build_config({"trigger": {"context_length": 1000}, **data}, {})
+    if parts is None:
+        parts = Parts(compact=ScriptedCompaction(), tokenizer_factory=lambda _encoding: COUNTER)  # type: ignore[arg-type]
     with contextlib.ExitStack() as stack:
         yield Services(
             stack,
@@ -70,15 +77,62 @@ def test_load_agents_registers_and_counts_every_agent(ws: AgentWorkspace, tmp_pa
         assert all(not entry.dirty for entry in entries)
 
 
-def test_a_committed_archive_is_surveyed(ws: AgentWorkspace) -> None:
-    with built(ws, None) as s:
-        [alice, _bob] = s.load_agents()[0]
-        assert alice.archives is None
-        alice.paths.archive_dir.mkdir()
-        (alice.paths.archive_dir / "history_20261202T000000.md").write_text("old turns\n")
-        assert s.runner.on_archived is not None
-        s.runner.on_archived(alice.paths, alice.paths.archive_dir / "history_20261202T000000.md")
-        assert alice.archives is not None and alice.archives.count == 1
+def lock_is_free(paths: AgentPaths) -> bool:
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the only fd that holds the lock lets it go
+    return True
+
+
+def test_a_committed_compaction_is_handed_on_once_the_agents_lock_is_free(
+    ws: AgentWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real transaction calls no one back: it returns what it archived and
+    # pruned, and the runner hands that to the stages after the commit. By then
+    # the agent's lock is free (a forget or prune waiting for it is not held up by
+    # indexing); the new archive is indexed, the agent's figures surveyed, the
+    # pruned archive logged and dropped from recall.
+    state = tmp_path / "state"
+    alice = ws.root / "agents" / "alice"
+    old = alice / "archive" / "history_2026-01-01_00-00-00.md"
+    old.parent.mkdir()
+    old.write_text("### Human — 2026-01-01T00:00:00\n\nthe ombrellino turn\n\n---\n\n")
+    for n in range(20):
+        append_entry(alice / "MEMORY.md", "Human", f"turn {n}: the tamarillo " + "word " * 40)
+    parts = Parts(tokenizer_factory=lambda _encoding: COUNTER)  # the real compaction
+    with (
+        built(ws, state, parts, retention={"max_archives": 1}) as s,
+        contextlib.ExitStack() as stack,
+    ):
+        s.recall.start(stack)
+        service = s.recall.service
+        assert service is not None
+        [entry, _bob] = s.load_agents()[0]
+        service.index.sync_agent(entry.paths)
+        assert service.index.search("alice", "ombrellino")
+        free_when_handed: list[bool] = []
+        survey = s.archives.archived
+
+        def surveyed(paths: AgentPaths) -> None:
+            free_when_handed.append(lock_is_free(paths))
+            survey(paths)
+
+        monkeypatch.setattr(s.archives, "archived", surveyed)
+        scheduler = FakeScheduler(Clock())
+        s.runner.start(scheduler)  # type: ignore[arg-type]
+        s.runner.evaluate(entry)
+        assert scheduler.run_queued() == 1
+        assert s.stats.compactions_ok == 1
+        # Surveyed twice: for the new archive, then after the prune.
+        assert free_when_handed == [True, True]
+        (archive,) = entry.paths.archive_dir.iterdir()
+        assert archive != old and entry.archives is not None and entry.archives.count == 1
+        assert service.index.search("alice", "tamarillo")[0].source == archive.name
+        assert service.index.search("alice", "ombrellino") == []
 
 
 def test_the_final_flush_cancels_queued_jobs(ws: AgentWorkspace, tmp_path: Path) -> None:

@@ -185,6 +185,7 @@ def build_services(
     compact: ScriptedCompaction,
     extra: dict[str, Any] | None = None,
     summarizer: Any = None,
+    after_commit: Any = None,
 ) -> Services:
     data = {k: dict(v) for k, v in CONFIG.items()}
     for key, value in (extra or {}).items():
@@ -217,6 +218,7 @@ def build_services(
         lambda _config, _count: summarizer,
         wake=hints.count_now,
         clock=clock,
+        after_commit=after_commit,
     )
     counter = CountService(
         config.trigger,
