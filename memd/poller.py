@@ -29,9 +29,12 @@ What keeps a pass cheap at 10,000 agents (figures in the README):
 
 A file that cannot be stat'ed (gone, a symlink loop, ``ESTALE``) counts as
 missing for that agent alone: the pass goes on for every other agent, and the
-daemon's count of it reports the problem. Changes are collected under the lock
-and reported after it is released. :meth:`StatPoller.poll_once` is one pass
-(tests call it directly, with a made-up clock).
+daemon's count of it reports the problem. A pass does its I/O without the
+watches' lock (on NFS it is a round trip per agent: ``watch``/``watched``
+never wait for it); only the pass thread opens and closes the files it
+holds, so an unwatched agent's are given back at the start of the next pass.
+Changes are reported after the pass. :meth:`StatPoller.poll_once` is one
+pass (tests call it directly, with a made-up clock).
 """
 
 from __future__ import annotations
@@ -190,7 +193,12 @@ class StatPoller:
         self._fd_budget = 0
         self._held = [0, 0]  # fds held, by kind
         self._passes = 0
-        self._lock = threading.Lock()
+        # Given back by the pass thread (the only one that uses them), at the
+        # start of its next pass: unwatched agents' held files, unpinned fds.
+        self._dropped: list[_Agent] = []
+        self._closing: list[int] = []
+        self._lock = threading.Lock()  # the watches; never held during a pass's I/O
+        self._pass_lock = threading.Lock()  # one pass at a time
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -206,9 +214,19 @@ class StatPoller:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
-        with self._lock:
-            self._unpin_root()
-            self._agents.clear()
+        # A pass stuck on a slow share keeps what it uses (a daemon thread, it
+        # ends with the process); otherwise every fd is given back now.
+        if not self._pass_lock.acquire(timeout=5):
+            _log.warning("poll pass still running at stop; its fds stay open")
+            return
+        try:
+            with self._lock:
+                self._unpin_root()
+                self._dropped.extend(self._agents.values())
+                self._agents.clear()
+            self._give_back()
+        finally:
+            self._pass_lock.release()
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -242,17 +260,23 @@ class StatPoller:
             raise NotADirectoryError(2, "no such folder", str(path))
         agent = _Agent(key, os.fsencode(path))
         with self._lock:
-            agent.name(self._root if self._root_fd is not None else None)
-            for file in (agent.memory, agent.descriptor):
-                file.seen = _signature(file.name, self._root_fd, False)
+            root, dir_fd = self._root, self._root_fd
+        agent.name(root if dir_fd is not None else None)
+        for file in (agent.memory, agent.descriptor):  # outside the lock: a round trip on NFS
+            file.seen = _signature(file.name, dir_fd, False)
+        with self._lock:
+            if self._root_fd != dir_fd:  # pinned or unpinned meanwhile
+                agent.name(self._root if self._root_fd is not None else None)
+            replaced = self._agents.get(key)
+            if replaced is not None:
+                self._dropped.append(replaced)
             self._agents[key] = agent
 
     def unwatch(self, key: str) -> None:
         with self._lock:
             agent = self._agents.pop(key, None)
             if agent is not None:
-                self._release(agent.memory)
-                self._release(agent.descriptor)
+                self._dropped.append(agent)  # its fds: given back by the next pass
 
     def watched(self) -> set[str]:
         with self._lock:
@@ -282,18 +306,32 @@ class StatPoller:
             agent.name(root)
 
     def _unpin_root(self) -> None:
-        """Forget ``agents/``: agents are stat'ed by full path, none held open."""
+        """Forget ``agents/`` (under the lock): agents are stat'ed by full path.
+
+        Its fd is closed by the next pass, not here: a pass may be using it.
+        Files held open stay so until their next path stat (none now on
+        agents/'s filesystem) gives them back.
+        """
         fd, self._root_fd = self._root_fd, None
         self._root = self._root_stat = None
         self._root_names = frozenset()
         self._root_dev = -1
         self._fd_budget = 0
         if fd is not None:
-            os.close(fd)
+            self._closing.append(fd)
             for agent in self._agents.values():
                 agent.name(None)
-                self._release(agent.memory)
-                self._release(agent.descriptor)
+
+    def _give_back(self) -> None:
+        """Close what was dropped since the last pass (the pass thread, or stop)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+            closing, self._closing = self._closing, []
+        for agent in dropped:
+            self._release(agent.memory)
+            self._release(agent.descriptor)
+        for fd in closing:
+            os.close(fd)
 
     def _release(self, file: _File) -> None:
         if file.release():
@@ -342,32 +380,40 @@ class StatPoller:
     # ---------------------------------------------------------------- a pass
 
     def poll_once(self) -> None:
-        """One pass: report what changed since the previous one."""
-        with self._lock:
-            self._passes += 1
+        """One pass: report what changed since the previous one.
+
+        The watches' lock is held only to take a snapshot and to record: a
+        pass of 10,000 round trips on NFS never blocks ``watch``/``watched``.
+        """
+        with self._pass_lock:
+            self._give_back()
             root_gone, names = self._poll_root()
-            agents = list(self._agents.values())
-            budget = self._fd_budget
+            with self._lock:
+                self._passes += 1
+                passes = self._passes
+                agents = list(self._agents.values())
+                dir_fd, budget = self._root_fd, self._fd_budget
             gone: list[str] = []
             changed: list[str] = []
             room = budget - self._held[_DESCRIPTOR]
-            for file in self._poll_files([a.memory for a in agents], self._passes, room):
+            memory = self._poll_files([a.memory for a in agents], passes, room, dir_fd)
+            for file in memory:
                 if file.seen is None and not os.path.isdir(file.agent.folder):
                     gone.append(file.agent.key)  # MEMORY.md gone with its folder
                 else:
                     changed.append(file.agent.key)
-            if self._passes % DESCRIPTOR_EVERY == 0:
+            if passes % DESCRIPTOR_EVERY == 0:
                 # MEMORY.md first: descriptors are held only while the budget
                 # keeps an fd for every agent's MEMORY.md (and given back when
                 # new agents need them).
-                turn = self._passes // DESCRIPTOR_EVERY
                 room = budget - len(agents)
                 files = [a.descriptor for a in agents]
-                for file in files:  # give back what new agents' MEMORY.md need
+                for file in files:
                     if self._held[_DESCRIPTOR] <= room:
                         break
                     self._release(file)
-                descriptors = self._poll_files(files, turn, room)
+                turn = passes // DESCRIPTOR_EVERY
+                descriptors = self._poll_files(files, turn, room, dir_fd)
                 changed.extend(f.agent.key for f in descriptors)
         if root_gone:
             self._agents_changed(None)
@@ -380,37 +426,49 @@ class StatPoller:
 
     def _poll_root(self) -> tuple[bool, list[str]]:
         """(agents/ went away or was replaced, the names that came or went in it)."""
-        root = self._root
+        with self._lock:
+            root, fd = self._root, self._root_fd
+            seen, settle_until = self._root_stat, self._root_settle_until
         if root is None:
             return False, []
         try:
             st = os.stat(root)  # the path, not the pinned fd: a replaced agents/ must show
         except OSError:
-            self._unpin_root()
-            return True, []
+            return self._root_lost(root, fd, repin=False)
         stat = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-        seen = self._root_stat
-        now = self._clock()
         if seen is not None and stat[0] != seen[0]:
-            self._unpin_root()
-            with contextlib.suppress(OSError):  # else unwatched: the next sync tries again
-                self._pin_root(root)
-            return True, []
+            return self._root_lost(root, fd, repin=True)
+        now = self._clock()
         if stat != seen:
-            self._root_stat = stat
-            self._root_settle_until = now + SETTLE_S
-        elif now >= self._root_settle_until:
+            settle_until = now + SETTLE_S
+        elif now >= settle_until:
             return False, []
         try:
             names = frozenset(os.listdir(os.fsdecode(root)))
         except OSError:
-            self._unpin_root()
-            return True, []
-        changes = sorted(names ^ self._root_names)
-        self._root_names = names
+            return self._root_lost(root, fd, repin=False)
+        with self._lock:
+            if self._root_fd != fd:
+                return False, []  # pinned again meanwhile: its own listing holds
+            changes = sorted(names ^ self._root_names)
+            self._root_stat, self._root_settle_until = stat, settle_until
+            self._root_names = names
         return False, changes
 
-    def _poll_files(self, files: list[_File], turn: int, room: int) -> list[_File]:
+    def _root_lost(self, root: bytes, fd: int | None, repin: bool) -> tuple[bool, list[str]]:
+        """agents/ went away (unwatched: the next sync watches it again) or was replaced."""
+        with self._lock:
+            if self._root_fd != fd:
+                return False, []  # re-pinned or unwatched meanwhile
+            self._unpin_root()
+            if repin:
+                with contextlib.suppress(OSError):  # else unwatched: the next sync tries again
+                    self._pin_root(root)
+        return True, []
+
+    def _poll_files(
+        self, files: list[_File], turn: int, room: int, dir_fd: int | None
+    ) -> list[_File]:
         """The files that changed (``seen`` updated), holding up to ``room`` of their kind open.
 
         A held file whose fstat shows the same ctime and size and one link is
@@ -418,7 +476,6 @@ class StatPoller:
         :data:`VERIFY_EVERY`-th held file, taking turns (``turn``), has its
         path stat'ed as well, whatever its fstat says.
         """
-        dir_fd = self._root_fd
         stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
         changed: list[_File] = []
         for file in files[turn % VERIFY_EVERY :: VERIFY_EVERY]:

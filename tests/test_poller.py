@@ -48,6 +48,10 @@ class Fleet:
 MakeFleet = Callable[..., Fleet]
 
 
+def make_plain_fleet(tmp_path: Path, *names: str) -> Fleet:
+    return Fleet(tmp_path, *names, fd_budget=0)
+
+
 @pytest.fixture(params=[0, 100], ids=["path-stat", "held-open"])
 def make_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> MakeFleet:
     """Fleets whose poller stats every path, or holds MEMORY.md files open."""
@@ -318,6 +322,7 @@ def test_a_removed_folder_gives_its_file_back(tmp_path: Path) -> None:
     fleet = held_fleet(bob, "bob")
     assert fleet.poller.held() == 1
     fleet.poller.unwatch("bob")
+    assert fleet.one_pass() == []  # the pass thread gives its fds back
     assert fleet.poller.held() == 0
 
 
@@ -394,3 +399,39 @@ def test_memory_files_come_before_descriptors_in_the_budget(tmp_path: Path) -> N
     bob = fleet.poller._agents["bob"]
     assert fleet.poller.held() == 2
     assert alice.memory.fd >= 0 and bob.memory.fd >= 0 and alice.descriptor.fd < 0
+
+
+def test_a_pass_never_blocks_the_watches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pass on NFS is one round trip per agent: watch(), watched() and
+    # unwatch() from the daemon's threads must not wait for it.
+    import threading
+
+    fleet = make_plain_fleet(tmp_path, "alice", "bob")
+    (fleet.agents / "bob" / "MEMORY.md").write_text("x")
+    gate = threading.Event()
+    in_pass = threading.Event()
+    real_stat = os.stat
+
+    def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if isinstance(path, bytes) and path.endswith(b"bob/MEMORY.md"):
+            in_pass.set()
+            gate.wait()  # a slow server
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", stat)
+    passing = threading.Thread(target=fleet.poller.poll_once)
+    passing.start()
+    fallback = threading.Timer(30, gate.set)  # never hang the suite
+    fallback.start()
+    try:
+        assert in_pass.wait(30)
+        (fleet.agents / "carol").mkdir()
+        fleet.poller.watch("carol", fleet.agents / "carol")
+        fleet.poller.unwatch("alice")
+        assert fleet.poller.watched() == {"bob", "carol"}
+        assert not gate.is_set()  # all of it while the pass was still waiting
+    finally:
+        gate.set()
+        fallback.cancel()
+        passing.join()
+    assert fleet.events == [("memory", "bob")]
