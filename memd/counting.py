@@ -35,6 +35,9 @@ from memd.errors import MemdError, NotARegularFile, describe_error
 from memd.fsutil import iter_range, read_range
 
 WINDOW_BYTES = 4096
+# An append this close to the last count is read in one go (window, old tail
+# and new bytes); larger stretches are read and fed block by block.
+ONE_READ_BYTES = 1 << 20
 
 
 class CountKind(StrEnum):
@@ -158,12 +161,22 @@ def _count_open(
         # Same size is not trusted on mtime alone (timestamps are coarse): the
         # window and the tail are re-read, which costs a few KB.
         if same_file and size >= old.size:
-            window = _read_exact(fd, previous.window_start, old.safe_offset)
-            if window is None:
-                return None
+            rest: bytes | None = None
+            if size - previous.window_start <= ONE_READ_BYTES:
+                # The usual append: window, old tail and new bytes in one read.
+                data = _read_exact(fd, previous.window_start, size)
+                if data is None:
+                    return None
+                split = old.safe_offset - previous.window_start
+                window, rest = data[:split], data[split:]
+            else:
+                window_read = _read_exact(fd, previous.window_start, old.safe_offset)
+                if window_read is None:
+                    return None
+                window = window_read
             if previous.window_digest is None or _digest(window) == previous.window_digest:
                 return _extend_open(
-                    fd, info, previous, window, count_bytes, max_piece_bytes, junction_cut
+                    fd, info, previous, window, count_bytes, max_piece_bytes, junction_cut, rest
                 )
     return _recount_open(fd, info, count_bytes, max_piece_bytes)
 
@@ -186,8 +199,10 @@ def _extend_open(
     count_bytes: CountBytes,
     max_piece_bytes: int,
     junction_cut: bool,
+    rest: bytes | None = None,
 ) -> tuple[TrackedCount, CountKind] | None:
-    """Count from ``previous`` on: the old tail and the appended bytes.
+    """Count from ``previous`` on: the old tail and the appended bytes (``rest``,
+    the file from the old safe offset to ``info.st_size``, when already read).
 
     With the old tail's digest, the tail is not tokenized again when it is
     unchanged and nothing was appended, or when the old end is a junction cut
@@ -199,7 +214,10 @@ def _extend_open(
     size = info.st_size
     start, recent = old, window
     if previous.tail_digest is not None and old.size > old.safe_offset and not old.open_run:
-        data = _read_exact(fd, old.safe_offset, min(size, old.size + 1))
+        if rest is not None:
+            data: bytes | None = rest[: min(size, old.size + 1) - old.safe_offset]
+        else:
+            data = _read_exact(fd, old.safe_offset, min(size, old.size + 1))
         if data is None:
             return None
         tail = data[: old.size - old.safe_offset]
@@ -233,8 +251,11 @@ def _extend_open(
         max_piece_bytes=max_piece_bytes,
         window_bytes=WINDOW_BYTES,
         recent=recent,
+        keep_entry_tail=start is not old,  # settled at a junction cut
     )
-    if not _feed(fd, counter, start.safe_offset, size):
+    if rest is not None:
+        counter.feed(rest[start.safe_offset - old.safe_offset :])
+    elif not _feed(fd, counter, start.safe_offset, size):
         return None
     state = counter.finish(old.dev, old.ino)
     kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED

@@ -116,14 +116,21 @@ _OPS = st.lists(
 )
 
 
+@pytest.mark.parametrize("one_read", [True, False])
 @pytest.mark.parametrize("junction_cut", [False, True])
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(ops=_OPS)
 def test_incremental_count_always_equals_a_full_recount(
-    tmp_path: Path, ops: list[tuple], junction_cut: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ops: list[tuple],
+    junction_cut: bool,
+    one_read: bool,
 ) -> None:
+    # one_read False: every append is read block by block, as a large one is.
+    monkeypatch.setattr("memd.counting.ONE_READ_BYTES", 1 << 20 if one_read else 0)
     path = tmp_path / "MEMORY.md"
     path.write_bytes(b"")
     tracked: TrackedCount | None = None
@@ -343,3 +350,39 @@ def test_a_tail_rewritten_in_place_is_counted_from_scratch(tmp_path: Path) -> No
     tracked, kind = count_file(path, tracked, COUNTER.count_bytes, junction_cut=True)
     assert kind is CountKind.RECOUNTED
     assert tracked.tokens == full(path)
+
+
+def test_a_complete_entry_after_a_junction_stays_the_tail_whole(tmp_path: Path) -> None:
+    # A tool's JSON output has no safe cut for kilobytes: the entry appended at
+    # a junction is kept whole as the tail (one tokenizer call, no search for a
+    # cut), and the next entry settles it with the tokens it has.
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "run the query please"))
+    calls: list[int] = []
+
+    def spy(data: bytes) -> int:
+        calls.append(len(data))
+        return COUNTER.count_bytes(data)
+
+    tracked, _ = count_file(path, None, spy, junction_cut=True)
+    dump = "Tool Output:\n" + "\n".join(
+        f'{{"id": {n}, "status": "done", "bytes": {n * 977}}}' for n in range(200)
+    )
+    for block in (entry("Tool", dump), entry("AI", "done: 200 rows")):
+        before = path.stat().st_size
+        with path.open("ab") as f:
+            f.write(block)
+        calls.clear()
+        tracked, kind = count_file(path, tracked, spy, junction_cut=True)
+        assert kind is CountKind.APPENDED and tracked.tokens == full(path)
+        assert tracked.state.safe_offset == before  # the whole entry is the tail
+        assert calls == [len(block)]  # tokenized once, in one call
+    # Bytes that do not start an entry: the kept tail is tokenized once more,
+    # then cut as usual (a small tail again).
+    with path.open("ab") as f:
+        f.write(b"a line that is no entry\n")
+    calls.clear()
+    tracked, _ = count_file(path, tracked, spy, junction_cut=True)
+    assert tracked.tokens == full(path)
+    assert sum(calls) <= len(entry("AI", "done: 200 rows")) + 24
+    assert path.stat().st_size - tracked.state.safe_offset < 24

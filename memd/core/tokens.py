@@ -141,6 +141,11 @@ def safe_chunk_bounds(data: bytes, target: int) -> list[tuple[int, int]]:
     return bounds
 
 
+# How every entry block ends (DESIGN.md §1), and the largest unsettled tail of
+# whole entries a count keeps (PieceCounter's keep_entry_tail).
+ENTRY_TERMINATOR: Final = b"\n\n---\n\n"
+KEEP_TAIL_MAX_BYTES: Final = 64 << 10
+
 # Encodings for which :func:`is_junction_cut` holds (proof in its docstring).
 JUNCTION_CUT_ENCODINGS: Final = frozenset({"cl100k_base", "o200k_base"})
 
@@ -286,8 +291,10 @@ class PieceCounter:
         estimated: bool = False,
         open_run: bool = False,
         recent: bytes = b"",
+        keep_entry_tail: bool = False,
     ) -> None:
         self._count_bytes = count_bytes
+        self._keep_entry_tail = keep_entry_tail
         self._max_piece = max(1, max_piece_bytes)
         self._window = window_bytes
         self.offset = offset
@@ -308,8 +315,14 @@ class PieceCounter:
         max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
         window_bytes: int = 4096,
         recent: bytes = b"",
+        keep_entry_tail: bool = False,
     ) -> PieceCounter:
-        """Continue ``state`` from its safe offset (feed the bytes from there on)."""
+        """Continue ``state`` from its safe offset (feed the bytes from there on).
+
+        ``keep_entry_tail``: the bytes fed start an entry right after a junction
+        cut (:func:`is_junction_cut`), for an encoding where that cut holds; when
+        they end with a complete entry, :meth:`finish` keeps them all as the tail.
+        """
         return cls(
             count_bytes,
             max_piece_bytes=max_piece_bytes,
@@ -319,6 +332,7 @@ class PieceCounter:
             estimated=state.estimated,
             open_run=state.open_run,
             recent=recent,
+            keep_entry_tail=keep_entry_tail,
         )
 
     def _settle(self, piece: bytes, *, estimate: bool) -> None:
@@ -372,6 +386,17 @@ class PieceCounter:
                 buf = buf[found:]
         if self.open_run:
             tail_tokens = upper_bound(buf) if buf else 0
+        elif (
+            self._keep_entry_tail
+            and len(buf) <= KEEP_TAIL_MAX_BYTES
+            and buf.endswith(ENTRY_TERMINATOR)
+        ):
+            # Whole entries, the next of which will start at a junction cut
+            # (then these tokens settle as they are): no search for the last
+            # safe cut, which in a tool's JSON output (no cut for kilobytes)
+            # cost as much as tokenizing it. Bounded: should the next bytes
+            # not start an entry, this tail is tokenized once more, at most.
+            tail_tokens = self._count_bytes(buf) if buf else 0
         else:
             cut = last_safe_boundary(buf)
             if cut:
