@@ -153,28 +153,59 @@ def extract_facts(text: str) -> list[Fact]:
     Facts inside a marked line are not pinned again on their own: the line
     already keeps them.
     """
+    return _extract_facts(text, screen=True)
+
+
+# What every match of a pattern holds: a pattern runs only over text that has it
+# (a plain find, or one scan for a digit), which is most of the time saved on a
+# turn with no path, URL or version in it. Screening never changes the facts.
+_DIGIT_RE: Final = re.compile(r"\d")
+_PREFERENCE_WORDS: Final = ("prefer", "always want", "never want", "would rather")
+
+
+def _preference_possible(text: str) -> bool:
+    # IGNORECASE matches some non-ASCII letters to ASCII ones (the long s, the
+    # Kelvin sign): only ASCII text is screened by its lower case.
+    if not text.isascii():
+        return True
+    lowered = text.lower()
+    return any(word in lowered for word in _PREFERENCE_WORDS)
+
+
+def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
+    """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
+    (the reference the screened run is tested against)."""
     found: list[Fact] = []
     marked: list[str] = []
-    for match in _MARKED_LINE_RE.finditer(text):
-        line = re.sub(r"^[ \t]*(?:[-*>+][ \t]*)*", "", match.group(0)).strip()
-        marked.append(line)
-        found.append(Fact("marked", _clean(line)))
-    for match in _PREFERENCE_RE.finditer(text):
-        sentence = match.group(0).strip()
-        if sentence and not any(sentence in line for line in marked):
-            marked.append(sentence)
-            found.append(Fact("marked", _clean(sentence)))
+    if not screen or ":" in text:
+        for match in _MARKED_LINE_RE.finditer(text):
+            line = re.sub(r"^[ \t]*(?:[-*>+][ \t]*)*", "", match.group(0)).strip()
+            marked.append(line)
+            found.append(Fact("marked", _clean(line)))
+    if not screen or _preference_possible(text):
+        for match in _PREFERENCE_RE.finditer(text):
+            sentence = match.group(0).strip()
+            if sentence and not any(sentence in line for line in marked):
+                marked.append(sentence)
+                found.append(Fact("marked", _clean(sentence)))
     rest = text
     for line in marked:
         rest = rest.replace(line, " ")
-    for match in _CODE_SPAN_RE.finditer(rest):
-        found.append(Fact("command", f"`{_clean(match.group(1))}`"))
-    for match in _SHELL_LINE_RE.finditer(rest):
-        found.append(Fact("command", f"`{_clean(match.group(1))}`"))
+    code = not screen or "`" in rest
+    if code:
+        for match in _CODE_SPAN_RE.finditer(rest):
+            found.append(Fact("command", f"`{_clean(match.group(1))}`"))
+    if not screen or "$ " in rest:
+        for match in _SHELL_LINE_RE.finditer(rest):
+            found.append(Fact("command", f"`{_clean(match.group(1))}`"))
     # URLs first, then blank them out so their paths and hosts are not pinned twice.
-    for match in _URL_RE.finditer(rest):
-        found.append(Fact("url", _clean(match.group(0))))
-    plain = _URL_RE.sub(" ", _CODE_SPAN_RE.sub(" ", rest))
+    urls = not screen or "://" in rest
+    if urls:
+        for match in _URL_RE.finditer(rest):
+            found.append(Fact("url", _clean(match.group(0))))
+    plain = _CODE_SPAN_RE.sub(" ", rest) if code else rest
+    plain = _URL_RE.sub(" ", plain) if urls else plain
+    digits = not screen or _DIGIT_RE.search(plain) is not None
     for kind, pattern in (
         ("path", _PATH_RE),
         ("date", _DATE_RE),
@@ -182,11 +213,24 @@ def extract_facts(text: str) -> list[Fact]:
         ("identifier", _IDENTIFIER_RE),
         ("quantity", _QUANTITY_RE),
     ):
+        if kind == "path":
+            possible = not screen or "/" in plain
+        elif kind == "version":
+            possible = digits and (not screen or "." in plain)
+        elif kind == "identifier":
+            possible = digits or not screen or "." in plain
+        else:
+            possible = digits  # a date, a quantity: each has a digit
+        if not possible:
+            continue
         for match in pattern.finditer(plain):
             found.append(Fact(kind, _clean(match.group(0))))
         if kind in {"path", "date", "version"}:
             # A date is not also a quantity, a version not also a hostname.
-            plain = pattern.sub(" ", plain)
+            blanked = pattern.sub(" ", plain)
+            if blanked != plain:
+                plain = blanked
+                digits = not screen or _DIGIT_RE.search(plain) is not None
     seen: set[str] = set()
     unique: list[Fact] = []
     for fact in found:

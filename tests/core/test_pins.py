@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memd.core.pins import (
     Pin,
@@ -116,3 +118,53 @@ def test_budget_evicts_lowest_value_kinds_first_then_oldest() -> None:
     assert [p.kind for p in section.pins] == ["date", "command", "marked"]
     assert word_count(section.text) <= full - 3
     assert fit_pins(pins, 0, word_count).evicted == 4
+
+
+_FACT_FRAGMENTS = st.sampled_from(
+    [
+        "Remember: ",
+        "note:",
+        "I prefer ",
+        "I always want ",
+        "i would rather",
+        "I alwayſ want",  # a long s: IGNORECASE matches it to "s"
+        "I PREFER",
+        "\u212a",
+        "`make test`",
+        "\n$ ls -la /tmp\n",
+        "https://example.com/a/b",
+        "/etc/memd/memd.toml",
+        "src/app.py",
+        "2026-03-02",
+        "March 3, 2026",
+        "v1.2.3",
+        "1.2.3-rc1",
+        "JIRA-1234",
+        "deadbeef1234",
+        "db.internal",
+        "10.0.0.1",
+        "250 ms",
+        "$30k",
+        "\u0663\u0664",  # Arabic-Indic digits: \\d matches them
+        ".",
+        "/",
+        "-",
+        ":",
+        "`",
+        " ",
+        "\n",
+        "turn 7",
+        "words",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    parts=st.lists(st.one_of(_FACT_FRAGMENTS, _FACT_FRAGMENTS, st.text(max_size=8)), max_size=20)
+)
+def test_screening_the_patterns_never_changes_the_facts(parts: list[str]) -> None:
+    from memd.core.pins import _extract_facts
+
+    text = "".join(parts)
+    assert _extract_facts(text, screen=True) == _extract_facts(text, screen=False)
