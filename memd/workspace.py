@@ -38,7 +38,15 @@ class AgentPaths:
     (pathlib's joins were most of a restart's time).
     """
 
-    __slots__ = ("_archive_dir", "_memory", "_private_dir", "agent", "dir", "workspace")
+    __slots__ = (
+        "_archive_dir",
+        "_memory",
+        "_memory_str",
+        "_private_dir",
+        "agent",
+        "dir",
+        "workspace",
+    )
 
     def __init__(
         self,
@@ -55,6 +63,7 @@ class AgentPaths:
         self._memory = memory
         self._archive_dir = archive_dir
         self._private_dir = private_dir
+        self._memory_str: str | None = None
 
     @property
     def memory(self) -> Path:
@@ -75,10 +84,17 @@ class AgentPaths:
         return self._private_dir
 
     def memory_fspath(self) -> str:
-        """``str(self.memory)`` without making the ``Path`` (a stat per agent at start-up)."""
-        if self._memory is not None:
-            return os.fspath(self._memory)
-        return f"{os.fspath(self.dir)}/{MEMORY_FILE}"
+        """``str(self.memory)`` without making the ``Path`` (a stat per agent at
+        start-up, twice: made once)."""
+        text = self._memory_str
+        if text is None:
+            memory = self._memory
+            if memory is not None:
+                text = os.fspath(memory)
+            else:
+                text = f"{os.fspath(self.dir)}/{MEMORY_FILE}"
+            self._memory_str = text
+        return text
 
     def _key(self) -> tuple[Path, str, Path, Path, Path, Path]:
         return (

@@ -368,7 +368,12 @@ class CountService:
         if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
         # Nothing to write back, unless the folder was listed anew (its facts change).
-        entry.dirty = entry.folder != record.folder
+        folder = entry.folder
+        entry.dirty = ((folder.ino, folder.ctime_ns, folder.entries) if folder else (0, 0, 0)) != (
+            record.folder_ino,
+            record.folder_ctime_ns,
+            record.folder_entries,
+        )
         return True
 
     def initial_count(
