@@ -78,7 +78,6 @@ ERASE_CHECKPOINTS = (
 )
 
 Checkpoint = Callable[[str], None]
-CommittedHook = Callable[[AgentPaths], None]
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -99,8 +98,6 @@ class EraseOptions:
     # [privacy] encrypt_archives: a crashed compaction recovered first keeps its
     # old file as an encrypted archive, as the compaction itself would.
     encrypting: bool = False
-    # Called under the agent's lock once the erasure is committed (the recall index).
-    on_committed: CommittedHook | None = None
 
 
 @dataclass(slots=True)
@@ -376,7 +373,8 @@ def erase_by_pattern(
     """Remove what ``pattern`` matches from MEMORY.md and every archive of the agent.
 
     Raises LockTimeout, EraseRefused or CompactionAborted; in each case before
-    the commit, every file is as it was.
+    the commit, every file is as it was. The caller re-indexes a committed
+    erasure (``outcome.removed``) once this returned: it calls no one back.
     """
     opts = options or EraseOptions()
     hook = checkpoint or _no_checkpoint
@@ -430,8 +428,6 @@ def _erase_locked(
         raise
     finally:
         txn.close()
-    if opts.on_committed is not None and txn.outcome.removed:
-        opts.on_committed(pinned.paths)
     return txn.outcome
 
 

@@ -350,8 +350,10 @@ def _forget_matching(
     notes = [recall_note] if recall_note else []
 
     def reindex(committed: AgentPaths) -> None:
-        # Under the agent's lock: the rewritten files are indexed afresh and the
-        # index file scrubbed, so no matched text stays in its bytes.
+        # The rewritten files are indexed afresh and the index file scrubbed, so
+        # no matched text stays in its bytes. After the agent's lock is let go:
+        # rows read from a file are written only while it is the file read (a
+        # sync racing this one cannot write the erased text back).
         nonlocal index_rows
         if recall is None:
             return
@@ -369,12 +371,13 @@ def _forget_matching(
         drain_max_s=compaction.drain_max_s,
         key_file=Path(key_file).expanduser() if key_file else None,
         encrypting=loaded.config.privacy.encrypt_archives,
-        on_committed=reindex,
     )
     directory = state_dir_of(loaded, state_dir)
     try:
         with as_owner_of(directory):  # as memd, like `forget AGENT --yes`
             outcome = erase_by_pattern(paths, pattern, options)
+            if outcome.removed:
+                reindex(paths)
     finally:
         if recall is not None:
             recall.close()
