@@ -318,35 +318,41 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
 # -------------------------------------------------------------------- (c) idle
 
 
-def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
-    """Each thread of ``pid``: tid -> (its kernel name, user + system clock ticks).
-    ``memd run`` names its threads (memd/threads.py), so comm tells them apart."""
-    found: dict[int, tuple[str, int]] = {}
+def thread_times(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of ``pid``: tid -> (its kernel name, CPU seconds so far). ``memd
+    run`` names its threads (memd/threads.py), so comm tells them apart. The time is
+    the scheduler's nanoseconds on a CPU (schedstat): stat's 10 ms ticks, rounded
+    down per thread, would lose more than a quiet thread spends in 35 s."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            try:
+                seconds = int((task / "schedstat").read_text().split()[0]) / 1e9
+            except FileNotFoundError:  # a kernel without schedstat: ticks
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick
         except (FileNotFoundError, ProcessLookupError):
             continue  # ended meanwhile
-        found[int(task.name)] = (name, int(fields[11]) + int(fields[12]))
+        found[int(task.name)] = (name, seconds)
     return found
 
 
 def thread_cpu_shares(
-    before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], seconds: float
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
 ) -> dict[str, float]:
     """% of a core per thread name (threads of one name summed) between two snapshots."""
-    tick = os.sysconf("SC_CLK_TCK")
     shares: dict[str, float] = {}
-    for tid, (name, ticks) in after.items():
-        spent = ticks - before.get(tid, (name, 0))[1]
-        shares[name] = shares.get(name, 0.0) + spent / tick / seconds * 100
+    for tid, (name, spent) in after.items():
+        spent -= before.get(tid, (name, 0.0))[1]
+        shares[name] = shares.get(name, 0.0) + spent / seconds * 100
     return shares
 
 
-def describe_threads(snapshot: dict[int, tuple[str, int]]) -> str:
+def describe_threads(snapshot: dict[int, tuple[str, float]]) -> str:
     counts: dict[str, int] = {}
-    for name, _ticks in snapshot.values():
+    for name, _seconds in snapshot.values():
         counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items()))
 
@@ -378,10 +384,10 @@ def part_idle(agents: int, idle_seconds: float) -> None:
         cold_sync_process_cpu = first.cpu() - cpu_ready
         time.sleep(3)  # settle (the state flush after the pass)
         cpu0 = first.cpu()
-        threads0 = thread_ticks(first.proc.pid)
+        threads0 = thread_times(first.proc.pid)
         t0 = time.monotonic()
         time.sleep(idle_seconds)
-        threads1 = thread_ticks(first.proc.pid)
+        threads1 = thread_times(first.proc.pid)
         elapsed = time.monotonic() - t0
         idle_cpu = (first.cpu() - cpu0) / elapsed * 100
         shares = thread_cpu_shares(threads0, threads1, elapsed)
@@ -396,7 +402,7 @@ def part_idle(agents: int, idle_seconds: float) -> None:
         second.stop()
         load_after = load_average()
         by_thread = ", ".join(
-            f"{name} {share:.2f}"
+            f"{name} {share:.3f}"
             for name, share in sorted(shares.items(), key=lambda item: (-item[1], item[0]))
         )
         print(
