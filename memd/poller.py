@@ -85,7 +85,7 @@ _DESCRIPTOR_NAME = os.fsencode(DESCRIPTOR_NAME)
 
 
 def default_fd_budget(root: Path) -> int:
-    """How many MEMORY.md files a poller of ``root`` may hold open.
+    """How many files (MEMORY.md, descriptors) a poller of ``root`` may hold open.
 
     None off :data:`LOCAL_FILESYSTEMS`; there, a share of the soft
     ``RLIMIT_NOFILE`` that leaves a quarter of it, and at least 1,024 fds, to
@@ -177,7 +177,7 @@ class StatPoller:
         clock: Callable[[], float] = time.monotonic,
         fd_budget: int | None = None,
     ) -> None:
-        """``fd_budget``: MEMORY.md files held open at most (None: :func:`default_fd_budget`)."""
+        """``fd_budget``: files held open at most (None: :func:`default_fd_budget`)."""
         self._agents_changed = agents_changed
         self._memory_changed = memory_changed
         self._interval_s = interval_s
