@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -232,10 +233,22 @@ def test_stop_closes_the_pinned_folder_and_every_held_file(make_fleet: MakeFleet
     for name in ("alice", "bob"):
         (fleet.agents / name / "MEMORY.md").write_text("x")
     fleet.one_pass()
-    held = fleet.poller.held()
-    before = set(os.listdir("/proc/self/fd"))
+
+    def ours() -> set[str]:
+        """What this process has open under the fleet's agents/ (itself included)."""
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target.startswith(os.path.realpath(fleet.agents)):
+                    found.add(target)
+        return found
+
+    agents = os.path.realpath(fleet.agents)
+    held = {os.path.join(agents, name, "MEMORY.md") for name in ("alice", "bob")}
+    assert ours() == {agents} | (held if fleet.poller.held() else set())
     fleet.poller.stop()
-    assert len(before - set(os.listdir("/proc/self/fd"))) == 1 + held
+    assert ours() == set()
     assert not fleet.poller.root_watched() and fleet.poller.watched() == set()
     assert fleet.poller.held() == 0
 
