@@ -59,6 +59,7 @@ class HintKind(StrEnum):
     MEMORY = "memory"  # the agent's MEMORY.md changed: count after the debounce
     AGENTS = "agents"  # something changed in agents/: reconcile the agent set
     COUNT_NOW = "count_now"  # count the agent at once (a wake-up, a new agent)
+    RECONCILE = "reconcile"  # the periodic sweep is due: rescan agents, stat every MEMORY.md
     WAKE = "wake"  # nothing to do: wake the service thread (shutdown)
 
 
@@ -90,6 +91,10 @@ class HintSink:
 
     def count_now(self, agent: str) -> None:
         self._inbox.put(Hint(HintKind.COUNT_NOW, agent, self._clock()))
+
+    def reconcile_due(self) -> None:
+        """The periodic job's tick: the sweep itself runs on the count thread."""
+        self._inbox.put(Hint(HintKind.RECONCILE, None, self._clock()))
 
 
 def _appends_could_reach(entry: AgentEntry) -> bool:
@@ -152,8 +157,9 @@ class CountService:
         self._debouncer: Debouncer[str] = _new_debouncer(trigger)
         self._count_now: set[str] = set()
         self._rescan = False
+        self._reconcile_due = False
         self._flush_pending = False  # counts changed since the last live flush
-        self._state_lock = threading.Lock()  # debouncer, count_now, rescan
+        self._state_lock = threading.Lock()  # debouncer, count_now, rescan, reconcile_due
         self._thread: threading.Thread | None = None
         self._stopping = False
         # Agents whose first count runs in the background (count_later).
@@ -201,6 +207,8 @@ class CountService:
         with self._state_lock:
             if hint.kind is HintKind.AGENTS:
                 self._rescan = True
+            elif hint.kind is HintKind.RECONCILE:
+                self._reconcile_due = True
             elif hint.kind is HintKind.COUNT_NOW and hint.name is not None:
                 self._count_now.add(hint.name)
             elif hint.kind is HintKind.MEMORY and hint.name is not None:
@@ -233,7 +241,11 @@ class CountService:
                 # Counted in the background, then requested again: not here meanwhile.
                 due = [name for name in due if name not in self._counting_later]
             rescan, self._rescan = self._rescan, False
-        if rescan:
+            reconcile, self._reconcile_due = self._reconcile_due, False
+        if reconcile and not self._stopping:
+            # On this thread, like every other count: never beside a tick.
+            self._reconcile()
+        elif rescan:
             self.reconcile_agents()
         counted: list[AgentEntry] = []
         for name in due:
@@ -279,16 +291,15 @@ class CountService:
 
     # -------------------------------------------------------------- reconcile
 
-    def reconcile(self) -> None:
-        """The source of truth (a periodic job): rescan agents and stat every MEMORY.md."""
-        if self._stopping:
-            return
+    def _reconcile(self) -> None:
+        """The source of truth (a ``reconcile`` hint, put by the periodic job): rescan
+        agents and stat every MEMORY.md."""
         try:
-            self._reconcile()
+            self._sweep()
         except Exception:
             _log.exception("reconcile failed")
 
-    def _reconcile(self) -> None:
+    def _sweep(self) -> None:
         self.reconcile_agents()
         now = time.time()
         for entry in self._registry.agents().values():

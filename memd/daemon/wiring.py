@@ -264,7 +264,8 @@ class Services:
             self._config = config
         assert self.scheduler is not None
         watch, daemon = self._config.watch, self._config.daemon
-        self.scheduler.every("reconcile", watch.reconcile_s, self.counter.reconcile)
+        # The timer only: the sweep runs on the count thread (its hint, like a watcher's).
+        self.scheduler.every("reconcile", watch.reconcile_s, self.counter.sink.reconcile_due)
         self.scheduler.every("state-flush", daemon.state_flush_s, self.runner.flush)
         # Soon after start (agents restored without figures are listed), then
         # with the reconcile: what compact-now, forget and prune did meanwhile.

@@ -228,6 +228,23 @@ def test_agents_hint_reconciles_the_agent_set(tmp_path: Path) -> None:
     assert set(s.registry.agents()) == {"bob"}
 
 
+def test_the_periodic_reconcile_is_a_hint_swept_by_the_tick(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    memory = s.fill("alice", 3)  # written with no watcher event (a lost one)
+    ws.create_agent("bob", entries=2)  # nor this one
+    published = s.registry.rescans.number
+    # The periodic job's task only queues: no rescan, no stat on the scheduler's thread.
+    s.counter.sink.reconcile_due()
+    assert s.registry.rescans.number == published and "bob" not in s.registry.agents()
+    s.counter.tick(s.clock.now)  # the sweep, on the count thread: rescan, stat, ask
+    assert s.registry.rescans.number == published + 1 and "bob" in s.registry.agents()
+    s.counter.tick(s.clock.now)  # the counts it asked for
+    assert s.tokens("alice") == full(memory)
+    assert s.tokens("bob") == full(ws.root / "agents/bob/MEMORY.md") > 0
+
+
 def test_counts_reach_the_state_db_on_change_batched(tmp_path: Path) -> None:
     from memd.daemon.flusher import LIVE_FLUSH_S
     from memd.state import StateStore
