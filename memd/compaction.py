@@ -119,7 +119,6 @@ from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
 
-LOCK_NAME = "lock"
 _NEWEST_ARCHIVE = "history_9999-12-31_23-59-59_999999.md"
 JOURNAL_NAME = "journal"
 DRAIN_NAME = "drain.md"

@@ -109,7 +109,6 @@ class EraseOutcome:
     archives: int = 0  # archives rewritten (a match removed)
     resealed: int = 0  # encrypted archives sealed under the new data key
     memory: bool = False  # MEMORY.md rewritten
-    drained_bytes: int = 0
 
     @property
     def removed(self) -> int:
@@ -346,7 +345,7 @@ class _Erase:
         os.fsync(pinned.memory_dir_fd)
         self.checkpoint("replaced")
         opts = self.options
-        self.outcome.drained_bytes = _drain(
+        _drain(
             pinned,
             journal,
             self.new_fd,

@@ -145,16 +145,6 @@ def read_to_end(fd: int) -> bytes:
     return b"".join(iter_range(fd, 0))
 
 
-def sha256_prefix(fd: int, length: int) -> str:
-    """sha256 of the first ``length`` bytes; "" when the file is shorter."""
-    digest = hashlib.sha256()
-    seen = 0
-    for chunk in iter_range(fd, 0, length):
-        digest.update(chunk)
-        seen += len(chunk)
-    return digest.hexdigest() if seen == length else ""
-
-
 class AgentLock:
     """The per-agent compaction lock: ``flock`` on a file that is never renamed.
 

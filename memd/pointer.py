@@ -50,7 +50,6 @@ class StatePointer:
     # Settings the daemon applied over its config (``memd run --demo``).
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     pid: int | None = None
-    owner_uid: int = 0
 
 
 def pointer_path(workspace: Path) -> Path:
@@ -131,10 +130,10 @@ def read_pointer(workspace: Path, *, euid: int | None = None) -> StatePointer | 
         raw = os.read(fd, _MAX_BYTES + 1)
     finally:
         os.close(fd)
-    return _parse(path, raw, info.st_uid)
+    return _parse(path, raw)
 
 
-def _parse(path: Path, raw: bytes, owner: int) -> StatePointer:
+def _parse(path: Path, raw: bytes) -> StatePointer:
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -168,7 +167,6 @@ def _parse(path: Path, raw: bytes, owner: int) -> StatePointer:
         config=Path(config) if config else None,
         settings=settings,
         pid=pid if isinstance(pid, int) else None,
-        owner_uid=owner,
     )
 
 

@@ -34,7 +34,6 @@ Task = Callable[..., Any]
 
 class JobScheduler:
     def __init__(self, *, compaction_slots: int, periodic_workers: int = 2) -> None:
-        self.compaction_slots = compaction_slots
         self._scheduler = BackgroundScheduler(
             executors={
                 # Thread names (memd-periodic_0, memd-compact_0, ...) show in

@@ -230,7 +230,6 @@ _AGENT_TABLES = ("agents", "ledger", "file_counts")
 # `memd status` straight from the DB. "Needs attention" first: failing, over
 # its threshold, compacting, estimated; then by how full, then by name.
 StatusSort = Literal["attention", "name", "tokens", "used", "archives"]
-STATUS_SORTS: tuple[StatusSort, ...] = ("attention", "name", "tokens", "used", "archives")
 _FAILING = "state IN ('error', 'breaker_open')"
 _COMPACTING = "state IN ('running', 'pending')"
 _USED = "(tokens * 1.0 / max(threshold_tokens, 1))"
@@ -272,7 +271,7 @@ _TOTALS = (
     "SELECT count(*), total(tokens),"  # noqa: S608  (constant fragments)
     f" total(tokens >= threshold_tokens AND threshold_tokens > 0), total({_FAILING}),"
     f" total({_COMPACTING}), total(estimated != 0), total(archives),"
-    " total(archive_bytes), total(archives IS NULL) FROM agents"
+    " total(archive_bytes) FROM agents"
 )
 
 
@@ -285,7 +284,6 @@ class FleetTotals(NamedTuple):
     estimated: int
     archives: int
     archive_bytes: int
-    unsurveyed: int  # rows whose archives the daemon has not surveyed yet
 
 
 class StatusRow(NamedTuple):
@@ -1404,7 +1402,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "SCHEMA_VERSION",
-    "STATUS_SORTS",
     "STOPPED_DETAIL",
     "AgentRecord",
     "FileKey",

@@ -543,11 +543,6 @@ class Watcher:
         else:
             self._failed.pop(key, None)
 
-    def unwatch(self, agent: str) -> None:
-        backend = self._backend
-        if backend is not None:
-            backend.unwatch(agent)
-
 
 __all__ = [
     "ROOT_KEY",

@@ -129,10 +129,6 @@ class AgentPaths:
         return self.private_dir / "journal"
 
     @property
-    def drain_link(self) -> Path:
-        return self.private_dir / "drain.md"
-
-    @property
     def new_memory_temp(self) -> Path:
         return self.private_dir / "MEMORY.md.new"
 

@@ -53,7 +53,6 @@ def test_written_and_read_back_whatever_the_umask(workspace: Path, tmp_path: Pat
         config=config,
         settings={"trigger": {"context_length": 4000}},
         pid=os.getpid(),
-        owner_uid=os.geteuid(),
     )
     data = json.loads(path.read_text())
     assert (data["format"], data["version"]) == ("memd-state-pointer", 1)

@@ -417,7 +417,6 @@ def totals_of(rows: Sequence[AgentStatus]) -> FleetTotals:
         estimated=sum(1 for r in rows if r.estimated),
         archives=sum(r.archives for r in rows),
         archive_bytes=sum(r.archive_bytes or 0 for r in rows),
-        unsurveyed=0,
     )
 
 

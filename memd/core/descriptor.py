@@ -32,7 +32,6 @@ CONTEXT_LENGTH_MIN: Final = 1_024
 CONTEXT_LENGTH_MAX: Final = 10_000_000
 #: The agent may reserve at most this share of its window; the rest is memory.
 RESERVED_MAX_SHARE: Final = 0.5
-SOURCE: Final = DESCRIPTOR_NAME
 
 
 class DescriptorError(ValueError):

@@ -27,7 +27,6 @@ from typing import Final, Literal
 
 Category = Literal["credential", "pii"]
 
-CREDENTIAL: Final = "credential"
 PII: Final = "pii"
 # What a redaction leaves behind: ``[REDACTED:kind#3f9a1c]``.  Never re-detected.
 PLACEHOLDER_RE: Final = re.compile(r"\[REDACTED:[a-z0-9_]+(?:#[0-9a-f]{4,16})?\]")
@@ -429,7 +428,6 @@ def replace_spans(text: str, spans: Sequence[Span], replacement: Callable[[Span,
 
 
 __all__ = [
-    "CREDENTIAL",
     "PII",
     "PLACEHOLDER_RE",
     "Span",

@@ -258,12 +258,6 @@ class RecallIndex:
         return index
 
     @classmethod
-    def in_memory(cls) -> RecallIndex:
-        index = cls(_connect(":memory:"), None)
-        index._prepare()
-        return index
-
-    @classmethod
     def _rebuilt_after_corruption(cls, path: Path, exc: sqlite3.DatabaseError) -> RecallIndex:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         moved = path.with_name(f"{path.name}.corrupt-{stamp}")
