@@ -220,6 +220,7 @@ def measure(
                 drain_max_s=1.0,
                 summary_max_tokens=size // 4,
                 keep_recent_tokens=keep_recent,
+                entries_add_up=True,  # cl100k_base, as from_config sets it
                 key_file=key_file,
             )
             PINNING.seconds = REDACTION.seconds = 0.0

@@ -72,7 +72,7 @@ from memd.core.plan import (
     IDLE_PHASE,
     RecoveryAction,
     has_compactable,
-    kept_tail_start,
+    kept_tail,
     landed_prefix,
     may_exceed_cap,
     recovery_action,
@@ -90,6 +90,7 @@ from memd.core.summary_block import (
     version_line,
 )
 from memd.core.summary_plan import BudgetError, is_degenerate
+from memd.core.tokens import JUNCTION_CUT_ENCODINGS
 from memd.counting import TrackedCount, count_data, count_fd
 from memd.errors import (
     CompactionAborted,
@@ -186,6 +187,11 @@ class CompactionOptions:
     # The newest whole turns up to this many tokens stay verbatim after the
     # summary block (archived at a later compaction); 0 keeps none.
     keep_recent_tokens: int = 0
+    # The count of entries side by side is the sum of their counts (a newline then
+    # "#" is a pre-token boundary: core.tokens.is_junction_cut, cl100k_base and
+    # o200k_base): the turns kept verbatim are then not tokenized a second time
+    # for the new file's count.
+    entries_add_up: bool = False
     # [privacy] encrypt_archives: the master key file (read at each job, so a
     # rotated key file is picked up without a restart); None writes plain archives.
     key_file: Path | None = None
@@ -225,6 +231,7 @@ class CompactionOptions:
             else None
         )
         return cls(
+            entries_add_up=config.tokenizer.encoding in JUNCTION_CUT_ENCODINGS,
             key_file=key_file,
             lock_wait_s=config.compaction.lock_wait_s,
             drain_quiet_s=config.compaction.drain_quiet_s,
@@ -529,6 +536,8 @@ class _Transaction:
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
         self.produced = b""  # header + summary + what the snapshot held past N
+        self.produced_head = 0  # of which the header and the summary block
+        self.produced_kept = 0  # and then the turns kept verbatim
         self.privacy = options.privacy or Privacy(process_key())
         self.reply_redacted = 0
         self.master: MasterKey | None = None
@@ -828,6 +837,8 @@ class _Transaction:
         # Everything the job made from its snapshot: the raw bytes it kept
         # (cut..N, and what the snapshot held past N) included.
         self.produced = new_header + summary + snap.data[cut : snap.boundary] + tail[:from_snapshot]
+        self.produced_head = len(new_header) + len(summary)
+        self.produced_kept = snap.boundary - cut
         self.new_fd = create_file_at(
             private_fd,
             NEW_MEMORY_TEMP,
@@ -1091,10 +1102,10 @@ def _compact_locked(
             snap = txn.take_snapshot()
             # The newest turns stay verbatim (an operator's --summary replaces
             # everything, as given): bytes 0..K are compacted, K..N carried.
-            kept_from = (
-                snap.boundary
+            kept_from, kept_tokens = (
+                (snap.boundary, 0)
                 if manual
-                else kept_tail_start(
+                else kept_tail(
                     snap.document, snap.boundary, opts.keep_recent_tokens, txn.count_text
                 )
             )
@@ -1171,7 +1182,7 @@ def _compact_locked(
         pruned, prune_error = _prune_after_commit(pinned, opts, txn.archive.name)
         tokens_after = tokens_produced = tokens_appended = None
         if count_bytes is not None and measure_tokens:
-            tokens_produced = count_bytes(txn.produced)
+            tokens_produced = _produced_tokens(txn, count_bytes, opts, cut, kept_from, kept_tokens)
             with contextlib.suppress(OSError):
                 now_bytes = read_to_end(txn.new_fd)
                 if now_bytes == txn.produced:
@@ -1204,6 +1215,29 @@ def _compact_locked(
         )
     finally:
         txn.close()
+
+
+def _produced_tokens(
+    txn: _Transaction,
+    count_bytes: ByteCounter,
+    opts: CompactionOptions,
+    cut: int,
+    kept_from: int,
+    kept_tokens: int,
+) -> int:
+    """Tokens of what the job produced: header + summary block + the kept turns + what
+    the snapshot held past N. The kept turns' tokens are the ones the kept-tail walk
+    counted, when entries add up (every piece here starts an entry after a newline)."""
+    produced = txn.produced
+    if not opts.entries_add_up or cut != kept_from or kept_tokens == 0:
+        return count_bytes(produced)
+    kept_end = txn.produced_head + txn.produced_kept
+    past = produced[kept_end:]
+    return (
+        count_bytes(produced[: txn.produced_head])
+        + kept_tokens
+        + (count_bytes(past) if past else 0)
+    )
 
 
 def _prune_after_commit(

@@ -344,6 +344,31 @@ def test_with_nothing_appended_the_new_file_is_counted_once(agent_ws: AgentWorks
     assert counted.count(len(new_file)) == 1
 
 
+@pytest.mark.parametrize("entries_add_up", [True, False])
+def test_the_kept_turns_are_tokenized_once_when_entries_add_up(
+    agent_ws: AgentWorkspace, entries_add_up: bool
+) -> None:
+    from support.tokens import CL100K
+
+    paths = agent_ws.create_agent("alpha", entries=12, size=60)
+    counted: list[bytes] = []
+
+    def count_bytes(data: bytes) -> int:
+        counted.append(data)
+        return CL100K.count_bytes(data)
+
+    options = replace(FAST, keep_recent_tokens=300, entries_add_up=entries_add_up)
+    outcome = compact_agent(paths, FixedSummarizer(), options, count_bytes=count_bytes)
+    new_file = paths.memory.read_bytes()
+    kept = parse(new_file).entries[1:]
+    assert len(kept) >= 2  # some turns were kept verbatim
+    # Exact either way (cl100k_base: a newline then "#" is a pre-token boundary).
+    assert outcome.tokens_produced == outcome.tokens_after == CL100K.count_bytes(new_file)
+    kept_bytes = b"".join(entry.raw for entry in kept)
+    recounted = [data for data in counted if kept_bytes in data]
+    assert len(recounted) == (0 if entries_add_up else 1)
+
+
 def test_appends_during_the_job_are_measured_apart_from_what_it_produced(
     agent_ws: AgentWorkspace,
 ) -> None:

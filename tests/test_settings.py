@@ -275,6 +275,19 @@ def test_summary_budgets_are_overridable_per_agent() -> None:
         build_config(data, {})
 
 
+@pytest.mark.parametrize(
+    ("encoding", "adds_up"),
+    [("cl100k_base", True), ("o200k_base", True), ("p50k_base", False), ("r50k_base", False)],
+)
+def test_kept_turns_are_counted_once_only_where_entries_add_up(
+    encoding: str, adds_up: bool
+) -> None:
+    from memd.compaction import CompactionOptions
+
+    config, _ = build_config({"tokenizer": {"encoding": encoding}}, {})
+    assert CompactionOptions.from_config(config).entries_add_up is adds_up
+
+
 @pytest.mark.parametrize("model", ["ollama/llama3", "ollama_chat/llama3"])
 def test_an_ollama_summarizer_goes_where_ollama_api_base_points(tmp_path: Path, model: str) -> None:
     from memd.core.privacy import is_local_summarizer, outbound_redaction

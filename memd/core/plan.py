@@ -96,8 +96,16 @@ def kept_tail_start(
     a summary block or bytes that do not parse end the walk.  Bytes 0..K are
     compacted, K..end stay verbatim after the new summary block.
     """
+    return kept_tail(document, end, budget_tokens, count_text)[0]
+
+
+def kept_tail(
+    document: MemoryDocument, end: int, budget_tokens: int, count_text: CountText
+) -> tuple[int, int]:
+    """:func:`kept_tail_start` and the sum of the kept entries' token counts (each
+    entry counted on its own, as the walk counts them)."""
     if budget_tokens <= 0:
-        return end
+        return end, 0
     start = end
     used = 0
     for segment in document.segments_reversed(end):
@@ -107,11 +115,12 @@ def kept_tail_start(
         size = len(segment.raw)
         if size > room * _MAX_BYTES_PER_TOKEN:
             break  # cannot fit (a huge tool dump): not worth tokenizing to find out
-        used += count_text(segment.raw.decode("utf-8", "surrogateescape"))
-        if used > budget_tokens:
+        tokens = count_text(segment.raw.decode("utf-8", "surrogateescape"))
+        if used + tokens > budget_tokens:
             break
+        used += tokens
         start = segment.start
-    return start
+    return start, used
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +292,7 @@ __all__ = [
     "RecoveryAction",
     "StoredCountTrust",
     "has_compactable",
+    "kept_tail",
     "kept_tail_start",
     "landed_prefix",
     "may_exceed_cap",
