@@ -3,8 +3,9 @@
 One ``BackgroundScheduler`` runs everything timed: the periodic jobs
 (reconcile, state flush) on a small default pool, compactions on a pool of
 ``daemon.max_concurrent_io`` workers (inside a job only the summary takes one
-of the daemon's LLM slots, :mod:`memd.daemon.llm_slots`), and per-agent
-wake-ups (end of a backoff or cooldown).
+of the daemon's LLM slots, :mod:`memd.daemon.llm_slots`). Per-agent wake-ups
+(end of a backoff or cooldown) are not jobs here: the runner keeps their times
+and the counter's tick takes them (:mod:`memd.daemon.counter`).
 
 APScheduler 3's traps (DESIGN.md §5) are defused here: ``misfire_grace_time``
 is None for every job (a late run is still a run, never silently dropped),
@@ -15,7 +16,6 @@ who-runs-when per agent is decided by the daemon's own job state machine
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from collections.abc import Callable
@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 COMPACTION_EXECUTOR = "compaction"
@@ -110,23 +109,6 @@ class JobScheduler:
             max_instances=1_000_000,
         )
         return job_id
-
-    def wake_at(self, key: str, when_epoch: float, task: Task, *args: Any) -> None:
-        """Run ``task(*args)`` once at ``when_epoch`` (a wall-clock time); one per key."""
-        self._scheduler.add_job(
-            task,
-            "date",
-            run_date=datetime.fromtimestamp(when_epoch, UTC),
-            args=args,
-            id=key,
-            name=key,
-            replace_existing=True,
-            executor=DEFAULT_EXECUTOR,
-        )
-
-    def cancel(self, key: str) -> None:
-        with contextlib.suppress(JobLookupError):
-            self._scheduler.remove_job(key)
 
 
 __all__ = ["COMPACTION_EXECUTOR", "DEFAULT_EXECUTOR", "JobScheduler"]

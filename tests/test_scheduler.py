@@ -64,20 +64,6 @@ def test_periodic_job_runs_repeatedly_and_can_be_replaced(scheduler: JobSchedule
     assert ticks.count("a") == a_runs
 
 
-def test_wake_at_replaces_per_key_and_runs_late_wakeups(scheduler: JobScheduler) -> None:
-    woke: list[str] = []
-    scheduler.wake_at("wake:a", time.time() + 30, woke.append, "first")
-    scheduler.wake_at("wake:a", time.time() - 5, woke.append, "second")  # already late
-    assert _wait_for(lambda: woke == ["second"])
-    scheduler.wake_at("wake:b", time.time() + 0.2, woke.append, "never")
-    scheduler.cancel("wake:b")
-    scheduler.cancel("wake:b")  # cancelling twice is fine
-    # A later wake-up runs; the cancelled earlier one did not.
-    scheduler.wake_at("wake:c", time.time() + 0.4, woke.append, "later")
-    assert _wait_for(lambda: "later" in woke)
-    assert woke == ["second", "later"]
-
-
 def test_liveness_follows_the_scheduler_thread() -> None:
     s = JobScheduler(compaction_slots=1)
     assert not s.is_alive()

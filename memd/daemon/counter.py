@@ -1,12 +1,14 @@
-"""Hints in, counts out: the watcher's (and wake-ups') hints arrive on a queue, are
-debounced, and each due agent is counted and handed to the runner.
+"""Hints in, counts out: the watcher's hints arrive on a queue, are debounced, and
+each due agent is counted and handed to the runner.
 
 The counter reads its queue and drives nothing upstream: an ``agents`` hint
 makes the registry rescan (the watch service, :mod:`memd.daemon.watches`,
 follows the published agent set; the counter never touches the watcher).
 
 One step is :meth:`CountService.tick` (celery beat's shape): take the queued
-hints, count what is due at ``now``, return when the next thing is due. The
+hints and the runner's due wake-ups (a backoff, a cooldown... over: the runner
+keeps their times, the counter asks; nothing is put back on this queue), count
+what is due at ``now``, return when the next thing is due. The
 service thread only sleeps until then or until a hint arrives, so tests drive
 ``tick`` with a made-up clock and a scripted compaction.
 """
@@ -70,8 +72,8 @@ class Hint(NamedTuple):
 
 
 class HintSink:
-    """The put side of the counter's queue: each watcher event (and each scheduled
-    wake-up, each count the watch service asks for) becomes a hint on it."""
+    """The put side of the counter's queue: each watcher event (and each count the
+    watch service asks for, the periodic reconcile's tick) becomes a hint on it."""
 
     def __init__(
         self, inbox: queue.SimpleQueue[Hint], clock: Callable[[], float] = time.monotonic
@@ -137,14 +139,14 @@ class CountService:
         flusher: StateFlusher,
         *,
         pool_allowed: bool,
-        hints: HintSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        # The queue read here, made before the stages that put on it (the runner's
-        # wake-ups) when given; ``clock`` stamps the hints (debouncing): tests pass
-        # a made-up one and call tick() themselves.
-        self.sink = HintSink(queue.SimpleQueue(), clock) if hints is None else hints
+        # ``clock`` stamps the hints (debouncing), ``wall_clock`` is the runner's
+        # (its wake-up times): tests pass made-up ones and call tick() themselves.
+        self.sink = HintSink(queue.SimpleQueue(), clock)
+        self._wall_clock = wall_clock
         self.inbox = self.sink.inbox
         self.encoding = encoding
         self._registry = registry
@@ -225,14 +227,19 @@ class CountService:
                     entry.burst_started = hint.at
 
     def tick(self, now: float) -> float | None:
-        """Take the queued hints, count every agent due at ``now`` (monotonic) and
-        hand each to the runner; returns when the next debounced count is due."""
+        """Take the queued hints and the runner's due wake-ups, count every agent due
+        at ``now`` (monotonic) and hand each to the runner; returns when the next
+        debounced count, live flush or wake-up is due."""
         while True:
             try:
                 self._take(self.inbox.get_nowait())
             except queue.Empty:
                 break
+        # A wake-up is counted first, then decided, like a hint asking for a count now.
+        wall = self._wall_clock()
+        woken = self._runner.take_wakes(wall)
         with self._state_lock:
+            self._count_now.update(woken)
             due = self._debouncer.pop_due(now)
             if self._count_now:
                 due.extend(self._count_now - set(due))
@@ -265,9 +272,12 @@ class CountService:
         flush_at = self._live_flush(now)
         with self._state_lock:
             deadline = self._debouncer.next_deadline()
-        if flush_at is None:
-            return deadline
-        return flush_at if deadline is None else min(deadline, flush_at)
+        # Read after this tick's decisions (they may have set one); a wake-up set by a
+        # compaction meanwhile is seen at the next tick, at most _MAX_WAIT_S later.
+        wake = self._runner.next_wake()
+        wake_at = None if wake is None else now + max(0.0, wake - wall)
+        due_times = [t for t in (deadline, flush_at, wake_at) if t is not None]
+        return min(due_times) if due_times else None
 
     def _count(self, entry: AgentEntry) -> bool:
         """Count ``entry``; False when it could not be counted. A MEMORY.md found

@@ -25,6 +25,7 @@ transition writes ``job`` before it sets ``dirty``, so a flush that clears
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import threading
 import time
 from collections.abc import Callable
@@ -96,8 +97,37 @@ class CompactFn(Protocol):
     ) -> CompactionOutcome: ...
 
 
-# Asks for a count of the agent now (the counter's inbox): a wake-up is a hint.
-WakeFn = Callable[[str], None]
+class _Wakes:
+    """When each agent is evaluated again: one time per agent, the latest decision's
+    (a backoff, a cooldown, an open breaker, a spending hold, the minimum interval).
+    Guarded by the runner's lock; the counter takes the due ones at its tick and
+    sleeps until the next, so a wake-up needs no scheduler job and no hint."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []  # with stale times, skipped when met
+
+    def set(self, name: str, when: float) -> None:
+        self._at[name] = when
+        heapq.heappush(self._heap, (when, name))
+
+    def drop(self, name: str) -> None:
+        self._at.pop(name, None)
+
+    def pop_due(self, now: float) -> list[str]:
+        due: list[str] = []
+        while self._heap and self._heap[0][0] <= now:
+            when, name = heapq.heappop(self._heap)
+            if self._at.get(name) == when:
+                del self._at[name]
+                due.append(name)
+        return due
+
+    def next(self) -> float | None:
+        heap = self._heap
+        while heap and self._at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
 
 class Runner:
@@ -110,7 +140,6 @@ class Runner:
         stats: RunStats,
         compact: CompactFn,
         summarizer_factory: SummarizerFactory,
-        wake: WakeFn,
         clock: Callable[[], float] = time.time,
         after_commit: AfterCommit | None = None,
     ) -> None:
@@ -136,7 +165,7 @@ class Runner:
         self._flusher = flusher
         self._stats = stats
         self._compact = compact
-        self._wake = wake
+        self._wakes = _Wakes()
         self._scheduler: JobScheduler | None = None
         self._stopping = False
         # Job states, the running set and the config (see the
@@ -219,12 +248,23 @@ class Runner:
             )
             scheduler.submit(f"compact:{entry.name}", self._compaction_job, entry)
         if decision.wake_at is not None:
-            scheduler.wake_at(f"wake:{entry.name}", decision.wake_at, self._wake, entry.name)
+            self._wakes.set(entry.name, decision.wake_at)
+
+    def take_wakes(self, now: float) -> list[str]:
+        """The agents whose wake-up is due at ``now`` (wall clock), each handed out
+        once: the counter counts them, then hands them back to :meth:`evaluate`."""
+        with self._lock:
+            return self._wakes.pop_due(now)
+
+    def next_wake(self) -> float | None:
+        """When the next wake-up is due (wall clock), or None."""
+        with self._lock:
+            return self._wakes.next()
 
     def forget(self, name: str) -> None:
         """The agent is gone: no wake-up, no metric."""
-        if self._scheduler is not None:
-            self._scheduler.cancel(f"wake:{name}")
+        with self._lock:
+            self._wakes.drop(name)
         if self.metrics is not None:
             self.metrics.remove_agent(name)
 
@@ -248,9 +288,8 @@ class Runner:
                     self.metrics.set_agent(name, entry.tokens, entry.policy.threshold_tokens)
         if not erased:
             return
-        if self._scheduler is not None:
-            self._scheduler.cancel(f"wake:{name}")
         with self._lock:
+            self._wakes.drop(name)
             if entry is not None and entry.job.state not in (JobState.PENDING, JobState.RUNNING):
                 entry.job = AgentJob()
 
@@ -570,4 +609,4 @@ class Runner:
             _log.warning("cannot write the ledger", agent=entry.name, error=describe_error(exc))
 
 
-__all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "Runner", "SummarizerFactory", "WakeFn"]
+__all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "Runner", "SummarizerFactory"]

@@ -27,7 +27,7 @@ from memd.core.config import MemdConfig
 from memd.daemon import checks
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.committed import AfterCommit
-from memd.daemon.counter import CountService, HintSink
+from memd.daemon.counter import CountService
 from memd.daemon.entries import AgentEntry, CountUpdate, EntryCounter, RunStats, Tokenizer
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.metrics import MetricsStage
@@ -186,8 +186,6 @@ class Services:
         self.retention = RetentionService(
             self.registry, self.archives, self.recall, self.audit, config
         )
-        # The counter's queue, made first: the runner's wake-ups are put on it.
-        hints = HintSink(queue.SimpleQueue())
         self.runner = Runner(
             config,
             self.registry,
@@ -196,8 +194,6 @@ class Services:
             self.stats,
             parts.compact or default_compact(),
             parts.summarizer_factory or default_summarizer,
-            # A scheduled wake-up is a hint like a watcher's: count, then decide.
-            wake=hints.count_now,
             after_commit=AfterCommit(self.recall, self.archives, self.retention),
         )
         self.runner.audit = self.audit
@@ -211,7 +207,6 @@ class Services:
             self.runner,
             self.flusher,
             pool_allowed=parts.tokenizer_factory is None,
-            hints=hints,
             should_stop=should_stop,
         )
         self.metrics = MetricsStage(config.metrics, self.entry_counter, self.runner)

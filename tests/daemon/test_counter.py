@@ -72,7 +72,6 @@ def test_over_threshold_compacts_exactly_once(tmp_path: Path) -> None:
     s.hint("alice")
     s.settle()
     s.clock.advance(3600)
-    s.scheduler.fire_due_wakes()
     s.settle()
     assert s.scheduler.submitted == ["compact:alice"]
     assert s.compact.calls == ["alice"]
@@ -103,9 +102,7 @@ def test_trigger_during_a_run_runs_exactly_once_more(tmp_path: Path) -> None:
     compact.during = None
     # Exactly one more, once the minimum interval between compactions is up.
     assert s.scheduler.submitted == ["compact:alice"]
-    s.clock.advance(1.0)  # daemon.min_interval_s
-    s.scheduler.fire_due_wakes()
-    s.settle()
+    s.settle()  # daemon.min_interval_s: 1 s
     assert s.scheduler.submitted == ["compact:alice", "compact:alice"]
     s.scheduler.run_queued()
     s.settle()
@@ -130,8 +127,9 @@ def test_failures_back_off_then_the_breaker_stays_open(tmp_path: Path) -> None:
         s.hint("flaky")
         s.settle()
         assert len(s.scheduler.submitted) == failures
+        # The wake-up is the counter's next deadline, and due then.
+        assert s.counter.tick(s.clock.now) == job.next_attempt_at
         s.clock.now = job.next_attempt_at
-        assert s.scheduler.fire_due_wakes() == 1
         s.counter.tick(s.clock.now)
         assert len(s.scheduler.submitted) == failures + 1
         s.scheduler.run_queued()
@@ -141,7 +139,6 @@ def test_failures_back_off_then_the_breaker_stays_open(tmp_path: Path) -> None:
     # The breaker stays open: no fourth attempt for its whole reset time.
     for _ in range(10):
         s.clock.advance(300)
-        s.scheduler.fire_due_wakes()
         s.hint("flaky")
         s.settle()
     assert s.compact.calls == ["flaky"] * 3
@@ -169,8 +166,8 @@ def test_hysteresis_cools_down_instead_of_looping(tmp_path: Path) -> None:
     s.settle()
     assert s.compact.calls == ["stubborn"]  # not re-triggered during the cooldown
     assert job.next_attempt_at is not None
+    assert s.counter.tick(s.clock.now) == job.next_attempt_at  # no hint needed
     s.clock.now = job.next_attempt_at
-    s.scheduler.fire_due_wakes()
     s.counter.tick(s.clock.now)
     s.scheduler.run_queued()
     assert s.compact.calls == ["stubborn", "stubborn"]  # tried again after it
@@ -187,7 +184,6 @@ def test_busy_and_nothing_to_compact_retry_without_counting_failures(tmp_path: P
         s.scheduler.run_queued()
         assert s.job("alice").consecutive_failures == 0
         s.clock.advance(3600)
-        s.scheduler.fire_due_wakes()
         s.counter.tick(s.clock.now)
     assert s.compact.calls == ["alice"] * 3
     assert s.job("alice").state is JobState.IDLE
@@ -203,7 +199,6 @@ def test_compression_off_agents_are_counted_never_compacted(tmp_path: Path) -> N
     s.hint("watchonly")
     s.settle()
     s.clock.advance(3600)
-    s.scheduler.fire_due_wakes()
     s.settle()
     assert s.tokens("watchonly") == full(memory) > 500
     assert s.scheduler.submitted == [] and s.job("watchonly").state is JobState.DISABLED

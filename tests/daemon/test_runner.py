@@ -135,7 +135,9 @@ def test_a_flush_that_finds_an_erasure_takes_the_agents_past_and_metrics(
         s.hint(name)
     s.settle()
     s.scheduler.run_queued()
-    assert s.job("ghost").state is JobState.BACKOFF and "wake:ghost" in s.scheduler.wakes
+    assert s.job("ghost").state is JobState.BACKOFF and s.job("other").state is JobState.BACKOFF
+    wake = s.job("other").next_attempt_at
+    assert wake is not None and s.job("ghost").next_attempt_at == wake
 
     def series(name: str) -> float | None:
         return metrics.registry.get_sample_value("memd_agent_tokens", {"agent": name})
@@ -144,10 +146,15 @@ def test_a_flush_that_finds_an_erasure_takes_the_agents_past_and_metrics(
     # `memd forget ghost` in another process: a tombstone (its files stay for this test).
     store.forget_agent("ghost", erased_at_ns=time.time_ns() + 10**12)
     s.runner.flush()
-    assert s.job("ghost") == AgentJob() and "wake:ghost" not in s.scheduler.wakes
+    assert s.job("ghost") == AgentJob()
     assert series("ghost") is None
-    assert s.job("other").state is JobState.BACKOFF and "wake:other" in s.scheduler.wakes
+    assert s.job("other").state is JobState.BACKOFF
     assert series("other") is not None
+    # The erased agent's wake-up went with its past; the other's is kept and retries.
+    assert s.counter.tick(s.clock.now) == wake
+    s.clock.now = wake
+    s.counter.tick(s.clock.now)
+    assert sorted(s.scheduler.submitted) == ["compact:ghost", "compact:other", "compact:other"]
     # Back: a new MEMORY.md lifts the tombstone; its series returns with its count.
     (ws.root / "agents/ghost/MEMORY.md").unlink()
     ws.create_agent("ghost", entries=1)
@@ -185,12 +192,10 @@ def test_only_a_committed_compaction_is_handed_on_with_its_outcome(tmp_path: Pat
     s.scheduler.run_queued()  # failed: nothing committed, nothing handed on
     assert s.job("alice").state is JobState.BACKOFF and handed.handed == []
     s.clock.now = s.job("alice").next_attempt_at
-    s.scheduler.fire_due_wakes()
     s.counter.tick(s.clock.now)
     s.scheduler.run_queued()  # nothing to compact: nothing handed on either
     assert s.compact.calls == ["alice", "alice"] and handed.handed == []
     s.clock.now = s.job("alice").next_attempt_at
-    s.scheduler.fire_due_wakes()
     s.counter.tick(s.clock.now)
     s.scheduler.run_queued()
     assert s.compact.calls == ["alice"] * 3

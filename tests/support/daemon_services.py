@@ -5,14 +5,13 @@ compaction (watchfiles' ``MockRustNotify`` pattern)."""
 from __future__ import annotations
 
 import os
-import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memd.core.config import MemdConfig
-from memd.daemon.counter import CountService, HintSink
+from memd.daemon.counter import CountService
 from memd.daemon.entries import EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry
@@ -60,9 +59,6 @@ class FakeScheduler:
 
     clock: Clock
     queued: list[tuple[str, Callable[..., None], tuple[Any, ...]]] = field(default_factory=list)
-    wakes: dict[str, tuple[float, Callable[..., None], tuple[Any, ...]]] = field(
-        default_factory=dict
-    )
     submitted: list[str] = field(default_factory=list)
 
     def submit(self, key: str, task: Callable[..., None], *args: Any) -> str:
@@ -70,25 +66,12 @@ class FakeScheduler:
         self.queued.append((key, task, args))
         return key
 
-    def wake_at(self, key: str, when: float, task: Callable[..., None], *args: Any) -> None:
-        self.wakes[key] = (when, task, args)
-
-    def cancel(self, key: str) -> None:
-        self.wakes.pop(key, None)
-
     def run_queued(self) -> int:
         """Run the jobs queued so far (not those they queue: the test runs those next)."""
         batch, self.queued = self.queued, []
         for _key, task, args in batch:
             task(*args)
         return len(batch)
-
-    def fire_due_wakes(self) -> int:
-        due = [key for key, (when, _t, _a) in self.wakes.items() if when <= self.clock.now]
-        for key in due:
-            _when, task, args = self.wakes.pop(key)
-            task(*args)
-        return len(due)
 
 
 class ScriptedCompaction:
@@ -206,8 +189,6 @@ def build_services(
         clock=clock,
     )
     entry_counter = EntryCounter(COUNTER)
-    # The counter's queue, made first (as the daemon does): wake-ups are hints on it.
-    hints = HintSink(queue.SimpleQueue(), clock)
     runner = Runner(
         config,
         registry,
@@ -216,7 +197,6 @@ def build_services(
         stats,
         compact,  # type: ignore[arg-type]
         lambda _config, _count: summarizer,
-        wake=hints.count_now,
         clock=clock,
         after_commit=after_commit,
     )
@@ -228,8 +208,8 @@ def build_services(
         runner,
         flusher,
         pool_allowed=False,
-        hints=hints,
         clock=clock,
+        wall_clock=clock,
     )
     runner.start(scheduler)  # type: ignore[arg-type]
     entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
