@@ -51,7 +51,6 @@ class StateFlusher:
         stats: RunStats,
         notifier: SystemdNotifier,
         encoding: str,
-        healthy: Callable[[], bool],
         started_at: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -62,7 +61,9 @@ class StateFlusher:
         self._stats = stats
         self._notifier = notifier
         self._encoding = encoding
-        self._healthy = healthy
+        # What the heartbeat says: handed in by the lifecycle's main loop, which
+        # probes the service threads (not before start-up has started them all).
+        self._healthy = False
         self._started_at = started_at
         self._lock = threading.Lock()
         self._last_flush = 0.0
@@ -75,6 +76,10 @@ class StateFlusher:
 
     def reconfigure(self, encoding: str) -> None:
         self._encoding = encoding
+
+    def set_healthy(self, healthy: bool) -> None:
+        """The daemon's health as last probed: the next heartbeat writes it."""
+        self._healthy = healthy
 
     def close(self) -> None:
         """After the final flush: the heartbeat goes, the DB closes."""
@@ -150,7 +155,7 @@ class StateFlusher:
                     self.store.write_heartbeat(
                         os.getpid(),
                         self._started_at,
-                        self._healthy(),
+                        self._healthy,
                         status,
                         len(self._registry),
                         now,

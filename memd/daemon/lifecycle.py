@@ -210,6 +210,7 @@ class Daemon:
         s.counter.count_later(later)
         for entry in entries:
             s.runner.evaluate(entry)
+        s.flusher.set_healthy(s.healthy())  # every thread started: the first heartbeat's
         s.runner.flush()
         self.notifier.ready(s.flusher.status_text())
         self.ready.set()
@@ -247,8 +248,12 @@ class Daemon:
             if self.reload_requested:
                 self.reload_requested = False
                 self._reload()
+            # Probed here, handed down as a value: the flusher's heartbeat writes it.
+            healthy = self.services is not None and self.services.healthy()
+            if self.services is not None:
+                self.services.flusher.set_healthy(healthy)
             if ping_every is not None and time.monotonic() >= next_ping:
-                if self.services is not None and self.services.healthy():
+                if healthy:
                     self.notifier.watchdog()
                 next_ping = time.monotonic() + ping_every
             time.sleep(_MAIN_TICK_S)

@@ -161,7 +161,6 @@ class Services:
             self.stats,
             notifier,
             config.tokenizer.encoding,
-            self.healthy,
             started_at,
         )
         self.archives = ArchiveSurvey(self.registry)

@@ -1,5 +1,5 @@
 """The flusher writes registry snapshots and calls no one: the erasures it finds
-are returned to its caller, the spending it writes is handed to it."""
+are returned to its caller, the spending and the health it writes are handed to it."""
 
 from __future__ import annotations
 
@@ -63,4 +63,25 @@ def test_spending_is_written_when_handed_over_newer_and_changed(tmp_path: Path) 
     flusher.flush(spending=newer)
     assert store.read_spending() == newer
     assert "compactions held back (cap)" in flusher.status_text(newer)
+    store.close()
+
+
+def test_the_heartbeat_says_the_health_handed_in_and_probes_nothing(tmp_path: Path) -> None:
+    _s, flusher, store = with_store(tmp_path)
+
+    def healthy() -> bool:
+        heartbeat = store.read_heartbeat()
+        assert heartbeat is not None
+        return heartbeat.healthy
+
+    flusher.flush()
+    assert not healthy()  # nothing handed in yet (start-up not done): not healthy
+    flusher.set_healthy(True)  # the lifecycle's probe, as a value
+    flusher.flush()
+    assert healthy()
+    flusher.set_healthy(False)  # a service thread died
+    flusher.flush(live=True)
+    assert healthy()  # live flushes leave the heartbeat to the periodic one
+    flusher.flush()
+    assert not healthy()
     store.close()

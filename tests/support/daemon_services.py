@@ -184,7 +184,6 @@ def build_services(
         stats,
         SystemdNotifier({}),
         "cl100k_base",
-        lambda: True,
         started_at=0.0,
         clock=clock,
     )
