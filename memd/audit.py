@@ -170,7 +170,7 @@ def record_compaction(
         calls=outcome.calls,
         partial=outcome.partial,
     )
-    pruned = getattr(outcome, "pruned", None)  # stand-in outcomes in tests have none
+    pruned = outcome.pruned
     if pruned is not None and pruned.deleted:
         written = record_prune(audit, pruned, trigger="compaction") and written
     return written

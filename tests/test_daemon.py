@@ -92,6 +92,8 @@ class Outcome:
     calls: int = 1
     redacted: int = 0
     reply_redacted: int = 0
+    pruned: Any = None
+    prune_error: str | None = None
 
     @property
     def tokens_produced(self) -> int | None:

@@ -40,7 +40,7 @@ class AfterCommit:
             self._recall.index_archive(paths, outcome.archive)
         with contextlib.suppress(Exception):
             self._archives.archived(paths)
-        pruned = getattr(outcome, "pruned", None)  # scripted outcomes have none
+        pruned = outcome.pruned
         if pruned is not None and pruned.deleted:
             with contextlib.suppress(Exception):
                 # The compaction's audit record names the prune (record_compaction).

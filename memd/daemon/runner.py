@@ -468,9 +468,8 @@ class Runner:
         )
         self._ledger(entry, started_wall, duration, outcome, None, fallback)
         self._audit(name, outcome)
-        prune_error = getattr(outcome, "prune_error", None)  # scripted outcomes have none
-        if prune_error:
-            _log.warning("retention after compaction failed", agent=name, error=prune_error)
+        if outcome.prune_error:
+            _log.warning("retention after compaction failed", agent=name, error=outcome.prune_error)
         if self.metrics is not None:
             self.metrics.record_compaction(
                 name, "ok", llm_seconds=outcome.llm_duration_s, cost_usd=outcome.cost_usd

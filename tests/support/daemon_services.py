@@ -123,6 +123,8 @@ class _Outcome:
     calls: int = 1
     redacted: int = 0
     reply_redacted: int = 0
+    pruned: Any = None
+    prune_error: str | None = None
 
 
 @dataclass
