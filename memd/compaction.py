@@ -164,6 +164,14 @@ ByteCounter = Callable[[bytes], int]
 _HASH_CHUNK = 1 << 20
 
 
+def archive_key_file(config: MemdConfig) -> Path | None:
+    """The master key file archives are sealed with (None: archives are not encrypted)."""
+    privacy = config.privacy
+    if privacy.encrypt_archives and privacy.key_file:
+        return Path(privacy.key_file).expanduser()
+    return None
+
+
 def _no_checkpoint(_name: str) -> None:
     return None
 
@@ -224,15 +232,9 @@ class CompactionOptions:
                 raise ConfigError(f"agent {policy.agent!r}: {exc}") from None
             summary_cap, pinned = budgets.summary_tokens, budgets.pinned_tokens
             recent = budgets.recent_tokens
-        privacy = config.privacy
-        key_file = (
-            Path(privacy.key_file).expanduser()
-            if privacy.encrypt_archives and privacy.key_file
-            else None
-        )
         return cls(
             entries_add_up=config.tokenizer.encoding in JUNCTION_CUT_ENCODINGS,
-            key_file=key_file,
+            key_file=archive_key_file(config),
             lock_wait_s=config.compaction.lock_wait_s,
             drain_quiet_s=config.compaction.drain_quiet_s,
             drain_max_s=config.compaction.drain_max_s,

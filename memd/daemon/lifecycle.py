@@ -187,7 +187,6 @@ class Daemon:
             self._parts,
             self.notifier,
             started_at=self.started_at,
-            config_of=lambda: self.config,
             should_stop=lambda: self.should_exit,
         )
         # Runs after the scheduler has stopped: queued jobs will not run now.

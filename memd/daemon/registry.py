@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from memd.compaction import archive_key_file
 from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
 from memd.core.names import validate_agent_name
 from memd.daemon.entries import AgentEntry
@@ -36,7 +37,9 @@ from memd.workspace import (
 
 _log = get_logger("memd.daemon")
 
-RecoverFn = Callable[[AgentPaths], "str | None"]
+# Finishes or rolls back a crashed compaction of the agent, with the master key
+# file archives are sealed with (None: not encrypting); says what it did.
+RecoverFn = Callable[[AgentPaths, "Path | None"], "str | None"]
 ContextLengthOf = Callable[[str], "int | None"]
 
 
@@ -284,7 +287,9 @@ class AgentRegistry:
         if not entry.may_need_recovery:
             return  # no .memd/: never compacted, nothing to finish
         try:
-            done = self._recover(entry.paths)
+            # The current config's key (reconfigure keeps it): a crash's old file
+            # kept as an archive is sealed like any other archive.
+            done = self._recover(entry.paths, archive_key_file(self._config))
         except Exception as exc:
             _log.error("recovery failed", agent=entry.name, error=describe_error(exc))
             return

@@ -74,15 +74,10 @@ def default_compact() -> CompactFn:
     return compact_agent
 
 
-def default_recover(config_of: Callable[[], MemdConfig]) -> RecoverFn:
-    from memd.compaction import CompactionOptions, recover_agent
+def default_recover(paths: AgentPaths, key_file: Path | None) -> str | None:
+    from memd.compaction import recover_agent
 
-    def recover(paths: AgentPaths) -> str | None:
-        # The current config's master key: a crash's old file kept as an
-        # archive is sealed like any other archive.
-        return recover_agent(paths, key_file=CompactionOptions.from_config(config_of()).key_file)
-
-    return recover
+    return recover_agent(paths, key_file=key_file)
 
 
 def default_summarizer(config: MemdConfig, count_text: Callable[[str], int]) -> Summarizer:
@@ -142,14 +137,13 @@ class Services:
         notifier: SystemdNotifier,
         *,
         started_at: float,
-        config_of: Callable[[], MemdConfig],
         should_stop: Callable[[], bool],
     ) -> None:
         self._config = config
         self.registry = AgentRegistry(
             workspace,
             config,
-            parts.recover or default_recover(config_of),
+            parts.recover or default_recover,
             context_length_for_model,
         )
         self.registry.start()

@@ -19,7 +19,9 @@ from memd.workspace import ArchiveStats
 def registered(tmp_path: Path) -> tuple[AgentRegistry, AgentEntry]:
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alice", entries=2)
-    registry = AgentRegistry(ws.root, MemdConfig(), recover=lambda _p: None, context_length_of=None)
+    registry = AgentRegistry(
+        ws.root, MemdConfig(), recover=lambda _p, _key: None, context_length_of=None
+    )
     registry.start()
     entry = registry.make_entry("alice")
     assert entry is not None

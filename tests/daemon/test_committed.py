@@ -51,7 +51,9 @@ def stages(tmp_path: Path) -> tuple[AfterCommit, BrokenRecall, AgentEntry, Path]
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alice")
     config = MemdConfig()
-    registry = AgentRegistry(ws.root, config, recover=lambda _paths: None, context_length_of=None)
+    registry = AgentRegistry(
+        ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
+    )
     registry.start()
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())

@@ -16,7 +16,9 @@ from memd.settings import build_config
 
 
 def registry_of(ws: AgentWorkspace, config: MemdConfig) -> AgentRegistry:
-    registry = AgentRegistry(ws.root, config, recover=lambda _paths: None, context_length_of=None)
+    registry = AgentRegistry(
+        ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
+    )
     registry.start()
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())

@@ -15,7 +15,7 @@ from memd.settings import build_config
 
 def make_registry(ws: AgentWorkspace) -> AgentRegistry:
     config, _ = build_config({}, {})
-    registry = AgentRegistry(ws.root, config, recover=lambda _p: None, context_length_of=None)
+    registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
     registry.start()
     return registry
 
@@ -56,3 +56,30 @@ def test_a_waiter_sees_the_next_rescan_or_its_stop() -> None:
     rescans.wake()
     waiter.join()
     assert seen == [2, 2]  # woken by its stop, no rescan
+
+
+def test_recovery_is_handed_the_current_configs_key_file(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    (ws.root / "agents" / "alice" / ".memd").mkdir()  # compacted before: may need recovery
+    handed: list[Path | None] = []
+
+    def recover(_paths: object, key_file: Path | None) -> None:
+        handed.append(key_file)
+
+    plain, _ = build_config({}, {})
+    registry = AgentRegistry(ws.root, plain, recover=recover, context_length_of=None)
+    registry.start()
+
+    def add_alice() -> None:
+        entry = registry.make_entry("alice")
+        assert entry is not None and entry.may_need_recovery
+        registry.recover(entry)
+
+    add_alice()
+    assert handed == [None]  # archives not encrypted: no key
+    key = tmp_path / "master.key"
+    sealed, _ = build_config({"privacy": {"encrypt_archives": True, "key_file": str(key)}}, {})
+    registry.reconfigure(sealed)  # a reload: the registry holds the new config's value
+    add_alice()
+    assert handed == [None, key]

@@ -27,7 +27,9 @@ def service(
     for name in agents:
         ws.create_agent(name)
     config: MemdConfig = build_config(data, {})[0]
-    registry = AgentRegistry(ws.root, config, recover=lambda _paths: None, context_length_of=None)
+    registry = AgentRegistry(
+        ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
+    )
     registry.start()
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())

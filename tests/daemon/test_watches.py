@@ -85,7 +85,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
     for name in ("alice", "bob"):
         ws.create_agent(name)
     config, _ = build_config({}, {})
-    registry = AgentRegistry(ws.root, config, recover=lambda _p: None, context_length_of=None)
+    registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
     registry.start()
     registry.reconcile()
     inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()

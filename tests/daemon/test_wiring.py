@@ -38,7 +38,6 @@ def built(
             parts,
             SystemdNotifier({}),
             started_at=0.0,
-            config_of=lambda: config,
             should_stop=lambda: False,
         )
 

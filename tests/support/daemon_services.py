@@ -178,7 +178,9 @@ def build_services(
     config: MemdConfig = build_config(data, {})[0]
     clock = Clock()
     scheduler = FakeScheduler(clock)
-    registry = AgentRegistry(ws.root, config, recover=lambda _paths: None, context_length_of=None)
+    registry = AgentRegistry(
+        ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
+    )
     registry.start()
     stats = RunStats()
     flusher = StateFlusher(
