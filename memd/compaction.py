@@ -118,13 +118,9 @@ from memd.redaction_key import process_key
 from memd.retention import PruneResult, list_archives, prune_locked
 from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
-from memd.workspace import AgentPaths
+from memd.workspace import ARCHIVE_TEMP, DRAIN_NAME, JOURNAL_NAME, NEW_MEMORY_TEMP, AgentPaths
 
 _NEWEST_ARCHIVE = "history_9999-12-31_23-59-59_999999.md"
-JOURNAL_NAME = "journal"
-DRAIN_NAME = "drain.md"
-NEW_MEMORY_TEMP = "MEMORY.md.new"
-ARCHIVE_TEMP = "archive.tmp"
 _TEMP_NAMES = (ARCHIVE_TEMP, NEW_MEMORY_TEMP, DRAIN_NAME)
 
 # 2: the archive may hold only bytes 0..kept_from (K ≤ N) of the snapshot;
@@ -332,8 +328,6 @@ class CompactionOutcome:
     cost_usd: float | None
     duration_s: float
     llm_duration_s: float
-    drained_bytes: int
-    restarts: int = 0
     pinned: int = 0  # facts in the new block's pinned section
     evicted: int = 0  # facts that left the pinned section for its budget (still archived)
     partial: bool = False  # the summarizer covered only the oldest part; the rest stays raw
@@ -925,7 +919,7 @@ def _drain(
     max_s: float,
     poll_s: float,
     checkpoint: Checkpoint,
-) -> int:
+) -> None:
     """Move bytes appended to the old inode past ``copied_to`` into the new file.
 
     Each chunk is journaled as pending (range + hash) before it is appended,
@@ -933,13 +927,11 @@ def _drain(
     Appends go through ``new_fd``, the new file's own fd (opened when it was
     created, or checked by inode on recovery): never through a path, which an
     agent could point elsewhere between two chunks.
-    Returns the number of bytes moved.
     """
     try:
         fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
     except FileNotFoundError:
-        return 0
-    moved = 0
+        return
     try:
         started = last_change = time.monotonic()
         last_size = copied_to
@@ -973,7 +965,6 @@ def _drain(
                         )
                         raise
                     copied_to += take
-                    moved += take
                     journal.write(phase="draining", copied_to=copied_to, pending_to=None)
                     continue
             if finishing and size <= copied_to:
@@ -986,7 +977,6 @@ def _drain(
     finally:
         os.close(fd)
     checkpoint("drained")
-    return moved
 
 
 def _append(fd: int, data: bytes) -> None:
@@ -1162,7 +1152,7 @@ def _compact_locked(
         # roll forward; the drain journals again only if it moves bytes.
         hook("journal-draining")
         try:
-            drained = _drain(
+            _drain(
                 pinned,
                 txn.journal,
                 txn.new_fd,
@@ -1203,8 +1193,6 @@ def _compact_locked(
             cost_usd=result.cost_usd,
             duration_s=time.monotonic() - started,
             llm_duration_s=llm_s,
-            drained_bytes=drained,
-            restarts=restarts,
             pinned=composed.pinned,
             evicted=composed.evicted,
             partial=cut < snap.boundary,

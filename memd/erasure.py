@@ -43,9 +43,7 @@ from memd.archive_crypto import (
     wrap_data_key,
 )
 from memd.compaction import (  # the transaction's own steps, shared with compaction
-    DRAIN_NAME,
     ERASE_JOURNAL_VERSION,
-    NEW_MEMORY_TEMP,
     _drain,
     _finish,
     _Journal,
@@ -63,7 +61,7 @@ from memd.rewrite import (
     staged_name,
     write_manifest,
 )
-from memd.workspace import AgentPaths, is_archive_name
+from memd.workspace import DRAIN_NAME, NEW_MEMORY_TEMP, AgentPaths, is_archive_name
 
 # Named points between durable steps; the crash tests kill the process at each.
 ERASE_CHECKPOINTS = (

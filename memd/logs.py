@@ -95,14 +95,8 @@ def debug_check(name: str = "memd") -> Callable[[], bool]:
     return lambda: logger.isEnabledFor(logging.DEBUG)
 
 
-def agent_logger(agent: str, name: str = "memd") -> structlog.stdlib.BoundLogger:
-    """A logger whose every line names the agent."""
-    return get_logger(name, agent=agent)
-
-
 __all__ = [
     "LogFormat",
-    "agent_logger",
     "configure_logging",
     "debug_check",
     "get_logger",

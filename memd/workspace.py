@@ -25,6 +25,12 @@ AGENTS_DIR = "agents"
 MEMORY_FILE = "MEMORY.md"
 ARCHIVE_DIR = "archive"
 PRIVATE_DIR = ".memd"
+# In PRIVATE_DIR: the compaction journal (kept, updated in place) and the
+# transaction's temporaries (compaction and erasure; recovery removes them).
+JOURNAL_NAME = "journal"
+DRAIN_NAME = "drain.md"
+NEW_MEMORY_TEMP = "MEMORY.md.new"
+ARCHIVE_TEMP = "archive.tmp"
 # What the fast path looks for in an agent folder (memd-agent.json only to
 # know whether there is one: it is opened with O_NOFOLLOW when read).
 _SPECIAL = frozenset((MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR, DESCRIPTOR_NAME))
@@ -126,15 +132,7 @@ class AgentPaths:
     @property
     def journal(self) -> Path:
         # Created once and kept, like the lock: updated in place (A/B slots).
-        return self.private_dir / "journal"
-
-    @property
-    def new_memory_temp(self) -> Path:
-        return self.private_dir / "MEMORY.md.new"
-
-    @property
-    def archive_temp(self) -> Path:
-        return self.private_dir / "archive.tmp"
+        return self.private_dir / JOURNAL_NAME
 
 
 def require_workspace(workspace: Path) -> Path:
@@ -480,7 +478,11 @@ def resolve_agents(workspace: Path, names: list[str], all_agents: bool) -> list[
 __all__ = [
     "AGENTS_DIR",
     "ARCHIVE_DIR",
+    "ARCHIVE_TEMP",
+    "DRAIN_NAME",
+    "JOURNAL_NAME",
     "MEMORY_FILE",
+    "NEW_MEMORY_TEMP",
     "NO_ARCHIVES",
     "PRIVATE_DIR",
     "AgentPaths",

@@ -147,7 +147,6 @@ def test_compaction_record_has_figures_not_content(tmp_path: Path) -> None:
         cost_usd=None,
         duration_s=1.0,
         llm_duration_s=0.5,
-        drained_bytes=0,
         redacted=3,
         reply_redacted=1,
     )

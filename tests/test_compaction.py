@@ -40,7 +40,7 @@ from memd.errors import (
     UnderThreshold,
 )
 from memd.fsutil import SlotJournal
-from memd.workspace import AgentPaths, agent_paths
+from memd.workspace import ARCHIVE_TEMP, NEW_MEMORY_TEMP, AgentPaths, agent_paths
 
 CHILD = Path(__file__).parent / "support" / "compaction_child.py"
 FAST = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2)
@@ -302,8 +302,8 @@ def test_writer_that_opened_before_the_swap_is_drained(agent_ws: AgentWorkspace)
             late_handles[0].write(swarms_block("AI", "late turn via the old inode"))
             late_handles[0].close()
 
-    outcome = compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint)
-    assert outcome.drained_bytes > 0
+    compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint)
+    # Written to the old inode after the swap: only the drain brings it over.
     seen = entry_contents_everywhere(paths)
     assert seen["late turn via the old inode"] == 1
     assert "late turn via the old inode" in paths.memory.read_text()
@@ -403,7 +403,7 @@ def test_prefix_rewritten_during_llm_call_restarts(agent_ws: AgentWorkspace) -> 
             paths.memory.write_bytes(data)  # an editor rewrote the file in place
 
     outcome = compact_agent(paths, summarizer, FAST, checkpoint=checkpoint)
-    assert summarizer.calls == 2 and outcome.restarts == 1
+    assert summarizer.calls == 2  # summarized again after the restart
     archive = outcome.archive.read_bytes()
     assert b"TURN 0" in archive and b"turn 0" not in archive
 
@@ -772,8 +772,8 @@ def test_lock_serializes_compactors_across_processes(
 def test_recover_without_journal_cleans_stale_temps(agent_ws: AgentWorkspace) -> None:
     paths = agent_ws.create_agent("alpha", entries=2)
     paths.private_dir.mkdir()
-    paths.archive_temp.write_text("stale")
-    paths.new_memory_temp.write_text("stale")
+    (paths.private_dir / ARCHIVE_TEMP).write_text("stale")
+    (paths.private_dir / NEW_MEMORY_TEMP).write_text("stale")
     before = paths.memory.read_bytes()
     assert recover_agent(paths) == "removed 2 stale temp file(s)"
     assert recover_agent(paths) is None

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from memd.logs import agent_logger, configure_logging, get_logger, resolve_format
+from memd.logs import configure_logging, get_logger, resolve_format
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
@@ -25,7 +25,7 @@ def _lines(buf: io.StringIO) -> list[dict[str, object]]:
 def test_json_when_not_a_tty_with_agent_field() -> None:
     buf = io.StringIO()
     assert configure_logging("auto", "info", buf) == "json"
-    agent_logger("alice").info("counted", tokens=12)
+    get_logger().info("counted", agent="alice", tokens=12)  # as the daemon logs
     get_logger().debug("hidden")
     [line] = _lines(buf)
     assert line["event"] == "counted" and line["agent"] == "alice" and line["tokens"] == 12
@@ -57,7 +57,7 @@ def test_console_format_on_a_tty() -> None:
     out = _Tty()
     assert resolve_format("auto", out) == "console"
     assert configure_logging("auto", "info", out) == "console"
-    agent_logger("bob").warning("slow")
+    get_logger().warning("slow", agent="bob")
     text = out.getvalue()
     assert "slow" in text and "agent" in text and "bob" in text
     assert not text.lstrip().startswith("{")

@@ -34,7 +34,6 @@ KIND_VALUE: Final = {
     "date": 4,
     "quantity": 3,
 }
-KINDS: Final = tuple(KIND_VALUE)
 
 PINNED_HEADING: Final = (
     "Pinned facts (verbatim, newest mention last; older ones are in the archives):"

@@ -175,8 +175,3 @@ def build_rolling_messages(
         {"role": "system", "content": system_prompt(summary_max_tokens, instructions)},
         {"role": "user", "content": rolling_user_prompt(summary_so_far, chunk, part, parts)},
     ]
-
-
-def messages_text(messages: Sequence[ChatMessage]) -> str:
-    """All message contents joined: what a test or a token count looks at."""
-    return "\n".join(message["content"] for message in messages)

@@ -77,10 +77,6 @@ class ParsedSummary:
     earlier_archives: int = 0
     archive_note: str = ""  # the memd-archive line, when the block has one
 
-    @property
-    def newer_than_known(self) -> bool:
-        return self.version > SUMMARY_FORMAT
-
 
 def parse_summary(text: str) -> ParsedSummary:
     """Split a summary block's text (after the preamble) into its parts, any format."""

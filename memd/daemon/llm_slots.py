@@ -24,7 +24,6 @@ class LlmSlots:
         self._free = slots
         self._closed = False
         self._cond = threading.Condition()
-        self.peak = 0  # the most summaries ever in flight at once (tests, metrics)
 
     def close(self) -> None:
         """Shutdown: summaries in flight finish; jobs waiting for a busy slot do
@@ -46,7 +45,6 @@ class LlmSlots:
                     f"agent {agent!r}: shutting down; the summary had not started (nothing changed)"
                 )
             self._free -= 1
-            self.peak = max(self.peak, self.slots - self._free)
         try:
             yield
         finally:

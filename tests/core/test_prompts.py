@@ -4,8 +4,8 @@ from memd.core import memfile
 from memd.core.chunking import transcript_pieces
 from memd.core.prompts import (
     SUMMARY_SECTIONS,
+    ChatMessage,
     build_rolling_messages,
-    messages_text,
     previous_summary_body,
     quote_block,
     since_last_summary,
@@ -32,6 +32,11 @@ def messages_for(doc: memfile.MemoryDocument, max_tokens: int = 500, instruction
         summary_max_tokens=max_tokens,
         instructions=instructions,
     )
+
+
+def messages_text(messages: list[ChatMessage]) -> str:
+    """All message contents joined."""
+    return "\n".join(message["content"] for message in messages)
 
 
 def test_messages_ask_for_every_section_and_carry_the_turns() -> None:
