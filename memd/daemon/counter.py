@@ -52,9 +52,10 @@ _log = get_logger("memd.daemon")
 # The longest the service thread sleeps without a hint (it re-checks stopping).
 _MAX_WAIT_S = 1.0
 # The service thread wakes this long after the next deadline, so the counts due
-# within it (agents written at about the same time, the batched live flush) run
-# in one tick instead of one wake-up each. Late by at most this, never early.
-_COALESCE_S = 0.01
+# within it (the agents of one inotify batch, whose hints carry times a few
+# hundred µs apart, and the live flush) run in one tick instead of one wake-up
+# each. Late by at most this, never early.
+_COALESCE_S = 0.003
 
 
 class HintKind(StrEnum):
