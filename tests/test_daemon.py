@@ -94,6 +94,7 @@ class Outcome:
     reply_redacted: int = 0
     pruned: Any = None
     prune_error: str | None = None
+    partial: bool = False
 
     @property
     def tokens_produced(self) -> int | None:
