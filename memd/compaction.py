@@ -89,8 +89,8 @@ from memd.core.summary_block import (
     material_of,
     version_line,
 )
-from memd.core.summary_plan import BudgetError, is_degenerate
-from memd.core.tokens import JUNCTION_CUT_ENCODINGS
+from memd.core.summary_plan import BudgetError, degenerate_floor
+from memd.core.tokens import JUNCTION_CUT_ENCODINGS, count_at_least
 from memd.counting import TrackedCount, count_data, count_fd
 from memd.errors import (
     CompactionAborted,
@@ -652,10 +652,13 @@ class _Transaction:
         scrubbed = scan.redact(result.text.strip())
         self.reply_redacted = scrubbed.count
         body = scrubbed.text
-        if judge:
+        if judge and self.count_bytes is not None:
             input_tokens = material.input_tokens if known is None else known
-            reply_tokens = self.count_text(body)
-            if is_degenerate(reply_tokens, input_tokens, self.options.summary_max_tokens):
+            floor = degenerate_floor(input_tokens, self.options.summary_max_tokens)
+            # Counted only as far as it takes to reach the floor (exact under it).
+            reply = body.encode("utf-8", "surrogateescape")
+            reply_tokens = count_at_least(reply, floor, self.count_bytes)
+            if reply_tokens < floor:
                 raise SummarizerError(
                     f"agent {self.agent!r}: summarizer reply refused as degenerate "
                     f"({reply_tokens} tokens for {input_tokens} tokens of input); "

@@ -146,6 +146,28 @@ def safe_chunk_bounds(data: bytes, target: int) -> list[tuple[int, int]]:
 ENTRY_TERMINATOR: Final = b"\n\n---\n\n"
 KEEP_TAIL_MAX_BYTES: Final = 64 << 10
 
+# A guess of bytes per token, for where to try a first cut (any guess stays exact).
+_BYTES_PER_TOKEN_GUESS: Final = 6
+
+
+def count_at_least(data: bytes, floor: int, count_bytes: CountBytes) -> int:
+    """The token count of ``data`` when it is under ``floor``; else a number of at
+    least ``floor``, enough to decide ``count < floor`` exactly.
+
+    A long text is counted up to a safe boundary past what ``floor`` tokens
+    usually take: a prefix cut there never has more tokens than the whole (the
+    rest adds its own), so reaching the floor there settles it. Otherwise the
+    rest is counted too, and the sum is the whole count: never more work than
+    counting the whole.
+    """
+    start = floor * _BYTES_PER_TOKEN_GUESS
+    cut = next_safe_boundary(data, start) if 0 < start < len(data) else None
+    if cut is None:
+        return count_bytes(data)
+    head = count_bytes(data[:cut])
+    return head if head >= floor else head + count_bytes(data[cut:])
+
+
 # Encodings for which :func:`is_junction_cut` holds (proof in its docstring).
 JUNCTION_CUT_ENCODINGS: Final = frozenset({"cl100k_base", "o200k_base"})
 

@@ -306,3 +306,42 @@ def test_the_junction_is_not_a_cut_for_p50k() -> None:
     count = reference_counter("p50k_base")
     before, after = b"done\n\n---\n\n", b"### User"
     assert count(before + after) != count(before) + count(after)
+
+
+_long_texts = st.tuples(
+    st.one_of(
+        content_bytes,
+        st.sampled_from([b"abcdefghijklmnop ", b"x" * 40 + b" y\n", b"hello world. ", b"\xff\n"]),
+    ),
+    st.integers(1, 60),
+).map(lambda text_times: text_times[0] * text_times[1])
+
+
+@PROPERTY
+@given(data=st.one_of(any_bytes, _long_texts, _long_texts), floor=st.integers(0, 200))
+def test_counting_up_to_a_floor_decides_it_exactly(count: Count, data: bytes, floor: int) -> None:
+    from memd.core.tokens import count_at_least
+
+    whole = count(data)
+    found = count_at_least(data, floor, count)
+    assert (found < floor) is (whole < floor)
+    if found < floor:
+        assert found == whole
+
+
+def test_counting_up_to_a_floor_reads_less_of_a_long_text() -> None:
+    from memd.core.tokens import count_at_least
+
+    reference = reference_counter("cl100k_base")
+    seen: list[int] = []
+
+    def count(data: bytes) -> int:
+        seen.append(len(data))
+        return reference(data)
+
+    text = b"The quick brown fox jumps over the lazy dog. " * 2000
+    assert count_at_least(text, 100, count) >= 100
+    assert sum(seen) < len(text) // 10
+    seen.clear()
+    assert count_at_least(text, 10**6, count) == reference(text)  # never reached: all of it
+    assert sum(seen) == len(text)
