@@ -18,11 +18,11 @@ import hashlib
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from memd.core.tokens import (
     DEFAULT_MAX_PIECE_BYTES,
@@ -266,11 +266,25 @@ def _extend_open(
 
 # (tracked, kind, failure reason); tracked None with no failure = no such file.
 CountResult = tuple["TrackedCount | None", CountKind, "str | None"]
-StopFn = Callable[[], bool]
+
+
+class Stopping(Protocol):
+    """What a long count looks at between results: the daemon's exit state (a flag
+    a signal handler sets), read, never called back."""
+
+    @property
+    def should_exit(self) -> bool: ...
+
+
+class _NeverStops:
+    should_exit = False
+
+
+_NEVER = _NeverStops()
 
 # Below this many bytes to count, forking workers costs more than it saves.
 POOL_MIN_BYTES = 4 << 20
-# How often a wait for the pool's results looks at ``stop()``.
+# How often a wait for the pool's results looks at ``stop``.
 _STOP_POLL_S = 0.1
 
 
@@ -323,21 +337,21 @@ def count_many(
     *,
     max_piece_bytes: int = DEFAULT_MAX_PIECE_BYTES,
     workers: int = 1,
-    stop: StopFn = lambda: False,
+    stop: Stopping = _NEVER,
 ) -> Iterator[tuple[int, CountResult]]:
     """``(index into jobs, result)`` for each job, in the order they finish.
 
     With ``workers > 1`` the files are counted in a pool of forked processes
     (the caller checked :func:`pool_worth_it`: no other thread may exist), so
-    every core tokenizes; else one by one here. ``stop()`` is looked at between
-    results: when it turns true the workers are killed and the iteration ends
+    every core tokenizes; else one by one here. ``stop.should_exit`` is looked at
+    between results: when it turns true the workers are killed and the iteration ends
     (SIGTERM must not wait for a big file). A worker that dies (the OOM killer)
     does not raise: the files it had not finished come back as failures, to be
     counted again later.
     """
     if workers < 2:
         for index, job in enumerate(jobs):
-            if stop():
+            if stop.should_exit:
                 return
             yield index, count_one(job, count_bytes, max_piece_bytes)
         return
@@ -349,7 +363,7 @@ def _count_forked(
     count_bytes: CountBytes,
     max_piece_bytes: int,
     workers: int,
-    stop: StopFn,
+    stop: Stopping,
 ) -> Iterator[tuple[int, CountResult]]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -373,7 +387,7 @@ def _count_forked(
             pool.submit(_count_batch, batch): batch for batch in batches
         }
         while pending:
-            if stop():
+            if stop.should_exit:
                 return
             finished, _ = wait(pending, timeout=_STOP_POLL_S, return_when=FIRST_COMPLETED)
             for future in finished:

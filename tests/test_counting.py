@@ -254,7 +254,11 @@ def test_stop_ends_the_pool_without_waiting_for_a_slow_file(tmp_path: Path) -> N
     jobs = _files(tmp_path, 4)
     slow = Path(jobs[0].path)
     slow.write_bytes(b"SLOW " * 10)
-    stopping: list[bool] = []
+
+    class Sigterm:  # the daemon's exit flags: read, never called
+        should_exit = False
+
+    sigterm = Sigterm()
 
     def hangs_on_slow(data: bytes) -> int:
         if b"SLOW" in data:
@@ -263,10 +267,10 @@ def test_stop_ends_the_pool_without_waiting_for_a_slow_file(tmp_path: Path) -> N
         return COUNTER.count_bytes(data)
 
     seen = []
-    for index, _result in count_many(jobs, hangs_on_slow, workers=2, stop=lambda: bool(stopping)):
+    for index, _result in count_many(jobs, hangs_on_slow, workers=2, stop=sigterm):
         seen.append(index)
         if len(seen) == len(jobs) - 1:
-            stopping.append(True)  # SIGTERM arrives while the slow file is counted
+            sigterm.should_exit = True  # SIGTERM arrives while the slow file is counted
     assert 0 not in seen and len(seen) == len(jobs) - 1
 
 

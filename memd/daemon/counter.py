@@ -34,6 +34,7 @@ from memd.daemon.entries import (
     AgentEntry,
     Counted,
     EntryCounter,
+    ExitState,
     Tokenizer,
     changed_on_disk,
     check_contained,
@@ -142,7 +143,7 @@ class CountService:
         pool_allowed: bool,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        should_stop: Callable[[], bool] = lambda: False,
+        exiting: ExitState | None = None,
     ) -> None:
         # ``clock`` stamps the hints (debouncing), ``wall_clock`` is the runner's
         # (its wake-up times): tests pass made-up ones and call tick() themselves.
@@ -155,8 +156,8 @@ class CountService:
         self._runner = runner
         self._flusher = flusher
         self._pool_allowed = pool_allowed
-        # The daemon is shutting down (SIGTERM during the start-up count).
-        self._should_stop = should_stop
+        # The daemon's exit flags (SIGTERM during the start-up count), read here.
+        self._exiting = ExitState() if exiting is None else exiting
         self._debouncer: Debouncer[str] = _new_debouncer(trigger)
         self._count_now: set[str] = set()
         self._rescan = False
@@ -428,7 +429,7 @@ class CountService:
                 done = len(list(pool.map(self._count, to_count)))
         else:
             for entry in to_count:
-                if self._should_stop():
+                if self._exiting.should_exit:
                     break
                 self._count(entry)
                 done += 1
@@ -500,7 +501,8 @@ class CountService:
             self._counter.tokenizer.count_bytes,
             max_piece_bytes=self._counter.max_piece_bytes,
             workers=workers,
-            stop=lambda: self._stopping or self._should_stop(),
+            # The daemon's flags: this runs before start(), self._stopping is unset.
+            stop=self._exiting,
         )
         done = len(entries) - len(counted)  # the refused ones, counted above
         for index, result in results:

@@ -77,6 +77,17 @@ class AgentEntry:
 
 
 @dataclass(slots=True)
+class ExitState:
+    """The daemon's exit flags, one small object (uvicorn's ``ServerState``): the
+    lifecycle owns it and its signal rule sets them; the services that must stop
+    early (the start-up count) read them. Plain attributes: a signal handler
+    takes no lock."""
+
+    should_exit: bool = False  # stop: SIGTERM, or a first SIGINT
+    force_exit: bool = False  # a second SIGINT: in-flight compactions abort
+
+
+@dataclass(slots=True)
 class RunStats:
     """The runner's figures (changed under the runner's lock), read by the flusher
     for ``STATUS=`` and the heartbeat (one read each, no lock)."""

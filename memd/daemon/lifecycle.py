@@ -45,7 +45,7 @@ from memd.core.audit import AuditEvent
 from memd.core.config import MemdConfig
 from memd.core.privacy import outbound_redaction
 from memd.daemon import checks
-from memd.daemon.entries import CountUpdate, Tokenizer
+from memd.daemon.entries import CountUpdate, ExitState, Tokenizer
 from memd.daemon.registry import RecoverFn
 from memd.daemon.runner import CompactFn, SummarizerFactory
 from memd.daemon.wiring import Parts, Services, new_tokenizer
@@ -120,9 +120,9 @@ class Daemon:
         # Built at start-up (None before, or when start-up failed first).
         self.services: Services | None = None
 
-        # Flags set by the signal handler (and by tests, through it).
-        self.should_exit = False
-        self.force_exit = False
+        # The exit flags, set by the signal handler (and by tests, through it) and
+        # read by the services that stop early; reload is the main loop's alone.
+        self.state = ExitState()
         self.reload_requested = False
         self.ready = threading.Event()
         self.stopped = threading.Event()
@@ -134,10 +134,10 @@ class Daemon:
         locks in handlers). A second SIGINT while exiting forces."""
         if signum == signal.SIGHUP:
             self.reload_requested = True
-        elif signum == signal.SIGINT and self.should_exit:
-            self.force_exit = True
+        elif signum == signal.SIGINT and self.state.should_exit:
+            self.state.force_exit = True
         else:
-            self.should_exit = True
+            self.state.should_exit = True
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -187,12 +187,12 @@ class Daemon:
             self._parts,
             self.notifier,
             started_at=self.started_at,
-            should_stop=lambda: self.should_exit,
+            exiting=self.state,
         )
         # Runs after the scheduler has stopped: queued jobs will not run now.
         stack.callback(s.final_flush)
         entries, later = s.load_agents()
-        if self.should_exit:
+        if self.state.should_exit:
             return  # SIGTERM during the count: stop before READY
         # Threads only after the initial count (it may fork a process pool).
         s.recall.start(stack)
@@ -243,7 +243,7 @@ class Daemon:
     def _main_loop(self) -> None:
         ping_every = self.notifier.watchdog_ping_interval_s
         next_ping = time.monotonic()
-        while not self.should_exit:
+        while not self.state.should_exit:
             if self.reload_requested:
                 self.reload_requested = False
                 self._reload()
@@ -262,11 +262,11 @@ class Daemon:
         # second SIGINT meanwhile (this is still the main thread).
         waiter = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
         waiter.start()
-        while waiter.is_alive() and not self.force_exit:
+        while waiter.is_alive() and not self.state.force_exit:
             waiter.join(timeout=_MAIN_TICK_S)
-        if self.force_exit and self.services is not None:
+        if self.state.force_exit and self.services is not None:
             self.services.runner.abort.set()
-        if self.force_exit and waiter.is_alive():
+        if self.state.force_exit and waiter.is_alive():
             _log.warning("forced exit; in-flight compactions abort before their commit")
             # Give them a moment to reach a checkpoint and roll back.
             waiter.join(timeout=2.0)
@@ -282,7 +282,7 @@ class Daemon:
         if not quiet:
             _log.info("stopping", compacting=s.runner.running() if s is not None else [])
         stack.close()
-        code = EXIT_FORCED if self.force_exit else EXIT_OK
+        code = EXIT_FORCED if self.state.force_exit else EXIT_OK
         if not quiet:
             _log.info("stopped", exit_code=code)
         return code

@@ -28,7 +28,14 @@ from memd.daemon import checks
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.committed import AfterCommit
 from memd.daemon.counter import CountService
-from memd.daemon.entries import AgentEntry, CountUpdate, EntryCounter, RunStats, Tokenizer
+from memd.daemon.entries import (
+    AgentEntry,
+    CountUpdate,
+    EntryCounter,
+    ExitState,
+    RunStats,
+    Tokenizer,
+)
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.metrics import MetricsStage
 from memd.daemon.recall import RecallStage
@@ -137,7 +144,7 @@ class Services:
         notifier: SystemdNotifier,
         *,
         started_at: float,
-        should_stop: Callable[[], bool],
+        exiting: ExitState,
     ) -> None:
         self._config = config
         self.registry = AgentRegistry(
@@ -200,7 +207,7 @@ class Services:
             self.runner,
             self.flusher,
             pool_allowed=parts.tokenizer_factory is None,
-            should_stop=should_stop,
+            exiting=exiting,
         )
         self.metrics = MetricsStage(config.metrics, self.entry_counter, self.runner)
 

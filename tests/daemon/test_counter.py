@@ -302,3 +302,15 @@ def test_a_memory_erased_with_its_archives_takes_its_job_past_along(tmp_path: Pa
     assert s.tokens("gone") == 0 == s.tokens("kept")
     assert s.job("gone") == AgentJob()
     assert s.job("kept").last_compaction_at == compacted_at
+
+
+def test_the_start_up_count_stops_once_the_daemon_is_exiting(tmp_path: Path) -> None:
+    from memd.daemon.entries import ExitState
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=3)
+    # The lifecycle's flags, set by SIGTERM before the count reached alice: read, not called.
+    s = build_services(ws, ScriptedCompaction(), exiting=ExitState(should_exit=True))
+    assert s.tokens("alice") == 0  # not counted: the daemon stops before READY
+    counted = build_services(ws, ScriptedCompaction(), exiting=ExitState())
+    assert counted.tokens("alice") == full(ws.root / "agents/alice/MEMORY.md") > 0

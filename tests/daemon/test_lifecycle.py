@@ -37,11 +37,11 @@ def test_real_signals_set_only_flags_and_a_second_sigint_forces(tmp_path: Path) 
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with daemon.capture_signals():
         signal.raise_signal(signal.SIGHUP)
-        assert daemon.reload_requested and not daemon.should_exit
+        assert daemon.reload_requested and not daemon.state.should_exit
         signal.raise_signal(signal.SIGINT)
-        assert daemon.should_exit and not daemon.force_exit
+        assert daemon.state.should_exit and not daemon.state.force_exit
         signal.raise_signal(signal.SIGINT)  # the second SIGINT forces
-        assert daemon.force_exit
+        assert daemon.state.force_exit
     # The previous handlers are back.
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
@@ -51,7 +51,7 @@ def test_sigterm_never_forces(tmp_path: Path) -> None:
     with daemon.capture_signals():
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGTERM)
-    assert daemon.should_exit and not daemon.force_exit
+    assert daemon.state.should_exit and not daemon.state.force_exit
 
 
 def test_handlers_are_left_alone_when_not_asked_to_install(tmp_path: Path) -> None:

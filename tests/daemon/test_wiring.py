@@ -16,6 +16,7 @@ from support.daemon_services import COUNTER, Clock, FakeScheduler, ScriptedCompa
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.core.jobs import JobState
+from memd.daemon.entries import ExitState
 from memd.daemon.wiring import Parts, Services
 from memd.notify import SystemdNotifier
 from memd.settings import build_config
@@ -38,7 +39,7 @@ def built(
             parts,
             SystemdNotifier({}),
             started_at=0.0,
-            should_stop=lambda: False,
+            exiting=ExitState(),
         )
 
 

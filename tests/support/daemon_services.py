@@ -12,7 +12,7 @@ from typing import Any
 
 from memd.core.config import MemdConfig
 from memd.daemon.counter import CountService
-from memd.daemon.entries import EntryCounter, RunStats
+from memd.daemon.entries import EntryCounter, ExitState, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.runner import Runner
@@ -171,6 +171,7 @@ def build_services(
     extra: dict[str, Any] | None = None,
     summarizer: Any = None,
     after_commit: Any = None,
+    exiting: ExitState | None = None,
 ) -> Services:
     data = {k: dict(v) for k, v in CONFIG.items()}
     for key, value in (extra or {}).items():
@@ -213,6 +214,7 @@ def build_services(
         pool_allowed=False,
         clock=clock,
         wall_clock=clock,
+        exiting=exiting,
     )
     runner.start(scheduler)  # type: ignore[arg-type]
     entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
