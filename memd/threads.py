@@ -8,37 +8,25 @@ seeing every one as ``python3``. Python 3.14 does this itself; before that,
 runs once, in each new thread before its target, and removes itself.
 
 The kernel keeps 15 bytes of a name (``memd-recall-sync`` shows as
-``memd-recall-syn``). Linux only; elsewhere, or when the C library has no
-``prctl``, nothing is named and nothing fails.
+``memd-recall-syn``). Linux only; elsewhere nothing is named and nothing fails.
 """
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
-from collections.abc import Callable
 from types import FrameType
-from typing import Final
 
-_PR_SET_NAME: Final = 15  # linux/prctl.h
-_COMM_BYTES: Final = 15  # TASK_COMM_LEN less the NUL
-
-_prctl: Callable[..., int] | None = None  # resolved once
+from setproctitle import setthreadtitle
 
 
-def set_native_name(name: str) -> bool:
-    """Name the calling thread in the kernel (its first 15 bytes); False where it cannot."""
-    global _prctl
-    if not sys.platform.startswith("linux"):
-        return False
-    if _prctl is None:
-        try:
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            return False
-    encoded = name.encode("utf-8", "replace")[:_COMM_BYTES]
-    return int(_prctl(_PR_SET_NAME, ctypes.c_char_p(encoded), 0, 0, 0)) == 0
+def set_native_name(name: str) -> None:
+    """Name the calling thread in the kernel (its first 15 bytes are kept).
+
+    setproctitle's ``setthreadtitle`` is ``prctl(PR_SET_NAME)`` on Linux and
+    does nothing where the platform has no such call.
+    """
+    setthreadtitle(name)
 
 
 def _name_then_leave(_frame: FrameType, _event: str, _arg: object) -> None:
