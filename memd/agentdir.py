@@ -25,7 +25,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from memd.errors import WorkspaceError
+from memd.errors import WorkspaceError, describe_error
 from memd.workspace import (
     ARCHIVE_DIR,
     MEMORY_FILE,
@@ -45,8 +45,9 @@ def fd_path(fd: int) -> str:
     try:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError as exc:
+        reason = describe_error(exc, with_file=False)
         raise WorkspaceError(
-            f"cannot tell where an open folder is (/proc/self/fd unreadable: {exc.strerror})"
+            f"cannot tell where an open folder is (/proc/self/fd unreadable: {reason})"
         ) from None
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memd.agentdir import AgentDir
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 from memd.fsutil import create_file_at, read_to_end
 from memd.workspace import AgentPaths
 
@@ -170,7 +170,9 @@ def generate_master_key(path: Path) -> MasterKey:
             "key to existing archives)"
         ) from None
     except OSError as exc:
-        raise ArchiveKeyError(f"key file {path}: cannot create: {exc.strerror}") from None
+        raise ArchiveKeyError(
+            f"key file {path}: cannot create: {describe_error(exc, with_file=False)}"
+        ) from None
     try:
         os.fchmod(fd, 0o600)  # whatever the umask
         os.write(fd, render_master_key(key))
@@ -179,7 +181,9 @@ def generate_master_key(path: Path) -> MasterKey:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
-        raise ArchiveKeyError(f"key file {path}: cannot write: {exc.strerror}") from None
+        raise ArchiveKeyError(
+            f"key file {path}: cannot write: {describe_error(exc, with_file=False)}"
+        ) from None
     os.close(fd)
     with contextlib.suppress(OSError):
         dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
@@ -200,7 +204,9 @@ def read_master_key(path: Path) -> MasterKey:
             "`memd archive keygen FILE`"
         ) from None
     except OSError as exc:
-        raise ArchiveKeyError(f"key file {path} (privacy.key_file): {exc.strerror}") from None
+        raise ArchiveKeyError(
+            f"key file {path} (privacy.key_file): {describe_error(exc, with_file=False)}"
+        ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ArchiveKeyError(f"key file {path} (privacy.key_file) is not a regular file")
@@ -441,7 +447,9 @@ def read_archive(paths: AgentPaths, name: str, master: MasterKey | None) -> byte
         except FileNotFoundError:
             raise ArchiveKeyError(f"agent {agent!r}: no archive {name}") from None
         except OSError as exc:
-            raise ArchiveKeyError(f"agent {agent!r}: archive {name}: {exc.strerror}") from None
+            raise ArchiveKeyError(
+                f"agent {agent!r}: archive {name}: {describe_error(exc, with_file=False)}"
+            ) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ArchiveKeyError(f"agent {agent!r}: archive {name} is not a regular file")

@@ -21,6 +21,7 @@ from memd.core.descriptor import (
     DescriptorError,
     parse_descriptor,
 )
+from memd.errors import describe_error
 from memd.logs import get_logger
 
 _log = get_logger("memd.descriptor")
@@ -45,7 +46,9 @@ def read_window(
             raise DescriptorError(
                 f"{DESCRIPTOR_NAME}: a symlink; memd does not follow it"
             ) from None
-        raise DescriptorError(f"{DESCRIPTOR_NAME}: {exc.strerror}") from None
+        raise DescriptorError(
+            f"{DESCRIPTOR_NAME}: {describe_error(exc, with_file=False)}"
+        ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -253,7 +253,13 @@ def check_flock(workspace: Path) -> list[Check]:
             prefix=".memd-doctor-lock-", dir=directory, delete=False
         )
     except OSError as exc:
-        return [_fail(name, f"cannot create a file in {directory}: {exc.strerror}", fix)]
+        return [
+            _fail(
+                name,
+                f"cannot create a file in {directory}: {describe_error(exc, with_file=False)}",
+                fix,
+            )
+        ]
     path = Path(handle.name)
     try:
         try:
@@ -299,7 +305,9 @@ def check_filesystem(workspace: Path, mounts_file: Path = Path("/proc/self/mount
     try:
         mounts_text = mounts_file.read_text(errors="replace")
     except OSError as exc:
-        return [_warn(name, f"cannot read {mounts_file}: {exc.strerror}", "")]
+        return [
+            _warn(name, f"cannot read {mounts_file}: {describe_error(exc, with_file=False)}", "")
+        ]
     found = mount_of(workspace.resolve(), mounts_text)
     if found is None:
         return [_warn(name, f"no mount found for {workspace}", "")]
@@ -451,7 +459,7 @@ def check_summarizer(
     try:
         connect(endpoint, CONNECT_TIMEOUT_S)
     except OSError as exc:
-        reason = exc.strerror or exc.__class__.__name__
+        reason = describe_error(exc, with_file=False)
         if isinstance(exc, TimeoutError):
             reason = f"timed out after {CONNECT_TIMEOUT_S:g}s"
         checks.append(

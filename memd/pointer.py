@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 
 POINTER_NAME = ".memd-state"
 POINTER_FORMAT = "memd-state-pointer"
@@ -110,7 +110,9 @@ def read_pointer(workspace: Path, *, euid: int | None = None) -> StatePointer | 
     except OSError as exc:
         if os.path.islink(path):
             raise PointerRefused(f"{path} is a symlink; not followed") from None
-        raise PointerRefused(f"{path}: cannot read it ({exc.strerror})") from None
+        raise PointerRefused(
+            f"{path}: cannot read it ({describe_error(exc, with_file=False)})"
+        ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -37,6 +37,7 @@ from typing import Any, Final, Literal, Protocol
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 
 from memd.core.descriptor import DESCRIPTOR_NAME
+from memd.errors import describe_error
 from memd.inotify import (
     EVENT,
     IN_ATTRIB,
@@ -530,7 +531,7 @@ class Watcher:
         try:
             backend.watch(key, path)
         except OSError as exc:
-            reason = exc.strerror or str(exc)
+            reason = describe_error(exc, with_file=False)
             if self._failed.get(key) != reason:
                 # Logged once per reason; the reconcile rescan still covers the agent.
                 _log.warning(

@@ -20,3 +20,11 @@ def test_memd_errors_and_others_keep_their_message() -> None:
     assert describe_error(LockTimeout("agent 'a': busy")) == "agent 'a': busy"
     assert describe_error(ValueError("bad value")) == "bad value"
     assert describe_error(RuntimeError()) == "RuntimeError"
+
+
+def test_an_os_error_without_system_text_never_reads_none() -> None:
+    # Sites that print an OSError next to the path they name use with_file=False;
+    # exc.strerror alone would print "None" for these.
+    assert describe_error(TimeoutError("timed out"), with_file=False) == "timed out"
+    assert describe_error(OSError(), with_file=False) == "OSError"
+    assert describe_error(OSError(errno.EIO, None), with_file=False) == "Input/output error"

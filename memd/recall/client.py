@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 from memd.recall.socket_server import PROTOCOL_VERSION
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -29,7 +29,9 @@ def ask(path: Path, request: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_
     try:
         directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise RecallUnavailable(f"recall socket folder {path.parent}: {exc.strerror}") from None
+        raise RecallUnavailable(
+            f"recall socket folder {path.parent}: {describe_error(exc, with_file=False)}"
+        ) from None
     data = bytearray()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -43,7 +45,7 @@ def ask(path: Path, request: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_
                 data += chunk
     except OSError as exc:
         raise RecallUnavailable(
-            f"memd's recall socket {path} did not answer ({exc.strerror or exc}); "
+            f"memd's recall socket {path} did not answer ({describe_error(exc, with_file=False)}); "
             "is the memd daemon running?"
         ) from None
     finally:
