@@ -31,7 +31,6 @@ from memd.core.chunking import (
     cut_at_line,
     plan_chunks,
     request_limits,
-    summarizer_window,
     transcript_pieces,
 )
 from memd.core.config import SummarizerConfig
@@ -47,6 +46,7 @@ from memd.core.summary_block import parse_summary
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
+from memd.modelinfo import window_for
 from memd.redaction_key import process_key
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
@@ -280,7 +280,7 @@ class LiteLLMSummarizer:
     ) -> None:
         self._config = config
         self._count_text: CountText = count_text or _estimate_tokens
-        self.window = window or summarizer_window(config.context_length, None)
+        self.window = window or window_for(config)
         # Set by stop(): no new attempt starts and a backoff wait ends at once.
         self._stopping = threading.Event()
         self._sleep = sleep if sleep is not None else self._stopping.wait

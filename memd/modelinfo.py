@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
+from memd.core.chunking import Window, summarizer_window
+from memd.core.config import SummarizerConfig
 from memd.litellm_data import litellm_file
 
 MODEL_MAP_FILENAME: Final = "model_prices_and_context_window_backup.json"
@@ -99,3 +101,11 @@ def context_length_for_model(model: str) -> int | None:
     if found is None and ":" in name:
         found = _lookup(table, name.split(":", 1)[0])
     return found
+
+
+def window_for(config: SummarizerConfig) -> Window:
+    """The summarizer's window: configured, else litellm's map, else a default (warned).
+
+    The one context-length lookup for a summarizer (litellm's bundled map, read
+    without importing litellm)."""
+    return summarizer_window(config.context_length, context_length_for_model(config.model))

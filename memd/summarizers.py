@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Final
 
 from memd.core.builtin_summary import extractive_summary
-from memd.core.chunking import Window, summarizer_window
 from memd.core.config import SummarizerConfig
 from memd.core.privacy import Privacy, redact_document
 from memd.core.prompts import CountText
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.errors import SummarizerError
-from memd.modelinfo import context_length_for_model
+from memd.modelinfo import window_for
 from memd.redaction_key import process_key
 
 BUILTIN_MODEL: Final = "builtin"
@@ -51,12 +50,6 @@ class BuiltinSummarizer:
         return SummaryResult(
             text=text, model=BUILTIN_MODEL, cost_usd=0.0, output_tokens=self._count_text(text)
         )
-
-
-def window_for(config: SummarizerConfig) -> Window:
-    """The summarizer's window: configured, else litellm's map, else a default (warned)."""
-    # litellm's bundled map, read without importing litellm.
-    return summarizer_window(config.context_length, context_length_for_model(config.model))
 
 
 def needs_litellm(config: SummarizerConfig) -> bool:

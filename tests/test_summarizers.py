@@ -13,7 +13,8 @@ from memd.core.config import SummarizerConfig
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
 from memd.llm import LiteLLMSummarizer
-from memd.summarizers import BuiltinSummarizer, make_summarizer, window_for
+from memd.modelinfo import window_for
+from memd.summarizers import BuiltinSummarizer, make_summarizer
 from memd.tokenizer import TokenCounter
 
 
@@ -71,6 +72,8 @@ def test_any_other_model_goes_through_litellm(counter: TokenCounter) -> None:
     assert window_for(SummarizerConfig(model="openai/made-up-model")) == Window(8_192, "default")
     configured = SummarizerConfig(model="openai/gpt-4o-mini", context_length=4_096)
     assert window_for(configured) == Window(4_096, "summarizer.context_length")
+    # Built directly, the summarizer takes the same lookup (not only the configured length).
+    assert summarizer.window == LiteLLMSummarizer(config).window == Window(128_000, "model")
 
 
 def test_choosing_a_summarizer_never_imports_litellm() -> None:
