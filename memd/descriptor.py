@@ -88,10 +88,13 @@ class Descriptors:
         self._seen: dict[str, tuple[FileKey | None, AgentWindow | None]] = {}
         self._lock = threading.Lock()
 
-    def clear(self) -> None:
-        """Forget every reading (a config reload may bring a new tokenizer)."""
+    def clear(self, count_text: Callable[[str], int] | None = None) -> None:
+        """Forget every reading (a config reload); with ``count_text``, the reserved
+        text is counted with it from now on (the reload's new tokenizer)."""
         with self._lock:
             self._seen.clear()
+            if count_text is not None:
+                self._count_text = count_text
 
     def changed(self, agent: str, agent_dir: Path) -> bool:
         """Has the agent's descriptor changed since ``window`` last read it?"""

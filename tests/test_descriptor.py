@@ -163,7 +163,7 @@ def test_the_start_up_scan_reads_a_descriptor_it_lists_and_lstats_none_it_does_n
     ws.create_agent("declared")
     ws.create_agent("plain")
     write(ws.root / "agents" / "declared", context_length=8000)
-    registry = AgentRegistry(ws.root, MemdConfig(), lambda _paths: None, None)
+    registry = AgentRegistry(ws.root, MemdConfig(), lambda _paths, _key: None, None)
     registry.start()
     registry.descriptors = Descriptors(words)
     looked: list[Path] = []
@@ -178,3 +178,27 @@ def test_the_start_up_scan_reads_a_descriptor_it_lists_and_lstats_none_it_does_n
     assert declared.policy.context_length == 8000
     assert plain.policy.window_source == "default"
     assert looked == [declared.paths.dir]  # the plain agent's listing said: none
+
+
+def test_a_reload_hands_the_registry_the_new_tokenizers_count_for_reserved_text(
+    tmp_path: Path,
+) -> None:
+    from memd.core.config import MemdConfig
+    from memd.daemon.registry import AgentRegistry
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("declared")
+    write(ws.root / "agents" / "declared")  # reserved text: "alpha beta"
+    registry = AgentRegistry(ws.root, MemdConfig(), lambda _paths, _key: None, None)
+    registry.start()
+    registry.descriptors = Descriptors(words)
+    registry.register([entry for entry in [registry.make_entry("declared")] if entry], set())
+
+    def reserved() -> int:
+        return registry.agents()["declared"].policy.reserved_tokens
+
+    assert reserved() == 2  # counted in words
+    registry.reconfigure(MemdConfig())  # a reload that kept the tokenizer
+    assert reserved() == 2
+    registry.reconfigure(MemdConfig(), lambda text: len(text))  # a new tokenizer's count
+    assert reserved() == len("alpha beta")

@@ -327,9 +327,11 @@ class Daemon:
                 tokenizer = new_tokenizer(new, self._parts)
             except MemdError as exc:
                 _log.error("reload: tokenizer unavailable; keeping the old one", error=str(exc))
-        # Fan-out: each service takes what it needs from the new config.
-        s.runner.reconfigure(new)
-        s.registry.reconfigure(new)
+        # Fan-out: each service takes what it needs from the new config (and the
+        # new tokenizer's count, when there is one: summaries, reserved text).
+        count_text = None if tokenizer is None else tokenizer.count_text
+        s.runner.reconfigure(new, count_text)
+        s.registry.reconfigure(new, count_text)
         s.retention.reconfigure(new)
         s.recall.reconfigure(new)
         if new.privacy != old.privacy:
@@ -339,9 +341,6 @@ class Daemon:
         s.counter.reconfigure(
             new.trigger, new.tokenizer.encoding, tokenizer, new.tokenizer.max_piece_bytes
         )
-        if tokenizer is not None:
-            # Agents' reserved text (memd-agent.json) is counted with the new encoding too.
-            s.registry.reconfigure(new)
         if s.watches is not None:
             s.watches.check_every_s = new.watch.reconcile_s
         if (

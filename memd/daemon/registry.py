@@ -107,12 +107,15 @@ class AgentRegistry:
         self._agents_root = self._root / AGENTS_DIR
         self._agents_dir_plain = not self._agents_root.is_symlink()
 
-    def reconfigure(self, config: MemdConfig) -> None:
-        """New per-agent policies (reload)."""
+    def reconfigure(
+        self, config: MemdConfig, count_text: Callable[[str], int] | None = None
+    ) -> None:
+        """New per-agent policies (reload); ``count_text``: the new tokenizer's, when
+        the reload brought one (agents' reserved text is counted with it)."""
         with self._lock:
             self._config = config
             if self.descriptors is not None:
-                self.descriptors.clear()  # the tokenizer may have changed
+                self.descriptors.clear(count_text)
             for entry in self._agents.values():
                 entry.policy = self.policy(entry.name)
                 entry.dirty = True

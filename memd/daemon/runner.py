@@ -178,7 +178,7 @@ class Runner:
         self.summarizers = SummarizerSource(
             config,
             summarizer_factory,
-            lambda text: counter.tokenizer.count_text(text),
+            counter.tokenizer.count_text,
             self.spending.charge,
         )
 
@@ -193,11 +193,14 @@ class Runner:
         self.summarizers.stop()
         self.llm_slots.close()
 
-    def reconfigure(self, config: MemdConfig) -> None:
+    def reconfigure(
+        self, config: MemdConfig, count_text: Callable[[str], int] | None = None
+    ) -> None:
+        """A reload; ``count_text``: the new tokenizer's, when it brought one."""
         with self._lock:
             self.config = config
             self.retry_policy = RetryPolicy.from_config(config.daemon)
-        self.summarizers.reconfigure(config)
+        self.summarizers.reconfigure(config, count_text)
         self.spending.reconfigure(config.summarizer)
 
     @property

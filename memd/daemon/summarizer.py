@@ -34,7 +34,7 @@ class SummarizerSource:
     ) -> None:
         self._config = config
         self._factory = factory
-        # With the tokenizer MEMORY.md is counted with (a reload may swap it).
+        # The tokenizer's MEMORY.md is counted with (a reload hands the new one in).
         self._count_text = count_text
         self._meter = meter
         self._summarizer: Summarizer | None = None
@@ -86,9 +86,14 @@ class SummarizerSource:
             self._stopped = True
             _stop_retries(self._summarizer)
 
-    def reconfigure(self, config: MemdConfig) -> None:
+    def reconfigure(
+        self, config: MemdConfig, count_text: Callable[[str], int] | None = None
+    ) -> None:
+        """A reload; ``count_text``: the new tokenizer's, when it brought one."""
         with self._lock:
             self._config = config
+            if count_text is not None:
+                self._count_text = count_text
             self._summarizer = None  # rebuilt when next needed, with the new settings
 
 

@@ -176,11 +176,9 @@ class Services:
             updates=parts.count_updates,
             max_piece_bytes=config.tokenizer.max_piece_bytes,
         )
-        counted_with = self.entry_counter
-        # Reserved text is counted with the tokenizer MEMORY.md is counted with (reload swaps it).
-        self.registry.descriptors = Descriptors(
-            lambda text: counted_with.tokenizer.count_text(text)
-        )
+        # Reserved text is counted with the tokenizer MEMORY.md is counted with (a
+        # reload hands the registry the new one's).
+        self.registry.descriptors = Descriptors(tokenizer.count_text)
         # The stages after a commit, made before the runner that hands them outcomes.
         self.recall = RecallStage(state_dir, workspace, config, self.registry)
         self.retention = RetentionService(

@@ -71,3 +71,25 @@ def test_the_builtin_stands_in_after_fallback_after_failures() -> None:
     assert chosen.model == "builtin" and fallback
     never = source(config_of(fallback_after=0), [], [])
     assert never.for_agent("alpha", failures=50)[0].model == "openai/x"
+
+
+def test_a_reload_hands_in_the_new_tokenizers_count() -> None:
+    counts: list[Callable[[str], int]] = []
+
+    def factory(config: MemdConfig, count: Callable[[str], int]) -> Remote:
+        counts.append(count)
+        return Remote(config.summarizer.model)
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    def chars(text: str) -> int:
+        return len(text)
+
+    summarizers = SummarizerSource(config_of(fallback_after=1), factory, words, [].append)  # type: ignore[arg-type]
+    summarizers.get()
+    summarizers.reconfigure(config_of(fallback_after=1))  # the tokenizer kept
+    summarizers.get()
+    summarizers.reconfigure(config_of(fallback_after=1), chars)  # a new tokenizer
+    summarizers.get()
+    assert counts == [words, words, chars]
