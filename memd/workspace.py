@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -270,37 +269,42 @@ def agent_paths(workspace: Path, agent: str, *, must_exist: bool = True) -> Agen
     )
 
 
-def scan_agents(
-    workspace: Path, on_invalid: Callable[[os.DirEntry[str]], None] | None = None
-) -> dict[str, bool]:
-    """Agent folder names under ``agents/`` (valid names only) -> is it a symlink.
+class AgentScan(NamedTuple):
+    """What one listing of ``agents/`` found."""
+
+    agents: dict[str, bool]  # agent folder name (valid names only) -> is it a symlink
+    invalid_folders: list[str]  # folders (not symlinks) whose names cannot be agent names
+
+
+def scan_agents(workspace: Path) -> AgentScan:
+    """The agent folders under ``agents/``, and the folders refused for their name
+    (returned, for the caller to say so: the daemon says it once).
 
     One ``scandir`` keeps what it already knows, so a 10,000-agent workspace
-    costs one directory read, not 10,000 lstats. Entries whose names cannot be
-    agent names go to ``on_invalid`` (the daemon says so, once).
+    costs one directory read, not 10,000 lstats.
     """
     found: dict[str, bool] = {}
+    invalid: list[str] = []
     try:
         listing = os.scandir(workspace / AGENTS_DIR)
     except (FileNotFoundError, NotADirectoryError):
-        return found
+        return AgentScan(found, invalid)
     with listing:
         for item in listing:
-            if not is_valid_agent_name(item.name):
-                if on_invalid is not None:
-                    on_invalid(item)
-                continue
             try:
-                if item.is_dir(follow_symlinks=True):
+                if not is_valid_agent_name(item.name):
+                    if item.is_dir(follow_symlinks=False):
+                        invalid.append(item.name)
+                elif item.is_dir(follow_symlinks=True):
                     found[item.name] = item.is_symlink()
             except OSError:
                 continue
-    return found
+    return AgentScan(found, invalid)
 
 
 def list_agents(workspace: Path) -> list[str]:
     """Agent folder names under ``agents/`` (valid names only), sorted."""
-    return sorted(scan_agents(workspace))
+    return sorted(scan_agents(workspace).agents)
 
 
 # A folder whose ctime is this recent may still change within the same clock
@@ -486,6 +490,7 @@ __all__ = [
     "NO_ARCHIVES",
     "PRIVATE_DIR",
     "AgentPaths",
+    "AgentScan",
     "ArchiveStats",
     "FolderFacts",
     "ScannedAgent",

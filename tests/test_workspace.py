@@ -29,12 +29,12 @@ def test_scan_keeps_valid_folders_and_reports_the_rest(tmp_path: Path) -> None:
     (agents / "notes.txt").write_text("not an agent")
     (agents / "bad\\name").mkdir()
     (agents / ".git").mkdir()
-    invalid: list[str] = []
-    found = scan_agents(ws.root, lambda item: invalid.append(item.name))
+    os.symlink(agents / "bad\\name", agents / "bad\\link")  # not a folder of its own
+    found, invalid = scan_agents(ws.root)
     assert found == {"alice": False, "bob": False, "alias": True}
     assert sorted(invalid) == [".git", "bad\\name"]
     assert list_agents(ws.root) == ["alias", "alice", "bob"]
-    assert scan_agents(tmp_path / "nowhere") == {}
+    assert scan_agents(tmp_path / "nowhere") == ({}, [])
 
 
 def test_fast_paths_equal_the_checked_paths(tmp_path: Path) -> None:

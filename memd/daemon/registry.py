@@ -15,7 +15,6 @@ set. The registry is read, it tells no one.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -233,24 +232,22 @@ class AgentRegistry:
 
     def scan(self) -> dict[str, bool]:
         """Agent folder names under ``agents/`` (valid names only) -> is it a symlink."""
-        return scan_agents(self._root, self._note_invalid_name)
+        scanned = scan_agents(self._root)
+        for name in scanned.invalid_folders:
+            self._note_invalid_name(name)
+        return scanned.agents
 
-    def _note_invalid_name(self, item: os.DirEntry[str]) -> None:
-        # Hidden entries (.git, .DS_Store) are expected; anything else that
-        # cannot be an agent name is said once, so a fleet with a badly named
-        # agent folder is not silently left uncounted.
-        if item.name.startswith(".") or item.name in self._rejected:
+    def _note_invalid_name(self, name: str) -> None:
+        # Hidden folders (.git) are expected; anything else that cannot be an
+        # agent name is said once, so a fleet with a badly named agent folder
+        # is not silently left uncounted.
+        if name.startswith(".") or name in self._rejected:
             return
         try:
-            is_folder = item.is_dir(follow_symlinks=False)
-        except OSError:
-            return
-        if is_folder:
-            try:
-                validate_agent_name(item.name)
-            except MemdError as exc:
-                self._rejected[item.name] = str(exc)
-                _log.warning("agent skipped", agent=repr(item.name), error=str(exc))
+            validate_agent_name(name)
+        except MemdError as exc:
+            self._rejected[name] = str(exc)
+            _log.warning("agent skipped", agent=repr(name), error=str(exc))
 
     def make_entry(
         self, name: str, is_link: bool | None = None, folder: FolderFacts | None = None

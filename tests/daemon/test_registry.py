@@ -7,6 +7,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import pytest
 from support.memfiles import AgentWorkspace
 
 from memd.daemon.registry import AgentRegistry, Rescans
@@ -83,3 +84,18 @@ def test_recovery_is_handed_the_current_configs_key_file(tmp_path: Path) -> None
     registry.reconfigure(sealed)  # a reload: the registry holds the new config's value
     add_alice()
     assert handed == [None, key]
+
+
+def test_a_badly_named_folder_is_said_once_and_hidden_ones_never(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    (ws.root / "agents" / "a..b").mkdir()
+    (ws.root / "agents" / ".git").mkdir()
+    registry = make_registry(ws)
+    capsys.readouterr()
+    assert registry.scan() == {"alice": False}
+    assert registry.scan() == {"alice": False}  # the workspace returns it; the registry says it
+    said = [line for line in capsys.readouterr().out.splitlines() if "agent skipped" in line]
+    assert len(said) == 1 and "a..b" in said[0]
