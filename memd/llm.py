@@ -48,6 +48,7 @@ from memd.errors import SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
 from memd.modelinfo import window_for
 from memd.redaction_key import process_key
+from memd.settings import tiktoken_cache_dir_kept
 
 _RETRYABLE_STATUS: Final = frozenset({408, 409, 425, 429})
 _RETRYABLE_TYPE_NAMES: Final = frozenset(
@@ -78,14 +79,8 @@ def import_litellm() -> ModuleType:
     with _import_lock, loading_lock:
         if _litellm is None:
             os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-            saved_cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
-            try:
+            with tiktoken_cache_dir_kept():
                 import litellm
-            finally:
-                if saved_cache_dir is None:
-                    os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-                else:
-                    os.environ["TIKTOKEN_CACHE_DIR"] = saved_cache_dir
             # No "Give Feedback / Get Help" banners on stderr for every error.
             litellm.suppress_debug_info = True
             # litellm's debug logs carry request bodies (memory content) and

@@ -13,10 +13,11 @@ a ``context`` section.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,34 @@ def resolve_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(env["CACHE_DIRECTORY"].split(":")[0])
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "memd"
+
+
+TIKTOKEN_CACHE_ENV = "TIKTOKEN_CACHE_DIR"
+
+
+def tiktoken_cache_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where the user keeps tiktoken's files (``$TIKTOKEN_CACHE_DIR``), or None."""
+    env = os.environ if environ is None else environ
+    value = env.get(TIKTOKEN_CACHE_ENV)
+    return Path(value) if value else None
+
+
+@contextlib.contextmanager
+def tiktoken_cache_dir_kept(during: Path | None = None) -> Iterator[None]:
+    """``$TIKTOKEN_CACHE_DIR`` as it was before the block, whatever the block did
+    to it (importing litellm rewrites it). With ``during``, the variable is that
+    folder inside the block, and a value someone else set meanwhile wins."""
+    previous = os.environ.get(TIKTOKEN_CACHE_ENV)
+    if during is not None:
+        os.environ[TIKTOKEN_CACHE_ENV] = str(during)
+    try:
+        yield
+    finally:
+        if during is None or os.environ.get(TIKTOKEN_CACHE_ENV) == str(during):
+            if previous is None:
+                os.environ.pop(TIKTOKEN_CACHE_ENV, None)
+            else:
+                os.environ[TIKTOKEN_CACHE_ENV] = previous
 
 
 def find_config_file(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:

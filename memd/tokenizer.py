@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING, Final
 from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, PieceCounter
 from memd.errors import TokenizerError
 from memd.litellm_data import litellm_file
-from memd.settings import resolve_cache_dir
+from memd.settings import resolve_cache_dir, tiktoken_cache_dir, tiktoken_cache_dir_kept
 
 if TYPE_CHECKING:
     import tiktoken
 
 DEFAULT_ENCODING: Final = "cl100k_base"
 _BLOB_BASE: Final = "https://openaipublic.blob.core.windows.net/encodings/"
-_CACHE_ENV: Final = "TIKTOKEN_CACHE_DIR"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +95,9 @@ def _search_dirs() -> list[Path]:
     bundled = bundled_tokenizer_dir()
     if bundled is not None:
         dirs.append(bundled)
-    user_dir = os.environ.get(_CACHE_ENV)
-    if user_dir and Path(user_dir) not in dirs:
-        dirs.append(Path(user_dir))
+    user_dir = tiktoken_cache_dir()
+    if user_dir is not None and user_dir not in dirs:
+        dirs.append(user_dir)
     return dirs
 
 
@@ -164,20 +163,11 @@ def load_encoding(name: str) -> tiktoken.Encoding:
             _loaded[name] = encoding
             return encoding
 
-        previous = os.environ.get(_CACHE_ENV)
-        os.environ[_CACHE_ENV] = str(directory)
         try:
-            encoding = tiktoken.get_encoding(name)
+            with tiktoken_cache_dir_kept(directory):
+                encoding = tiktoken.get_encoding(name)
         except Exception as exc:  # tiktoken raises ValueError, OSError, requests errors...
             raise TokenizerError(f"tokenizer encoding {name!r} failed to load: {exc}") from exc
-        finally:
-            # Put the variable back unless someone (an import of litellm in another
-            # thread) changed it meanwhile: their value wins.
-            if os.environ.get(_CACHE_ENV) == str(directory):
-                if previous is None:
-                    del os.environ[_CACHE_ENV]
-                else:
-                    os.environ[_CACHE_ENV] = previous
         _save_parsed(name, bpe, encoding)
         _loaded[name] = encoding
         return encoding

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from memd.settings import (
     resolve_cache_dir,
     resolve_state_dir,
     resolve_workspace,
+    tiktoken_cache_dir,
+    tiktoken_cache_dir_kept,
 )
 
 
@@ -310,3 +313,33 @@ def test_an_ollama_summarizer_goes_where_ollama_api_base_points(tmp_path: Path, 
     )
     kept = load_settings(config_file=pinned, environ=env, cwd=tmp_path).config
     assert kept.summarizer.api_base == "http://127.0.0.1:11434"
+
+
+def test_tiktoken_cache_dir_from_the_environment() -> None:
+    assert tiktoken_cache_dir({"TIKTOKEN_CACHE_DIR": "/t"}) == Path("/t")
+    assert tiktoken_cache_dir({"TIKTOKEN_CACHE_DIR": ""}) is None
+    assert tiktoken_cache_dir({}) is None
+
+
+def test_tiktoken_cache_dir_is_put_back_after_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/mine")
+    with tiktoken_cache_dir_kept():
+        os.environ["TIKTOKEN_CACHE_DIR"] = "/litellm's"  # what importing litellm does
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == "/mine"
+    with tiktoken_cache_dir_kept(Path("/bundled")):
+        assert tiktoken_cache_dir() == Path("/bundled")
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == "/mine"
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR")
+    with tiktoken_cache_dir_kept(Path("/bundled")):
+        pass
+    assert "TIKTOKEN_CACHE_DIR" not in os.environ
+    with tiktoken_cache_dir_kept():
+        os.environ["TIKTOKEN_CACHE_DIR"] = "/litellm's"
+    assert "TIKTOKEN_CACHE_DIR" not in os.environ
+
+
+def test_a_value_set_by_another_thread_during_a_load_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/mine")
+    with tiktoken_cache_dir_kept(Path("/bundled")):
+        os.environ["TIKTOKEN_CACHE_DIR"] = "/other"
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == "/other"
