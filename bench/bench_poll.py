@@ -53,6 +53,9 @@ class LatencySink:
     def agents_changed(self, name: str | None) -> None:
         pass
 
+    def descriptor_changed(self, agent: str) -> None:
+        pass  # the poller reports MEMORY.md changes as both
+
     def memory_changed(self, agent: str) -> None:
         now = time.monotonic()
         with self.lock:

@@ -71,6 +71,10 @@ class WatchSink(Protocol):
     def memory_changed(self, agent: str) -> None:
         """The agent's MEMORY.md was written, created, replaced or removed."""
 
+    def descriptor_changed(self, agent: str) -> None:
+        """The agent's memd-agent.json was written, created, replaced or removed
+        (a backend that cannot tell the two files apart reports both)."""
+
 
 class DirWatchBackend(Protocol):
     kind: BackendKind
@@ -88,7 +92,9 @@ class DirWatchBackend(Protocol):
     def watched(self) -> set[str]: ...
 
 
-def _guarded(sink: WatchSink) -> tuple[Callable[[str | None], None], Callable[[str], None]]:
+def _guarded(
+    sink: WatchSink,
+) -> tuple[Callable[[str | None], None], Callable[[str], None], Callable[[str], None]]:
     """The sink's methods, each logging (never raising) on failure."""
 
     def agents_changed(name: str | None) -> None:
@@ -103,7 +109,13 @@ def _guarded(sink: WatchSink) -> tuple[Callable[[str | None], None], Callable[[s
         except Exception:
             _log.exception("watch handler failed", agent=agent)
 
-    return agents_changed, memory_changed
+    def descriptor_changed(agent: str) -> None:
+        try:
+            sink.descriptor_changed(agent)
+        except Exception:
+            _log.exception("watch handler failed", agent=agent)
+
+    return agents_changed, memory_changed, descriptor_changed
 
 
 _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF
@@ -138,7 +150,7 @@ class InotifyBackend:
     kind: BackendKind = "inotify"
 
     def __init__(self, sink: WatchSink, read_delay_s: float = READ_DELAY_S) -> None:
-        self._agents_changed, self._memory_changed = _guarded(sink)
+        self._agents_changed, self._memory_changed, self._descriptor_changed = _guarded(sink)
         self._read_delay_s = read_delay_s
         self._inotify: Inotify | None = None
         self._wake: tuple[int, int] | None = None
@@ -149,7 +161,8 @@ class InotifyBackend:
         self._read_lock = threading.RLock()
         self._wd_by_key: dict[str, int] = {}
         self._key_by_wd: dict[int, str] = {}
-        self._watched_names = (os.fsencode(MEMORY_FILE), os.fsencode(DESCRIPTOR_NAME))
+        self._memory_name = os.fsencode(MEMORY_FILE)
+        self._descriptor_name = os.fsencode(DESCRIPTOR_NAME)
         self._stopping = False
 
     def start(self) -> None:
@@ -264,12 +277,13 @@ class InotifyBackend:
     def dispatch(self, data: bytes) -> None:
         """Report the events in ``data`` (what one or more reads returned), coalesced."""
         memory: dict[str, None] = {}  # ordered sets: reported in arrival order
+        descriptors: dict[str, None] = {}
         names: dict[str | None, None] = {}
         gone: list[str] = []
         overflow = False
         unpack = EVENT.unpack_from
         header = EVENT.size
-        watched_names = self._watched_names
+        memory_name, descriptor_name = self._memory_name, self._descriptor_name
         offset, end = 0, len(data)
         with self._lock:
             key_by_wd = self._key_by_wd
@@ -295,8 +309,10 @@ class InotifyBackend:
                         names[None] = None
                     elif name and not mask & IN_MODIFY:
                         names[os.fsdecode(name)] = None
-                elif name in watched_names:
+                elif name == memory_name:
                     memory[key] = None
+                elif name == descriptor_name:
+                    descriptors[key] = None
                 elif mask & _SELF_GONE:
                     names[key] = None
         if overflow:
@@ -307,6 +323,8 @@ class InotifyBackend:
                 names[None if key == ROOT_KEY else key] = None
         for changed in names:
             self._agents_changed(changed)
+        for agent in descriptors:
+            self._descriptor_changed(agent)
         for agent in memory:
             self._memory_changed(agent)
 
@@ -325,7 +343,7 @@ class ObserverBackend:
 
     def __init__(self, sink: WatchSink, kind: BackendKind) -> None:
         self.kind = kind
-        self._agents_changed, self._memory_changed = _guarded(sink)
+        self._agents_changed, self._memory_changed, self._descriptor_changed = _guarded(sink)
         self._observer: Any = None
         self._watches: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -382,7 +400,10 @@ class ObserverBackend:
             return
         names = {os.path.basename(src), os.path.basename(dest) if dest else ""}
         if MEMORY_FILE in names or DESCRIPTOR_NAME in names:
-            self._memory_changed(key)
+            if DESCRIPTOR_NAME in names:
+                self._descriptor_changed(key)
+            if MEMORY_FILE in names:
+                self._memory_changed(key)
         elif (
             event.is_directory
             and event.event_type in ("deleted", "moved")
@@ -397,8 +418,14 @@ class StatPollBackend:
     kind: BackendKind = "polling"
 
     def __init__(self, sink: WatchSink, poll_interval_s: float) -> None:
-        agents_changed, memory_changed = _guarded(sink)
-        self.poller = StatPoller(agents_changed, memory_changed, poll_interval_s)
+        agents_changed, memory_changed, descriptor_changed = _guarded(sink)
+
+        def file_changed(key: str) -> None:
+            # The poller reports MEMORY.md and memd-agent.json alike: both.
+            descriptor_changed(key)
+            memory_changed(key)
+
+        self.poller = StatPoller(agents_changed, file_changed, poll_interval_s)
 
     def start(self) -> None:
         self.poller.start()

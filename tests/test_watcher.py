@@ -25,6 +25,9 @@ class Sink:
     def memory_changed(self, agent: str) -> None:
         self._add(("memory", agent))
 
+    def descriptor_changed(self, agent: str) -> None:
+        self._add(("descriptor", agent))
+
     def _add(self, event: tuple[str, str | None]) -> None:
         with self.cond:
             self.events.append(event)
@@ -103,7 +106,8 @@ def test_private_and_archive_files_are_not_watched(setup: tuple[Watcher, Sink, P
         (private / f"journal{n}.json").write_text("{}")
     (agents / "alice" / "MEMORY.md").write_text("x")
     assert sink.wait_for(("memory", "alice"))
-    assert all(event == ("memory", "alice") for event in sink.events)
+    # (The poller cannot tell MEMORY.md from memd-agent.json: it reports both.)
+    assert set(sink.events) <= {("memory", "alice"), ("descriptor", "alice")}
 
 
 def test_handler_exception_is_logged_and_watching_continues(
@@ -175,7 +179,8 @@ def test_poll_backend_maps_the_root_key_to_agents_folder(tmp_path: Path) -> None
     (agents / "bob").mkdir()
     (agents / "alice" / "MEMORY.md").write_text("x")
     backend.poll_once()
-    assert sink.events == [("agents", "bob"), ("memory", "alice")]
+    # The poller reports a change of MEMORY.md or memd-agent.json: both, to the sink.
+    assert sink.events == [("agents", "bob"), ("descriptor", "alice"), ("memory", "alice")]
     backend.unwatch(ROOT_KEY)
     assert backend.watched() == {"alice"}
     backend.unwatch("alice")
@@ -248,8 +253,8 @@ def test_inotify_batch_is_reported_once_per_agent(tmp_path: Path) -> None:
         assert sink.events == [
             ("agents", "carol"),
             ("agents", "erin"),
+            ("descriptor", "bob"),  # memd-agent.json: told apart from MEMORY.md
             ("memory", "alice"),
-            ("memory", "bob"),
         ]
         assert backend.watched() == {ROOT_KEY, "alice", "bob"}  # erin's watch is gone
         sink.clear()

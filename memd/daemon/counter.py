@@ -61,10 +61,14 @@ _COALESCE_S = 0.003
 
 class HintKind(StrEnum):
     MEMORY = "memory"  # the agent's MEMORY.md changed: count after the debounce
+    DESCRIPTOR = "descriptor"  # its memd-agent.json changed: re-read the window, count
     AGENTS = "agents"  # something changed in agents/: reconcile the agent set
     COUNT_NOW = "count_now"  # count the agent at once (a wake-up, a new agent)
     RECONCILE = "reconcile"  # the periodic sweep is due: rescan agents, stat every MEMORY.md
     WAKE = "wake"  # nothing to do: wake the service thread (shutdown)
+
+
+_FILE_HINTS = frozenset((HintKind.MEMORY, HintKind.DESCRIPTOR))
 
 
 class Hint(NamedTuple):
@@ -92,6 +96,9 @@ class HintSink:
 
     def memory_changed(self, agent: str) -> None:
         self._inbox.put(Hint(HintKind.MEMORY, agent, self._clock()))
+
+    def descriptor_changed(self, agent: str) -> None:
+        self._inbox.put(Hint(HintKind.DESCRIPTOR, agent, self._clock()))
 
     def count_now(self, agent: str) -> None:
         self._inbox.put(Hint(HintKind.COUNT_NOW, agent, self._clock()))
@@ -215,9 +222,11 @@ class CountService:
                 self._reconcile_due = True
             elif hint.kind is HintKind.COUNT_NOW and hint.name is not None:
                 self._count_now.add(hint.name)
-            elif hint.kind is HintKind.MEMORY and hint.name is not None:
-                # MEMORY.md or memd-agent.json (the watcher reports both).
-                self._registry.refresh_window(hint.name)
+            elif hint.kind in _FILE_HINTS and hint.name is not None:
+                if hint.kind is HintKind.DESCRIPTOR:
+                    # Only then: a stat per append (of a file most agents lack,
+                    # an exception each time) was a tenth of the per-append cost.
+                    self._registry.refresh_window(hint.name)
                 entry = self._registry.get(hint.name)
                 if entry is not None and _appends_could_reach(entry):
                     # A writer that never pauses would otherwise be counted

@@ -314,3 +314,36 @@ def test_the_start_up_count_stops_once_the_daemon_is_exiting(tmp_path: Path) -> 
     assert s.tokens("alice") == 0  # not counted: the daemon stops before READY
     counted = build_services(ws, ScriptedCompaction(), exiting=ExitState())
     assert counted.tokens("alice") == full(ws.root / "agents/alice/MEMORY.md") > 0
+
+
+def test_only_a_descriptor_hint_reads_the_agents_descriptor(tmp_path: Path) -> None:
+    # memd-agent.json is looked at when the watcher says it changed, not on
+    # every MEMORY.md write (a stat of a file most agents lack, per append).
+    import json
+
+    from memd.descriptor import Descriptors
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    s.registry.descriptors = Descriptors(COUNTER.count_text)
+    entry = s.registry.get("alice")
+    assert entry is not None
+    before = entry.policy.threshold_tokens
+    document = {
+        "format": "memd-agent",
+        "version": 1,
+        "agent": "alice",
+        "model": "gpt-4o-mini",
+        "context_length": 3000,
+        "reserved": {"unit": "text", "text": "alpha beta"},
+    }
+    (ws.root / "agents/alice/memd-agent.json").write_text(json.dumps(document))
+    s.fill("alice", 1)
+    s.hint("alice")  # MEMORY.md: counted, the descriptor not read
+    s.settle()
+    assert entry.policy.threshold_tokens == before
+    s.counter.sink.descriptor_changed("alice")
+    s.settle()
+    assert entry.policy.threshold_tokens != before
+    assert entry.policy.window_source != "[trigger]"
