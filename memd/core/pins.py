@@ -162,13 +162,21 @@ _DIGIT_RE: Final = re.compile(r"\d")
 _PREFERENCE_WORDS: Final = ("prefer", "always want", "never want", "would rather")
 
 
+# Lower-cased a piece at a time: a 200 MB turn is not copied whole to be screened.
+_SCREEN_PIECE = 1 << 20
+_WORD_OVERLAP: Final = max(len(word) for word in _PREFERENCE_WORDS) - 1
+
+
 def _preference_possible(text: str) -> bool:
     # IGNORECASE matches some non-ASCII letters to ASCII ones (the long s, the
     # Kelvin sign): only ASCII text is screened by its lower case.
     if not text.isascii():
         return True
-    lowered = text.lower()
-    return any(word in lowered for word in _PREFERENCE_WORDS)
+    for start in range(0, len(text), _SCREEN_PIECE):
+        piece = text[start : start + _SCREEN_PIECE + _WORD_OVERLAP].lower()
+        if any(word in piece for word in _PREFERENCE_WORDS):
+            return True
+    return False
 
 
 def _extract_facts(text: str, *, screen: bool) -> list[Fact]:

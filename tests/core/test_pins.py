@@ -164,7 +164,13 @@ _FACT_FRAGMENTS = st.sampled_from(
     parts=st.lists(st.one_of(_FACT_FRAGMENTS, _FACT_FRAGMENTS, st.text(max_size=8)), max_size=20)
 )
 def test_screening_the_patterns_never_changes_the_facts(parts: list[str]) -> None:
-    from memd.core.pins import _extract_facts
+    from unittest import mock
+
+    import memd.core.pins as pins
 
     text = "".join(parts)
-    assert _extract_facts(text, screen=True) == _extract_facts(text, screen=False)
+    expected = pins._extract_facts(text, screen=False)
+    assert pins._extract_facts(text, screen=True) == expected
+    # Screened in small pieces: a word across two of them is still seen.
+    with mock.patch.object(pins, "_SCREEN_PIECE", 5):
+        assert pins._extract_facts(text, screen=True) == expected
