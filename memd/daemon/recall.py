@@ -55,7 +55,8 @@ class RecallStage:
         Started after READY: it is a pass over every agent, which before READY
         competed with the start-up's own for the interpreter lock."""
         if self.service is not None:
-            self.service.start(self._registry.all_paths)
+            # The agents as of now, as a list: the re-sync calls no one back.
+            self.service.start(self._registry.all_paths())
 
     @staticmethod
     def _stop(recall: RecallService) -> None:

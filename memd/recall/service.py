@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from memd.errors import MemdError
@@ -81,8 +81,8 @@ class RecallService:
                 error=str(exc),
             )
 
-    def start(self, agents: Callable[[], Iterable[AgentPaths]]) -> None:
-        """Re-sync every agent in the background (the repair after a crash).
+    def start(self, agents: Iterable[AgentPaths]) -> None:
+        """Re-sync ``agents`` in the background (the repair after a crash).
 
         With unchanged files this is a stat pass against the identities the
         index stored: nothing is read. Its end is logged as "recall index
@@ -94,7 +94,7 @@ class RecallService:
         def run() -> None:
             started, cpu_started = time.monotonic(), time.thread_time()
             repaired = checked = files = 0
-            for paths in agents():
+            for paths in agents:
                 if self._stopping.is_set():
                     return
                 checked += 1

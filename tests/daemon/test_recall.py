@@ -57,3 +57,25 @@ def test_started_it_indexes_on_each_archive_and_follows_reloads(tmp_path: Path) 
         assert service.index.encrypting
         recall.index_archive(paths, paths.archive_dir / "history_x.md")  # no archive: logged
     assert not socket_file.exists()  # stopped with the stack
+
+
+def test_the_resync_is_handed_the_agents_as_a_list_not_a_way_back_to_the_registry(
+    tmp_path: Path,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alice", "bob"):
+        ws.create_agent(name, entries=1)
+    config = MemdConfig()
+    registry = registry_of(ws, config)
+    recall = RecallStage(tmp_path / "state", ws.root, config, registry)
+    handed: list[object] = []
+
+    class Service:  # the started service, as far as the re-sync goes
+        def start(self, agents: object) -> None:
+            handed.append(agents)
+
+    recall.service = Service()  # type: ignore[assignment]
+    recall.resync()
+    [agents] = handed
+    assert isinstance(agents, list) and agents == registry.all_paths()
+    assert sorted(paths.agent for paths in agents) == ["alice", "bob"]

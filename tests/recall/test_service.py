@@ -21,7 +21,7 @@ def resync(state_dir: Path, ws: AgentWorkspace, agents: list[AgentPaths]) -> dic
     assert service is not None
     try:
         with structlog.testing.capture_logs() as logs:
-            service.start(lambda: agents)
+            service.start(agents)
             assert service.caught_up.wait(60)
     finally:
         service.stop()
