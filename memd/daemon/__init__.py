@@ -3,8 +3,10 @@
 * :mod:`~memd.daemon.registry`: the agents (scan, refused names, add/remove, recovery),
   each rescan published;
 * :mod:`~memd.daemon.watches`: the watcher's one driver, following the published agent set;
-* :mod:`~memd.daemon.counter`: watcher hints on a queue → debounce → counts;
-* :mod:`~memd.daemon.runner`: job decisions → the scheduler; outcomes → ledger, metrics;
+* :mod:`~memd.daemon.counter`: watcher hints (and the periodic reconcile's) on a queue
+  → debounce → counts, all on the count thread; each tick takes the runner's due wake-ups;
+* :mod:`~memd.daemon.runner`: job decisions → the scheduler (compactions) and each
+  agent's wake-up time (kept, taken by the counter); outcomes → ledger, metrics;
 * :mod:`~memd.daemon.committed`: a committed compaction's outcome, handed on by the
   runner once the agent's lock is let go → recall, archive figures, retention's report;
 * :mod:`~memd.daemon.flusher`: registry snapshots → state DB, heartbeat, ``STATUS=``;
