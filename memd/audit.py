@@ -39,6 +39,7 @@ from memd.core.audit import (
 )
 from memd.core.privacy import is_local_summarizer
 from memd.errors import NotARegularFile, describe_error
+from memd.fsutil import read_to_end
 from memd.logs import get_logger
 from memd.state import state_db_path
 
@@ -276,12 +277,10 @@ def read_audit(path: Path) -> AuditContents:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotARegularFile(errno.EINVAL, "not a regular file", str(path))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
+        data = read_to_end(fd)
     finally:
         os.close(fd)
-    return parse_log(b"".join(chunks))
+    return parse_log(data)
 
 
 __all__ = [

@@ -148,17 +148,12 @@ def is_within(path: str, root: str) -> bool:
 
 
 def _other_agent_folders(agents_real: str, agent: str) -> list[str]:
-    """Real locations of every other entry under ``agents/`` (symlinks resolved)."""
-    found = []
+    """Real locations of every other agent folder under ``agents/`` (symlinks resolved)."""
     try:
-        entries = list(os.scandir(agents_real))
+        names = _scan_folder(agents_real).agents
     except OSError:
         return []
-    for entry in entries:
-        if entry.name == agent or not is_valid_agent_name(entry.name):
-            continue
-        found.append(os.path.realpath(entry.path))
-    return found
+    return [os.path.realpath(os.path.join(agents_real, name)) for name in names if name != agent]
 
 
 def check_agent_folder(real: str, workspace: str, agents_real: str, agent: str) -> None:
@@ -283,13 +278,17 @@ def scan_agents(workspace: Path) -> AgentScan:
     One ``scandir`` keeps what it already knows, so a 10,000-agent workspace
     costs one directory read, not 10,000 lstats.
     """
+    try:
+        return _scan_folder(workspace / AGENTS_DIR)
+    except (FileNotFoundError, NotADirectoryError):
+        return AgentScan({}, [])
+
+
+def _scan_folder(agents: str | Path) -> AgentScan:
+    """One ``scandir`` of the agents folder; raises what ``scandir`` raises."""
     found: dict[str, bool] = {}
     invalid: list[str] = []
-    try:
-        listing = os.scandir(workspace / AGENTS_DIR)
-    except (FileNotFoundError, NotADirectoryError):
-        return AgentScan(found, invalid)
-    with listing:
+    with os.scandir(agents) as listing:
         for item in listing:
             try:
                 if not is_valid_agent_name(item.name):

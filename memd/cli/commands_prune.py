@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memd.cli.common import as_owner_of, load, open_audit, state_dir_of
+from memd.cli.common import as_owner_of, load, open_audit, size_text, state_dir_of
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import prune_follow_up
 from memd.core.config import resolve_retention
@@ -127,19 +127,12 @@ def _print(pruned: PruneResult) -> None:
         print(f"{pruned.agent}: nothing to prune ({pruned.limits.describe()}; {pruned.kept} kept)")
         return
     print(
-        f"{pruned.agent}: {verb} {len(names)} archive(s), {_size(size)} "
+        f"{pruned.agent}: {verb} {len(names)} archive(s), {size_text(size)} "
         f"({pruned.limits.describe()}; {pruned.kept} kept)"
     )
     for name in names:
         why = ", ".join(plan.reasons.get(name, ()))
         print(f"  {name}  ({why})")
-
-
-def _size(size: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 __all__ = ["prune_command"]

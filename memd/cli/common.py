@@ -158,3 +158,13 @@ def ago(seconds: float) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit} ago"
     return f"{int(seconds)}s ago"
+
+
+def size_text(size: int) -> str:
+    """A byte count for people: ``512 B``, ``7.4 KiB``, ``1.2 GiB`` (powers of 1024)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

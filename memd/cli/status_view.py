@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from memd.cli.common import ago, load, local_time, open_state
+from memd.cli.common import ago, load, local_time, open_state, size_text
 from memd.cli.status_query import (
     AgentStatus,
     collect_status,
@@ -61,15 +61,6 @@ def _clean(text: str) -> str:
     return _CONTROL.sub(" ", text)
 
 
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
 def source_line(store: StateStore, beat: Heartbeat | None, now: float) -> str:
     """Where the figures came from: the daemon (and its heartbeat) or the files, and
     which state DB was read, found how."""
@@ -92,7 +83,7 @@ def totals_line(totals: FleetTotals) -> str:
     ]
     if totals.estimated:
         parts.append(f"{totals.estimated:,} estimated")
-    parts.append(f"{totals.archives:,} archives ({_size(totals.archive_bytes)})")
+    parts.append(f"{totals.archives:,} archives ({size_text(totals.archive_bytes)})")
     return "totals: " + ", ".join(parts)
 
 

@@ -1,4 +1,5 @@
-"""Shared CLI plumbing: a root CLI in the daemon's state dir acts as its owner."""
+"""Shared CLI plumbing: a root CLI in the daemon's state dir acts as its owner; the
+one byte-size formatter (status and prune)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 import pytest
 from support.memfiles import AgentWorkspace
 from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
+
+from memd.cli.common import size_text
 
 
 @pytest.mark.skipif(not can_switch_uid(), reason="needs root")
@@ -72,3 +75,13 @@ def test_root_forget_acts_as_memd_on_a_daemon_owned_agent(match: list[str]) -> N
             for name in [*dirs, *files]
         }
         assert set(owners.values()) == {NOBODY}, owners
+
+
+def test_size_text_in_powers_of_1024() -> None:
+    assert size_text(0) == "0 B"
+    assert size_text(1023) == "1023 B"
+    assert size_text(7_578) == "7.4 KiB"
+    assert size_text(3 << 20) == "3.0 MiB"
+    assert size_text(5 << 30) == "5.0 GiB"
+    assert size_text(2 << 40) == "2.0 TiB"
+    assert size_text(2 << 50) == "2048.0 TiB"

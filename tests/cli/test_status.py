@@ -425,7 +425,7 @@ def test_table_shows_attention_first_with_totals_and_paging(
     assert agents_listed(out) == ["broken", "fuller", "full", "busy"]
     assert "(builtin fallback)" in out
     assert "totals: 7 agents, 4,660 tokens, 2 over threshold, 1 failing, 1 compacting" in out
-    assert "1 estimated, 13 archives (7.4 KB)" in out
+    assert "1 estimated, 13 archives (7.4 KiB)" in out
     assert "showing 4 of 7 agents, those needing attention first" in out
     assert f"live from daemon pid {os.getpid()}" in out and "(from --state-dir)" in out
     code, out, _ = run(capsys, *base, "--all", "--sort", "name")
