@@ -29,6 +29,7 @@ up at ``wake_at`` to evaluate again). Times are floats from the caller's clock.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
@@ -318,12 +319,48 @@ def on_failure(job: AgentJob, error: str, *, policy: RetryPolicy, now: float) ->
     return Decision(failed, wake_at=until)
 
 
+class Wakes:
+    """When each agent is evaluated again (a :class:`Decision`'s ``wake_at``): one
+    time per agent, the latest decision's. Not thread-safe: the runner guards it
+    with its lock; the counter takes the due ones at its tick and sleeps until the
+    next, so a wake-up needs no scheduler job and no hint."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []  # with stale times, skipped when met
+
+    def set(self, name: str, when: float) -> None:
+        if self._at.get(name) == when:
+            return  # every count during a hold says the same time again
+        self._at[name] = when
+        heapq.heappush(self._heap, (when, name))
+
+    def drop(self, name: str) -> None:
+        self._at.pop(name, None)
+
+    def pop_due(self, now: float) -> list[str]:
+        due: list[str] = []
+        while self._heap and self._heap[0][0] <= now:
+            when, name = heapq.heappop(self._heap)
+            if self._at.get(name) == when:
+                del self._at[name]
+                due.append(name)
+        return due
+
+    def next(self) -> float | None:
+        heap = self._heap
+        while heap and self._at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
 __all__ = [
     "AgentJob",
     "Decision",
     "JobState",
     "RetryPolicy",
     "StoredJobState",
+    "Wakes",
     "on_busy_elsewhere",
     "on_cancelled",
     "on_count",

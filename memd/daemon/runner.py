@@ -25,7 +25,6 @@ transition writes ``job`` before it sets ``dirty``, so a flush that clears
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from memd.core.jobs import (
     Decision,
     JobState,
     RetryPolicy,
+    Wakes,
     on_busy_elsewhere,
     on_cancelled,
     on_count,
@@ -97,39 +97,6 @@ class CompactFn(Protocol):
     ) -> CompactionOutcome: ...
 
 
-class _Wakes:
-    """When each agent is evaluated again: one time per agent, the latest decision's
-    (a backoff, a cooldown, an open breaker, a spending hold, the minimum interval).
-    Guarded by the runner's lock; the counter takes the due ones at its tick and
-    sleeps until the next, so a wake-up needs no scheduler job and no hint."""
-
-    def __init__(self) -> None:
-        self._at: dict[str, float] = {}
-        self._heap: list[tuple[float, str]] = []  # with stale times, skipped when met
-
-    def set(self, name: str, when: float) -> None:
-        self._at[name] = when
-        heapq.heappush(self._heap, (when, name))
-
-    def drop(self, name: str) -> None:
-        self._at.pop(name, None)
-
-    def pop_due(self, now: float) -> list[str]:
-        due: list[str] = []
-        while self._heap and self._heap[0][0] <= now:
-            when, name = heapq.heappop(self._heap)
-            if self._at.get(name) == when:
-                del self._at[name]
-                due.append(name)
-        return due
-
-    def next(self) -> float | None:
-        heap = self._heap
-        while heap and self._at.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
-
 class Runner:
     def __init__(
         self,
@@ -165,7 +132,7 @@ class Runner:
         self._flusher = flusher
         self._stats = stats
         self._compact = compact
-        self._wakes = _Wakes()
+        self._wakes = Wakes()
         self._scheduler: JobScheduler | None = None
         self._stopping = False
         # Job states, the running set and the config (see the

@@ -9,6 +9,7 @@ from memd.core.jobs import (
     AgentJob,
     JobState,
     RetryPolicy,
+    Wakes,
     on_busy_elsewhere,
     on_count,
     on_failure,
@@ -260,3 +261,42 @@ def test_count_at_once_only_when_the_appends_could_reach_the_threshold() -> None
     assert not appends_could_reach(99, 900, 1000)
     assert appends_could_reach(100, 900, 1000)
     assert not appends_could_reach(10_000, 1000, 1000)  # already over: a job is on its way
+
+
+def test_wakes_keep_the_latest_time_per_agent_and_hand_each_out_once() -> None:
+    wakes = Wakes()
+    assert wakes.next() is None and wakes.pop_due(10**9) == []
+    wakes.set("a", 30.0)
+    wakes.set("b", 20.0)
+    wakes.set("a", 10.0)  # a later decision replaces the earlier time
+    wakes.set("c", 25.0)
+    wakes.set("c", 25.0)  # said again (every count during a hold): still one
+    wakes.drop("b")  # forgotten: never due
+    assert wakes.next() == 10.0
+    assert wakes.pop_due(9.9) == []
+    assert wakes.pop_due(10.0) == ["a"]  # due at its time, not before
+    assert wakes.next() == 25.0  # a's replaced 30 is gone, b dropped
+    assert wakes.pop_due(100.0) == ["c"]
+    assert wakes.next() is None and wakes.pop_due(100.0) == []
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.one_of(st.none(), st.integers(0, 50))), max_size=30
+    ),
+    st.integers(0, 60),
+)
+def test_wakes_agree_with_a_plain_table(ops: list[tuple[str, int | None]], now: int) -> None:
+    wakes, table = Wakes(), {}
+    for name, when in ops:  # None: drop
+        if when is None:
+            wakes.drop(name)
+            table.pop(name, None)
+        else:
+            wakes.set(name, float(when))
+            table[name] = float(when)
+    assert wakes.next() == (min(table.values()) if table else None)
+    due = sorted(name for name, when in table.items() if when <= now)
+    assert sorted(wakes.pop_due(float(now))) == due
+    rest = [when for name, when in table.items() if name not in due]
+    assert wakes.next() == (min(rest) if rest else None)
