@@ -317,6 +317,19 @@ def _count_batch(batch: list[tuple[int, CountJob]]) -> list[tuple[int, CountResu
     return [(index, count_one(job, count_bytes, max_piece)) for index, job in batch]
 
 
+def worker_count(files: int) -> int:
+    """How many workers count ``files`` files at once: one per core, never more
+    than there are files, at least one."""
+    return max(1, min(files, os.cpu_count() or 1))
+
+
+def pool_workers(paths: Sequence[str]) -> int:
+    """Forked workers to count ``paths`` with (1: count in this process), as the
+    daemon's start-up and ``memd status`` both decide it."""
+    workers = worker_count(len(paths))
+    return workers if pool_worth_it(paths, workers) else 1
+
+
 def pool_worth_it(paths: Iterable[str], workers: int, *, min_bytes: int = POOL_MIN_BYTES) -> bool:
     """Whether forking ``workers`` pays off: several cores, no other thread (fork
     is only safe then), and megabytes to count (a stat per file, stopping early)."""
@@ -463,5 +476,7 @@ __all__ = [
     "count_file",
     "count_many",
     "count_one",
+    "pool_workers",
     "pool_worth_it",
+    "worker_count",
 ]

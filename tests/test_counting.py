@@ -3,6 +3,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,16 @@ from hypothesis import strategies as st
 from support.tokens import CL100K
 
 from memd.core.tokens import CountState
-from memd.counting import CountJob, CountKind, NotARegularFile, TrackedCount, count_file, count_many
+from memd.counting import (
+    CountJob,
+    CountKind,
+    NotARegularFile,
+    TrackedCount,
+    count_file,
+    count_many,
+    pool_workers,
+    worker_count,
+)
 
 COUNTER = CL100K
 
@@ -390,3 +400,23 @@ def test_a_complete_entry_after_a_junction_stays_the_tail_whole(tmp_path: Path) 
     assert tracked.tokens == full(path)
     assert sum(calls) <= len(entry("AI", "done: 200 rows")) + 24
     assert path.stat().st_size - tracked.state.safe_offset < 24
+
+
+def test_one_worker_count_for_the_daemon_and_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert [worker_count(n) for n in (0, 1, 3, 4, 100)] == [1, 1, 3, 4, 4]
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert worker_count(100) == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    small = [tmp_path / f"{n}.md" for n in range(3)]
+    for path in small:
+        path.write_bytes(b"x" * 10)
+    assert pool_workers([str(path) for path in small]) == 1  # too little to count: no fork
+    big = tmp_path / "big.md"
+    with big.open("wb") as out:
+        out.truncate(8 << 20)
+    # Megabytes to count: a pool, unless another thread runs (fork is unsafe then).
+    expected = 3 if threading.active_count() == 1 else 1
+    assert pool_workers([str(big), *map(str, small[:2])]) == expected

@@ -15,7 +15,6 @@ use them, and litellm never is.
 
 from __future__ import annotations
 
-import os
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -238,15 +237,13 @@ def _count_all(
     counted in bounded pieces by the fork pool the daemon's start-up uses."""
     if not pending:
         return {}
-    from memd.counting import CountJob, count_many, pool_worth_it
+    from memd.counting import CountJob, count_many, pool_workers
     from memd.tokenizer import shared_counter
 
     # Loaded before any fork, so forked workers inherit the tokenizer.
     counter = shared_counter(encoding, max_piece_bytes)
-    workers = min(os.cpu_count() or 1, len(pending))
     paths = [item.path for item in pending]
-    if not pool_worth_it(paths, workers):
-        workers = 1
+    workers = pool_workers(paths)
     jobs = [CountJob(path) for path in paths]
     counted: dict[str, tuple[int, FileKey, bool] | str] = {}
     for index, (tracked, _kind, failure) in count_many(

@@ -29,7 +29,7 @@ from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
 from memd.core.jobs import appends_could_reach
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
-from memd.counting import CountJob, count_many, pool_worth_it
+from memd.counting import CountJob, count_many, pool_workers, worker_count
 from memd.daemon.entries import (
     AgentEntry,
     Counted,
@@ -424,7 +424,7 @@ class CountService:
         if not to_count:
             return later
         started = time.monotonic()
-        workers = max(1, min(len(to_count), os.cpu_count() or 1))
+        workers = worker_count(len(to_count))
         mode = "serial"
         done = 0
         pool_workers = self._pool_workers(to_count)
@@ -487,11 +487,9 @@ class CountService:
     def _pool_workers(self, entries: list[AgentEntry]) -> int:
         """Forked workers for a large cold scan (1: count here), and only with the
         real tokenizer (a test's counter may not survive a fork)."""
-        workers = max(1, min(len(entries), os.cpu_count() or 1))
         if not self._pool_allowed:
             return 1
-        paths = (str(entry.paths.memory) for entry in entries)
-        return workers if pool_worth_it(paths, workers) else 1
+        return pool_workers([str(entry.paths.memory) for entry in entries])
 
     def _count_in_processes(self, entries: list[AgentEntry], workers: int) -> int:
         """Count ``entries`` in forked workers; returns how many were counted."""
