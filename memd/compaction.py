@@ -76,6 +76,7 @@ from memd.core.plan import (
     landed_prefix,
     may_exceed_cap,
     recovery_action,
+    summarized_to,
     summary_does_not_shrink,
     summary_over_cap,
 )
@@ -606,8 +607,8 @@ class _Transaction:
     def cut_of(self, snap: _Snapshot, result: SummaryResult, kept_from: int) -> int:
         """K: where the summarized part ends (where the kept tail starts, unless the
         summarizer stopped earlier)."""
-        until = result.summarized_until
-        if until is None or until >= kept_from:
+        until = summarized_to(kept_from, result.summarized_until)
+        if until == kept_from:
             return kept_from
         # ``until`` must end a segment: the newest one ending by it ends there.
         newest = next(iter(snap.document.segments_reversed(until)), None) if until > 0 else None

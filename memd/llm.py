@@ -23,26 +23,23 @@ from types import ModuleType
 from typing import Any, Final
 
 from memd.core.chunking import (
-    PREVIOUS_SHARE,
     ChunkPlan,
-    Piece,
     RequestLimits,
     Window,
     cut_at_line,
-    plan_chunks,
     request_limits,
-    transcript_pieces,
 )
 from memd.core.config import SummarizerConfig
-from memd.core.memfile import sanitize_summary
+from memd.core.plan import ChunkBudget, chunk_budget, plan_chunks_of
 from memd.core.privacy import Privacy, Redactor
 from memd.core.prompts import (
     ChatMessage,
     CountText,
     build_rolling_messages,
+    previous_summary_body,
+    since_last_summary,
 )
 from memd.core.summary import SummaryRequest, SummaryResult
-from memd.core.summary_block import parse_summary
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
@@ -311,16 +308,27 @@ class LiteLLMSummarizer:
         """The chunks this request needs: (plan, summary so far to start from, limits)."""
         return self._plan(request, _Outbound(self.redactor(request)))
 
+    def budget(self, request: SummaryRequest) -> ChunkBudget:
+        """The room this model's window leaves each request for ``request``'s turns."""
+        return self._budget(request, _Outbound(self.redactor(request)))[0]
+
     def _plan(
         self, request: SummaryRequest, outbound: _Outbound
     ) -> tuple[ChunkPlan, str, RequestLimits]:
+        # The chunks, as the core plans them (memd.core.plan: what the
+        # transaction keeps verbatim and carries is decided by the same module).
+        budget, previous, limits = self._budget(request, outbound)
+        plan = plan_chunks_of(request.document, budget, self._count_text, outbound.text, previous)
+        return plan, previous if budget.previous_inline else "", limits
+
+    def _budget(
+        self, request: SummaryRequest, outbound: _Outbound
+    ) -> tuple[ChunkBudget, str, RequestLimits]:
         # Texts are redacted before they are measured and cut: a placeholder
         # is not as long as the secret it replaces.
         count = self._count_text
         limits = self.limits(request.max_tokens)
-        last = request.document.last_summary()
-        previous = sanitize_summary(parse_summary(last.summary_text).body) if last else ""
-        previous = outbound.text(previous)
+        previous = outbound.text(previous_summary_body(since_last_summary(request.document)))
         overhead = (
             count(
                 build_rolling_messages(
@@ -335,29 +343,17 @@ class LiteLLMSummarizer:
             + count(build_rolling_messages("", [], summary_max_tokens=1)[1]["content"])
             + 16
         )
-        room = limits.input_tokens - overhead
-        start_from = previous
-        # A previous summary bigger than its share is re-summarized as material
-        # (oldest first) instead of being sent whole in every request.
-        if previous and count(previous) > int(room * PREVIOUS_SHARE):
-            start_from = ""
-        summary_room = max(limits.output_tokens, count(start_from) if start_from else 0)
-        chunk_tokens = room - summary_room
-        if chunk_tokens < _MIN_CHUNK_TOKENS:
+        max_calls = self._config.max_calls
+        if request.max_calls is not None:
+            max_calls = max(1, min(max_calls, request.max_calls))
+        budget = chunk_budget(limits, overhead, count(previous) if previous else 0, max_calls)
+        if budget.chunk_tokens < _MIN_CHUNK_TOKENS:
             raise SummarizerError(
                 f"summarizer {self.model!r}: its window ({self.window.tokens} tokens, from "
                 f"{self.window.source}) leaves no room for the transcript; raise "
                 "summarizer.context_length or lower summarizer.max_tokens"
             )
-        pieces = [
-            Piece(outbound.text(piece.text), piece.end, piece.role)
-            for piece in transcript_pieces(request.document, "" if start_from else previous)
-        ]
-        max_calls = self._config.max_calls
-        if request.max_calls is not None:
-            max_calls = max(1, min(max_calls, request.max_calls))
-        plan = plan_chunks(pieces, chunk_tokens=chunk_tokens, max_calls=max_calls, count_text=count)
-        return plan, start_from, limits
+        return budget, previous, limits
 
     def summarize(self, request: SummaryRequest) -> SummaryResult:
         """Rolling calls over the planned chunks; each bounded by ``timeout_s`` and ``retries``.
@@ -452,9 +448,7 @@ class LiteLLMSummarizer:
             cost_usd=cost,
             input_tokens=input_tokens or None,
             output_tokens=output_tokens or None,
-            summarized_until=(
-                stopped_at if stopped_at is not None else plan.cut if plan.partial else None
-            ),
+            summarized_until=stopped_at if stopped_at is not None else plan.summarized_until,
             calls=outbound.sent,  # every request, re-asks and retries included
             redacted=outbound.replaced,
             redacted_pii=outbound.redactor is not None and outbound.redactor.pii,

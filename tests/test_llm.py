@@ -6,6 +6,7 @@ import itertools
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,11 +15,14 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from support.memfiles import AgentWorkspace
 from support.openai_server import SUMMARY_PREFIX, OpenAITestServer, echo_summary, openai_server
 
+from memd.compaction import CompactionOptions, compact_agent
 from memd.core import memfile
 from memd.core.chunking import Window
 from memd.core.config import SummarizerConfig
+from memd.core.plan import plan_compaction
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
 from memd.llm import LiteLLMSummarizer, backoff_delay, import_litellm, is_retryable
@@ -552,3 +556,86 @@ def test_stop_during_a_multi_chunk_summary_commits_the_chunks_done(
     assert len(roomy_server.requests) == 1 and result.calls == 1
     ends = {e.start + len(e.raw) for e in document.entries}
     assert result.summarized_until in ends and result.summarized_until < document.boundary
+
+
+# -- the compaction runs the core's plan ---------------------------------------------
+
+
+def _sent_turns(sent: Any) -> str:
+    """The turns one rolling request carried (memd.core.prompts.rolling_user_prompt)."""
+    found = re.search(
+        r"New conversation turns to merge into it(?: \(part \d+ of \d+, oldest first\))?:\n"
+        r"(.*)\n\nWrite the updated summary now\.\Z",
+        sent.messages[1]["content"],
+        re.S,
+    )
+    assert found is not None
+    return found.group(1)
+
+
+@pytest.mark.parametrize(
+    ("previous_words", "recent_tokens", "max_calls"),
+    [
+        (0, 200, 3),  # a kept tail, and more chunks than calls: a carried tail
+        (900, 0, 50),  # a previous summary too big to send whole: re-summarized as material
+        (40, 300, 50),  # a small previous summary sent whole, every turn summarized
+    ],
+)
+def test_compaction_sends_the_chunks_the_core_plans(
+    roomy_server: OpenAITestServer,
+    agent_ws: AgentWorkspace,
+    previous_words: int,
+    recent_tokens: int,
+    max_calls: int,
+) -> None:
+    paths = agent_ws.create_agent("alpha")
+    data = memfile.render_header("alpha", "2026-01-01T00:00:00")
+    if previous_words:
+        facts = "\n\n".join(
+            f"Facts:\n- fact {i} " + "word " * 8 for i in range(previous_words // 10)
+        )
+        data += memfile.render_summary_block(facts, "2026-01-01T09:00:00")
+    for i in range(90):
+        stamp = f"2026-01-01T10:{i // 60:02d}:{i % 60:02d}"
+        data += memfile.render_entry("Human" if i % 2 else "AI", stamp, f"turn {i} " + "blah " * 50)
+    paths.memory.write_bytes(data)
+    document = memfile.parse(data)
+    llm = LiteLLMSummarizer(
+        SummarizerConfig(
+            model="openai/test-model",
+            api_base=roomy_server.api_base,
+            api_key=SecretStr("k"),
+            max_calls=max_calls,
+        ),
+        word_count,
+        window=Window(2_000, "summarizer.context_length"),
+    )
+    options = CompactionOptions(
+        lock_wait_s=5,
+        drain_quiet_s=0.05,
+        drain_max_s=2,
+        summary_max_tokens=300,
+        keep_recent_tokens=recent_tokens,
+    )
+    budget = llm.budget(SummaryRequest("alpha", document, options.summary_max_tokens))
+    plan = plan_compaction(document, document.boundary, recent_tokens, budget, word_count)
+
+    outcome = compact_agent(paths, llm, options, count_bytes=lambda raw: word_count(raw.decode()))
+
+    # What production sent is what the plan says, chunk for chunk.
+    sent = [_sent_turns(request) for request in roomy_server.requests]
+    assert sent == ["\n\n".join(chunk.texts) for chunk in plan.chunks.chunks]
+    assert outcome.partial == (plan.summarized_to < document.boundary)
+    # Bytes from summarized_to on (the carried tail, then the kept tail) are
+    # left raw after the new summary block, byte for byte.
+    after = paths.memory.read_bytes()
+    assert after.endswith(data[plan.summarized_to :])
+    kept = [e for e in memfile.parse(after).entries if not e.is_summary]
+    assert [e.raw for e in kept] == [
+        e.raw for e in document.entries if not e.is_summary and e.start >= plan.summarized_to
+    ]
+    assert (plan.partial, plan.kept_from < document.boundary) == (
+        max_calls == 3,
+        recent_tokens > 0,
+    )
+    assert budget.previous_inline == (previous_words < 900)

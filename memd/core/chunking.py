@@ -95,6 +95,11 @@ class ChunkPlan:
     def partial(self) -> bool:
         return len(self.chunks) < self.total_chunks
 
+    @property
+    def summarized_until(self) -> int | None:
+        """Where the summarized part ends when not all of it is summarized now."""
+        return self.cut if self.partial else None
+
 
 def reduce_entry(text: str, room: int, count_text: CountText) -> str:
     """``text`` within ``room`` tokens: head, tail, and the non-repeating middle lines.

@@ -20,10 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from memd.core.chunking import ChunkPlan, plan_chunks, transcript_pieces
+from memd.core.chunking import (
+    PREVIOUS_SHARE,
+    ChunkPlan,
+    Piece,
+    RequestLimits,
+    plan_chunks,
+    transcript_pieces,
+)
 from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument
 from memd.core.prompts import previous_summary_body, since_last_summary
-from memd.core.summary_plan import SummaryBudgets
 from memd.core.tokens import upper_bound
 
 CountText = Callable[[str], int]
@@ -124,6 +130,73 @@ def kept_tail(
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkBudget:
+    """What a summarizer's window allows one compaction (its values, not its model).
+
+    ``chunk_tokens``: the room for turns in each request; ``max_calls``: the
+    requests allowed now; ``previous_inline``: the previous summary is sent whole
+    as the summary so far (else it is re-summarized as material, oldest first).
+    """
+
+    chunk_tokens: int
+    max_calls: int
+    previous_inline: bool = True
+
+
+def chunk_budget(
+    limits: RequestLimits, prompt_overhead: int, previous_tokens: int, max_calls: int
+) -> ChunkBudget:
+    """The room for turns in each request of a window's ``limits``.
+
+    ``prompt_overhead``: the tokens of the prompts around the material;
+    ``previous_tokens``: the previous summary's (0: none). A previous summary
+    bigger than its share of the room is re-summarized as material (oldest first)
+    instead of being sent whole in every request.
+    """
+    room = limits.input_tokens - prompt_overhead
+    inline = previous_tokens <= int(room * PREVIOUS_SHARE)
+    summary_room = max(limits.output_tokens, previous_tokens if inline else 0)
+    return ChunkBudget(room - summary_room, max_calls, inline)
+
+
+def plan_chunks_of(
+    prefix: MemoryDocument,
+    budget: ChunkBudget,
+    count_text: CountText,
+    redact: Callable[[str], str] | None = None,
+    previous: str | None = None,
+) -> ChunkPlan:
+    """The chunks a summarizer sends for ``prefix`` (the part being compacted), oldest
+    first: the previous summary's paragraphs when it is not sent whole, then every
+    turn since it; each text passed through ``redact`` (what leaves the host) before
+    it is measured and cut, since a placeholder is not as long as what it replaces.
+
+    ``previous``: the previous summary's body as the caller already redacted it
+    (None: taken from ``prefix`` and redacted here).
+    """
+    if budget.previous_inline:
+        previous = ""
+    elif previous is None:
+        previous = previous_summary_body(since_last_summary(prefix))
+        previous = redact(previous) if redact is not None else previous
+    pieces = transcript_pieces(prefix, previous)
+    if redact is not None:
+        pieces = [Piece(redact(piece.text), piece.end, piece.role) for piece in pieces]
+    return plan_chunks(
+        pieces, chunk_tokens=budget.chunk_tokens, max_calls=budget.max_calls, count_text=count_text
+    )
+
+
+def summarized_to(kept_from: int, summarized_until: int | None) -> int:
+    """Where the summarized part ends: where the kept tail starts, unless the
+    summarizer stopped earlier (its calls ran out, or memd is stopping); bytes from
+    there to ``kept_from`` are the carried tail, raw for the next compaction."""
+    if summarized_until is None or summarized_until >= kept_from:
+        return kept_from
+    return summarized_until
+
+
+@dataclass(frozen=True, slots=True)
 class CompactionPlan:
     """What one compaction does with a memory, decided before any model is called.
 
@@ -131,13 +204,17 @@ class CompactionPlan:
     the ``chunks`` are summarized now, and when they are fewer than the material
     needs (``chunks.partial``) only 0..``summarized_to`` is compacted and the
     rest stays raw for the next compaction (the carried tail).
+
+    Production takes the same decisions from the same functions, in two places:
+    the transaction (:mod:`memd.compaction`) takes the kept tail
+    (:func:`kept_tail`) and the carry (:func:`summarized_to`), the LLM summarizer
+    (:mod:`memd.llm`) the chunks of the prefix it is handed (:func:`plan_chunks_of`).
     """
 
     kept_from: int
+    kept_tokens: int
     chunks: ChunkPlan
     summarized_to: int
-    budgets: SummaryBudgets
-    previous_inline: bool  # the previous summary is sent whole, not re-summarized
 
     @property
     def partial(self) -> bool:
@@ -147,31 +224,23 @@ class CompactionPlan:
 def plan_compaction(
     document: MemoryDocument,
     end: int,
-    budgets: SummaryBudgets,
-    *,
-    chunk_tokens: int,
-    max_calls: int,
+    recent_tokens: int,
+    budget: ChunkBudget,
     count_text: CountText,
-    previous_inline: bool = True,
+    redact: Callable[[str], str] | None = None,
 ) -> CompactionPlan:
-    """The plan (pure): the kept tail within ``budgets.recent_tokens``, then every
-    turn before it packed into chunks of at most ``chunk_tokens`` (the summarizer's
-    room per request), at most ``max_calls`` of them now.
+    """The plan (pure): the kept tail within ``recent_tokens``, then every turn
+    before it packed into chunks of at most ``budget.chunk_tokens`` (the
+    summarizer's room per request), at most ``budget.max_calls`` of them now.
 
     Every raw entry since the last summary ends up in exactly one of: the kept
     tail, one chunk summarized now, or the carried tail of a partial compaction.
     """
-    kept_from = kept_tail_start(document, end, budgets.recent_tokens, count_text)
-    prefix = document.prefix(kept_from)
-    previous = "" if previous_inline else previous_summary_body(since_last_summary(prefix))
-    chunks = plan_chunks(
-        transcript_pieces(prefix, previous),
-        chunk_tokens=chunk_tokens,
-        max_calls=max_calls,
-        count_text=count_text,
+    kept_from, kept_tokens = kept_tail(document, end, recent_tokens, count_text)
+    chunks = plan_chunks_of(document.prefix(kept_from), budget, count_text, redact)
+    return CompactionPlan(
+        kept_from, kept_tokens, chunks, summarized_to(kept_from, chunks.summarized_until)
     )
-    summarized_to = chunks.cut if chunks.partial and chunks.cut else kept_from
-    return CompactionPlan(kept_from, chunks, summarized_to, budgets, previous_inline)
 
 
 # ---------------------------------------------------------------------- recovery
@@ -287,18 +356,22 @@ __all__ = [
     "CORRUPT_PHASE",
     "IDLE_PHASE",
     "SUMMARY_MARKUP_TOKENS",
+    "ChunkBudget",
     "CompactionPlan",
     "FileFacts",
     "RecoveryAction",
     "StoredCountTrust",
+    "chunk_budget",
     "has_compactable",
     "kept_tail",
     "kept_tail_start",
     "landed_prefix",
     "may_exceed_cap",
+    "plan_chunks_of",
     "plan_compaction",
     "recovery_action",
     "stored_count_trust",
+    "summarized_to",
     "summary_does_not_shrink",
     "summary_over_cap",
 ]

@@ -148,8 +148,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from memd.core import memfile as _memfile  # noqa: E402
-from memd.core.plan import plan_compaction  # noqa: E402
-from memd.core.summary_plan import SummaryBudgets  # noqa: E402
+from memd.core.plan import ChunkBudget, plan_compaction  # noqa: E402
 
 _ITEM = st.one_of(
     st.tuples(st.just("entry"), st.sampled_from(["Human", "AI", "Tool"]), st.integers(0, 400)),
@@ -193,15 +192,8 @@ def test_every_raw_entry_is_kept_summarized_once_or_carried(
 ) -> None:
     doc = _document(items)
     end = doc.boundary
-    budgets = SummaryBudgets(summary_tokens=500, pinned_tokens=500, recent_tokens=recent)
     plan = plan_compaction(
-        doc,
-        end,
-        budgets,
-        chunk_tokens=chunk_tokens,
-        max_calls=max_calls,
-        count_text=_tokens,
-        previous_inline=previous_inline,
+        doc, end, recent, ChunkBudget(chunk_tokens, max_calls, previous_inline), _tokens
     )
     assert plan.summarized_to <= plan.kept_from <= end
     kept_tokens = 0
