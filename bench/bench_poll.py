@@ -366,7 +366,8 @@ def measure_passes(count: int, rounds: int) -> dict[str, float]:
         passes["previous pass (before issue 13)"] = legacy_pass(root, folders)
         paths = [str(folder / "MEMORY.md") for folder in folders.values()]
         # The held poller's own fds (a second set would not fit RLIMIT_NOFILE).
-        fds = [agent.memory.fd for agent in pollers[0]._agents.values() if agent.memory.fd >= 0]
+        held = [pollers[0].held_fds(agent)[0] for agent in folders]
+        fds = [fd for fd in held if fd >= 0]
 
         def fstat_floor() -> None:
             for fd in fds:

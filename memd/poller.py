@@ -287,6 +287,14 @@ class StatPoller:
         with self._lock:
             return sum(self._held)
 
+    def held_fds(self, key: str) -> tuple[int, int]:
+        """The fds held open on ``key``'s MEMORY.md and descriptor (-1: none)."""
+        with self._lock:
+            agent = self._agents.get(key)
+        if agent is None:
+            return -1, -1
+        return agent.memory.fd, agent.descriptor.fd
+
     def _pin_root(self, root: bytes) -> None:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

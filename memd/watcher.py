@@ -229,6 +229,11 @@ class InotifyBackend:
             with contextlib.suppress(OSError):
                 inotify.rm_watch(wd)
 
+    def descriptor_of(self, key: str) -> int | None:
+        """The inotify watch descriptor of ``key`` (None: not watched)."""
+        with self._lock:
+            return self._wd_by_key.get(key)
+
     def watched(self) -> set[str]:
         """The watched keys, after every event the kernel has queued so far (a
         watch it dropped is not listed, whatever the reader thread's delay)."""
@@ -528,6 +533,11 @@ class Watcher:
     def is_alive(self) -> bool:
         backend = self._backend
         return backend is not None and backend.is_alive()
+
+    @property
+    def backend(self) -> DirWatchBackend | None:
+        """The running backend (None while stopped)."""
+        return self._backend
 
     @property
     def failed(self) -> dict[str, str]:

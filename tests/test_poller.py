@@ -339,16 +339,35 @@ def test_a_removed_folder_gives_its_file_back(tmp_path: Path) -> None:
     assert fleet.poller.held() == 0
 
 
-def test_a_held_file_is_checked_against_its_path_in_turn(tmp_path: Path) -> None:
+def test_a_held_file_is_checked_against_its_path_in_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Where a rename does not move the held inode's ctime (not every
     # filesystem sets it), the fstat alone would never tell: every agent's
     # path is stat'ed again within VERIFY_EVERY passes.
     fleet = held_fleet(tmp_path, "alice")
     memory = fleet.agents / "alice" / "MEMORY.md"
+    held, _ = fleet.poller.held_fds("alice")
+    assert held >= 0
+    before = os.fstat(held)
     memory.rename(memory.with_name("old.md"))
     memory.write_text("a new file\n")
-    held = fleet.poller._agents["alice"].memory
-    held.fd_ctime = os.fstat(held.fd).st_ctime_ns  # as if the rename left it alone
+    real_fstat = os.fstat
+
+    class Unmoved:
+        """The held inode's fstat, its ctime as before the rename."""
+
+        def __init__(self, st: os.stat_result) -> None:
+            self._st = st
+
+        def __getattr__(self, name: str) -> object:
+            return before.st_ctime_ns if name == "st_ctime_ns" else getattr(self._st, name)
+
+    def fstat(fd: int) -> object:
+        st = real_fstat(fd)
+        return Unmoved(st) if fd == held else st
+
+    monkeypatch.setattr(os, "fstat", fstat)  # as if the rename left the ctime alone
     seen = [event for _ in range(VERIFY_EVERY) for event in fleet.one_pass()]
     assert seen == [("memory", "alice")]
 
@@ -400,18 +419,19 @@ def test_a_held_descriptor_notices_replacements_and_writes(tmp_path: Path) -> No
 
 def test_memory_files_come_before_descriptors_in_the_budget(tmp_path: Path) -> None:
     fleet = held_fleet(tmp_path, "alice", fd_budget=2)
-    alice = fleet.poller._agents["alice"]
     (fleet.agents / "alice" / DESCRIPTOR_NAME).write_text("{}")
     descriptor_passes(fleet)
-    assert alice.memory.fd >= 0 and alice.descriptor.fd >= 0  # room for both
+    alice_memory, alice_descriptor = fleet.poller.held_fds("alice")
+    assert alice_memory >= 0 and alice_descriptor >= 0  # room for both
     (fleet.agents / "bob").mkdir()
     (fleet.agents / "bob" / "MEMORY.md").write_text("x")
     fleet.poller.watch("bob", fleet.agents / "bob")
     descriptor_passes(fleet)
     descriptor_passes(fleet)
-    bob = fleet.poller._agents["bob"]
+    alice_memory, alice_descriptor = fleet.poller.held_fds("alice")
+    bob_memory, _ = fleet.poller.held_fds("bob")
     assert fleet.poller.held() == 2
-    assert alice.memory.fd >= 0 and bob.memory.fd >= 0 and alice.descriptor.fd < 0
+    assert alice_memory >= 0 and bob_memory >= 0 and alice_descriptor < 0
 
 
 def test_a_pass_never_blocks_the_watches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -127,7 +127,7 @@ def test_handler_exception_is_logged_and_watching_continues(
 
 def test_dead_watcher_is_detected_and_restarted(setup: tuple[Watcher, Sink, Path]) -> None:
     watcher, sink, agents = setup
-    backend = watcher._backend
+    backend = watcher.backend
     assert backend is not None and watcher.is_alive()
     backend.stop()  # the thread dies under us
     assert not watcher.is_alive()
@@ -234,7 +234,11 @@ def test_inotify_batch_is_reported_once_per_agent(tmp_path: Path) -> None:
         backend.watch("alice", agents / "alice")
         backend.watch("bob", agents / "bob")
         backend.watch("erin", agents / "erin")
-        wd = dict(backend._wd_by_key)
+        wd: dict[str, int] = {}
+        for key in (ROOT_KEY, "alice", "bob", "erin"):
+            descriptor = backend.descriptor_of(key)
+            assert descriptor is not None
+            wd[key] = descriptor
         data = b"".join(
             [
                 *[_event(wd["alice"], C.IN_MODIFY, b"MEMORY.md") for _ in range(50)],

@@ -17,7 +17,7 @@ from memd.daemon.retention import RetentionService
 from memd.errors import CompactionAborted, LockTimeout
 from memd.retention import PruneResult
 from memd.settings import build_config
-from memd.workspace import AgentPaths
+from memd.workspace import AgentPaths, agent_paths
 
 
 def service(
@@ -96,7 +96,7 @@ def test_a_stopped_service_prunes_no_further_agent(tmp_path: Path) -> None:
 def test_a_compactions_prune_leaves_the_audit_to_the_compaction_record(tmp_path: Path) -> None:
     svc, recall = service(tmp_path, ["a"], {})
     prune = ScriptedPrune()
-    paths = svc._registry.agents()["a"].paths
+    paths = agent_paths(tmp_path / "ws", "a")
     svc.pruned(paths, prune(paths, RetentionLimits(1)), "compaction", audit=False)
     svc.pruned(paths, prune(paths, RetentionLimits(1)), "x")
     assert recall.dropped == ["a", "a"]
