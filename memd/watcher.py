@@ -79,6 +79,12 @@ class WatchSink(Protocol):
 class DirWatchBackend(Protocol):
     kind: BackendKind
 
+    def open(self) -> bool:
+        """Take what watches need, without a thread (start() may follow a fork);
+        True when a watch added now is live: what happens until start() is
+        reported once it runs (the kernel queues it)."""
+        ...
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -165,9 +171,15 @@ class InotifyBackend:
         self._descriptor_name = os.fsencode(DESCRIPTOR_NAME)
         self._stopping = False
 
+    def open(self) -> bool:
+        if self._inotify is None:
+            self._inotify = Inotify()  # private: restartable
+        return True
+
     def start(self) -> None:
         self._stopping = False
-        self._inotify = Inotify()  # private: restartable
+        if self._inotify is None:
+            self._inotify = Inotify()
         self._wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(
             target=self._run,
@@ -358,6 +370,9 @@ class ObserverBackend:
 
         return Observer()
 
+    def open(self) -> bool:
+        return False  # watchdog's emitters watch once their threads run
+
     def start(self) -> None:
         self._observer = self._new_observer()
         self._observer.start()
@@ -432,6 +447,9 @@ class StatPollBackend:
 
         self.poller = StatPoller(agents_changed, file_changed, poll_interval_s)
 
+    def open(self) -> bool:
+        return False  # its first stat pass is in its thread
+
     def start(self) -> None:
         self.poller.start()
 
@@ -500,10 +518,23 @@ class Watcher:
         self._stopped = False
         self._lock = threading.Lock()
 
+    def open(self) -> bool:
+        """The backend made, not started: True when watches added now (:meth:`sync`)
+        are live before :meth:`start` (inotify: the kernel queues the events)."""
+        with self._lock:
+            self._stopped = False
+            if self._backend is None:
+                self._backend = make_backend(self.kind, self._sink, self._poll_interval_s)
+                self._failed.clear()
+            return self._backend.open()
+
     def start(self) -> None:
         with self._lock:
             self._stopped = False
-            self._start_unlocked()
+            if self._backend is None:
+                self._start_unlocked()
+            else:
+                self._backend.start()  # opened: its watches stay
 
     def _start_unlocked(self) -> None:
         backend = make_backend(self.kind, self._sink, self._poll_interval_s)

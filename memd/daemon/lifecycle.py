@@ -4,9 +4,12 @@ Start-up (in this order, so nothing is missed and READY means ready): the
 checks operators should read at start, then the services built
 (:class:`~memd.daemon.wiring.Services`: the state DB, the tokenizer, every
 service linked to the next stage), every crashed compaction finished or rolled
-back and every MEMORY.md counted (reusing the stored count of files that did
-not change, in parallel for the rest; a file too large to count in a moment is
-counted right after READY instead, so readiness never waits on one agent),
+back, every agent folder watched (inotify: before its MEMORY.md is stat'ed,
+so a write after the stat is reported once the watcher's thread runs; other
+watchers: the files are stat'ed again once they are live) and every MEMORY.md
+counted (reusing the stored count of files that did not change, in parallel for
+the rest; a file too large to count in a moment is counted right after READY
+instead, so readiness never waits on one agent),
 then the recall index, the metrics endpoint, the scheduler, the watches and the
 counter started, every agent evaluated, ``READY=1`` notified and ``ready``
 logged; then the periodic jobs and the recall re-sync (passes over every agent
@@ -191,7 +194,8 @@ class Daemon:
         )
         # Runs after the scheduler has stopped: queued jobs will not run now.
         stack.callback(s.final_flush)
-        entries, later = s.load_agents()
+        watches = s.new_watches(self.options.poll)
+        entries, later, watched = s.load_agents((watches, stack))
         if self.state.should_exit:
             return  # SIGTERM during the count: stop before READY
         # Threads only after the initial count (it may fork a process pool).
@@ -201,9 +205,9 @@ class Daemon:
         scheduler.start()
         stack.callback(self._stop_scheduler, scheduler)
         s.runner.start(scheduler)
-        watches = s.new_watches(self.options.poll)
         watches.start(stack)
-        s.counter.recount_changed([entry for entry in entries if entry not in later])
+        if not watched:  # the count's stats came before the watches: stat again
+            s.counter.recount_changed([entry for entry in entries if entry not in later])
         s.counter.start()
         stack.callback(s.counter.stop)
         s.counter.count_later(later)

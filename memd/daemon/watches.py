@@ -38,15 +38,31 @@ class WatchService:
         self._registry = registry
         self._hints = hints
         self._synced: set[str] = set()  # the agent set the watches were last matched to
+        self._opened = False  # open() put the watcher's stop on the stack
         self._lock = threading.Lock()  # one tick at a time (the thread's, a test's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, stack: contextlib.ExitStack) -> None:
-        """Start the watcher and watch every registered agent now (the caller then
-        stats what changed meanwhile), then follow the rescans in a thread."""
-        self.watcher.start()
+    def open(self, stack: contextlib.ExitStack) -> bool:
+        """Before the start-up count: watch every registered agent now if the
+        watcher can before its thread runs (inotify), so the count's stats come
+        after the watches and a write after a stat is reported once :meth:`start`
+        runs. False: nothing is watched until then (the caller stats again after)."""
         stack.callback(self.watcher.stop)
+        self._opened = True
+        if not self.watcher.open():
+            return False
+        self._synced = self._registry.names()
+        self.watcher.sync(self._registry.dirs())
+        return True
+
+    def start(self, stack: contextlib.ExitStack) -> None:
+        """Start the watcher and watch every registered agent now (unless
+        :meth:`open` did: then the caller stats what changed meanwhile), then follow
+        the rescans in a thread."""
+        self.watcher.start()
+        if not self._opened:
+            stack.callback(self.watcher.stop)
         seen = self._registry.rescans.number
         self._synced = self._registry.names()
         self.watcher.sync(self._registry.dirs())

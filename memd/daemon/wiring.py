@@ -209,9 +209,13 @@ class Services:
         )
         self.metrics = MetricsStage(config.metrics, self.entry_counter, self.runner)
 
-    def load_agents(self) -> tuple[list[AgentEntry], list[AgentEntry]]:
+    def load_agents(
+        self, watches: tuple[WatchService, contextlib.ExitStack] | None = None
+    ) -> tuple[list[AgentEntry], list[AgentEntry], bool]:
         """Start-up: every agent found, recovered, registered and counted (or its
-        stored count reused); returns them and those counted after READY."""
+        stored count reused); returns them, those counted after READY, and whether
+        ``watches`` (the service, the stack its stop goes on) watched every agent
+        before the count's stats (else: stat again once they are started)."""
         records = stored_records(self.flusher.store)
         scanned = self.registry.scan()
         entries = []
@@ -224,9 +228,12 @@ class Services:
             self.registry.recover(entry)
             self.archives.restore(entry, records.get(entry.name))
         self.registry.register(entries, set(records))
-        # Counted before any thread exists, so the scan may fork a process
-        # pool safely; changes made meanwhile are caught once the watches are live.
-        return entries, self.counter.initial_count(entries, records)
+        # Watched before the stats that decide whether a stored count still holds:
+        # a write after its stat is queued by the kernel and read once the watcher's
+        # thread runs. Counted before any thread exists, so the scan may fork a
+        # process pool safely.
+        watched = watches is not None and watches[0].open(watches[1])
+        return entries, self.counter.initial_count(entries, records), watched
 
     def new_scheduler(self) -> JobScheduler:
         daemon = self._config.daemon

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,12 @@ from support.daemon_services import COUNTER, Clock, FakeScheduler, ScriptedCompa
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.core.jobs import JobState
-from memd.daemon.entries import ExitState
+from memd.daemon.counter import HintKind
+from memd.daemon.entries import AgentEntry, ExitState
 from memd.daemon.wiring import Parts, Services
 from memd.notify import SystemdNotifier
 from memd.settings import build_config
+from memd.state import AgentRecord
 from memd.workspace import AgentPaths
 
 
@@ -65,7 +69,8 @@ def test_building_starts_no_thread_and_the_stack_closes_the_store(
 
 def test_load_agents_registers_and_counts_every_agent(ws: AgentWorkspace, tmp_path: Path) -> None:
     with built(ws, tmp_path / "state") as s:
-        entries, later = s.load_agents()
+        entries, later, watched = s.load_agents()
+        assert not watched  # no watches handed in
         assert [entry.name for entry in entries] == ["alice", "bob"] and later == []
         assert set(s.registry.agents()) == {"alice", "bob"}
         for entry in entries:
@@ -73,8 +78,42 @@ def test_load_agents_registers_and_counts_every_agent(ws: AgentWorkspace, tmp_pa
         s.flusher.flush()
     # The next start reuses the stored counts (no recount of unchanged files).
     with built(ws, tmp_path / "state") as again:
-        entries, _ = again.load_agents()
+        entries, _, _ = again.load_agents()
         assert all(not entry.dirty for entry in entries)
+
+
+def test_a_write_after_the_stat_that_reuses_a_stored_count_is_reported(
+    ws: AgentWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watches are added before the stat that decides a stored count still
+    # holds, so a write just after that stat (the file unchanged at the stat) is
+    # queued by the kernel and reported once the watcher's thread runs.
+    with built(ws, tmp_path / "state") as s:
+        s.load_agents()
+        s.flusher.flush()
+    with built(ws, tmp_path / "state") as s, contextlib.ExitStack() as stack:
+        restore = s.counter.restore
+        reused: list[str] = []
+
+        def restore_then_write(entry: AgentEntry, record: AgentRecord) -> bool:
+            kept = restore(entry, record)
+            if kept and entry.name == "alice":
+                reused.append(entry.name)
+                append_entry(entry.paths.memory, "Human", "written after the stat")
+            return kept
+
+        monkeypatch.setattr(s.counter, "restore", restore_then_write)
+        watches = s.new_watches(poll=False)
+        _entries, _later, watched = s.load_agents((watches, stack))
+        assert watched and reused == ["alice"]
+        watches.start(stack)
+        hints: list[tuple[HintKind, str | None]] = []
+        deadline = time.monotonic() + 10
+        while (HintKind.MEMORY, "alice") not in hints and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                hint = s.counter.inbox.get(timeout=0.1)
+                hints.append((hint.kind, hint.name))
+        assert (HintKind.MEMORY, "alice") in hints
 
 
 def lock_is_free(paths: AgentPaths) -> bool:
