@@ -148,7 +148,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from memd.core import memfile as _memfile  # noqa: E402
-from memd.core.plan import ChunkBudget, plan_compaction  # noqa: E402
+from memd.core.chunking import RequestLimits  # noqa: E402
+from memd.core.plan import (  # noqa: E402
+    ChunkBudget,
+    chunk_budget,
+    plan_compaction,
+    summarized_to,
+)
 
 _ITEM = st.one_of(
     st.tuples(st.just("entry"), st.sampled_from(["Human", "AI", "Tool"]), st.integers(0, 400)),
@@ -175,12 +181,17 @@ def _tokens(text: str) -> int:
     return len(text) // 4 + 1
 
 
+def _redact(text: str) -> str:
+    return text.replace("word", "[REDACTED:w]").replace("line", "L")
+
+
 @given(
     items=st.lists(_ITEM, max_size=30),
     recent=st.integers(0, 3_000),
     chunk_tokens=st.integers(150, 3_000),
     max_calls=st.integers(1, 6),
     previous_inline=st.booleans(),
+    redact=st.booleans(),
 )
 @settings(max_examples=300, deadline=None)
 def test_every_raw_entry_is_kept_summarized_once_or_carried(
@@ -189,11 +200,19 @@ def test_every_raw_entry_is_kept_summarized_once_or_carried(
     chunk_tokens: int,
     max_calls: int,
     previous_inline: bool,
+    redact: bool,
 ) -> None:
     doc = _document(items)
     end = doc.boundary
+    # Production's LLM summarizer redacts every piece before it is measured; a
+    # placeholder is longer or shorter than what it replaces.
     plan = plan_compaction(
-        doc, end, recent, ChunkBudget(chunk_tokens, max_calls, previous_inline), _tokens
+        doc,
+        end,
+        recent,
+        ChunkBudget(chunk_tokens, max_calls, previous_inline),
+        _tokens,
+        _redact if redact else None,
     )
     assert plan.summarized_to <= plan.kept_from <= end
     kept_tokens = 0
@@ -216,3 +235,20 @@ def test_every_raw_entry_is_kept_summarized_once_or_carried(
     # The compacted part ends at an entry boundary (or where the kept tail starts).
     ends = {s.start + len(s.raw) for s in doc.segments}
     assert plan.summarized_to in ends | {plan.kept_from}
+
+
+def test_chunk_budget_sends_a_small_previous_summary_whole() -> None:
+    limits = RequestLimits(window=2_000, output_tokens=300, input_tokens=1_500)
+    # room = 1,500 - 100 = 1,400; the previous summary may take half of it.
+    assert chunk_budget(limits, 100, 0, 4) == ChunkBudget(1_100, 4, True)
+    assert chunk_budget(limits, 100, 200, 4) == ChunkBudget(1_100, 4, True)  # under the answer
+    assert chunk_budget(limits, 100, 700, 4) == ChunkBudget(700, 4, True)
+    # Over its share: re-summarized as material, the room is the answer's only.
+    assert chunk_budget(limits, 100, 701, 4) == ChunkBudget(1_100, 4, False)
+
+
+def test_summarized_to_is_the_kept_tail_unless_the_summarizer_stopped_earlier() -> None:
+    assert summarized_to(500, None) == 500
+    assert summarized_to(500, 500) == 500
+    assert summarized_to(500, 900) == 500
+    assert summarized_to(500, 320) == 320
