@@ -14,15 +14,19 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.token_oracle import count_bytes_with, extend_count, full_count, safe_chunk_bounds
+
 from memd.core.memfile import render_entry, render_header
-from memd.core.tokens import extend_count, full_count, safe_chunk_bounds
-from memd.tokenizer import TokenCounter, count_bytes_with, load_encoding
+from memd.tokenizer import TokenCounter, load_encoding
 
 _VOCABULARY = (
     "the agent decided to refactor module memory context window token budget summary "

@@ -266,9 +266,8 @@ class TokenCounter:
 
     tiktoken releases the GIL for only part of its work (two threads gave
     1.3-1.4x one thread here, ``bench/bench_tokenizer_backends.py``); to use
-    several cores fully, count different files (or chunks from
-    :func:`memd.core.tokens.safe_chunk_bounds`) in a process pool with
-    :func:`count_bytes_with`.
+    several cores fully, count different files in forked workers
+    (:func:`memd.counting.count_many`).
     """
 
     def __init__(
@@ -325,8 +324,3 @@ def shared_counter(encoding_name: str, max_piece_bytes: int = MAX_PIECE_BYTES) -
         made = TokenCounter(encoding_name, max_piece_bytes=max_piece_bytes)
         counter = _counters.setdefault(key, made)
     return counter
-
-
-def count_bytes_with(encoding_name: str, data: bytes) -> int:
-    """``TokenCounter(encoding_name).count_bytes(data)``, picklable for process pools."""
-    return shared_counter(encoding_name).count_bytes(data)

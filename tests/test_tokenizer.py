@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 from support.preludes import NO_LITELLM_PRELUDE
+from support.token_oracle import count_bytes_with, safe_chunk_bounds
 
-from memd.core.tokens import safe_chunk_bounds
 from memd.errors import TokenizerError
-from memd.tokenizer import TokenCounter, bundled_tokenizer_dir, count_bytes_with, load_encoding
+from memd.tokenizer import TokenCounter, bundled_tokenizer_dir, load_encoding
 
 SAMPLE = "### User \u2014 2024-01-01T00:00:00\n\nHello, wörld! 日本語 ###\n\n---\n\n"
 SAMPLE_BYTES = SAMPLE.encode() + b"\xff\xe2\x80 tail"

@@ -13,15 +13,17 @@ from hypothesis import strategies as st
 from memd.core.tokens import (
     CountState,
     PieceCounter,
-    extend_count,
-    full_count,
     last_safe_boundary,
-    safe_boundaries,
-    safe_chunk_bounds,
     upper_bound,
 )
 from memd.tokenizer import load_encoding
 from tests.support.strategies import any_bytes, append_splits, content_bytes, memory_files
+from tests.support.token_oracle import (
+    extend_count,
+    full_count,
+    safe_boundaries,
+    safe_chunk_bounds,
+)
 
 ENCODINGS = ["cl100k_base", "o200k_base", "p50k_base"]
 Count = Callable[[bytes], int]
