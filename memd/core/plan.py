@@ -5,13 +5,18 @@ and values out.
   :func:`summary_does_not_shrink`; its budgets are :mod:`memd.core.summary_plan`'s);
 * whether a memory file has anything to compact (:func:`has_compactable`), and
   where the newest turns kept verbatim start (:func:`kept_tail_start`);
+* the chunks a summarizer's window takes the rest in (:func:`chunk_budget`,
+  :func:`plan_chunks_of`) and what is carried raw when fewer calls are allowed
+  than chunks (:func:`summarized_to`); :func:`plan_compaction` is the three
+  together, as the transaction and the LLM summarizer apply them;
 * what recovery does with a crashed job, from its journal phase and the inode
   numbers it recorded (:func:`recovery_action`), and how much of a journaled
   drain chunk had landed (:func:`landed_prefix`);
 * whether a count stored in the state DB may be reused for a file as it is now
   (:func:`stored_count_trust`).
 
-The transaction (:mod:`memd.compaction`) does the I/O around these decisions.
+The transaction (:mod:`memd.compaction`) does the I/O around these decisions, the
+LLM summarizer (:mod:`memd.llm`) the requests.
 """
 
 from __future__ import annotations
