@@ -51,22 +51,16 @@ class RecallQueryError(MemdError, ValueError):
 
 
 def query_terms(question: str) -> list[str]:
-    """The words of ``question`` worth searching for, lower-cased, first seen first."""
-    words = [w.lower() for w in _WORD_RE.findall(question)]
-    kept = [w for w in words if w not in STOPWORDS] or words
-    unique = list(dict.fromkeys(kept))
-    return unique[:MAX_QUERY_TERMS]
-
-
-def fts_match_expression(question: str) -> str:
-    """An FTS5 MATCH expression: the question's words, each quoted, OR-ed.
+    """The words of ``question`` worth searching for, lower-cased, first seen first.
 
     Raises RecallQueryError when the question holds no word at all.
     """
-    terms = query_terms(question)
-    if not terms:
+    words = [w.lower() for w in _WORD_RE.findall(question)]
+    if not words:
         raise RecallQueryError(f"query {question!r} has no word to search for")
-    return fts_expression(terms)
+    kept = [w for w in words if w not in STOPWORDS] or words
+    unique = list(dict.fromkeys(kept))
+    return unique[:MAX_QUERY_TERMS]
 
 
 def fts_expression(terms: list[str]) -> str:
@@ -198,7 +192,6 @@ __all__ = [
     "RecallQueryError",
     "excerpt",
     "fts_expression",
-    "fts_match_expression",
     "index_text",
     "parse_since",
     "query_terms",

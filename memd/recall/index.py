@@ -599,8 +599,6 @@ class RecallIndex:
         if not 1 <= limit <= MAX_LIMIT:
             raise RecallQueryError(f"limit {limit} is out of range (1..{MAX_LIMIT})")
         terms = query_terms(question)
-        if not terms:
-            raise RecallQueryError(f"query {question!r} has no word to search for")
         filters = _Filters(agent, since_epoch, role)
 
         def operation(conn: sqlite3.Connection) -> list[RecallHit]:

@@ -19,7 +19,7 @@ from memd.core.recall import (
     Highlighted,
     RecallQueryError,
     excerpt,
-    fts_match_expression,
+    fts_expression,
     parse_since,
     query_terms,
     raw_entries_for_index,
@@ -29,11 +29,13 @@ from memd.core.recall import (
 
 def test_question_words_are_quoted_and_ored_without_stopwords() -> None:
     assert query_terms("Where is the Kalomiren report?") == ["kalomiren", "report"]
-    assert fts_match_expression("where is the kalomiren report?") == '"kalomiren" OR "report"'
+    assert (
+        fts_expression(query_terms("where is the kalomiren report?")) == '"kalomiren" OR "report"'
+    )
 
 
 def test_fts_operators_in_a_question_are_plain_words() -> None:
-    expression = fts_match_expression('NEAR(a b) AND "x" OR -y: col:z * ^start')
+    expression = fts_expression(query_terms('NEAR(a b) AND "x" OR -y: col:z * ^start'))
     assert expression == '"near" OR "b" OR "x" OR "y" OR "col" OR "z" OR "start"'
 
 
@@ -43,7 +45,7 @@ def test_only_stopwords_still_searches_them() -> None:
 
 def test_a_question_without_words_is_a_clear_error() -> None:
     with pytest.raises(RecallQueryError, match="no word"):
-        fts_match_expression("?!? ...")
+        query_terms("?!? ...")
 
 
 @given(st.text(max_size=200))
@@ -52,7 +54,7 @@ def test_any_text_is_a_valid_fts5_query_or_a_clear_error(question: str) -> None:
     conn.execute("CREATE VIRTUAL TABLE t USING fts5(x, tokenize='porter unicode61')")
     conn.execute("INSERT INTO t VALUES ('hello world')")
     try:
-        expression = fts_match_expression(question)
+        expression = fts_expression(query_terms(question))
     except RecallQueryError:
         return
     conn.execute("SELECT count(*) FROM t WHERE t MATCH ?", (expression,)).fetchone()
