@@ -491,15 +491,6 @@ class RecallIndex:
             report.removed = sorted(known)
         return report
 
-    def refresh_live(self, paths: AgentPaths) -> None:
-        """Re-index MEMORY.md if it changed since it was last indexed."""
-        if is_sealed(paths, self.encrypting):
-            self._seal(paths.agent, SyncReport(indexed=[], removed=[]))
-            return
-        known = self._sources(paths.agent).get(LIVE_SOURCE)
-        if self._live_changed(paths, known):
-            self.index_file(paths.agent, _live_path(paths), kind="live")
-
     def _live_changed(self, paths: AgentPaths, known: tuple[int, _FileIdentity] | None) -> bool:
         try:
             current: _FileIdentity | None = _FileIdentity.of(os.stat(_live_path(paths)))

@@ -124,12 +124,12 @@ def test_live_memory_is_searchable_and_follows_appends(ws: AgentWorkspace, state
     paths = ws.create_agent("alpha")
     append_entry(paths.memory, "Human", "first live fact: the drawbridge code")
     with RecallIndex.open(state_dir, ws.root) as index:
-        index.refresh_live(paths)
+        index.sync_agent(paths)
         (hit,) = index.search("alpha", "drawbridge")
         assert hit.source == LIVE_SOURCE
         append_entry(paths.memory, "AI", "second live fact: the portcullis key")
         assert index.search("alpha", "portcullis") == []  # not refreshed yet
-        index.refresh_live(paths)
+        index.sync_agent(paths)
         assert index.search("alpha", "portcullis")[0].source == LIVE_SOURCE
 
 
@@ -326,11 +326,11 @@ def test_a_file_over_the_index_bound_is_not_read_nor_retried(
     real = index_module.read_to_end
     monkeypatch.setattr(index_module, "read_to_end", lambda fd: reads.append(fd) or real(fd))
     with RecallIndex.open(state_dir, ws.root) as index:
-        index.refresh_live(paths)
-        index.refresh_live(paths)  # unchanged: not looked at again
+        index.sync_agent(paths)
+        index.sync_agent(paths)  # unchanged: not looked at again
         assert index.search("huge", "needle") == [] and reads == []
         paths.memory.write_text("### Human — 2026-01-01T10:00:00\n\nneedle small\n\n---\n\n")
-        index.refresh_live(paths)
+        index.sync_agent(paths)
         assert index.search("huge", "needle")[0].source == LIVE_SOURCE
 
 

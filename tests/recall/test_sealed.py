@@ -83,7 +83,7 @@ def test_with_encryption_on_no_agent_is_indexed(
     with RecallIndex.open(state_dir, ws.root) as index:
         index.encrypting = True
         assert index.sync_agent(alpha).sealed
-        index.refresh_live(alpha)
+        index.sync_agent(alpha)  # again: still nothing indexed
         assert index.stats() == {"sources": 0, "entries": 0}
         with pytest.raises(RecallSealed):
             index.search("alpha", "kalomiren")
