@@ -16,19 +16,35 @@ who-runs-when per agent is decided by the daemon's own job state machine
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from memd.logs import get_logger
+
+_log = get_logger("memd.daemon")
+
 COMPACTION_EXECUTOR = "compaction"
 DEFAULT_EXECUTOR = "default"
+# How often a graceful stop looks at the force flag while it waits.
+_FORCE_POLL_S = 0.2
+# Forced: how long the jobs in flight get to reach a checkpoint and roll back.
+_FORCED_GRACE_S = 2.0
 
 Task = Callable[..., Any]
+
+
+class ExitFlags(Protocol):
+    """The owner's shared state, read (never written) by the scheduler's stop."""
+
+    @property
+    def force_exit(self) -> bool: ...
 
 
 class JobScheduler:
@@ -51,8 +67,24 @@ class JobScheduler:
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
-    def start(self) -> None:
+    def start(self, stack: contextlib.ExitStack, flags: ExitFlags, abort: threading.Event) -> None:
+        """Start; the stop pushed on ``stack`` is graceful (the jobs in flight run to
+        the end) until ``flags.force_exit``: then ``abort`` is set (the jobs watch
+        it) and the stop waits for them only a moment."""
         self._scheduler.start()
+        stack.callback(self._stop, flags, abort)
+
+    def _stop(self, flags: ExitFlags, abort: threading.Event) -> None:
+        # The caller's thread (the main one) keeps watching for a forced exit.
+        waiter = threading.Thread(target=self.shutdown, kwargs={"wait": True}, daemon=True)
+        waiter.start()
+        while waiter.is_alive() and not flags.force_exit:
+            waiter.join(timeout=_FORCE_POLL_S)
+        if flags.force_exit:
+            abort.set()
+        if flags.force_exit and waiter.is_alive():
+            _log.warning("forced exit; in-flight compactions abort before their commit")
+            waiter.join(timeout=_FORCED_GRACE_S)
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop; with ``wait`` the jobs already handed to a pool run to the end."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -9,12 +10,18 @@ import pytest
 from memd.scheduler import JobScheduler
 
 
+class Flags:
+    """The owner's shared state (the lifecycle's: a second SIGINT sets force_exit)."""
+
+    force_exit = False
+
+
 @pytest.fixture
 def scheduler() -> Iterator[JobScheduler]:
     s = JobScheduler(compaction_slots=2)
-    s.start()
-    yield s
-    s.shutdown(wait=True)
+    with contextlib.ExitStack() as stack:
+        s.start(stack, Flags(), threading.Event())
+        yield s
 
 
 def _wait_for(predicate: object, timeout: float = 5.0) -> bool:
@@ -67,15 +74,15 @@ def test_periodic_job_runs_repeatedly_and_can_be_replaced(scheduler: JobSchedule
 def test_liveness_follows_the_scheduler_thread() -> None:
     s = JobScheduler(compaction_slots=1)
     assert not s.is_alive()
-    s.start()
-    assert s.is_alive()
-    s.shutdown(wait=True)
-    assert not s.is_alive()
+    with contextlib.ExitStack() as stack:
+        s.start(stack, Flags(), threading.Event())
+        assert s.is_alive()
+    assert not s.is_alive()  # stopped by the stack
 
 
-def test_shutdown_waits_for_running_jobs() -> None:
+def test_the_stacked_stop_waits_for_running_jobs() -> None:
     s = JobScheduler(compaction_slots=1)
-    s.start()
+    abort = threading.Event()
     finished = threading.Event()
     started = threading.Event()
 
@@ -84,7 +91,29 @@ def test_shutdown_waits_for_running_jobs() -> None:
         time.sleep(0.3)
         finished.set()
 
-    s.submit("compact:x", slow)
-    assert started.wait(5)
-    s.shutdown(wait=True)
+    with contextlib.ExitStack() as stack:
+        s.start(stack, Flags(), abort)
+        s.submit("compact:x", slow)
+        assert started.wait(5)
     assert finished.is_set()
+    assert not abort.is_set()  # graceful: nothing was told to abort
+
+
+def test_a_forced_stop_sets_abort_for_the_jobs_in_flight() -> None:
+    s = JobScheduler(compaction_slots=1)
+    flags = Flags()
+    abort = threading.Event()
+    started = threading.Event()
+    saw_abort: list[bool] = []
+
+    def in_flight() -> None:
+        started.set()
+        saw_abort.append(abort.wait(60))  # a slow LLM call that honours abort
+
+    with contextlib.ExitStack() as stack:
+        s.start(stack, flags, abort)
+        s.submit("compact:x", in_flight)
+        assert started.wait(5)
+        flags.force_exit = True  # a second SIGINT, before the stop
+    assert abort.is_set()
+    assert _wait_for(lambda: saw_abort == [True])

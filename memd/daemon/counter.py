@@ -179,15 +179,21 @@ class CountService:
 
     # ---------------------------------------------------------------- service
 
-    def start(self) -> None:
+    def start(self, stack: contextlib.ExitStack) -> None:
+        """Start the count thread; its stop is pushed on ``stack``."""
         self._thread = threading.Thread(target=self._loop, name="memd-count", daemon=True)
         self._thread.start()
+        stack.callback(self.stop)
 
     def stop(self, timeout: float = 10) -> None:
+        """Stop the count thread and the background count of large files (it stops
+        between two files), each joined within ``timeout`` seconds in all."""
         self._stopping = True
         self.inbox.put(Hint(HintKind.WAKE, None, time.monotonic()))
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for thread in (self._thread, self._later):
+            if thread is not None:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -10,12 +10,15 @@ watchers: the files are stat'ed again once they are live) and every MEMORY.md
 counted (reusing the stored count of files that did not change, in parallel for
 the rest; a file too large to count in a moment is counted right after READY
 instead, so readiness never waits on one agent),
-then the recall index, the metrics endpoint, the scheduler, the watches and the
-counter started, every agent evaluated, ``READY=1`` notified and ``ready``
+then the recall index, the metrics endpoint, the scheduler, retention, the
+runner, the watches and the counter started (each stage before the one that
+feeds it), every agent evaluated, ``READY=1`` notified and ``ready``
 logged; then the periodic jobs and the recall re-sync (passes over every agent
 that READY does not wait for). The cyclic GC is off until then. Each one
-started pushes its stop on one exit stack, so shutdown is the reverse of
-start-up by construction.
+started pushes its stop on one exit stack (``start(stack)``), so shutdown is
+the reverse of start-up by construction: ``STOPPING`` first, the feeders
+stopped before the stages they feed, the final flush once the scheduler has
+stopped.
 
 Signals (uvicorn's shape): :meth:`Daemon.capture_signals` installs
 :meth:`Daemon.handle_exit` and restores the previous handlers; the handler
@@ -55,7 +58,6 @@ from memd.daemon.wiring import Parts, Services, new_tokenizer
 from memd.errors import ConfigError, MemdError, describe_error
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
-from memd.scheduler import JobScheduler
 from memd.settings import LoadedConfig, load_settings
 from memd.workspace import require_workspace
 
@@ -198,18 +200,21 @@ class Daemon:
         entries, later, watched = s.load_agents((watches, stack))
         if self.state.should_exit:
             return  # SIGTERM during the count: stop before READY
-        # Threads only after the initial count (it may fork a process pool).
+        # Threads only after the initial count (it may fork a process pool). Each
+        # stage starts before the one that feeds it and pushes its stop on the
+        # stack: shutdown stops the feeders first (counter, watches), then the
+        # runner (no new jobs), retention (the daily pass stops between agents),
+        # the scheduler (waits for the jobs in flight, unless forced), metrics, recall.
         s.recall.start(stack)
         s.metrics.start(stack)
         scheduler = s.new_scheduler()
-        scheduler.start()
-        stack.callback(self._stop_scheduler, scheduler)
-        s.runner.start(scheduler)
+        scheduler.start(stack, self.state, s.runner.abort)
+        s.retention.start(stack)
+        s.runner.start(stack, scheduler)
         watches.start(stack)
         if not watched:  # the count's stats came before the watches: stat again
             s.counter.recount_changed([entry for entry in entries if entry not in later])
-        s.counter.start()
-        stack.callback(s.counter.stop)
+        s.counter.start(stack)
         s.counter.count_later(later)
         for entry in entries:
             s.runner.evaluate(entry)
@@ -261,27 +266,11 @@ class Daemon:
                 next_ping = time.monotonic() + ping_every
             time.sleep(_MAIN_TICK_S)
 
-    def _stop_scheduler(self, scheduler: JobScheduler) -> None:
-        # Graceful: let running compactions finish their commit. Watch for a
-        # second SIGINT meanwhile (this is still the main thread).
-        waiter = threading.Thread(target=scheduler.shutdown, kwargs={"wait": True}, daemon=True)
-        waiter.start()
-        while waiter.is_alive() and not self.state.force_exit:
-            waiter.join(timeout=_MAIN_TICK_S)
-        if self.state.force_exit and self.services is not None:
-            self.services.runner.abort.set()
-        if self.state.force_exit and waiter.is_alive():
-            _log.warning("forced exit; in-flight compactions abort before their commit")
-            # Give them a moment to reach a checkpoint and roll back.
-            waiter.join(timeout=2.0)
-
     def _shutdown(self, stack: contextlib.ExitStack, quiet: bool = False) -> int:
-        """Stop everything that started, in reverse; ``quiet`` after a failed
-        start-up (the caller reports that error, not a clean stop)."""
+        """Stop everything that started, in reverse (each start pushed its stop on
+        ``stack``); ``quiet`` after a failed start-up (the caller reports that
+        error, not a clean stop)."""
         s = self.services
-        if s is not None:
-            s.runner.stop()
-            s.retention.stop()
         self.notifier.stopping()
         if not quiet:
             _log.info("stopping", compacting=s.runner.running() if s is not None else [])

@@ -58,6 +58,11 @@ class RetentionService:
     def reconfigure(self, config: MemdConfig) -> None:
         self.config = config
 
+    def start(self, stack: contextlib.ExitStack) -> None:
+        """The daily pass runs on the scheduler: started after it, so this stop
+        (pushed on ``stack``) comes before the scheduler's wait for running jobs."""
+        stack.callback(self.stop)
+
     def stop(self) -> None:
         self._stopping.set()
 

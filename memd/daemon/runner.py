@@ -24,6 +24,7 @@ transition writes ``job`` before it sets ``dirty``, so a flush that clears
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -149,9 +150,12 @@ class Runner:
             self.spending.charge,
         )
 
-    def start(self, scheduler: JobScheduler) -> None:
+    def start(self, stack: contextlib.ExitStack, scheduler: JobScheduler) -> None:
+        """Submit to ``scheduler`` from here on; the stop is pushed on ``stack`` (it
+        runs before the scheduler's, which waits for the jobs in flight)."""
         self._scheduler = scheduler
         self.spending.seed(self._flusher.store)
+        stack.callback(self.stop)
 
     def stop(self) -> None:
         """No new jobs from here on (queued ones are cancelled when they start)."""

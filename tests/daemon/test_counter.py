@@ -7,7 +7,10 @@ happened: here "nothing more" is every tick and every due wake-up, exactly.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
+from typing import Any
 
 from support.daemon_services import COUNTER, ScriptedCompaction, build_services
 from support.memfiles import AgentWorkspace, append_entry
@@ -347,3 +350,36 @@ def test_only_a_descriptor_hint_reads_the_agents_descriptor(tmp_path: Path) -> N
     s.settle()
     assert entry.policy.threshold_tokens != before
     assert entry.policy.window_source != "[trigger]"
+
+
+def test_the_stacked_stop_joins_the_count_thread_and_the_background_count(
+    tmp_path: Path,
+) -> None:
+    """start(stack) pushes the stop; the stop waits for a large file's count after
+    READY (count_later) too, so the final flush has its result."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    memory = s.fill("alice", 2)
+    entry = s.registry.get("alice")
+    assert entry is not None
+    joined: list[str] = []
+    with contextlib.ExitStack() as stack:
+        s.counter.start(stack)
+        entry.count_lock.acquire()  # the background count waits for it
+        s.counter.count_later([entry])
+        (later,) = [t for t in threading.enumerate() if t.name == "memd-count-large"]
+        join = later.join
+
+        def joined_then_let_go(timeout: Any = None) -> None:
+            joined.append(later.name)
+            entry.count_lock.release()
+            join(timeout)
+
+        later.join = joined_then_let_go  # type: ignore[method-assign]
+        count = next(t for t in threading.enumerate() if t.name == "memd-count")
+    if not joined:  # not joined: let it go, then fail
+        entry.count_lock.release()
+    assert joined == ["memd-count-large"]
+    assert not later.is_alive() and not count.is_alive()
+    assert s.tokens("alice") == full(memory)  # counted before the stop returned

@@ -258,3 +258,75 @@ def test_a_failed_start_up_is_never_ready_and_closes_the_notifier_last(tmp_path:
     # Never READY; told stopping, then closed last (pushed first on the stack).
     assert notifier.said == ["STOPPING", "close"]
     assert daemon.stopped.is_set() and daemon.services is None
+
+
+def test_shutdown_stops_the_services_in_the_reverse_of_their_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each service's start pushes its stop on the exit stack: the stops run in the
+    reverse of the starts, after STOPPING; the final flush after the scheduler
+    stopped (queued jobs will not run), before the state DB closes."""
+    from memd.daemon.counter import CountService
+    from memd.daemon.flusher import StateFlusher
+    from memd.daemon.recall import RecallStage
+    from memd.daemon.retention import RetentionService
+    from memd.daemon.runner import Runner
+    from memd.daemon.watches import WatchService
+    from memd.daemon.wiring import Services
+
+    events: list[str] = []
+
+    def note(what: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: object, *args: object, **kwargs: object) -> Any:
+            events.append(what)
+            return original(self, *args, **kwargs)
+
+        return call
+
+    for cls, name, start, stop in (
+        (StateFlusher, "flusher", "start", "close"),
+        (RecallStage, "recall", "start", None),
+        (JobScheduler, "scheduler", "start", "_stop"),
+        (RetentionService, "retention", "start", "stop"),
+        (Runner, "runner", "start", "stop"),
+        (WatchService, "watches", "start", "stop"),
+        (CountService, "counter", "start", "stop"),
+    ):
+        monkeypatch.setattr(cls, start, note(f"start {name}", getattr(cls, start)))
+        if stop is not None:
+            monkeypatch.setattr(cls, stop, note(f"stop {name}", getattr(cls, stop)))
+    monkeypatch.setattr(RecallService, "stop", note("stop recall", RecallService.stop))
+    monkeypatch.setattr(Services, "final_flush", note("final flush", Services.final_flush))
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=2)
+    config, _ = build_config({}, {})
+    notifier = RecordingNotifier()
+    notifier.said = events
+    daemon = Daemon(
+        LoadedConfig(config, None, ws.root, ()),
+        DaemonOptions(state_dir=tmp_path / "state", install_signal_handlers=False),
+        counter_factory=lambda _encoding: CL100K,
+        notifier=notifier,
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(30)
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]
+    starts = [event.split()[1] for event in events if event.startswith("start ")]
+    stops = [event.split()[1] for event in events if event.startswith("stop ")]
+    # Data-flow order: each stage before the one that feeds it.
+    assert starts == ["flusher", "recall", "scheduler", "retention", "runner", "watches", "counter"]
+    assert stops == starts[::-1]
+    tail = events[events.index("STOPPING") :]
+    assert [event for event in tail if not event.startswith("STATUS")] == [
+        "STOPPING",
+        *(f"stop {name}" for name in stops[:-1]),
+        "final flush",
+        "stop flusher",
+        "close",
+    ]

@@ -3,6 +3,7 @@ resume when the window passes; a made-up clock throughout."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -131,7 +132,8 @@ def test_a_restart_remembers_what_the_ledger_says_was_spent(tmp_path: Path) -> N
     store.record_compaction(row)
     assert s.flusher is not None
     s.flusher.start(store)
-    s.runner.start(s.scheduler)  # type: ignore[arg-type]  # a restart: seeded from the ledger
+    # A restart: seeded from the ledger.
+    s.runner.start(contextlib.ExitStack(), s.scheduler)  # type: ignore[arg-type]
     compact_when_over(s)
     assert s.compact.calls == []
     assert s.job("alpha").next_attempt_at == row.started_at + HOUR_S

@@ -162,7 +162,7 @@ def test_a_committed_compaction_is_handed_on_once_the_agents_lock_is_free(
 
         monkeypatch.setattr(s.archives, "archived", surveyed)
         scheduler = FakeScheduler(Clock())
-        s.runner.start(scheduler)  # type: ignore[arg-type]
+        s.runner.start(contextlib.ExitStack(), scheduler)  # type: ignore[arg-type]
         s.runner.evaluate(entry)
         assert scheduler.run_queued() == 1
         assert s.stats.compactions_ok == 1

@@ -4,6 +4,7 @@ compaction (watchfiles' ``MockRustNotify`` pattern)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,7 +217,8 @@ def build_services(
         wall_clock=clock,
         exiting=exiting,
     )
-    runner.start(scheduler)  # type: ignore[arg-type]
+    # Never stopped: each test's services go with it.
+    runner.start(contextlib.ExitStack(), scheduler)  # type: ignore[arg-type]
     entries = [entry for name in sorted(registry.scan()) if (entry := registry.make_entry(name))]
     registry.register(entries, set())
     counter.initial_count(entries, {})
