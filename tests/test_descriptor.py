@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -164,7 +165,7 @@ def test_the_start_up_scan_reads_a_descriptor_it_lists_and_lstats_none_it_does_n
     ws.create_agent("plain")
     write(ws.root / "agents" / "declared", context_length=8000)
     registry = AgentRegistry(ws.root, MemdConfig(), lambda _paths, _key: None, None)
-    registry.start()
+    registry.start(contextlib.ExitStack())
     registry.descriptors = Descriptors(words)
     looked: list[Path] = []
     real_key = descriptor_module.file_key
@@ -190,7 +191,7 @@ def test_a_reload_hands_the_registry_the_new_tokenizers_count_for_reserved_text(
     ws.create_agent("declared")
     write(ws.root / "agents" / "declared")  # reserved text: "alpha beta"
     registry = AgentRegistry(ws.root, MemdConfig(), lambda _paths, _key: None, None)
-    registry.start()
+    registry.start(contextlib.ExitStack())
     registry.descriptors = Descriptors(words)
     registry.register([entry for entry in [registry.make_entry("declared")] if entry], set())
 

@@ -71,8 +71,10 @@ class StateFlusher:
         self._last_spending: SpendingRecord | None = None
         self._erased: set[str] = set()
 
-    def start(self, store: StateStore | None) -> None:
+    def start(self, stack: contextlib.ExitStack, store: StateStore | None) -> None:
+        """Write to ``store`` (None: no state DB); its close is pushed on ``stack``."""
         self.store = store
+        stack.callback(self.close)
 
     def reconfigure(self, encoding: str) -> None:
         self._encoding = encoding

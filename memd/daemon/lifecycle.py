@@ -54,7 +54,7 @@ from memd.daemon import checks
 from memd.daemon.entries import CountUpdate, ExitState, Tokenizer
 from memd.daemon.registry import RecoverFn
 from memd.daemon.runner import CompactFn, SummarizerFactory
-from memd.daemon.wiring import Parts, Services, new_tokenizer
+from memd.daemon.wiring import Parts, Services, new_tokenizer, open_store
 from memd.errors import ConfigError, MemdError, describe_error
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
@@ -185,7 +185,6 @@ class Daemon:
         checks.check_model_windows(self.config)
         stack.callback(self.notifier.close)
         s = self.services = Services(
-            stack,
             self.config,
             self.workspace,
             self.options.state_dir,
@@ -194,6 +193,10 @@ class Daemon:
             started_at=self.started_at,
             exiting=self.state,
         )
+        s.registry.start(stack)
+        s.flusher.start(stack, open_store(self.options.state_dir, self.workspace))
+        checks.warn_unredacted(self.config)
+        s.runner.redaction_key = checks.redaction_key(self.options.state_dir, self.workspace)
         # Runs after the scheduler has stopped: queued jobs will not run now.
         stack.callback(s.final_flush)
         watches = s.new_watches(self.options.poll)

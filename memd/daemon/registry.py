@@ -15,6 +15,7 @@ set. The registry is read, it tells no one.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -101,10 +102,15 @@ class AgentRegistry:
         """The workspace, resolved at start."""
         return self._root
 
-    def start(self) -> None:
+    def start(self, stack: contextlib.ExitStack) -> None:
+        """Resolve the workspace and make sure ``agents/`` exists (the watches need
+        it). Nothing to stop: no thread, nothing held open, so nothing is pushed
+        on ``stack`` (taken like every service's start, in the lifecycle's order)."""
         self._root = self.workspace.resolve()
         self._agents_root = self._root / AGENTS_DIR
         self._agents_dir_plain = not self._agents_root.is_symlink()
+        with contextlib.suppress(OSError):
+            self._agents_root.mkdir(exist_ok=True)
 
     def reconfigure(
         self, config: MemdConfig, count_text: Callable[[str], int] | None = None

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from memd.audit import AuditLog
 from memd.core.config import MemdConfig
-from memd.daemon import checks
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.committed import AfterCommit
 from memd.daemon.counter import CountService
@@ -50,7 +49,7 @@ from memd.modelinfo import context_length_for_model
 from memd.notify import SystemdNotifier
 from memd.scheduler import JobScheduler
 from memd.watcher import BackendKind, Watcher, default_backend_kind
-from memd.workspace import AGENTS_DIR, AgentPaths
+from memd.workspace import AgentPaths
 
 if TYPE_CHECKING:
     from memd.core.summary import Summarizer
@@ -128,15 +127,15 @@ def stored_records(store: StateStore | None) -> dict[str, AgentRecord]:
 class Services:
     """Every service of one daemon, built (not started) from the config.
 
-    Building opens the tokenizer, the state DB (its close pushed on ``stack``),
-    the audit log and the redaction key; the scheduler and the watcher start
-    threads, so they are made only by :meth:`new_scheduler` and
-    :meth:`new_watches`, after the initial count (which may fork).
+    Building loads the tokenizer and opens nothing else: no thread, no file
+    (the lifecycle starts the registry, opens the state DB for the flusher and
+    loads the redaction key). The scheduler and the watcher start threads, so
+    they are made only by :meth:`new_scheduler` and :meth:`new_watches`, after
+    the initial count (which may fork).
     """
 
     def __init__(
         self,
-        stack: contextlib.ExitStack,
         config: MemdConfig,
         workspace: Path,
         state_dir: Path | None,
@@ -153,9 +152,6 @@ class Services:
             parts.recover or default_recover,
             context_length_for_model,
         )
-        self.registry.start()
-        with contextlib.suppress(OSError):
-            (workspace / AGENTS_DIR).mkdir(exist_ok=True)
         self.stats = RunStats()
         self.flusher = StateFlusher(
             self.registry,
@@ -168,8 +164,6 @@ class Services:
         self.scheduler: JobScheduler | None = None
         self.watches: WatchService | None = None
         tokenizer = new_tokenizer(config, parts)
-        stack.callback(self.flusher.close)
-        self.flusher.start(open_store(state_dir, workspace))
         self.audit = AuditLog.for_workspace(state_dir, workspace, "daemon")
         self.entry_counter = EntryCounter(
             tokenizer,
@@ -195,8 +189,6 @@ class Services:
             after_commit=AfterCommit(self.recall, self.archives, self.retention),
         )
         self.runner.audit = self.audit
-        checks.warn_unredacted(config)
-        self.runner.redaction_key = checks.redaction_key(state_dir, workspace)
         self.counter = CountService(
             config.trigger,
             config.tokenizer.encoding,

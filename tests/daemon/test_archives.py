@@ -4,6 +4,7 @@ the folder's mtime moved)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def registered(tmp_path: Path) -> tuple[AgentRegistry, AgentEntry]:
     registry = AgentRegistry(
         ws.root, MemdConfig(), recover=lambda _p, _key: None, context_length_of=None
     )
-    registry.start()
+    registry.start(contextlib.ExitStack())
     entry = registry.make_entry("alice")
     assert entry is not None
     registry.register([entry], set())

@@ -4,6 +4,7 @@ dropped; a failing stage never keeps the next from running nor fails the commit.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def stages(tmp_path: Path) -> tuple[AfterCommit, BrokenRecall, AgentEntry, Path]
     registry = AgentRegistry(
         ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
     )
-    registry.start()
+    registry.start(contextlib.ExitStack())
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())
     recall = BrokenRecall(None, ws.root, config, registry)

@@ -252,7 +252,7 @@ def test_counts_reach_the_state_db_on_change_batched(tmp_path: Path) -> None:
     s = build_services(ws, ScriptedCompaction())
     assert s.flusher is not None
     store = StateStore.open(tmp_path / "state", ws.root)
-    s.flusher.start(store)
+    s.flusher.start(contextlib.ExitStack(), store)
 
     def stored_size() -> int | None:
         rows = {record.agent: record for record in store.agents()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from support.daemon_services import ScriptedCompaction, Services, build_services
@@ -61,7 +62,7 @@ def test_the_fallback_is_in_the_ledger_and_in_status(tmp_path: Path) -> None:
     s = build(tmp_path, fallback_after=2)
     assert s.flusher is not None
     store = StateStore.open(tmp_path / "state", s.ws.root)
-    s.flusher.start(store)
+    s.flusher.start(contextlib.ExitStack(), store)
     retry(s, "alpha")
     retry(s, "alpha")  # the third attempt: the builtin stands in
     assert s.compact.models == ["openai/down", "openai/down", "builtin"]

@@ -3,6 +3,7 @@ are returned to its caller, the spending and the health it writes are handed to 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def with_store(tmp_path: Path) -> tuple[Services, StateFlusher, StateStore]:
     s = build_services(ws, ScriptedCompaction())
     assert s.flusher is not None
     store = StateStore.open(tmp_path / "state", ws.root)
-    s.flusher.start(store)
+    s.flusher.start(contextlib.ExitStack(), store)
     return s, s.flusher, store
 
 

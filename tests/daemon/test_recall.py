@@ -19,7 +19,7 @@ def registry_of(ws: AgentWorkspace, config: MemdConfig) -> AgentRegistry:
     registry = AgentRegistry(
         ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
     )
-    registry.start()
+    registry.start(contextlib.ExitStack())
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())
     return registry

@@ -3,6 +3,7 @@ published (the watch service waits for it; the registry calls no one)."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 from pathlib import Path
@@ -17,7 +18,7 @@ from memd.settings import build_config
 def make_registry(ws: AgentWorkspace) -> AgentRegistry:
     config, _ = build_config({}, {})
     registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
-    registry.start()
+    registry.start(contextlib.ExitStack())
     return registry
 
 
@@ -70,7 +71,7 @@ def test_recovery_is_handed_the_current_configs_key_file(tmp_path: Path) -> None
 
     plain, _ = build_config({}, {})
     registry = AgentRegistry(ws.root, plain, recover=recover, context_length_of=None)
-    registry.start()
+    registry.start(contextlib.ExitStack())
 
     def add_alice() -> None:
         entry = registry.make_entry("alice")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def service(
     registry = AgentRegistry(
         ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
     )
-    registry.start()
+    registry.start(contextlib.ExitStack())
     entries = [e for name in sorted(registry.scan()) if (e := registry.make_entry(name))]
     registry.register(entries, set())
     audit = AuditLog(tmp_path / "w.audit.jsonl", "daemon")

@@ -3,6 +3,7 @@ a transition never loses it, and the runner's lock is not the registry's."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_a_flush_in_the_middle_of_a_transition_never_loses_it(tmp_path: Path) ->
     s = build_services(ws, ScriptedCompaction("ok"))
     assert s.flusher is not None
     store = StateStore.open(tmp_path / "state", ws.root)
-    s.flusher.start(store)
+    s.flusher.start(contextlib.ExitStack(), store)
     s.flusher.flush()
     entry = interleaved(s, "alice")
     s.fill("alice", 20)
@@ -125,7 +126,7 @@ def test_a_flush_that_finds_an_erasure_takes_the_agents_past_and_metrics(
     s = build_services(ws, ScriptedCompaction("fail", "fail"))
     assert s.flusher is not None
     store = StateStore.open(tmp_path / "state", ws.root)
-    s.flusher.start(store)
+    s.flusher.start(contextlib.ExitStack(), store)
     metrics = Metrics(process=False)
     s.runner.metrics = metrics
     assert s.entry_counter is not None

@@ -131,7 +131,7 @@ def test_a_restart_remembers_what_the_ledger_says_was_spent(tmp_path: Path) -> N
     )  # fmt: skip
     store.record_compaction(row)
     assert s.flusher is not None
-    s.flusher.start(store)
+    s.flusher.start(contextlib.ExitStack(), store)
     # A restart: seeded from the ledger.
     s.runner.start(contextlib.ExitStack(), s.scheduler)  # type: ignore[arg-type]
     compact_when_over(s)

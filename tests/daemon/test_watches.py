@@ -86,7 +86,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
         ws.create_agent(name)
     config, _ = build_config({}, {})
     registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
-    registry.start()
+    registry.start(contextlib.ExitStack())
     registry.reconcile()
     inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()
     sink = HintSink(inbox)

@@ -1,5 +1,5 @@
-"""The services built from the config: linked one way, nothing started, what was
-opened closed by the exit stack."""
+"""The services built from the config: linked one way, nothing started or opened by
+building; what a start opened closed by the exit stack."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from support.memfiles import AgentWorkspace, append_entry
 from memd.core.jobs import JobState
 from memd.daemon.counter import HintKind
 from memd.daemon.entries import AgentEntry, ExitState
-from memd.daemon.wiring import Parts, Services
+from memd.daemon.wiring import Parts, Services, open_store
 from memd.notify import SystemdNotifier
 from memd.settings import build_config
 from memd.state import AgentRecord
@@ -35,8 +35,7 @@ def built(
     if parts is None:
         parts = Parts(compact=ScriptedCompaction(), tokenizer_factory=lambda _encoding: COUNTER)  # type: ignore[arg-type]
     with contextlib.ExitStack() as stack:
-        yield Services(
-            stack,
+        s = Services(
             config,
             ws.root,
             state_dir,
@@ -45,6 +44,10 @@ def built(
             started_at=0.0,
             exiting=ExitState(),
         )
+        # What the lifecycle starts first (before the start-up count).
+        s.registry.start(stack)
+        s.flusher.start(stack, open_store(state_dir, ws.root))
+        yield s
 
 
 @pytest.fixture
@@ -55,15 +58,28 @@ def ws(tmp_path: Path) -> AgentWorkspace:
     return ws
 
 
-def test_building_starts_no_thread_and_the_stack_closes_the_store(
-    ws: AgentWorkspace, tmp_path: Path
-) -> None:
+def test_building_starts_no_thread_and_opens_nothing(tmp_path: Path) -> None:
+    # A workspace without agents/ and a state dir that does not exist yet: building
+    # creates neither (the registry's start makes agents/, the flusher's the DB).
+    root = tmp_path / "ws"
+    root.mkdir()
+    state_dir = tmp_path / "state"
+    config, _ = build_config({}, {})
+    parts = Parts(tokenizer_factory=lambda _encoding: COUNTER)
     threads = set(threading.enumerate())
-    with built(ws, tmp_path / "state") as s:
-        assert set(threading.enumerate()) == threads
+    s = Services(
+        config, root, state_dir, parts, SystemdNotifier({}), started_at=0.0, exiting=ExitState()
+    )
+    assert set(threading.enumerate()) == threads
+    assert os.listdir(root) == [] and not state_dir.exists()
+    assert s.flusher.store is None and s.runner.redaction_key is None
+    assert s.scheduler is None and s.watches is None and not s.healthy()
+    assert s.recall.service is None and s.metrics.server is None  # started later
+    with contextlib.ExitStack() as stack:
+        s.registry.start(stack)
+        assert (root / "agents").is_dir()
+        s.flusher.start(stack, open_store(state_dir, root))
         assert s.flusher.store is not None
-        assert s.scheduler is None and s.watches is None and not s.healthy()
-        assert s.recall.service is None and s.metrics.server is None  # started later
     assert s.flusher.store is None  # closed with the stack
 
 

@@ -183,7 +183,7 @@ def build_services(
     registry = AgentRegistry(
         ws.root, config, recover=lambda _paths, _key: None, context_length_of=None
     )
-    registry.start()
+    registry.start(contextlib.ExitStack())
     stats = RunStats()
     flusher = StateFlusher(
         registry,
