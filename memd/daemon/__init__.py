@@ -11,10 +11,16 @@
   runner once the agent's lock is let go → recall, archive figures, retention's report;
 * :mod:`~memd.daemon.flusher`: registry snapshots → state DB, heartbeat, ``STATUS=``;
 * :mod:`~memd.daemon.recall`, :mod:`~memd.daemon.metrics`: the recall index and the
-  metrics endpoint, each started with ``start(exit_stack)``;
-* :mod:`~memd.daemon.wiring`: every service built from the config, linked one way;
+  metrics endpoint;
+* :mod:`~memd.daemon.wiring`: every service built from the config, linked one way
+  (building opens no file and starts no thread);
 * :mod:`~memd.daemon.checks`: what start-up and reload say about the surroundings;
 * :mod:`~memd.daemon.lifecycle`: signals, ordered start-up and shutdown, reload fan-out.
+
+Each service is started with ``start(exit_stack, ...)``, which pushes its own stop
+(APScheduler 4's pattern); the lifecycle starts each before the stage that feeds
+it, so shutdown stops the feeders first and is the reverse of start-up by
+construction.
 
 Each service owns its state and its lock: the registry its table (and each
 entry's policy), the runner the job states and tallies, the spending guard its
