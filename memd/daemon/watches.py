@@ -39,6 +39,7 @@ class WatchService:
         self._hints = hints
         self._synced: set[str] = set()  # the agent set the watches were last matched to
         self._opened = False  # open() put the watcher's stop on the stack
+        self._watching = False  # open() watched every agent already
         self._lock = threading.Lock()  # one tick at a time (the thread's, a test's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -54,18 +55,20 @@ class WatchService:
             return False
         self._synced = self._registry.names()
         self.watcher.sync(self._registry.dirs())
+        self._watching = True
         return True
 
     def start(self, stack: contextlib.ExitStack) -> None:
-        """Start the watcher and watch every registered agent now (unless
-        :meth:`open` did: then the caller stats what changed meanwhile), then follow
-        the rescans in a thread."""
+        """Start the watcher; unless :meth:`open` watched every agent already, watch
+        them now (the caller then stats what changed meanwhile); then follow the
+        rescans in a thread."""
         self.watcher.start()
         if not self._opened:
             stack.callback(self.watcher.stop)
         seen = self._registry.rescans.number
-        self._synced = self._registry.names()
-        self.watcher.sync(self._registry.dirs())
+        if not self._watching:  # open() did not (the agent set is the same since)
+            self._synced = self._registry.names()
+            self.watcher.sync(self._registry.dirs())
         self._thread = threading.Thread(
             target=self._loop, args=(seen,), name="memd-watch", daemon=True
         )
