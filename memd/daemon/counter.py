@@ -64,7 +64,7 @@ class HintKind(StrEnum):
     DESCRIPTOR = "descriptor"  # its memd-agent.json changed: re-read the window, count
     AGENTS = "agents"  # something changed in agents/: reconcile the agent set
     COUNT_NOW = "count_now"  # count the agent at once (a wake-up, a new agent)
-    RECONCILE = "reconcile"  # the periodic sweep is due: rescan agents, stat every MEMORY.md
+    RECONCILE = "reconcile"  # the periodic sweep is due: rescan agents, stat every MEMORY.md (unless polled)
     WAKE = "wake"  # nothing to do: wake the service thread (shutdown)
 
 
@@ -176,6 +176,10 @@ class CountService:
         # Agents whose first count runs in the background (count_later).
         self._counting_later: set[str] = set()
         self._later: threading.Thread | None = None
+        # Set by the wiring when the watcher polls (``--poll``, ``[watch] poll``):
+        # the poller stats every MEMORY.md each poll interval, so the reconcile's
+        # own stat of each one every ``reconcile_s`` would only repeat it.
+        self.files_polled = False
 
     # ---------------------------------------------------------------- service
 
@@ -320,7 +324,9 @@ class CountService:
 
     def _reconcile(self) -> None:
         """The source of truth (a ``reconcile`` hint, put by the periodic job): rescan
-        agents and stat every MEMORY.md."""
+        agents and stat every MEMORY.md (not when :attr:`files_polled`: the poller
+        does every second); agents whose count failed are counted again and a
+        hold past its time is decided either way."""
         try:
             self._sweep()
         except Exception:
@@ -329,8 +335,9 @@ class CountService:
     def _sweep(self) -> None:
         self.reconcile_agents()
         now = time.time()
+        stat_each = not self.files_polled
         for entry in self._registry.agents().values():
-            if entry.count_error is not None or changed_on_disk(entry):
+            if entry.count_error is not None or (stat_each and changed_on_disk(entry)):
                 self.request_count(entry.name)
             elif self._runner.hold_expired(entry, now):
                 self._runner.evaluate(entry)  # safety net for a lost wake-up

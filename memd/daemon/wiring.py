@@ -239,6 +239,8 @@ class Services:
         the config's ``[watch] poll``)."""
         watch = self._config.watch
         kind: BackendKind = default_backend_kind(watch.poll if poll is None else poll)
+        # Fixed until a restart (a reload never changes the watcher).
+        self.counter.files_polled = kind == "polling"
         watcher = Watcher(
             self.registry.workspace,
             self.counter.sink,

@@ -243,6 +243,22 @@ def test_the_periodic_reconcile_is_a_hint_swept_by_the_tick(tmp_path: Path) -> N
     assert s.tokens("bob") == full(ws.root / "agents/bob/MEMORY.md") > 0
 
 
+def test_when_the_watcher_polls_the_reconcile_stats_no_memory_file(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    before = s.tokens("alice")
+    s.counter.files_polled = True  # the poller stats every MEMORY.md each interval
+    s.fill("alice", 3)  # a write the poller reports, not the reconcile
+    ws.create_agent("bob", entries=2)
+    s.counter.sink.reconcile_due()
+    s.counter.tick(s.clock.now)  # the agent set is still rescanned...
+    assert "bob" in s.registry.agents()
+    s.counter.tick(s.clock.now)
+    assert s.tokens("bob") == full(ws.root / "agents/bob/MEMORY.md") > 0
+    assert s.tokens("alice") == before  # ...but alice's MEMORY.md is not stat'ed
+
+
 def test_counts_reach_the_state_db_on_change_batched(tmp_path: Path) -> None:
     from memd.daemon.flusher import LIVE_FLUSH_S
     from memd.state import StateStore

@@ -143,6 +143,19 @@ def lock_is_free(paths: AgentPaths) -> bool:
     return True
 
 
+@pytest.mark.parametrize(
+    ("config_poll", "flag", "polled"),
+    [(False, None, False), (True, None, True), (False, True, True), (True, False, False)],
+)
+def test_the_counter_knows_when_the_watcher_polls(
+    ws: AgentWorkspace, tmp_path: Path, config_poll: bool, flag: bool | None, polled: bool
+) -> None:
+    # The reconcile leaves the MEMORY.md stats to the poller; the command line wins.
+    with built(ws, tmp_path / "state", watch={"poll": config_poll}) as s:
+        s.new_watches(flag)
+        assert s.counter.files_polled is polled
+
+
 def test_a_committed_compaction_is_handed_on_once_the_agents_lock_is_free(
     ws: AgentWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
