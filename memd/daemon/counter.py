@@ -64,7 +64,7 @@ class HintKind(StrEnum):
     DESCRIPTOR = "descriptor"  # its memd-agent.json changed: re-read the window, count
     AGENTS = "agents"  # something changed in agents/: reconcile the agent set
     COUNT_NOW = "count_now"  # count the agent at once (a wake-up, a new agent)
-    RECONCILE = "reconcile"  # the periodic sweep is due: rescan agents, stat every MEMORY.md (unless polled)
+    RECONCILE = "reconcile"  # the periodic sweep is due: rescan agents, stat MEMORY.md files
     WAKE = "wake"  # nothing to do: wake the service thread (shutdown)
 
 
