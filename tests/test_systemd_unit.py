@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from support.sandbox import expand, syscall_groups
 
+from memd import poller
 from memd.core.config import MemdConfig
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[1] / "systemd"
@@ -146,6 +147,18 @@ def test_lifecycle_keys(unit: list[tuple[str, str, str]]) -> None:
 def test_stop_timeout_outlasts_the_llm_timeout(unit: list[tuple[str, str, str]]) -> None:
     llm_timeout = MemdConfig().summarizer.timeout_s
     assert seconds(single(unit, "TimeoutStopSec")) > llm_timeout
+
+
+def test_the_fd_limit_lets_the_poller_hold_a_large_fleets_files(
+    unit: list[tuple[str, str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # systemd's default soft limit (1,024) leaves the poller no fd to hold.
+    soft, _, hard = single(unit, "LimitNOFILE").partition(":")
+    limit = (int(soft), int(hard or soft))
+    monkeypatch.setattr(poller.resource, "getrlimit", lambda _which: limit)
+    monkeypatch.setattr(poller, "filesystem_of", lambda _path: "ext4")
+    agents = 20_000  # MEMORY.md and memd-agent.json each
+    assert poller.default_fd_budget(Path("/srv/agents")) >= 2 * agents
 
 
 def test_fixed_user_state_dir_and_workspace(unit: list[tuple[str, str, str]]) -> None:
