@@ -537,6 +537,11 @@ class _Transaction:
         self.produced_kept = 0  # and then the turns kept verbatim
         self.privacy = options.privacy or Privacy(process_key())
         self.reply_redacted = 0
+        # What the summaries of this transaction spent on the model (every
+        # summary: a rewrite during one makes the next start over), for the
+        # caller's spending caps; the cost as far as it was priced.
+        self.model_calls = 0
+        self.model_cost_usd = 0.0
         self.master: MasterKey | None = None
         self.data_key: DataKey | None = None
         if options.key_file is not None:
@@ -713,13 +718,17 @@ class _Transaction:
         started = time.monotonic()
         try:
             result = self.summarizer.summarize(request)
-        except MemdError:
+        except MemdError as exc:
+            self.model_calls += exc.model_calls or 0
+            self.model_cost_usd += exc.model_cost_usd or 0.0
             raise
         except Exception as exc:  # a summarizer bug must not take the daemon down
             raise SummarizerError(
                 f"agent {self.agent!r}: summarizer failed: {type(exc).__name__}: {exc}"
             ) from exc
         elapsed = time.monotonic() - started
+        self.model_calls += result.calls
+        self.model_cost_usd += result.cost_usd or 0.0
         text = (result.text or "").strip()
         if not text:
             raise SummarizerError(f"agent {self.agent!r}: summarizer returned an empty summary")
@@ -1194,19 +1203,31 @@ def _compact_locked(
             tokens_after=tokens_after,
             tokens_produced=tokens_produced,
             model=result.model,
-            cost_usd=result.cost_usd,
+            # Every summary's, when the file was rewritten during one.
+            cost_usd=None if result.cost_usd is None else txn.model_cost_usd,
             duration_s=time.monotonic() - started,
             llm_duration_s=llm_s,
             pinned=composed.pinned,
             evicted=composed.evicted,
             partial=cut < snap.boundary,
-            calls=result.calls,
+            calls=txn.model_calls,
             tokens_appended=tokens_appended,
             pruned=pruned,
             prune_error=prune_error,
             redacted=result.redacted,
             reply_redacted=txn.reply_redacted,
         )
+    except MemdError as exc:
+        # A failure after (or during) a summary carries what it spent.
+        exc.model_calls = txn.model_calls
+        exc.model_cost_usd = txn.model_cost_usd
+        raise
+    except OSError as exc:
+        # Said as compact_agent says it, with what was spent.
+        aborted = CompactionAborted(f"agent {paths.agent!r}: {describe_error(exc)}")
+        aborted.model_calls = txn.model_calls
+        aborted.model_cost_usd = txn.model_cost_usd
+        raise aborted from exc
     finally:
         txn.close()
 

@@ -24,6 +24,12 @@ class MemdError(Exception):
     """Base for errors memd reports to the operator as one line."""
 
     exit_code = 1
+    # What a failed compaction spent on its model before it failed (requests,
+    # re-asks and retries included, and their cost as far as litellm priced
+    # them), set by the summarizer and the transaction that saw them; None:
+    # not known (the caller charges what it reserved).
+    model_calls: int | None = None
+    model_cost_usd: float | None = None
 
 
 class ConfigError(MemdError, ValueError):

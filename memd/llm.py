@@ -41,7 +41,7 @@ from memd.core.prompts import (
 )
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_plan import degenerate_floor
-from memd.errors import SummarizerError
+from memd.errors import MemdError, SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
 from memd.modelinfo import window_for
 from memd.redaction_key import process_key
@@ -240,6 +240,8 @@ class _Outbound:
         self.replaced = 0
         self.allowed = allowed
         self.sent = 0
+        # What the priced replies cost (a failed request has no price).
+        self.cost_usd = 0.0
 
     def may_send(self) -> bool:
         return self.allowed is None or self.sent < self.allowed
@@ -278,19 +280,6 @@ class LiteLLMSummarizer:
         self._sleep = sleep if sleep is not None else self._stopping.wait
         self._rng = rng if rng is not None else random.Random()
         self._backoff_base_s = backoff_base_s
-        # Told of every model request (retries included) with its cost when
-        # litellm knows it: the daemon's spending caps count them.
-        self._meter: Callable[[float | None], None] | None = None
-
-    def attach_meter(self, meter: Callable[[float | None], None]) -> None:
-        self._meter = meter
-
-    def _metered(self, cost_usd: float | None) -> None:
-        if self._meter is not None:
-            try:
-                self._meter(cost_usd)
-            except Exception:  # accounting must never fail a summary
-                _logger.exception("spending meter failed")
 
     @property
     def model(self) -> str:
@@ -375,6 +364,18 @@ class LiteLLMSummarizer:
                 self.window.tokens,
             )
         outbound = _Outbound(self.redactor(request), request.max_calls)
+        try:
+            return self._summarize(request, agent, litellm, outbound)
+        except MemdError as exc:
+            # A failure says what it spent (the daemon's spending caps count
+            # every request, re-asks and retries included): values, no call-back.
+            exc.model_calls = outbound.sent
+            exc.model_cost_usd = outbound.cost_usd
+            raise
+
+    def _summarize(
+        self, request: SummaryRequest, agent: str, litellm: ModuleType, outbound: _Outbound
+    ) -> SummaryResult:
         plan, summary, limits = self._plan(request, outbound)
         cost: float | None = 0.0
         input_tokens = output_tokens = 0
@@ -549,14 +550,14 @@ class LiteLLMSummarizer:
             try:
                 response = run_attempt(lambda: litellm.completion(**kwargs), guard)
             except AttemptAbandoned:
-                self._metered(None)
                 reason, retryable = _deadline_reason(timeout_s), True
             except Exception as exc:
-                self._metered(None)
                 reason, retryable = _attempt_failure(exc, guard, timeout_s)
                 server_says = retry_after_s(exc)
             else:
-                self._metered(self._cost_of(response, litellm))
+                if outbound is not None:
+                    # Priced before it is judged: a cut-off reply was paid for too.
+                    outbound.cost_usd += self._cost_of(response, litellm) or 0.0
                 return self._result_of(response, agent, litellm)
             if retryable and attempt + 1 < attempts:
                 # A rate limiter that says when to come back knows best.

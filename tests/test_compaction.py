@@ -408,6 +408,43 @@ def test_prefix_rewritten_during_llm_call_restarts(agent_ws: AgentWorkspace) -> 
     assert b"TURN 0" in archive and b"turn 0" not in archive
 
 
+class PricedSummarizer(FixedSummarizer):
+    """Each summary took two model requests that cost $0.10 together."""
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        result = super().summarize(request)
+        return replace(result, calls=2, cost_usd=0.1)
+
+
+def test_the_outcome_counts_every_summarys_model_requests(agent_ws: AgentWorkspace) -> None:
+    # The daemon's spending caps charge what the outcome says: a summary thrown
+    # away by a restart was paid for too.
+    paths = agent_ws.create_agent("alpha", entries=3)
+    summarizer = PricedSummarizer()
+    rewrites = []
+
+    def checkpoint(name: str) -> None:
+        if name == "summarized" and not rewrites:
+            rewrites.append(1)
+            paths.memory.write_bytes(paths.memory.read_bytes().replace(b"turn 0", b"TURN 0"))
+
+    outcome = compact_agent(paths, summarizer, FAST, checkpoint=checkpoint)
+    assert summarizer.calls == 2
+    assert outcome.calls == 4 and outcome.cost_usd == pytest.approx(0.2)
+
+
+def test_a_failure_says_what_the_model_was_paid_for(agent_ws: AgentWorkspace) -> None:
+    paths = agent_ws.create_agent("alpha", entries=1, size=2)
+    with pytest.raises(CompactionAborted, match="would not shrink") as refused:
+        compact_agent(paths, PricedSummarizer("x" * 5000), FAST)
+    assert (refused.value.model_calls, refused.value.model_cost_usd) == (2, pytest.approx(0.1))
+    failing = SummarizerError("agent 'alpha': the model failed")
+    failing.model_calls, failing.model_cost_usd = 3, 0.05  # what the summarizer spent
+    with pytest.raises(SummarizerError) as failed:
+        compact_agent(paths, FailingSummarizer(failing), FAST)
+    assert (failed.value.model_calls, failed.value.model_cost_usd) == (3, pytest.approx(0.05))
+
+
 # -- guarantee 2: crash-safe -----------------------------------------------------
 
 

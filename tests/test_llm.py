@@ -362,20 +362,25 @@ def test_a_request_may_allow_fewer_calls_than_the_config(
     assert result.summarized_until is not None and result.summarized_until < document.boundary
 
 
-def test_every_request_is_metered_retries_and_failures_included(
+def test_every_request_is_counted_retries_and_failures_included(
     openai_server: OpenAITestServer,
 ) -> None:
+    # What a summary spent comes back as values (the daemon's spending caps
+    # charge them when the compaction returns): in the result, or on the error.
     openai_server.script("http:500", "http:500")
-    metered: list[float | None] = []
     llm = summarizer(openai_server, retries=2)
-    llm.attach_meter(metered.append)
-    llm.summarize(request())
-    assert len(metered) == len(openai_server.requests) == 3
-    assert metered[:2] == [None, None]  # a failed request has no price
+    result = llm.summarize(request())
+    assert result.calls == len(openai_server.requests) == 3
     openai_server.script("http:401")
-    with pytest.raises(SummarizerError):
+    with pytest.raises(SummarizerError) as failed:
         llm.summarize(request())
-    assert len(metered) == len(openai_server.requests) == 4
+    assert len(openai_server.requests) == 4
+    assert failed.value.model_calls == 1
+    assert failed.value.model_cost_usd == 0.0  # a failed request has no price
+    openai_server.script("http:500", "http:500", "http:500")
+    with pytest.raises(SummarizerError) as retried:
+        llm.summarize(request())
+    assert retried.value.model_calls == 3 == len(openai_server.requests) - 4
 
 
 LONG_REPLY = "Facts:\n" + "".join(f"- keep fact number {n} in mind\n" for n in range(200))
@@ -551,9 +556,16 @@ def test_stop_during_a_multi_chunk_summary_commits_the_chunks_done(
     )
     llm = LiteLLMSummarizer(config, word_count, window=Window(2_000, "model"))
     assert len(llm.plan(SummaryRequest("alpha", document, 300))[0].chunks) > 2
-    llm.attach_meter(lambda _cost: llm.stop())  # memd stops during the first request
-    result = llm.summarize(SummaryRequest("alpha", document, 300))
-    assert len(roomy_server.requests) == 1 and result.calls == 1
+
+    def stop_during_the_request(body: dict[str, Any]) -> str:
+        llm.stop()  # memd stops during the first request
+        return long_echo(body)
+
+    with OpenAITestServer(responder=stop_during_the_request) as server:
+        config = config.model_copy(update={"api_base": server.api_base})
+        llm = LiteLLMSummarizer(config, word_count, window=Window(2_000, "model"))
+        result = llm.summarize(SummaryRequest("alpha", document, 300))
+    assert len(server.requests) == 1 and result.calls == 1
     ends = {e.start + len(e.raw) for e in document.entries}
     assert result.summarized_until in ends and result.summarized_until < document.boundary
 

@@ -6,11 +6,14 @@ the last hour; ``max_usd_per_day`` adds up the cost litellm reports for them in
 the last 24 hours (a request litellm cannot price counts as a call only). A cap
 of 0 is off.  Both are checked before a compaction starts: a compaction already
 running may finish (so the USD cap can be passed by one compaction's cost), and
-one that starts gets at most the calls the hour has left.
+one that starts reserves the calls the hour has left (recorded at its start, so
+a compaction starting beside it is held back) and is settled to what it used
+when it ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +67,13 @@ class SpendingWindow:
             self._spent = deque(ordered)
         else:
             self._spent.append(spend)
+
+    def unrecord(self, at: float, calls: int, usd: float | None = None) -> None:
+        """Take back what :meth:`record` recorded with these values (a reservation
+        settled to the real use); nothing when it has aged out already."""
+        spend = _Spend(at, max(0, calls), max(0.0, usd or 0.0))
+        with contextlib.suppress(ValueError):
+            self._spent.remove(spend)
 
     def _forget_before(self, now: float) -> None:
         while self._spent and self._spent[0].at <= now - DAY_S:

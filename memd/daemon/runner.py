@@ -57,7 +57,7 @@ from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.llm_slots import LlmSlots
 from memd.daemon.registry import AgentRegistry
-from memd.daemon.spending import SpendingGuard
+from memd.daemon.spending import Reservation, SpendingGuard
 from memd.daemon.summarizer import SummarizerFactory, SummarizerSource
 from memd.errors import (
     CompactionAborted,
@@ -147,7 +147,6 @@ class Runner:
             config,
             summarizer_factory,
             counter.tokenizer.count_text,
-            self.spending.charge,
         )
 
     def start(self, stack: contextlib.ExitStack, scheduler: JobScheduler) -> None:
@@ -317,16 +316,21 @@ class Runner:
 
     # ----------------------------------------------------------------- compact
 
-    def _compaction_options(self, policy: AgentPolicy) -> CompactionOptions:
+    def _compaction_options(
+        self, policy: AgentPolicy, reservation: Reservation | None
+    ) -> CompactionOptions:
         options = CompactionOptions.from_config(
             self.config, policy, redaction_key=self.redaction_key
         )
         return dataclasses.replace(
             options,
             lock_wait_s=min(options.lock_wait_s, DAEMON_LOCK_WAIT_S),
-            # Never more calls than the hour's cap leaves: a compaction that
-            # needs more covers the oldest turns (a partial one) instead.
-            max_calls=self.spending.calls_left(),
+            # Never more calls than the hour's cap leaves (reserved for this
+            # compaction): one that needs more covers the oldest turns (a
+            # partial one) instead.
+            max_calls=(
+                reservation.calls if reservation is not None else self.spending.calls_left()
+            ),
         )
 
     def _held(self, entry: AgentEntry, hold: Hold) -> None:
@@ -362,6 +366,9 @@ class Runner:
             if hold is not None:
                 self._held(entry, hold)
                 return
+            # Taken under this lock with the hold check: two compactions
+            # starting side by side cannot both be allowed the hour's calls.
+            reservation = self.spending.reserve() if self.spending.spends(entry.job) else None
             entry.job = on_started(entry.job)
             entry.dirty = True
             self._stats.running.add(name)
@@ -380,7 +387,7 @@ class Runner:
             outcome = self._compact(
                 entry.paths,
                 self.llm_slots.bound(summarizer),
-                self._compaction_options(entry.policy),
+                self._compaction_options(entry.policy, reservation),
                 count_bytes=self._counter.tokenizer.count_bytes,
                 abort=self.abort,
                 threshold=threshold,
@@ -395,6 +402,10 @@ class Runner:
         finally:
             with self._lock:
                 self._stats.running.discard(name)
+            if reservation is not None and not fallback:
+                self.spending.settle(reservation, *_spent(outcome, error))
+            elif reservation is not None:  # the builtin summarizer stood in: nothing spent
+                self.spending.settle(reservation, 0, None)
         duration = time.monotonic() - started
         # The file was replaced (or not): count it again before deciding.
         try:
@@ -580,6 +591,19 @@ class Runner:
             store.record_compaction(record)
         except Exception as exc:
             _log.warning("cannot write the ledger", agent=entry.name, error=describe_error(exc))
+
+
+def _spent(
+    outcome: CompactionOutcome | None, error: BaseException | None
+) -> tuple[int | None, float | None]:
+    """What a compaction spent on its model: (requests, USD; None: unpriced), from
+    its outcome or the error it failed with (memd's errors carry it; any other
+    is a crash: not known, None)."""
+    if outcome is not None:
+        return outcome.calls, outcome.cost_usd
+    if isinstance(error, MemdError):
+        return error.model_calls or 0, error.model_cost_usd or 0.0
+    return None, None
 
 
 __all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "Runner", "SummarizerFactory"]

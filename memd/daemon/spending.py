@@ -1,7 +1,11 @@
 """The workspace's model spending against ``[summarizer] max_calls_per_hour`` and
-``max_usd_per_day``: every request the summarizer reports is charged here; the
-runner asks whether a cap holds a compaction back, how many calls the hour still
-allows, and hands a snapshot to each flush (``memd status``, the metrics).
+``max_usd_per_day``: the runner asks whether a cap holds a compaction back,
+reserves the calls the hour still allows before it starts one (the allowance it
+hands the compaction as a value) and settles the reservation to what the
+compaction reports it used (requests, re-asks and retries included, and their
+cost) when it ends; it hands a snapshot to each flush (``memd status``, the
+metrics). The summarizer calls no one: what it spent comes back in the outcome
+or on the error.
 
 One guard per daemon (the daemon is the workspace's), with its own lock, a leaf:
 nothing is called while it is held. Seeded at start from the ledger, so a
@@ -13,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memd.core.config import SummarizerConfig
@@ -27,6 +32,15 @@ if TYPE_CHECKING:
     from memd.state import SpendingRecord, StateStore
 
 _log = get_logger("memd.daemon")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What a compaction may spend, taken from the window when it starts: ``calls``
+    (None: no call cap) recorded at ``at`` until it is settled."""
+
+    at: float
+    calls: int | None
 
 
 class SpendingGuard:
@@ -58,11 +72,29 @@ class SpendingGuard:
     def _caps(self) -> SpendingCaps:
         return SpendingCaps(self._config.max_calls_per_hour, self._config.max_usd_per_day)
 
-    def charge(self, cost_usd: float | None) -> None:
-        """One model request (from the summarizer, in a compaction thread)."""
+    def reserve(self) -> Reservation:
+        """Before a compaction with a remote model: the calls the hour still allows,
+        recorded now (so compactions side by side never pass the cap together)
+        until :meth:`settle` replaces them with what it used."""
         with self._lock:
-            self._window.record(self._clock(), 1, cost_usd)
-        unpriced = cost_usd is None and self._config.max_usd_per_day > 0
+            now = self._clock()
+            left = self._window.calls_left(now, self._caps())
+            if left:
+                self._window.record(now, left)
+        return Reservation(now, left)
+
+    def settle(self, reservation: Reservation, calls: int | None, cost_usd: float | None) -> None:
+        """After the compaction (success or failure): what it used replaces what it
+        reserved. ``calls`` None: not known (a crash), the reservation stands;
+        ``cost_usd`` None: litellm could not price its replies."""
+        if calls is None:
+            return
+        with self._lock:
+            if reservation.calls:
+                self._window.unrecord(reservation.at, reservation.calls)
+            if calls or cost_usd:
+                self._window.record(self._clock(), calls, cost_usd)
+        unpriced = calls > 0 and cost_usd is None and self._config.max_usd_per_day > 0
         if unpriced and not self._unpriced_warned:
             self._unpriced_warned = True
             _log.warning(
@@ -78,13 +110,18 @@ class SpendingGuard:
         in after ``fallback_after`` failures) is never held back.
         """
         caps = self._caps()
-        if not caps.active or not needs_litellm(self._config):
-            return None
-        after = self._config.fallback_after
-        if after and job.consecutive_failures >= after:
+        if not caps.active or not self.spends(job):
             return None
         with self._lock:
             return self._window.hold(self._clock(), caps)
+
+    def spends(self, job: AgentJob) -> bool:
+        """Whether this agent's compaction would use a remote model (not the builtin
+        summarizer, configured or standing in after ``fallback_after`` failures)."""
+        if not needs_litellm(self._config):
+            return False
+        after = self._config.fallback_after
+        return not (after and job.consecutive_failures >= after)
 
     def calls_left(self) -> int | None:
         with self._lock:
@@ -113,4 +150,4 @@ class SpendingGuard:
         )
 
 
-__all__ = ["SpendingGuard"]
+__all__ = ["Reservation", "SpendingGuard"]

@@ -1,5 +1,5 @@
 """The summarizer the daemon compacts with: built from the config when first needed
-(again after a reload), metered against the spending caps, told at shutdown to
+(again after a reload), told at shutdown to
 stop retrying, and stood in for by the builtin summarizer for an agent whose
 model kept failing.
 
@@ -20,8 +20,6 @@ from memd.summarizers import BUILTIN_MODEL, BuiltinSummarizer
 _log = get_logger("memd.daemon")
 
 SummarizerFactory = Callable[[MemdConfig, Callable[[str], int]], Summarizer]
-# Told of each model request and its cost (None: unpriced).
-Meter = Callable[[float | None], None]
 
 
 class SummarizerSource:
@@ -30,13 +28,11 @@ class SummarizerSource:
         config: MemdConfig,
         factory: SummarizerFactory,
         count_text: Callable[[str], int],
-        meter: Meter,
     ) -> None:
         self._config = config
         self._factory = factory
         # The tokenizer's MEMORY.md is counted with (a reload hands the new one in).
         self._count_text = count_text
-        self._meter = meter
         self._summarizer: Summarizer | None = None
         self._stopped = False
         self._lock = threading.Lock()
@@ -51,9 +47,6 @@ class SummarizerSource:
         with self._lock:
             if self._summarizer is None:
                 self._summarizer = self._factory(self._config, self._count_text)
-                attach = getattr(self._summarizer, "attach_meter", None)
-                if callable(attach):
-                    attach(self._meter)
                 if self._stopped:
                     _stop_retries(self._summarizer)
             return self._summarizer
@@ -104,4 +97,4 @@ def _stop_retries(summarizer: Summarizer | None) -> None:
         stop()
 
 
-__all__ = ["Meter", "SummarizerFactory", "SummarizerSource"]
+__all__ = ["SummarizerFactory", "SummarizerSource"]

@@ -4,7 +4,6 @@ resume when the window passes; a made-up clock throughout."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,33 +12,24 @@ from support.memfiles import AgentWorkspace
 
 from memd.core.jobs import AgentJob, JobState
 from memd.core.spending import CALLS_KEY, HOUR_S, USD_KEY
+from memd.daemon.spending import SpendingGuard
 from memd.metrics import Metrics
 from memd.workspace import AgentPaths
 
 
 class MeteredModel:
-    """A remote model as the runner sees it: it reports each request to the meter."""
+    """A remote model as the runner sees it (what a compaction with it spent comes
+    back in its outcome or on its error: ScriptedCompaction.spent)."""
 
     model = "openai/metered"
 
-    def __init__(self) -> None:
-        self.meter: Callable[[float | None], None] | None = None
 
-    def attach_meter(self, meter: Callable[[float | None], None]) -> None:
-        self.meter = meter
-
-    def requests(self, count: int, usd: float | None = None) -> Callable[[AgentPaths], None]:
-        def during(_paths: AgentPaths) -> None:
-            assert self.meter is not None
-            for _ in range(count):
-                self.meter(usd)
-
-        return during
-
-
-def build(tmp_path: Path, **caps: object) -> tuple[Services, MeteredModel, Metrics]:
+def build(
+    tmp_path: Path, agents: tuple[str, ...] = ("alpha",), **caps: object
+) -> tuple[Services, MeteredModel, Metrics]:
     ws = AgentWorkspace(tmp_path / "ws")
-    ws.create_agent("alpha")
+    for agent in agents:
+        ws.create_agent(agent)
     model = MeteredModel()
     extra = {"summarizer": {"model": "openai/metered", **caps}}
     s = build_services(ws, ScriptedCompaction(), extra, summarizer=model)
@@ -62,15 +52,15 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_the_call_cap_holds_back_then_the_compaction_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    s, model, metrics = build(tmp_path, max_calls_per_hour=3)
-    s.compact.during = model.requests(3)
+    s, _model, metrics = build(tmp_path, max_calls_per_hour=3)
+    s.compact.spent = (3, None)
     compact_when_over(s)
     assert s.compact.calls == ["alpha"]
     # The cap left three calls: the compaction was told so.
     assert s.compact.options[0].max_calls == 3
     spent_at = s.clock.now
 
-    s.compact.during = None
+    s.compact.spent = None
     capsys.readouterr()
     compact_when_over(s)
     assert s.compact.calls == ["alpha"]  # held back: no second compaction
@@ -100,8 +90,8 @@ def test_the_call_cap_holds_back_then_the_compaction_resumes(
 
 
 def test_the_usd_cap_holds_for_a_day(tmp_path: Path) -> None:
-    s, model, metrics = build(tmp_path, max_usd_per_day=0.05)
-    s.compact.during = model.requests(2, usd=0.03)
+    s, _model, metrics = build(tmp_path, max_usd_per_day=0.05)
+    s.compact.spent = (2, 0.06)
     compact_when_over(s)
     spent_at = s.clock.now
     compact_when_over(s)
@@ -140,21 +130,24 @@ def test_a_restart_remembers_what_the_ledger_says_was_spent(tmp_path: Path) -> N
     store.close()
 
 
+def guard_of(now: list[float], **caps: object) -> SpendingGuard:
+    from memd.settings import build_config
+
+    remote = {"model": "openai/metered", **caps}
+    config = build_config({"summarizer": remote}, {})[0].summarizer
+    return SpendingGuard(config, lambda: now[0])
+
+
 def test_the_guard_counts_calls_and_says_once_when_it_cannot_price_them() -> None:
     import structlog
 
-    from memd.daemon.spending import SpendingGuard
-    from memd.settings import build_config
-
-    remote = {"model": "openai/metered", "max_calls_per_hour": 3, "max_usd_per_day": 1.0}
-    config = build_config({"summarizer": remote}, {})[0].summarizer
     now = [1000.0]
-    guard = SpendingGuard(config, lambda: now[0])
+    guard = guard_of(now, max_calls_per_hour=3, max_usd_per_day=1.0)
     assert guard.calls_left() == 3
     with structlog.testing.capture_logs() as logs:
-        guard.charge(None)
-        guard.charge(None)
-        guard.charge(0.25)
+        guard.settle(guard.reserve(), 1, None)
+        guard.settle(guard.reserve(), 1, None)
+        guard.settle(guard.reserve(), 1, 0.25)
     unpriced = [line for line in logs if "litellm reports no cost" in line["event"]]
     assert len(unpriced) == 1  # said once, not per request
     assert guard.calls_left() == 0
@@ -164,3 +157,73 @@ def test_the_guard_counts_calls_and_says_once_when_it_cannot_price_them() -> Non
     assert (snapshot.calls_last_hour, snapshot.usd_last_day) == (3, pytest.approx(0.25))
     now[0] += HOUR_S
     assert guard.calls_left() == 3 and guard.hold(AgentJob()) is None
+
+
+def test_a_reservation_holds_the_hour_until_it_is_settled_to_the_real_use() -> None:
+    now = [1000.0]
+    guard = guard_of(now, max_calls_per_hour=5)
+    first = guard.reserve()
+    assert first.calls == 5  # the calls the hour leaves: the compaction's allowance
+    # A compaction starting beside it is allowed nothing and held back.
+    assert guard.calls_left() == 0 and guard.hold(AgentJob()) is not None
+    assert guard.reserve().calls == 0
+    now[0] += 10
+    guard.settle(first, 2, None)
+    assert guard.calls_left() == 3 and guard.hold(AgentJob()) is None
+    assert guard.snapshot().calls_last_hour == 2
+    # Not known what a crashed compaction used: its reservation stands whole.
+    crashed = guard.reserve()
+    guard.settle(crashed, None, None)
+    assert guard.calls_left() == 0
+
+
+def test_what_a_compaction_used_is_charged_when_it_ends(tmp_path: Path) -> None:
+    s, _model, _metrics = build(tmp_path, max_calls_per_hour=5, max_usd_per_day=1.0)
+    s.compact.spent = (2, 0.25)
+    compact_when_over(s)
+    assert s.compact.options[0].max_calls == 5
+    snapshot = s.runner.spending.snapshot()
+    # Settled to the real use: red when the reservation (5) is left standing.
+    assert (snapshot.calls_last_hour, snapshot.usd_last_day) == (2, pytest.approx(0.25))
+    assert s.runner.spending.calls_left() == 3
+
+
+def test_a_failed_compaction_is_charged_what_it_spent(tmp_path: Path) -> None:
+    s, _model, _metrics = build(tmp_path, max_calls_per_hour=5, max_usd_per_day=1.0)
+    s.compact.script = ["fail"]
+    s.compact.spent = (4, 0.5)  # retries and re-asks before it failed
+    compact_when_over(s)
+    assert s.compact.calls == ["alpha"]
+    snapshot = s.runner.spending.snapshot()
+    assert (snapshot.calls_last_hour, snapshot.usd_last_day) == (4, pytest.approx(0.5))
+    assert s.runner.spending.calls_left() == 1
+
+
+def test_compactions_side_by_side_never_pass_the_call_cap_together(tmp_path: Path) -> None:
+    s, _model, _metrics = build(tmp_path, ("alpha", "beta"), max_calls_per_hour=4)
+    s.compact.spent = (4, None)
+    for agent in ("alpha", "beta"):
+        s.fill(agent, 20)
+        s.hint(agent)
+    s.settle()
+    queued = s.scheduler.queued
+    assert sorted(key for key, _task, _args in queued) == ["compact:alpha", "compact:beta"]
+    beta_job = [job for job in queued if job[0] == "compact:beta"]
+    s.scheduler.queued = [job for job in queued if job[0] == "compact:alpha"]
+
+    def beta_starts_meanwhile(paths: AgentPaths) -> None:
+        # alpha's compaction is running (what it spends not yet reported):
+        # beta's job starts beside it.
+        if paths.agent == "alpha":
+            s.scheduler.queued = beta_job
+            s.scheduler.run_queued()
+
+    s.compact.during = beta_starts_meanwhile
+    s.scheduler.run_queued()
+    allowed = [options.max_calls for options in s.compact.options]
+    # Red without the reservation: beta is allowed the same 4 calls (8 in the hour).
+    assert s.compact.calls == ["alpha"], allowed
+    job = s.job("beta")
+    assert job.state is JobState.COOLDOWN
+    assert job.last_error is not None and CALLS_KEY in job.last_error
+    assert s.runner.spending.snapshot().calls_last_hour == 4

@@ -1,5 +1,5 @@
 """The summarizer source: built once when first needed (again after a reload),
-metered, stopped at shutdown even when built after it, stood in for by the
+stopped at shutdown even when built after it, stood in for by the
 builtin summarizer after ``fallback_after`` failures."""
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ from memd.settings import build_config
 class Remote:
     def __init__(self, model: str) -> None:
         self.model = model
-        self.meter: Callable[[float | None], None] | None = None
         self.stopped = False
-
-    def attach_meter(self, meter: Callable[[float | None], None]) -> None:
-        self.meter = meter
 
     def stop(self) -> None:
         self.stopped = True
@@ -29,32 +25,28 @@ def config_of(**summarizer: Any) -> MemdConfig:
     return build_config({"summarizer": {"model": "openai/x", **summarizer}}, {})[0]
 
 
-def source(
-    config: MemdConfig, built: list[Remote], charged: list[float | None]
-) -> SummarizerSource:
+def source(config: MemdConfig, built: list[Remote]) -> SummarizerSource:
     def factory(config: MemdConfig, _count: Callable[[str], int]) -> Remote:
         built.append(Remote(config.summarizer.model))
         return built[-1]
 
-    return SummarizerSource(config, factory, lambda text: len(text.split()), charged.append)  # type: ignore[arg-type]
+    return SummarizerSource(config, factory, lambda text: len(text.split()))  # type: ignore[arg-type]
 
 
-def test_built_once_metered_and_rebuilt_after_a_reload() -> None:
+def test_built_once_and_rebuilt_after_a_reload() -> None:
+    # Not metered: what a summary spends comes back in its result or error
+    # (tests/daemon/test_spending.py), the summarizer is handed no call-back.
     built: list[Remote] = []
-    charged: list[float | None] = []
-    summarizers = source(config_of(), built, charged)
+    summarizers = source(config_of(), built)
     assert summarizers.model is None  # nothing built before it is needed
     assert summarizers.get() is summarizers.get() is built[0]
-    assert built[0].meter is not None
-    built[0].meter(0.5)
-    assert charged == [0.5]
     summarizers.reconfigure(config_of(model="openai/y"))
     assert summarizers.get() is built[1] and summarizers.model == "openai/y"
 
 
 def test_stopped_before_it_is_built_it_is_built_stopped() -> None:
     built: list[Remote] = []
-    summarizers = source(config_of(), built, [])
+    summarizers = source(config_of(), built)
     summarizers.stop()
     assert summarizers.get().stopped  # type: ignore[attr-defined]
     first = built[0]
@@ -64,12 +56,12 @@ def test_stopped_before_it_is_built_it_is_built_stopped() -> None:
 
 
 def test_the_builtin_stands_in_after_fallback_after_failures() -> None:
-    summarizers = source(config_of(fallback_after=2), [], [])
+    summarizers = source(config_of(fallback_after=2), [])
     chosen, fallback = summarizers.for_agent("alpha", failures=1)
     assert chosen.model == "openai/x" and not fallback
     chosen, fallback = summarizers.for_agent("alpha", failures=2)
     assert chosen.model == "builtin" and fallback
-    never = source(config_of(fallback_after=0), [], [])
+    never = source(config_of(fallback_after=0), [])
     assert never.for_agent("alpha", failures=50)[0].model == "openai/x"
 
 
@@ -86,7 +78,7 @@ def test_a_reload_hands_in_the_new_tokenizers_count() -> None:
     def chars(text: str) -> int:
         return len(text)
 
-    summarizers = SummarizerSource(config_of(fallback_after=1), factory, words, [].append)  # type: ignore[arg-type]
+    summarizers = SummarizerSource(config_of(fallback_after=1), factory, words)  # type: ignore[arg-type]
     summarizers.get()
     summarizers.reconfigure(config_of(fallback_after=1))  # the tokenizer kept
     summarizers.get()

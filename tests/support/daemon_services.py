@@ -86,6 +86,9 @@ class ScriptedCompaction:
         self.models: list[str | None] = []  # the summarizer each call was given
         self.options: list[Any] = []  # the CompactionOptions each call was given
         self.during: Callable[[AgentPaths], None] | None = None
+        # What each call reports it spent on its model (requests, USD), in its
+        # outcome or on its error, as compact_agent does; None: the outcome's default.
+        self.spent: tuple[int, float | None] | None = None
 
     def __call__(self, paths: AgentPaths, summarizer: Any, options: Any, **_kw: Any) -> Any:
         behaviour = self.script.pop(0) if self.script else "ok"
@@ -93,7 +96,10 @@ class ScriptedCompaction:
         self.options.append(options)
         self.models.append(getattr(summarizer, "model", None))
         if behaviour == "fail":
-            raise SummarizerError(f"agent {paths.agent!r}: scripted failure")
+            error = SummarizerError(f"agent {paths.agent!r}: scripted failure")
+            if self.spent is not None:
+                error.model_calls, error.model_cost_usd = self.spent
+            raise error
         if behaviour == "nothing":
             raise NothingToCompact(f"agent {paths.agent!r}: nothing to compact")
         if behaviour == "busy":
@@ -106,7 +112,10 @@ class ScriptedCompaction:
         if self.during is not None:
             self.during(paths)
         after = COUNTER.count_bytes(paths.memory.read_bytes())
-        return _Outcome(paths.dir / "archive", None, after, tokens)
+        outcome = _Outcome(paths.dir / "archive", None, after, tokens)
+        if self.spent is not None:
+            outcome.calls, outcome.cost_usd = self.spent
+        return outcome
 
 
 @dataclass
