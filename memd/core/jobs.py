@@ -293,11 +293,25 @@ def on_held(job: AgentJob, reason: str, *, until: float) -> Decision:
             job,
             state=JobState.COOLDOWN,
             next_attempt_at=until,
-            last_error=f"held back: {reason}",
+            last_error=f"{_HELD_BACK}{reason}",
             rerun_requested=False,
         ),
         wake_at=until,
     )
+
+
+_HELD_BACK = "held back: "
+
+
+def held_back(job: AgentJob) -> bool:
+    """Whether a spending cap holds this job back (:func:`on_held`)."""
+    return job.state is JobState.COOLDOWN and (job.last_error or "").startswith(_HELD_BACK)
+
+
+def on_hold_moved(job: AgentJob, *, until: float) -> Decision:
+    """A spending cap's hold ends sooner than it said (a compaction running beside
+    it was settled to fewer calls than it reserved): the same hold, to ``until``."""
+    return Decision(replace(job, next_attempt_at=until), wake_at=until)
 
 
 def on_failure(job: AgentJob, error: str, *, policy: RetryPolicy, now: float) -> Decision:
@@ -361,11 +375,13 @@ __all__ = [
     "RetryPolicy",
     "StoredJobState",
     "Wakes",
+    "held_back",
     "on_busy_elsewhere",
     "on_cancelled",
     "on_count",
     "on_failure",
     "on_held",
+    "on_hold_moved",
     "on_nothing_to_compact",
     "on_started",
     "on_success",

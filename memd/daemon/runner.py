@@ -40,11 +40,13 @@ from memd.core.jobs import (
     JobState,
     RetryPolicy,
     Wakes,
+    held_back,
     on_busy_elsewhere,
     on_cancelled,
     on_count,
     on_failure,
     on_held,
+    on_hold_moved,
     on_nothing_to_compact,
     on_started,
     on_success,
@@ -346,6 +348,21 @@ class Runner:
             self.metrics.record_hold(hold.key)
         self._apply(entry, on_held(entry.job, hold.reason, until=hold.until))
 
+    def _holds_may_end(self) -> None:
+        """A reservation was settled to less: agents held back meanwhile (by what it
+        reserved) may start sooner than their hold said."""
+        entries = self._registry.agents().values()  # under the registry's lock, not ours
+        with self._lock:
+            now = self._clock()
+            for entry in entries:
+                job = entry.job
+                if not held_back(job) or job.next_attempt_at is None:
+                    continue
+                hold = self.spending.hold(job)
+                until = now if hold is None else hold.until
+                if until < job.next_attempt_at:
+                    self._apply(entry, on_hold_moved(job, until=until))
+
     def _compaction_job(self, entry: AgentEntry) -> None:
         try:
             self._compact_one(entry)
@@ -402,10 +419,12 @@ class Runner:
         finally:
             with self._lock:
                 self._stats.running.discard(name)
-            if reservation is not None and not fallback:
-                self.spending.settle(reservation, *_spent(outcome, error))
-            elif reservation is not None:  # the builtin summarizer stood in: nothing spent
-                self.spending.settle(reservation, 0, None)
+            if reservation is not None:
+                # The builtin summarizer standing in spent nothing.
+                calls, usd = (0, None) if fallback else _spent(outcome, error)
+                self.spending.settle(reservation, calls, usd)
+                if calls is not None and calls < (reservation.calls or 0):
+                    self._holds_may_end()
         duration = time.monotonic() - started
         # The file was replaced (or not): count it again before deciding.
         try:

@@ -10,9 +10,12 @@ from memd.core.jobs import (
     JobState,
     RetryPolicy,
     Wakes,
+    held_back,
     on_busy_elsewhere,
     on_count,
     on_failure,
+    on_held,
+    on_hold_moved,
     on_nothing_to_compact,
     on_started,
     on_success,
@@ -300,3 +303,14 @@ def test_wakes_agree_with_a_plain_table(ops: list[tuple[str, int | None]], now: 
     assert sorted(wakes.pop_due(float(now))) == due
     rest = [when for name, when in table.items() if name not in due]
     assert wakes.next() == (min(rest) if rest else None)
+
+
+def test_a_hold_moved_sooner_stays_a_hold_and_starts_at_its_new_time() -> None:
+    held = on_held(AgentJob(), "4 model calls in the last hour", until=3600.0).job
+    assert held_back(held) and not held_back(AgentJob())
+    assert not held_back(on_failure(AgentJob(), "boom", policy=POLICY, now=0).job)
+    moved = on_hold_moved(held, until=10.0)
+    assert moved.wake_at == 10.0 and held_back(moved.job)
+    assert moved.job.next_attempt_at == 10.0 and moved.job.last_error == held.last_error
+    assert not on_count(moved.job, 200, 100, True, 9.0).start
+    assert on_count(moved.job, 200, 100, True, 10.0).start

@@ -227,3 +227,34 @@ def test_compactions_side_by_side_never_pass_the_call_cap_together(tmp_path: Pat
     assert job.state is JobState.COOLDOWN
     assert job.last_error is not None and CALLS_KEY in job.last_error
     assert s.runner.spending.snapshot().calls_last_hour == 4
+
+
+def test_an_agent_held_by_a_reservation_starts_once_it_is_settled_to_less(
+    tmp_path: Path,
+) -> None:
+    s, _model, _metrics = build(tmp_path, ("alpha", "beta"), max_calls_per_hour=4)
+    s.compact.spent = (1, None)  # alpha reserves 4 calls and uses 1
+    for agent in ("alpha", "beta"):
+        s.fill(agent, 20)
+        s.hint(agent)
+    s.settle()
+    queued = s.scheduler.queued
+    beta_job = [job for job in queued if job[0] == "compact:beta"]
+    s.scheduler.queued = [job for job in queued if job[0] == "compact:alpha"]
+
+    def beta_starts_meanwhile(paths: AgentPaths) -> None:
+        if paths.agent == "alpha":
+            s.scheduler.queued = beta_job
+            s.scheduler.run_queued()
+            assert s.job("beta").next_attempt_at == s.clock.now + HOUR_S  # alpha's 4
+
+    s.compact.during = beta_starts_meanwhile
+    s.scheduler.run_queued()
+    assert s.compact.calls == ["alpha"]
+    # Settled to 1 call: beta's hold ends now (red when it waits out the hour).
+    assert s.job("beta").next_attempt_at == s.clock.now
+    s.counter.tick(s.clock.now)
+    s.scheduler.run_queued()
+    assert s.compact.calls == ["alpha", "beta"]
+    assert s.compact.options[1].max_calls == 3
+    assert s.runner.spending.snapshot().calls_last_hour == 2
