@@ -221,6 +221,10 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             {},
         )
         debounce_s = config.trigger.debounce_ms / 1000
+        # Whole reconcile periods: the periodic work (the reconcile, the archive
+        # survey) runs once per reconcile_s; a shorter window catches it or not.
+        reconcile_s = config.watch.reconcile_s
+        idle_s = max(1, round(idle_s / reconcile_s)) * reconcile_s
         updates: queue.SimpleQueue[CountUpdate] = queue.SimpleQueue()
         threads_before = threading.active_count()
         idents_before = {t.ident for t in threading.enumerate()}
@@ -288,6 +292,7 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             "threads": threads,
             "fds": fds,
             "idle_cpu": idle_cpu,
+            "idle_s": idle_s,
             "poll_cpu": poll_cpu,
             "p50": statistics.median(lat),
             "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
@@ -445,7 +450,8 @@ def main(argv: list[str]) -> int:
             f"({args.descriptors:.0%} with a memd-agent.json), "
             f"poll interval {args.interval_s:g} s, "
             f"load average {load}: {row['threads']} threads, {row['fds']} fds; idle CPU "
-            f"{row['idle_cpu']:.1%} of a core (polling thread {_share(row['poll_cpu'])}); "
+            f"{row['idle_cpu']:.1%} of a core over {row['idle_s']:g} s "
+            f"(polling thread {_share(row['poll_cpu'])}); "
             f"append -> count p50 {row['p50']:.2f} s, p99 {row['p99']:.2f} s, "
             f"max {row['max']:.2f} s (target poll interval + debounce + 300 ms = "
             f"{row['target']:.2f} s, p99 ratio {row['p99'] / row['target']:.2f}), "
