@@ -781,6 +781,28 @@ def write_config(path: Path, summarizer: str = "") -> Path:
     return path
 
 
+def test_a_threshold_changed_while_down_reaches_the_state_db_at_restart(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    # `memd status` reads the row: it must not keep showing the old threshold
+    # (until the agent's next append) while the daemon already uses the new one.
+    ws.create_agent("a1", entries=3)
+    # A folder changed in the last 2 s is listed again at a restart (and its row
+    # written anyway): let it age, so the restart takes the stored facts as they are.
+    time.sleep(2.1)
+    config = tmp_path / "memd.toml"
+    for context_length, threshold in ((100_000, 90_000), (50_000, 45_000)):
+        config.write_text(f"[trigger]\ncontext_length = {context_length}\n")
+        with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+            daemon.wait_ready()
+            # Written by the start-up flush, before READY (the archive survey
+            # would write the row again later, hiding a stale threshold).
+            with StateStore.open(tmp_path / "state", ws.root) as store:
+                row = store.get_agent("a1")
+            assert row is not None and row.threshold_tokens == threshold, row
+            assert daemon.stop() == 0
+
+
 def test_subprocess_lifecycle_notify_and_sigterm(ws: AgentWorkspace, tmp_path: Path) -> None:
     ws.create_agent("alice", entries=1)
     config = write_config(tmp_path / "memd.toml")

@@ -226,7 +226,11 @@ class CountService:
 
     def _take(self, hint: Hint) -> None:
         with self._state_lock:
-            if hint.kind is HintKind.AGENTS:
+            if hint.kind is HintKind.AGENTS and hint.name is None:
+                # Anything may have changed unseen (an inotify queue overflow,
+                # agents/ itself replaced): the whole reconcile, files included.
+                self._reconcile_due = True
+            elif hint.kind is HintKind.AGENTS:
                 self._rescan = True
             elif hint.kind is HintKind.RECONCILE:
                 self._reconcile_due = True
@@ -412,13 +416,20 @@ class CountService:
         entry.tracked = record.to_tracked(info.st_size)
         if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
-        # Nothing to write back, unless the folder was listed anew (its facts change).
+        # Nothing to write back, unless the folder was listed anew (its facts change)
+        # or the agent's policy changed while we were down (a new context_length or
+        # memd-agent.json): `memd status` shows the stored threshold.
         folder = entry.folder
+        policy = entry.policy
         entry.dirty = ((folder.ino, folder.ctime_ns, folder.entries) if folder else (0, 0, 0)) != (
             record.folder_ino,
             record.folder_ctime_ns,
             record.folder_entries,
-        )
+        ) or (
+            policy.threshold_tokens,
+            policy.window_source,
+            policy.reserved_tokens,
+        ) != (record.threshold_tokens, record.window_source, record.reserved_tokens)
         return True
 
     def initial_count(

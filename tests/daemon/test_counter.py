@@ -243,6 +243,19 @@ def test_the_periodic_reconcile_is_a_hint_swept_by_the_tick(tmp_path: Path) -> N
     assert s.tokens("bob") == full(ws.root / "agents/bob/MEMORY.md") > 0
 
 
+def test_an_unnamed_agents_hint_is_a_whole_reconcile(tmp_path: Path) -> None:
+    # What the watcher says after an inotify queue overflow: events were lost,
+    # so every MEMORY.md is stat'ed, not only the agent set rescanned.
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    memory = s.fill("alice", 3)  # its events were among those dropped
+    s.counter.sink.agents_changed(None)
+    s.counter.tick(s.clock.now)  # the sweep: rescan, stat, ask
+    s.counter.tick(s.clock.now)  # the count it asked for
+    assert s.tokens("alice") == full(memory)
+
+
 def test_when_the_watcher_polls_the_reconcile_stats_no_memory_file(tmp_path: Path) -> None:
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alice")
