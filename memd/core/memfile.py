@@ -382,8 +382,9 @@ class MemoryDocument:
             if self.is_summary_entry(entry):
                 return entry, end
 
-    def _entries_from(self, start: int | None, limit: int) -> Iterator[EntrySegment]:
-        """The closed entries from the one at ``start`` on, ending by ``limit``."""
+    def _closed_from(self, start: int | None, limit: int) -> Iterator[tuple[re.Match[bytes], int]]:
+        """Each closed entry's header match and end, from the one at ``start`` on,
+        ending by ``limit`` (one walk for entry objects and for bare texts)."""
         if start is None or start >= self.size:
             return
         match = self._valid(start)
@@ -392,10 +393,15 @@ class MemoryDocument:
             end, following = self._end_of(match)
             if end < 0 or end > limit:
                 return
-            yield self._entry(match, end)
+            yield match, end
             if following is None:
                 return
             match = following[1]
+
+    def _entries_from(self, start: int | None, limit: int) -> Iterator[EntrySegment]:
+        """The closed entries from the one at ``start`` on, ending by ``limit``."""
+        for match, end in self._closed_from(start, limit):
+            yield self._entry(match, end)
 
     def _local_or_none(self) -> bool:
         return self._full is None and self._is_local()
@@ -500,23 +506,13 @@ class MemoryDocument:
         return summary, (summary_end if summary_end < self.size else None)
 
     def _texts_from(self, start: int | None, limit: int) -> Iterator[tuple[str, str, str]]:
-        if start is None or start >= self.size:
-            return
         view = memoryview(self._data)
-        match = self._valid(start)
-        assert match is not None
-        while True:
-            end, following = self._end_of(match)
-            if end < 0 or end > limit:
-                return
+        for match, end in self._closed_from(start, limit):
             yield (
                 match.group(1).decode("utf-8", "replace"),
                 match.group(2).decode("ascii", "replace"),
                 str(view[match.end() : end - len(BLOCK_TERMINATOR)], "utf-8", "replace"),
             )
-            if following is None:
-                return
-            match = following[1]
 
     def last_summary(self, end: int | None = None) -> EntrySegment | None:
         """The newest summary block ending at or before ``end`` (default: boundary)."""
