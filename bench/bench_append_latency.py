@@ -28,7 +28,6 @@ the same appended bytes in this process (target ≤ 2×).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import multiprocessing
 import os
@@ -46,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_daemon import (
     Proc,
+    append_latencies,
     appended_entry,
     latency_writer,
     make_memory,
@@ -145,25 +145,7 @@ def one_run(proc: Proc, db: Path, ws: Path, args: argparse.Namespace, kind: str)
     switches = context_switches(proc) - switches_before
     watcher.stop()
     writes = json.loads(out.read_text())
-    every: list[float] = []
-    last: list[float] = []
-    missing = 0
-    next_write: dict[int, float] = {}
-    by_agent: dict[str, list[int]] = {}
-    for index, (agent, _when, _size) in enumerate(writes):
-        by_agent.setdefault(agent, []).append(index)
-    for indexes in by_agent.values():
-        for a, b in itertools.pairwise(indexes):
-            next_write[a] = writes[b][1]
-    for index, (agent, when, size) in enumerate(writes):
-        landed = [t for t, s in watcher.seen.get(agent, []) if s >= size and t >= when]
-        if not landed:
-            missing += 1
-            continue
-        at = min(landed)
-        every.append(at - when)
-        if next_write.get(index, float("inf")) > at:
-            last.append(at - when)
+    every, last, missing = append_latencies(writes, watcher.seen)
     turns = swarms_turns() if kind == "swarms" else None
     appended = sum(len(appended_entry(kind, n, turns).encode()) for n in range(len(writes)))
     # The anchor swings with the machine's load (CPU time stretches on a busy

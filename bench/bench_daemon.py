@@ -241,6 +241,35 @@ def latency_writer(
     Path(out).write_text(json.dumps(records))
 
 
+def append_latencies(
+    writes: list[tuple[str, float, int]], seen: dict[str, list[tuple[float, int]]]
+) -> tuple[list[float], list[float], int]:
+    """From the writer's log (agent, time, size after) and what the daemon was seen
+    to reach (time, size) per agent: each append -> the first time it was
+    included, the last append of a burst (no later append of that agent before
+    it was included) -> that time, and how many appends were never included."""
+    every: list[float] = []
+    last: list[float] = []
+    missing = 0
+    next_write: dict[int, float] = {}
+    by_agent: dict[str, list[int]] = {}
+    for index, (agent, _when, _size) in enumerate(writes):
+        by_agent.setdefault(agent, []).append(index)
+    for indexes in by_agent.values():
+        for a, b in itertools.pairwise(indexes):
+            next_write[a] = writes[b][1]
+    for index, (agent, when, size) in enumerate(writes):
+        reached = [t for t, s in seen.get(agent, []) if s >= size and t >= when]
+        if not reached:
+            missing += 1
+            continue
+        at = min(reached)
+        every.append(at - when)
+        if next_write.get(index, float("inf")) > at:
+            last.append(at - when)
+    return every, last, missing
+
+
 def part_latency(agents: int, rate: float, seconds: float) -> None:
     from memd.daemon import Daemon, DaemonOptions
     from memd.daemon.entries import CountUpdate
@@ -278,25 +307,7 @@ def part_latency(agents: int, rate: float, seconds: float) -> None:
             if update.size is not None:
                 counts.setdefault(update.agent, []).append((update.at, update.size))
         writes = json.loads(out.read_text())
-        every: list[float] = []  # each append -> the first count that includes it
-        last: list[float] = []  # the last append of a burst -> its count
-        missing = 0
-        next_write: dict[int, float] = {}
-        by_agent: dict[str, list[int]] = {}
-        for index, (agent, _when, _size) in enumerate(writes):
-            by_agent.setdefault(agent, []).append(index)
-        for indexes in by_agent.values():
-            for a, b in itertools.pairwise(indexes):
-                next_write[a] = writes[b][1]
-        for index, (agent, when, size) in enumerate(writes):
-            seen = [t for t, s in counts.get(agent, []) if s >= size and t >= when]
-            if not seen:
-                missing += 1
-                continue
-            counted_at = min(seen)
-            every.append(counted_at - when)
-            if next_write.get(index, float("inf")) > counted_at:
-                last.append(counted_at - when)
+        every, last, missing = append_latencies(writes, counts)
 
         def pct(values: list[float], q: float) -> float:
             values = sorted(values)
