@@ -35,6 +35,13 @@ from memd.errors import MemdError, NotARegularFile, describe_error
 from memd.fsutil import iter_range, read_range
 
 WINDOW_BYTES = 4096
+# A count keeps exact points ("marks") so a compaction can take the tokens of the
+# file's newest turns as the total less a mark's, instead of tokenizing them
+# (memd.core.plan.kept_tail): one at most every 1/2**MARK_SHIFT of the count and
+# never closer than MARK_MIN_TOKENS; only those in the newest half of the count are
+# kept, so a file holds at most ~2**MARK_SHIFT of them, a small one none.
+MARK_MIN_TOKENS = 4096
+MARK_SHIFT = 7
 # An append this close to the last count is read in one go (window, old tail
 # and new bytes); larger stretches are read and fed block by block.
 ONE_READ_BYTES = 1 << 20
@@ -58,6 +65,12 @@ class TrackedCount:
     # is unchanged, its tokens are reused instead of tokenizing it again. A
     # cache hint, not part of the count (the state DB does not keep it).
     tail_digest: bytes | None = field(default=None, compare=False)
+    # Marks: flat (offset, tokens) pairs, oldest first, each the exact count of
+    # file[:offset] at an offset where counts add up (the state's safe offset at
+    # some earlier count: a safe boundary, or a junction cut followed by "#"), so
+    # the bytes from there to the end count state.tokens - tokens. A cache hint
+    # like the tail digest (the state DB does not keep it; none after a restart).
+    marks: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def tokens(self) -> int:
@@ -87,11 +100,28 @@ def _feed(fd: int, counter: PieceCounter, start: int, end: int) -> bool:
     return seen == end
 
 
-def _track(state: CountState, mtime_ns: int, counter: PieceCounter) -> TrackedCount:
+def _track(
+    state: CountState, mtime_ns: int, counter: PieceCounter, marks: tuple[int, ...] = ()
+) -> TrackedCount:
     window_start = state.safe_offset - len(counter.recent)
+    tokens = state.safe_tokens
+    if tokens - (marks[-1] if marks else 0) >= max(MARK_MIN_TOKENS, tokens >> MARK_SHIFT):
+        marks = with_mark(marks, state)
     return TrackedCount(
-        state, mtime_ns, window_start, _digest(counter.recent), _digest(counter.tail)
+        state, mtime_ns, window_start, _digest(counter.recent), _digest(counter.tail), marks
     )
+
+
+def with_mark(marks: tuple[int, ...], state: CountState) -> tuple[int, ...]:
+    """``marks`` with the state's safe offset added, less those before the newest
+    half of its count (an estimated count marks nothing: its tokens are a bound)."""
+    if state.estimated:
+        return marks
+    keep_from = state.safe_tokens // 2
+    first = 0
+    while first < len(marks) and marks[first + 1] < keep_from:
+        first += 2
+    return (*marks[first:], state.safe_offset, state.safe_tokens)
 
 
 def count_file(
@@ -230,6 +260,7 @@ def _extend_open(
                 previous.window_start,
                 previous.window_digest,
                 previous.tail_digest,
+                previous.marks,
             )
             return unchanged, CountKind.UNCHANGED
         if junction_cut and is_junction_cut(tail, data[len(tail) :]):
@@ -259,7 +290,7 @@ def _extend_open(
         return None
     state = counter.finish(old.dev, old.ino)
     kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
-    return _track(state, info.st_mtime_ns, counter), kind
+    return _track(state, info.st_mtime_ns, counter, previous.marks), kind
 
 
 # --------------------------------------------------------------- many files
@@ -457,13 +488,15 @@ def count_data(
                 counter.feed(data[old.safe_offset :])
                 state = counter.finish(dev, ino)
                 kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
-                return _track(state, mtime_ns, counter), kind
+                return _track(state, mtime_ns, counter, previous.marks), kind
     counter = PieceCounter(count_bytes, max_piece_bytes=max_piece_bytes, window_bytes=WINDOW_BYTES)
     counter.feed(data)
     return _track(counter.finish(dev, ino), mtime_ns, counter), CountKind.RECOUNTED
 
 
 __all__ = [
+    "MARK_MIN_TOKENS",
+    "MARK_SHIFT",
     "POOL_MIN_BYTES",
     "WINDOW_BYTES",
     "CountJob",
@@ -478,5 +511,6 @@ __all__ = [
     "count_one",
     "pool_workers",
     "pool_worth_it",
+    "with_mark",
     "worker_count",
 ]

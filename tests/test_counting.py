@@ -141,6 +141,9 @@ def test_incremental_count_always_equals_a_full_recount(
 ) -> None:
     # one_read False: every append is read block by block, as a large one is.
     monkeypatch.setattr("memd.counting.ONE_READ_BYTES", 1 << 20 if one_read else 0)
+    # A mark at every count that settled something (checked after each count).
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 1)
+    monkeypatch.setattr("memd.counting.MARK_SHIFT", 62)
     path = tmp_path / "MEMORY.md"
     path.write_bytes(b"")
     tracked: TrackedCount | None = None
@@ -171,6 +174,19 @@ def test_incremental_count_always_equals_a_full_recount(
         tracked, _ = count_file(path, tracked, COUNTER.count_bytes, junction_cut=junction_cut)
         assert tracked.tokens == full(path)
         assert tracked.size == os.path.getsize(path)
+        assert_marks_exact(path.read_bytes(), tracked)
+
+
+def assert_marks_exact(data: bytes, tracked: TrackedCount) -> None:
+    """Every mark is the exact count of the bytes before it, at a cut where the
+    counts of both sides add up to the whole (what a compaction relies on)."""
+    marks = tracked.marks
+    pairs = list(zip(marks[::2], marks[1::2], strict=True))
+    assert pairs == sorted(pairs)
+    for offset, tokens in pairs:
+        assert 0 < offset <= tracked.state.safe_offset
+        assert tokens == COUNTER.count_bytes(data[:offset])
+        assert tokens + COUNTER.count_bytes(data[offset:]) == COUNTER.count_bytes(data)
 
 
 def test_a_long_single_line_is_read_and_counted_in_bounded_pieces(tmp_path: Path) -> None:
@@ -420,3 +436,50 @@ def test_one_worker_count_for_the_daemon_and_status(
     # Megabytes to count: a pool, unless another thread runs (fork is unsafe then).
     expected = 3 if threading.active_count() == 1 else 1
     assert pool_workers([str(big), *map(str, small[:2])]) == expected
+
+
+def test_marks_stay_few_and_cover_the_newest_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An entry at a time, as the daemon counts a growing file: a mark at most
+    # every 1/128 of the count, the ones older than its newest half dropped.
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 64)
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(b"")
+    tracked: TrackedCount | None = None
+    most = 0
+    with path.open("ab") as out:
+        for n in range(1500):
+            out.write(entry("Human" if n % 2 else "AI", f"turn {n}: " + "some words here " * 12))
+            out.flush()
+            tracked, _ = count_file(path, tracked, COUNTER.count_bytes, junction_cut=True)
+            most = max(most, len(tracked.marks) // 2)
+    assert tracked is not None
+    tokens = tracked.tokens
+    offsets, counts = tracked.marks[::2], tracked.marks[1::2]
+    assert 2 <= most <= (1 << 7) + 2
+    assert counts[0] >= tokens // 2 - (tokens >> 7) - 400  # the newest half, one gap more
+    assert counts[0] <= tokens // 2 + (tokens >> 7) + 400
+    gaps = [b - a for a, b in itertools.pairwise(counts)]
+    assert max(gaps) <= (tokens >> 7) + 400  # a mark about every 1/128 (an entry is ~150)
+    data = path.read_bytes()
+    for offset, count in zip(offsets, counts, strict=True):
+        assert count == COUNTER.count_bytes(data[:offset])
+    # Replaced (a new inode): the marks start over with the new file's count.
+    replaced = tmp_path / "new"
+    replaced.write_bytes(entry("System", "short"))
+    os.replace(replaced, path)
+    fresh, kind = count_file(path, tracked, COUNTER.count_bytes, junction_cut=True)
+    assert kind is CountKind.RECOUNTED and fresh.marks == ()
+
+
+def test_an_estimated_count_marks_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 1)
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(b"x" * 5000 + entry("Human", "after the run " * 50))
+    tracked, _ = count_file(path, None, COUNTER.count_bytes, max_piece_bytes=1024)
+    assert tracked.state.estimated and tracked.marks == ()
+    with path.open("ab") as out:
+        out.write(entry("AI", "more words " * 50))
+    tracked, _ = count_file(path, tracked, COUNTER.count_bytes, max_piece_bytes=1024)
+    assert tracked.state.estimated and tracked.marks == ()
