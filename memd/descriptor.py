@@ -71,7 +71,7 @@ def declared_window(agent_dir: Path, count_text: Callable[[str], int]) -> AgentW
         return None
 
 
-def file_key(agent_dir: Path) -> FileKey | None:
+def file_key(agent_dir: Path | str) -> FileKey | None:
     try:
         # A str join: this runs for every agent at start-up (pathlib costs more).
         info = os.lstat(f"{os.fspath(agent_dir)}/{DESCRIPTOR_NAME}")
@@ -96,19 +96,21 @@ class Descriptors:
             if count_text is not None:
                 self._count_text = count_text
 
-    def changed(self, agent: str, agent_dir: Path) -> bool:
+    def changed(self, agent: str, agent_dir: Path | str) -> bool:
         """Has the agent's descriptor changed since ``window`` last read it?"""
         with self._lock:
             if agent not in self._seen:
                 return file_key(agent_dir) is not None
             return self._seen[agent][0] != file_key(agent_dir)
 
-    def window(
-        self, agent: str, agent_dir: Path, *, present: bool | None = None
-    ) -> AgentWindow | None:
-        """The agent's declared window; ``present=False``: the caller just listed the
-        folder and saw no descriptor (no lstat needed)."""
-        key = None if present is False else file_key(agent_dir)
+    def absent(self, agent: str) -> None:
+        """The caller just listed the agent's folder and saw no descriptor (no lstat)."""
+        with self._lock:
+            self._seen[agent] = (None, None)
+
+    def window(self, agent: str, agent_dir: Path) -> AgentWindow | None:
+        """The agent's declared window (None: it wrote none, or one memd refuses)."""
+        key = file_key(agent_dir)
         with self._lock:
             cached = self._seen.get(agent)
             if cached is not None and cached[0] == key:

@@ -240,7 +240,7 @@ class StatPoller:
 
     # -------------------------------------------------------------- watches
 
-    def watch_root(self, path: Path) -> None:
+    def watch_root(self, path: Path | str) -> None:
         """Watch ``agents/`` (its listing) and pin it for the agents' stats."""
         with self._lock:
             self._unpin_root()
@@ -254,7 +254,7 @@ class StatPoller:
         with self._lock:
             return self._root is not None
 
-    def watch(self, key: str, path: Path) -> None:
+    def watch(self, key: str, path: Path | str) -> None:
         """Watch one agent folder (what an inotify watch would refuse is refused)."""
         if not os.path.isdir(path):
             raise NotADirectoryError(2, "no such folder", str(path))

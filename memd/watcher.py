@@ -91,7 +91,7 @@ class DirWatchBackend(Protocol):
 
     def is_alive(self) -> bool: ...
 
-    def watch(self, key: str, path: Path) -> None: ...
+    def watch(self, key: str, path: Path | str) -> None: ...
 
     def unwatch(self, key: str) -> None: ...
 
@@ -212,7 +212,7 @@ class InotifyBackend:
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def watch(self, key: str, path: Path) -> None:
+    def watch(self, key: str, path: Path | str) -> None:
         inotify = self._inotify
         if inotify is None:
             raise RuntimeError("watcher is not started")
@@ -388,7 +388,7 @@ class ObserverBackend:
     def is_alive(self) -> bool:
         return self._observer is not None and bool(self._observer.is_alive())
 
-    def watch(self, key: str, path: Path) -> None:
+    def watch(self, key: str, path: Path | str) -> None:
         if self._observer is None:
             raise RuntimeError("watcher is not started")
         handle = self._observer.schedule(_KeyedHandler(key, self), str(path), recursive=False)
@@ -459,7 +459,7 @@ class StatPollBackend:
     def is_alive(self) -> bool:
         return self.poller.is_alive()
 
-    def watch(self, key: str, path: Path) -> None:
+    def watch(self, key: str, path: Path | str) -> None:
         if key == ROOT_KEY:
             self.poller.watch_root(path)
         else:
@@ -579,7 +579,7 @@ class Watcher:
         backend = self._backend
         return set() if backend is None else backend.watched() - {ROOT_KEY}
 
-    def sync(self, agent_dirs: Mapping[str, Path]) -> None:
+    def sync(self, agent_dirs: Mapping[str, Path | str]) -> None:
         """Watch ``agents/`` and exactly the given agent folders."""
         with self._lock:
             backend = self._backend
@@ -595,7 +595,7 @@ class Watcher:
                 backend.unwatch(agent)
                 self._failed.pop(agent, None)
 
-    def _try_watch(self, backend: DirWatchBackend, key: str, path: Path) -> None:
+    def _try_watch(self, backend: DirWatchBackend, key: str, path: Path | str) -> None:
         try:
             backend.watch(key, path)
         except OSError as exc:

@@ -38,18 +38,20 @@ _SPECIAL = frozenset((MEMORY_FILE, ARCHIVE_DIR, PRIVATE_DIR, DESCRIPTOR_NAME))
 class AgentPaths:
     """Where one agent's files live.
 
-    ``memory``, ``archive_dir`` and ``private_dir`` are made on first use: a
-    daemon starting with 30,000 agents builds one ``Path`` per agent, not four
-    (pathlib's joins were most of a restart's time).
+    ``dir`` may be given as a ``str`` and ``memory``, ``archive_dir`` and
+    ``private_dir`` are made on first use: a daemon starting with 30,000 agents
+    builds no ``Path`` per agent on its start-up pass (pathlib's joins were most
+    of a restart's time); :meth:`dir_fspath` and :meth:`memory_fspath` need none.
     """
 
     __slots__ = (
         "_archive_dir",
+        "_dir",
+        "_dir_str",
         "_memory",
         "_memory_str",
         "_private_dir",
         "agent",
-        "dir",
         "workspace",
     )
 
@@ -57,18 +59,37 @@ class AgentPaths:
         self,
         workspace: Path,
         agent: str,
-        dir: Path,
+        dir: Path | str,
         memory: Path | None = None,
         archive_dir: Path | None = None,
         private_dir: Path | None = None,
     ) -> None:
         self.workspace = workspace
         self.agent = agent
-        self.dir = dir
+        self._dir: Path | None = None
+        self._dir_str: str | None = None
+        if isinstance(dir, str):
+            self._dir_str = dir
+        else:
+            self._dir = dir
         self._memory = memory
         self._archive_dir = archive_dir
         self._private_dir = private_dir
         self._memory_str: str | None = None
+
+    @property
+    def dir(self) -> Path:
+        folder = self._dir
+        if folder is None:
+            folder = self._dir = Path(self.dir_fspath())
+        return folder
+
+    def dir_fspath(self) -> str:
+        """``str(self.dir)`` without making the ``Path``."""
+        text = self._dir_str
+        if text is None:
+            text = self._dir_str = os.fspath(self.dir)
+        return text
 
     @property
     def memory(self) -> Path:
@@ -90,14 +111,11 @@ class AgentPaths:
 
     def memory_fspath(self) -> str:
         """``str(self.memory)`` without making the ``Path`` (a stat per agent at
-        start-up, twice: made once)."""
+        start-up)."""
         text = self._memory_str
         if text is None:
             memory = self._memory
-            if memory is not None:
-                text = os.fspath(memory)
-            else:
-                text = f"{os.fspath(self.dir)}/{MEMORY_FILE}"
+            text = f"{self.dir_fspath()}/{MEMORY_FILE}" if memory is None else os.fspath(memory)
             self._memory_str = text
         return text
 
@@ -351,6 +369,7 @@ def agent_paths_scanned(
     agents_root: Path | None = None,
     name_valid: bool = False,
     known: FolderFacts | None = None,
+    folder: str | None = None,
 ) -> ScannedAgent:
     """:func:`agent_paths` with a fast path. ``root`` is ``workspace`` resolved.
 
@@ -361,36 +380,37 @@ def agent_paths_scanned(
     symlinks; only then is the full check needed. With ``known`` (the facts of
     the last listing, from the state DB) one stat of the folder does instead
     while its ctime has not moved: no directory read per agent at a restart.
-    ``agents_root`` (``root / "agents"``) and ``name_valid`` (the scan checked the
-    name) save work per agent.
+    ``agents_root`` (``root / "agents"``), ``name_valid`` (the scan checked the
+    name) and ``folder`` (the agent folder as a ``str``, ``agents_root/agent``)
+    save work per agent.
     """
-    agent_dir = (agents_root or root / AGENTS_DIR) / agent
+    if folder is None:
+        folder = os.fspath((agents_root or root / AGENTS_DIR) / agent)
     if is_link is None:
-        is_link = agent_dir.is_symlink()
+        is_link = os.path.islink(folder)
     if not agents_dir_plain or is_link or not (name_valid or is_valid_agent_name(agent)):
         return _slow(workspace, agent)
-    where = os.fspath(agent_dir)  # a str path: DirEntry objects then skip pathlib
     try:
         # Before the listing: a change during it moves the ctime past this one.
-        info = os.stat(where)
+        info = os.stat(folder)
         if known is not None and (info.st_ino, info.st_ctime_ns) == (known.ino, known.ctime_ns):
-            paths = AgentPaths(workspace=root, agent=agent, dir=agent_dir)
+            paths = AgentPaths(workspace=root, agent=agent, dir=folder)
             return ScannedAgent(paths, known.has_private, known.has_descriptor, known)
-        with os.scandir(where) as listing:
+        with os.scandir(folder) as listing:
             special = {item.name: item.is_symlink() for item in listing if item.name in _SPECIAL}
     except NotADirectoryError:
-        raise UnknownAgent(f"unknown agent {agent!r}: {agent_dir} is not a folder") from None
+        raise UnknownAgent(f"unknown agent {agent!r}: {folder} is not a folder") from None
     except FileNotFoundError:
-        raise UnknownAgent(f"unknown agent {agent!r}: no folder {agent_dir}") from None
+        raise UnknownAgent(f"unknown agent {agent!r}: no folder {folder}") from None
     if any(special.values()):
         return _slow(workspace, agent)
     has_private, has_descriptor = PRIVATE_DIR in special, DESCRIPTOR_NAME in special
-    folder = None
+    facts = None
     if time.time_ns() - info.st_ctime_ns > _RACY_NS:
         entries = (_HAS_PRIVATE if has_private else 0) | (_HAS_DESCRIPTOR if has_descriptor else 0)
-        folder = FolderFacts(info.st_ino, info.st_ctime_ns, entries)
-    paths = AgentPaths(workspace=root, agent=agent, dir=agent_dir)
-    return ScannedAgent(paths, has_private, has_descriptor, folder)
+        facts = FolderFacts(info.st_ino, info.st_ctime_ns, entries)
+    paths = AgentPaths(workspace=root, agent=agent, dir=folder)
+    return ScannedAgent(paths, has_private, has_descriptor, facts)
 
 
 def _slow(workspace: Path, agent: str) -> ScannedAgent:

@@ -303,6 +303,31 @@ def test_polling_mode_counts_and_compacts(ws: AgentWorkspace, run_daemon: Any) -
     h.stop()
 
 
+def test_polling_reads_a_descriptor_written_during_the_start_up_pass_again(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Polled folders are watched only after the start-up pass (the poller's first
+    # look is its baseline): a memd-agent.json written after the pass read the
+    # folder is read again before READY, or it would wait for its next change.
+    from memd.daemon.registry import AgentRegistry
+
+    ws.create_agent("nfs")
+    make_entry = AgentRegistry.make_entry
+    descriptor = {"format": "memd-agent", "version": 1, "agent": "nfs", "context_length": 3000}
+
+    def make_then_write(registry: AgentRegistry, name: str, *args: Any) -> Any:
+        entry = make_entry(registry, name, *args)
+        (ws.root / "agents" / name / "memd-agent.json").write_text(json.dumps(descriptor))
+        return entry
+
+    monkeypatch.setattr(AgentRegistry, "make_entry", make_then_write)
+    h = run_daemon(ws, compact=ScriptedCompaction(), config={"watch": {"poll": True}})
+    entry = h.daemon.services.registry.get("nfs")
+    assert entry.policy.window_source == "memd-agent.json"
+    assert entry.policy.context_length == 3000
+    h.stop()
+
+
 def test_concurrent_writer_processes_final_count_equals_full_recount(
     ws: AgentWorkspace, run_daemon: Any
 ) -> None:

@@ -215,8 +215,10 @@ class Daemon:
         s.retention.start(stack)
         s.runner.start(stack, scheduler)
         watches.start(stack)
-        if not watched:  # the count's stats came before the watches: stat again
+        if not watched:  # the pass's reads came before the watches: read again
             s.counter.recount_changed([entry for entry in entries if entry not in later])
+            for entry in entries:  # memd-agent.json: an lstat each
+                s.registry.refresh_window(entry.name)
         s.counter.start(stack)
         s.counter.count_later(later)
         for entry in entries:

@@ -16,6 +16,7 @@ set. The registry is read, it tells no one.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,7 @@ class AgentRegistry:
         self._rejected: dict[str, str] = {}
         self._root = workspace
         self._agents_root = workspace / AGENTS_DIR
+        self._agents_base = os.fspath(self._agents_root)
         self._agents_dir_plain = False
         # Each agent's memd-agent.json (set at start-up, when the tokenizer exists).
         self.descriptors: Descriptors | None = None
@@ -108,6 +110,7 @@ class AgentRegistry:
         on ``stack`` (taken like every service's start, in the lifecycle's order)."""
         self._root = self.workspace.resolve()
         self._agents_root = self._root / AGENTS_DIR
+        self._agents_base = os.fspath(self._agents_root)
         self._agents_dir_plain = not self._agents_root.is_symlink()
         with contextlib.suppress(OSError):
             self._agents_root.mkdir(exist_ok=True)
@@ -130,10 +133,15 @@ class AgentRegistry:
     def policy(
         self, name: str, agent_dir: Path | None = None, has_descriptor: bool | None = None
     ) -> AgentPolicy:
+        """``has_descriptor=False``: the caller just listed the folder and saw no
+        memd-agent.json (nothing to look at, ``agent_dir`` unused)."""
         window = None
         if self.descriptors is not None:
-            folder = self._agents_root / name if agent_dir is None else agent_dir
-            window = self.descriptors.window(name, folder, present=has_descriptor)
+            if has_descriptor is False:
+                self.descriptors.absent(name)
+            else:
+                folder = self._agents_root / name if agent_dir is None else agent_dir
+                window = self.descriptors.window(name, folder)
         return resolve_policy(self._config, name, self._context_length_of, window)
 
     def refresh_window(self, name: str) -> None:
@@ -141,7 +149,7 @@ class AgentRegistry:
         if self.descriptors is None:
             return
         known = self._agents.get(name)
-        folder = known.paths.dir if known is not None else self._agents_root / name
+        folder = known.paths.dir_fspath() if known is not None else f"{self._agents_base}/{name}"
         if not self.descriptors.changed(name, folder):
             return
         with self._lock:
@@ -169,9 +177,19 @@ class AgentRegistry:
         with self._lock:
             return [entry.paths for entry in self._agents.values()]
 
-    def dirs(self) -> dict[str, Path]:
+    def dirs(self) -> dict[str, str]:
+        """Each agent's folder, as a ``str`` (no ``Path`` made per agent)."""
         with self._lock:
-            return {name: entry.paths.dir for name, entry in self._agents.items()}
+            return {name: entry.paths.dir_fspath() for name, entry in self._agents.items()}
+
+    def plain_folders(self, scanned: dict[str, bool]) -> dict[str, str]:
+        """The folders of :meth:`scan`'s agents that :meth:`make_entry` takes by the fast
+        path (not a symlink, under a plain ``agents/``), as ``str``: what may be watched
+        before anything in them is read (a symlinked one only once it is checked)."""
+        if not self._agents_dir_plain:
+            return {}
+        base = self._agents_base
+        return {name: f"{base}/{name}" for name, link in scanned.items() if not link}
 
     def __len__(self) -> int:
         return len(self._agents)
@@ -256,10 +274,15 @@ class AgentRegistry:
             _log.warning("agent skipped", agent=repr(name), error=str(exc))
 
     def make_entry(
-        self, name: str, is_link: bool | None = None, folder: FolderFacts | None = None
+        self,
+        name: str,
+        is_link: bool | None = None,
+        folder: FolderFacts | None = None,
+        where: str | None = None,
     ) -> AgentEntry | None:
         """The agent's entry (None: refused, said once); ``folder``: its folder as
-        the last run listed it (from the state DB), to skip the listing if unchanged."""
+        the last run listed it (from the state DB), to skip the listing if unchanged;
+        ``where``: the folder's path (:meth:`plain_folders`)."""
         try:
             scanned = agent_paths_scanned(
                 self.workspace,
@@ -271,6 +294,7 @@ class AgentRegistry:
                 # From the scan (is_link known): its names were validated there.
                 name_valid=is_link is not None,
                 known=folder,
+                folder=where,
             )
         except (MemdError, OSError) as exc:
             reason = str(exc)
@@ -284,7 +308,9 @@ class AgentRegistry:
             name=name,
             paths=paths,
             # The fast path listed the folder: no memd-agent.json there, no lstat.
-            policy=self.policy(name, paths.dir, scanned.has_descriptor),
+            policy=self.policy(
+                name, None if scanned.has_descriptor is False else paths.dir, scanned.has_descriptor
+            ),
             may_need_recovery=scanned.has_private,
             folder=scanned.folder,
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Mapping
 
 from memd.daemon.counter import HintSink
 from memd.daemon.registry import AgentRegistry
@@ -44,19 +45,33 @@ class WatchService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def open(self, stack: contextlib.ExitStack) -> bool:
-        """Before the start-up count: watch every registered agent now if the
-        watcher can before its thread runs (inotify), so the count's stats come
-        after the watches and a write after a stat is reported once :meth:`start`
-        runs. False: nothing is watched until then (the caller stats again after)."""
+    def open(self, stack: contextlib.ExitStack, folders: Mapping[str, str]) -> bool:
+        """Before the start-up pass: watch ``folders`` (agent -> its folder, found by
+        the scan, nothing in them read yet) now if the watcher can before its thread
+        runs (inotify), so every read of the pass comes after the watches and a
+        write after a read is reported once :meth:`start` runs; then :meth:`match`
+        once the registry holds the agents. False: nothing is watched until
+        :meth:`start` (the caller reads again after)."""
         stack.callback(self.watcher.stop)
         self._opened = True
         if not self.watcher.open():
             return False
-        self._synced = self._registry.names()
-        self.watcher.sync(self._registry.dirs())
+        self.watcher.sync(folders)
+        self._synced = set(folders)
         self._watching = True
         return True
+
+    def match(self) -> list[str]:
+        """After :meth:`open`: match the watches to the registered agents (a folder
+        :meth:`open` was not given, a symlink, is watched; a refused one is not);
+        returns the agents watched now (whose reads came before their watch)."""
+        names = self._registry.names()
+        if names == self._synced:
+            return []
+        added = sorted(names - self._synced)
+        self.watcher.sync(self._registry.dirs())
+        self._synced = names
+        return added
 
     def start(self, stack: contextlib.ExitStack) -> None:
         """Start the watcher; unless :meth:`open` watched every agent already, watch

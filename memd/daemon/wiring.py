@@ -210,21 +210,29 @@ class Services:
         before the count's stats (else: stat again once they are started)."""
         records = stored_records(self.flusher.store)
         scanned = self.registry.scan()
+        folders = self.registry.plain_folders(scanned)
+        # Watched before anything in an agent folder is read (its stat or listing,
+        # its memd-agent.json, the stat that decides whether a stored count still
+        # holds): a write after a read is queued by the kernel and reported once the
+        # watcher's thread runs. Counted before any thread exists, so the count may
+        # fork a process pool safely.
+        watched = watches is not None and watches[0].open(watches[1], folders)
         entries = []
         for name, link in sorted(scanned.items()):
             record = records.get(name)
-            entry = self.registry.make_entry(name, link, record.folder if record else None)
+            where = folders.get(name)
+            entry = self.registry.make_entry(name, link, record.folder if record else None, where)
             if entry is not None:
                 entries.append(entry)
         for entry in entries:
             self.registry.recover(entry)
             self.archives.restore(entry, records.get(entry.name))
         self.registry.register(entries, set(records))
-        # Watched before the stats that decide whether a stored count still holds:
-        # a write after its stat is queued by the kernel and read once the watcher's
-        # thread runs. Counted before any thread exists, so the scan may fork a
-        # process pool safely.
-        watched = watches is not None and watches[0].open(watches[1])
+        if watches is not None and watched:
+            # A symlinked agent folder is watched once it is checked, after its
+            # descriptor was read: read again if it changed meanwhile.
+            for name in watches[0].match():
+                self.registry.refresh_window(name)
         return entries, self.counter.initial_count(entries, records), watched
 
     def new_scheduler(self) -> JobScheduler:

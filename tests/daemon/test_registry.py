@@ -31,7 +31,7 @@ def test_each_rescan_adds_removes_and_is_published(tmp_path: Path) -> None:
     assert registry.rescans.number == 0
     assert registry.reconcile() == (["alice", "bob"], [])
     assert registry.rescans.number == 1
-    assert registry.dirs() == {name: ws.root / "agents" / name for name in ("alice", "bob")}
+    assert registry.dirs() == {name: str(ws.root / "agents" / name) for name in ("alice", "bob")}
     shutil.rmtree(ws.root / "agents" / "alice")
     ws.create_agent("carol")
     assert registry.reconcile() == (["carol"], ["alice"])

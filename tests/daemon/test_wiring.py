@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import queue
 import threading
@@ -130,6 +131,85 @@ def test_a_write_after_the_stat_that_reuses_a_stored_count_is_reported(
                 hint = s.counter.inbox.get(timeout=0.1)
                 hints.append((hint.kind, hint.name))
         assert (HintKind.MEMORY, "alice") in hints
+
+
+DESCRIPTOR = {
+    "format": "memd-agent",
+    "version": 1,
+    "agent": "alice",
+    "model": "gpt-4o-mini",
+    "context_length": 3000,
+    "reserved": {"unit": "text", "text": "alpha beta"},
+}
+
+
+def next_hint(s: Services, wanted: tuple[HintKind, str]) -> list[tuple[HintKind, str | None]]:
+    """The hints on the counter's queue until ``wanted`` (or 10 s)."""
+    hints: list[tuple[HintKind, str | None]] = []
+    deadline = time.monotonic() + 10
+    while wanted not in hints and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            hint = s.counter.inbox.get(timeout=0.1)
+            hints.append((hint.kind, hint.name))
+    return hints
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_descriptor_written_after_the_pass_read_the_folder_is_reported(
+    ws: AgentWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restart: bool
+) -> None:
+    # Every agent folder is watched before anything in it is read (its listing or
+    # stat, memd-agent.json, MEMORY.md's stat): a descriptor written just after the
+    # pass looked at the folder is queued by the kernel and reported once the
+    # watcher's thread runs (it was missed until it changed again). With
+    # ``restart`` the folder is stat'ed (its facts stored by the first run).
+    if restart:
+        with built(ws, tmp_path / "state") as s:
+            s.load_agents()
+            s.flusher.flush()
+    with built(ws, tmp_path / "state") as s, contextlib.ExitStack() as stack:
+        make_entry = s.registry.make_entry
+
+        def make_then_write(name: str, *args: Any) -> AgentEntry | None:
+            entry = make_entry(name, *args)
+            if name == "alice":
+                (ws.root / "agents/alice/memd-agent.json").write_text(json.dumps(DESCRIPTOR))
+            return entry
+
+        monkeypatch.setattr(s.registry, "make_entry", make_then_write)
+        watches = s.new_watches(poll=False)
+        entries, _later, watched = s.load_agents((watches, stack))
+        assert watched
+        assert entries[0].name == "alice" and entries[0].policy.window_source == "[trigger]"
+        watches.start(stack)
+        assert (HintKind.DESCRIPTOR, "alice") in next_hint(s, (HintKind.DESCRIPTOR, "alice"))
+
+
+def test_a_symlinked_agent_folder_is_watched_once_checked_and_its_descriptor_read_again(
+    ws: AgentWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A symlinked folder is not watched before the pass checks it: its descriptor,
+    # read before its watch, is read again once it is watched.
+    target = ws.root / "shared" / "carol"
+    target.mkdir(parents=True)
+    (target / "MEMORY.md").write_text((ws.root / "agents/bob/MEMORY.md").read_text())
+    (ws.root / "agents/carol").symlink_to(target)
+    with built(ws, tmp_path / "state") as s, contextlib.ExitStack() as stack:
+        make_entry = s.registry.make_entry
+
+        def make_then_write(name: str, *args: Any) -> AgentEntry | None:
+            entry = make_entry(name, *args)
+            if name == "carol":
+                assert entry is not None and entry.policy.window_source == "[trigger]"
+                (target / "memd-agent.json").write_text(json.dumps(DESCRIPTOR | {"agent": name}))
+            return entry
+
+        monkeypatch.setattr(s.registry, "make_entry", make_then_write)
+        watches = s.new_watches(poll=False)
+        entries, _later, watched = s.load_agents((watches, stack))
+        assert watched and [entry.name for entry in entries] == ["alice", "bob", "carol"]
+        assert entries[2].policy.window_source == "memd-agent.json"
+        assert "carol" in watches.watcher.watched()
 
 
 def lock_is_free(paths: AgentPaths) -> bool:
