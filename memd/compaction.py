@@ -213,6 +213,7 @@ class CompactionOptions:
         config: MemdConfig,
         policy: AgentPolicy | None = None,
         *,
+        agent: str = "",
         redaction_key: bytes | None = None,
     ) -> CompactionOptions:
         summarizer = config.summarizer
@@ -226,7 +227,7 @@ class CompactionOptions:
             try:
                 budgets = policy.budgets()
             except BudgetError as exc:
-                raise ConfigError(f"agent {policy.agent!r}: {exc}") from None
+                raise ConfigError(f"agent {agent!r}: {exc}") from None
             summary_cap, pinned = budgets.summary_tokens, budgets.pinned_tokens
             recent = budgets.recent_tokens
         return cls(

@@ -154,7 +154,7 @@ def compact_now(
                 # Inside the try: one agent's budgets that do not fit its window
                 # (its memd-agent.json) fail that agent, not the whole --all run.
                 options = dataclasses.replace(
-                    CompactionOptions.from_config(cfg, policy, redaction_key=key),
+                    CompactionOptions.from_config(cfg, policy, agent=name, redaction_key=key),
                     require_shrink=False,
                 )
                 if wait is not None:
@@ -282,7 +282,9 @@ def _dry_run(
             print(f"{name}: skipped (context_compression = false)")
             continue
         try:
-            options = CompactionOptions.from_config(cfg, policies[name], redaction_key=key)
+            options = CompactionOptions.from_config(
+                cfg, policies[name], agent=name, redaction_key=key
+            )
             lines = preview(
                 agent_paths(ws, name), summarizer, options, count_text, summarize=summarize
             )

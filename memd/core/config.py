@@ -281,9 +281,10 @@ class MemdConfig(_Section):
 
 @dataclass(frozen=True, slots=True)
 class AgentPolicy:
-    """Everything memd decides about one agent, after overrides."""
+    """Everything memd decides about an agent, after overrides: a value, the same
+    for every agent matched by the same ``[agents."glob"]`` tables with the same
+    declared window (the daemon shares one object among them)."""
 
-    agent: str
     context_length: int
     threshold: float
     max_tokens: int
@@ -380,7 +381,6 @@ def resolve_policy(
     if max_tokens > 0:
         threshold_tokens = min(threshold_tokens, max_tokens)
     return AgentPolicy(
-        agent=agent,
         context_length=context_length,
         threshold=threshold,
         max_tokens=max_tokens,
@@ -395,6 +395,14 @@ def resolve_policy(
         pinned_tokens=pinned_tokens,
         keep_recent_tokens=keep_recent_tokens,
     )
+
+
+def matching_overrides(config: MemdConfig, agent: str) -> tuple[str, ...]:
+    """The ``[agents."glob"]`` tables that apply to ``agent``, in file order: with
+    the declared window, all :func:`resolve_policy` reads of the agent."""
+    if not config.agents:
+        return ()
+    return tuple(pattern for pattern in config.agents if fnmatch.fnmatchcase(agent, pattern))
 
 
 def _retention_override(limits: RetentionLimits, override: AgentOverride) -> RetentionLimits:

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memd.compaction import archive_key_file
-from memd.core.config import AgentPolicy, MemdConfig, resolve_policy
+from memd.core.config import AgentPolicy, MemdConfig, matching_overrides, resolve_policy
+from memd.core.descriptor import AgentWindow
 from memd.core.names import validate_agent_name
 from memd.daemon.entries import AgentEntry
 from memd.descriptor import Descriptors
@@ -42,6 +43,8 @@ _log = get_logger("memd.daemon")
 # file archives are sealed with (None: not encrypting); says what it did.
 RecoverFn = Callable[[AgentPaths, "Path | None"], "str | None"]
 ContextLengthOf = Callable[[str], "int | None"]
+# What an agent's policy is made of: its matching [agents."glob"] tables, its window.
+PolicyKey = tuple[tuple[str, ...], AgentWindow | None]
 
 
 class Rescans:
@@ -86,6 +89,10 @@ class AgentRegistry:
         self.workspace = workspace
         self._lock = threading.RLock()  # the table, the removed set, the policies
         self._config = config
+        # The config and its policies, one per set of matching [agents."glob"]
+        # tables and declared window, shared by the agents that resolve alike (one
+        # attribute, swapped whole: a reader sees one config's policies).
+        self._policies: tuple[MemdConfig, dict[PolicyKey, AgentPolicy]] = (config, {})
         self._recover = recover
         self._context_length_of = context_length_of
         self._agents: dict[str, AgentEntry] = {}
@@ -122,6 +129,7 @@ class AgentRegistry:
         the reload brought one (agents' reserved text is counted with it)."""
         with self._lock:
             self._config = config
+            self._policies = (config, {})
             if self.descriptors is not None:
                 self.descriptors.clear(count_text)
             for entry in self._agents.values():
@@ -142,7 +150,12 @@ class AgentRegistry:
             else:
                 folder = self._agents_root / name if agent_dir is None else agent_dir
                 window = self.descriptors.window(name, folder)
-        return resolve_policy(self._config, name, self._context_length_of, window)
+        config, policies = self._policies
+        key = (matching_overrides(config, name), window)
+        policy = policies.get(key)
+        if policy is None:
+            policy = policies[key] = resolve_policy(config, name, self._context_length_of, window)
+        return policy
 
     def refresh_window(self, name: str) -> None:
         """The agent's folder changed: re-resolve its policy if its memd-agent.json did."""

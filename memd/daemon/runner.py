@@ -319,10 +319,10 @@ class Runner:
     # ----------------------------------------------------------------- compact
 
     def _compaction_options(
-        self, policy: AgentPolicy, reservation: Reservation | None
+        self, agent: str, policy: AgentPolicy, reservation: Reservation | None
     ) -> CompactionOptions:
         options = CompactionOptions.from_config(
-            self.config, policy, redaction_key=self.redaction_key
+            self.config, policy, agent=agent, redaction_key=self.redaction_key
         )
         return dataclasses.replace(
             options,
@@ -404,7 +404,7 @@ class Runner:
             outcome = self._compact(
                 entry.paths,
                 self.llm_slots.bound(summarizer),
-                self._compaction_options(entry.policy, reservation),
+                self._compaction_options(name, entry.policy, reservation),
                 count_bytes=self._counter.tokenizer.count_bytes,
                 abort=self.abort,
                 threshold=threshold,

@@ -100,3 +100,32 @@ def test_a_badly_named_folder_is_said_once_and_hidden_ones_never(
     assert registry.scan() == {"alice": False}  # the workspace returns it; the registry says it
     said = [line for line in capsys.readouterr().out.splitlines() if "agent skipped" in line]
     assert len(said) == 1 and "a..b" in said[0]
+
+
+def test_agents_that_resolve_alike_share_one_policy(tmp_path: Path) -> None:
+    # One policy per set of matching [agents."glob"] tables and declared window, not
+    # one per agent (30,000 resolutions at start-up); a reload makes new ones.
+    import json
+
+    from memd.descriptor import Descriptors
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alice", "bob", "scratch-1", "scratch-2", "dora"):
+        ws.create_agent(name)
+    (ws.root / "agents/dora/memd-agent.json").write_text(
+        json.dumps({"format": "memd-agent", "version": 1, "agent": "dora", "context_length": 3000})
+    )
+    config, _ = build_config({"agents": {"scratch-*": {"threshold": 0.5}}}, {})
+    registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
+    registry.descriptors = Descriptors(len)
+    registry.start(contextlib.ExitStack())
+    registry.reconcile()
+    policy = {name: entry.policy for name, entry in registry.agents().items()}
+    assert policy["alice"] is policy["bob"]
+    assert policy["scratch-1"] is policy["scratch-2"] is not policy["alice"]
+    assert policy["scratch-1"].threshold == 0.5 and policy["alice"].threshold == 0.9
+    assert policy["dora"].context_length == 3000 and policy["alice"].context_length != 3000
+    registry.reconfigure(build_config({"trigger": {"threshold": 0.8}}, {})[0])
+    again = {name: entry.policy for name, entry in registry.agents().items()}
+    assert again["alice"] is again["bob"] is again["scratch-1"]
+    assert again["alice"].threshold == 0.8 and again["dora"].context_length == 3000
