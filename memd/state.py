@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     # Imported where used: `memd status` on a 30,000-agent fleet reads this
     # module and pays for every import in its start-up time.
     from memd.core.erasure import Tombstone
+    from memd.core.tokens import CountState
     from memd.counting import TrackedCount
 
 
@@ -425,9 +427,7 @@ class AgentRecord:
         """The stored count as the counter tracks it, for a file now ``current_size``
         long; its window digest is verified by the next incremental count, so a file
         truncated and regrown past its old size is recounted."""
-        from memd.core.tokens import CountState
-        from memd.counting import TrackedCount
-
+        CountState, TrackedCount = _count_types()  # noqa: N806 (the classes)
         count = CountState(
             dev=self.dev,
             ino=self.ino,
@@ -1169,6 +1169,17 @@ def _ledger_from_row(row: tuple[Any, ...]) -> LedgerEntry:
 
 
 _ESTIMATED = AGENT_COLUMNS.index("estimated")
+
+
+@functools.cache
+def _count_types() -> tuple[type[CountState], type[TrackedCount]]:
+    """The counter's types, imported on first use (see the imports at the top) and
+    kept: two import statements per call cost more than the record they convert
+    (a restart converts every agent's)."""
+    from memd.core.tokens import CountState
+    from memd.counting import TrackedCount
+
+    return CountState, TrackedCount
 
 
 def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from memd.core.chunking import (
     PREVIOUS_SHARE,
@@ -312,9 +313,9 @@ def landed_prefix(after: bytes, chunk: bytes) -> int:
 # ------------------------------------------------------------ stored-count trust
 
 
-@dataclass(frozen=True, slots=True)
-class FileFacts:
-    """What ``stat`` says about a file (or what was stored of it)."""
+class FileFacts(NamedTuple):
+    """What ``stat`` says about a file (or what was stored of it); a tuple: two are
+    made per agent at a restart."""
 
     dev: int
     ino: int

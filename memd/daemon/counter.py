@@ -396,8 +396,8 @@ class CountService:
     # ----------------------------------------------------------- start-up count
 
     def restore(self, entry: AgentEntry, record: AgentRecord) -> bool:
-        """Reuse a stored count when the file is the same inode and size."""
-        self._runner.restore(entry, record)  # the job state is the runner's
+        """Reuse a stored count when the file is the same inode and size (the job
+        state is the runner's: :meth:`initial_count` has it restored)."""
         try:
             info = os.stat(entry.paths.memory_fspath())
         except OSError:
@@ -439,8 +439,11 @@ class CountService:
         count in a moment: those are returned, for :meth:`count_later` after READY."""
         to_count: list[AgentEntry] = []
         later: list[AgentEntry] = []
+        stored = [(entry, records[entry.name]) for entry in entries if entry.name in records]
+        self._runner.restore(stored)
         for entry in entries:
-            if entry.name in records and self.restore(entry, records[entry.name]):
+            record = records.get(entry.name)
+            if record is not None and self.restore(entry, record):
                 continue
             (later if _slow_to_count(entry) else to_count).append(entry)
         if later:

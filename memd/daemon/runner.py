@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from memd.compaction import CompactionOptions, CompactionOutcome, ThresholdCheck
@@ -290,18 +290,20 @@ class Runner:
                     entry.job = on_cancelled(entry.job)
                     entry.dirty = True
 
-    def restore(self, entry: AgentEntry, record: AgentRecord) -> None:
-        """Start-up: the job state stored before the restart (a hold still holds)."""
-        job = restored_job(
-            record.state,
-            consecutive_failures=record.consecutive_failures,
-            last_error=record.last_error,
-            last_compaction_at=record.last_compaction_at,
-            next_attempt_at=record.next_attempt_at,
-            now=time.time(),
-        )
+    def restore(self, stored: Iterable[tuple[AgentEntry, AgentRecord]]) -> None:
+        """Start-up: each agent's job state stored before the restart (a hold still
+        holds), all under one lock and one reading of the clock."""
+        now = time.time()
         with self._lock:
-            entry.job = job
+            for entry, record in stored:
+                entry.job = restored_job(
+                    record.state,
+                    consecutive_failures=record.consecutive_failures,
+                    last_error=record.last_error,
+                    last_compaction_at=record.last_compaction_at,
+                    next_attempt_at=record.next_attempt_at,
+                    now=now,
+                )
 
     def hold_expired(self, entry: AgentEntry, now: float) -> bool:
         """A cooldown, backoff or open breaker past its time (a lost wake-up)."""
