@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import dataclasses
 import os
 import sqlite3
 import stat
@@ -683,9 +682,9 @@ def test_a_schema_5_db_is_upgraded_with_its_rows(tmp_path: Path, workspace: Path
         stats = alpha.archive_stats
         assert stats is not None and (stats.count, stats.mtime_ns, stats.encrypted) == (3, 9, 0)
         # The new column takes writes, and status reads it.
-        store.upsert_agents([dataclasses.replace(alpha, encrypted_archives=2)])
+        store.upsert_agents([alpha._replace(encrypted_archives=2)])
         assert store.fleet_rows("name", None)[0].encrypted_archives == 2
-        assert store.get_agent("alpha") == dataclasses.replace(alpha, encrypted_archives=2)
+        assert store.get_agent("alpha") == alpha._replace(encrypted_archives=2)
 
 
 def _write_schema_6_db(path: Path) -> None:
@@ -716,7 +715,7 @@ def test_a_schema_6_db_is_upgraded_and_its_agents_folders_are_unknown(
         assert alpha.folder is None  # never listed by a memd that stored it: list it
         # The new columns take writes and read back as the facts written.
         facts = FolderFacts(ino=77, ctime_ns=1_700_000_000_000_000_000, entries=3)
-        store.upsert_agents([dataclasses.replace(alpha, folder_ino=77,
+        store.upsert_agents([alpha._replace(folder_ino=77,
                                                  folder_ctime_ns=facts.ctime_ns,
                                                  folder_entries=3)])  # fmt: skip
         again = store.get_agent("alpha")
