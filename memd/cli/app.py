@@ -8,8 +8,8 @@ stderr and a non-zero exit code taken from the exception (see :mod:`memd.errors`
 ``memd COMMAND …`` imports only that command's module: ``memd status`` on a
 30,000-agent fleet is run by scripts and monitoring, and the other commands'
 imports (structlog, the recall server, the compaction) would be most of its time;
-the plain forms of ``memd status`` do not even import Typer
-(:mod:`memd.cli.status_argv`).
+the plain forms of ``memd status`` and ``memd run`` do not even import Typer
+(:mod:`memd.cli.status_argv`, :mod:`memd.cli.run_argv`).
 """
 
 from __future__ import annotations
@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
             from memd.cli.status_argv import run_status
 
             run_status(args[1:])  # exits, unless the arguments are for Typer to read
+        elif only == "run":
+            from memd.cli.run_argv import run_run
+
+            run_run(args[1:])  # the same
         build_app(only)(args=args, prog_name="memd", standalone_mode=True)
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)

@@ -3,11 +3,9 @@
 ``memd status --json`` is what scripts and monitoring run, over and over, on
 fleets of tens of thousands of agents; importing Typer (its click, inspect...)
 was a fifth of such a run. :func:`read_status_args` reads the plain forms of
-the command's arguments: each option at most once, as ``--opt VALUE``,
+the command's arguments (:mod:`memd.cli.plain_argv`): ``--opt VALUE``,
 ``--opt=VALUE`` or ``-w VALUE``, an agent name, ``--json`` and ``--all``; into
-the values Typer would pass. Anything else (``--help``, a typo, a repeated
-option, ``--``, a value Typer would refuse or convert) is left to Typer, which
-reads the whole line again and words its own messages. A test holds these
+the values Typer would pass; anything else is left to Typer. A test holds these
 tables to the Typer command's parameters (:mod:`memd.cli.commands_status`).
 """
 
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, get_args
 
+from memd.cli.plain_argv import read_plain_args
 from memd.cli.status_view import status_command
 from memd.state import StatusSort
 
@@ -66,32 +65,14 @@ def _value(parameter: str, text: str) -> object:
 
 def read_status_args(args: Sequence[str]) -> StatusArgs | None:
     """The arguments after ``status``, or None when they are for Typer to read."""
-    values: dict[str, Any] = {}
-    rest = iter(args)
-    for token in rest:
-        if not token.startswith("-"):
-            if not token or "agent" in values:
-                return None
-            values["agent"] = token
-            continue
-        name, equals, attached = token.partition("=")
-        value: object
-        if name in FLAGS and not equals:
-            parameter, value = FLAGS[name], True
-        elif name in VALUE_OPTIONS and (not equals or name.startswith("--")):
-            # "-w=x" is "=x" to click: left to it, as is a value that looks like an option.
-            text = attached if equals else next(rest, "")
-            if not text or text.startswith("-"):
-                return None
-            parameter, value = VALUE_OPTIONS[name], _value(VALUE_OPTIONS[name], text)
-            if value is None:
-                return None
-        else:
-            return None
-        if parameter in values:
-            return None
-        values[parameter] = value
-    return StatusArgs(**values)
+    values = read_plain_args(
+        args,
+        flags={option: (parameter, True) for option, parameter in FLAGS.items()},
+        options=VALUE_OPTIONS,
+        convert=_value,
+        positional="agent",
+    )
+    return None if values is None else StatusArgs(**values)  # type: ignore[arg-type]
 
 
 class _Pacified:

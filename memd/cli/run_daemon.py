@@ -1,0 +1,104 @@
+"""``memd run``'s work, without Typer: the Typer command (:mod:`memd.cli.commands_run`)
+and the plain reading of its arguments (:mod:`memd.cli.run_argv`) both call
+:func:`run_daemon`; its start-up is timed to READY, so nothing here imports Typer."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from memd.cli.common import load
+
+if TYPE_CHECKING:
+    from memd.settings import LoadedConfig
+
+LogFormatChoice = Literal["auto", "json", "console"]
+LogLevelChoice = Literal["debug", "info", "warning", "error"]
+
+
+def run_daemon(
+    workspace: Path | None = None,
+    config: Path | None = None,
+    state_dir: Path | None = None,
+    poll: bool | None = None,
+    log_format: LogFormatChoice | None = None,
+    log_level: LogLevelChoice | None = None,
+    demo: bool = False,
+) -> int:
+    """Run the daemon in the foreground until it stops; its exit code (a forced
+    stop leaves the process at once)."""
+    from memd.daemon import EXIT_FORCED, Daemon, DaemonOptions
+    from memd.logs import configure_logging
+    from memd.settings import resolve_state_dir
+    from memd.threads import name_native_threads
+
+    transform = None
+    settings: dict[str, dict[str, Any]] = {}
+    if demo:
+        from memd.demo import DEMO_DIR, DEMO_SETTINGS, demo_config, seed_demo_workspace
+
+        workspace = (workspace or DEMO_DIR).absolute()
+        workspace.mkdir(parents=True, exist_ok=True)
+        seed_demo_workspace(workspace)
+        transform = demo_config
+        settings = DEMO_SETTINGS
+    # The daemon's own settings: never another daemon's pointer.
+    loaded = load(workspace, config, follow_pointer=False)
+    if transform is not None:
+        loaded = dataclasses.replace(loaded, config=transform(loaded.config))
+    configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
+    state = resolve_state_dir(state_dir, loaded.config.state_dir)
+    _leave_pointer(loaded, state, settings)
+    options = DaemonOptions(
+        config_file=config,
+        workspace_flag=workspace,
+        state_dir=state,
+        poll=poll,
+        log_format=log_format,
+        log_level=log_level,
+        config_transform=transform,
+    )
+    name_native_threads()  # `top -H`, `ps -L` and /proc tell the daemon's threads apart
+    code = Daemon(loaded, options).run()
+    if code == EXIT_FORCED:
+        # A forced stop does not wait for a slow LLM call in a worker thread;
+        # the transaction is crash-safe, so leave now.
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _leave_pointer(
+    loaded: LoadedConfig, state_dir: Path, settings: dict[str, dict[str, Any]]
+) -> None:
+    """Tell later commands on this workspace where this daemon's state is and how it is
+    set (memd.pointer): `memd status -w WS` then needs no --config or --state-dir."""
+    from memd.errors import describe_error
+    from memd.logs import get_logger
+    from memd.pointer import write_pointer
+
+    if not loaded.workspace.is_dir():
+        return  # the daemon refuses it with its own one-line reason
+    try:
+        path = write_pointer(loaded.workspace, state_dir, config=loaded.source, settings=settings)
+    except OSError as exc:
+        get_logger("memd.daemon").warning(
+            "cannot leave the state pointer in the workspace; "
+            "commands there need --state-dir (or the daemon's --config)",
+            error=describe_error(exc),
+        )
+        return
+    if settings:
+        # Said where the demo's user looks: the log on the terminal.
+        get_logger("memd.daemon").info(
+            "demo settings saved in the workspace; later commands there use them",
+            pointer=str(path),
+            settings=settings,
+            next=f"memd status --workspace {loaded.workspace}",
+        )
+
+
+__all__ = ["LogFormatChoice", "LogLevelChoice", "run_daemon"]
