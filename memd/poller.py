@@ -8,24 +8,52 @@ and stat every file in it, with one thread per folder.
 
 What keeps a pass cheap at 10,000 agents (figures in the README):
 
-* on a local filesystem each MEMORY.md is held open and checked with one
-  ``fstat``: the same ctime, size and a single link mean unchanged, with no
-  path to resolve. An in-place write moves ctime and size; a replacement
-  drops the held inode's link count to 0; a rename away moves its ctime (and
-  every :data:`VERIFY_EVERY`-th agent in turn has its path stat'ed anyway,
-  for a filesystem or a clock tick where that does not show). Held within a
+* on a local filesystem each MEMORY.md is held open and, on every pass, only
+  sized: one ``lseek(fd, 0, SEEK_END)`` per file, mapped over a list of the
+  held fds (no stat result to build, no Python per file: about a third of an
+  ``fstat`` loop; a size that moved is checked in full). The full check (an
+  ``fstat``: ctime, size, a single link; the path stat'ed when it differs) is
+  for the files whose size moved, the *hot* ones (reported changed within
+  :data:`HOT_S`: an agent that wrote recently is the one memd compacts, and a
+  compaction renames a new file over MEMORY.md), and each agent's path is
+  stat'ed in turn, one agent in :data:`VERIFY_EVERY` per pass. Held within a
   share of ``RLIMIT_NOFILE`` (:func:`default_fd_budget`), never on a network
   or FUSE share;
 * otherwise each MEMORY.md is stat'ed relative to a pinned ``agents/`` fd
   (two path components to resolve, not the whole workspace path; on NFS
-  fewer directories to revalidate), its signature ``(inode, size, mtime)``;
+  fewer directories to revalidate), its signature ``(inode, size, mtime)``,
+  on every pass;
 * ``agents/`` is listed only when its own stat moved, and on every pass for
   :data:`SETTLE_S` after that: timestamps are coarse (a clock tick; 1-2 s on
   some filesystems), so a second folder made in the same tick as the first
   leaves the stat as it was;
 * a file seen missing is probed with ``access`` (no exception object per
-  agent per pass), and the descriptor only every :data:`DESCRIPTOR_EVERY`
-  passes.
+  agent per pass), and the descriptors one agent in :data:`DESCRIPTOR_EVERY`
+  per pass, in turn.
+
+What is seen when, at interval ``i`` (1 s by default), with MEMORY.md held
+open (a local disk):
+
+=====================================================  =========================
+an append; a truncation (any size change)               the next pass (<= ``i``)
+a new agent folder, a removed one (``agents/`` moved)   the next pass
+any change to a hot MEMORY.md (changed within           the next pass
+:data:`HOT_S`): a rename over it (memd's compaction),
+a same-size rewrite, an unlink, a rename away
+the same to a MEMORY.md that is not hot (another        within ``VERIFY_EVERY * i``
+process's ``compact-now``, an editor's save by
+rename, memd's compaction more than :data:`HOT_S`
+after the agent's last write), and the appends to
+the new file until then
+a descriptor (``memd-agent.json``) written, replaced    within ``DESCRIPTOR_EVERY * i``
+or removed
+=====================================================  =========================
+
+Without held files (a network share, no fds to spare) every MEMORY.md path is
+stat'ed on every pass: every change to it shows on the next pass, within the
+filesystem's own attribute caching (NFS ``actimeo``). A change that leaves
+size, inode and mtime as they were (a same-size rewrite within one clock tick)
+is not seen by a stat either way; the next write is.
 
 A file that cannot be stat'ed (gone, a symlink loop, ``ESTALE``) counts as
 missing for that agent alone: the pass goes on for every other agent, and the
@@ -41,6 +69,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
+import operator
 import os
 import resource
 import stat as stat_module
@@ -56,15 +86,23 @@ from memd.workspace import MEMORY_FILE
 
 _log = get_logger("memd.poller")
 
-# The descriptor changes rarely: probed on every few passes only (a change
-# shows within this many intervals; probing every agent's costs about as much
-# as a pass over their held MEMORY.md files).
-DESCRIPTOR_EVERY = 5
+# The descriptor changes rarely: each pass probes this share of the agents'
+# descriptors in turn (a change shows within this many intervals; probing
+# every agent's on every pass would cost more than the MEMORY.md pass itself).
+DESCRIPTOR_EVERY = 30
 # How long agents/ is listed on every pass after its stat last moved.
 SETTLE_S = 2.0
 # A held MEMORY.md is checked against its path on every this many passes
-# (a slice of the agents each pass), whatever its fstat says.
+# (a slice of the agents each pass), whatever its size says: a same-size
+# rewrite, a replacement or an unlink of a file that is not hot shows within
+# this many intervals.
 VERIFY_EVERY = 30
+# A MEMORY.md reported changed is "hot" this long: its held fd is fstat'ed on
+# every pass (ctime, size, link count), not only sized. An agent that wrote
+# recently is the one memd compacts, and a compaction replaces MEMORY.md by a
+# rename, which the held fd's size does not show: the append after it must
+# still show within one interval.
+HOT_S = 600.0
 # Filesystems where a held fd is harmless and its fstat tells a replacement
 # (nlink drops to 0) or a rename away (ctime moves). Never network or FUSE
 # shares: there an open file can turn an agent's unlink into a ``.nfsXXXX``
@@ -81,6 +119,9 @@ Signature = tuple[int, int, int] | None
 
 _MEMORY, _DESCRIPTOR = 0, 1  # a _File's kind
 _MEMORY_NAME = os.fsencode(MEMORY_FILE)
+# lseek's other two arguments, for map() over the held fds.
+_ZEROS = itertools.repeat(0)
+_ENDS = itertools.repeat(os.SEEK_END)
 _DESCRIPTOR_NAME = os.fsencode(DESCRIPTOR_NAME)
 
 
@@ -114,10 +155,11 @@ class _File:
     """One file a pass checks: its name, what it saw last, and maybe a held fd.
 
     ``fd`` (-1: none) is the file held open on a local filesystem, with the
-    ctime and size of the path stat that ``seen`` was taken from.
+    ctime and size of the path stat that ``seen`` was taken from; ``slot`` its
+    place in the pass's list of held MEMORY.md files.
     """
 
-    __slots__ = ("agent", "fd", "fd_ctime", "fd_size", "kind", "name", "seen")
+    __slots__ = ("agent", "fd", "fd_ctime", "fd_size", "kind", "name", "seen", "slot")
 
     def __init__(self, agent: _Agent, kind: int) -> None:
         self.agent = agent
@@ -126,6 +168,7 @@ class _File:
         self.seen: Signature = None
         self.fd = -1
         self.fd_ctime = self.fd_size = -1
+        self.slot = -1
 
     def release(self) -> bool:
         """Close the held fd, if any; whether one was held."""
@@ -193,6 +236,16 @@ class StatPoller:
         self._fd_budget = 0
         self._held = [0, 0]  # fds held, by kind
         self._passes = 0
+        # Bumped (under the lock) when the agents watched change; the pass's
+        # lists of held and unheld MEMORY.md files are rebuilt when it moved or
+        # a file was held or given back (only the pass thread touches these).
+        self._generation = 0
+        self._built = -1
+        self._ring: list[_File] = []  # held MEMORY.md files (each at its slot)
+        self._ring_fds: list[int] = []
+        self._ring_sizes: list[int] = []  # each one's fd_size
+        self._unheld: list[_File] = []  # MEMORY.md files stat'ed by path
+        self._hot: dict[_File, float] = {}  # MEMORY.md reported changed -> hot until
         # Given back by the pass thread (the only one that uses them), at the
         # start of its next pass: unwatched agents' held files, unpinned fds.
         self._dropped: list[_Agent] = []
@@ -224,7 +277,10 @@ class StatPoller:
                 self._unpin_root()
                 self._dropped.extend(self._agents.values())
                 self._agents.clear()
+                self._generation += 1
             self._give_back()
+            self._ring, self._ring_fds, self._ring_sizes, self._unheld = [], [], [], []
+            self._hot.clear()
         finally:
             self._pass_lock.release()
 
@@ -271,12 +327,14 @@ class StatPoller:
             if replaced is not None:
                 self._dropped.append(replaced)
             self._agents[key] = agent
+            self._generation += 1
 
     def unwatch(self, key: str) -> None:
         with self._lock:
             agent = self._agents.pop(key, None)
             if agent is not None:
                 self._dropped.append(agent)  # its fds: given back by the next pass
+                self._generation += 1
 
     def watched(self) -> set[str]:
         with self._lock:
@@ -344,6 +402,8 @@ class StatPoller:
     def _release(self, file: _File) -> None:
         if file.release():
             self._held[file.kind] -= 1
+            if file.kind == _MEMORY:
+                self._built = -1  # the held files' list is rebuilt
 
     def _hold(self, file: _File, st: os.stat_result, dir_fd: int | None, room: int) -> None:
         """Hold ``file`` open (``st`` is its path stat) while fewer than ``room`` of its kind are.
@@ -383,6 +443,8 @@ class StatPoller:
                 return
             file.fd = fd
             self._held[file.kind] += 1
+            if file.kind == _MEMORY:
+                self._built = -1
         file.fd_ctime, file.fd_size = st.st_ctime_ns, st.st_size
 
     # ---------------------------------------------------------------- a pass
@@ -400,29 +462,29 @@ class StatPoller:
                 self._passes += 1
                 passes = self._passes
                 agents = list(self._agents.values())
-                dir_fd, budget = self._root_fd, self._fd_budget
+                dir_fd, budget, generation = self._root_fd, self._fd_budget, self._generation
             gone: list[str] = []
             changed: list[str] = []
             room = budget - self._held[_DESCRIPTOR]
-            memory = self._poll_files([a.memory for a in agents], passes, room, dir_fd)
+            memory = self._poll_memory(agents, generation, passes, room, dir_fd)
             for file in memory:
                 if file.seen is None and not os.path.isdir(file.agent.folder):
                     gone.append(file.agent.key)  # MEMORY.md gone with its folder
                 else:
                     changed.append(file.agent.key)
-            if passes % DESCRIPTOR_EVERY == 0:
-                # MEMORY.md first: descriptors are held only while the budget
-                # keeps an fd for every agent's MEMORY.md (and given back when
-                # new agents need them).
-                room = budget - len(agents)
-                files = [a.descriptor for a in agents]
-                for file in files:
+            # MEMORY.md first: descriptors are held only while the budget keeps
+            # an fd for every agent's MEMORY.md (and given back when new agents
+            # need them).
+            room = budget - len(agents)
+            if self._held[_DESCRIPTOR] > room:
+                for agent in agents:
                     if self._held[_DESCRIPTOR] <= room:
                         break
-                    self._release(file)
-                turn = passes // DESCRIPTOR_EVERY
-                descriptors = self._poll_files(files, turn, room, dir_fd)
-                changed.extend(f.agent.key for f in descriptors)
+                    self._release(agent.descriptor)
+            turn = passes % DESCRIPTOR_EVERY
+            files = [a.descriptor for a in agents[turn::DESCRIPTOR_EVERY]]
+            turn = passes // DESCRIPTOR_EVERY
+            changed.extend(f.agent.key for f in self._poll_files(files, turn, room, dir_fd))
         if root_gone:
             self._agents_changed(None)
         for name in names:
@@ -474,22 +536,93 @@ class StatPoller:
                     self._pin_root(root)
         return True, []
 
+    def _poll_memory(
+        self, agents: list[_Agent], generation: int, turn: int, room: int, dir_fd: int | None
+    ) -> list[_File]:
+        """The MEMORY.md files that changed (``seen`` updated).
+
+        Every held file is sized with one ``lseek`` (no stat result to build:
+        a third of an ``fstat``'s cost); the full check (:meth:`_check`) runs
+        on those whose size moved, on the hot ones (reported changed within
+        :data:`HOT_S`), on every :data:`VERIFY_EVERY`-th agent in turn whose
+        path no longer shows what was seen, and on every file not held.
+        """
+        if self._built != generation:
+            self._build(agents, generation)
+        ring, sizes = self._ring, self._ring_sizes
+        try:
+            now_sizes = list(map(os.lseek, self._ring_fds, _ZEROS, _ENDS))
+        except OSError:
+            now_sizes = [_size(fd) for fd in self._ring_fds]
+        check: dict[_File, None] = {}
+        if now_sizes != sizes:
+            moved = itertools.compress(ring, map(operator.ne, now_sizes, sizes))
+            check.update(dict.fromkeys(moved))
+        for agent in agents[turn % VERIFY_EVERY :: VERIFY_EVERY]:
+            file = agent.memory
+            # The path still names the held inode, unchanged: one stat tells.
+            if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
+                file.fd_ctime = -1  # not so: the check stats it and takes the new file
+                check[file] = None
+        now = self._clock()
+        if self._hot:
+            for file, until in list(self._hot.items()):
+                if until <= now:
+                    del self._hot[file]
+                elif file.fd >= 0:
+                    check[file] = None
+        changed = self._check(list(check), room, dir_fd)
+        changed += self._check(self._unheld, room, dir_fd)
+        if self._built == generation:  # no file held or given back meanwhile
+            for file in check:
+                sizes[file.slot] = file.fd_size
+        hot_until = now + HOT_S
+        for file in changed:
+            self._hot[file] = hot_until
+        return changed
+
+    def _build(self, agents: list[_Agent], generation: int) -> None:
+        """The pass's lists of held and unheld MEMORY.md files, after a change."""
+        ring: list[_File] = []
+        unheld: list[_File] = []
+        for agent in agents:
+            file = agent.memory
+            if file.fd >= 0:
+                file.slot = len(ring)
+                ring.append(file)
+            else:
+                unheld.append(file)
+        self._ring, self._unheld = ring, unheld
+        self._ring_fds = [file.fd for file in ring]
+        self._ring_sizes = [file.fd_size for file in ring]
+        if self._hot:
+            watched = {id(file) for file in ring}
+            watched.update(id(file) for file in unheld)
+            self._hot = {f: until for f, until in self._hot.items() if id(f) in watched}
+        self._built = generation
+
     def _poll_files(
         self, files: list[_File], turn: int, room: int, dir_fd: int | None
     ) -> list[_File]:
-        """The files that changed (``seen`` updated), holding up to ``room`` of their kind open.
+        """The files that changed, each checked in full (descriptors, a slice a pass).
 
-        A held file whose fstat shows the same ctime and size and one link is
-        unchanged: no path to resolve. Otherwise its path is stat'ed. Every
-        :data:`VERIFY_EVERY`-th held file, taking turns (``turn``), has its
-        path stat'ed as well, whatever its fstat says.
+        Every :data:`VERIFY_EVERY`-th held file, taking turns (``turn``), has
+        its path stat'ed as well, whatever its fstat says.
         """
-        stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
-        changed: list[_File] = []
         for file in files[turn % VERIFY_EVERY :: VERIFY_EVERY]:
             # The path still names the held inode, unchanged: one stat tells.
             if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
-                file.fd_ctime = -1  # not so: the loop below stats it and takes the new file
+                file.fd_ctime = -1  # not so: the check stats it and takes the new file
+        return self._check(files, room, dir_fd)
+
+    def _check(self, files: list[_File], room: int, dir_fd: int | None) -> list[_File]:
+        """The files that changed (``seen`` updated), holding up to ``room`` of their kind open.
+
+        A held file whose fstat shows the same ctime and size and one link is
+        unchanged: no path to resolve. Otherwise its path is stat'ed.
+        """
+        stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
+        changed: list[_File] = []
         for file in files:
             fd = file.fd
             if fd >= 0:
@@ -522,8 +655,17 @@ class StatPoller:
         return changed
 
 
+def _size(fd: int) -> int:
+    """The held file's size, -1 when it cannot be told (a full check follows)."""
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        return -1
+
+
 __all__ = [
     "DESCRIPTOR_EVERY",
+    "HOT_S",
     "LOCAL_FILESYSTEMS",
     "SETTLE_S",
     "VERIFY_EVERY",

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from memd.core.descriptor import DESCRIPTOR_NAME
-from memd.poller import DESCRIPTOR_EVERY, SETTLE_S, VERIFY_EVERY, StatPoller, default_fd_budget
+from memd.poller import (
+    DESCRIPTOR_EVERY,
+    HOT_S,
+    SETTLE_S,
+    VERIFY_EVERY,
+    StatPoller,
+    default_fd_budget,
+)
 
 Event = tuple[str, str | None]
 
@@ -468,3 +475,176 @@ def test_a_pass_never_blocks_the_watches(tmp_path: Path, monkeypatch: pytest.Mon
         fallback.cancel()
         passing.join()
     assert fleet.events == [("memory", "bob")]
+
+
+# ------------------------------------------- held files: what each pass checks
+
+
+def cold_fleet(tmp_path: Path, *names: str) -> Fleet:
+    """A held fleet past SETTLE_S and HOT_S: nothing hot, agents/ not listed."""
+    fleet = held_fleet(tmp_path, *names)
+    fleet.now += HOT_S + SETTLE_S + 1
+    for _ in range(VERIFY_EVERY):  # every file's turn once: each seen as it is now
+        assert fleet.one_pass() == []
+    return fleet
+
+
+def passes_until_seen(fleet: Fleet, limit: int) -> tuple[int, list[Event]]:
+    """How many passes (at most ``limit``) until one reported something, and what."""
+    for n in range(1, limit + 1):
+        events = fleet.one_pass()
+        if events:
+            return n, events
+    return limit + 1, []
+
+
+class Calls:
+    """Counts the stat family's calls on one file name (monkeypatched into os)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fds: set[int], name: bytes) -> None:
+        self.counts = {"fstat": 0, "stat": 0, "lseek": 0}
+        real = {name: getattr(os, name) for name in self.counts}
+
+        def fstat(fd: int) -> os.stat_result:
+            self.counts["fstat"] += fd in fds
+            return real["fstat"](fd)  # type: ignore[no-any-return]
+
+        def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+            self.counts["stat"] += isinstance(path, bytes) and path.endswith(name)
+            return real["stat"](path, *args, **kwargs)  # type: ignore[no-any-return]
+
+        def lseek(fd: int, pos: int, how: int) -> int:
+            self.counts["lseek"] += fd in fds
+            return real["lseek"](fd, pos, how)  # type: ignore[no-any-return]
+
+        for name_, fake in (("fstat", fstat), ("stat", stat), ("lseek", lseek)):
+            monkeypatch.setattr(os, name_, fake)
+
+    def take(self) -> dict[str, int]:
+        counts, self.counts = self.counts, dict.fromkeys(self.counts, 0)
+        return counts
+
+
+def test_a_cold_held_file_is_sized_each_pass_and_stated_only_in_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CPU of a pass: an unchanged file that is not hot costs one lseek,
+    # and one path stat every VERIFY_EVERY passes; no fstat.
+    fleet = cold_fleet(tmp_path, "alice")
+    held, _ = fleet.poller.held_fds("alice")
+    calls = Calls(monkeypatch, {held}, b"alice/MEMORY.md")
+    for _ in range(VERIFY_EVERY):
+        assert fleet.one_pass() == []
+    assert calls.take() == {"lseek": VERIFY_EVERY, "fstat": 0, "stat": 1}
+
+    with (fleet.agents / "alice" / "MEMORY.md").open("a") as f:
+        f.write("appended\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    # Hot now: fstat'ed on every pass (a rename over it would show) until HOT_S.
+    calls.take()
+    for _ in range(3):
+        assert fleet.one_pass() == []
+    assert calls.take()["fstat"] == 3
+    fleet.now += HOT_S
+    for _ in range(VERIFY_EVERY):
+        assert fleet.one_pass() == []
+    assert calls.take() == {"lseek": VERIFY_EVERY, "fstat": 0, "stat": 1}
+
+
+def test_appends_and_truncations_of_a_cold_file_show_in_one_pass(tmp_path: Path) -> None:
+    fleet = cold_fleet(tmp_path, "alice", "bob")
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    with memory.open("a") as f:
+        f.write("appended\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    fleet.now += HOT_S
+    os.truncate(fleet.agents / "bob" / "MEMORY.md", 3)
+    assert fleet.one_pass() == [("memory", "bob")]
+    fleet.now += HOT_S
+    os.truncate(memory, 0)
+    assert fleet.one_pass() == [("memory", "alice")]
+
+
+def test_a_compaction_style_replacement_then_an_append_show_in_one_pass_each(
+    tmp_path: Path,
+) -> None:
+    # The agent wrote (hot); memd compacts it later: a new file renamed over
+    # MEMORY.md, whose size the held (old) fd never shows. The rename and the
+    # agent's next append each show on the next pass.
+    fleet = cold_fleet(tmp_path, "alice", "bob")
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    with memory.open("a") as f:
+        f.write("an entry that takes it over the threshold\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    fleet.now += HOT_S - 1  # a slow compaction, still within HOT_S
+    for _ in range(VERIFY_EVERY - 1):
+        fleet.one_pass()
+    new = memory.with_name("MEMORY.md.new")
+    new.write_text("# summary\n")
+    os.replace(new, memory)
+    assert fleet.one_pass() == [("memory", "alice")]
+    with memory.open("a") as f:
+        f.write("the next entry\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    assert fleet.poller.held() == 2
+
+
+@pytest.mark.parametrize(
+    "change", ["rewrite", "replace", "replace-then-append", "rename", "unlink"]
+)
+def test_other_changes_to_a_cold_file_show_within_verify_every_passes(
+    tmp_path: Path, change: str
+) -> None:
+    fleet = cold_fleet(tmp_path, "alice")
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    size = memory.stat().st_size
+    if change == "rewrite":  # in place, same size
+        with memory.open("r+b") as f:
+            f.write(b"#" * size)
+        os.utime(memory, ns=(1, 1))  # an mtime the pass has not seen, whatever the clock tick
+    elif change.startswith("replace"):  # compact-now in another process, an editor's save
+        new = memory.with_name("new.md")
+        new.write_text("a different text\n")
+        os.replace(new, memory)
+        if change == "replace-then-append":
+            with memory.open("a") as f:
+                f.write("appended to the new file\n")
+    elif change == "rename":
+        memory.rename(memory.with_name("old.md"))
+    else:
+        memory.unlink()
+    passes, events = passes_until_seen(fleet, VERIFY_EVERY)
+    assert events == [("memory", "alice")] and passes <= VERIFY_EVERY
+    # Hot now: the next change to the new file shows on the next pass.
+    if memory.exists():
+        with memory.open("a") as f:
+            f.write("more\n")
+        assert fleet.one_pass() == [("memory", "alice")]
+
+
+def test_a_cold_agent_folder_removed_or_added_shows_in_one_pass(tmp_path: Path) -> None:
+    fleet = cold_fleet(tmp_path, "alice")
+    (fleet.agents / "alice" / "MEMORY.md").unlink()
+    (fleet.agents / "alice").rmdir()
+    (fleet.agents / "bob").mkdir()
+    assert sorted(fleet.one_pass()) == [("agents", "alice"), ("agents", "bob")]
+
+
+def test_a_file_that_cannot_be_sized_is_checked_in_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = cold_fleet(tmp_path, "alice", "bob")
+    alice, _ = fleet.poller.held_fds("alice")
+    real_lseek = os.lseek
+
+    def lseek(fd: int, pos: int, how: int) -> int:
+        if fd == alice:
+            raise OSError(5, "I/O error")
+        return real_lseek(fd, pos, how)
+
+    monkeypatch.setattr(os, "lseek", lseek)
+    for name in ("alice", "bob"):
+        with (fleet.agents / name / "MEMORY.md").open("a") as f:
+            f.write("appended\n")
+    assert sorted(fleet.one_pass()) == [("memory", "alice"), ("memory", "bob")]
+    assert fleet.one_pass() == []

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 
+import pytest
 from support.memfiles import AgentWorkspace
 
 from memd.core.config import MemdConfig
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.entries import AgentEntry
 from memd.daemon.registry import AgentRegistry
-from memd.workspace import ArchiveStats
+from memd.workspace import NO_ARCHIVES, ArchiveStats
 
 
 def registered(tmp_path: Path) -> tuple[AgentRegistry, AgentEntry]:
@@ -67,3 +69,38 @@ def test_restored_figures_are_kept_until_the_next_survey(tmp_path: Path) -> None
     assert entry.archives == ArchiveStats(5, 500, 1, 0)
     ArchiveSurvey(registry).survey()  # no archive/ folder: none
     assert entry.archives is not None and entry.archives.count == 0 and entry.dirty
+
+
+def test_the_survey_refreshes_only_the_folders_whose_mtime_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry, entry = registered(tmp_path)
+    survey = ArchiveSurvey(registry)
+    survey.survey()  # never surveyed: refreshed, no archive/ yet
+    assert entry.archives == NO_ARCHIVES
+    refreshed: list[str] = []
+    real_refresh = survey.refresh
+
+    def refresh(entry: AgentEntry, *, relist: bool = False) -> None:
+        refreshed.append(entry.name)
+        real_refresh(entry, relist=relist)
+
+    monkeypatch.setattr(survey, "refresh", refresh)
+    survey.survey()
+    assert refreshed == []  # still no archive/: probed, nothing listed
+    archive(entry, "20261202T000000", size=7)
+    survey.survey()
+    assert refreshed == ["alice"] and entry.archives.count == 1
+    survey.survey()
+    assert refreshed == ["alice"]  # unchanged mtime: no listing, no lock
+    shutil.rmtree(entry.paths.archive_dir)
+    survey.survey()
+    assert refreshed == ["alice", "alice"] and entry.archives == NO_ARCHIVES
+
+
+def test_the_survey_without_an_agents_folder_refreshes_each_agent(tmp_path: Path) -> None:
+    registry, entry = registered(tmp_path)
+    archive(entry, "20261202T000000")
+    (tmp_path / "ws" / "agents").rename(tmp_path / "ws" / "elsewhere")
+    ArchiveSurvey(registry).survey()
+    assert entry.archives == NO_ARCHIVES
