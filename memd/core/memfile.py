@@ -514,6 +514,35 @@ class MemoryDocument:
                 str(view[match.end() : end - len(BLOCK_TERMINATOR)], "utf-8", "replace"),
             )
 
+    def bytes_between(self, start: int, stop: int) -> bytes:
+        """The document's bytes ``start..stop`` (a copy of that stretch only)."""
+        return self._data[start : min(stop, self.size)]
+
+    def raw_entries_after(self, offset: int, end: int) -> int | None:
+        """Where the first entry starting after ``offset`` starts, when every segment
+        from there to ``end`` (a segment boundary) is a closed raw entry that is no
+        summary block; None when that is not so or not known without the whole
+        split (a file with ``\\r``, an ambiguous terminator). Found from the bytes
+        around it, as :meth:`segments_reversed` finds entries, without reading the
+        entries in between."""
+        if not self._local_or_none() or end > self.size:
+            return None
+        try:
+            found = self._next_start(offset)
+            if found is None:
+                return None
+            start = found[0]
+            if start >= end or not self._is_start(start):
+                return None
+            # Every summary's content (memd's, and Swarms' own after the header)
+            # starts with the marker: none in there, none.
+            if self._data.rfind(_MARKER_BYTES, start, end) >= 0:
+                return None
+            return start
+        except _Ambiguous:
+            self._give_up()
+            return None
+
     def last_summary(self, end: int | None = None) -> EntrySegment | None:
         """The newest summary block ending at or before ``end`` (default: boundary)."""
         return self.since_summary(end)[0]

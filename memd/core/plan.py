@@ -21,7 +21,9 @@ LLM summarizer (:mod:`memd.llm`) the requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
@@ -112,12 +114,29 @@ def kept_tail_start(
 
 
 def kept_tail(
-    document: MemoryDocument, end: int, budget_tokens: int, count_text: CountText
+    document: MemoryDocument,
+    end: int,
+    budget_tokens: int,
+    count_text: CountText,
+    known: Sequence[tuple[int, int]] = (),
 ) -> tuple[int, int]:
     """:func:`kept_tail_start` and the sum of the kept entries' token counts (each
-    entry counted on its own, as the walk counts them)."""
+    entry counted on its own, as the walk counts them).
+
+    ``known``: ``(offset, tokens of the bytes offset..end)`` pairs, offsets
+    ascending and at most ``end``, each a cut where counts add up (a count's
+    marks, :attr:`memd.counting.TrackedCount.marks`); given only when every
+    entry start is such a cut too (:func:`memd.core.tokens.is_junction_cut`),
+    so the tokens of the entries from an entry start on are those of the bytes
+    from there to ``end``. The walk then tokenizes only where the known counts
+    leave a decision open (near where the budget runs out); the result is the
+    one the walk that counts every entry gives. Pairs that contradict each other
+    (more tokens after a later offset) are not trusted: every entry is counted.
+    """
     if budget_tokens <= 0:
         return end, 0
+    if known and _consistent(known, end):
+        return _kept_tail_known(document, end, budget_tokens, count_text, known)
     start = end
     used = 0
     for segment in document.segments_reversed(end):
@@ -133,6 +152,118 @@ def kept_tail(
         used += tokens
         start = segment.start
     return start, used
+
+
+def _consistent(known: Sequence[tuple[int, int]], end: int) -> bool:
+    previous_offset, previous_tokens = -1, None
+    for offset, tokens in known:
+        if not 0 <= offset <= end or offset <= previous_offset or tokens < 0:
+            return False
+        if previous_tokens is not None and tokens > previous_tokens:
+            return False
+        previous_offset, previous_tokens = offset, tokens
+    return True
+
+
+class _Suffixes:
+    """Tokens of the bytes from an entry start to ``end`` (S), from the known
+    counts: bounds for free, the exact figure by tokenizing only from the entry
+    start to the nearest offset whose S is known (a known pair's, or one worked
+    out before)."""
+
+    def __init__(
+        self,
+        document: MemoryDocument,
+        known: Sequence[tuple[int, int]],
+        end: int,
+        count_text: CountText,
+    ) -> None:
+        self._document = document
+        self._offsets = [offset for offset, _ in known]
+        self._tokens = [tokens for _, tokens in known]
+        if not self._offsets or self._offsets[-1] != end:
+            self._offsets.append(end)
+            self._tokens.append(0)
+        self._count_text = count_text
+
+    def bounds(self, at: int) -> tuple[float, float]:
+        """S(at) is at least that of the first known offset at or after ``at``
+        and at most that of the last one at or before it (S only grows as ``at``
+        moves back); the upper bound is infinite without one."""
+        index = bisect.bisect_left(self._offsets, at)
+        low: float = self._tokens[index]
+        below = bisect.bisect_right(self._offsets, at) - 1
+        high: float = self._tokens[below] if below >= 0 else math.inf
+        return low, high
+
+    def exact(self, at: int) -> int:
+        """S(at) for ``at`` an entry start (or ``end``): the known S of the nearest
+        offset after it plus the tokens of the bytes in between (no known offset
+        inside them: each byte is tokenized once at most)."""
+        index = bisect.bisect_left(self._offsets, at)
+        upto = self._offsets[index]
+        if upto == at:
+            return self._tokens[index]
+        stretch = self._document.bytes_between(at, upto)
+        tokens = self._tokens[index] + self._count_text(stretch.decode("utf-8", "surrogateescape"))
+        self._offsets.insert(index, at)
+        self._tokens.insert(index, tokens)
+        return tokens
+
+    def sure_from(self, end: int, budget_tokens: int) -> int | None:
+        """The oldest known offset from which every entry starting after it passes
+        both rules of the walk for sure: S there is within the budget (S of every
+        later entry start is at most that), and so is each later entry's size
+        within the room the rule gives it (a size is at most the bytes from the
+        offset to ``end``, the room at least ``budget - S`` there)."""
+        for offset, tokens in zip(self._offsets, self._tokens, strict=True):
+            if tokens <= budget_tokens and end - offset <= (budget_tokens - tokens) * (
+                _MAX_BYTES_PER_TOKEN
+            ):
+                return offset
+        return None
+
+
+def _kept_tail_known(
+    document: MemoryDocument,
+    end: int,
+    budget_tokens: int,
+    count_text: CountText,
+    known: Sequence[tuple[int, int]],
+) -> tuple[int, int]:
+    """:func:`kept_tail` with known counts: the same two rules, each decided by the
+    bounds when they settle it, by the exact figure otherwise; the newest entries
+    that pass both for sure are not read at all."""
+    suffixes = _Suffixes(document, known, end, count_text)
+    start = end
+    used_low: float = 0  # bounds on S(start), the tokens kept so far
+    used_high: float = 0
+    sure = suffixes.sure_from(end, budget_tokens)
+    skip_to = None if sure is None or sure >= end else document.raw_entries_after(sure, end)
+    if skip_to is not None:
+        start = skip_to
+        used_low, used_high = suffixes.bounds(start)
+    for segment in document.segments_reversed(start):
+        if not isinstance(segment, EntrySegment) or document.is_summary_entry(segment):
+            break
+        size = len(segment.raw)
+        if size > (budget_tokens - used_low) * _MAX_BYTES_PER_TOKEN:
+            break  # surely too big for the room left
+        if size > (budget_tokens - used_high) * _MAX_BYTES_PER_TOKEN:
+            used_low = used_high = suffixes.exact(start)
+            if size > (budget_tokens - used_low) * _MAX_BYTES_PER_TOKEN:
+                break
+        low, high = suffixes.bounds(segment.start)
+        low = max(low, used_low)  # S only grows as the walk moves back
+        if low > budget_tokens:
+            break
+        if high > budget_tokens:
+            low = high = suffixes.exact(segment.start)
+            if low > budget_tokens:
+                break
+        used_low, used_high = low, high
+        start = segment.start
+    return start, int(used_low) if used_low == used_high else suffixes.exact(start)
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,3 +252,142 @@ def test_summarized_to_is_the_kept_tail_unless_the_summarizer_stopped_earlier() 
     assert summarized_to(500, 500) == 500
     assert summarized_to(500, 900) == 500
     assert summarized_to(500, 320) == 320
+
+
+# -- the kept tail from known counts: the same decision as counting every entry -----
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck  # noqa: E402
+
+from memd.core.plan import kept_tail  # noqa: E402
+from memd.core.tokens import JUNCTION_CUT_ENCODINGS  # noqa: E402
+from memd.tokenizer import shared_counter  # noqa: E402
+from tests.support.strategies import entry_blocks, memory_files  # noqa: E402
+from tests.support.token_oracle import safe_boundaries  # noqa: E402
+
+
+def _cuts_that_add_up(data: bytes, end: int) -> list[int]:
+    """0, every safe boundary before ``end``, every entry start, and ``end``: where a
+    count's marks can be (safe offsets and junction cuts)."""
+    starts = [
+        s.start
+        for s in parse(data).segments
+        if s.start < end and data[s.start : s.start + 1] == b"#"
+    ]
+    return sorted({0, end, *safe_boundaries(data[:end]), *starts})
+
+
+@pytest.mark.parametrize("encoding", sorted(JUNCTION_CUT_ENCODINGS))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_kept_tail_from_known_counts_is_the_one_counting_every_entry(
+    encoding: str, data: st.DataObject
+) -> None:
+    count = shared_counter(encoding).count_bytes
+    raw = data.draw(
+        st.one_of(
+            memory_files(max_entries=12),
+            st.lists(entry_blocks(), min_size=1, max_size=14).map(b"".join),
+        )
+    )
+    doc = parse(raw)
+    end = doc.boundary
+    total = count(raw[:end])
+    budget = data.draw(st.integers(-1, total + 20))
+    cuts = data.draw(st.lists(st.sampled_from(_cuts_that_add_up(raw, end)), unique=True))
+    known = [(cut, count(raw[cut:end])) for cut in sorted(cuts)]
+
+    def count_text(text: str) -> int:
+        return count(text.encode("utf-8", "surrogateescape"))
+
+    assert kept_tail(doc, end, budget, count_text, known) == kept_tail(doc, end, budget, count_text)
+
+
+def test_kept_tail_from_known_counts_tokenizes_only_near_the_cut() -> None:
+    count = shared_counter("cl100k_base").count_bytes
+    raw = render_header("x", "2026-01-01T00:00:00") + render_summary_block("old", "2026-01-01")
+    for n in range(400):
+        raw += render_entry(
+            "Human" if n % 2 else "AI", "2026-01-01T00:00:00", f"turn {n}: " + "word " * 40
+        )
+    doc = parse(raw)
+    end = doc.boundary
+    entries = doc.entries[1:]
+    # A mark every 20 entries, as a count settles at an entry's start.
+    known = [(e.start, count(raw[e.start : end])) for e in entries[::20]]
+    tokenized: list[int] = []
+
+    def count_text(text: str) -> int:
+        tokenized.append(len(text))
+        return count(text.encode())
+
+    budget = count(raw[entries[150].start + 10 : end])  # the cut falls in entry 151
+    expected = kept_tail(doc, end, budget, count_text)
+    assert expected[0] == entries[151].start
+    everything, tokenized[:] = sum(tokenized), []
+    assert kept_tail(doc, end, budget, count_text, known) == expected
+    # Entries 140..160 at most (the gap between two marks), not the 250 kept.
+    assert sum(tokenized) <= len(raw[entries[140].start : entries[160].start])
+    assert everything > 10 * sum(tokenized)
+    # Counts that contradict each other are not trusted: every entry is counted.
+    tokenized.clear()
+    wrong = [(entries[100].start, 5), (entries[200].start, 10)]
+    assert kept_tail(doc, end, budget, count_text, wrong) == expected
+    assert sum(tokenized) == everything
+
+
+def test_the_entry_that_does_not_fit_leaves_the_kept_figure_exact() -> None:
+    # The walk works out the rejected (older) entry's figure first, then the kept
+    # one's, which lies after it (found by hypothesis).
+    count = shared_counter("cl100k_base").count_bytes
+    raw = (
+        b"### User \xe2\x80\x94 2024-01-01T12:00:00\n\n### \n\n---\n\n"
+        b"### User \xe2\x80\x94 2024-01-01T12:00:00\n\n\n\n---\n\n"
+        b"### System \xe2\x80\x94 2024-01-01T12:00:00\n\nnot closed\n\n---\n\n#"
+    )
+    doc = parse(raw)
+    end = doc.boundary
+
+    def count_text(text: str) -> int:
+        return count(text.encode("utf-8", "surrogateescape"))
+
+    known = [(37, count(raw[37:end]))]  # right after the first entry's "###"
+    assert kept_tail(doc, end, 22, count_text, known) == kept_tail(doc, end, 22, count_text)
+    assert kept_tail(doc, end, 22, count_text) == (45, 18)
+
+
+_SWARMS_SUMMARY = (
+    "### user \u2014 2024-01-01T12:00:00\n\n"
+    "[Compressed Memory Summary]\nThe following is a compressed summary of earlier "
+    "conversation turns, replacing the raw transcript to stay within the context window.\n\n"
+    "what came before\n\n---\n\n"
+).encode()
+
+
+@pytest.mark.parametrize("encoding", sorted(JUNCTION_CUT_ENCODINGS))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_newest_turns_are_never_skipped_past_a_summary(
+    encoding: str, data: st.DataObject
+) -> None:
+    # A summary block (memd's, anywhere; Swarms' own, right after the header) ends
+    # the walk, however much of the budget is left and wherever the known counts are.
+    count = shared_counter(encoding).count_bytes
+    header = render_header("x", "2026-01-01T00:00:00")
+    first = data.draw(st.sampled_from([b"", _SWARMS_SUMMARY]))
+    before = data.draw(st.lists(entry_blocks(crlf=False), max_size=4))
+    summary = data.draw(st.sampled_from([b"", render_summary_block("old", "2026-01-01")]))
+    after = data.draw(st.lists(entry_blocks(crlf=False), min_size=1, max_size=6))
+    raw = header + first + b"".join(before) + summary + b"".join(after)
+    doc = parse(raw)
+    end = doc.boundary
+    total = count(raw[:end])
+    budget = data.draw(st.one_of(st.just(total + 50), st.integers(0, total + 50)))
+    cuts = _cuts_that_add_up(raw, end)
+    chosen = data.draw(st.one_of(st.just(cuts), st.lists(st.sampled_from(cuts), unique=True)))
+    known = [(cut, count(raw[cut:end])) for cut in sorted(chosen)]
+
+    def count_text(text: str) -> int:
+        return count(text.encode("utf-8", "surrogateescape"))
+
+    assert kept_tail(doc, end, budget, count_text, known) == kept_tail(doc, end, budget, count_text)
