@@ -43,6 +43,7 @@ in the same run and prints both, and the ratio.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import os
@@ -61,7 +62,7 @@ from memd.compaction import CompactionOptions, ProvidedSummary, ThresholdCheck, 
 from memd.core.memfile import parse
 from memd.core.privacy import Redactor
 from memd.core.summary import SummaryRequest, SummaryResult
-from memd.counting import count_file
+from memd.counting import TrackedCount, count_file
 from memd.summarizers import BuiltinSummarizer
 from memd.tokenizer import TokenCounter
 from memd.workspace import AgentPaths, agent_paths
@@ -113,15 +114,40 @@ def make_memory(path: Path, size: int, *, append: bool = False) -> None:
     )
     parts = [] if append else [header]
     total = path.stat().st_size if append else len(header)
-    index = 0
-    while total < size:
-        stamp = datetime.datetime(2026, 1, 1).isoformat()
-        block = f"### Human — {stamp}\n\nturn {index}: " + "some words here " * 40 + "\n\n---\n\n"
-        parts.append(block)
-        total += len(block.encode())
-        index += 1
     with path.open("a" if append else "w", encoding="utf-8") as out:
-        out.write("".join(parts))
+        out.write("".join(parts) + "".join(turns(size - total)))
+
+
+def turns(size: int) -> list[str]:
+    """Turns of about ``size`` bytes in all."""
+    stamp = datetime.datetime(2026, 1, 1).isoformat()
+    blocks: list[str] = []
+    total = 0
+    while total < size:
+        index = len(blocks)
+        block = f"### Human — {stamp}\n\nturn {index}: " + "some words here " * 40 + "\n\n---\n\n"
+        blocks.append(block)
+        total += len(block.encode())
+    return blocks
+
+
+# Turns per append in grow(): what one debounced count of a busy agent takes in.
+BURST = 4
+
+
+def grow(path: Path, size: int, tokenizer: TokenCounter) -> TrackedCount:
+    """Append turns to ``path`` until it holds about ``size`` bytes, a few at a time,
+    counting the file after each append as the daemon does (its incremental count,
+    marks included): what the daemon has in memory when the file reaches its
+    threshold."""
+    counted, _kind = count_file(path, None, tokenizer.count_bytes, junction_cut=True)
+    blocks = turns(size - path.stat().st_size)
+    with path.open("a", encoding="utf-8") as out:
+        for start in range(0, len(blocks), BURST):
+            out.write("".join(blocks[start : start + BURST]))
+            out.flush()
+            counted, _kind = count_file(path, counted, tokenizer.count_bytes, junction_cut=True)
+    return counted
 
 
 def compacted_before(paths: AgentPaths) -> None:
@@ -196,6 +222,7 @@ def measure(
     first: bool = False,
     keep_recent: int = 0,
     builtin: bool = False,
+    restored: bool = False,
 ) -> Figures:
     tokenizer = TokenCounter("cl100k_base")
     figures = Figures()
@@ -208,12 +235,15 @@ def measure(
             folder.mkdir(parents=True)
             paths = agent_paths(ws, f"a{run}")
             if first:
-                make_memory(paths.memory, size)
+                make_memory(paths.memory, 0)
             else:
                 compacted_before(paths)
-                make_memory(paths.memory, size, append=True)
-            # What the daemon has in memory when it starts the job.
-            counted, _kind = count_file(paths.memory, None, tokenizer.count_bytes)
+            # What the daemon has in memory when it starts the job: its count
+            # of the file, made append by append.
+            counted = grow(paths.memory, size, tokenizer)
+            if restored:
+                # As a restart leaves it: restored from the state DB, no marks.
+                counted = dataclasses.replace(counted, marks=())
             figures.floor.append(io_floor(paths.memory, scratch))
             options = CompactionOptions(
                 drain_quiet_s=0.0,
@@ -292,12 +322,19 @@ def main() -> int:
     parser.add_argument(
         "--builtin", action="store_true", help="also time the builtin summarizer, apart"
     )
+    parser.add_argument(
+        "--restored",
+        action="store_true",
+        help="the daemon's count as a restart leaves it (from the state DB: no marks)",
+    )
     args = parser.parse_args()
     size = int(args.size_mb * 1024 * 1024)
     which = "first compaction" if args.first else "compacted before"
+    count = "restored (no marks)" if args.restored else "made append by append"
     print(
         f"compaction overhead excl. LLM, daemon path, {args.size_mb:g} MB MEMORY.md, "
-        f"{args.runs} runs, agent {which}, kept tail {args.keep_recent_tokens} tokens"
+        f"{args.runs} runs, agent {which}, kept tail {args.keep_recent_tokens} tokens, "
+        f"count {count}; load average {os.getloadavg()[0]:.2f}"
     )
     plain = measure(
         size,
@@ -306,6 +343,7 @@ def main() -> int:
         first=args.first,
         keep_recent=args.keep_recent_tokens,
         builtin=args.builtin,
+        restored=args.restored,
     )
     report("plain archive:     " if args.encrypt else "", plain)
     if args.encrypt:
@@ -313,7 +351,12 @@ def main() -> int:
             key_file = Path(keys) / "master.key"
             generate_master_key(key_file)
             sealed = measure(
-                size, args.runs, key_file, first=args.first, keep_recent=args.keep_recent_tokens
+                size,
+                args.runs,
+                key_file,
+                first=args.first,
+                keep_recent=args.keep_recent_tokens,
+                restored=args.restored,
             )
         report("encrypted archive: ", sealed)
         ratio = statistics.median(sealed.overhead) / statistics.median(plain.overhead)

@@ -41,7 +41,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -91,8 +91,8 @@ from memd.core.summary_block import (
     version_line,
 )
 from memd.core.summary_plan import BudgetError, degenerate_floor
-from memd.core.tokens import JUNCTION_CUT_ENCODINGS, count_at_least
-from memd.counting import TrackedCount, count_data, count_fd
+from memd.core.tokens import JUNCTION_CUT_ENCODINGS, CountState, count_at_least
+from memd.counting import WINDOW_BYTES, TrackedCount, count_data, count_fd
 from memd.errors import (
     CompactionAborted,
     ConfigError,
@@ -342,6 +342,10 @@ class CompactionOutcome:
     prune_error: str | None = None  # why it failed (the compaction itself stands)
     redacted: int = 0  # secrets replaced by placeholders in what the summarizer was sent
     reply_redacted: int = 0  # secrets the summary itself held, replaced before writing
+    # The new MEMORY.md's count as the job left it (the kept turns' tokens reused,
+    # not tokenized again): the caller extends it instead of counting the new file
+    # from scratch. None when the job could not make it (see _new_file_count).
+    counted: TrackedCount | None = None
 
 
 class ProvidedSummary:
@@ -430,6 +434,54 @@ def snapshot_tokens(
     """Tokens of a snapshot: the caller's incremental count (made under the lock)
     extended over the bytes appended since, never a recount of the whole file."""
     return count_data(data, dev, ino, 0, counted, count_bytes)[0].tokens
+
+
+def snapshot_count(
+    snap: _Snapshot, counted: TrackedCount | None, count_bytes: ByteCounter | None
+) -> TrackedCount | None:
+    """The caller's count (made under the lock) extended over what the snapshot holds
+    past it; None when there is none, or it is of another file (nothing is counted
+    from scratch here)."""
+    if counted is None or count_bytes is None:
+        return None
+    state = counted.state
+    if (state.dev, state.ino) != (snap.dev, snap.ino) or snap.size < state.size:
+        return None
+    return count_data(snap.data, snap.dev, snap.ino, snap.mtime_ns, counted, count_bytes)[0]
+
+
+# Past this many bytes from the count's nearest exact point, the end of the
+# snapshot's last complete entry is not worth counting up to for the known counts.
+_KNOWN_GAP_BYTES = 1 << 20
+
+
+def known_suffixes(
+    count: TrackedCount | None, data: bytes, end: int, count_bytes: ByteCounter
+) -> list[tuple[int, int]]:
+    """``(offset, tokens of data[offset:end])`` at the exact points of ``count``, a
+    count of ``data`` (its marks and its safe offset, and 0), for
+    :func:`memd.core.plan.kept_tail`; empty when there are none to trust (no count,
+    an estimated one, or one of other bytes). ``end`` is a segment boundary.
+
+    Each point's tokens are the total less those before it: points are where
+    counts add up. When ``end`` is not the end of ``data`` (a partial entry after
+    it), the total up to ``end`` is counted from the nearest point before it.
+    """
+    if count is None or count.state.estimated or count.size != len(data):
+        return []
+    state = count.state
+    marks = count.marks
+    points = sorted(
+        {(0, 0), (state.safe_offset, state.safe_tokens), *zip(marks[::2], marks[1::2], strict=True)}
+    )
+    if end == len(data):
+        total = state.tokens
+    else:
+        offset, tokens = max(point for point in points if point[0] <= end)
+        if end - offset > _KNOWN_GAP_BYTES:
+            return []
+        total = tokens + count_bytes(data[offset:end])
+    return [(offset, total - tokens) for offset, tokens in points if offset <= end]
 
 
 class _Journal:
@@ -605,6 +657,15 @@ class _Transaction:
         finally:
             os.close(fd)
 
+    def known_suffixes(
+        self, snap: _Snapshot, snap_count: TrackedCount | None
+    ) -> list[tuple[int, int]]:
+        """The snapshot count's exact points, for the kept-tail walk: only when entries
+        add up (every entry start is then a cut where counts add up too)."""
+        if self.count_bytes is None or not self.options.entries_add_up:
+            return []
+        return known_suffixes(snap_count, snap.data, snap.boundary, self.count_bytes)
+
     def count_text(self, text: str) -> int:
         if self.count_bytes is not None:
             return self.count_bytes(text.encode("utf-8", "surrogateescape"))
@@ -631,7 +692,7 @@ class _Transaction:
         result: SummaryResult,
         manual: bool,
         cut: int,
-        snapshot_tokens: int | None = None,
+        input_tokens: int | None = None,
     ) -> tuple[ComposedSummary, int]:
         """The block text: the reply, the pins it does not keep itself, provenance.
 
@@ -646,9 +707,9 @@ class _Transaction:
         # Token rules need the tokenizer (like the cap check); the daemon and
         # compact-now always pass one.
         judge = not manual and self.count_bytes is not None and result.model != BUILTIN_MODEL
-        # The input's size is the snapshot's count when all of it was summarized
-        # (the caller's incremental count): the turns are not tokenized again.
-        known = snapshot_tokens if cut == snap.size else None
+        # The input's size when the caller knows it (the tokens of bytes 0..cut,
+        # from its incremental count): the turns are not tokenized again.
+        known = input_tokens
         counting = self.count_text if judge and known is None else None
         material = material_of(prefix, counting)
         # Every reply is scanned before it is written, local models and an
@@ -1106,13 +1167,15 @@ def _compact_locked(
         restarts = 0
         while True:
             snap = txn.take_snapshot()
+            snap_count = snapshot_count(snap, counted, count_bytes)
+            known = txn.known_suffixes(snap, snap_count)
             # The newest turns stay verbatim (an operator's --summary replaces
             # everything, as given): bytes 0..K are compacted, K..N carried.
             kept_from, kept_tokens = (
                 (snap.boundary, 0)
                 if manual
                 else kept_tail(
-                    snap.document, snap.boundary, opts.keep_recent_tokens, txn.count_text
+                    snap.document, snap.boundary, opts.keep_recent_tokens, txn.count_text, known
                 )
             )
             if not has_compactable(snap.document.prefix(kept_from)):
@@ -1137,9 +1200,17 @@ def _compact_locked(
                 )
         cut = txn.cut_of(snap, result, kept_from)
         tokens_before = None
-        if count_bytes is not None and measure_tokens:
+        if snap_count is not None:
+            tokens_before = snap_count.tokens
+        elif count_bytes is not None and measure_tokens:
             tokens_before = snapshot_tokens(snap.data, snap.dev, snap.ino, counted, count_bytes)
-        composed, earlier = txn.compose(snap, result, manual, cut, tokens_before)
+        composed, earlier = txn.compose(
+            snap,
+            result,
+            manual,
+            cut,
+            _summarized_tokens(snap, cut, kept_from, tokens_before, known, kept_tokens),
+        )
         stamp = _now_local_iso()
         # The last line names the archive: checked with a stand-in name of the
         # same length, written with the final one; the rest is sanitized once.
@@ -1187,15 +1258,27 @@ def _compact_locked(
         assert txn.archive is not None
         pruned, prune_error = _prune_after_commit(pinned, opts, txn.archive.name)
         tokens_after = tokens_produced = tokens_appended = None
+        new_count: TrackedCount | None = None
         if count_bytes is not None and measure_tokens:
-            tokens_produced = _produced_tokens(txn, count_bytes, opts, cut, kept_from, kept_tokens)
+            tokens_produced, head_tokens = _produced_tokens(
+                txn, count_bytes, opts, cut, kept_from, kept_tokens
+            )
             with contextlib.suppress(OSError):
                 now_bytes = read_to_end(txn.new_fd)
+                new_st = os.fstat(txn.new_fd)
+                if head_tokens is not None and known:
+                    new_count = _new_file_count(
+                        NewFile(now_bytes, new_st.st_dev, new_st.st_ino, new_st.st_mtime_ns),
+                        txn.produced_head,
+                        head_tokens,
+                        Kept(kept_from, snap.boundary, kept_tokens, known),
+                        count_bytes,
+                    )
                 if now_bytes == txn.produced:
                     # Nothing was appended while the job ran: the same bytes.
                     tokens_after, tokens_appended = tokens_produced, 0
                 else:
-                    tokens_after = count_bytes(now_bytes)
+                    tokens_after = count_bytes(now_bytes) if new_count is None else new_count.tokens
                     tokens_appended = count_bytes(now_bytes[len(txn.produced) :])
         assert txn.archive is not None
         return CompactionOutcome(
@@ -1217,6 +1300,7 @@ def _compact_locked(
             prune_error=prune_error,
             redacted=result.redacted,
             reply_redacted=txn.reply_redacted,
+            counted=new_count,
         )
     except MemdError as exc:
         # A failure after (or during) a summary carries what it spent.
@@ -1233,6 +1317,26 @@ def _compact_locked(
         txn.close()
 
 
+def _summarized_tokens(
+    snap: _Snapshot,
+    cut: int,
+    kept_from: int,
+    snapshot_tokens: int | None,
+    known: Sequence[tuple[int, int]],
+    kept_tokens: int,
+) -> int | None:
+    """The tokens of the part summarized (snapshot bytes 0..cut) when the count tells
+    them: the snapshot's when all of it was; else, from the count's exact points
+    (the first is offset 0: the tokens up to N), those up to N less the kept
+    turns' (K is an entry start: counts add up there) when the summary reaches K.
+    None: the summary material counts its turns."""
+    if cut == snap.size:
+        return snapshot_tokens
+    if known and known[0][0] == 0 and cut == kept_from:
+        return known[0][1] - kept_tokens
+    return None
+
+
 def _produced_tokens(
     txn: _Transaction,
     count_bytes: ByteCounter,
@@ -1240,20 +1344,80 @@ def _produced_tokens(
     cut: int,
     kept_from: int,
     kept_tokens: int,
-) -> int:
+) -> tuple[int, int | None]:
     """Tokens of what the job produced: header + summary block + the kept turns + what
     the snapshot held past N. The kept turns' tokens are the ones the kept-tail walk
-    counted, when entries add up (every piece here starts an entry after a newline)."""
+    counted, when entries add up (every piece here starts an entry after a newline).
+    Also the header and summary block's own tokens (None when not counted apart)."""
     produced = txn.produced
-    if not opts.entries_add_up or cut != kept_from or kept_tokens == 0:
-        return count_bytes(produced)
+    if not opts.entries_add_up or cut != kept_from:
+        return count_bytes(produced), None
     kept_end = txn.produced_head + txn.produced_kept
     past = produced[kept_end:]
-    return (
-        count_bytes(produced[: txn.produced_head])
-        + kept_tokens
-        + (count_bytes(past) if past else 0)
+    head = count_bytes(produced[: txn.produced_head])
+    return head + kept_tokens + (count_bytes(past) if past else 0), head
+
+
+@dataclass(frozen=True, slots=True)
+class NewFile:
+    """The new MEMORY.md as the job left it (read back after the drain)."""
+
+    data: bytes
+    dev: int
+    ino: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """The turns the job kept verbatim: snapshot bytes ``start``..``end`` (K..N), their
+    tokens, and the snapshot count's exact points (``(offset, tokens of offset..N)``)."""
+
+    start: int
+    end: int
+    tokens: int
+    known: Sequence[tuple[int, int]]
+
+
+def _new_file_count(
+    new: NewFile, head_size: int, head_tokens: int, kept: Kept, count_bytes: ByteCounter
+) -> TrackedCount:
+    """The new file's count, from what the job knows of it: header + summary block
+    (``head_size`` bytes, ``head_tokens``), the kept turns, then what the snapshot
+    held past N and the late appends. Only for encodings where entries add up.
+
+    The new file's bytes from ``head_size`` on are the snapshot's from K on, so the
+    snapshot count's exact points inside the kept turns hold in it too (moved by
+    ``head_size - K``; a point is a safe boundary or a junction cut, both decided
+    by the bytes around it, and the byte before K and before the head's end are
+    both a newline): the count resumes from the newest of them, tokenizing only
+    what follows it (the old count's unsettled tail and the appends), and keeps the
+    ones before it as its marks. Without such a point it resumes where the kept
+    turns start (a junction cut: an entry starts there), or, with nothing after
+    the head that starts an entry, counts the new file from scratch.
+    """
+    shift = head_size - kept.start
+    marks: list[int] = []
+    for offset, tokens in kept.known:
+        # Points at N or past it are left out: the bytes after N are the live file's.
+        if kept.start <= offset < kept.end:
+            marks += [offset + shift, head_tokens + kept.tokens - tokens]
+    if not new.data.endswith(b"\n", 0, head_size):  # (a summary block always does)
+        return count_data(new.data, new.dev, new.ino, new.mtime_ns, None, count_bytes)[0]
+    if marks:
+        resume_at, resume_tokens = marks[-2], marks[-1]
+    elif new.data[head_size : head_size + 1] == b"#":
+        resume_at, resume_tokens = head_size, head_tokens
+    else:
+        return count_data(new.data, new.dev, new.ino, new.mtime_ns, None, count_bytes)[0]
+    seed = TrackedCount(
+        CountState(new.dev, new.ino, resume_at, resume_at, resume_tokens, 0),
+        new.mtime_ns,
+        max(0, resume_at - WINDOW_BYTES),
+        None,  # trusted: these bytes were just written
+        marks=tuple(marks),
     )
+    return count_data(new.data, new.dev, new.ino, new.mtime_ns, seed, count_bytes)[0]
 
 
 def _prune_after_commit(

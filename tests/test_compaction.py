@@ -24,6 +24,7 @@ from support.memfiles import (
     entry_contents_everywhere,
     raw_entries,
     swarms_block,
+    swarms_header,
 )
 
 import memd.compaction as compaction
@@ -1151,3 +1152,167 @@ def test_prefix_digest_while_reading_is_sha256_of_the_prefix(data: bytes, length
     assert read == data
     expected = hashlib.sha256(data[:length]).hexdigest()
     assert compaction._prefix_digest(read, states, length) == expected
+
+
+# -- the kept tail from the daemon's count: the same turns kept, fewer tokenized ----
+
+_TURN_TEXT = st.text(
+    alphabet=st.sampled_from(list('abc XYZ\n#-—é😀日本123.,:!{}"')), min_size=0, max_size=200
+)
+_GROWTH = st.lists(
+    st.one_of(
+        # Turns appended together (text repeated: turns of very different sizes).
+        st.lists(
+            st.tuples(st.sampled_from(["Human", "AI", "Tool"]), _TURN_TEXT, st.integers(1, 30)),
+            min_size=1,
+            max_size=4,
+        ),
+        st.binary(max_size=40),  # bytes that are no turn: the next turn is no junction
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+def _turns(appended: list[tuple[str, str, int]] | bytes) -> bytes:
+    if isinstance(appended, bytes):
+        return appended
+    return b"".join(swarms_block(role, text * times).encode() for role, text, times in appended)
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    growth=_GROWTH,
+    budget_share=st.floats(0, 1.1),
+    count=st.sampled_from(["live", "restored", "lagging", "other inode"]),
+)
+def test_the_kept_tail_from_the_daemons_count_is_the_one_counting_every_turn(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    growth: list[Any],
+    budget_share: float,
+    count: str,
+) -> None:
+    from types import SimpleNamespace
+
+    from support.tokens import CL100K
+
+    from memd.core.plan import kept_tail
+    from memd.counting import TrackedCount, count_file
+
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 16)  # marks every few turns
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(swarms_header("alpha").encode())
+    counted: TrackedCount | None = None
+    lagging: TrackedCount | None = None
+    for appended in growth:
+        with path.open("ab") as out:
+            out.write(_turns(appended))
+        lagging = counted
+        counted, _kind = count_file(path, counted, CL100K.count_bytes, junction_cut=True)
+    assert counted is not None
+    if count == "restored":  # from the state DB: no marks
+        counted = replace(counted, marks=())
+    elif count == "lagging":  # made before the last append
+        counted = lagging
+    elif count == "other inode":  # of a file since replaced
+        counted = replace(counted, state=replace(counted.state, ino=counted.state.ino + 1))
+    data = path.read_bytes()
+    info = path.stat()
+    snap = SimpleNamespace(
+        data=data, dev=info.st_dev, ino=info.st_ino, size=len(data), mtime_ns=info.st_mtime_ns
+    )
+    snap_count = compaction.snapshot_count(snap, counted, CL100K.count_bytes)  # type: ignore[arg-type]
+    if snap_count is not None:
+        assert snap_count.tokens == CL100K.count_bytes(data)
+    assert (snap_count is None) == (counted is None or count == "other inode")
+    doc = parse(data)
+    end = doc.boundary
+    known = compaction.known_suffixes(snap_count, data, end, CL100K.count_bytes)
+
+    def count_text(text: str) -> int:
+        return CL100K.count_bytes(text.encode("utf-8", "surrogateescape"))
+
+    budget = int(CL100K.count_bytes(data[:end]) * budget_share)
+    assert kept_tail(doc, end, budget, count_text, known) == kept_tail(doc, end, budget, count_text)
+
+
+def _grown_agent(ws: AgentWorkspace, name: str, turns: int) -> tuple[AgentPaths, Any]:
+    """An agent whose MEMORY.md grew a few turns at a time, counted after each
+    append as the daemon counts it (marks included)."""
+    from support.tokens import CL100K
+
+    from memd.counting import count_file
+
+    paths = ws.create_agent(name)
+    counted, _kind = count_file(paths.memory, None, CL100K.count_bytes, junction_cut=True)
+    for n in range(turns):
+        size = 5 + (n * 37) % 90  # turns of varied sizes
+        append_entry(paths.memory, "Human" if n % 2 else "AI", f"turn {n}: " + "word é " * size)
+        if n % 3 == 2:
+            counted, _kind = count_file(
+                paths.memory, counted, CL100K.count_bytes, junction_cut=True
+            )
+    counted, _kind = count_file(paths.memory, counted, CL100K.count_bytes, junction_cut=True)
+    return paths, counted
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_the_daemons_marks_spare_tokenizing_the_kept_turns_and_seed_the_new_count(
+    ws: AgentWorkspace, monkeypatch: pytest.MonkeyPatch, late: bool
+) -> None:
+    from support.tokens import CL100K
+
+    from memd.counting import CountKind, count_file
+
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 256)
+    grown, grown_count = _grown_agent(ws, "alpha", 240)
+    assert len(grown_count.marks) >= 20
+    snapshot = grown.memory.read_bytes()
+    options = replace(FAST, keep_recent_tokens=grown_count.tokens // 3, entries_add_up=True)
+    results = {}
+    for marks in (True, False):
+        paths, counted = grown, grown_count
+        if not marks:  # the same file, its count as restored from the state DB
+            paths = ws.create_agent("beta")
+            paths.memory.write_bytes(snapshot)
+            counted = replace(count_file(paths.memory, None, CL100K.count_bytes)[0], marks=())
+        counter = RecordingCounter()
+
+        class LateWriter(FixedSummarizer):
+            def summarize(self, request: SummaryRequest) -> SummaryResult:
+                if late:  # a turn written while the model works: the drain moves it
+                    append_entry(paths.memory, "Human", "written during the summary " * 20)
+                return super().summarize(request)
+
+        outcome = compact_agent(
+            paths,
+            LateWriter(SUMMARY_TEXT * 20),
+            options,
+            count_bytes=counter,
+            threshold=compaction.ThresholdCheck(counted, threshold_tokens=1),
+        )
+        new_file = paths.memory.read_bytes()
+        kept = b"".join(entry.raw for entry in parse(new_file).entries[1:])
+        if late:
+            kept = kept[: kept.rindex(b"### ")]  # the turn written late: not the snapshot's
+        assert kept and snapshot.endswith(kept)
+        assert outcome.tokens_after == CL100K.count_bytes(new_file)
+        assert outcome.counted is not None and outcome.counted.tokens == outcome.tokens_after
+        for offset, tokens in zip(outcome.counted.marks[::2], outcome.counted.marks[1::2]):
+            assert tokens == CL100K.count_bytes(new_file[:offset])
+        # The daemon counts on from it: nothing new to tokenize.
+        again, kind = count_file(
+            paths.memory, outcome.counted, CL100K.count_bytes, junction_cut=True
+        )
+        assert kind is CountKind.UNCHANGED and again.tokens == outcome.tokens_after
+        results[marks] = (kept, outcome.tokens_produced, counter.bytes_counted, len(kept))
+    (kept, produced, tokenized, kept_size), (kept_0, produced_0, tokenized_0, _) = (
+        results[True],
+        results[False],
+    )
+    assert kept == kept_0 and produced == produced_0  # the same turns kept, the same figures
+    # Without marks the kept turns are tokenized (once); with them, only near the cut.
+    assert tokenized_0 > kept_size > 3 * tokenized
