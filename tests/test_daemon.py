@@ -95,6 +95,7 @@ class Outcome:
     pruned: Any = None
     prune_error: str | None = None
     partial: bool = False
+    counted: Any = None  # no count of the new file: the daemon counts it
 
     @property
     def tokens_produced(self) -> int | None:

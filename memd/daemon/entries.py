@@ -16,7 +16,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from memd.core.config import AgentPolicy
-from memd.core.jobs import AgentJob
+from memd.core.jobs import AgentJob, JobState
 from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, JUNCTION_CUT_ENCODINGS
 from memd.counting import CountKind, CountResult, TrackedCount, count_fd
 from memd.errors import MemdError, describe_error
@@ -26,6 +26,7 @@ from memd.workspace import AgentPaths, ArchiveStats, FolderFacts, check_memory_l
 if TYPE_CHECKING:
     from memd.metrics import Metrics
 
+RUNNING = JobState.RUNNING
 _LOGGER = "memd.daemon"
 _log = get_logger(_LOGGER)
 _debug = debug_check(_LOGGER)
@@ -148,11 +149,28 @@ class EntryCounter:
         tokenized again (:func:`memd.core.tokens.is_junction_cut`)."""
         return getattr(self.tokenizer, "encoding_name", None) in JUNCTION_CUT_ENCODINGS
 
-    def count_locked(self, entry: AgentEntry) -> Counted:
-        with entry.count_lock:
-            return self.count(entry)
+    def count_locked(
+        self, entry: AgentEntry, *, after_job: bool = False, seed: TrackedCount | None = None
+    ) -> Counted:
+        """:meth:`count` under the entry's count lock.
 
-    def count(self, entry: AgentEntry, precounted: CountResult | None = None) -> Counted:
+        While the agent's compaction runs, a MEMORY.md of another inode than the
+        entry's count is the job's new file (or one the agent put there, which
+        ends the job): it is left to the runner's count when the job has ended
+        (``after_job``), which counts on from the job's own count of the file it
+        wrote (``seed``) instead of tokenizing the whole new file.
+        """
+        with entry.count_lock:
+            return self.count(entry, after_job=after_job, seed=seed)
+
+    def count(
+        self,
+        entry: AgentEntry,
+        precounted: CountResult | None = None,
+        *,
+        after_job: bool = False,
+        seed: TrackedCount | None = None,
+    ) -> Counted:
         """Update the entry's count; ``FAILED`` (logged once) when the file cannot be
         counted, ``MISSING`` when it is gone (the caller tells the runner).
 
@@ -170,16 +188,29 @@ class EntryCounter:
             else:
                 fd = open_memory(entry.paths)  # contained: checked as it is opened
                 try:
+                    previous = entry.tracked
+                    if previous is not None and not after_job and entry.job.state is RUNNING:
+                        info = os.fstat(fd)
+                        if (info.st_dev, info.st_ino) != (previous.state.dev, previous.state.ino):
+                            return counted  # the job's new file: counted when it has ended
+                    if seed is not None and (
+                        previous is None
+                        or (previous.state.dev, previous.state.ino)
+                        != (seed.state.dev, seed.state.ino)
+                    ):
+                        previous = seed
                     tracked, kind = count_fd(
                         fd,
                         entry.paths.memory,
-                        entry.tracked,
+                        previous,
                         self.tokenizer.count_bytes,
                         max_piece_bytes=self.max_piece_bytes,
                         junction_cut=self.junction_cut,
                     )
                 finally:
                     os.close(fd)
+                if seed is not None and previous is seed:
+                    kind = CountKind.RECOUNTED  # a new file for the entry, whatever the count
         except FileNotFoundError:
             tracked, kind = None, CountKind.RECOUNTED
             counted = Counted.MISSING

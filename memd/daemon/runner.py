@@ -428,9 +428,12 @@ class Runner:
                 if calls is not None and calls < (reservation.calls or 0):
                     self._holds_may_end()
         duration = time.monotonic() - started
-        # The file was replaced (or not): count it again before deciding.
+        # The file was replaced (or not): count it again before deciding, on from
+        # the job's count of the file it wrote (the kept turns are not tokenized again).
         try:
-            self._counter.count_locked(entry)
+            self._counter.count_locked(
+                entry, after_job=True, seed=None if outcome is None else outcome.counted
+            )
         except Exception:  # the job's outcome must still be applied below
             _log.exception("recount after compaction failed", agent=name)
         if error is None:

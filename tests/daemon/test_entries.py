@@ -3,6 +3,7 @@ and what it publishes (nothing is called back)."""
 
 from __future__ import annotations
 
+import os
 import queue
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from support.daemon_services import COUNTER
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.core.config import resolve_policy
+from memd.core.jobs import on_started
+from memd.counting import count_file
 from memd.daemon.entries import AgentEntry, Counted, CountUpdate, EntryCounter
 from memd.settings import build_config
 
@@ -63,3 +66,68 @@ def test_without_a_queue_nothing_is_published(tmp_path: Path) -> None:
     counter = EntryCounter(COUNTER)
     assert counter.updates is None
     assert counter.count_locked(make_entry(ws, "alice")) is Counted.COUNTED
+
+
+class SpyTokenizer:
+    """COUNTER, minding how many bytes it was given to tokenize."""
+
+    def __init__(self) -> None:
+        self.tokenized = 0
+
+    def count_bytes(self, data: bytes) -> int:
+        self.tokenized += len(data)
+        return COUNTER.count_bytes(data)
+
+    def count_text(self, text: str) -> int:
+        return self.count_bytes(text.encode("utf-8", "surrogateescape"))
+
+
+def test_a_running_jobs_new_file_is_counted_on_from_the_jobs_count_once_it_ends(
+    tmp_path: Path,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=30, size=200)
+    spy = SpyTokenizer()
+    counter = EntryCounter(spy)
+    entry = make_entry(ws, "alice")
+    assert counter.count_locked(entry) is Counted.COUNTED
+    old = entry.tracked
+    entry.job = on_started(entry.job)
+    # The job installs its new file (another inode) and knows its count.
+    staged = tmp_path / "new"
+    staged.write_bytes(paths.memory.read_bytes()[: paths.memory.stat().st_size // 2])
+    os.replace(staged, paths.memory)
+    seed, _kind = count_file(paths.memory, None, COUNTER.count_bytes)
+    spy.tokenized = 0
+    entry.dirty = False
+
+    # Counted while the job runs (an event of the replace): left to the runner.
+    assert counter.count_locked(entry) is Counted.COUNTED
+    assert entry.tracked is old and spy.tokenized == 0 and not entry.dirty
+
+    # The runner, once the job has ended: on from the job's count, not from scratch.
+    append_entry(paths.memory, "AI", "a turn written during the drain")
+    assert counter.count_locked(entry, after_job=True, seed=seed) is Counted.COUNTED
+    assert entry.tracked is not None and entry.dirty
+    assert entry.tracked.tokens == COUNTER.count_bytes(paths.memory.read_bytes())
+    assert entry.tracked.state.ino == paths.memory.stat().st_ino
+    assert spy.tokenized < 1000  # the appended turn and the old tail, not the file
+
+    # A job's seed of a file already counted (the entry's own count is newer): unused.
+    newer = entry.tracked
+    assert counter.count_locked(entry, after_job=True, seed=seed) is Counted.COUNTED
+    assert entry.tracked.tokens == newer.tokens
+
+
+def test_after_a_job_without_a_count_of_its_file_the_new_file_is_counted(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=4)
+    counter = EntryCounter(COUNTER)
+    entry = make_entry(ws, "alice")
+    counter.count_locked(entry)
+    entry.job = on_started(entry.job)
+    staged = tmp_path / "new"
+    staged.write_bytes(paths.memory.read_bytes()[:200])
+    os.replace(staged, paths.memory)
+    assert counter.count_locked(entry, after_job=True) is Counted.COUNTED  # a failed job's
+    assert entry.tokens == COUNTER.count_bytes(paths.memory.read_bytes())

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.daemon_services import ScriptedCompaction, Services, build_services
 from support.memfiles import AgentWorkspace
 
@@ -202,4 +203,34 @@ def test_only_a_committed_compaction_is_handed_on_with_its_outcome(tmp_path: Pat
     assert s.compact.calls == ["alice"] * 3
     # The outcome the transaction returned, handed on while the job still runs.
     assert handed.handed == [("alice", ws.root / "agents" / "alice" / "archive", ["alice"])]
+    assert s.job("alice").state is JobState.IDLE
+
+
+def test_after_a_compaction_the_new_file_is_counted_on_from_the_jobs_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.daemon_services import COUNTER
+    from support.memfiles import append_entry
+
+    import memd.daemon.entries as entries
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("ok"))
+    memory = s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    previous: list[Any] = []
+    count_fd = entries.count_fd
+
+    def recording(fd: int, path: Path, prior: Any, *args: Any, **kwargs: Any) -> Any:
+        previous.append(prior)
+        return count_fd(fd, path, prior, *args, **kwargs)
+
+    monkeypatch.setattr(entries, "count_fd", recording)
+    s.compact.during = lambda paths: append_entry(paths.memory, "AI", "written during the drain")
+    s.scheduler.run_queued()
+    (seed,) = s.compact.seeds
+    assert previous == [seed]  # not the old file's count: no count from scratch
+    assert s.tokens("alice") == COUNTER.count_bytes(memory.read_bytes())
     assert s.job("alice").state is JobState.IDLE

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from memd.core.config import MemdConfig
+from memd.counting import count_file
 from memd.daemon.counter import CountService
 from memd.daemon.entries import EntryCounter, ExitState, RunStats
 from memd.daemon.flusher import StateFlusher
@@ -89,6 +90,7 @@ class ScriptedCompaction:
         # What each call reports it spent on its model (requests, USD), in its
         # outcome or on its error, as compact_agent does; None: the outcome's default.
         self.spent: tuple[int, float | None] | None = None
+        self.seeds: list[Any] = []  # the count of its new file each ``ok``/``big`` call made
 
     def __call__(self, paths: AgentPaths, summarizer: Any, options: Any, **_kw: Any) -> Any:
         behaviour = self.script.pop(0) if self.script else "ok"
@@ -109,10 +111,13 @@ class ScriptedCompaction:
         tmp.write_text(swarms_header(paths.agent) + swarms_block("System", body))
         os.replace(tmp, paths.memory)
         tokens = COUNTER.count_bytes(paths.memory.read_bytes())  # what the summary achieved
+        # The job's count of the file it wrote, as compact_agent hands it on.
+        seed, _kind = count_file(paths.memory, None, COUNTER.count_bytes)
+        self.seeds.append(seed)
         if self.during is not None:
             self.during(paths)
         after = COUNTER.count_bytes(paths.memory.read_bytes())
-        outcome = _Outcome(paths.dir / "archive", None, after, tokens)
+        outcome = _Outcome(paths.dir / "archive", None, after, tokens, counted=seed)
         if self.spent is not None:
             outcome.calls, outcome.cost_usd = self.spent
         return outcome
@@ -135,6 +140,7 @@ class _Outcome:
     reply_redacted: int = 0
     pruned: Any = None
     prune_error: str | None = None
+    counted: Any = None  # the job's count of the file it wrote
 
 
 @dataclass
