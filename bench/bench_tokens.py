@@ -1,12 +1,16 @@
 """Token-counting benchmark: cold scan throughput and incremental append cost.
 
-    /work/venv/bin/python bench/bench_tokens.py [--mb 20] [--appends 600] [--encoding cl100k_base]
+    python bench/bench_tokens.py [--mb 20] [--appends 600] [--encoding cl100k_base]
 
-Prints figures, asserts nothing.  "raw" is one ``encode_ordinary`` call on the
-decoded bytes (what a naive counter does); ``full_count`` is memd's cold scan
-(``TokenCounter.count_bytes``: cut at safe boundaries, counted on a thread
-pool).  The append part writes a real file and, per append, reads the bytes
-from the remembered safe offset and calls ``extend_count``, as the daemon does.
+Prints figures, asserts nothing (beyond the counts being exact). Both parts time
+memd's production code: the cold scan is :func:`memd.counting.count_file` with
+no previous count (what the daemon does for a new or rewritten file: read in
+blocks, counted in pieces cut at safe boundaries) against one ``encode_ordinary``
+call on the decoded bytes (what a naive counter does). The append part writes a
+real file and, after each append, calls ``count_file`` with the previous count,
+as the daemon's counting thread does (open, ``fstat``, one read of the window, the
+old tail and the new bytes, the window check, the new tail tokenized); the anchor
+is tokenizing the same appended entries alone, in the same process.
 """
 
 from __future__ import annotations
@@ -14,18 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
+import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from support.token_oracle import count_bytes_with, extend_count, full_count, safe_chunk_bounds
-
 from memd.core.memfile import render_entry, render_header
+from memd.core.tokens import JUNCTION_CUT_ENCODINGS
+from memd.counting import TrackedCount, count_file
 from memd.tokenizer import TokenCounter, load_encoding
 
 _VOCABULARY = (
@@ -73,91 +74,69 @@ def best_of(runs: int, func: object) -> tuple[float, int]:
     return best, result
 
 
-def cold_scan(counter: TokenCounter, data: bytes) -> None:
+def cold_scan(counter: TokenCounter, data: bytes, workdir: Path) -> None:
     encoding = counter.encoding
     mb = len(data) / 1e6
+    path = workdir / "MEMORY-scan.md"
+    path.write_bytes(data)
 
     def raw() -> int:
         return len(encoding.encode_ordinary(data.decode("utf-8", "replace")))
 
-    def single_thread() -> int:
-        return full_count(raw_count(encoding), data, 0, 0).tokens
-
     def memd_scan() -> int:
-        return full_count(counter.count_bytes, data, 0, 0).tokens
-
-    workers = os.cpu_count() or 1
-    pool = ProcessPoolExecutor(max_workers=workers)
-    pool.submit(count_bytes_with, counter.encoding_name, b"warm up").result()
-
-    def pooled_scan() -> int:
-        bounds = safe_chunk_bounds(data, len(data) // (4 * workers) + 1)
-        pieces = [data[start:end] for start, end in bounds]
-        return sum(pool.map(count_bytes_with, [counter.encoding_name] * len(pieces), pieces))
+        return count_file(path, None, counter.count_bytes)[0].tokens
 
     raw_s, raw_tokens = best_of(5, raw)
-    one_s, one_tokens = best_of(5, single_thread)
     memd_s, memd_tokens = best_of(5, memd_scan)
-    pool_s, pool_tokens = best_of(5, pooled_scan)
-    pool.shutdown()
-    counts = (raw_tokens, one_tokens, memd_tokens, pool_tokens)
-    assert len(set(counts)) == 1, counts
-    load = os.getloadavg()[0]
+    assert raw_tokens == memd_tokens, (raw_tokens, memd_tokens)
+    load = os.getloadavg()
     print(
-        f"cold scan of {mb:.1f} MB ({raw_tokens:,} tokens, {os.cpu_count()} CPUs, "
-        f"load average {load:.1f}; best of 5 wall times):"
+        f"cold scan of {mb:.1f} MB ({raw_tokens:,} tokens; best of 5 wall times; load "
+        f"average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs):"
     )
-    print(f"  raw encode_ordinary        {raw_s:6.3f} s  {mb / raw_s:6.1f} MB/s  1.00x")
+    print(f"  raw encode_ordinary           {raw_s:6.3f} s  {mb / raw_s:6.1f} MB/s  1.00x")
     print(
-        f"  full_count, one thread     {one_s:6.3f} s  {mb / one_s:6.1f} MB/s  "
-        f"{raw_s / one_s:.2f}x of raw"
-    )
-    print(
-        f"  full_count, TokenCounter   {memd_s:6.3f} s  {mb / memd_s:6.1f} MB/s  "
+        f"  memd count_file, one process  {memd_s:6.3f} s  {mb / memd_s:6.1f} MB/s  "
         f"{raw_s / memd_s:.2f}x of raw"
     )
-    print(
-        f"  safe chunks, {workers} processes  {pool_s:6.3f} s  {mb / pool_s:6.1f} MB/s  "
-        f"{raw_s / pool_s:.2f}x of raw"
-    )
 
 
-def raw_count(encoding: object) -> object:
-    def count(data: bytes) -> int:
-        return len(encoding.encode_ordinary(data.decode("utf-8", "replace")))  # type: ignore[attr-defined]
+class AppendCost:
+    def __init__(self, count_s: float, tokenize_s: float) -> None:
+        self.count_s = count_s  # CPU per append, memd's incremental count
+        self.tokenize_s = tokenize_s  # CPU per append, tokenizing the entry alone
 
-    return count
 
-
-def append_cost(counter: TokenCounter, size: int, appends: int, workdir: Path) -> float:
-    """CPU seconds per append (read from safe offset + extend_count), averaged."""
+def append_cost(counter: TokenCounter, size: int, appends: int, workdir: Path) -> AppendCost:
+    """CPU seconds per append: ``count_file`` with the previous count (the daemon's
+    path) after each append, and tokenizing the same entries alone (median of 3)."""
     rng = random.Random(7)
     path = workdir / f"MEMORY-{size}.md"
     path.write_bytes(make_file(size))
-    stat = path.stat()
-    state = full_count(counter.count_bytes, path.read_bytes(), stat.st_dev, stat.st_ino)
+    junction_cut = counter.encoding_name in JUNCTION_CUT_ENCODINGS
+    tracked: TrackedCount | None
+    tracked, _ = count_file(path, None, counter.count_bytes, junction_cut=junction_cut)
     new_entries = [make_entry(rng, 10**6 + i) for i in range(appends)]
     spent = 0.0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with path.open("ab", buffering=0) as writer:
-            for entry in new_entries:
-                writer.write(entry)
-                started = time.process_time()
-                new_size = os.fstat(fd).st_size
-                chunk = os.pread(fd, new_size - state.safe_offset, state.safe_offset)
-                state = extend_count(state, counter.count_bytes, chunk, new_size)
-                spent += time.process_time() - started
-    finally:
-        os.close(fd)
-    final = path.read_bytes()
-    assert state.tokens == counter.count_bytes(final), "incremental count drifted"
-    return spent / appends
+    with path.open("ab", buffering=0) as writer:
+        for entry in new_entries:
+            writer.write(entry)
+            started = time.process_time()
+            tracked, _ = count_file(path, tracked, counter.count_bytes, junction_cut=junction_cut)
+            spent += time.process_time() - started
+    assert tracked.tokens == counter.count_bytes(path.read_bytes()), "incremental count drifted"
+    passes = []
+    for _ in range(3):
+        started = time.process_time()
+        for entry in new_entries:
+            counter.count_bytes(entry)
+        passes.append(time.process_time() - started)
+    return AppendCost(spent / appends, statistics.median(passes) / appends)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mb", type=float, default=20.0, help="cold-scan file size in MB")
+    parser.add_argument("--mb", type=float, default=20.0, help="file size in MB")
     parser.add_argument("--appends", type=int, default=600)
     parser.add_argument("--encoding", default="cl100k_base")
     args = parser.parse_args()
@@ -165,16 +144,21 @@ def main() -> None:
     load_encoding(args.encoding)
     counter = TokenCounter(args.encoding)
     data = make_file(int(args.mb * 1e6))
-    cold_scan(counter, data)
-
     with tempfile.TemporaryDirectory() as tmp:
+        cold_scan(counter, data, Path(tmp))
         append_cost(counter, 20_000, 50, Path(tmp))  # warm-up: caches, allocator
         small = append_cost(counter, 20_000, args.appends, Path(tmp))
         large = append_cost(counter, int(args.mb * 1e6), args.appends, Path(tmp))
-    print(f"incremental append cost ({args.appends} appends, CPU per append):")
-    print(f"  20 KB file   {small * 1e6:8.1f} us")
-    print(f"  {args.mb:.0f} MB file   {large * 1e6:8.1f} us")
-    print(f"  ratio {args.mb:.0f} MB / 20 KB: {large / small:.2f}")
+    print(
+        f"incremental count per append (memd.counting.count_file after each of "
+        f"{args.appends} appends, CPU per append) vs tokenizing the appended entry alone:"
+    )
+    for label, cost in (("20 KB file", small), (f"{args.mb:.0f} MB file", large)):
+        print(
+            f"  {label:12s} {cost.count_s * 1e6:7.1f} us vs {cost.tokenize_s * 1e6:6.1f} us, "
+            f"ratio {cost.count_s / cost.tokenize_s:.2f}"
+        )
+    print(f"  {args.mb:.0f} MB / 20 KB: {large.count_s / small.count_s:.2f}")
 
 
 if __name__ == "__main__":

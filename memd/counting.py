@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 from memd.core.tokens import (
     DEFAULT_MAX_PIECE_BYTES,
+    ENTRY_TERMINATOR,
+    KEEP_TAIL_MAX_BYTES,
     CountBytes,
     CountState,
     PieceCounter,
@@ -104,12 +106,22 @@ def _track(
     state: CountState, mtime_ns: int, counter: PieceCounter, marks: tuple[int, ...] = ()
 ) -> TrackedCount:
     window_start = state.safe_offset - len(counter.recent)
+    return TrackedCount(
+        state,
+        mtime_ns,
+        window_start,
+        _digest(counter.recent),
+        _digest(counter.tail),
+        _marks_after(state, marks),
+    )
+
+
+def _marks_after(state: CountState, marks: tuple[int, ...]) -> tuple[int, ...]:
+    """The marks of a new count: a mark at its safe offset when the last is far enough."""
     tokens = state.safe_tokens
     if tokens - (marks[-1] if marks else 0) >= max(MARK_MIN_TOKENS, tokens >> MARK_SHIFT):
-        marks = with_mark(marks, state)
-    return TrackedCount(
-        state, mtime_ns, window_start, _digest(counter.recent), _digest(counter.tail), marks
-    )
+        return with_mark(marks, state)
+    return marks
 
 
 def with_mark(marks: tuple[int, ...], state: CountState) -> tuple[int, ...]:
@@ -264,6 +276,12 @@ def _extend_open(
             )
             return unchanged, CountKind.UNCHANGED
         if junction_cut and is_junction_cut(tail, data[len(tail) :]):
+            if rest is not None:
+                appended = rest[len(tail) :]
+                if len(appended) <= min(KEEP_TAIL_MAX_BYTES, max_piece_bytes) and appended.endswith(
+                    ENTRY_TERMINATOR
+                ):
+                    return _settle_and_keep(previous, info, window + tail, appended, count_bytes)
             # (Built directly: dataclasses.replace costs several µs per count.)
             start = CountState(
                 dev=old.dev,
@@ -291,6 +309,42 @@ def _extend_open(
     state = counter.finish(old.dev, old.ino)
     kind = CountKind.UNCHANGED if state == old else CountKind.APPENDED
     return _track(state, info.st_mtime_ns, counter, previous.marks), kind
+
+
+def _settle_and_keep(
+    previous: TrackedCount,
+    info: os.stat_result,
+    settled: bytes,
+    appended: bytes,
+    count_bytes: CountBytes,
+) -> tuple[TrackedCount, CountKind]:
+    """The usual append, without a :class:`PieceCounter`: the old tail settles at a
+    junction cut with the tokens it has, and ``appended`` (whole entries, read
+    already) is the new tail, tokenized once. ``settled`` ends at the old end (the
+    window and the old tail, both verified). What the counter would do with the
+    same bytes (``resume`` at the junction with ``keep_entry_tail``, ``feed``,
+    ``finish``), without its objects: the per-append path of the daemon."""
+    old = previous.state
+    state = CountState(
+        dev=old.dev,
+        ino=old.ino,
+        size=info.st_size,
+        safe_offset=old.size,
+        safe_tokens=old.tokens,
+        tail_tokens=count_bytes(appended),
+        estimated=old.estimated,
+        open_run=False,
+    )
+    recent = settled[-WINDOW_BYTES:]
+    tracked = TrackedCount(
+        state,
+        info.st_mtime_ns,
+        old.size - len(recent),
+        _digest(recent),
+        _digest(appended),
+        _marks_after(state, previous.marks),
+    )
+    return tracked, CountKind.APPENDED
 
 
 # --------------------------------------------------------------- many files

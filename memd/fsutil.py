@@ -138,7 +138,13 @@ def iter_range(fd: int, start: int, end: int | None = None) -> Iterator[bytes]:
 
 def read_range(fd: int, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of an open file (short only at end of file)."""
-    return b"".join(iter_range(fd, start, end))
+    if end <= start:
+        return b""
+    # Usually one pread returns it all (the daemon's per-append read): no generator.
+    first = os.pread(fd, end - start, start)
+    if len(first) == end - start or not first:
+        return first
+    return first + b"".join(iter_range(fd, start + len(first), end))
 
 
 def read_to_end(fd: int) -> bytes:

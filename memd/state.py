@@ -449,10 +449,14 @@ class AgentRecord(NamedTuple):
 # The table's columns mirror the record's fields; named, so a column order that
 # differs (a migrated DB) never shifts a value into the wrong field.
 AGENT_COLUMNS: tuple[str, ...] = AgentRecord._fields
-# Built from the field names (constants, never input).
+# Built from the field names (constants, never input). An upsert updates the row
+# where it is (INSERT OR REPLACE deleted it and inserted it again under a new
+# rowid: its old page, the table's last page and the primary key's index were all
+# rewritten, each live flush about twice the pages).
 _UPSERT_AGENT = (
-    f"INSERT OR REPLACE INTO agents ({', '.join(AGENT_COLUMNS)}) "  # noqa: S608
-    f"VALUES ({', '.join('?' * len(AGENT_COLUMNS))})"
+    f"INSERT INTO agents ({', '.join(AGENT_COLUMNS)}) "  # noqa: S608
+    f"VALUES ({', '.join('?' * len(AGENT_COLUMNS))}) ON CONFLICT(agent) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in AGENT_COLUMNS[1:])
 )
 _SELECT_AGENTS = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents"  # noqa: S608
 

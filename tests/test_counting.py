@@ -120,6 +120,8 @@ _OPS = st.lists(
         st.tuples(st.just("truncate"), st.integers(0, 400), st.just("")),
         st.tuples(st.just("replace"), _TEXT, st.just("")),
         st.tuples(st.just("poke"), st.integers(1, 200), st.just("")),
+        # An entry written in two appends, cut anywhere (inside a UTF-8 character too).
+        st.tuples(st.just("split"), _TEXT, st.integers(0, 200)),
     ),
     min_size=1,
     max_size=25,
@@ -164,6 +166,15 @@ def test_incremental_count_always_equals_a_full_recount(
             tmp = tmp_path / "tmp"
             tmp.write_bytes(entry("System", a))
             os.replace(tmp, path)
+        elif op == "split":
+            block = entry("AI", a)
+            cut = min(b, len(block))
+            with path.open("ab") as f:
+                f.write(block[:cut])
+            tracked, _ = count_file(path, tracked, COUNTER.count_bytes, junction_cut=junction_cut)
+            assert tracked.tokens == full(path)
+            with path.open("ab") as f:
+                f.write(block[cut:])
         elif op == "poke":
             # in-place rewrite of a byte near the end (what the window guards)
             size = os.path.getsize(path)
@@ -483,3 +494,88 @@ def test_an_estimated_count_marks_nothing(tmp_path: Path, monkeypatch: pytest.Mo
         out.write(entry("AI", "more words " * 50))
     tracked, _ = count_file(path, tracked, COUNTER.count_bytes, max_piece_bytes=1024)
     assert tracked.state.estimated and tracked.marks == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("entries"), st.lists(_TEXT, min_size=1, max_size=3)),
+            st.tuples(st.just("raw"), st.sampled_from([b"x", b"\n", b"#", b"\xc3", b"\xa9 ok\n"])),
+            st.tuples(st.just("poke"), st.integers(1, 4096)),  # within the window
+            st.tuples(st.just("truncate"), st.integers(0, 3000)),
+        ),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_the_append_fast_path_tracks_what_the_piece_counter_would(ops: list[tuple]) -> None:
+    # Whole entries appended at a junction cut skip the PieceCounter: the result
+    # (count, safe offset, window and its digest, tail digest, marks) is the counter's
+    # exactly, so everything later (the window check, the state DB) is unchanged.
+    import tempfile
+
+    import memd.counting as counting
+
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as small_marks:
+        small_marks.setattr(counting, "MARK_MIN_TOKENS", 16)  # marks every few entries
+        path = Path(tmp) / "MEMORY.md"
+        path.write_bytes(entry("Human", "start " * 800))  # a window of a full 4 KB
+        fast = slow = None
+        for op, arg in ops:
+            if op == "entries":
+                with path.open("ab") as f:
+                    f.write(b"".join(entry("AI", text) for text in arg))
+            elif op == "raw":
+                with path.open("ab") as f:
+                    f.write(arg)
+            elif op == "poke":
+                size = path.stat().st_size
+                with path.open("r+b") as f:
+                    f.seek(max(0, size - arg))
+                    f.write(b"Q")
+            else:
+                with path.open("r+b") as f:
+                    f.truncate(max(0, path.stat().st_size - arg))
+            fast, _ = count_file(path, fast, COUNTER.count_bytes, junction_cut=True)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(counting, "KEEP_TAIL_MAX_BYTES", -1)  # no fast path
+                slow, _ = count_file(path, slow, COUNTER.count_bytes, junction_cut=True)
+            assert fast.tokens == full(path)
+            assert (fast, fast.tail_digest, fast.marks) == (slow, slow.tail_digest, slow.marks)
+
+
+def test_an_entry_appended_at_a_junction_is_read_once_and_counted_without_a_piece_counter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(entry("Human", "hello there " * 600))
+    tracked, _ = count_file(path, None, COUNTER.count_bytes, junction_cut=True)
+    with path.open("ab") as f:
+        f.write(entry("AI", "first"))
+    tracked, _ = count_file(path, tracked, COUNTER.count_bytes, junction_cut=True)
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        reads.append(length)
+        return real_pread(fd, length, offset)
+
+    def no_counter(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the piece counter was used")
+
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr("memd.counting.PieceCounter", no_counter)
+    block = entry("Human", "second — with a dash")
+    with path.open("ab") as f:
+        f.write(block)
+    counted, kind = count_file(path, tracked, COUNTER.count_bytes, junction_cut=True)
+    assert kind is CountKind.APPENDED and counted.tokens == full(path)
+    # One read: the 4 KB window, the old tail and the new entry.
+    assert reads == [
+        tracked.state.safe_offset - tracked.window_start + len(entry("AI", "first")) + len(block)
+    ]
+    assert (
+        counted.state.safe_offset == tracked.size
+        and counted.state.tail_tokens == COUNTER.count_bytes(block)
+    )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from memd.errors import LockTimeout
-from memd.fsutil import AgentLock, SlotJournal, create_file_at
+from memd.fsutil import AgentLock, SlotJournal, create_file_at, read_range
 
 
 def test_slot_journal_keeps_the_latest_record(tmp_path: Path) -> None:
@@ -128,3 +128,18 @@ def test_filesystem_of_reads_the_longest_mount(tmp_path: Path) -> None:
     assert filesystem_of(target, mounts) == "nfs4"
     assert filesystem_of(tmp_path, mounts) == "ext4"
     assert filesystem_of(target, tmp_path / "no-such-file") is None
+
+
+def test_read_range_reads_a_range_whole_or_short_at_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    data = os.urandom(3 << 20)  # several read chunks
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_range(fd, 10, 20) == data[10:20]
+        assert read_range(fd, 5, len(data)) == data[5:]
+        assert read_range(fd, len(data) - 4, len(data) + 100) == data[-4:]  # short at EOF
+        assert read_range(fd, len(data) + 1, len(data) + 9) == b""
+        assert read_range(fd, 7, 7) == b""
+    finally:
+        os.close(fd)

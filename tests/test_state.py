@@ -525,6 +525,21 @@ def test_tombstone_keeps_an_erased_agent_out_until_lifted(tmp_path: Path, worksp
         assert store.get_agent("gone") == record("gone", tokens=5)
 
 
+def test_an_upsert_updates_the_row_in_place(tmp_path: Path, workspace: Path) -> None:
+    # The live flush rewrites counted rows several times a second: updated where
+    # they are (INSERT OR REPLACE deleted and re-inserted each under a new rowid,
+    # rewriting about twice the pages), every column replaced all the same.
+    with StateStore.open(tmp_path, workspace) as store:
+        store.upsert_agents([record("a", window_digest=b"d" * 16, archives=3), record("b")])
+        conn = store._conn
+        before = dict(conn.execute("SELECT agent, rowid FROM agents").fetchall())
+        changed = record("a", tokens=7, last_error="x", window_digest=None, archives=None)
+        store.upsert_agents([changed])
+        after = dict(conn.execute("SELECT agent, rowid FROM agents").fetchall())
+        assert after == before
+        assert store.get_agent("a") == changed
+
+
 def test_forget_leaves_no_trace_in_the_db_file_or_wal(tmp_path: Path, workspace: Path) -> None:
     planted = "PLANTED-7c1e-secret"
     with StateStore.open(tmp_path, workspace) as store:

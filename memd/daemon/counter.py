@@ -213,18 +213,33 @@ class CountService:
     def _loop(self) -> None:
         while not self._stopping:
             try:
-                deadline = self.tick(time.monotonic())
-                timeout = (
-                    _MAX_WAIT_S if deadline is None else deadline - time.monotonic() + _COALESCE_S
-                )
-                with contextlib.suppress(queue.Empty):
-                    # Back in front of the queue for the next tick.
-                    self._take(self.inbox.get(timeout=min(max(0.0, timeout), _MAX_WAIT_S)))
+                self.gather(self.tick(time.monotonic()), time.monotonic)
             except Exception:
                 _log.exception("counting loop error")
                 time.sleep(0.5)
 
-    def _take(self, hint: Hint) -> None:
+    def gather(self, due: float | None, clock: Callable[[], float]) -> None:
+        """Take hints off the queue until ``due`` (the next tick's time, from
+        :meth:`tick`) or until one needs a tick sooner; returns when the next tick
+        should run. A write only moves the agent's debounce deadline: the thread
+        takes it and sleeps on (no tick per inotify batch), so the counts due
+        together run in one tick. Sleeps at most ``_MAX_WAIT_S`` (re-checks
+        stopping, and a wake-up a compaction set meanwhile)."""
+        now = clock()
+        wake = now + _MAX_WAIT_S if due is None else min(due + _COALESCE_S, now + _MAX_WAIT_S)
+        while not self._stopping:
+            timeout = wake - clock()
+            if timeout <= 0:
+                return
+            try:
+                hint = self.inbox.get(timeout=timeout)
+            except queue.Empty:
+                return
+            wake = min(wake, self._take(hint) + _COALESCE_S)
+
+    def _take(self, hint: Hint) -> float:
+        """Record ``hint``; returns when it needs a tick (its debounce deadline, or
+        its own time: at once)."""
         with self._state_lock:
             if hint.kind is HintKind.AGENTS and hint.name is None:
                 # Anything may have changed unseen (an inotify queue overflow,
@@ -246,10 +261,11 @@ class CountService:
                     # A writer that never pauses would otherwise be counted
                     # only at the debounce ceiling, thousands of tokens late.
                     self._count_now.add(hint.name)
-                    return
-                self._debouncer.touch(hint.name, hint.at)
+                    return hint.at
                 if entry is not None and entry.burst_started is None:
                     entry.burst_started = hint.at
+                return self._debouncer.touch(hint.name, hint.at)
+        return hint.at
 
     def tick(self, now: float) -> float | None:
         """Take the queued hints and the runner's due wake-ups, count every agent due

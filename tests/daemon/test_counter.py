@@ -412,3 +412,27 @@ def test_the_stacked_stop_joins_the_count_thread_and_the_background_count(
     assert joined == ["memd-count-large"]
     assert not later.is_alive() and not count.is_alive()
     assert s.tokens("alice") == full(memory)  # counted before the stop returned
+
+
+def test_writes_are_taken_while_waiting_and_only_move_the_next_tick(tmp_path: Path) -> None:
+    # The service thread takes each write's hint and sleeps on until the first
+    # debounce deadline (no tick per inotify batch): one tick counts them together.
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alice", "bob", "carol"):
+        ws.create_agent(name)
+    s = build_services(ws, ScriptedCompaction())
+    before = {name: s.tokens(name) for name in ("alice", "bob")}
+    for name in ("alice", "bob"):
+        s.fill(name, 1)
+        s.hint(name)
+    s.counter.gather(s.clock.now + 5.0, s.clock)  # returns once the debounce is due
+    assert s.counter.inbox.empty()  # both taken, neither counted yet
+    assert {name: s.tokens(name) for name in before} == before
+    assert s.counter.tick(s.clock.advance(0.05)) is None  # both counted in one tick
+    assert all(s.tokens(name) > before[name] for name in before)
+    # A hint that asks for a count now ends the wait at once (after taking what is queued).
+    s.hint("alice")
+    s.counter.request_count("carol")
+    s.hint("bob")
+    s.counter.gather(s.clock.now + 5.0, s.clock)
+    assert s.counter.inbox.empty()

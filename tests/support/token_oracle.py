@@ -1,7 +1,7 @@
-"""The plain counting algorithm the tests (and bench/bench_tokens.py) compare
-memd's counting against: a whole-file count cut once at the last safe boundary,
-extended by re-tokenizing the tail plus the appended bytes; every safe boundary
-of a text; chunks cut at safe boundaries, counted in a process pool.
+"""The plain counting algorithm the tests compare memd's counting against: a
+whole-file count cut once at the last safe boundary, extended by re-tokenizing
+the tail plus the appended bytes; every safe boundary of a text; chunks cut at
+safe boundaries, counted in a process pool.
 
 memd itself counts with :class:`memd.core.tokens.PieceCounter` (bounded pieces,
 :mod:`memd.counting`); these are the references it must agree with.
