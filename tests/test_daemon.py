@@ -749,6 +749,36 @@ def test_end_to_end_real_compaction_with_concurrent_writers(
     assert h.stop() == 0
 
 
+def test_the_new_file_of_a_real_compaction_is_never_counted_from_scratch(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job hands on its count of the file it wrote (the kept turns' tokens
+    # reused); the count thread leaves that file to it while the job runs.
+    import memd.counting as counting
+
+    recounted: list[int] = []
+    recount = counting._recount_open
+
+    def recording(fd: int, info: os.stat_result, *args: Any) -> Any:
+        recounted.append(info.st_ino)
+        return recount(fd, info, *args)
+
+    monkeypatch.setattr(counting, "_recount_open", recording)
+    paths = ws.create_agent("alice")
+    # The drain's quiet wait outlasts the debounce (1 s and 0.5 s by default): the
+    # replace's event is counted while the job still runs.
+    config = {"trigger": {"context_length": 4000}, "compaction": {"drain_quiet_s": 0.5}}
+    h = run_daemon(ws, config=config)
+    fill(ws, "alice", 120)
+    assert wait_until(lambda: h.daemon.services.stats.compactions_ok >= 1, timeout=20)
+    assert wait_until(lambda: not h.daemon.services.runner.running())
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(paths.memory))
+    kept = parse(paths.memory.read_bytes()).entries[1:]
+    assert len(kept) >= 2  # the newest turns were kept verbatim
+    assert paths.memory.stat().st_ino not in recounted
+    assert h.stop() == 0
+
+
 def test_two_daemons_on_one_workspace_are_serialized_by_the_agent_lock(
     ws: AgentWorkspace, run_daemon: Any
 ) -> None:
