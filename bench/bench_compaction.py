@@ -1,19 +1,24 @@
 """Compaction overhead excluding the LLM call, on the daemon's real path, vs its I/O.
 
     python bench/bench_compaction.py [--size-mb 1] [--runs 20] [--encrypt] [--first]
-        [--keep-recent-tokens N]
+        [--keep-recent-tokens N] [--restored] [--builtin]
     python bench/bench_compaction.py --size-mb 10 --runs 5
 
 Each run compacts a MEMORY.md the way the daemon does: the real tokenizer,
-the daemon's incremental count of the file handed in (``ThresholdCheck``), token
-figures measured (``measure_tokens=True``), a summarizer that answers at once
-with a reply long enough to pass the degenerate-reply check. The drain's quiet
-window is 0 here (idle waiting for late writers, not work). The agent has been
-compacted once before, as the daemon usually finds it (``--first``: a fresh
-agent folder, whose first compaction also creates ``.memd/``, the journal and
-``archive/``); no newest turns are kept verbatim unless ``--keep-recent-tokens``
-says so (the daemon keeps a tenth of the threshold: tokenizing that tail is
-then part of the overhead).
+the daemon's incremental count of the file handed in (``ThresholdCheck``), made
+as the daemon makes it, the file growing a few turns at a time and counted after
+each append (so it has the count's marks; ``--restored``: without them, as a
+count restored from the state DB after a restart), token figures measured
+(``measure_tokens=True``), a summarizer that answers at once with a reply long
+enough to pass the degenerate-reply check. The drain's quiet window is 0 here
+(idle waiting for late writers, not work). The agent has been compacted once
+before, as the daemon usually finds it (``--first``: a fresh agent folder, whose
+first compaction also creates ``.memd/``, the journal and ``archive/``).
+
+By default two configurations are measured in the same run, their compactions
+interleaved: no newest turns kept verbatim, and the daemon's default kept tail
+(a tenth of the threshold; here a tenth of the file's tokens, a file just over
+its threshold). ``--keep-recent-tokens N`` measures that budget alone.
 
 Printed, as medians over the runs:
 
@@ -212,6 +217,12 @@ class Figures:
     cpu: list[float] = field(default_factory=list)
     turns: list[float] = field(default_factory=list)  # inside pinning; see the docstring
     builtin: list[float] = field(default_factory=list)  # the builtin summarizer, apart
+    kept_budget: int = 0  # the kept tail's budget (tokens)
+
+
+# The daemon keeps a tenth of the threshold verbatim by default: for a file just
+# over its threshold, a tenth of its tokens.
+DEFAULT_KEEP = -1
 
 
 def measure(
@@ -220,60 +231,69 @@ def measure(
     key_file: Path | None,
     *,
     first: bool = False,
-    keep_recent: int = 0,
+    keeps: tuple[int, ...] = (0,),
     builtin: bool = False,
     restored: bool = False,
-) -> Figures:
+) -> list[Figures]:
+    """Figures for each kept-tail budget in ``keeps`` (DEFAULT_KEEP: the daemon's
+    default), their runs interleaved so each sees the same load."""
     tokenizer = TokenCounter("cl100k_base")
-    figures = Figures()
+    all_figures = [Figures() for _ in keeps]
     with tempfile.TemporaryDirectory() as tmp:
         ws = Path(tmp)
         scratch = ws / "scratch"
         scratch.mkdir()
         for run in range(runs):
-            folder = ws / "agents" / f"a{run}"
-            folder.mkdir(parents=True)
-            paths = agent_paths(ws, f"a{run}")
-            if first:
-                make_memory(paths.memory, 0)
-            else:
-                compacted_before(paths)
-            # What the daemon has in memory when it starts the job: its count
-            # of the file, made append by append.
-            counted = grow(paths.memory, size, tokenizer)
-            if restored:
-                # As a restart leaves it: restored from the state DB, no marks.
-                counted = dataclasses.replace(counted, marks=())
-            figures.floor.append(io_floor(paths.memory, scratch))
-            options = CompactionOptions(
-                drain_quiet_s=0.0,
-                drain_max_s=1.0,
-                summary_max_tokens=size // 4,
-                keep_recent_tokens=keep_recent,
-                entries_add_up=True,  # cl100k_base, as from_config sets it
-                key_file=key_file,
-            )
-            PINNING.seconds = REDACTION.seconds = 0.0
-            cpu_start = time.process_time()
-            outcome = compact_agent(
-                paths,
-                InstantSummarizer(),
-                options,
-                count_bytes=tokenizer.count_bytes,
-                threshold=ThresholdCheck(counted, threshold_tokens=1),
-            )
-            figures.cpu.append(time.process_time() - cpu_start)
-            figures.pinning.append(PINNING.seconds)
-            figures.redaction.append(REDACTION.seconds)
-            figures.overhead.append(
-                outcome.duration_s - outcome.llm_duration_s - PINNING.seconds - REDACTION.seconds
-            )
-            assert outcome.tokens_before == counted.tokens
-            snapshot = outcome.archive.read_bytes()
-            figures.turns.append(read_turns(snapshot))
-            if builtin:
-                figures.builtin.append(builtin_summary(snapshot, tokenizer, size // 4))
-    return figures
+            for index, keep in enumerate(keeps):
+                figures = all_figures[index]
+                name = f"a{run}-{index}"
+                (ws / "agents" / name).mkdir(parents=True)
+                paths = agent_paths(ws, name)
+                if first:
+                    make_memory(paths.memory, 0)
+                else:
+                    compacted_before(paths)
+                # What the daemon has in memory when it starts the job: its count
+                # of the file, made append by append.
+                counted = grow(paths.memory, size, tokenizer)
+                if restored:
+                    # As a restart leaves it: restored from the state DB, no marks.
+                    counted = dataclasses.replace(counted, marks=())
+                kept_budget = counted.tokens // 10 if keep == DEFAULT_KEEP else keep
+                figures.kept_budget = kept_budget
+                figures.floor.append(io_floor(paths.memory, scratch))
+                options = CompactionOptions(
+                    drain_quiet_s=0.0,
+                    drain_max_s=1.0,
+                    summary_max_tokens=size // 4,
+                    keep_recent_tokens=kept_budget,
+                    entries_add_up=True,  # cl100k_base, as from_config sets it
+                    key_file=key_file,
+                )
+                PINNING.seconds = REDACTION.seconds = 0.0
+                cpu_start = time.process_time()
+                outcome = compact_agent(
+                    paths,
+                    InstantSummarizer(),
+                    options,
+                    count_bytes=tokenizer.count_bytes,
+                    threshold=ThresholdCheck(counted, threshold_tokens=1),
+                )
+                figures.cpu.append(time.process_time() - cpu_start)
+                figures.pinning.append(PINNING.seconds)
+                figures.redaction.append(REDACTION.seconds)
+                figures.overhead.append(
+                    outcome.duration_s
+                    - outcome.llm_duration_s
+                    - PINNING.seconds
+                    - REDACTION.seconds
+                )
+                assert outcome.tokens_before == counted.tokens
+                snapshot = outcome.archive.read_bytes()
+                figures.turns.append(read_turns(snapshot))
+                if builtin:
+                    figures.builtin.append(builtin_summary(snapshot, tokenizer, size // 4))
+    return all_figures
 
 
 def _ms(values: list[float]) -> str:
@@ -316,8 +336,9 @@ def main() -> int:
     parser.add_argument(
         "--keep-recent-tokens",
         type=int,
-        default=0,
-        help="newest turns kept verbatim (the daemon's default: a tenth of the threshold)",
+        default=None,
+        help="newest turns kept verbatim (default: both none and the daemon's default, a "
+        "tenth of the threshold, i.e. of the file's tokens, in the same run)",
     )
     parser.add_argument(
         "--builtin", action="store_true", help="also time the builtin summarizer, apart"
@@ -331,21 +352,30 @@ def main() -> int:
     size = int(args.size_mb * 1024 * 1024)
     which = "first compaction" if args.first else "compacted before"
     count = "restored (no marks)" if args.restored else "made append by append"
+    keeps = (0, DEFAULT_KEEP) if args.keep_recent_tokens is None else (args.keep_recent_tokens,)
     print(
         f"compaction overhead excl. LLM, daemon path, {args.size_mb:g} MB MEMORY.md, "
-        f"{args.runs} runs, agent {which}, kept tail {args.keep_recent_tokens} tokens, "
-        f"count {count}; load average {os.getloadavg()[0]:.2f}"
+        f"{args.runs} runs, agent {which}, count {count}; "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     plain = measure(
         size,
         args.runs,
         None,
         first=args.first,
-        keep_recent=args.keep_recent_tokens,
+        keeps=keeps,
         builtin=args.builtin,
         restored=args.restored,
     )
-    report("plain archive:     " if args.encrypt else "", plain)
+    for figures in plain:
+        label = f"kept tail {figures.kept_budget} tokens: "
+        report(("plain archive, " if args.encrypt else "") + label, figures)
+    if len(plain) == 2:
+        none, kept = plain
+        print(
+            "  kept tail / none, overhead medians: "
+            f"{statistics.median(kept.overhead) / statistics.median(none.overhead):.2f}x"
+        )
     if args.encrypt:
         with tempfile.TemporaryDirectory() as keys:
             key_file = Path(keys) / "master.key"
@@ -355,12 +385,14 @@ def main() -> int:
                 args.runs,
                 key_file,
                 first=args.first,
-                keep_recent=args.keep_recent_tokens,
+                keeps=keeps,
                 restored=args.restored,
             )
-        report("encrypted archive: ", sealed)
-        ratio = statistics.median(sealed.overhead) / statistics.median(plain.overhead)
-        print(f"  encrypted / plain overhead median: {ratio:.2f}x")
+        for figures, plain_figures in zip(sealed, plain, strict=True):
+            report(f"encrypted archive, kept tail {figures.kept_budget} tokens: ", figures)
+            ratio = statistics.median(figures.overhead) / statistics.median(plain_figures.overhead)
+            print(f"  encrypted / plain overhead median: {ratio:.2f}x")
+    print(f"  load average now {os.getloadavg()[0]:.2f}")
     print("  (drain quiet window, default 1.0 s of idle waiting for late writers, not included)")
     return 0
 

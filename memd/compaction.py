@@ -91,7 +91,12 @@ from memd.core.summary_block import (
     version_line,
 )
 from memd.core.summary_plan import BudgetError, degenerate_floor
-from memd.core.tokens import JUNCTION_CUT_ENCODINGS, CountState, count_at_least
+from memd.core.tokens import (
+    JUNCTION_CUT_ENCODINGS,
+    CountState,
+    count_at_least,
+    last_safe_boundary,
+)
 from memd.counting import WINDOW_BYTES, TrackedCount, count_data, count_fd
 from memd.errors import (
     CompactionAborted,
@@ -1394,7 +1399,8 @@ def _new_file_count(
     what follows it (the old count's unsettled tail and the appends), and keeps the
     ones before it as its marks. Without such a point it resumes where the kept
     turns start (a junction cut: an entry starts there), or, with nothing after
-    the head that starts an entry, counts the new file from scratch.
+    the head, from the head's last safe boundary; else (bytes after the head that
+    start no entry) it counts the new file from scratch.
     """
     shift = head_size - kept.start
     marks: list[int] = []
@@ -1408,6 +1414,10 @@ def _new_file_count(
         resume_at, resume_tokens = marks[-2], marks[-1]
     elif new.data[head_size : head_size + 1] == b"#":
         resume_at, resume_tokens = head_size, head_tokens
+    elif len(new.data) == head_size and (cut := last_safe_boundary(new.data)) > 0:
+        # Nothing after the head: its last safe boundary, the head's tokens less
+        # those of the few bytes after it.
+        resume_at, resume_tokens = cut, head_tokens - count_bytes(new.data[cut:])
     else:
         return count_data(new.data, new.dev, new.ino, new.mtime_ns, None, count_bytes)[0]
     seed = TrackedCount(

@@ -1316,3 +1316,34 @@ def test_the_daemons_marks_spare_tokenizing_the_kept_turns_and_seed_the_new_coun
     assert kept == kept_0 and produced == produced_0  # the same turns kept, the same figures
     # Without marks the kept turns are tokenized (once); with them, only near the cut.
     assert tokenized_0 > kept_size > 3 * tokenized
+
+
+def test_with_no_kept_turns_the_new_count_does_not_tokenize_the_summary_again(
+    ws: AgentWorkspace,
+) -> None:
+    from support.tokens import CL100K
+
+    from memd.counting import CountKind, count_file
+
+    paths, counted = _grown_agent(ws, "alpha", 60)
+    seen: list[bytes] = []
+
+    def count_bytes(data: bytes) -> int:
+        seen.append(data)
+        return CL100K.count_bytes(data)
+
+    outcome = compact_agent(
+        paths,
+        FixedSummarizer(SUMMARY_TEXT * 20),
+        replace(FAST, entries_add_up=True),
+        count_bytes=count_bytes,
+        threshold=compaction.ThresholdCheck(counted, threshold_tokens=1),
+    )
+    new_file = paths.memory.read_bytes()
+    assert parse(new_file).entries[1:] == []  # nothing kept
+    assert outcome.counted is not None
+    assert outcome.counted.tokens == outcome.tokens_after == CL100K.count_bytes(new_file)
+    assert seen.count(new_file) == 1  # the head, counted once for tokens_produced
+    assert sum(len(data) for data in seen if data != new_file) < len(new_file) // 2
+    _again, kind = count_file(paths.memory, outcome.counted, CL100K.count_bytes, junction_cut=True)
+    assert kind is CountKind.UNCHANGED
