@@ -331,13 +331,13 @@ _HAS_PRIVATE = 1
 _HAS_DESCRIPTOR = 2
 
 
-@dataclass(frozen=True, slots=True)
-class FolderFacts:
+class FolderFacts(NamedTuple):
     """An agent folder as a listing saw it: its identity and ctime (any entry
     added, removed, renamed or replaced by a symlink moves the folder's ctime,
     which no one but root can set back), and which of memd's entries it held.
     Stored with the agent's record, so a restart stats the folder instead of
-    listing it again while the ctime has not moved."""
+    listing it again while the ctime has not moved. A tuple: a restart makes
+    one per agent."""
 
     ino: int
     ctime_ns: int

@@ -113,6 +113,9 @@ class AgentJob:
     last_compaction_at: float | None = None
 
 
+IDLE_JOB = AgentJob()
+
+
 def stored_state(job: AgentJob, count_failed: bool = False) -> StoredJobState:
     """The job's state as stored (an agent whose file cannot be counted is in error)."""
     return "error" if count_failed else _STORED[job.state]
@@ -369,6 +372,7 @@ class Wakes:
 
 
 __all__ = [
+    "IDLE_JOB",
     "AgentJob",
     "Decision",
     "JobState",

@@ -435,9 +435,8 @@ class CountService:
         # Nothing to write back, unless the folder was listed anew (its facts change)
         # or the agent's policy changed while we were down (a new context_length or
         # memd-agent.json): `memd status` shows the stored threshold.
-        folder = entry.folder
         policy = entry.policy
-        entry.dirty = ((folder.ino, folder.ctime_ns, folder.entries) if folder else (0, 0, 0)) != (
+        entry.dirty = (entry.folder or (0, 0, 0)) != (
             record.folder_ino,
             record.folder_ctime_ns,
             record.folder_entries,

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from memd.core.config import AgentPolicy
-from memd.core.jobs import AgentJob, JobState
+from memd.core.jobs import IDLE_JOB, AgentJob, JobState
 from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, JUNCTION_CUT_ENCODINGS
 from memd.counting import CountKind, CountResult, TrackedCount, count_fd
 from memd.errors import MemdError, describe_error
@@ -61,7 +61,7 @@ class AgentEntry:
     paths: AgentPaths
     policy: AgentPolicy
     tracked: TrackedCount | None = None
-    job: AgentJob = field(default_factory=AgentJob)
+    job: AgentJob = IDLE_JOB  # a value (frozen): one for every agent that starts idle
     count_error: str | None = None
     dirty: bool = True
     burst_started: float | None = None  # monotonic time of the first unhandled event

@@ -221,8 +221,7 @@ class Daemon:
                 s.registry.refresh_window(entry.name)
         s.counter.start(stack)
         s.counter.count_later(later)
-        for entry in entries:
-            s.runner.evaluate(entry)
+        s.runner.evaluate_all(entries)
         s.flusher.set_healthy(s.healthy())  # every thread started: the first heartbeat's
         s.runner.flush()
         self.notifier.ready(s.flusher.status_text())
@@ -350,8 +349,7 @@ class Daemon:
         if tokenizer is None:
             # After an encoding change each agent is evaluated when its recount
             # lands: judged on "0 tokens" now, a breaker would look healed.
-            for entry in s.registry.agents().values():
-                s.runner.evaluate(entry)
+            s.runner.evaluate_all(s.registry.agents().values())
         self.notifier.ready(s.flusher.status_text())
         _audit_reload(s.audit, ok=True, changed=checks.changed_sections(old, new))
         _log.info(

@@ -189,12 +189,16 @@ class Runner:
 
     def evaluate(self, entry: AgentEntry) -> None:
         """A count (or an expired hold) for the agent: decide and act."""
+        self.evaluate_all((entry,))
+
+    def evaluate_all(self, entries: Iterable[AgentEntry]) -> None:
+        """:meth:`evaluate` each agent, under one lock (start-up: every agent)."""
         with self._lock:
-            if self._stopping or entry.count_error is not None:
-                return
-            if not self._registry.is_current(entry):
-                return
-            self._apply(entry, self._decide(entry, entry.job))
+            for entry in entries:
+                if self._stopping:
+                    return
+                if entry.count_error is None and self._registry.is_current(entry):
+                    self._apply(entry, self._decide(entry, entry.job))
 
     def _decide(self, entry: AgentEntry, job: AgentJob) -> Decision:
         return on_count(
