@@ -5,7 +5,10 @@
 
 Builds a workspace of small MEMORY.md files, runs ``memd run`` once (cold: every
 file counted, the state DB written at the clean stop), then restarts it with
-the files unchanged and times process start → the ``ready`` log line. The
+the files unchanged and times process start → the ``ready`` log line. The cold
+start waits until the folders just built are older than memd's racy-timestamp
+window (a folder changed within 2 s of its listing is listed again at the next
+start, as a folder of a live fleet would not be: only the first restart did). The
 anchor is a process doing the least any start-up must: the interpreter with
 memd's imports, a stat of every MEMORY.md and an inotify watch on every agent
 folder (raw ``inotify_add_watch``). Prints both (medians) and their ratio
@@ -30,6 +33,8 @@ from pathlib import Path
 
 from bench_daemon import HEADER, Proc, entry, write_config
 from bench_status import compile_memd
+
+from memd.workspace import _RACY_NS
 
 # What the anchor imports: the modules `memd run` has loaded by READY.
 _ANCHOR = r"""
@@ -89,6 +94,8 @@ def main() -> None:
         ws, state = root / "ws", root / "state"
         build(ws, args.agents)
         config = write_config(root / "memd.toml", trigger={"context_length": 10**6})
+        newest = os.stat(ws / "agents" / f"agent{args.agents - 1:05d}").st_ctime_ns
+        time.sleep(max(0.0, (newest + _RACY_NS) / 1e9 - time.time()))
         cold, agents = time_ready(ws, state, config)
         restarts, anchors = [], []
         for repeat in range(args.repeats):
