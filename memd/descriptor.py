@@ -104,9 +104,12 @@ class Descriptors:
             return self._seen[agent][0] != file_key(agent_dir)
 
     def absent(self, agent: str) -> None:
-        """The caller just listed the agent's folder and saw no descriptor (no lstat)."""
-        with self._lock:
-            self._seen[agent] = (None, None)
+        """The caller just listed the agent's folder and saw no descriptor (no lstat).
+        An agent never read needs nothing (no reading reads as none): the lock is
+        taken only to drop an older reading (each agent at start-up: none)."""
+        if agent in self._seen:
+            with self._lock:
+                self._seen[agent] = (None, None)
 
     def window(self, agent: str, agent_dir: Path) -> AgentWindow | None:
         """The agent's declared window (None: it wrote none, or one memd refuses)."""
