@@ -7,8 +7,11 @@ with it, so compare the ratios measured in one run):
 ``passes``: the CPU of one pass, interleaved in one thread over the same
 fleet: memd's pass with the files held open (a local disk), with every path
 stat'ed (no fds to spare, or a network share), the pass memd had before issue
-13, and two floors: a Python loop of one bare ``os.fstat`` per held MEMORY.md
-and one of one bare ``os.stat`` per full path.
+13, and three floors: a Python loop of one bare ``os.lseek`` (what memd's pass
+does to each held MEMORY.md) and one of one bare ``os.fstat`` per held file,
+and one of one bare ``os.stat`` per full path. One thread, so the kernel takes
+no reference and no position lock per call: in the daemon (several threads)
+the same lseek loop costs about twice as much, which ``daemon`` shows.
 
 ``watcher``: the poller on its own thread vs watchdog's PollingObserver (used
 before; one emitter thread per folder, so measured at a smaller fleet,
@@ -17,8 +20,9 @@ process and of memd's polling thread alone (its own CPU clock), and append ->
 callback latency (p50/p99 over appends to random agents).
 
 ``daemon``: the whole daemon with ``[watch] poll = true`` in this process:
-threads, fds, idle CPU by thread, and each append -> the count that includes
-it, against poll interval + debounce + 300 ms.
+threads, fds, idle CPU by thread, the cyclic GC's collections in the idle
+window, and each append -> the count that includes it, against poll interval
++ debounce + 300 ms.
 
     python bench/bench_poll.py [--part passes|watcher|daemon|all] [--agents 10000]
         [--descriptors 0..1] [--anchor-agents 1000] [--idle-s 10] [--rounds 50]
@@ -27,6 +31,7 @@ it, against poll interval + debounce + 300 ms.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -257,7 +262,9 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             ]
             cpu0, wall0 = time.process_time(), time.monotonic()
             before = threads_cpu()
+            gc_before = [generation["collections"] for generation in gc.get_stats()]
             time.sleep(idle_s)
+            gc_after = [generation["collections"] for generation in gc.get_stats()]
             after = threads_cpu()
             wall = time.monotonic() - wall0
             idle_cpu = (time.process_time() - cpu0) / wall
@@ -301,6 +308,7 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             "missed": missed,
             "by_thread": by_thread,
             "thread_names": thread_names,
+            "gc": [n1 - n0 for n0, n1 in zip(gc_before, gc_after, strict=True)],
         }
 
 
@@ -353,7 +361,7 @@ def measure_passes(count: int, rounds: int) -> dict[str, float]:
     held open and with every path stat'ed, the previous pass, and two floors:
     a Python loop of one bare ``os.fstat`` per held MEMORY.md and one of one
     bare ``os.stat`` per full path."""
-    from memd.poller import StatPoller
+    from memd.poller import SETTLE_S, StatPoller
 
     with tempfile.TemporaryDirectory(prefix="memd-bench-poll-passes-") as tmp:
         root = Path(tmp)
@@ -368,6 +376,10 @@ def measure_passes(count: int, rounds: int) -> dict[str, float]:
             poller.poll_once()
             passes[name] = poller.poll_once
             pollers.append(poller)
+        # Past SETTLE_S, where agents/ is listed on every pass after its stat moved.
+        time.sleep(SETTLE_S + 0.1)
+        for poller in pollers:
+            poller.poll_once()
         passes["previous pass (before issue 13)"] = legacy_pass(root, folders)
         paths = [str(folder / "MEMORY.md") for folder in folders.values()]
         # The held poller's own fds (a second set would not fit RLIMIT_NOFILE).
@@ -378,10 +390,15 @@ def measure_passes(count: int, rounds: int) -> dict[str, float]:
             for fd in fds:
                 os.fstat(fd)
 
+        def lseek_floor() -> None:
+            for fd in fds:
+                os.lseek(fd, 0, os.SEEK_END)
+
         def stat_floor() -> None:
             for path in paths:
                 os.stat(path)
 
+        passes["floor: bare os.lseek loop"] = lseek_floor
         passes["floor: bare os.fstat loop"] = fstat_floor
         passes["floor: bare os.stat loop"] = stat_floor
         spent: dict[str, float] = dict.fromkeys(passes, 0.0)
@@ -462,6 +479,10 @@ def main(argv: list[str]) -> int:
         print(
             "  idle CPU by thread: "
             + ", ".join(f"{name} {share:.2%}" for name, share in busiest if share >= 0.0001)
+        )
+        print(
+            "  cyclic GC collections in the idle window (generation 0, 1, 2): "
+            + ", ".join(str(n) for n in row["gc"])
         )
         if args.part == "daemon":
             return 0
