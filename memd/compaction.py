@@ -1355,10 +1355,11 @@ def _produced_tokens(
     counted, when entries add up (every piece here starts an entry after a newline).
     Also the header and summary block's own tokens (None when not counted apart)."""
     produced = txn.produced
-    if not opts.entries_add_up or cut != kept_from:
-        return count_bytes(produced), None
     kept_end = txn.produced_head + txn.produced_kept
     past = produced[kept_end:]
+    if not opts.entries_add_up or cut != kept_from or (past and not past.startswith(b"#")):
+        # (Bytes past N that start no entry: the sum would not be exact there.)
+        return count_bytes(produced), None
     head = count_bytes(produced[: txn.produced_head])
     return head + kept_tokens + (count_bytes(past) if past else 0), head
 
