@@ -211,7 +211,8 @@ class Runner:
         )
 
     def _apply(self, entry: AgentEntry, decision: Decision) -> None:
-        changed = decision.job != entry.job
+        # Most decisions keep the very job object (a quiet agent): no field-by-field compare.
+        changed = decision.job is not entry.job and decision.job != entry.job
         entry.job = decision.job  # before dirty: see the module docstring
         if changed:
             entry.dirty = True
