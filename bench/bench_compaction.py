@@ -8,7 +8,7 @@ Each run compacts a MEMORY.md the way the daemon does: the real tokenizer,
 the daemon's incremental count of the file handed in (``ThresholdCheck``), made
 as the daemon makes it, the file growing a few turns at a time and counted after
 each append (so it has the count's marks; ``--restored``: without them, as a
-count restored from the state DB after a restart), token figures measured
+recount from scratch leaves it, or a state DB an older memd wrote), token figures measured
 (``measure_tokens=True``), a summarizer that answers at once with a reply long
 enough to pass the degenerate-reply check. The drain's quiet window is 0 here
 (idle waiting for late writers, not work). The agent has been compacted once
@@ -257,7 +257,7 @@ def measure(
                 # of the file, made append by append.
                 counted = grow(paths.memory, size, tokenizer)
                 if restored:
-                    # As a restart leaves it: restored from the state DB, no marks.
+                    # Without marks: a recount, or a state DB an older memd wrote.
                     counted = dataclasses.replace(counted, marks=())
                 kept_budget = counted.tokens // 10 if keep == DEFAULT_KEEP else keep
                 figures.kept_budget = kept_budget
@@ -346,12 +346,13 @@ def main() -> int:
     parser.add_argument(
         "--restored",
         action="store_true",
-        help="the daemon's count as a restart leaves it (from the state DB: no marks)",
+        help="the daemon's count without its marks (as a recount from scratch leaves it, "
+        "or one restored from a state DB an older memd wrote)",
     )
     args = parser.parse_args()
     size = int(args.size_mb * 1024 * 1024)
     which = "first compaction" if args.first else "compacted before"
-    count = "restored (no marks)" if args.restored else "made append by append"
+    count = "without its marks" if args.restored else "made append by append"
     keeps = (0, DEFAULT_KEEP) if args.keep_recent_tokens is None else (args.keep_recent_tokens,)
     print(
         f"compaction overhead excl. LLM, daemon path, {args.size_mb:g} MB MEMORY.md, "

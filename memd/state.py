@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -71,7 +72,9 @@ class Outcome(Protocol):
 # pinned facts kept and evicted, the model calls made; the spending table.
 # 6: the daemon keeps how many archives are encrypted at rest (status shows
 # them without listing the folder).
-SCHEMA_VERSION = 7
+# 8: the count's marks (memd.counting.TrackedCount.marks), so the first compaction
+# after a restart takes its kept turns' tokens from them too.
+SCHEMA_VERSION = 8
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -117,7 +120,8 @@ CREATE TABLE IF NOT EXISTS agents (
     encrypted_archives INTEGER NOT NULL DEFAULT 0,
     folder_ino INTEGER NOT NULL DEFAULT 0,
     folder_ctime_ns INTEGER NOT NULL DEFAULT 0,
-    folder_entries INTEGER NOT NULL DEFAULT 0
+    folder_entries INTEGER NOT NULL DEFAULT 0,
+    marks BLOB
 );
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -222,6 +226,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE agents ADD COLUMN folder_ctime_ns INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE agents ADD COLUMN folder_entries INTEGER NOT NULL DEFAULT 0",
     ),
+    # 7 -> 8: the count's marks (NULL: none; a restart then counts without them).
+    7: ("ALTER TABLE agents ADD COLUMN marks BLOB",),
 }
 
 # Tables with an ``agent`` column: what an erasure clears (here and in corrupt copies).
@@ -358,6 +364,8 @@ class AgentRecord(NamedTuple):
     folder_ino: int = 0
     folder_ctime_ns: int = 0
     folder_entries: int = 0
+    # Schema 8: the count's marks, packed (pack_marks); None: none.
+    marks: bytes | None = None
 
     @classmethod
     def of(
@@ -407,6 +415,7 @@ class AgentRecord(NamedTuple):
             folder_ino=folder.ino if folder else 0,
             folder_ctime_ns=folder.ctime_ns if folder else 0,
             folder_entries=folder.entries if folder else 0,
+            marks=pack_marks(tracked.marks) if tracked is not None and tracked.marks else None,
         )
 
     @property
@@ -443,7 +452,20 @@ class AgentRecord(NamedTuple):
             open_run=self.estimated,
         )
         mtime_ns = self.mtime_ns if current_size == self.size else 0
-        return TrackedCount(count, mtime_ns, self.window_start, self.window_digest)
+        marks = unpack_marks(self.marks) if self.marks else ()
+        return TrackedCount(count, mtime_ns, self.window_start, self.window_digest, marks=marks)
+
+
+def pack_marks(marks: tuple[int, ...]) -> bytes:
+    """A count's marks as stored: little-endian signed 64-bit integers."""
+    return struct.pack(f"<{len(marks)}q", *marks)
+
+
+def unpack_marks(blob: bytes) -> tuple[int, ...]:
+    """Stored marks back; none when the blob is not whole (offset, tokens) pairs."""
+    if len(blob) % 16:
+        return ()
+    return struct.unpack(f"<{len(blob) // 8}q", blob)
 
 
 # The table's columns mirror the record's fields; named, so a column order that
@@ -774,6 +796,7 @@ class StateStore:
                 r.folder_ino,
                 r.folder_ctime_ns,
                 r.folder_entries,
+                r.marks,
             )
             for r in records
         ]

@@ -737,5 +737,71 @@ def test_a_schema_6_db_is_upgraded_and_its_agents_folders_are_unknown(
         assert again is not None and again.folder == facts
         assert facts.has_private and facts.has_descriptor
     conn = sqlite3.connect(state_db_path(state_dir, workspace))
-    assert conn.execute("SELECT version FROM schema_version").fetchone() == (7,)
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (
+        memd.state.SCHEMA_VERSION,
+    )
     conn.close()
+
+
+def _write_schema_7_db(path: Path) -> None:
+    """What memd with schema 7 (before the count's marks) left: schema 6 plus its
+    step to 7, the row's folder facts and all."""
+    _write_schema_6_db(path)
+    conn = sqlite3.connect(path)
+    for statement in memd.state._MIGRATIONS[6]:
+        conn.execute(statement)
+    conn.execute("UPDATE agents SET folder_ino = 77, folder_ctime_ns = 5, folder_entries = 3")
+    conn.execute("UPDATE schema_version SET version = 7")
+    conn.commit()
+    conn.close()
+
+
+def test_a_schema_7_db_is_upgraded_and_its_counts_have_no_marks(
+    tmp_path: Path, workspace: Path
+) -> None:
+    state_dir = tmp_path / "s"
+    _write_schema_7_db(state_db_path(state_dir, workspace))
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.warnings == []
+        alpha = store.get_agent("alpha")
+        assert alpha is not None and alpha.last_error == "boom"
+        assert (alpha.folder_ino, alpha.folder_entries) == (77, 3)
+        assert alpha.marks is None and alpha.to_tracked(alpha.size).marks == ()
+        # The new column takes the marks of a count and gives them back.
+        store.upsert_agents([alpha._replace(marks=memd.state.pack_marks((10, 3, 900, 250)))])
+        again = store.get_agent("alpha")
+        assert again is not None and again.to_tracked(again.size).marks == (10, 3, 900, 250)
+    conn = sqlite3.connect(state_db_path(state_dir, workspace))
+    assert conn.execute("SELECT version FROM schema_version").fetchone() == (8,)
+    conn.close()
+
+
+def test_a_count_is_stored_with_its_marks_and_restored_with_them(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.memfiles import append_entry
+    from support.tokens import CL100K
+
+    from memd.core.jobs import AgentJob
+    from memd.counting import count_file
+
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 16)
+    memory = tmp_path / "MEMORY.md"
+    memory.write_bytes(b"")
+    tracked = None
+    for n in range(40):
+        append_entry(memory, "Human", f"turn {n}: " + "some words " * 20)
+        tracked, _kind = count_file(memory, tracked, CL100K.count_bytes, junction_cut=True)
+    assert tracked is not None and len(tracked.marks) >= 8
+    record = AgentRecord.of(
+        "alpha", tracked, AgentJob(), threshold_tokens=1, count_error=None,
+        encoding="cl100k_base", now=0.0,
+    )  # fmt: skip
+    with StateStore.open(tmp_path / "s", workspace) as store:
+        store.upsert_agents([record])
+        stored = store.get_agent("alpha")
+    assert stored is not None
+    restored = stored.to_tracked(memory.stat().st_size)
+    assert restored.marks == tracked.marks and restored.tokens == tracked.tokens
+    # A blob that is no whole pairs is no marks (never a wrong one).
+    assert memd.state.unpack_marks(b"\x00" * 24) == ()
