@@ -45,6 +45,8 @@ RecoverFn = Callable[[AgentPaths, "Path | None"], "str | None"]
 ContextLengthOf = Callable[[str], "int | None"]
 # What an agent's policy is made of: its matching [agents."glob"] tables, its window.
 PolicyKey = tuple[tuple[str, ...], AgentWindow | None]
+# How many policies are kept for sharing (an agent keeps its own either way).
+MAX_SHARED_POLICIES = 4096
 
 
 class Rescans:
@@ -154,6 +156,10 @@ class AgentRegistry:
         key = (matching_overrides(config, name), window)
         policy = policies.get(key)
         if policy is None:
+            if len(policies) >= MAX_SHARED_POLICIES:
+                # Bounded: agents that rewrite their descriptor (a new reserved
+                # text, a new window) would otherwise add policies for ever.
+                policies.clear()
             policy = policies[key] = resolve_policy(config, name, self._context_length_of, window)
         return policy
 

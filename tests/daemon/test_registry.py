@@ -129,3 +129,28 @@ def test_agents_that_resolve_alike_share_one_policy(tmp_path: Path) -> None:
     again = {name: entry.policy for name, entry in registry.agents().items()}
     assert again["alice"] is again["bob"] is again["scratch-1"]
     assert again["alice"].threshold == 0.8 and again["dora"].context_length == 3000
+
+
+def test_the_shared_policies_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An agent that keeps rewriting its descriptor (a new window each time) does
+    # not add a policy for ever: past the bound the kept ones are dropped.
+    import json
+
+    import memd.daemon.registry
+    from memd.descriptor import Descriptors
+
+    monkeypatch.setattr(memd.daemon.registry, "MAX_SHARED_POLICIES", 3)
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("dora")
+    registry = make_registry(ws)
+    registry.descriptors = Descriptors(len)
+    seen = []
+    for window in range(2000, 2010):
+        (ws.root / "agents/dora/memd-agent.json").write_text(
+            # A new size each time: a new file identity however coarse the mtime.
+            json.dumps({"format": "memd-agent", "version": 1, "context_length": window})
+            + " " * window
+        )
+        seen.append(registry.policy("dora"))
+        assert len(registry._policies[1]) <= 3
+    assert [policy.context_length for policy in seen] == list(range(2000, 2010))
