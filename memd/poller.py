@@ -241,9 +241,9 @@ class StatPoller:
         # a file was held or given back (only the pass thread touches these).
         self._generation = 0
         self._built = -1
-        self._ring: list[_File] = []  # held MEMORY.md files (each at its slot)
-        self._ring_fds: list[int] = []
-        self._ring_sizes: list[int] = []  # each one's fd_size
+        self._held_memory: list[_File] = []  # held MEMORY.md files (each at its slot)
+        self._held_fds: list[int] = []
+        self._held_sizes: list[int] = []  # each one's fd_size
         self._unheld: list[_File] = []  # MEMORY.md files stat'ed by path
         self._hot: dict[_File, float] = {}  # MEMORY.md reported changed -> hot until
         # Given back by the pass thread (the only one that uses them), at the
@@ -279,7 +279,7 @@ class StatPoller:
                 self._agents.clear()
                 self._generation += 1
             self._give_back()
-            self._ring, self._ring_fds, self._ring_sizes, self._unheld = [], [], [], []
+            self._held_memory, self._held_fds, self._held_sizes, self._unheld = [], [], [], []
             self._hot.clear()
         finally:
             self._pass_lock.release()
@@ -549,14 +549,14 @@ class StatPoller:
         """
         if self._built != generation:
             self._build(agents, generation)
-        ring, sizes = self._ring, self._ring_sizes
+        held, sizes = self._held_memory, self._held_sizes
         try:
-            now_sizes = list(map(os.lseek, self._ring_fds, _ZEROS, _ENDS))
+            now_sizes = list(map(os.lseek, self._held_fds, _ZEROS, _ENDS))
         except OSError:
-            now_sizes = [_size(fd) for fd in self._ring_fds]
+            now_sizes = [_size(fd) for fd in self._held_fds]
         check: dict[_File, None] = {}
         if now_sizes != sizes:
-            moved = itertools.compress(ring, map(operator.ne, now_sizes, sizes))
+            moved = itertools.compress(held, map(operator.ne, now_sizes, sizes))
             check.update(dict.fromkeys(moved))
         for agent in agents[turn % VERIFY_EVERY :: VERIFY_EVERY]:
             file = agent.memory
@@ -583,20 +583,20 @@ class StatPoller:
 
     def _build(self, agents: list[_Agent], generation: int) -> None:
         """The pass's lists of held and unheld MEMORY.md files, after a change."""
-        ring: list[_File] = []
+        held: list[_File] = []
         unheld: list[_File] = []
         for agent in agents:
             file = agent.memory
             if file.fd >= 0:
-                file.slot = len(ring)
-                ring.append(file)
+                file.slot = len(held)
+                held.append(file)
             else:
                 unheld.append(file)
-        self._ring, self._unheld = ring, unheld
-        self._ring_fds = [file.fd for file in ring]
-        self._ring_sizes = [file.fd_size for file in ring]
+        self._held_memory, self._unheld = held, unheld
+        self._held_fds = [file.fd for file in held]
+        self._held_sizes = [file.fd_size for file in held]
         if self._hot:
-            watched = {id(file) for file in ring}
+            watched = {id(file) for file in held}
             watched.update(id(file) for file in unheld)
             self._hot = {f: until for f, until in self._hot.items() if id(f) in watched}
         self._built = generation
