@@ -16,9 +16,9 @@ What keeps a pass cheap at 10,000 agents (figures in the README):
   for the files whose size moved, the *hot* ones (reported changed within
   :data:`HOT_S`: an agent that wrote recently is the one memd compacts, and a
   compaction renames a new file over MEMORY.md), and each agent's path is
-  stat'ed in turn, one agent in :data:`VERIFY_EVERY` per pass. Held within a
-  share of ``RLIMIT_NOFILE`` (:func:`default_fd_budget`), never on a network
-  or FUSE share;
+  stat'ed in turn, a slice of the agents each pass, every one within
+  :data:`VERIFY_S`. Held within a share of ``RLIMIT_NOFILE``
+  (:func:`default_fd_budget`), never on a network or FUSE share;
 * otherwise each MEMORY.md is stat'ed relative to a pinned ``agents/`` fd
   (two path components to resolve, not the whole workspace path; on NFS
   fewer directories to revalidate), its signature ``(inode, size, mtime)``,
@@ -28,26 +28,26 @@ What keeps a pass cheap at 10,000 agents (figures in the README):
   some filesystems), so a second folder made in the same tick as the first
   leaves the stat as it was;
 * a file seen missing is probed with ``access`` (no exception object per
-  agent per pass), and the descriptors one agent in :data:`DESCRIPTOR_EVERY`
-  per pass, in turn.
+  agent per pass), and the descriptors a slice of the agents each pass, in
+  turn, every one within :data:`DESCRIPTOR_S`.
 
 What is seen when, at interval ``i`` (1 s by default), with MEMORY.md held
 open (a local disk):
 
-=====================================================  =========================
-an append; a truncation (any size change)               the next pass (<= ``i``)
-a new agent folder, a removed one (``agents/`` moved)   the next pass
-any change to a hot MEMORY.md (changed within           the next pass
+=====================================================  ===============================
+an append; a truncation (any size change)              the next pass (<= ``i``)
+a new agent folder, a removed one (``agents/`` moved)  the next pass
+any change to a hot MEMORY.md (changed within          the next pass
 :data:`HOT_S`): a rename over it (memd's compaction),
 a same-size rewrite, an unlink, a rename away
-the same to a MEMORY.md that is not hot (another        within ``VERIFY_EVERY * i``
-process's ``compact-now``, an editor's save by
-rename, memd's compaction more than :data:`HOT_S`
+the same to a MEMORY.md that is not hot (another       :data:`VERIFY_S` (30 s), or
+process's ``compact-now``, an editor's save by         the next pass if ``i`` is
+rename, memd's compaction more than :data:`HOT_S`      longer
 after the agent's last write), and the appends to
 the new file until then
-a descriptor (``memd-agent.json``) written, replaced    within ``DESCRIPTOR_EVERY * i``
-or removed
-=====================================================  =========================
+a descriptor (``memd-agent.json``) written, replaced   :data:`DESCRIPTOR_S` (30 s), or
+or removed (held open or not)                          the next pass, likewise
+=====================================================  ===============================
 
 Without held files (a network share, no fds to spare) every MEMORY.md path is
 stat'ed on every pass: every change to it shows on the next pass, within the
@@ -86,17 +86,19 @@ from memd.workspace import MEMORY_FILE
 
 _log = get_logger("memd.poller")
 
-# The descriptor changes rarely: each pass probes this share of the agents'
-# descriptors in turn (a change shows within this many intervals; probing
-# every agent's on every pass would cost more than the MEMORY.md pass itself).
-DESCRIPTOR_EVERY = 30
+# The descriptor changes rarely: each pass probes a slice of the agents'
+# descriptors in turn, every one within this long (the rescan's period,
+# ``watch.reconcile_s``, by default; or on every pass when the interval is
+# longer). Probing every agent's on every pass would cost more than the
+# MEMORY.md pass itself.
+DESCRIPTOR_S = 30.0
 # How long agents/ is listed on every pass after its stat last moved.
 SETTLE_S = 2.0
-# A held MEMORY.md is checked against its path on every this many passes
-# (a slice of the agents each pass), whatever its size says: a same-size
-# rewrite, a replacement or an unlink of a file that is not hot shows within
-# this many intervals.
-VERIFY_EVERY = 30
+# Each held MEMORY.md is checked against its path within this long (a slice
+# of the agents each pass, or every one on every pass when the interval is
+# longer), whatever its size says: a same-size rewrite, a replacement or an
+# unlink of a file that is not hot shows within it, as the rescan's would.
+VERIFY_S = 30.0
 # A MEMORY.md reported changed is "hot" this long: its held fd is fstat'ed on
 # every pass (ctime, size, link count), not only sized. An agent that wrote
 # recently is the one memd compacts, and a compaction replaces MEMORY.md by a
@@ -123,6 +125,11 @@ _MEMORY_NAME = os.fsencode(MEMORY_FILE)
 _ZEROS = itertools.repeat(0)
 _ENDS = itertools.repeat(os.SEEK_END)
 _DESCRIPTOR_NAME = os.fsencode(DESCRIPTOR_NAME)
+
+
+def passes_within(seconds: float, interval_s: float) -> int:
+    """How many passes at ``interval_s`` fit in ``seconds`` (at least one)."""
+    return max(1, int(seconds / interval_s))
 
 
 def default_fd_budget(root: Path) -> int:
@@ -224,6 +231,10 @@ class StatPoller:
         self._agents_changed = agents_changed
         self._memory_changed = memory_changed
         self._interval_s = interval_s
+        # A slice of the agents each pass: 1 in this many (every one within
+        # VERIFY_S, DESCRIPTOR_S at this interval).
+        self.verify_every = passes_within(VERIFY_S, interval_s)
+        self.descriptor_every = passes_within(DESCRIPTOR_S, interval_s)
         self._clock = clock
         self._agents: dict[str, _Agent] = {}
         self._root: bytes | None = None
@@ -481,9 +492,9 @@ class StatPoller:
                     if self._held[_DESCRIPTOR] <= room:
                         break
                     self._release(agent.descriptor)
-            turn = passes % DESCRIPTOR_EVERY
-            files = [a.descriptor for a in agents[turn::DESCRIPTOR_EVERY]]
-            turn = passes // DESCRIPTOR_EVERY
+            every = self.descriptor_every
+            files = [a.descriptor for a in agents[passes % every :: every]]
+            turn = passes // every
             changed.extend(f.agent.key for f in self._poll_files(files, turn, room, dir_fd))
         if root_gone:
             self._agents_changed(None)
@@ -544,8 +555,9 @@ class StatPoller:
         Every held file is sized with one ``lseek`` (no stat result to build:
         a third of an ``fstat``'s cost); the full check (:meth:`_check`) runs
         on those whose size moved, on the hot ones (reported changed within
-        :data:`HOT_S`), on every :data:`VERIFY_EVERY`-th agent in turn whose
-        path no longer shows what was seen, and on every file not held.
+        :data:`HOT_S`), on the agents whose turn it is (one in
+        ``verify_every``) whose path no longer shows what was seen, and on
+        every file not held.
         """
         if self._built != generation:
             self._build(agents, generation)
@@ -558,7 +570,8 @@ class StatPoller:
         if now_sizes != sizes:
             moved = itertools.compress(held, map(operator.ne, now_sizes, sizes))
             check.update(dict.fromkeys(moved))
-        for agent in agents[turn % VERIFY_EVERY :: VERIFY_EVERY]:
+        every = self.verify_every
+        for agent in agents[turn % every :: every]:
             file = agent.memory
             # The path still names the held inode, unchanged: one stat tells.
             if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
@@ -606,10 +619,11 @@ class StatPoller:
     ) -> list[_File]:
         """The files that changed, each checked in full (descriptors, a slice a pass).
 
-        Every :data:`VERIFY_EVERY`-th held file, taking turns (``turn``), has
+        One held file in ``verify_every``, taking turns (``turn``), has
         its path stat'ed as well, whatever its fstat says.
         """
-        for file in files[turn % VERIFY_EVERY :: VERIFY_EVERY]:
+        every = self.verify_every
+        for file in files[turn % every :: every]:
             # The path still names the held inode, unchanged: one stat tells.
             if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
                 file.fd_ctime = -1  # not so: the check stats it and takes the new file
@@ -664,12 +678,13 @@ def _size(fd: int) -> int:
 
 
 __all__ = [
-    "DESCRIPTOR_EVERY",
+    "DESCRIPTOR_S",
     "HOT_S",
     "LOCAL_FILESYSTEMS",
     "SETTLE_S",
-    "VERIFY_EVERY",
+    "VERIFY_S",
     "Signature",
     "StatPoller",
     "default_fd_budget",
+    "passes_within",
 ]

@@ -11,21 +11,29 @@ import pytest
 
 from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.poller import (
-    DESCRIPTOR_EVERY,
+    DESCRIPTOR_S,
     HOT_S,
     SETTLE_S,
-    VERIFY_EVERY,
+    VERIFY_S,
     StatPoller,
     default_fd_budget,
+    passes_within,
 )
 
 Event = tuple[str, str | None]
+# The fleets' poll interval (their passes are run by hand): the daemon's default.
+INTERVAL_S = 1.0
+# Passes until every agent's path, and every descriptor, had its turn.
+VERIFY_EVERY = passes_within(VERIFY_S, INTERVAL_S)
+DESCRIPTOR_EVERY = passes_within(DESCRIPTOR_S, INTERVAL_S)
 
 
 class Fleet:
     """agents/ with a poller on it; ``one_pass()`` returns what the pass reported."""
 
-    def __init__(self, tmp_path: Path, *names: str, fd_budget: int = 0) -> None:
+    def __init__(
+        self, tmp_path: Path, *names: str, fd_budget: int = 0, interval_s: float = INTERVAL_S
+    ) -> None:
         self.agents = tmp_path / "agents"
         self.agents.mkdir()
         for name in names:
@@ -35,7 +43,7 @@ class Fleet:
         self.poller = StatPoller(
             lambda name: self.events.append(("agents", name)),
             lambda agent: self.events.append(("memory", agent)),
-            interval_s=3600,
+            interval_s=interval_s,
             clock=lambda: self.now,
             fd_budget=fd_budget,
         )
@@ -263,8 +271,10 @@ def test_stop_closes_the_pinned_folder_and_every_held_file(make_fleet: MakeFleet
 # ---------------------------------------------------------------- held open
 
 
-def held_fleet(tmp_path: Path, *names: str, fd_budget: int = 100) -> Fleet:
-    fleet = Fleet(tmp_path, *names, fd_budget=fd_budget)
+def held_fleet(
+    tmp_path: Path, *names: str, fd_budget: int = 100, interval_s: float = INTERVAL_S
+) -> Fleet:
+    fleet = Fleet(tmp_path, *names, fd_budget=fd_budget, interval_s=interval_s)
     for name in names:
         (fleet.agents / name / "MEMORY.md").write_text("# Agent Memory\n")
     assert sorted(fleet.one_pass()) == [("memory", name) for name in sorted(names)]
@@ -480,11 +490,11 @@ def test_a_pass_never_blocks_the_watches(tmp_path: Path, monkeypatch: pytest.Mon
 # ------------------------------------------- held files: what each pass checks
 
 
-def cold_fleet(tmp_path: Path, *names: str) -> Fleet:
+def cold_fleet(tmp_path: Path, *names: str, interval_s: float = INTERVAL_S) -> Fleet:
     """A held fleet past SETTLE_S and HOT_S: nothing hot, agents/ not listed."""
-    fleet = held_fleet(tmp_path, *names)
+    fleet = held_fleet(tmp_path, *names, interval_s=interval_s)
     fleet.now += HOT_S + SETTLE_S + 1
-    for _ in range(VERIFY_EVERY):  # every file's turn once: each seen as it is now
+    for _ in range(fleet.poller.verify_every):  # every file's turn: each seen as it is now
         assert fleet.one_pass() == []
     return fleet
 
@@ -648,3 +658,17 @@ def test_a_file_that_cannot_be_sized_is_checked_in_full(
             f.write("appended\n")
     assert sorted(fleet.one_pass()) == [("memory", "alice"), ("memory", "bob")]
     assert fleet.one_pass() == []
+
+
+def test_the_turns_take_verify_s_whatever_the_interval(tmp_path: Path) -> None:
+    assert passes_within(VERIFY_S, 1.0) == 30 and passes_within(VERIFY_S, 0.1) == 300
+    # A long interval (a large fleet on a share): every path on every pass.
+    fleet = cold_fleet(tmp_path, "alice", interval_s=VERIFY_S * 2)
+    assert fleet.poller.verify_every == 1 and fleet.poller.descriptor_every == 1
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    new = memory.with_name("new.md")
+    new.write_text("a different text\n")
+    os.replace(new, memory)
+    assert fleet.one_pass() == [("memory", "alice")]
+    (fleet.agents / "alice" / DESCRIPTOR_NAME).write_text("{}")
+    assert fleet.one_pass() == [("memory", "alice")]
