@@ -117,7 +117,11 @@ def _track(
 
 
 def _marks_after(state: CountState, marks: tuple[int, ...]) -> tuple[int, ...]:
-    """The marks of a new count: a mark at its safe offset when the last is far enough."""
+    """The marks of a new count: a mark at its safe offset when the last is far enough;
+    none once the count is estimated (its total less a mark would be a bound, not
+    the tokens after the mark)."""
+    if state.estimated:
+        return ()
     tokens = state.safe_tokens
     if tokens - (marks[-1] if marks else 0) >= max(MARK_MIN_TOKENS, tokens >> MARK_SHIFT):
         return with_mark(marks, state)
@@ -128,7 +132,7 @@ def with_mark(marks: tuple[int, ...], state: CountState) -> tuple[int, ...]:
     """``marks`` with the state's safe offset added, less those before the newest
     half of its count (an estimated count marks nothing: its tokens are a bound)."""
     if state.estimated:
-        return marks
+        return ()
     keep_from = state.safe_tokens // 2
     first = 0
     while first < len(marks) and marks[first + 1] < keep_from:

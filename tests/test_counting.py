@@ -496,6 +496,27 @@ def test_an_estimated_count_marks_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     assert tracked.state.estimated and tracked.marks == ()
 
 
+def test_marks_of_an_exact_count_are_dropped_once_it_turns_estimated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # total - mark is the count after the mark only while the total is exact: a
+    # run longer than a piece makes it a bound, and the earlier marks must go.
+    monkeypatch.setattr("memd.counting.MARK_MIN_TOKENS", 1)
+    monkeypatch.setattr("memd.counting.MARK_SHIFT", 62)
+    path = tmp_path / "MEMORY.md"
+    text = entry("Human", "some words here") * 20
+    path.write_bytes(text)
+    tracked, _ = count_file(path, None, COUNTER.count_bytes, max_piece_bytes=1024)
+    with path.open("ab") as out:
+        out.write(text)
+    tracked, _ = count_file(path, tracked, COUNTER.count_bytes, max_piece_bytes=1024)
+    assert tracked.marks and not tracked.state.estimated
+    with path.open("ab") as out:
+        out.write(b"x" * 5000)
+    tracked, _ = count_file(path, tracked, COUNTER.count_bytes, max_piece_bytes=1024)
+    assert tracked.state.estimated and tracked.marks == ()
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     ops=st.lists(
