@@ -8,12 +8,16 @@ plain forms: each option at most once, as ``--opt VALUE``, ``--opt=VALUE`` or
 Anything else (``--help``, a typo, a repeated option, ``--``, a value Typer
 would refuse or convert) is left to Typer, which reads the whole line again and
 words its own messages. Each command's tables are held to its Typer command's
-parameters by a test.
+parameters by a test; :func:`exit_as_typer` ends the run as Typer's standalone
+mode would.
 """
 
 from __future__ import annotations
 
+import errno
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, NoReturn
 
 
 def read_plain_args(
@@ -59,4 +63,40 @@ def read_plain_args(
     return values
 
 
-__all__ = ["read_plain_args"]
+class _Pacified:
+    """A stream whose flush ignores a closed pipe (click's PacifyFlushWrapper): after
+    ``memd status --json | head``, the flush at exit must not print a traceback."""
+
+    def __init__(self, wrapped: IO[str]) -> None:
+        self._wrapped = wrapped
+
+    def flush(self) -> None:
+        try:
+            self._wrapped.flush()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+def exit_as_typer(command: Callable[[], object]) -> NoReturn:
+    """Run ``command`` and exit as Typer's standalone mode does: with the int it
+    returns (0 for anything else); 130 on Ctrl-C, quietly; 1, quietly, when a
+    stream's reader went away. A :class:`memd.errors.MemdError` propagates, as it
+    does out of Typer."""
+    try:
+        code = command()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        sys.stdout = _Pacified(sys.stdout)
+        sys.stderr = _Pacified(sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+__all__ = ["exit_as_typer", "read_plain_args"]

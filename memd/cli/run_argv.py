@@ -12,13 +12,12 @@ A test holds these tables to the Typer command's parameters
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
-from memd.cli.plain_argv import read_plain_args
+from memd.cli.plain_argv import exit_as_typer, read_plain_args
 from memd.cli.run_daemon import LogFormatChoice, LogLevelChoice, run_daemon
 
 # option -> the run command's parameter it sets
@@ -72,17 +71,16 @@ def read_run_args(args: Sequence[str]) -> RunArgs | None:
 
 def run_run(args: Sequence[str]) -> None:
     """Run ``memd run ARGS`` and exit as Typer's standalone mode does (the daemon's
-    exit code; 1 after "Aborted!" on a Ctrl-C before the daemon handles signals).
-    Returns, having done nothing, when Typer is to read the arguments (or complete
-    them for a shell). A :class:`memd.errors.MemdError` propagates, as it does out
-    of Typer."""
+    exit code; 130 on a Ctrl-C before the daemon handles signals). Returns, having
+    done nothing, when Typer is to read the arguments (or complete them for a
+    shell). A :class:`memd.errors.MemdError` propagates, as it does out of Typer."""
     if "_MEMD_COMPLETE" in os.environ:
         return
     parsed = read_run_args(args)
     if parsed is None:
         return
-    try:
-        code = run_daemon(
+    exit_as_typer(
+        lambda: run_daemon(
             parsed.workspace,
             parsed.config,
             parsed.state_dir,
@@ -91,10 +89,7 @@ def run_run(args: Sequence[str]) -> None:
             parsed.log_level,
             parsed.demo,
         )
-    except KeyboardInterrupt:
-        print("\nAborted!", file=sys.stderr)
-        sys.exit(1)
-    sys.exit(code)
+    )
 
 
 __all__ = ["FLAGS", "VALUE_OPTIONS", "RunArgs", "read_run_args", "run_run"]

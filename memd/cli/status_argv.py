@@ -11,15 +11,13 @@ tables to the Typer command's parameters (:mod:`memd.cli.commands_status`).
 
 from __future__ import annotations
 
-import errno
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, get_args
+from typing import get_args
 
-from memd.cli.plain_argv import read_plain_args
+from memd.cli.plain_argv import exit_as_typer, read_plain_args
 from memd.cli.status_view import status_command
 from memd.state import StatusSort
 
@@ -75,24 +73,6 @@ def read_status_args(args: Sequence[str]) -> StatusArgs | None:
     return None if values is None else StatusArgs(**values)  # type: ignore[arg-type]
 
 
-class _Pacified:
-    """A stream whose flush ignores a closed pipe (click's PacifyFlushWrapper): after
-    ``memd status --json | head``, the flush at exit must not print a traceback."""
-
-    def __init__(self, wrapped: IO[str]) -> None:
-        self._wrapped = wrapped
-
-    def flush(self) -> None:
-        try:
-            self._wrapped.flush()
-        except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._wrapped, name)
-
-
 def run_status(args: Sequence[str]) -> None:
     """Run ``memd status ARGS`` and exit as Typer's standalone mode does (0; 130 on
     Ctrl-C; 1, quietly, when stdout's reader went away). Returns, having done
@@ -103,8 +83,8 @@ def run_status(args: Sequence[str]) -> None:
     parsed = read_status_args(args)
     if parsed is None:
         return
-    try:
-        status_command(
+    exit_as_typer(
+        lambda: status_command(
             parsed.agent,
             parsed.workspace,
             parsed.config,
@@ -114,12 +94,7 @@ def run_status(args: Sequence[str]) -> None:
             sort=parsed.sort,
             limit=parsed.limit,
         )
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except OSError as exc:
-        if exc.errno != errno.EPIPE:
-            raise
-        sys.stdout = _Pacified(sys.stdout)
-        sys.stderr = _Pacified(sys.stderr)
-        sys.exit(1)
-    sys.exit(0)
+    )
+
+
+__all__ = ["FLAGS", "VALUE_OPTIONS", "StatusArgs", "read_status_args", "run_status"]

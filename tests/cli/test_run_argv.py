@@ -119,3 +119,21 @@ def test_run_does_not_import_typer_and_ends_as_the_typer_command(tmp_path: Path)
     helped = run_memd(["run", "--help"])
     assert helped.returncode == 0 and "--poll" in helped.stdout
     assert "TYPER True" in helped.stderr
+
+
+def test_a_ctrl_c_before_the_daemon_takes_signals_exits_130_as_with_typer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memd.cli import run_argv
+    from memd.cli.app import main
+
+    def interrupted(*_args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_argv, "run_daemon", interrupted)
+    monkeypatch.setattr(commands_run, "run_daemon", interrupted)
+    with pytest.raises(SystemExit) as plain:
+        main(["run", "--poll"])
+    with pytest.raises(SystemExit) as typed:
+        build_app("run")(args=["run", "--poll"], prog_name="memd", standalone_mode=True)
+    assert plain.value.code == typed.value.code == 130
