@@ -16,6 +16,7 @@ from support.daemon_services import COUNTER, ScriptedCompaction, build_services
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.core.jobs import AgentJob, JobState
+from memd.daemon.counter import _COALESCE_S
 from memd.workspace import AgentPaths
 
 
@@ -35,6 +36,9 @@ def test_hints_are_debounced_then_counted_once(tmp_path: Path) -> None:
         s.hint("alice")
     deadline = s.counter.tick(start + 0.03)
     assert deadline is not None and abs(deadline - (start + 0.02 + 0.04)) < 1e-9
+    # The thread wakes a little after a debounce deadline (the counts due just after
+    # it run in the same tick).
+    assert s.counter.slack(deadline) == _COALESCE_S > 0
     assert s.tokens("alice") == before  # quiet period not over: not counted yet
     assert s.counter.tick(deadline) is None  # counted; nothing else pending
     assert s.tokens("alice") == full(memory) > before
@@ -130,8 +134,9 @@ def test_failures_back_off_then_the_breaker_stays_open(tmp_path: Path) -> None:
         s.hint("flaky")
         s.settle()
         assert len(s.scheduler.submitted) == failures
-        # The wake-up is the counter's next deadline, and due then.
+        # The wake-up is the counter's next deadline, and due then (no slack).
         assert s.counter.tick(s.clock.now) == job.next_attempt_at
+        assert s.counter.slack(job.next_attempt_at) == 0.0
         s.clock.now = job.next_attempt_at
         s.counter.tick(s.clock.now)
         assert len(s.scheduler.submitted) == failures + 1
@@ -430,9 +435,10 @@ def test_writes_are_taken_while_waiting_and_only_move_the_next_tick(tmp_path: Pa
     assert {name: s.tokens(name) for name in before} == before
     assert s.counter.tick(s.clock.advance(0.05)) is None  # both counted in one tick
     assert all(s.tokens(name) > before[name] for name in before)
-    # A hint that asks for a count now ends the wait at once (after taking what is queued).
+    # A hint that asks for a count now ends the wait at once: what is queued behind
+    # it is the tick's to take.
     s.hint("alice")
     s.counter.request_count("carol")
     s.hint("bob")
     s.counter.gather(s.clock.now + 5.0, s.clock)
-    assert s.counter.inbox.empty()
+    assert s.counter.inbox.get_nowait().name == "bob" and s.counter.inbox.empty()
