@@ -179,8 +179,9 @@ class CountService:
         self._counting_later: set[str] = set()
         self._later: threading.Thread | None = None
         # Set by the wiring when the watcher polls (``--poll``, ``[watch] poll``):
-        # the poller stats every MEMORY.md each poll interval, so the reconcile's
-        # own stat of each one every ``reconcile_s`` would only repeat it.
+        # the poller checks every MEMORY.md each poll interval (its size, or its
+        # path) and stats each path within ``memd.poller.VERIFY_S``, so the
+        # reconcile's own stat of each one every ``reconcile_s`` would only repeat it.
         self.files_polled = False
 
     # ---------------------------------------------------------------- service
