@@ -243,6 +243,10 @@ class StatPoller:
         self._root_names: frozenset[str] = frozenset()
         self._root_settle_until = 0.0
         self._root_dev = -1
+        # agents/ was replaced: every held file (on the old tree, still linked
+        # there, so neither its size nor its fstat moves) is checked against its
+        # path on the next pass.
+        self._recheck = False
         self._fd_budget_asked = fd_budget
         self._fd_budget = 0
         self._held = [0, 0]  # fds held, by kind
@@ -474,10 +478,11 @@ class StatPoller:
                 passes = self._passes
                 agents = list(self._agents.values())
                 dir_fd, budget, generation = self._root_fd, self._fd_budget, self._generation
+                recheck, self._recheck = self._recheck, False
             gone: list[str] = []
             changed: list[str] = []
             room = budget - self._held[_DESCRIPTOR]
-            memory = self._poll_memory(agents, generation, passes, room, dir_fd)
+            memory = self._poll_memory(agents, generation, passes, room, dir_fd, recheck)
             for file in memory:
                 if file.seen is None and not os.path.isdir(file.agent.folder):
                     gone.append(file.agent.key)  # MEMORY.md gone with its folder
@@ -493,7 +498,12 @@ class StatPoller:
                         break
                     self._release(agent.descriptor)
             every = self.descriptor_every
-            files = [a.descriptor for a in agents[passes % every :: every]]
+            if recheck:  # each path, as for MEMORY.md
+                files = [a.descriptor for a in agents]
+                for file in files:
+                    file.fd_ctime = -1
+            else:
+                files = [a.descriptor for a in agents[passes % every :: every]]
             turn = passes // every
             changed.extend(f.agent.key for f in self._poll_files(files, turn, room, dir_fd))
         if root_gone:
@@ -545,10 +555,17 @@ class StatPoller:
             if repin:
                 with contextlib.suppress(OSError):  # else unwatched: the next sync tries again
                     self._pin_root(root)
+                    self._recheck = True
         return True, []
 
     def _poll_memory(
-        self, agents: list[_Agent], generation: int, turn: int, room: int, dir_fd: int | None
+        self,
+        agents: list[_Agent],
+        generation: int,
+        turn: int,
+        room: int,
+        dir_fd: int | None,
+        recheck: bool = False,
     ) -> list[_File]:
         """The MEMORY.md files that changed (``seen`` updated).
 
@@ -557,7 +574,8 @@ class StatPoller:
         on those whose size moved, on the hot ones (reported changed within
         :data:`HOT_S`), on the agents whose turn it is (one in
         ``verify_every``) whose path no longer shows what was seen, and on
-        every file not held.
+        every file not held; with ``recheck`` (agents/ was replaced) every
+        held file's path is stat'ed.
         """
         if self._built != generation:
             self._build(agents, generation)
@@ -570,6 +588,10 @@ class StatPoller:
         if now_sizes != sizes:
             moved = itertools.compress(held, map(operator.ne, now_sizes, sizes))
             check.update(dict.fromkeys(moved))
+        if recheck:
+            for file in held:
+                file.fd_ctime = -1  # the check stats its path
+            check.update(dict.fromkeys(held))
         every = self.verify_every
         for agent in agents[turn % every :: every]:
             file = agent.memory

@@ -640,6 +640,32 @@ def test_a_cold_agent_folder_removed_or_added_shows_in_one_pass(tmp_path: Path) 
     assert sorted(fleet.one_pass()) == [("agents", "alice"), ("agents", "bob")]
 
 
+def test_a_replaced_agents_folder_rechecks_every_held_file(tmp_path: Path) -> None:
+    # agents/ replaced (a restore from backup, `mv agents.new agents`): the held
+    # fds are the old tree's files, still linked there (one link, size and ctime
+    # as they were): neither lseek nor fstat shows the new ones. The pass that
+    # pins agents/ again checks every held file's path. (Found by review 13a, D2.)
+    fleet = cold_fleet(tmp_path, "alice", "bob", "carol")
+    new_root = tmp_path / "agents.new"
+    for name in ("alice", "bob", "carol"):
+        (new_root / name).mkdir(parents=True)
+        (new_root / name / "MEMORY.md").write_text("# Agent Memory\n")
+    (new_root / "alice" / "MEMORY.md").write_text("# Agent Memory\n\nrestored, much longer\n")
+    (new_root / "bob" / DESCRIPTOR_NAME).write_text("{}")
+    fleet.agents.rename(tmp_path / "agents.old")
+    new_root.rename(fleet.agents)
+    seen = fleet.one_pass()  # the new files are new inodes: each one is reported
+    assert ("agents", None) in seen
+    assert {event for event in seen if event[0] == "memory"} == {
+        ("memory", name) for name in ("alice", "bob", "carol")
+    }
+    assert fleet.one_pass() == []
+    # Each now held on the new tree: an append to it shows on the next pass.
+    with (fleet.agents / "carol" / "MEMORY.md").open("a") as f:
+        f.write("appended\n")
+    assert fleet.one_pass() == [("memory", "carol")]
+
+
 def test_a_file_that_cannot_be_sized_is_checked_in_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -170,6 +170,10 @@ class CountService:
         self._count_now: set[str] = set()
         self._rescan = False
         self._reconcile_due = False
+        # The reconcile due stats every MEMORY.md even when files_polled: agents/
+        # was replaced (the poller's held files are the old tree's) or an event
+        # queue overflowed.
+        self._reconcile_files = False
         self._flush_pending = False  # counts changed since the last live flush
         self._count_due: float | None = None  # the next debounce deadline, as of the last tick
         self._state_lock = threading.Lock()  # debouncer, count_now, rescan, reconcile_due
@@ -255,8 +259,9 @@ class CountService:
         with self._state_lock:
             if hint.kind is HintKind.AGENTS and hint.name is None:
                 # Anything may have changed unseen (an inotify queue overflow,
-                # agents/ itself replaced): the whole reconcile, files included.
-                self._reconcile_due = True
+                # agents/ itself replaced): the whole reconcile, files included
+                # (with --poll too: what the poller holds may be the old tree's).
+                self._reconcile_due = self._reconcile_files = True
             elif hint.kind is HintKind.AGENTS:
                 self._rescan = True
             elif hint.kind is HintKind.RECONCILE:
@@ -302,9 +307,10 @@ class CountService:
                 due = [name for name in due if name not in self._counting_later]
             rescan, self._rescan = self._rescan, False
             reconcile, self._reconcile_due = self._reconcile_due, False
+            files, self._reconcile_files = self._reconcile_files, False
         if reconcile and not self._stopping:
             # On this thread, like every other count: never beside a tick.
-            self._reconcile()
+            self._reconcile(files)
         elif rescan:
             self.reconcile_agents()
         counted: list[AgentEntry] = []
@@ -355,20 +361,21 @@ class CountService:
 
     # -------------------------------------------------------------- reconcile
 
-    def _reconcile(self) -> None:
+    def _reconcile(self, files: bool = False) -> None:
         """The source of truth (a ``reconcile`` hint, put by the periodic job): rescan
         agents and stat every MEMORY.md (not when :attr:`files_polled`: the poller
-        does every second); agents whose count failed are counted again and a
-        hold past its time is decided either way."""
+        does every second; unless ``files``, after an unnamed ``agents`` hint);
+        agents whose count failed are counted again and a hold past its time is
+        decided either way."""
         try:
-            self._sweep()
+            self._sweep(files)
         except Exception:
             _log.exception("reconcile failed")
 
-    def _sweep(self) -> None:
+    def _sweep(self, files: bool) -> None:
         self.reconcile_agents()
         now = time.time()
-        stat_each = not self.files_polled
+        stat_each = files or not self.files_polled
         for entry in self._registry.agents().values():
             if entry.count_error is not None or (stat_each and changed_on_disk(entry)):
                 self.request_count(entry.name)

@@ -277,6 +277,28 @@ def test_when_the_watcher_polls_the_reconcile_stats_no_memory_file(tmp_path: Pat
     assert s.tokens("alice") == before  # ...but alice's MEMORY.md is not stat'ed
 
 
+def test_an_unnamed_agents_hint_stats_every_file_when_polled_too(tmp_path: Path) -> None:
+    # agents_changed(None): agents/ itself was replaced (or an event queue
+    # overflowed). With --poll too, the whole reconcile stats every MEMORY.md: the
+    # poller's held files may be the old tree's. (Found by review 13a, D2.)
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+    s.counter.files_polled = True
+    memory = s.fill("alice", 3)  # written in the agents/ that replaced the old one
+    s.counter.sink.agents_changed(None)
+    s.counter.tick(s.clock.now)  # the sweep: rescan, stat, ask
+    s.counter.tick(s.clock.now)  # the count it asked for
+    assert s.tokens("alice") == full(memory)
+    # Once: the next periodic reconcile leaves the stats to the poller again.
+    before = s.tokens("alice")
+    s.fill("alice", 2)
+    s.counter.sink.reconcile_due()
+    s.counter.tick(s.clock.now)
+    s.counter.tick(s.clock.now)
+    assert s.tokens("alice") == before
+
+
 def test_counts_reach_the_state_db_on_change_batched(tmp_path: Path) -> None:
     from memd.daemon.flusher import LIVE_FLUSH_S
     from memd.state import StateStore
