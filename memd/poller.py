@@ -187,13 +187,19 @@ class _File:
 
 
 class _Agent:
-    """One watched agent folder: its MEMORY.md and its descriptor."""
+    """One watched agent folder: its MEMORY.md and its descriptor.
 
-    __slots__ = ("descriptor", "folder", "key", "memory")
+    ``turn``: given when watched, fixed: the passes whose number matches it
+    (modulo ``verify_every``, ``descriptor_every``) check its path and its
+    descriptor, whoever else comes and goes.
+    """
 
-    def __init__(self, key: str, folder: bytes) -> None:
+    __slots__ = ("descriptor", "folder", "key", "memory", "turn")
+
+    def __init__(self, key: str, folder: bytes, turn: int = 0) -> None:
         self.key = key
         self.folder = folder
+        self.turn = turn
         self.memory = _File(self, _MEMORY)
         self.descriptor = _File(self, _DESCRIPTOR)
 
@@ -251,6 +257,12 @@ class StatPoller:
         self._fd_budget = 0
         self._held = [0, 0]  # fds held, by kind
         self._passes = 0
+        self._turns = 0  # the last turn given to an agent watched
+        # The agents by turn (modulo verify_every, descriptor_every), as of a
+        # generation (only the pass thread touches these).
+        self._turns_built = -1
+        self._verify_turns: list[list[_Agent]] = []
+        self._descriptor_turns: list[list[_Agent]] = []
         # Bumped (under the lock) when the agents watched change; the pass's
         # lists of held and unheld MEMORY.md files are rebuilt when it moved or
         # a file was held or given back (only the pass thread touches these).
@@ -341,6 +353,8 @@ class StatPoller:
             replaced = self._agents.get(key)
             if replaced is not None:
                 self._dropped.append(replaced)
+            self._turns += 1
+            agent.turn = self._turns
             self._agents[key] = agent
             self._generation += 1
 
@@ -481,6 +495,8 @@ class StatPoller:
                 recheck, self._recheck = self._recheck, False
             gone: list[str] = []
             changed: list[str] = []
+            if self._turns_built != generation:
+                self._build_turns(agents, generation)
             room = budget - self._held[_DESCRIPTOR]
             memory = self._poll_memory(agents, generation, passes, room, dir_fd, recheck)
             for file in memory:
@@ -503,7 +519,7 @@ class StatPoller:
                 for file in files:
                     file.fd_ctime = -1
             else:
-                files = [a.descriptor for a in agents[passes % every :: every]]
+                files = [a.descriptor for a in self._descriptor_turns[passes % every]]
             turn = passes // every
             changed.extend(f.agent.key for f in self._poll_files(files, turn, room, dir_fd))
         if root_gone:
@@ -593,7 +609,7 @@ class StatPoller:
                 file.fd_ctime = -1  # the check stats its path
             check.update(dict.fromkeys(held))
         every = self.verify_every
-        for agent in agents[turn % every :: every]:
+        for agent in self._verify_turns[turn % every]:
             file = agent.memory
             # The path still names the held inode, unchanged: one stat tells.
             if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
@@ -636,16 +652,29 @@ class StatPoller:
             self._hot = {f: until for f, until in self._hot.items() if id(f) in watched}
         self._built = generation
 
+    def _build_turns(self, agents: list[_Agent], generation: int) -> None:
+        """The agents by their turn, after a change to the agents watched."""
+        verify: list[list[_Agent]] = [[] for _ in range(self.verify_every)]
+        descriptor: list[list[_Agent]] = [[] for _ in range(self.descriptor_every)]
+        v_every, d_every = self.verify_every, self.descriptor_every
+        for agent in agents:
+            verify[agent.turn % v_every].append(agent)
+            descriptor[agent.turn % d_every].append(agent)
+        self._verify_turns, self._descriptor_turns = verify, descriptor
+        self._turns_built = generation
+
     def _poll_files(
         self, files: list[_File], turn: int, room: int, dir_fd: int | None
     ) -> list[_File]:
         """The files that changed, each checked in full (descriptors, a slice a pass).
 
-        One held file in ``verify_every``, taking turns (``turn``), has
-        its path stat'ed as well, whatever its fstat says.
+        A held file has its path stat'ed as well, whatever its fstat says, in
+        one of ``verify_every`` of its turns (``turn``: how many came before).
         """
-        every = self.verify_every
-        for file in files[turn % every :: every]:
+        every, per = self.verify_every, self.descriptor_every
+        for file in files:
+            if (file.agent.turn // per - turn) % every:
+                continue
             # The path still names the held inode, unchanged: one stat tells.
             if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
                 file.fd_ctime = -1  # not so: the check stats it and takes the new file

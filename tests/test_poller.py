@@ -666,6 +666,39 @@ def test_a_replaced_agents_folder_rechecks_every_held_file(tmp_path: Path) -> No
     assert fleet.one_pass() == [("memory", "carol")]
 
 
+def test_the_verify_turn_reaches_every_agent_while_others_come_and_go(tmp_path: Path) -> None:
+    # One earlier agent unwatched each pass (a fleet whose agents finish): a turn
+    # taken as an index into the current list fell by one as the pass number rose
+    # by one, and alice's path was never stat'ed again. Each agent's turn is its
+    # own, fixed when watched. (Found by review 13a, D4.)
+    names = [f"a{n:03d}" for n in range(3 * VERIFY_EVERY)] + ["alice"]
+    fleet = cold_fleet(tmp_path, *names)
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    new = memory.with_name("MEMORY.md.new")
+    new.write_text("a different text\n")
+    os.replace(new, memory)
+    for n in range(VERIFY_EVERY):
+        fleet.poller.unwatch(names[n])  # its folder stays: only unwatched
+        if ("memory", "alice") in fleet.one_pass():
+            break
+    else:
+        raise AssertionError("alice's replaced MEMORY.md not seen in VERIFY_EVERY passes")
+
+
+def test_the_descriptor_turn_reaches_every_agent_while_others_come_and_go(
+    tmp_path: Path,
+) -> None:
+    names = [f"a{n:03d}" for n in range(3 * DESCRIPTOR_EVERY)] + ["alice"]
+    fleet = cold_fleet(tmp_path, *names)
+    (fleet.agents / "alice" / DESCRIPTOR_NAME).write_text('{"format": "memd-agent"}')
+    for n in range(DESCRIPTOR_EVERY):
+        fleet.poller.unwatch(names[n])
+        if ("memory", "alice") in fleet.one_pass():
+            break
+    else:
+        raise AssertionError("alice's new memd-agent.json not probed in DESCRIPTOR_EVERY passes")
+
+
 def test_a_file_that_cannot_be_sized_is_checked_in_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
