@@ -194,22 +194,25 @@ class _Agent:
     descriptor, whoever else comes and goes.
     """
 
-    __slots__ = ("descriptor", "folder", "key", "memory", "turn")
+    __slots__ = ("descriptor", "entry", "folder", "key", "memory", "turn")
 
     def __init__(self, key: str, folder: bytes, turn: int = 0) -> None:
         self.key = key
         self.folder = folder
         self.turn = turn
+        self.entry: str | None = None  # its name in the pinned agents/, if it is there
         self.memory = _File(self, _MEMORY)
         self.descriptor = _File(self, _DESCRIPTOR)
 
     def name(self, root: bytes | None) -> None:
         """Stat relative to the pinned ``agents/`` (``root``) when the folder is in it."""
         folder = self.folder
+        self.entry = None
         if root is not None:
             parent, name = os.path.split(folder)
             if parent == root and name:
                 folder = name
+                self.entry = os.fsdecode(name)
         self.memory.name = os.path.join(folder, _MEMORY_NAME)
         self.descriptor.name = os.path.join(folder, _DESCRIPTOR_NAME)
 
@@ -246,7 +249,7 @@ class StatPoller:
         self._root: bytes | None = None
         self._root_fd: int | None = None
         self._root_stat: tuple[int, int, int] | None = None
-        self._root_names: frozenset[str] = frozenset()
+        self._root_names: dict[str, int] = {}  # agents/'s last listing: name -> inode
         self._root_settle_until = 0.0
         self._root_dev = -1
         # agents/ was replaced: every held file (on the old tree, still linked
@@ -386,7 +389,7 @@ class StatPoller:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            names = frozenset(os.listdir(os.fsdecode(root)))
+            names = _listing(root)
         except OSError:
             os.close(fd)
             raise
@@ -409,7 +412,7 @@ class StatPoller:
         """
         fd, self._root_fd = self._root_fd, None
         self._root = self._root_stat = None
-        self._root_names = frozenset()
+        self._root_names = {}
         self._root_dev = -1
         self._fd_budget = 0
         if fd is not None:
@@ -486,7 +489,7 @@ class StatPoller:
         """
         with self._pass_lock:
             self._give_back()
-            root_gone, names = self._poll_root()
+            root_gone, names, remade = self._poll_root()
             with self._lock:
                 self._passes += 1
                 passes = self._passes
@@ -497,8 +500,16 @@ class StatPoller:
             changed: list[str] = []
             if self._turns_built != generation:
                 self._build_turns(agents, generation)
+            # The agents whose files are checked against their paths this pass,
+            # whatever their held fds say.
+            if recheck:
+                forced = agents
+            elif remade:
+                forced = [agent for agent in agents if agent.entry in remade]
+            else:
+                forced = []
             room = budget - self._held[_DESCRIPTOR]
-            memory = self._poll_memory(agents, generation, passes, room, dir_fd, recheck)
+            memory = self._poll_memory(agents, generation, passes, room, dir_fd, forced)
             for file in memory:
                 if file.seen is None and not os.path.isdir(file.agent.folder):
                     gone.append(file.agent.key)  # MEMORY.md gone with its folder
@@ -514,12 +525,11 @@ class StatPoller:
                         break
                     self._release(agent.descriptor)
             every = self.descriptor_every
-            if recheck:  # each path, as for MEMORY.md
-                files = [a.descriptor for a in agents]
-                for file in files:
+            files = [a.descriptor for a in self._descriptor_turns[passes % every]]
+            if forced:  # each path, as for MEMORY.md
+                for file in (a.descriptor for a in forced):
                     file.fd_ctime = -1
-            else:
-                files = [a.descriptor for a in self._descriptor_turns[passes % every]]
+                files = list(dict.fromkeys(files + [a.descriptor for a in forced]))
             turn = passes // every
             changed.extend(f.agent.key for f in self._poll_files(files, turn, room, dir_fd))
         if root_gone:
@@ -531,13 +541,20 @@ class StatPoller:
         for key in changed:
             self._memory_changed(key)
 
-    def _poll_root(self) -> tuple[bool, list[str]]:
-        """(agents/ went away or was replaced, the names that came or went in it)."""
+    def _poll_root(self) -> tuple[bool, list[str], set[str]]:
+        """(agents/ went away or was replaced, the names that came or went in it
+        or whose folder was made again: gone and back between two listings, its
+        inode changed).
+
+        A folder removed and made again leaves the names as they were, and the
+        held fds on the removed files unchanged: the listing's inodes tell
+        (``d_ino``, from the same ``getdents``: no stat).
+        """
         with self._lock:
             root, fd = self._root, self._root_fd
             seen, settle_until = self._root_stat, self._root_settle_until
         if root is None:
-            return False, []
+            return False, [], set()
         try:
             st = os.stat(root)  # the path, not the pinned fd: a replaced agents/ must show
         except OSError:
@@ -549,30 +566,34 @@ class StatPoller:
         if stat != seen:
             settle_until = now + SETTLE_S
         elif now >= settle_until:
-            return False, []
+            return False, [], set()
         try:
-            names = frozenset(os.listdir(os.fsdecode(root)))
+            names = _listing(root)
         except OSError:
             return self._root_lost(root, fd, repin=False)
         with self._lock:
             if self._root_fd != fd:
-                return False, []  # pinned again meanwhile: its own listing holds
-            changes = sorted(names ^ self._root_names)
+                return False, [], set()  # pinned again meanwhile: its own listing holds
+            known = self._root_names
+            changes = names.keys() ^ known.keys()
+            remade = {name for name, _ino in names.items() - known.items()} - changes
             self._root_stat, self._root_settle_until = stat, settle_until
             self._root_names = names
-        return False, changes
+        return False, sorted(changes | remade), remade
 
-    def _root_lost(self, root: bytes, fd: int | None, repin: bool) -> tuple[bool, list[str]]:
+    def _root_lost(
+        self, root: bytes, fd: int | None, repin: bool
+    ) -> tuple[bool, list[str], set[str]]:
         """agents/ went away (unwatched: the next sync watches it again) or was replaced."""
         with self._lock:
             if self._root_fd != fd:
-                return False, []  # re-pinned or unwatched meanwhile
+                return False, [], set()  # re-pinned or unwatched meanwhile
             self._unpin_root()
             if repin:
                 with contextlib.suppress(OSError):  # else unwatched: the next sync tries again
                     self._pin_root(root)
                     self._recheck = True
-        return True, []
+        return True, [], set()
 
     def _poll_memory(
         self,
@@ -581,7 +602,7 @@ class StatPoller:
         turn: int,
         room: int,
         dir_fd: int | None,
-        recheck: bool = False,
+        forced: list[_Agent],
     ) -> list[_File]:
         """The MEMORY.md files that changed (``seen`` updated).
 
@@ -590,8 +611,8 @@ class StatPoller:
         on those whose size moved, on the hot ones (reported changed within
         :data:`HOT_S`), on the agents whose turn it is (one in
         ``verify_every``) whose path no longer shows what was seen, and on
-        every file not held; with ``recheck`` (agents/ was replaced) every
-        held file's path is stat'ed.
+        every file not held; and the ``forced`` agents' files are checked
+        against their paths (agents/ replaced, their folder made again).
         """
         if self._built != generation:
             self._build(agents, generation)
@@ -604,10 +625,11 @@ class StatPoller:
         if now_sizes != sizes:
             moved = itertools.compress(held, map(operator.ne, now_sizes, sizes))
             check.update(dict.fromkeys(moved))
-        if recheck:
-            for file in held:
+        for agent in forced:
+            file = agent.memory
+            if file.fd >= 0:
                 file.fd_ctime = -1  # the check stats its path
-            check.update(dict.fromkeys(held))
+                check[file] = None
         every = self.verify_every
         for agent in self._verify_turns[turn % every]:
             file = agent.memory
@@ -718,6 +740,12 @@ class StatPoller:
                 file.seen = now
                 changed.append(file)
         return changed
+
+
+def _listing(root: bytes) -> dict[str, int]:
+    """``root``'s entries: name -> inode (``d_ino``, no stat)."""
+    with os.scandir(os.fsdecode(root)) as entries:
+        return {entry.name: entry.inode() for entry in entries}
 
 
 def _size(fd: int) -> int:

@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,13 +135,13 @@ def test_agents_folder_is_listed_only_when_its_stat_moved(
 ) -> None:
     fleet = make_fleet("alice")
     listings: list[object] = []
-    real_listdir = os.listdir
+    real_scandir = os.scandir
 
-    def listdir(path: str) -> list[str]:
+    def scandir(path: str) -> Any:
         listings.append(path)
-        return real_listdir(path)
+        return real_scandir(path)
 
-    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
     fleet.one_pass()
     assert len(listings) == 1  # still settling after watch_root
     fleet.settle()
@@ -697,6 +698,25 @@ def test_the_descriptor_turn_reaches_every_agent_while_others_come_and_go(
             break
     else:
         raise AssertionError("alice's new memd-agent.json not probed in DESCRIPTOR_EVERY passes")
+
+
+def test_a_folder_removed_and_made_again_within_a_pass_is_seen(tmp_path: Path) -> None:
+    # An agent folder deleted and made again between two passes (an operator's
+    # reset, a harness re-creating an agent): agents/ lists the same names and
+    # the held fd is the removed file, unchanged. The listing's inodes tell: the
+    # folder is reported, its files checked against their paths, and the new
+    # MEMORY.md held from then on. (Found by review 13a, D3.)
+    fleet = cold_fleet(tmp_path, "alice", "bob")
+    alice = fleet.agents / "alice"
+    (alice / "MEMORY.md").unlink()
+    alice.rmdir()
+    alice.mkdir()
+    (alice / "MEMORY.md").write_text("# Agent Memory\n\na fresh start, longer than before\n")
+    assert fleet.one_pass() == [("agents", "alice"), ("memory", "alice")]
+    with (alice / "MEMORY.md").open("a") as f:
+        f.write("appended\n")
+    fleet.settle()
+    assert fleet.one_pass() == [("memory", "alice")]
 
 
 def test_a_file_that_cannot_be_sized_is_checked_in_full(
