@@ -766,40 +766,8 @@ class StateStore:
     # ------------------------------------------------------------------ agents
 
     def upsert_agents(self, records: Iterable[AgentRecord]) -> None:
-        rows = [
-            (
-                r.agent,
-                r.dev,
-                r.ino,
-                r.size,
-                r.safe_offset,
-                r.safe_tokens,
-                r.tokens,
-                r.threshold_tokens,
-                r.updated_at,
-                r.state,
-                r.last_error,
-                r.last_compaction_at,
-                r.consecutive_failures,
-                r.next_attempt_at,
-                r.mtime_ns,
-                r.encoding,
-                r.window_start,
-                r.window_digest,
-                r.archives,
-                r.archive_bytes,
-                r.archive_mtime_ns,
-                r.window_source,
-                r.reserved_tokens,
-                int(r.estimated),
-                r.encrypted_archives,
-                r.folder_ino,
-                r.folder_ctime_ns,
-                r.folder_entries,
-                r.marks,
-            )
-            for r in records
-        ]
+        # A record is its row: its fields are the columns, in order (AGENT_COLUMNS).
+        rows = list(records)
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):

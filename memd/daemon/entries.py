@@ -144,10 +144,15 @@ class EntryCounter:
         self.updates = updates
 
     @property
-    def junction_cut(self) -> bool:
-        """Whether the tokenizer's encoding lets an old tail settle without being
-        tokenized again (:func:`memd.core.tokens.is_junction_cut`)."""
-        return getattr(self.tokenizer, "encoding_name", None) in JUNCTION_CUT_ENCODINGS
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        # Whether the encoding lets an old tail settle without being tokenized
+        # again (:func:`memd.core.tokens.is_junction_cut`): decided once, not per count.
+        self.junction_cut = getattr(tokenizer, "encoding_name", None) in JUNCTION_CUT_ENCODINGS
 
     def count_locked(
         self, entry: AgentEntry, *, after_job: bool = False, seed: TrackedCount | None = None

@@ -131,3 +131,23 @@ def test_after_a_job_without_a_count_of_its_file_the_new_file_is_counted(tmp_pat
     os.replace(staged, paths.memory)
     assert counter.count_locked(entry, after_job=True) is Counted.COUNTED  # a failed job's
     assert entry.tokens == COUNTER.count_bytes(paths.memory.read_bytes())
+
+
+def test_the_junction_cut_follows_the_tokenizer() -> None:
+    # Decided when the tokenizer is set (a reload may bring another encoding), not
+    # looked up on every count.
+    class Other:
+        encoding_name = "p50k_base"  # its "\n\n" at the end is one pre-token: no junction cut
+
+        def count_bytes(self, data: bytes) -> int:
+            return len(data)
+
+        def count_text(self, text: str) -> int:
+            return len(text)
+
+    counter = EntryCounter(COUNTER)
+    assert counter.junction_cut
+    counter.tokenizer = Other()
+    assert not counter.junction_cut
+    counter.tokenizer = COUNTER
+    assert counter.junction_cut
