@@ -76,7 +76,7 @@ import resource
 import stat as stat_module
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from memd.core.descriptor import DESCRIPTOR_NAME
@@ -264,8 +264,11 @@ class StatPoller:
         # The agents by turn (modulo verify_every, descriptor_every), as of a
         # generation (only the pass thread touches these).
         self._turns_built = -1
-        self._verify_turns: list[list[_Agent]] = []
-        self._descriptor_turns: list[list[_Agent]] = []
+        self._verify_turns: dict[int, list[_Agent]] = {}
+        self._descriptor_turns: dict[int, list[_Agent]] = {}
+        # Agents whose MEMORY.md memd replaced itself (:meth:`replaced`), for the
+        # next pass to check against their paths.
+        self._replaced: set[str] = set()
         # Bumped (under the lock) when the agents watched change; the pass's
         # lists of held and unheld MEMORY.md files are rebuilt when it moved or
         # a file was held or given back (only the pass thread touches these).
@@ -371,6 +374,13 @@ class StatPoller:
     def watched(self) -> set[str]:
         with self._lock:
             return set(self._agents)
+
+    def replaced(self, keys: Iterable[str]) -> None:
+        """memd replaced these agents' MEMORY.md itself (a compaction's commit): the
+        next pass checks each against its path (the held fd is the old file: its
+        size never moves again) and holds it hot, whatever it was before."""
+        with self._lock:
+            self._replaced.update(keys)
 
     def held(self) -> int:
         """How many files (MEMORY.md and descriptors) are held open."""
@@ -496,6 +506,8 @@ class StatPoller:
                 agents = list(self._agents.values())
                 dir_fd, budget, generation = self._root_fd, self._fd_budget, self._generation
                 recheck, self._recheck = self._recheck, False
+                replaced = [self._agents[k] for k in self._replaced if k in self._agents]
+                self._replaced.clear()
             gone: list[str] = []
             changed: list[str] = []
             if self._turns_built != generation:
@@ -504,10 +516,13 @@ class StatPoller:
             # whatever their held fds say.
             if recheck:
                 forced = agents
-            elif remade:
-                forced = [agent for agent in agents if agent.entry in remade]
             else:
-                forced = []
+                forced = [a for a in agents if a.entry in remade] if remade else []
+                forced += replaced
+            if replaced:
+                hot_until = self._clock() + HOT_S
+                for agent in replaced:
+                    self._hot[agent.memory] = hot_until
             room = budget - self._held[_DESCRIPTOR]
             memory = self._poll_memory(agents, generation, passes, room, dir_fd, forced)
             for file in memory:
@@ -525,7 +540,7 @@ class StatPoller:
                         break
                     self._release(agent.descriptor)
             every = self.descriptor_every
-            files = [a.descriptor for a in self._descriptor_turns[passes % every]]
+            files = [a.descriptor for a in self._descriptor_turns.get(passes % every, ())]
             if forced:  # each path, as for MEMORY.md
                 for file in (a.descriptor for a in forced):
                     file.fd_ctime = -1
@@ -631,7 +646,7 @@ class StatPoller:
                 file.fd_ctime = -1  # the check stats its path
                 check[file] = None
         every = self.verify_every
-        for agent in self._verify_turns[turn % every]:
+        for agent in self._verify_turns.get(turn % every, ()):
             file = agent.memory
             # The path still names the held inode, unchanged: one stat tells.
             if file.fd >= 0 and _signature(file.name, dir_fd, False) != file.seen:
@@ -676,12 +691,12 @@ class StatPoller:
 
     def _build_turns(self, agents: list[_Agent], generation: int) -> None:
         """The agents by their turn, after a change to the agents watched."""
-        verify: list[list[_Agent]] = [[] for _ in range(self.verify_every)]
-        descriptor: list[list[_Agent]] = [[] for _ in range(self.descriptor_every)]
+        verify: dict[int, list[_Agent]] = {}
+        descriptor: dict[int, list[_Agent]] = {}
         v_every, d_every = self.verify_every, self.descriptor_every
         for agent in agents:
-            verify[agent.turn % v_every].append(agent)
-            descriptor[agent.turn % d_every].append(agent)
+            verify.setdefault(agent.turn % v_every, []).append(agent)
+            descriptor.setdefault(agent.turn % d_every, []).append(agent)
         self._verify_turns, self._descriptor_turns = verify, descriptor
         self._turns_built = generation
 

@@ -30,7 +30,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
@@ -480,6 +480,9 @@ class StatPollBackend:
     def poll_once(self) -> None:
         self.poller.poll_once()
 
+    def replaced(self, keys: Iterable[str]) -> None:
+        self.poller.replaced(keys)
+
 
 def make_backend(
     kind: BackendKind, sink: WatchSink, poll_interval_s: float = 1.0
@@ -578,6 +581,14 @@ class Watcher:
     def watched(self) -> set[str]:
         backend = self._backend
         return set() if backend is None else backend.watched() - {ROOT_KEY}
+
+    def replaced(self, agents: Iterable[str]) -> None:
+        """memd replaced these agents' MEMORY.md itself (a compaction's commit), as a
+        rename another process makes: inotify reports it as it happens; the poller,
+        which may see a rename only in the agent's turn, checks each on its next pass."""
+        backend = self._backend
+        if isinstance(backend, StatPollBackend):
+            backend.replaced(agents)
 
     def sync(self, agent_dirs: Mapping[str, Path | str]) -> None:
         """Watch ``agents/`` and exactly the given agent folders."""

@@ -309,6 +309,40 @@ def test_polling_mode_counts_and_compacts(ws: AgentWorkspace, run_daemon: Any) -
     h.stop()
 
 
+def test_polling_the_append_after_memds_own_compaction_of_a_cold_agent_is_counted(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # alice is over her threshold when memd starts, her file written long ago (not
+    # hot by any measure): memd compacts her at once. The poller holds her old file
+    # (the rename over it never moves its size) and her path's turn is made never
+    # to come here: only memd handing its own replacement to the watch stage shows
+    # the append after it within a pass. (Found by review 13a, D1: 23.8 s.)
+    monkeypatch.setattr("memd.poller.VERIFY_S", 10.0**6)
+    ws.create_agent("alice")
+    ws.create_agent("bob")
+    memory = fill(ws, "alice", 30)
+    long_ago = time.time() - 7200
+    os.utime(memory, (long_ago, long_ago))
+    compact = ScriptedCompaction("slow")
+    h = run_daemon(
+        ws,
+        compact=compact,
+        config={
+            "trigger": {"context_length": 2000},
+            "watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 3600},
+        },
+    )
+    assert compact.entered.wait(20)  # compacting alice (the LLM call in flight)
+    poller = h.daemon.services.watches.watcher.backend.poller
+    assert wait_until(lambda: poller.held_fds("alice")[0] >= 0)  # her old file, held
+    compact.release.set()
+    assert wait_until(lambda: compact.committed == 1)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
+    append_entry(memory, "Human", "the next turn " * 20)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory), timeout=10)
+    h.stop()
+
+
 def test_polling_reads_a_descriptor_written_during_the_start_up_pass_again(
     ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -719,6 +719,31 @@ def test_a_folder_removed_and_made_again_within_a_pass_is_seen(tmp_path: Path) -
     assert fleet.one_pass() == [("memory", "alice")]
 
 
+def test_a_file_memd_replaced_is_checked_on_the_next_pass_and_hot(tmp_path: Path) -> None:
+    # memd's own compaction long after the agent's last write (a spending hold,
+    # backoff, a restart or reload): not hot, and the held fd is the old file. Told
+    # of it (the watch stage hands memd's replacements on), the next pass checks
+    # the path and holds the new file hot. (Found by review 13a, D1.)
+    fleet = cold_fleet(tmp_path, "alice", "bob")
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    new = memory.with_name("MEMORY.md.new")
+    new.write_text("# summary\n")
+    os.replace(new, memory)
+    fleet.poller.replaced(["alice", "carol"])  # carol: not watched, nothing to do
+    with memory.open("a") as f:
+        f.write("the next entry\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    with memory.open("a") as f:
+        f.write("and the one after\n")
+    assert fleet.one_pass() == [("memory", "alice")]
+    # Hot: a rename over it (the next compaction, by another process) shows on the
+    # next pass too.
+    fleet.now += HOT_S - 1
+    new.write_text("# another summary\n")
+    os.replace(new, memory)
+    assert fleet.one_pass() == [("memory", "alice")]
+
+
 def test_a_file_that_cannot_be_sized_is_checked_in_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ if it changed before they were committed (a prune, ``forget --match`` or
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from memd.compaction import CompactionOutcome
 from memd.daemon.archives import ArchiveSurvey
@@ -25,17 +26,60 @@ from memd.daemon.retention import RetentionService
 from memd.workspace import AgentPaths
 
 
+class Replacements:
+    """memd's own replacements of agents' MEMORY.md (a compaction's commit), put
+    here as the kernel queues a rename: the watch stage, the source of file
+    events, takes them (with ``--poll`` its poller checks each agent's path on
+    its next pass: the file it held is the old one). A put calls no one."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._agents: dict[str, None] = {}
+
+    def put(self, agent: str) -> None:
+        with self._changed:
+            self._agents[agent] = None
+            self._changed.notify_all()
+
+    def take(self, stop: threading.Event, timeout: float | None = None) -> list[str]:
+        """The agents put since the last take, once there are any (or ``stop`` is
+        set and :meth:`wake` called, or after ``timeout``)."""
+        with self._changed:
+            self._changed.wait_for(lambda: bool(self._agents) or stop.is_set(), timeout)
+            agents = list(self._agents)
+            self._agents.clear()
+            return agents
+
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+
 class AfterCommit:
     def __init__(
-        self, recall: RecallStage, archives: ArchiveSurvey, retention: RetentionService
+        self,
+        recall: RecallStage,
+        archives: ArchiveSurvey,
+        retention: RetentionService,
+        replacements: Replacements | None = None,
     ) -> None:
         self._recall = recall
         self._archives = archives
         self._retention = retention
+        self._replacements = replacements
+
+    def replaced(self, paths: AgentPaths) -> None:
+        """The agent's MEMORY.md may have been replaced by its job (committed, or a
+        failure that may have come past the commit point): the watch stage is told."""
+        if self._replacements is not None:
+            self._replacements.put(paths.agent)
 
     def committed(self, paths: AgentPaths, outcome: CompactionOutcome) -> None:
         """The compaction is committed whatever happens here: each step reports its
-        own failures, and one failing does not keep the next from running."""
+        own failures, and one failing does not keep the next from running. The
+        replacement goes to the watch stage first (the agent's next append must
+        show within a poll interval; indexing the archive may take longer)."""
+        self.replaced(paths)
         with contextlib.suppress(Exception):
             self._recall.index_archive(paths, outcome.archive)
         with contextlib.suppress(Exception):
@@ -47,4 +91,4 @@ class AfterCommit:
                 self._retention.pruned(paths, pruned, "compaction", audit=False)
 
 
-__all__ = ["AfterCommit"]
+__all__ = ["AfterCommit", "Replacements"]

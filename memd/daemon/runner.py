@@ -418,6 +418,10 @@ class Runner:
             )
         except Exception as exc:
             error = exc
+            if self._after_commit is not None:
+                # A failure may come past the commit point (the drain's): the file
+                # may be a new one all the same.
+                self._after_commit.replaced(entry.paths)
         else:
             # Handed forward, not called back: the transaction returned (the
             # agent's lock is let go) with what it archived and pruned.

@@ -8,6 +8,11 @@ calls the watcher; the registry is read, never told. One step is :meth:`tick`
 (tests call it); the service thread runs it after each published rescan, and
 at least every ``check_every_s`` (a dead watcher is restarted even when no
 rescan comes).
+
+memd's own replacements of MEMORY.md (a compaction's commit) come to it as
+events too, on :class:`memd.daemon.committed.Replacements` (put there as the
+kernel queues a rename, taken by a second thread of this service): the watcher
+is told, and with ``--poll`` its next pass checks those agents' paths.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import threading
 from collections.abc import Mapping
 
+from memd.daemon.committed import Replacements
 from memd.daemon.counter import HintSink
 from memd.daemon.registry import AgentRegistry
 from memd.logs import get_logger
@@ -32,18 +38,21 @@ class WatchService:
         hints: HintSink,
         *,
         check_every_s: float,
+        replacements: Replacements | None = None,
     ) -> None:
         self.watcher = watcher
         # How long the thread waits for a rescan before checking anyway (reload sets it).
         self.check_every_s = check_every_s
         self._registry = registry
         self._hints = hints
+        self._replacements = replacements
         self._synced: set[str] = set()  # the agent set the watches were last matched to
         self._opened = False  # open() put the watcher's stop on the stack
         self._watching = False  # open() watched every agent already
         self._lock = threading.Lock()  # one tick at a time (the thread's, a test's)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._replaced_thread: threading.Thread | None = None
 
     def open(self, stack: contextlib.ExitStack, folders: Mapping[str, str]) -> bool:
         """Before the start-up pass: watch ``folders`` (agent -> its folder, found by
@@ -88,13 +97,24 @@ class WatchService:
             target=self._loop, args=(seen,), name="memd-watch", daemon=True
         )
         self._thread.start()
+        if self._replacements is not None:
+            self._replaced_thread = threading.Thread(
+                target=self._pass_replaced,
+                args=(self._replacements,),
+                name="memd-replaced",
+                daemon=True,
+            )
+            self._replaced_thread.start()
         stack.callback(self.stop)
 
     def stop(self, timeout: float = 5) -> None:
         self._stop.set()
         self._registry.rescans.wake()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
+        if self._replacements is not None:
+            self._replacements.wake()
+        for thread in (self._thread, self._replaced_thread):
+            if thread is not None:
+                thread.join(timeout=timeout)
 
     def is_alive(self) -> bool:
         """The watcher's thread, and this service's that keeps it."""
@@ -110,6 +130,15 @@ class WatchService:
                 self.tick()
             except Exception:  # the next rescan tries again
                 _log.exception("keeping the watches failed")
+
+    def _pass_replaced(self, replacements: Replacements) -> None:
+        while not self._stop.is_set():
+            agents = replacements.take(self._stop)
+            if agents:
+                try:
+                    self.watcher.replaced(agents)
+                except Exception:  # the agents' turns still come
+                    _log.exception("passing memd's replacements to the watcher failed")
 
     def tick(self) -> None:
         """Match the watches to the agent set now; ask for a count of every agent

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from memd.audit import AuditLog
 from memd.core.config import MemdConfig
 from memd.daemon.archives import ArchiveSurvey
-from memd.daemon.committed import AfterCommit
+from memd.daemon.committed import AfterCommit, Replacements
 from memd.daemon.counter import CountService
 from memd.daemon.entries import (
     AgentEntry,
@@ -174,6 +174,8 @@ class Services:
         # reload hands the registry the new one's).
         self.registry.descriptors = Descriptors(tokenizer.count_text)
         # The stages after a commit, made before the runner that hands them outcomes.
+        # memd's own replacements of MEMORY.md, for the watch stage to take.
+        self.replacements = Replacements()
         self.recall = RecallStage(state_dir, workspace, config, self.registry)
         self.retention = RetentionService(
             self.registry, self.archives, self.recall, self.audit, config
@@ -186,7 +188,7 @@ class Services:
             self.stats,
             parts.compact or default_compact(),
             parts.summarizer_factory or default_summarizer,
-            after_commit=AfterCommit(self.recall, self.archives, self.retention),
+            after_commit=AfterCommit(self.recall, self.archives, self.retention, self.replacements),
         )
         self.runner.audit = self.audit
         self.counter = CountService(
@@ -256,7 +258,11 @@ class Services:
             poll_interval_s=watch.poll_interval_s,
         )
         self.watches = WatchService(
-            watcher, self.registry, self.counter.sink, check_every_s=watch.reconcile_s
+            watcher,
+            self.registry,
+            self.counter.sink,
+            check_every_s=watch.reconcile_s,
+            replacements=self.replacements,
         )
         return self.watches
 

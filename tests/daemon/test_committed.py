@@ -5,6 +5,7 @@ dropped; a failing stage never keeps the next from running nor fails the commit.
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from memd.audit import AuditLog, read_audit
 from memd.core.config import MemdConfig
 from memd.core.retention import ArchiveInfo, PrunePlan, RetentionLimits
 from memd.daemon.archives import ArchiveSurvey
-from memd.daemon.committed import AfterCommit
+from memd.daemon.committed import AfterCommit, Replacements
 from memd.daemon.entries import AgentEntry
 from memd.daemon.recall import RecallStage
 from memd.daemon.registry import AgentRegistry
@@ -48,7 +49,9 @@ class Outcome:
         self.pruned = pruned
 
 
-def stages(tmp_path: Path) -> tuple[AfterCommit, BrokenRecall, AgentEntry, Path]:
+def stages(
+    tmp_path: Path, replacements: Replacements | None = None
+) -> tuple[AfterCommit, BrokenRecall, AgentEntry, Path]:
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alice")
     config = MemdConfig()
@@ -62,7 +65,7 @@ def stages(tmp_path: Path) -> tuple[AfterCommit, BrokenRecall, AgentEntry, Path]
     archives = ArchiveSurvey(registry)
     audit_file = tmp_path / "w.audit.jsonl"
     retention = RetentionService(registry, archives, recall, AuditLog(audit_file, "daemon"), config)
-    return AfterCommit(recall, archives, retention), recall, entries[0], audit_file
+    return AfterCommit(recall, archives, retention, replacements), recall, entries[0], audit_file
 
 
 def pruned_one(agent: str) -> PruneResult:
@@ -97,3 +100,20 @@ def test_without_a_prune_only_the_archive_is_handed_on(tmp_path: Path) -> None:
             after.committed(entry.paths, Outcome(archive, pruned))  # type: ignore[arg-type]
         assert [line["event"] for line in logs] == []
     assert recall.asked == ["index history_new.md"] * 2
+
+
+def test_a_commit_hands_the_replacement_to_the_watch_stage_first(tmp_path: Path) -> None:
+    # memd's own rename over MEMORY.md goes to the watch stage as an event, before
+    # the stages that may take long or fail (the recall index here fails).
+    replacements = Replacements()
+    after, recall, entry, _audit = stages(tmp_path, replacements)
+    entry.paths.archive_dir.mkdir()
+    after.committed(entry.paths, Outcome(entry.paths.archive_dir / "history_new.md", None))  # type: ignore[arg-type]
+    assert recall.asked == ["index history_new.md"]
+    stop = threading.Event()
+    assert replacements.take(stop) == ["alice"]
+    after.replaced(entry.paths)  # a job that failed, maybe past its commit point
+    after.replaced(entry.paths)
+    assert replacements.take(stop) == ["alice"]  # once, whatever the number of puts
+    stop.set()
+    assert replacements.take(stop) == []

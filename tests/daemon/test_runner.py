@@ -176,10 +176,14 @@ class HandedOn:
     def __init__(self, s: Services | None = None) -> None:
         self.s = s
         self.handed: list[tuple[str, Path, list[str]]] = []
+        self.maybe_replaced: list[str] = []
 
     def committed(self, paths: Any, outcome: Any) -> None:
         running = self.s.runner.running() if self.s is not None else []
         self.handed.append((paths.agent, outcome.archive, running))
+
+    def replaced(self, paths: Any) -> None:
+        self.maybe_replaced.append(paths.agent)
 
 
 def test_only_a_committed_compaction_is_handed_on_with_its_outcome(tmp_path: Path) -> None:
@@ -197,6 +201,9 @@ def test_only_a_committed_compaction_is_handed_on_with_its_outcome(tmp_path: Pat
     s.counter.tick(s.clock.now)
     s.scheduler.run_queued()  # nothing to compact: nothing handed on either
     assert s.compact.calls == ["alice", "alice"] and handed.handed == []
+    # A failed job may have come past its commit point: the watch stage is told
+    # the file may be new (a path stat of it on the poller's next pass).
+    assert handed.maybe_replaced == ["alice", "alice"]
     s.clock.now = s.job("alice").next_attempt_at
     s.counter.tick(s.clock.now)
     s.scheduler.run_queued()

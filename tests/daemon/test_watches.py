@@ -5,6 +5,7 @@ counter's hint queue (nothing is called back)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import shutil
 import time
@@ -17,6 +18,7 @@ import pytest
 from support.memfiles import AgentWorkspace
 
 import memd.watcher
+from memd.daemon.committed import Replacements
 from memd.daemon.counter import Hint, HintKind, HintSink
 from memd.daemon.registry import AgentRegistry
 from memd.daemon.watches import WatchService
@@ -183,3 +185,47 @@ def test_a_folder_renamed_and_replaced_keeps_a_watch_under_each_name(rig: Rig) -
     assert rig.service.watcher.watched() == {"alice", "bob", "carol"}
     assert rig.count_requests() == ["alice", "carol"]
     assert rig.sees_writes_to("alice") and rig.sees_writes_to("carol")
+
+
+def test_memds_own_replacement_reaches_the_poller_as_an_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --poll: memd's compaction renames a new file over a MEMORY.md the poller
+    # holds (its size never moves); the agent has not written for hours (not hot)
+    # and its path's turn never comes here. The commit is put on Replacements as
+    # the kernel queues a rename; the service's thread hands it to the watcher and
+    # the next pass reports the file.
+    monkeypatch.setattr("memd.poller.VERIFY_S", 10.0**6)
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alice", "bob"):
+        ws.create_agent(name)
+    long_ago = time.time() - 7200
+    memory = ws.root / "agents" / "alice" / "MEMORY.md"
+    os.utime(memory, (long_ago, long_ago))
+    config, _ = build_config({}, {})
+    registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
+    registry.start(contextlib.ExitStack())
+    registry.reconcile()
+    inbox: queue.SimpleQueue[Hint] = queue.SimpleQueue()
+    sink = HintSink(inbox)
+    replacements = Replacements()
+    watcher = Watcher(ws.root, sink, kind="polling", poll_interval_s=0.05)
+    service = WatchService(watcher, registry, sink, check_every_s=86_400, replacements=replacements)
+    with contextlib.ExitStack() as stack:
+        service.start(stack)
+        backend: Any = watcher.backend
+        deadline = time.monotonic() + 10
+        while backend.poller.held_fds("alice")[0] < 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert backend.poller.held_fds("alice")[0] >= 0
+        new = memory.with_name("MEMORY.md.new")
+        new.write_text("# summary\n")
+        os.replace(new, memory)
+        replacements.put("alice")
+        rig = Rig(ws, registry, inbox, service, stack)
+        assert rig.wait_for(HintKind.MEMORY, "alice")
+        rig.drain()
+        with memory.open("a") as f:  # the new file held now: its append shows
+            f.write("the next entry\n")
+        assert rig.wait_for(HintKind.MEMORY, "alice")
+    assert not service.is_alive()
