@@ -26,6 +26,10 @@ window, and each append -> the count that includes it, against poll interval
 
     python bench/bench_poll.py [--part passes|watcher|daemon|all] [--agents 10000]
         [--descriptors 0..1] [--anchor-agents 1000] [--idle-s 10] [--rounds 50]
+        [--fresh]
+
+The fleet's files were last written an hour ago (idle agents) unless
+``--fresh``: written just now, each is hot from its watch (``HOT_S``).
 """
 
 from __future__ import annotations
@@ -109,6 +113,10 @@ def stat_floor(folders: dict[str, Path], runs: int = 5) -> float:
 DESCRIPTORS = {"share": 0.0}
 
 
+# When the fleet's MEMORY.md files were last written (None: now, ``--fresh``).
+IDLE_SINCE: dict[str, float | None] = {"at": time.time() - 3600}
+
+
 def make_fleet(root: Path, count: int) -> dict[str, Path]:
     folders = {}
     every = 0 if DESCRIPTORS["share"] <= 0 else max(1, round(1 / DESCRIPTORS["share"]))
@@ -116,6 +124,12 @@ def make_fleet(root: Path, count: int) -> dict[str, Path]:
         folder = root / "agents" / f"agent{n:05d}"
         folder.mkdir(parents=True)
         (folder / "MEMORY.md").write_bytes(b"# Agent Memory\n\n")
+        # Idle agents: last written before the poller's HOT_S (600 s), as a fleet
+        # that has not written for 10 minutes (a file written within it is
+        # watched hot: fstat'ed each pass, as after a report).
+        written = IDLE_SINCE["at"]
+        if written is not None:
+            os.utime(folder / "MEMORY.md", (written, written))
         if every and n % every == 0:
             descriptor = {
                 "format": "memd-agent",
@@ -444,8 +458,16 @@ def main(argv: list[str]) -> int:
         default=0.0,
         help="share of agents with a memd-agent.json (memd_swarms writes one per agent)",
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="files written just now, not an hour ago: every one hot from its watch "
+        "(a fleet that all wrote in the last 10 minutes)",
+    )
     args = parser.parse_args(argv)
     DESCRIPTORS["share"] = args.descriptors
+    if args.fresh:
+        IDLE_SINCE["at"] = None
     if args.part in ("passes", "all"):
         costs = measure_passes(args.agents, args.rounds)
         load = " / ".join(f"{value:.2f}" for value in os.getloadavg())

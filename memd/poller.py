@@ -269,6 +269,8 @@ class StatPoller:
         # Agents whose MEMORY.md memd replaced itself (:meth:`replaced`), for the
         # next pass to check against their paths.
         self._replaced: set[str] = set()
+        # MEMORY.md files watched with a recent mtime -> how long they stay hot.
+        self._warm: dict[_File, float] = {}
         # Bumped (under the lock) when the agents watched change; the pass's
         # lists of held and unheld MEMORY.md files are rebuilt when it moved or
         # a file was held or given back (only the pass thread touches these).
@@ -310,6 +312,8 @@ class StatPoller:
                 self._unpin_root()
                 self._dropped.extend(self._agents.values())
                 self._agents.clear()
+                self._replaced.clear()
+                self._warm.clear()
                 self._generation += 1
             self._give_back()
             self._held_memory, self._held_fds, self._held_sizes, self._unheld = [], [], [], []
@@ -353,6 +357,10 @@ class StatPoller:
         agent.name(root if dir_fd is not None else None)
         for file in (agent.memory, agent.descriptor):  # outside the lock: a round trip on NFS
             file.seen = _signature(file.name, dir_fd, False)
+        seen = agent.memory.seen
+        # Written within HOT_S (before a restart, say): hot for what is left of it,
+        # as if reported then. memd may compact it soon.
+        warm = -1.0 if seen is None else HOT_S - (time.time() - seen[2] / 1e9)
         with self._lock:
             if self._root_fd != dir_fd:  # pinned or unpinned meanwhile
                 agent.name(self._root if self._root_fd is not None else None)
@@ -363,6 +371,8 @@ class StatPoller:
             agent.turn = self._turns
             self._agents[key] = agent
             self._generation += 1
+            if warm > 0:
+                self._warm[agent.memory] = min(warm, HOT_S)
 
     def unwatch(self, key: str) -> None:
         with self._lock:
@@ -508,6 +518,7 @@ class StatPoller:
                 recheck, self._recheck = self._recheck, False
                 replaced = [self._agents[k] for k in self._replaced if k in self._agents]
                 self._replaced.clear()
+                warm, self._warm = self._warm, {}
             gone: list[str] = []
             changed: list[str] = []
             if self._turns_built != generation:
@@ -519,10 +530,12 @@ class StatPoller:
             else:
                 forced = [a for a in agents if a.entry in remade] if remade else []
                 forced += replaced
-            if replaced:
-                hot_until = self._clock() + HOT_S
+            if replaced or warm:
+                now = self._clock()
+                for file, hot_s in warm.items():
+                    self._hot[file] = now + hot_s
                 for agent in replaced:
-                    self._hot[agent.memory] = hot_until
+                    self._hot[agent.memory] = now + HOT_S
             room = budget - self._held[_DESCRIPTOR]
             memory = self._poll_memory(agents, generation, passes, room, dir_fd, forced)
             for file in memory:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -742,6 +743,32 @@ def test_a_file_memd_replaced_is_checked_on_the_next_pass_and_hot(tmp_path: Path
     new.write_text("# another summary\n")
     os.replace(new, memory)
     assert fleet.one_pass() == [("memory", "alice")]
+
+
+@pytest.mark.parametrize("written_s_ago", [0, HOT_S + 60])
+def test_a_file_written_recently_is_hot_from_its_watch(tmp_path: Path, written_s_ago: float) -> None:
+    # After a restart nothing has been reported yet: a file written in the last
+    # HOT_S (its mtime says so) is hot from its watch on, as if it had been; an
+    # older one is not. A replacement of it then shows on the next pass, and the
+    # append after it. (Found by review 13a, D1.)
+    fleet = Fleet(tmp_path, "alice", "bob", fd_budget=100)
+    memory = fleet.agents / "alice" / "MEMORY.md"
+    memory.write_text("# Agent Memory\n\n" + "an entry over the threshold\n" * 50)
+    (fleet.agents / "bob" / "MEMORY.md").write_text("# Agent Memory\n")
+    written = time.time() - written_s_ago
+    os.utime(memory, (written, written))
+    for name in ("alice", "bob"):  # watched as after a restart
+        fleet.poller.unwatch(name)
+        fleet.poller.watch(name, fleet.agents / name)
+    fleet.settle()
+    assert fleet.one_pass() == [] and fleet.poller.held() == 2
+    new = memory.with_name("MEMORY.md.new")
+    new.write_text("# Agent Memory\n\n### System - summary\n")
+    os.replace(new, memory)
+    with memory.open("a") as f:
+        f.write("### Human - the next turn\n")
+    seen = fleet.one_pass()
+    assert seen == ([("memory", "alice")] if written_s_ago < HOT_S else [])
 
 
 def test_a_file_that_cannot_be_sized_is_checked_in_full(
