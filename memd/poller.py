@@ -14,19 +14,26 @@ What keeps a pass cheap at 10,000 agents (figures in the README):
   ``fstat`` loop; a size that moved is checked in full). The full check (an
   ``fstat``: ctime, size, a single link; the path stat'ed when it differs) is
   for the files whose size moved, the *hot* ones (reported changed within
-  :data:`HOT_S`: an agent that wrote recently is the one memd compacts, and a
-  compaction renames a new file over MEMORY.md), and each agent's path is
-  stat'ed in turn, a slice of the agents each pass, every one within
+  :data:`HOT_S`, or written within it before their watch, by their mtime: an
+  agent that wrote recently is the one memd compacts, and a compaction
+  renames a new file over MEMORY.md), the files memd replaced itself (told by
+  :meth:`StatPoller.replaced`: checked against their path on the next pass,
+  then hot), and each agent's path is stat'ed in its turn (fixed when it is
+  watched), a slice of the agents each pass, every one within
   :data:`VERIFY_S`. Held within a share of ``RLIMIT_NOFILE``
   (:func:`default_fd_budget`), never on a network or FUSE share;
 * otherwise each MEMORY.md is stat'ed relative to a pinned ``agents/`` fd
   (two path components to resolve, not the whole workspace path; on NFS
   fewer directories to revalidate), its signature ``(inode, size, mtime)``,
   on every pass;
-* ``agents/`` is listed only when its own stat moved, and on every pass for
-  :data:`SETTLE_S` after that: timestamps are coarse (a clock tick; 1-2 s on
-  some filesystems), so a second folder made in the same tick as the first
-  leaves the stat as it was;
+* ``agents/`` is listed (``scandir``: each name's inode, no stat) only when
+  its own stat moved, and on every pass for :data:`SETTLE_S` after that:
+  timestamps are coarse (a clock tick; 1-2 s on some filesystems), so a
+  second folder made in the same tick as the first leaves the stat as it
+  was. A name whose inode changed (its folder removed and made again) is
+  reported and its agent's files checked against their paths; when
+  ``agents/`` itself is replaced, every agent's are (the held fds are the old
+  tree's files);
 * a file seen missing is probed with ``access`` (no exception object per
   agent per pass), and the descriptors a slice of the agents each pass, in
   turn, every one within :data:`DESCRIPTOR_S`.
@@ -36,15 +43,17 @@ open (a local disk):
 
 =====================================================  ===============================
 an append; a truncation (any size change)              the next pass (<= ``i``)
-a new agent folder, a removed one (``agents/`` moved)  the next pass
+a new agent folder, a removed one, one removed and     the next pass
+made again (``agents/`` moved); ``agents/`` replaced
+memd's own compaction of any agent and every append   the next pass after the job
+to the new file (the daemon hands each job's end on)   ends
 any change to a hot MEMORY.md (changed within          the next pass
-:data:`HOT_S`): a rename over it (memd's compaction),
-a same-size rewrite, an unlink, a rename away
+:data:`HOT_S`, or written within it before memd
+started): a rename over it, a same-size rewrite, an
+unlink, a rename away
 the same to a MEMORY.md that is not hot (another       :data:`VERIFY_S` (30 s), or
 process's ``compact-now``, an editor's save by         the next pass if ``i`` is
-rename, memd's compaction more than :data:`HOT_S`      longer
-after the agent's last write), and the appends to
-the new file until then
+rename), and the appends to the new file until then    longer
 a descriptor (``memd-agent.json``) written, replaced   :data:`DESCRIPTOR_S` (30 s), or
 or removed (held open or not)                          the next pass, likewise
 =====================================================  ===============================
