@@ -2014,3 +2014,101 @@ def test_subprocess_sigterm_during_the_start_up_pool_stops_it_at_once(
         assert initial["counted"] < 6  # the pool was cut short, not waited for
         assert "Traceback" not in "".join(daemon.raw)
         assert not [w for w in workers if w.is_running() and w.status() != "zombie"]
+
+
+# -- review 13b, R1: an encoding reload during a compaction ----------------
+
+
+class GatedBuiltin:
+    """The builtin summarizer, each summary held until ``release``."""
+
+    model = "builtin"
+
+    def __init__(self, count_text: Any) -> None:
+        from memd.summarizers import BuiltinSummarizer
+
+        self.inner = BuiltinSummarizer(count_text)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        self.entered.set()
+        assert self.release.wait(30)
+        return self.inner.summarize(request)
+
+
+def _encoding_config(ws: AgentWorkspace, encoding: str) -> str:
+    return f"""
+workspace = "{ws.root}"
+[trigger]
+context_length = 4000
+threshold = 0.5
+debounce_ms = 40
+[tokenizer]
+encoding = "{encoding}"
+[compaction]
+drain_quiet_s = 0.05
+drain_max_s = 1
+[summarizer]
+max_tokens = 120
+[watch]
+reconcile_s = 0.5
+"""
+
+
+def test_a_new_file_compacted_across_an_encoding_reload_is_counted_in_the_new_encoding(
+    ws: AgentWorkspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A SIGHUP that changes [tokenizer] encoding while a compaction runs (review
+    # 13b, R1): the job counted the new file with the old tokenizer; the runner
+    # must not extend that count with the new one (a mixed figure, stored as
+    # exact): it counts the new file from scratch in the new encoding.
+    monkeypatch.delenv("MEMD_CONFIG", raising=False)
+    cfg = tmp_path / "memd.toml"
+    cfg.write_text(_encoding_config(ws, "cl100k_base"))
+    paths = ws.create_agent("alice")
+    gated: list[GatedBuiltin] = []
+
+    def factory(_config: Any, count_text: Any) -> GatedBuiltin:
+        summarizer = GatedBuiltin(count_text)
+        gated.append(summarizer)
+        return summarizer
+
+    loaded = load_settings(config_file=cfg, workspace=ws.root, environ={})
+    options = DaemonOptions(
+        config_file=cfg,
+        workspace_flag=ws.root,
+        state_dir=tmp_path / "state",
+        install_signal_handlers=False,
+    )
+    daemon = Daemon(loaded, options, summarizer_factory=factory)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(20)
+        for n in range(60):
+            append_entry(
+                paths.memory, "Human" if n % 2 == 0 else "AI", f"turn {n}: " + "слово 単語 " * 15
+            )
+        assert wait_until(lambda: any(g.entered.is_set() for g in gated), timeout=20)
+        # The job waits in its summary: reload with another encoding.
+        cfg.write_text(_encoding_config(ws, "o200k_base"))
+        daemon.handle_exit(signal.SIGHUP, None)
+        services = daemon.services
+        assert services is not None
+        assert wait_until(
+            lambda: services.entry_counter.tokenizer.encoding_name == "o200k_base", timeout=20
+        )
+        for g in gated:
+            g.release.set()
+        assert wait_until(lambda: services.stats.compactions_ok >= 1, timeout=30)
+        assert wait_until(lambda: not services.runner.running(), timeout=30)
+        o200k = TokenCounter("o200k_base")
+        entry = services.registry.agents()["alice"]
+        expected = o200k.count_bytes(paths.memory.read_bytes())
+        # Give the daemon every chance to settle on the right figure.
+        wait_until(lambda: entry.tokens == expected, timeout=3)
+        assert entry.tokens == expected
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(30)

@@ -66,6 +66,10 @@ class AgentEntry:
     dirty: bool = True
     burst_started: float | None = None  # monotonic time of the first unhandled event
     may_need_recovery: bool = True
+    # A count skipped while the agent's job ran (a MEMORY.md of another inode: the
+    # job's new file, or one put there meanwhile), for the runner to count once the
+    # job has ended (:meth:`EntryCounter.count_skipped`); written under count_lock.
+    count_skipped: bool = False
     # archive/ as last surveyed (memd.daemon.archives); None until then.
     archives: ArchiveStats | None = None
     # The folder as listed at start-up (stored, so the next restart need not list it).
@@ -155,7 +159,12 @@ class EntryCounter:
         self.junction_cut = getattr(tokenizer, "encoding_name", None) in JUNCTION_CUT_ENCODINGS
 
     def count_locked(
-        self, entry: AgentEntry, *, after_job: bool = False, seed: TrackedCount | None = None
+        self,
+        entry: AgentEntry,
+        *,
+        after_job: bool = False,
+        seed: TrackedCount | None = None,
+        seed_tokenizer: Tokenizer | None = None,
     ) -> Counted:
         """:meth:`count` under the entry's count lock.
 
@@ -163,10 +172,25 @@ class EntryCounter:
         entry's count is the job's new file (or one the agent put there, which
         ends the job): it is left to the runner's count when the job has ended
         (``after_job``), which counts on from the job's own count of the file it
-        wrote (``seed``) instead of tokenizing the whole new file.
+        wrote (``seed``) instead of tokenizing the whole new file. The seed is
+        used only when it was made with the tokenizer in use now
+        (``seed_tokenizer``, the one the job was given): after a reload that
+        changed the encoding the new file is counted from scratch, never a count in
+        one encoding extended in another. A count skipped while the job ran is
+        left flagged (:attr:`AgentEntry.count_skipped`) for :meth:`count_skipped`.
         """
         with entry.count_lock:
-            return self.count(entry, after_job=after_job, seed=seed)
+            return self.count(entry, after_job=after_job, seed=seed, seed_tokenizer=seed_tokenizer)
+
+    def count_skipped(self, entry: AgentEntry) -> Counted | None:
+        """The count the counting thread skipped while the agent's job ran, made now
+        (the runner calls it once the job has left RUNNING: a file replaced after
+        the runner's own count would otherwise wait for the next event); None when
+        none was skipped since the last count."""
+        with entry.count_lock:
+            if not entry.count_skipped:
+                return None
+            return self.count(entry)
 
     def count(
         self,
@@ -175,12 +199,17 @@ class EntryCounter:
         *,
         after_job: bool = False,
         seed: TrackedCount | None = None,
+        seed_tokenizer: Tokenizer | None = None,
     ) -> Counted:
         """Update the entry's count; ``FAILED`` (logged once) when the file cannot be
         counted, ``MISSING`` when it is gone (the caller tells the runner).
 
         The caller holds ``entry.count_lock``.
         """
+        tokenizer = self.tokenizer  # one tokenizer for the whole count (a reload swaps it)
+        if seed_tokenizer is not tokenizer:
+            seed = None  # made in another encoding (or by no known tokenizer)
+        entry.count_skipped = False  # this count sees the file as it is now (or skips again)
         started = entry.burst_started
         entry.burst_started = None
         before = entry.tokens
@@ -197,7 +226,10 @@ class EntryCounter:
                     if previous is not None and not after_job and entry.job.state is RUNNING:
                         info = os.fstat(fd)
                         if (info.st_dev, info.st_ino) != (previous.state.dev, previous.state.ino):
-                            return counted  # the job's new file: counted when it has ended
+                            # The job's new file: counted when it has ended (the
+                            # runner's count, or count_skipped after it).
+                            entry.count_skipped = True
+                            return counted
                     if seed is not None and (
                         previous is None
                         or (previous.state.dev, previous.state.ino)
@@ -208,7 +240,7 @@ class EntryCounter:
                         fd,
                         entry.paths.memory,
                         previous,
-                        self.tokenizer.count_bytes,
+                        tokenizer.count_bytes,
                         max_piece_bytes=self.max_piece_bytes,
                         junction_cut=self.junction_cut,
                     )

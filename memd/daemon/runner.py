@@ -55,7 +55,7 @@ from memd.core.jobs import (
 from memd.core.spending import Hold
 from memd.core.summary import Summarizer
 from memd.daemon.committed import AfterCommit
-from memd.daemon.entries import AgentEntry, EntryCounter, RunStats
+from memd.daemon.entries import AgentEntry, Counted, EntryCounter, RunStats
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.llm_slots import LlmSlots
 from memd.daemon.registry import AgentRegistry
@@ -398,6 +398,9 @@ class Runner:
             self._stats.running.add(name)
             tokens_before = entry.tokens
             failures = entry.job.consecutive_failures
+            # The job counts with the tokenizer in use now; its count of the new
+            # file seeds the daemon's only if no reload has changed it meanwhile.
+            tokenizer = self._counter.tokenizer
             # The transaction re-checks this count under the agent's lock.
             threshold = ThresholdCheck(entry.tracked, entry.policy.threshold_tokens)
         _log.info("compaction started", agent=name, tokens=tokens_before)
@@ -412,7 +415,7 @@ class Runner:
                 entry.paths,
                 self.llm_slots.bound(summarizer),
                 self._compaction_options(name, entry.policy, reservation),
-                count_bytes=self._counter.tokenizer.count_bytes,
+                count_bytes=tokenizer.count_bytes,
                 abort=self.abort,
                 threshold=threshold,
             )
@@ -438,10 +441,14 @@ class Runner:
                     self._holds_may_end()
         duration = time.monotonic() - started
         # The file was replaced (or not): count it again before deciding, on from
-        # the job's count of the file it wrote (the kept turns are not tokenized again).
+        # the job's count of the file it wrote (the kept turns are not tokenized again),
+        # when that count is in the encoding counted with now.
         try:
             self._counter.count_locked(
-                entry, after_job=True, seed=None if outcome is None else outcome.counted
+                entry,
+                after_job=True,
+                seed=None if outcome is None else outcome.counted,
+                seed_tokenizer=tokenizer,
             )
         except Exception:  # the job's outcome must still be applied below
             _log.exception("recount after compaction failed", agent=name)
@@ -450,6 +457,21 @@ class Runner:
             self._succeeded(entry, outcome, started_wall, duration, fallback)
         else:
             self._failed(entry, error, started_wall, duration, fallback)
+        self._count_skipped(entry)
+
+    def _count_skipped(self, entry: AgentEntry) -> None:
+        """The job has left RUNNING: a change the counting thread skipped meanwhile
+        (a MEMORY.md replaced after the count above: no event will come for it
+        again, and with --poll no rescan stats it) is counted now and decided on."""
+        try:
+            counted = self._counter.count_skipped(entry)
+        except Exception:
+            _log.exception("count after compaction failed", agent=entry.name)
+            return
+        if counted is Counted.MISSING:
+            self.reset_if_erased(entry)
+        if counted is not None:
+            self.evaluate(entry)
 
     def _succeeded(
         self,

@@ -3,6 +3,7 @@ and what it publishes (nothing is called back)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 from pathlib import Path
@@ -11,7 +12,7 @@ from support.daemon_services import COUNTER
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.core.config import resolve_policy
-from memd.core.jobs import on_started
+from memd.core.jobs import AgentJob, on_started
 from memd.counting import count_file
 from memd.daemon.entries import AgentEntry, Counted, CountUpdate, EntryCounter
 from memd.settings import build_config
@@ -107,7 +108,10 @@ def test_a_running_jobs_new_file_is_counted_on_from_the_jobs_count_once_it_ends(
 
     # The runner, once the job has ended: on from the job's count, not from scratch.
     append_entry(paths.memory, "AI", "a turn written during the drain")
-    assert counter.count_locked(entry, after_job=True, seed=seed) is Counted.COUNTED
+    assert (
+        counter.count_locked(entry, after_job=True, seed=seed, seed_tokenizer=spy)
+        is Counted.COUNTED
+    )
     assert entry.tracked is not None and entry.dirty
     assert entry.tracked.tokens == COUNTER.count_bytes(paths.memory.read_bytes())
     assert entry.tracked.state.ino == paths.memory.stat().st_ino
@@ -115,7 +119,10 @@ def test_a_running_jobs_new_file_is_counted_on_from_the_jobs_count_once_it_ends(
 
     # A job's seed of a file already counted (the entry's own count is newer): unused.
     newer = entry.tracked
-    assert counter.count_locked(entry, after_job=True, seed=seed) is Counted.COUNTED
+    assert (
+        counter.count_locked(entry, after_job=True, seed=seed, seed_tokenizer=spy)
+        is Counted.COUNTED
+    )
     assert entry.tracked.tokens == newer.tokens
 
 
@@ -151,3 +158,52 @@ def test_the_junction_cut_follows_the_tokenizer() -> None:
     assert not counter.junction_cut
     counter.tokenizer = COUNTER
     assert counter.junction_cut
+
+
+def test_a_jobs_count_made_with_another_tokenizer_does_not_seed_the_new_files_count(
+    tmp_path: Path,
+) -> None:
+    # A reload swapped the tokenizer while the job ran (review 13b, R1): its count
+    # of the new file is another encoding's; the new file is counted from scratch.
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=30, size=200)
+    counter = EntryCounter(COUNTER)
+    entry = make_entry(ws, "alice")
+    counter.count_locked(entry)
+    entry.job = on_started(entry.job)
+    staged = tmp_path / "new"
+    staged.write_bytes(paths.memory.read_bytes()[: paths.memory.stat().st_size // 2])
+    os.replace(staged, paths.memory)
+    seed, _kind = count_file(paths.memory, None, COUNTER.count_bytes)
+    wrong = dataclasses.replace(seed, state=dataclasses.replace(seed.state, safe_tokens=7))
+    old_tokenizer = SpyTokenizer()
+    counter.tokenizer = SpyTokenizer()  # the reload's
+    assert (
+        counter.count_locked(entry, after_job=True, seed=wrong, seed_tokenizer=old_tokenizer)
+        is Counted.COUNTED
+    )
+    assert entry.tracked is not None
+    assert entry.tracked.tokens == COUNTER.count_bytes(paths.memory.read_bytes())
+
+
+def test_a_count_skipped_while_the_job_ran_is_made_once_the_runner_asks(tmp_path: Path) -> None:
+    # The counting thread leaves a file of another inode to the runner while the
+    # job runs; one replaced after the runner's own count is counted by
+    # count_skipped once the job has ended (review 13b, R5), and only then.
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=4)
+    counter = EntryCounter(COUNTER)
+    entry = make_entry(ws, "alice")
+    counter.count_locked(entry)
+    assert counter.count_skipped(entry) is None  # nothing skipped
+    entry.job = on_started(entry.job)
+    staged = tmp_path / "new"
+    staged.write_bytes(paths.memory.read_bytes()[:200])
+    os.replace(staged, paths.memory)
+    old = entry.tracked
+    assert counter.count_locked(entry) is Counted.COUNTED
+    assert entry.tracked is old and entry.count_skipped
+    entry.job = AgentJob()  # the job has ended
+    assert counter.count_skipped(entry) is Counted.COUNTED
+    assert entry.tokens == COUNTER.count_bytes(paths.memory.read_bytes())
+    assert not entry.count_skipped and counter.count_skipped(entry) is None

@@ -4,14 +4,15 @@ a transition never loses it, and the runner's lock is not the registry's."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.daemon_services import ScriptedCompaction, Services, build_services
-from support.memfiles import AgentWorkspace
+from support.daemon_services import COUNTER, ScriptedCompaction, Services, build_services
+from support.memfiles import AgentWorkspace, swarms_block, swarms_header
 
 from memd.core.jobs import JobState
 from memd.daemon.entries import AgentEntry
@@ -241,3 +242,38 @@ def test_after_a_compaction_the_new_file_is_counted_on_from_the_jobs_count(
     assert previous == [seed]  # not the old file's count: no count from scratch
     assert s.tokens("alice") == COUNTER.count_bytes(memory.read_bytes())
     assert s.job("alice").state is JobState.IDLE
+
+
+def test_a_file_replaced_after_the_runners_count_but_before_the_job_ends_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Review 13b, R5: the runner counts the new file, then applies the outcome
+    # (_succeeded), which ends RUNNING. A MEMORY.md replaced in between (the agent
+    # re-seeding its file) is reported; the counting thread sees RUNNING and another
+    # inode and leaves it to the runner, whose count was already made. With --poll
+    # (files_polled: the reconcile stats no file, the poller reported the change
+    # once) it must still be counted once the job has ended.
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("ok"))
+    s.counter.files_polled = True  # --poll
+    memory = s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.job("alice").state is JobState.PENDING
+    succeeded = s.runner._succeeded
+
+    def replaced_in_between(entry: Any, *args: Any, **kwargs: Any) -> Any:
+        assert entry.job.state is JobState.RUNNING
+        staged = memory.parent / "staged"
+        staged.write_text(swarms_header("alice") + swarms_block("Human", "re-seeded " * 60))
+        os.replace(staged, memory)
+        s.hint("alice")  # the watcher's event ...
+        s.settle()  # ... counted by the count thread while the job is still RUNNING
+        return succeeded(entry, *args, **kwargs)
+
+    monkeypatch.setattr(s.runner, "_succeeded", replaced_in_between)
+    s.scheduler.run_queued()
+    assert s.job("alice").state is not JobState.RUNNING
+    # No sweep, no new event: the runner counted it as the job ended.
+    assert s.tokens("alice") == COUNTER.count_bytes(memory.read_bytes())
