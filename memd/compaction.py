@@ -73,6 +73,7 @@ from memd.core.plan import (
     RecoveryAction,
     has_compactable,
     kept_tail,
+    known_consistent,
     landed_prefix,
     may_exceed_cap,
     recovery_action,
@@ -471,6 +472,8 @@ def known_suffixes(
     Each point's tokens are the total less those before it: points are where
     counts add up. When ``end`` is not the end of ``data`` (a partial entry after
     it), the total up to ``end`` is counted from the nearest point before it.
+    Points that contradict each other (:func:`memd.core.plan.known_consistent`)
+    give none.
     """
     if count is None or count.state.estimated or count.size != len(data):
         return []
@@ -486,7 +489,10 @@ def known_suffixes(
         if end - offset > _KNOWN_GAP_BYTES:
             return []
         total = tokens + count_bytes(data[offset:end])
-    return [(offset, total - tokens) for offset, tokens in points if offset <= end]
+    known = [(offset, total - tokens) for offset, tokens in points if offset <= end]
+    # Marks that contradict the count (a damaged state DB row) decide nothing: not
+    # the kept tail, nor the new file's count built from the same points.
+    return known if known_consistent(known, end) else []
 
 
 class _Journal:

@@ -7,7 +7,11 @@ again from scratch: a different inode (replaced by rename), a smaller size
 (truncated), or a changed prefix. Checking the whole prefix would cost as much
 as counting it, so we keep a digest of the window of bytes just before the
 safe offset: an in-place rewrite of the file's recent part changes it, and the
-size/inode checks catch the rest of the ways files are normally rewritten.
+size/inode checks catch the rest of the ways files are normally rewritten. A
+rewrite that keeps the inode and the size and leaves that window alone is not
+seen: the count (and a compaction's figures made from it, and the count it
+hands on, :func:`memd.compaction.snapshot_count`) is then the old bytes' until
+the file is replaced.
 """
 
 from __future__ import annotations
@@ -70,8 +74,9 @@ class TrackedCount:
     # Marks: flat (offset, tokens) pairs, oldest first, each the exact count of
     # file[:offset] at an offset where counts add up (the state's safe offset at
     # some earlier count: a safe boundary, or a junction cut followed by "#"), so
-    # the bytes from there to the end count state.tokens - tokens. A cache hint
-    # like the tail digest (the state DB does not keep it; none after a restart).
+    # the bytes from there to the end count state.tokens - tokens. A cache hint,
+    # not part of the count; the state DB keeps them (schema 8), and a restored
+    # count keeps only those that fit it (:func:`fitting_marks`).
     marks: tuple[int, ...] = field(default=(), compare=False)
 
     @property
@@ -138,6 +143,25 @@ def with_mark(marks: tuple[int, ...], state: CountState) -> tuple[int, ...]:
     while first < len(marks) and marks[first + 1] < keep_from:
         first += 2
     return (*marks[first:], state.safe_offset, state.safe_tokens)
+
+
+def fitting_marks(marks: Sequence[int], state: CountState) -> tuple[int, ...]:
+    """The marks (flat ``(offset, tokens)`` pairs) that can be ``state``'s own: whole
+    pairs, offsets and tokens strictly increasing, each past 0 and at most the
+    state's safe offset and safe tokens; none for an estimated count. Pairs that
+    do not fit are dropped (a damaged or hand-edited state DB row), without an
+    error: marks are a cache hint. Marks that fit but are off by a few tokens
+    cannot be told apart from true ones without tokenizing: they are trusted as
+    the restored count itself is."""
+    if state.estimated or len(marks) % 2:
+        return ()
+    kept: list[int] = []
+    last_offset = last_tokens = 0
+    for offset, tokens in zip(marks[::2], marks[1::2], strict=True):
+        if last_offset < offset <= state.safe_offset and last_tokens < tokens <= state.safe_tokens:
+            kept += (offset, tokens)
+            last_offset, last_tokens = offset, tokens
+    return tuple(kept)
 
 
 def count_file(
@@ -567,6 +591,7 @@ __all__ = [
     "count_file",
     "count_many",
     "count_one",
+    "fitting_marks",
     "pool_workers",
     "pool_worth_it",
     "with_mark",

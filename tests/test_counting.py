@@ -19,6 +19,7 @@ from memd.counting import (
     TrackedCount,
     count_file,
     count_many,
+    fitting_marks,
     pool_workers,
     worker_count,
 )
@@ -600,3 +601,20 @@ def test_an_entry_appended_at_a_junction_is_read_once_and_counted_without_a_piec
         counted.state.safe_offset == tracked.size
         and counted.state.tail_tokens == COUNTER.count_bytes(block)
     )
+
+
+def test_only_marks_that_fit_their_count_are_kept() -> None:
+    # Marks restored from a state DB row (review 13b, R4): whole pairs, offsets and
+    # tokens strictly increasing, within the count's safe offset and tokens; the
+    # rest dropped, never an error.
+    state = CountState(dev=1, ino=2, size=5000, safe_offset=4000, safe_tokens=900, tail_tokens=50)
+    good = (100, 20, 2000, 400, 4000, 900)
+    assert fitting_marks(good, state) == good
+    assert fitting_marks((*good, 7), state) == ()  # not whole pairs
+    assert fitting_marks((100, 20, 90, 30, 2000, 400), state) == (100, 20, 2000, 400)
+    assert fitting_marks((100, 20, 2000, 10, 3000, 500), state) == (100, 20, 3000, 500)
+    assert fitting_marks((100, 20, 4001, 500), state) == (100, 20)  # past the safe offset
+    assert fitting_marks((100, 20, 2000, 901), state) == (100, 20)  # more than its tokens
+    assert fitting_marks((0, 0, -5, 3, 100, 20), state) == (100, 20)
+    estimated = CountState(1, 2, 5000, 4000, 900, 50, estimated=True)
+    assert fitting_marks(good, estimated) == ()

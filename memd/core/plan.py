@@ -135,7 +135,7 @@ def kept_tail(
     """
     if budget_tokens <= 0:
         return end, 0
-    if known and _consistent(known, end):
+    if known and known_consistent(known, end):
         return _kept_tail_known(document, end, budget_tokens, count_text, known)
     start = end
     used = 0
@@ -154,7 +154,10 @@ def kept_tail(
     return start, used
 
 
-def _consistent(known: Sequence[tuple[int, int]], end: int) -> bool:
+def known_consistent(known: Sequence[tuple[int, int]], end: int) -> bool:
+    """Whether ``known`` pairs (see :func:`kept_tail`) can all be true: offsets
+    ascending within 0..``end``, tokens never negative and never more after a later
+    offset. Only such pairs decide a kept tail or the count built from them."""
     previous_offset, previous_tokens = -1, None
     for offset, tokens in known:
         if not 0 <= offset <= end or offset <= previous_offset or tokens < 0:
@@ -502,6 +505,7 @@ __all__ = [
     "has_compactable",
     "kept_tail",
     "kept_tail_start",
+    "known_consistent",
     "landed_prefix",
     "may_exceed_cap",
     "plan_chunks_of",

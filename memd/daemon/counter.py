@@ -16,6 +16,7 @@ service thread only sleeps until then or until a hint arrives, so tests drive
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import threading
@@ -29,7 +30,7 @@ from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
 from memd.core.jobs import appends_could_reach
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
-from memd.counting import CountJob, count_many, pool_workers, worker_count
+from memd.counting import CountJob, count_many, fitting_marks, pool_workers, worker_count
 from memd.daemon.entries import (
     AgentEntry,
     Counted,
@@ -450,7 +451,13 @@ class CountService:
         )
         if trust is StoredCountTrust.RECOUNT:
             return False
-        entry.tracked = record.to_tracked(info.st_size)
+        tracked = record.to_tracked(info.st_size)
+        if tracked.marks:
+            # Only marks that fit the count (a damaged row's are dropped, quietly).
+            marks = fitting_marks(tracked.marks, tracked.state)
+            if marks != tracked.marks:
+                tracked = dataclasses.replace(tracked, marks=marks)
+        entry.tracked = tracked
         if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
         # Nothing to write back, unless the folder was listed anew (its facts change)

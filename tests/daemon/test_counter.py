@@ -8,6 +8,7 @@ happened: here "nothing more" is every tick and every due wake-up, exactly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -464,3 +465,27 @@ def test_writes_are_taken_while_waiting_and_only_move_the_next_tick(tmp_path: Pa
     s.hint("bob")
     s.counter.gather(s.clock.now + 5.0, s.clock)
     assert s.counter.inbox.get_nowait().name == "bob" and s.counter.inbox.empty()
+
+
+def test_a_restored_count_keeps_only_the_marks_that_fit_it(tmp_path: Path) -> None:
+    # A state DB row whose marks contradict its count (review 13b, R4: a damaged or
+    # hand-edited DB): restored without them, quietly; the count itself is reused.
+    from memd.counting import count_file
+    from memd.state import AgentRecord
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice", entries=20)
+    s = build_services(ws, ScriptedCompaction())
+    tracked, _kind = count_file(paths.memory, None, COUNTER.count_bytes)
+    safe = tracked.state
+    good = (safe.safe_offset // 2, safe.safe_tokens // 3)
+    bad = (safe.safe_offset // 3, safe.safe_tokens * 2, safe.safe_offset + 10, 5)
+    record = AgentRecord.of(
+        "alice", dataclasses.replace(tracked, marks=(*good, *bad)), AgentJob(),
+        threshold_tokens=1, count_error=None, encoding=s.counter.encoding, now=0.0,
+    )  # fmt: skip
+    entry = s.registry.get("alice")
+    assert entry is not None
+    assert s.counter.restore(entry, record)
+    assert entry.tracked is not None and entry.tracked.tokens == tracked.tokens
+    assert entry.tracked.marks == good
