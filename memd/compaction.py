@@ -443,13 +443,29 @@ def snapshot_tokens(
 
 
 def snapshot_count(
-    snap: _Snapshot, counted: TrackedCount | None, count_bytes: ByteCounter | None
+    snap: _Snapshot,
+    counted: TrackedCount | None,
+    count_bytes: ByteCounter | None,
+    *,
+    afresh: bool = False,
 ) -> TrackedCount | None:
     """The caller's count (made under the lock) extended over what the snapshot holds
     past it; None when there is none, or it is of another file (nothing is counted
-    from scratch here)."""
+    from scratch here, unless ``afresh``).
+
+    ``afresh``: the transaction saw the file change under it (it started over), so
+    the count made before says nothing of these bytes: the snapshot is counted from
+    scratch (no marks). Otherwise the count is trusted as the daemon's own is, on
+    its inode, size and the window before its safe offset
+    (:func:`memd.counting.count_data`): a rewrite that keeps all three (same size,
+    in place, before the window) between that count and the snapshot goes unseen,
+    and the job's token figures and the new file's count are then those of the
+    bytes as counted (the daemon's incremental count has the same blind spot).
+    """
     if counted is None or count_bytes is None:
         return None
+    if afresh:
+        return count_data(snap.data, snap.dev, snap.ino, snap.mtime_ns, None, count_bytes)[0]
     state = counted.state
     if (state.dev, state.ino) != (snap.dev, snap.ino) or snap.size < state.size:
         return None
@@ -1178,7 +1194,7 @@ def _compact_locked(
         restarts = 0
         while True:
             snap = txn.take_snapshot()
-            snap_count = snapshot_count(snap, counted, count_bytes)
+            snap_count = snapshot_count(snap, counted, count_bytes, afresh=restarts > 0)
             known = txn.known_suffixes(snap, snap_count)
             # The newest turns stay verbatim (an operator's --summary replaces
             # everything, as given): bytes 0..K are compacted, K..N carried.
