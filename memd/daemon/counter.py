@@ -458,6 +458,7 @@ class CountService:
             if marks != tracked.marks:
                 tracked = dataclasses.replace(tracked, marks=marks)
         entry.tracked = tracked
+        entry.counted_with = self._counter.tokenizer  # the stored count's encoding, checked
         if trust is StoredCountTrust.EXTEND:
             return False  # grew while we were down: count just the new bytes
         # Nothing to write back, unless the folder was listed anew (its facts change)

@@ -70,6 +70,10 @@ class AgentEntry:
     # job's new file, or one put there meanwhile), for the runner to count once the
     # job has ended (:meth:`EntryCounter.count_skipped`); written under count_lock.
     count_skipped: bool = False
+    # The tokenizer ``tracked`` was made with (None: unknown); written with it, under
+    # count_lock. A reload swaps the counter's tokenizer before it resets each
+    # entry's count: a job takes the count only when the two still match.
+    counted_with: Tokenizer | None = None
     # archive/ as last surveyed (memd.daemon.archives); None until then.
     archives: ArchiveStats | None = None
     # The folder as listed at start-up (stored, so the next restart need not list it).
@@ -182,6 +186,14 @@ class EntryCounter:
         with entry.count_lock:
             return self.count(entry, after_job=after_job, seed=seed, seed_tokenizer=seed_tokenizer)
 
+    def job_count(self, entry: AgentEntry) -> tuple[Tokenizer, TrackedCount | None]:
+        """What a compaction starts from: the tokenizer in use now and the entry's count
+        when it was made with that tokenizer (None otherwise: a reload changed the
+        encoding and has not reset this entry's count yet; the job counts afresh)."""
+        with entry.count_lock:
+            tokenizer = self.tokenizer
+            return tokenizer, entry.tracked if entry.counted_with is tokenizer else None
+
     def count_skipped(self, entry: AgentEntry) -> Counted | None:
         """The count the counting thread skipped while the agent's job ran, made now
         (the runner calls it once the job has left RUNNING: a file replaced after
@@ -263,6 +275,7 @@ class EntryCounter:
             _log.info("MEMORY.md readable again", agent=entry.name)
         entry.count_error = None
         entry.tracked = tracked
+        entry.counted_with = tokenizer
         if kind is not CountKind.UNCHANGED or entry.tokens != before:
             entry.dirty = True
         if (kind is CountKind.RECOUNTED or entry.tokens != before) and _debug():

@@ -381,6 +381,11 @@ class Runner:
 
     def _compact_one(self, entry: AgentEntry) -> None:
         name = entry.name
+        # The job counts with the tokenizer in use now, from the entry's count only
+        # when it was made with it (taken under the count lock, before ours: see
+        # the module docstring); its count of the new file seeds the daemon's only
+        # if no reload has changed the tokenizer by the time it ends.
+        tokenizer, tracked = self._counter.job_count(entry)
         with self._lock:
             if self._stopping or not self._registry.is_current(entry):
                 entry.job = on_cancelled(entry.job)
@@ -398,11 +403,8 @@ class Runner:
             self._stats.running.add(name)
             tokens_before = entry.tokens
             failures = entry.job.consecutive_failures
-            # The job counts with the tokenizer in use now; its count of the new
-            # file seeds the daemon's only if no reload has changed it meanwhile.
-            tokenizer = self._counter.tokenizer
             # The transaction re-checks this count under the agent's lock.
-            threshold = ThresholdCheck(entry.tracked, entry.policy.threshold_tokens)
+            threshold = ThresholdCheck(tracked, entry.policy.threshold_tokens)
         _log.info("compaction started", agent=name, tokens=tokens_before)
         started_wall = time.time()
         started = time.monotonic()

@@ -489,3 +489,6 @@ def test_a_restored_count_keeps_only_the_marks_that_fit_it(tmp_path: Path) -> No
     assert s.counter.restore(entry, record)
     assert entry.tracked is not None and entry.tracked.tokens == tracked.tokens
     assert entry.tracked.marks == good
+    # And a job starts from it (made with the tokenizer in use: the encoding matched).
+    assert s.entry_counter is not None
+    assert s.entry_counter.job_count(entry)[1] is entry.tracked

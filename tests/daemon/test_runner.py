@@ -277,3 +277,36 @@ def test_a_file_replaced_after_the_runners_count_but_before_the_job_ends_is_coun
     assert s.job("alice").state is not JobState.RUNNING
     # No sweep, no new event: the runner counted it as the job ended.
     assert s.tokens("alice") == COUNTER.count_bytes(memory.read_bytes())
+
+
+class OtherTokenizer:
+    """A reload's tokenizer (the same figures, another object)."""
+
+    def count_bytes(self, data: bytes) -> int:
+        return COUNTER.count_bytes(data)
+
+    def count_text(self, text: str) -> int:
+        return COUNTER.count_text(text)
+
+
+def test_a_job_started_between_a_reloads_swap_and_its_reset_counts_afresh(
+    tmp_path: Path,
+) -> None:
+    # A reload swaps the counter's tokenizer, then resets each agent's count; a job
+    # starting in between must not extend the old encoding's count with the new
+    # tokenizer (review 13b, R1 at the job's start): it is given no count.
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    compact = ScriptedCompaction("ok")
+    s = build_services(ws, compact)
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.job("alice").state is JobState.PENDING
+    assert s.entry_counter is not None
+    new = OtherTokenizer()
+    s.entry_counter.tokenizer = new  # the reload's first step; alice not reset yet
+    s.scheduler.run_queued()
+    (given,) = compact.kwargs
+    assert given["threshold"].counted is None
+    assert given["count_bytes"] == new.count_bytes

@@ -91,9 +91,11 @@ class ScriptedCompaction:
         # outcome or on its error, as compact_agent does; None: the outcome's default.
         self.spent: tuple[int, float | None] | None = None
         self.seeds: list[Any] = []  # the count of its new file each ``ok``/``big`` call made
+        self.kwargs: list[dict[str, Any]] = []  # count_bytes, threshold... each call was given
 
-    def __call__(self, paths: AgentPaths, summarizer: Any, options: Any, **_kw: Any) -> Any:
+    def __call__(self, paths: AgentPaths, summarizer: Any, options: Any, **kwargs: Any) -> Any:
         behaviour = self.script.pop(0) if self.script else "ok"
+        self.kwargs.append(kwargs)
         self.calls.append(paths.agent)
         self.options.append(options)
         self.models.append(getattr(summarizer, "model", None))
