@@ -746,7 +746,9 @@ def test_a_file_memd_replaced_is_checked_on_the_next_pass_and_hot(tmp_path: Path
 
 
 @pytest.mark.parametrize("written_s_ago", [0, HOT_S + 60])
-def test_a_file_written_recently_is_hot_from_its_watch(tmp_path: Path, written_s_ago: float) -> None:
+def test_a_file_written_recently_is_hot_from_its_watch(
+    tmp_path: Path, written_s_ago: float
+) -> None:
     # After a restart nothing has been reported yet: a file written in the last
     # HOT_S (its mtime says so) is hot from its watch on, as if it had been; an
     # older one is not. A replacement of it then shows on the next pass, and the
