@@ -497,9 +497,13 @@ def _request_check(summarizer: SummarizerConfig, probe: Prober) -> Check:
 
 
 def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
-    from memd.state import StateStore
+    from memd.state import NewerStateDB, StateStore
 
-    with StateStore.open(state_dir, workspace) as store:
+    try:
+        store = StateStore.open(state_dir, workspace)
+    except NewerStateDB as exc:
+        return [_fail("state dir", str(exc), "run the newer memd that wrote it")]
+    with store:
         if store.path is None:
             return [
                 _fail(

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -72,9 +73,16 @@ class Outcome(Protocol):
 # pinned facts kept and evicted, the model calls made; the spending table.
 # 6: the daemon keeps how many archives are encrypted at rest (status shows
 # them without listing the folder).
-# 8: the count's marks (memd.counting.TrackedCount.marks), so the first compaction
-# after a restart takes its kept turns' tokens from them too.
-SCHEMA_VERSION = 8
+# 7: the agent folder as last listed.
+# The count's marks (memd.counting.TrackedCount.marks) live in a side table,
+# count_marks, that needs no new version: an older memd (schema 7) opens a DB that
+# has it, never reads it, and its writes to ``agents`` drop the marks they make
+# stale (the table's triggers). Dev builds of 2026-12-02 (48ea21b) kept them in an
+# ``agents.marks`` column and called that schema 8; such a DB is brought back to 7
+# (:func:`_undo_dev_schema_8`). The next real bump takes 9, never 8.
+SCHEMA_VERSION = 7
+# Versions that were only ever that dev layout (see above), not a newer memd's.
+_DEV_SCHEMA_8 = 8
 BUSY_TIMEOUT_S = 5.0
 # Ledger rows kept per agent; older ones are pruned on insert so the DB stays small.
 LEDGER_KEEP_PER_AGENT = 1000
@@ -88,10 +96,8 @@ _T = TypeVar("_T")
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (
-    version INTEGER NOT NULL
-);
+# Schema 7's agents table, column for column: what an older memd reads (a test keeps it).
+_AGENTS_TABLE = """
 CREATE TABLE IF NOT EXISTS agents (
     agent TEXT PRIMARY KEY,
     dev INTEGER NOT NULL,
@@ -120,9 +126,15 @@ CREATE TABLE IF NOT EXISTS agents (
     encrypted_archives INTEGER NOT NULL DEFAULT 0,
     folder_ino INTEGER NOT NULL DEFAULT 0,
     folder_ctime_ns INTEGER NOT NULL DEFAULT 0,
-    folder_entries INTEGER NOT NULL DEFAULT 0,
-    marks BLOB
-);
+    folder_entries INTEGER NOT NULL DEFAULT 0
+)"""
+_SCHEMA = (
+    """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER NOT NULL
+);"""
+    + _AGENTS_TABLE
+    + """;
 CREATE TABLE IF NOT EXISTS ledger (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     agent TEXT NOT NULL,
@@ -170,6 +182,12 @@ CREATE TABLE IF NOT EXISTS erasures (
     survivor_dev INTEGER NOT NULL DEFAULT 0,
     survivor_ino INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS count_marks (
+    agent TEXT PRIMARY KEY,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    marks BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS heartbeat (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     pid INTEGER NOT NULL,
@@ -180,6 +198,7 @@ CREATE TABLE IF NOT EXISTS heartbeat (
     ts REAL NOT NULL
 );
 """
+)
 
 
 # Each older schema's step to the next version (run in order, in one transaction):
@@ -226,12 +245,29 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE agents ADD COLUMN folder_ctime_ns INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE agents ADD COLUMN folder_entries INTEGER NOT NULL DEFAULT 0",
     ),
-    # 7 -> 8: the count's marks (NULL: none; a restart then counts without them).
-    7: ("ALTER TABLE agents ADD COLUMN marks BLOB",),
 }
 
+# The count_marks row goes with its agents row whoever writes it: a row inserted
+# (a new agent, or an older memd's INSERT OR REPLACE, whose count the marks may
+# not fit) or deleted (an older memd's `forget` too). This memd's own upsert of an
+# existing row is an UPDATE: no trigger, nothing added to a live flush. Made after
+# the tables (and after a migration that rebuilds ``agents``, which drops them).
+_TRIGGERS = (
+    "CREATE TRIGGER IF NOT EXISTS count_marks_on_insert AFTER INSERT ON agents"
+    " BEGIN DELETE FROM count_marks WHERE agent = new.agent; END",
+    "CREATE TRIGGER IF NOT EXISTS count_marks_on_delete AFTER DELETE ON agents"
+    " BEGIN DELETE FROM count_marks WHERE agent = old.agent; END",
+)
+# What an up-to-date DB holds beside its version (checked on every open, cheaply).
+_ADDED_OBJECTS = ("count_marks", "count_marks_on_insert", "count_marks_on_delete")
+
+_UP_TO_DATE = (
+    "SELECT (SELECT version FROM schema_version),"  # noqa: S608  (constants)
+    f" (SELECT count(*) FROM sqlite_master WHERE name IN {_ADDED_OBJECTS!r})"
+)
+
 # Tables with an ``agent`` column: what an erasure clears (here and in corrupt copies).
-_AGENT_TABLES = ("agents", "ledger", "file_counts")
+_AGENT_TABLES = ("agents", "ledger", "file_counts", "count_marks")
 
 
 # `memd status` straight from the DB. "Needs attention" first: failing, over
@@ -320,14 +356,35 @@ class StateError(MemdError, RuntimeError):
     """The state DB could not be read or written (e.g. locked past the busy timeout)."""
 
 
+class NewerStateDB(StateError):
+    """The state DB was written by a newer memd (a later schema): refused, never
+    moved aside or rebuilt, so the newer memd finds it as it left it."""
+
+    def __init__(self, path: Path, version: int) -> None:
+        super().__init__(
+            f"state DB {path} is schema {version}, written by a newer memd; "
+            f"this memd reads up to {SCHEMA_VERSION}"
+        )
+        self.version = version
+
+
 class _CorruptDatabase(Exception):
     """Internal: the file exists but is not a usable memd state DB."""
+
+
+class _NewerSchema(Exception):
+    """Internal: the schema version is newer than this memd's (the path is added above)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
 
 
 class AgentRecord(NamedTuple):
     """One agent's row. A named tuple, not a frozen dataclass: a restart reads every
     agent's, and one frozen dataclass of these 30 fields cost 3-4 us to build,
-    its tuple 0.5 us."""
+    its tuple 0.5 us. Every field but the last is a column of ``agents``; the
+    last, the count's marks, is kept in ``count_marks``."""
 
     agent: str
     dev: int
@@ -364,8 +421,10 @@ class AgentRecord(NamedTuple):
     folder_ino: int = 0
     folder_ctime_ns: int = 0
     folder_entries: int = 0
-    # Schema 8: the count's marks, packed (pack_marks); None: none.
-    marks: bytes | None = None
+    # Not a column: the count's marks (TrackedCount.marks), kept in count_marks
+    # beside the row and written only when they change; () when none (or none
+    # that fit the count read back).
+    marks: tuple[int, ...] = ()
 
     @classmethod
     def of(
@@ -415,7 +474,7 @@ class AgentRecord(NamedTuple):
             folder_ino=folder.ino if folder else 0,
             folder_ctime_ns=folder.ctime_ns if folder else 0,
             folder_entries=folder.entries if folder else 0,
-            marks=pack_marks(tracked.marks) if tracked is not None and tracked.marks else None,
+            marks=tracked.marks if tracked is not None else (),
         )
 
     @property
@@ -452,25 +511,55 @@ class AgentRecord(NamedTuple):
             open_run=self.estimated,
         )
         mtime_ns = self.mtime_ns if current_size == self.size else 0
-        marks = unpack_marks(self.marks) if self.marks else ()
-        return TrackedCount(count, mtime_ns, self.window_start, self.window_digest, marks=marks)
+        return TrackedCount(
+            count, mtime_ns, self.window_start, self.window_digest, marks=self.marks
+        )
+
+
+# count_marks.marks: a format byte, then the marks as little-endian signed 64-bit
+# integers, (offset, tokens) pairs oldest first. Another format byte reads as none.
+MARKS_FORMAT = 1
+_MARKS_HEADER = bytes([MARKS_FORMAT])
 
 
 def pack_marks(marks: tuple[int, ...]) -> bytes:
-    """A count's marks as stored: little-endian signed 64-bit integers."""
-    return struct.pack(f"<{len(marks)}q", *marks)
+    """A count's marks as stored in count_marks."""
+    return _MARKS_HEADER + struct.pack(f"<{len(marks)}q", *marks)
 
 
-def unpack_marks(blob: bytes) -> tuple[int, ...]:
-    """Stored marks back; none when the blob is not whole (offset, tokens) pairs."""
-    if len(blob) % 16:
+def unpack_marks(blob: object) -> tuple[int, ...] | None:
+    """Stored marks back; None unless ``blob`` is a blob of this format holding one
+    or more whole (offset, tokens) pairs (SQLite keeps any type in any column)."""
+    if type(blob) is not bytes or len(blob) % 16 != 1 or len(blob) < 17:
+        return None
+    if blob[0] != MARKS_FORMAT:
+        return None
+    marks: tuple[int, ...] = struct.unpack_from(f"<{len(blob) // 8}q", blob, 1)
+    return marks
+
+
+def marks_fitting(marks: tuple[int, ...], safe_offset: int, safe_tokens: int) -> tuple[int, ...]:
+    """``marks`` when they can be a count's whose safe point is (``safe_offset``,
+    ``safe_tokens``): offsets rising, tokens not falling, none negative, none
+    past the safe point; else none (a damaged row: counted without marks)."""
+    offsets, tokens = marks[0::2], marks[1::2]
+    if (
+        not offsets
+        or offsets[0] < 0
+        or tokens[0] < 0
+        or offsets[-1] > safe_offset
+        or tokens[-1] > safe_tokens
+        or any(b <= a for a, b in itertools.pairwise(offsets))
+        or any(b < a for a, b in itertools.pairwise(tokens))
+    ):
         return ()
-    return struct.unpack(f"<{len(blob) // 8}q", blob)
+    return marks
 
 
-# The table's columns mirror the record's fields; named, so a column order that
-# differs (a migrated DB) never shifts a value into the wrong field.
-AGENT_COLUMNS: tuple[str, ...] = AgentRecord._fields
+# The columns of ``agents``: the record's fields but the last (its marks), in order
+# (a test keeps them to schema 7's, which older memds read). Named, so a column
+# order that differs (a migrated DB) never shifts a value into the wrong field.
+AGENT_COLUMNS: tuple[str, ...] = AgentRecord._fields[:-1]
 # Built from the field names (constants, never input). An upsert updates the row
 # where it is (INSERT OR REPLACE deleted it and inserted it again under a new
 # rowid: its old page, the table's last page and the primary key's index were all
@@ -480,7 +569,45 @@ _UPSERT_AGENT = (
     f"VALUES ({', '.join('?' * len(AGENT_COLUMNS))}) ON CONFLICT(agent) DO UPDATE SET "
     + ", ".join(f"{column} = excluded.{column}" for column in AGENT_COLUMNS[1:])
 )
-_SELECT_AGENTS = f"SELECT {', '.join(AGENT_COLUMNS)} FROM agents"  # noqa: S608
+# What each column may hold, as Python reads it. SQLite keeps any type in any
+# column: a row holding anything else (a damaged or hand-edited DB) is not
+# restored, its agent is counted from its file, so the restore never meets a
+# wrongly typed value. Checked by each row's tuple of types, against those
+# already found good (a few: which nullable columns are NULL); 0.7 us a row.
+_COLUMN_TYPES: dict[str, tuple[type, ...]] = {column: (int,) for column in AGENT_COLUMNS} | {
+    "agent": (str,),
+    "updated_at": (float, int),
+    "state": (str,),
+    "last_error": (str, type(None)),
+    "last_compaction_at": (float, int, type(None)),
+    "next_attempt_at": (float, int, type(None)),
+    "encoding": (str,),
+    "window_digest": (bytes, type(None)),
+    "archives": (int, type(None)),
+    "archive_bytes": (int, type(None)),
+    "window_source": (str,),
+}
+_GOOD_TYPES: set[tuple[type, ...]] = set()
+# The row and its count's marks (only when stamped with the same file).
+_SELECT_AGENTS = (
+    f"SELECT {', '.join(f'agents.{column}' for column in AGENT_COLUMNS)},"  # noqa: S608
+    " count_marks.marks FROM agents LEFT JOIN count_marks"
+    " ON count_marks.agent = agents.agent AND count_marks.dev = agents.dev"
+    " AND count_marks.ino = agents.ino"
+)
+_UPSERT_MARKS = (
+    "INSERT INTO count_marks (agent, dev, ino, marks) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT(agent) DO UPDATE SET dev = excluded.dev, ino = excluded.ino,"
+    " marks = excluded.marks"
+)
+
+
+class BadRow(NamedTuple):
+    """A stored row left out of a read: the value in ``column`` is not of its type."""
+
+    agent: str
+    column: str
+    value: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,12 +790,20 @@ class StateStore:
         # How the caller chose the state dir (printed by `memd status`/`health`).
         self.found_by = ""
         self._identity = _file_identity(path)
+        # count_marks as this handle last read or wrote it: agent -> (dev, ino,
+        # marks), a row that does not decode as _UNREADABLE; None: not read yet
+        # (read on the first write, and again after the file changed under us).
+        # A flush writes an agent's marks only when they differ from these.
+        self._marks_stored: dict[str, tuple[int, int, tuple[int, ...]]] | None = None
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
     def open(cls, state_dir: Path, workspace: Path) -> StateStore:
-        """Open (creating, or rebuilding when corrupt) the DB for ``workspace``. Never raises."""
+        """Open (creating, or rebuilding when corrupt) the DB for ``workspace``.
+
+        Raises :class:`NewerStateDB` only: a DB a newer memd wrote is left as it is.
+        """
         warnings: list[str] = []
         path = state_db_path(state_dir, workspace)
         try:
@@ -725,6 +860,7 @@ class StateStore:
         try:
             _ensure_private_dir(self.path.parent)
             with _rebuild_lock(self.path):
+                self._marks_stored = None
                 self._conn = _open_checked(self.path, self.warnings)
                 self._identity = _file_identity(self.path)
         except (OSError, sqlite3.Error) as exc:
@@ -748,6 +884,7 @@ class StateStore:
                 _log.warning(message)
                 self.warnings.append(message)
             # else another process has rebuilt it already: just reopen.
+            self._marks_stored = None
             self._conn = _open_checked(self.path, self.warnings)
             self._identity = _file_identity(self.path)
 
@@ -766,38 +903,102 @@ class StateStore:
     # ------------------------------------------------------------------ agents
 
     def upsert_agents(self, records: Iterable[AgentRecord]) -> None:
-        # A record is its row: its fields are the columns, in order (AGENT_COLUMNS).
+        """Write the agents' rows, and their marks where they changed (a live flush
+        of a growing file rewrites its row, its marks only when a mark is added)."""
         rows = list(records)
 
         def operation(conn: sqlite3.Connection) -> None:
+            stored = self._stored_marks(conn)
             with self._write(conn):
                 # An erased agent is not written back (a daemon's stale count);
                 # the daemon lifts the tombstone when the agent writes again.
                 erased = self._erased_among(conn, (row[0] for row in rows))
-                conn.executemany(_UPSERT_AGENT, [row for row in rows if row[0] not in erased])
+                # A record is its row but the last field (AGENT_COLUMNS).
+                conn.executemany(_UPSERT_AGENT, [row[:-1] for row in rows if row[0] not in erased])
+                changed: list[AgentRecord] = []
+                for row in rows:
+                    if row[0] in erased:
+                        continue
+                    before = stored.get(row[0])
+                    if _marks_changed(before, row):
+                        changed.append(row)
+                    elif before is not None and before[2] is not row.marks:
+                        # Equal: keep the count's own tuple, compared by identity next time.
+                        stored[row[0]] = (before[0], before[1], row.marks)
+                if changed:
+                    conn.executemany(
+                        "DELETE FROM count_marks WHERE agent = ?",
+                        [(row.agent,) for row in changed if not row.marks],
+                    )
+                    conn.executemany(
+                        _UPSERT_MARKS,
+                        [
+                            (row.agent, row.dev, row.ino, pack_marks(row.marks))
+                            for row in changed
+                            if row.marks
+                        ],
+                    )
+            self._marks_gone(erased)  # `forget` deleted them
+            for row in changed:
+                if row.marks:
+                    stored[row.agent] = (row.dev, row.ino, row.marks)
+                else:
+                    stored.pop(row.agent, None)
 
         self._run(operation)
 
+    def _stored_marks(
+        self, conn: sqlite3.Connection
+    ) -> dict[str, tuple[int, int, tuple[int, ...]]]:
+        """count_marks as it is (read once per file: this handle's writes keep it)."""
+        if self._marks_stored is None:
+            self._marks_stored = {
+                agent: (dev, ino, unpack_marks(blob) or _UNREADABLE)
+                for agent, dev, ino, blob in conn.execute(
+                    "SELECT agent, dev, ino, marks FROM count_marks"
+                )
+            }
+        return self._marks_stored
+
+    def _marks_gone(self, names: Iterable[str]) -> None:
+        """These agents have no count_marks row now."""
+        with self._lock:
+            stored = self._marks_stored
+            if stored is not None:
+                for name in names:
+                    stored.pop(name, None)
+
     def get_agent(self, name: str) -> AgentRecord | None:
+        """The agent's row (None: none, or one holding a value of the wrong type)."""
+
         def operation(conn: sqlite3.Connection) -> AgentRecord | None:
-            row = conn.execute(f"{_SELECT_AGENTS} WHERE agent = ?", (name,)).fetchone()
-            return None if row is None else _agent_from_row(row)
+            row = conn.execute(f"{_SELECT_AGENTS} WHERE agents.agent = ?", (name,)).fetchone()
+            return None if row is None else _agent_from_row(row, [])
 
         return self._run(operation)
 
-    def agents(self) -> list[AgentRecord]:
+    def agents(self, bad: list[BadRow] | None = None) -> list[AgentRecord]:
+        """Every agent's row, by name. A row holding a value of the wrong type (a
+        damaged or hand-edited DB) is left out, and added to ``bad`` when given."""
+        skipped: list[BadRow] = [] if bad is None else bad
+        start = len(skipped)
+
         def operation(conn: sqlite3.Connection) -> list[AgentRecord]:
-            rows = conn.execute(f"{_SELECT_AGENTS} ORDER BY agent").fetchall()
-            return [_agent_from_row(row) for row in rows]
+            del skipped[start:]  # a retry after a rebuild starts again
+            rows = conn.execute(f"{_SELECT_AGENTS} ORDER BY agents.agent").fetchall()
+            records = [_agent_from_row(row, skipped) for row in rows]
+            return [record for record in records if record is not None]
 
         return self._run(operation)
 
     def remove_agent(self, name: str) -> None:
-        """Drop the agent's count record (its ledger stays; see :meth:`forget_agent`)."""
+        """Drop the agent's count record and marks (its ledger stays; see :meth:`forget_agent`)."""
 
         def operation(conn: sqlite3.Connection) -> None:
             with self._write(conn):
                 conn.execute("DELETE FROM agents WHERE agent = ?", (name,))
+                conn.execute("DELETE FROM count_marks WHERE agent = ?", (name,))
+            self._marks_gone([name])
 
         self._run(operation)
 
@@ -831,6 +1032,7 @@ class StateStore:
             return int(removed)
 
         removed = self._run(operation)
+        self._marks_gone([name])
         if erased_at_ns is not None:
             self.scrub()
         return removed
@@ -889,7 +1091,9 @@ class StateStore:
 
         salt = self._run(self._salt)
         found = {name: stones.get(agent_key(salt, name)) for name in names}
-        return {name: stone for name, stone in found.items() if stone is not None}
+        erased = {name: stone for name, stone in found.items() if stone is not None}
+        self._marks_gone(erased)  # `forget` deleted them
+        return erased
 
     def lift_tombstone(self, stone: Tombstone) -> bool:
         """The agent wrote again: end this erasure (not a newer one made since)."""
@@ -1179,11 +1383,41 @@ def _count_types() -> tuple[type[CountState], type[TrackedCount]]:
     return CountState, TrackedCount
 
 
-def _agent_from_row(row: tuple[object, ...]) -> AgentRecord:
-    # Columns mirror the fields; `estimated` is stored as 0/1.
+_SAFE_OFFSET = AGENT_COLUMNS.index("safe_offset")
+_SAFE_TOKENS = AGENT_COLUMNS.index("safe_tokens")
+# A count_marks row that does not decode: never equal to a count's marks, so the
+# agent's next write replaces it.
+_UNREADABLE: tuple[int, ...] = (-1,)
+
+
+def _agent_from_row(row: tuple[object, ...], bad: list[BadRow]) -> AgentRecord | None:
+    """The record of a row read by _SELECT_AGENTS; None (and the row in ``bad``)
+    when a value is not of its column's type."""
+    types = tuple(map(type, row))  # the marks' too: read as none when not a blob
     values = list(row)
-    values[_ESTIMATED] = bool(values[_ESTIMATED])
+    blob = values.pop()
+    if types not in _GOOD_TYPES:
+        for column, value in zip(AGENT_COLUMNS, values, strict=True):
+            if type(value) not in _COLUMN_TYPES[column]:
+                bad.append(BadRow(str(values[0]), column, value))
+                return None
+        _GOOD_TYPES.add(types)
+    # Columns mirror the fields; `estimated` is stored as 0/1.
+    values[_ESTIMATED] = estimated = bool(values[_ESTIMATED])
+    marks = unpack_marks(blob) if blob is not None and not estimated else None
+    values.append(
+        () if marks is None else marks_fitting(marks, values[_SAFE_OFFSET], values[_SAFE_TOKENS])  # type: ignore[arg-type]
+    )
     return AgentRecord._make(values)
+
+
+def _marks_changed(stored: tuple[int, int, tuple[int, ...]] | None, record: AgentRecord) -> bool:
+    """Whether ``record``'s marks differ from count_marks' row ``stored`` (None: no row)."""
+    marks = record.marks
+    if stored is None:
+        return bool(marks)
+    dev, ino, before = stored
+    return (before is not marks and before != marks) or dev != record.dev or ino != record.ino
 
 
 def _file_identity(path: Path | None) -> tuple[int, int] | None:
@@ -1217,29 +1451,35 @@ def _connect(target: str) -> sqlite3.Connection:
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:
-    # Fast path without the write lock: an up-to-date DB needs nothing.
+    # Fast path without the write lock: an up-to-date DB needs nothing. A schema 7
+    # DB an older memd made lacks count_marks and its triggers: added below.
     with contextlib.suppress(sqlite3.OperationalError):  # "no such table": a new file
-        row = conn.execute("SELECT version FROM schema_version").fetchone()
-        if row is not None and row[0] == SCHEMA_VERSION:
+        row = conn.execute(_UP_TO_DATE).fetchone()
+        if row == (SCHEMA_VERSION, len(_ADDED_OBJECTS)):
             return
     conn.execute("BEGIN IMMEDIATE")
     try:
         row = None
         with contextlib.suppress(sqlite3.OperationalError):  # "no such table": a new file
             row = conn.execute("SELECT version FROM schema_version").fetchone()
-        if row is not None and isinstance(row[0], int) and row[0] > SCHEMA_VERSION:
-            # Moved aside (kept for the newer memd), never rewritten by an older one.
-            raise _CorruptDatabase(
-                f"schema version {row[0]}, newer than this memd reads ({SCHEMA_VERSION})"
-            )
+        version = None if row is None else row[0]
+        if (
+            isinstance(version, int)
+            and version > SCHEMA_VERSION
+            and (version != _DEV_SCHEMA_8 or not _is_dev_schema_8(conn))
+        ):
+            raise _NewerSchema(version)  # left as it is, for the newer memd that wrote it
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
-        row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None:
             conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-        elif row[0] != SCHEMA_VERSION:
-            _migrate(conn, row[0])
+        elif version == _DEV_SCHEMA_8:
+            _undo_dev_schema_8(conn)
+        elif version != SCHEMA_VERSION:
+            _migrate(conn, version)
+        for statement in _TRIGGERS:
+            conn.execute(statement)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -1259,6 +1499,40 @@ def _migrate(conn: sqlite3.Connection, version: object) -> None:
         version += 1
     conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
     _log.info(f"state DB schema upgraded to version {SCHEMA_VERSION}")
+
+
+def _agent_columns_of(conn: sqlite3.Connection) -> list[str]:
+    return [row[1] for row in conn.execute("PRAGMA table_info(agents)")]
+
+
+def _is_dev_schema_8(conn: sqlite3.Connection) -> bool:
+    """Whether a DB that says schema 8 is the dev layout of 48ea21b: schema 7 with
+    an ``agents.marks`` column appended, nothing else."""
+    return _agent_columns_of(conn) == [*AGENT_COLUMNS, "marks"]
+
+
+def _undo_dev_schema_8(conn: sqlite3.Connection) -> None:
+    """Bring a dev schema 8 DB back to 7: each row's marks (raw pairs) into
+    count_marks (this format), and ``agents`` rebuilt without the column, rows
+    kept (the caller holds the write transaction: all of it or nothing)."""
+    rows = conn.execute(
+        "SELECT agent, dev, ino, marks FROM agents"
+        " WHERE typeof(marks) = 'blob' AND length(marks) > 0 AND length(marks) % 16 = 0"
+    ).fetchall()
+    conn.executemany(
+        _UPSERT_MARKS,
+        [(agent, dev, ino, _MARKS_HEADER + bytes(blob)) for agent, dev, ino, blob in rows],
+    )
+    columns = ", ".join(AGENT_COLUMNS)
+    conn.execute(_AGENTS_TABLE.replace("IF NOT EXISTS agents", "agents_7"))
+    conn.execute(f"INSERT INTO agents_7 ({columns}) SELECT {columns} FROM agents")  # noqa: S608
+    conn.execute("DROP TABLE agents")
+    conn.execute("ALTER TABLE agents_7 RENAME TO agents")
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+    _log.info(
+        f"state DB schema 8 (a development build's) brought back to {SCHEMA_VERSION},"
+        f" the marks of {len(rows)} counts kept beside it"
+    )
 
 
 def _open_db(path: Path) -> sqlite3.Connection:
@@ -1281,6 +1555,9 @@ def _open_db(path: Path) -> sqlite3.Connection:
     except _CorruptDatabase:
         conn.close()
         raise
+    except _NewerSchema as exc:
+        conn.close()
+        raise NewerStateDB(path, exc.version) from None
     return conn
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -33,6 +34,7 @@ from support.memfiles import (
 )
 from support.tokens import CL100K
 
+import memd.state
 import memd.watcher
 from memd.compaction import ThresholdCheck, check_still_over
 from memd.core.jobs import JobState
@@ -896,6 +898,94 @@ def test_a_threshold_changed_while_down_reaches_the_state_db_at_restart(
                 row = store.get_agent("a1")
             assert row is not None and row.threshold_tokens == threshold, row
             assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value"),
+    [
+        ("count_marks", "marks", "'0123456789abcdef0'"),
+        ("count_marks", "marks", "5"),
+        ("count_marks", "marks", "1.5"),
+        ("agents", "tokens", "'abc'"),
+        ("agents", "next_attempt_at", "'soon'"),
+    ],
+)
+def test_a_wrongly_typed_stored_value_never_stops_the_daemon_from_starting(
+    ws: AgentWorkspace, tmp_path: Path, table: str, column: str, value: str
+) -> None:
+    # SQLite keeps any type in any column (a damaged or hand-edited state DB): the
+    # restart restored it and stopped with a traceback before READY, on every
+    # restart (review 13b, R3). Now a bad row is not restored (one warning line
+    # naming the agent and the column: the file is counted again); marks that
+    # are no blob are none, silently.
+    ws.create_agent("alice")
+    memory = fill(ws, "alice", 5)
+    ws.create_agent("bob", entries=2)
+    config = write_config(tmp_path / "memd.toml")
+    config.write_text(
+        config.read_text().replace("context_length = 1000", "context_length = 100000")
+    )
+    state = tmp_path / "state"
+    with DaemonProcess(ws.root, state, config=config) as daemon:
+        daemon.wait_ready()
+        assert daemon.stop() == 0
+    with StateStore.open(state, ws.root) as store:
+        assert store.path is not None
+        row = store.get_agent("alice")
+        assert row is not None and row.tokens == full_tokens(memory)
+        conn = sqlite3.connect(store.path)
+        conn.execute(
+            "INSERT OR REPLACE INTO count_marks VALUES ('alice', ?, ?, x'01')", (row.dev, row.ino)
+        )
+        conn.execute(f"UPDATE {table} SET {column} = {value} WHERE agent = 'alice'")
+        conn.commit()
+        conn.close()
+    with DaemonProcess(ws.root, state, config=config) as daemon:
+        daemon.wait_ready()
+        warned = [line for line in daemon.lines if line.get("column") is not None]
+        if table == "agents":
+            assert [(line["agent"], line["column"], line["level"]) for line in warned] == [
+                ("alice", column, "warning")
+            ]
+        else:
+            assert warned == []
+        with StateStore.open(state, ws.root) as store:
+            assert wait_until(
+                lambda: (
+                    (r := store.get_agent("alice")) is not None and r.tokens == full_tokens(memory)
+                )
+            )
+        assert daemon.stop() == 0
+    assert not any("Traceback" in line for line in daemon.raw)
+
+
+def test_a_newer_memds_state_db_stops_the_daemon_in_one_line_and_is_kept(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    # Never moved aside or rebuilt (review 13b, R6): the newer memd's ledger,
+    # spending and erasures stay; this daemon says why it cannot run and exits.
+    ws.create_agent("alice", entries=2)
+    state = tmp_path / "state"
+    with StateStore.open(state, ws.root) as store:
+        store.write_heartbeat(pid=1, started_at=0, healthy=True, detail="", agents=0, ts=1)
+        path = store.path
+        assert path is not None
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = 12")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    daemon = DaemonProcess(ws.root, state, config=write_config(tmp_path / "memd.toml"))
+    with daemon:
+        code = daemon.wait()
+    assert code != 0
+    line = (
+        f"memd: error: state DB {path} is schema 12, written by a newer memd;"
+        f" this memd reads up to {memd.state.SCHEMA_VERSION}\n"
+    )
+    assert line in daemon.raw and not any("Traceback" in text for text in daemon.raw)
+    assert path.read_bytes() == before and memd.state.corrupt_copies(path) == []
+    assert daemon.events("ready") == []
 
 
 def test_subprocess_lifecycle_notify_and_sigterm(ws: AgentWorkspace, tmp_path: Path) -> None:

@@ -204,6 +204,22 @@ def test_state_dir_check(tmp_path: Path) -> None:
     assert check_state_dir(blocker, tmp_path)[0].status == "fail"
 
 
+def test_state_dir_check_fails_on_a_newer_memds_db_and_keeps_it(tmp_path: Path) -> None:
+    import sqlite3
+
+    from memd.state import state_db_path
+
+    path = state_db_path(tmp_path / "state", tmp_path)
+    assert check_state_dir(tmp_path / "state", tmp_path)[0].status == "ok"
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = 30")
+    conn.commit()
+    conn.close()
+    (check,) = check_state_dir(tmp_path / "state", tmp_path)
+    assert check.status == "fail" and "is schema 30, written by a newer memd" in check.message
+    assert not list(path.parent.glob("*.corrupt-*"))
+
+
 def test_run_checks_on_a_healthy_workspace(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     (ws / "agents" / "a").mkdir(parents=True)

@@ -117,11 +117,23 @@ def open_store(state_dir: Path | None, workspace: Path) -> StateStore | None:
 def stored_records(store: StateStore | None) -> dict[str, AgentRecord]:
     if store is None:
         return {}
+    from memd.state import BadRow
+
+    bad: list[BadRow] = []
     try:
-        return {record.agent: record for record in store.agents()}
+        records = {record.agent: record for record in store.agents(bad)}
     except Exception as exc:
         _log.warning("state database unreadable; counting every file", error=describe_error(exc))
         return {}
+    for row in bad:
+        # Not restored: the agent is counted from its file, its row written anew.
+        _log.warning(
+            "state database row not used (a value of the wrong type); counting the file again",
+            agent=row.agent,
+            column=row.column,
+            value=repr(row.value)[:60],
+        )
+    return records
 
 
 class Services:

@@ -552,3 +552,37 @@ def test_without_a_daemon_a_giant_run_is_counted_by_estimate_and_says_so(
         assert alpha["estimated"] is False and alpha["tokens"] == exact(ws.paths("alpha").memory)
     with StateStore.open(state_dir, ws.root) as store:
         assert store.cached_count("beta", FileKey.of(memory.stat(), "cl100k_base")) is None
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_on_a_newer_memds_state_db_refuses_in_one_line_and_keeps_it(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, as_json: bool
+) -> None:
+    # An older memd's `status` beside a newer daemon (review 13b, R6): it moved the
+    # DB aside as corrupt and the daemon carried on with an empty one.
+    import sqlite3
+
+    from memd.state import SCHEMA_VERSION, corrupt_copies, state_db_path
+
+    with StateStore.open(state_dir, ws.root) as store:
+        store.record_compaction(_ledger_entry("alpha"))
+        path = store.path
+        assert path is not None
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 2,))
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    args = ["status", "-w", str(ws.root), "--state-dir", str(state_dir)]
+    code, out, err = run(capsys, *args, *(["--json"] if as_json else []))
+    assert code != 0 and out == ""
+    assert err.splitlines() == [
+        f"memd: error: state DB {path} is schema {SCHEMA_VERSION + 2}, written by a newer memd;"
+        f" this memd reads up to {SCHEMA_VERSION}"
+    ]
+    assert path.read_bytes() == before and corrupt_copies(path) == []
+    assert path == state_db_path(state_dir, ws.root)
+
+
+def _ledger_entry(agent: str) -> LedgerEntry:
+    return LedgerEntry(agent, 1.0, 0.5, None, 100, 50, "builtin", None, None, "daemon")
