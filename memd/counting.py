@@ -75,8 +75,9 @@ class TrackedCount:
     # file[:offset] at an offset where counts add up (the state's safe offset at
     # some earlier count: a safe boundary, or a junction cut followed by "#"), so
     # the bytes from there to the end count state.tokens - tokens. A cache hint,
-    # not part of the count; the state DB keeps them (schema 8), and a restored
-    # count keeps only those that fit it (:func:`fitting_marks`).
+    # not part of the count; the state DB keeps them beside the count's row
+    # (memd.state's count_marks), and a restored count keeps only those that fit
+    # it (:func:`fitting_marks`).
     marks: tuple[int, ...] = field(default=(), compare=False)
 
     @property

@@ -126,13 +126,16 @@ def stored_records(store: StateStore | None) -> dict[str, AgentRecord]:
         _log.warning("state database unreadable; counting every file", error=describe_error(exc))
         return {}
     for row in bad:
-        # Not restored: the agent is counted from its file, its row written anew.
+        # Not restored: the agent is counted from its file and its row written
+        # anew; the bad row goes now (an agent gone meanwhile would keep it).
         _log.warning(
             "state database row not used (a value of the wrong type); counting the file again",
             agent=row.agent,
             column=row.column,
             value=repr(row.value)[:60],
         )
+        with contextlib.suppress(Exception):
+            store.remove_agent(row.agent)
     return records
 
 

@@ -297,3 +297,24 @@ def test_the_final_flush_cancels_queued_jobs(ws: AgentWorkspace, tmp_path: Path)
         assert s.flusher.store is not None
         [row] = [row for row in s.flusher.store.agents() if row.agent == "alice"]
         assert row.state != "pending"
+
+
+def test_a_stored_row_with_a_wrongly_typed_value_is_not_restored_and_goes(tmp_path: Path) -> None:
+    # Review 13b, R3: the restore never meets it; the row of an agent gone while
+    # memd was down would otherwise stay (no stored agent of that name to remove).
+    import sqlite3
+
+    from memd.daemon.wiring import stored_records
+
+    store = open_store(tmp_path / "state", tmp_path)
+    assert store is not None and store.path is not None
+    store.upsert_agents([AgentRecord(name, 1, 2, 40, 30, 8, 10, 100, 1.0) for name in "abc"])
+    conn = sqlite3.connect(store.path)
+    conn.execute("UPDATE agents SET tokens = 'ten' WHERE agent = 'b'")
+    conn.commit()
+    conn.close()
+    assert sorted(stored_records(store)) == ["a", "c"]
+    store.close()
+    conn = sqlite3.connect(store.path)
+    assert conn.execute("SELECT agent FROM agents ORDER BY agent").fetchall() == [("a",), ("c",)]
+    conn.close()
