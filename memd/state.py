@@ -26,7 +26,7 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
@@ -1259,16 +1259,32 @@ class StateStore:
 
         return self._run(operation)
 
-    def fleet_rows(self, sort: StatusSort, limit: int | None) -> list[StatusRow]:
-        """The agents' status rows, ``sort`` order, at most ``limit`` (the DB sorts and cuts)."""
+    def fleet_rows(
+        self, sort: StatusSort, limit: int | None, bad: list[BadRow] | None = None
+    ) -> list[StatusRow]:
+        """The agents' status rows, ``sort`` order, at most ``limit`` (the DB sorts and
+        cuts). A row holding a value of the wrong type is left out (added to ``bad``)."""
+        skipped: list[BadRow] = [] if bad is None else bad
+        start = len(skipped)
 
         def operation(conn: sqlite3.Connection) -> list[StatusRow]:
+            del skipped[start:]  # a retry after a rebuild starts again
             rows = conn.execute(
                 f"SELECT {_STATUS_COLUMNS} FROM agents"  # noqa: S608
                 f" ORDER BY {_STATUS_ORDER[sort]} LIMIT ?",
                 (-1 if limit is None else limit,),
             ).fetchall()
-            return [StatusRow._make((*row[:-2], bool(row[-2]), bool(row[-1]))) for row in rows]
+            good = []
+            for row in rows:
+                types = tuple(map(type, row))
+                if types not in _GOOD_STATUS_TYPES:
+                    wrong = _wrong_value(_STATUS_CHECKED, row)
+                    if wrong is not None:
+                        skipped.append(wrong)
+                        continue
+                    _GOOD_STATUS_TYPES.add(types)
+                good.append(StatusRow._make((*row[:-2], bool(row[-2]), bool(row[-1]))))
+            return good
 
         return self._run(operation)
 
@@ -1390,6 +1406,21 @@ _SAFE_TOKENS = AGENT_COLUMNS.index("safe_tokens")
 _UNREADABLE: tuple[int, ...] = (-1,)
 
 
+# StatusRow's columns of ``agents`` (the last two are made 0/1 by the query), and
+# the rows' tuples of types found good (as _GOOD_TYPES).
+_STATUS_CHECKED = StatusRow._fields[:-2]
+_GOOD_STATUS_TYPES: set[tuple[type, ...]] = set()
+
+
+def _wrong_value(columns: Sequence[str], values: Sequence[object]) -> BadRow | None:
+    """The first of ``values`` (``columns`` of agents, the agent's name first) not of
+    its column's type, if any."""
+    for column, value in zip(columns, values, strict=False):
+        if type(value) not in _COLUMN_TYPES[column]:
+            return BadRow(str(values[0]), column, value)
+    return None
+
+
 def _agent_from_row(row: tuple[object, ...], bad: list[BadRow]) -> AgentRecord | None:
     """The record of a row read by _SELECT_AGENTS; None (and the row in ``bad``)
     when a value is not of its column's type."""
@@ -1397,10 +1428,10 @@ def _agent_from_row(row: tuple[object, ...], bad: list[BadRow]) -> AgentRecord |
     values = list(row)
     blob = values.pop()
     if types not in _GOOD_TYPES:
-        for column, value in zip(AGENT_COLUMNS, values, strict=True):
-            if type(value) not in _COLUMN_TYPES[column]:
-                bad.append(BadRow(str(values[0]), column, value))
-                return None
+        wrong = _wrong_value(AGENT_COLUMNS, values)
+        if wrong is not None:
+            bad.append(wrong)
+            return None
         _GOOD_TYPES.add(types)
     # Columns mirror the fields; `estimated` is stored as 0/1.
     values[_ESTIMATED] = estimated = bool(values[_ESTIMATED])

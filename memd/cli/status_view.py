@@ -35,7 +35,7 @@ from memd.cli.status_query import (
     totals_of,
 )
 from memd.core.config import SummarizerConfig
-from memd.state import FleetTotals, Heartbeat, SpendingRecord, StateStore, StatusSort
+from memd.state import BadRow, FleetTotals, Heartbeat, SpendingRecord, StateStore, StatusSort
 from memd.workspace import agent_paths, list_agents, require_workspace
 
 # Rows the table shows without --all / --limit.
@@ -254,11 +254,18 @@ def status_command(
                 return
             sealed = loaded.config.privacy.encrypt_archives
             totals = store.fleet_totals()
+            bad: list[BadRow] = []
             rows = [
                 _with_archives(
                     AgentStatus.of_row(row, beat, str(store.path), sealed), loaded.workspace, sealed
                 )
-                for row in store.fleet_rows(order, cut)
+                for row in store.fleet_rows(order, cut, bad)
+            ]
+            notes += [
+                f"agent {_clean(row.agent)}: not shown, its state DB row holds {row.value!r:.40}"
+                f" in {row.column}, of the wrong type (the daemon writes it anew at its next"
+                " count or restart)"
+                for row in bad
             ]
             render_table(
                 rows,

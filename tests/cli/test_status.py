@@ -586,3 +586,27 @@ def test_status_on_a_newer_memds_state_db_refuses_in_one_line_and_keeps_it(
 
 def _ledger_entry(agent: str) -> LedgerEntry:
     return LedgerEntry(agent, 1.0, 0.5, None, 100, 50, "builtin", None, None, "daemon")
+
+
+def test_a_wrongly_typed_row_in_the_daemons_db_is_a_note_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    # SQLite keeps any type in any column (a damaged or hand-edited DB): the
+    # table's `{tokens:,}` raised ValueError, a traceback out of `memd status`.
+    import sqlite3
+
+    now = time.time()
+    write_daemon_state(state_dir, ws, os.getpid(), now)
+    with StateStore.open(state_dir, ws.root) as store:
+        store.upsert_agents([AgentRecord("beta", 1, 3, 3, 3, 3, 5, 1000, now)])
+        path = store.path
+        assert path is not None
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE agents SET tokens = 'abc' WHERE agent = 'beta'")
+    conn.commit()
+    conn.close()
+    code, out, err = run(capsys, "status", "-w", str(ws.root), "--state-dir", str(state_dir))
+    assert code == 0 and err == "", err
+    assert f"live from daemon pid {os.getpid()}" in out
+    assert "agent beta: not shown, its state DB row holds 'abc' in tokens, of the wrong type" in out
+    assert "alpha" in out
