@@ -18,7 +18,6 @@ import errno
 import fcntl
 import functools
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -535,24 +534,6 @@ def unpack_marks(blob: object) -> tuple[int, ...] | None:
     if blob[0] != MARKS_FORMAT:
         return None
     marks: tuple[int, ...] = struct.unpack_from(f"<{len(blob) // 8}q", blob, 1)
-    return marks
-
-
-def marks_fitting(marks: tuple[int, ...], safe_offset: int, safe_tokens: int) -> tuple[int, ...]:
-    """``marks`` when they can be a count's whose safe point is (``safe_offset``,
-    ``safe_tokens``): offsets rising, tokens not falling, none negative, none
-    past the safe point; else none (a damaged row: counted without marks)."""
-    offsets, tokens = marks[0::2], marks[1::2]
-    if (
-        not offsets
-        or offsets[0] < 0
-        or tokens[0] < 0
-        or offsets[-1] > safe_offset
-        or tokens[-1] > safe_tokens
-        or any(b <= a for a, b in itertools.pairwise(offsets))
-        or any(b < a for a, b in itertools.pairwise(tokens))
-    ):
-        return ()
     return marks
 
 
@@ -1435,10 +1416,10 @@ def _agent_from_row(row: tuple[object, ...], bad: list[BadRow]) -> AgentRecord |
         _GOOD_TYPES.add(types)
     # Columns mirror the fields; `estimated` is stored as 0/1.
     values[_ESTIMATED] = estimated = bool(values[_ESTIMATED])
+    # Marks that do not fit their count are dropped where the count is restored
+    # (memd.counting.fitting_marks), the one reader that trusts them.
     marks = unpack_marks(blob) if blob is not None and not estimated else None
-    values.append(
-        () if marks is None else marks_fitting(marks, values[_SAFE_OFFSET], values[_SAFE_TOKENS])  # type: ignore[arg-type]
-    )
+    values.append(() if marks is None else marks)
     return AgentRecord._make(values)
 
 
