@@ -275,8 +275,14 @@ StatusSort = Literal["attention", "name", "tokens", "used", "archives"]
 _FAILING = "state IN ('error', 'breaker_open')"
 _COMPACTING = "state IN ('running', 'pending')"
 _USED = "(tokens * 1.0 / max(threshold_tokens, 1))"
+# Over its threshold, compared as integers only: SQLite orders any TEXT after every
+# number, so a damaged row's TEXT tokens would count as over (and rank first).
+_OVER = (
+    "(typeof(tokens) = 'integer' AND typeof(threshold_tokens) = 'integer'"
+    " AND threshold_tokens > 0 AND tokens >= threshold_tokens)"
+)
 _ATTENTION = (
-    f"CASE WHEN {_FAILING} THEN 0 WHEN tokens >= threshold_tokens AND threshold_tokens > 0"
+    f"CASE WHEN {_FAILING} THEN 0 WHEN {_OVER}"
     f" THEN 1 WHEN {_COMPACTING} THEN 2 WHEN estimated != 0 THEN 3 ELSE 4 END"
 )
 _STATUS_ORDER: dict[StatusSort, str] = {
@@ -310,8 +316,8 @@ _STATUS_JSON = (
 )
 
 _TOTALS = (
-    "SELECT count(*), total(tokens),"  # noqa: S608  (constant fragments)
-    f" total(tokens >= threshold_tokens AND threshold_tokens > 0), total({_FAILING}),"
+    "SELECT count(*), total(CASE WHEN typeof(tokens) = 'integer' THEN tokens END),"  # noqa: S608
+    f" total({_OVER}), total({_FAILING}),"
     f" total({_COMPACTING}), total(estimated != 0), total(archives),"
     " total(archive_bytes) FROM agents"
 )

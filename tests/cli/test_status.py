@@ -610,3 +610,5 @@ def test_a_wrongly_typed_row_in_the_daemons_db_is_a_note_not_a_traceback(
     assert f"live from daemon pid {os.getpid()}" in out
     assert "agent beta: not shown, its state DB row holds 'abc' in tokens, of the wrong type" in out
     assert "alpha" in out
+    # Nor counted over its threshold in the totals (SQLite orders TEXT after numbers).
+    assert "0 over threshold" in out, out
