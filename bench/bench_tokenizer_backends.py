@@ -5,6 +5,11 @@ This prints, on one synthetic corpus (chat, paths, URLs, code, CJK, emoji):
 
 - tiktoken ``encode_ordinary`` MB/s on one thread, and on two threads each
   encoding half (tiktoken releases the GIL for part of its work);
+- the same encoding used from a thread that did not use it first, and two threads
+  each with an encoding of its own: the regex crate keeps a matcher's scratch
+  space for the first thread that used it, and every other thread borrows one from
+  a locked pool at each match (the first thread is this process's main thread here;
+  in the daemon, whichever thread counted first);
 - for each optional backend that is installed (``rs-bpe``, ``bpe-openai``):
   MB/s, and whether its token ids equal tiktoken's on the whole corpus.
 
@@ -23,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from memd.tokenizer import load_encoding
 
@@ -62,6 +68,52 @@ def two_threads(encode: Callable[[str], Sequence[int]], text: str) -> float:
     return time.perf_counter() - started
 
 
+def elsewhere(encode: Callable[[str], Sequence[int]], text: str) -> float:
+    """Seconds to encode ``text`` on a new thread (not the one that used it first)."""
+    took: list[float] = []
+    thread = threading.Thread(target=lambda: took.append(timed(lambda: encode(text))[0]))
+    thread.start()
+    thread.join()
+    return took[0]
+
+
+def own_encodings(text: str) -> float:
+    """Two threads, each encoding half of ``text`` with an encoding of its own that it
+    used first (built from the loaded one's ranks)."""
+    import tiktoken as tiktoken_module
+
+    shared = load_encoding("cl100k_base")
+    half = len(text) // 2
+    parts = (text[:half], text[half:])
+    encodings = [
+        tiktoken_module.Encoding(
+            name=shared.name,
+            pat_str=shared._pat_str,
+            mergeable_ranks=shared._mergeable_ranks,
+            special_tokens=shared._special_tokens,
+        )
+        for _ in parts
+    ]
+    ready = threading.Barrier(len(parts) + 1)
+
+    def encode(encoding: tiktoken_module.Encoding, part: str) -> None:
+        encoding.encode_ordinary("claim")  # this thread uses it first
+        ready.wait()
+        encoding.encode_ordinary(part)
+
+    threads = [
+        threading.Thread(target=encode, args=(encoding, part))
+        for encoding, part in zip(encodings, parts, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
 def alternatives() -> list[tuple[str, Callable[[str], Sequence[int]]]]:
     found: list[tuple[str, Callable[[str], Sequence[int]]]] = []
     try:
@@ -92,6 +144,33 @@ def main(argv: list[str]) -> int:
     print(f"corpus {megabytes:.1f} MB, {len(reference):,} tokens")
     print(f"tiktoken, 1 thread : {megabytes / one:6.2f} MB/s")
     print(f"tiktoken, 2 threads: {megabytes / two:6.2f} MB/s ({one / two:.2f}x one thread)")
+    other = elsewhere(tiktoken.encode_ordinary, text)
+    print(
+        f"tiktoken, 1 thread that did not use the encoding first: {megabytes / other:6.2f} MB/s "
+        f"({one / other:.2f}x the first thread)"
+    )
+    # What the daemon's counting thread does: one call per appended turn (~750 bytes).
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_daemon import swarms_turns
+
+    turns = swarms_turns() * 5
+
+    def per_turn() -> None:
+        for turn in turns:
+            tiktoken.encode_ordinary(turn)
+
+    first, _ = timed(per_turn)
+    per_turn_other = elsewhere(lambda _text: per_turn() or [], "")
+    print(
+        f"tiktoken, {len(turns)} Swarms turns one call each: first thread "
+        f"{first / len(turns) * 1e6:.0f} us per turn, another thread "
+        f"{per_turn_other / len(turns) * 1e6:.0f} us ({per_turn_other / first:.2f}x)"
+    )
+    owned = own_encodings(text)
+    print(
+        f"tiktoken, 2 threads with an encoding each: {megabytes / owned:6.2f} MB/s "
+        f"({one / owned:.2f}x one thread)"
+    )
     for name, encode in alternatives():
         try:
             seconds, ids = timed(lambda encode=encode: encode(text))  # type: ignore[misc]
