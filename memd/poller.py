@@ -256,6 +256,7 @@ class StatPoller:
         self._clock = clock
         self._agents: dict[str, _Agent] = {}
         self._root: bytes | None = None
+        self._root_real: bytes | None = None  # os.path.realpath(self._root)
         self._root_fd: int | None = None
         self._root_stat: tuple[int, int, int] | None = None
         self._root_names: dict[str, int] = {}  # agents/'s last listing: name -> inode
@@ -362,7 +363,7 @@ class StatPoller:
             raise NotADirectoryError(2, "no such folder", str(path))
         agent = _Agent(key, os.fsencode(path))
         with self._lock:
-            root, dir_fd = self._root, self._root_fd
+            root, dir_fd = self._root_real, self._root_fd
         agent.name(root if dir_fd is not None else None)
         for file in (agent.memory, agent.descriptor):  # outside the lock: a round trip on NFS
             file.seen = _signature(file.name, dir_fd, False)
@@ -372,7 +373,7 @@ class StatPoller:
         warm = -1.0 if seen is None else HOT_S - (time.time() - seen[2] / 1e9)
         with self._lock:
             if self._root_fd != dir_fd:  # pinned or unpinned meanwhile
-                agent.name(self._root if self._root_fd is not None else None)
+                agent.name(self._root_real if self._root_fd is not None else None)
             replaced = self._agents.get(key)
             if replaced is not None:
                 self._dropped.append(replaced)
@@ -423,6 +424,10 @@ class StatPoller:
             os.close(fd)
             raise
         self._root, self._root_fd = root, fd
+        # The agents' folders come resolved (the registry's): an agent is in the
+        # pinned agents/ when its folder's parent is this, whatever symlink the
+        # workspace's path goes through.
+        self._root_real = os.path.realpath(root)
         self._root_stat = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         self._root_names = names
         self._root_settle_until = self._clock() + SETTLE_S
@@ -430,7 +435,7 @@ class StatPoller:
         asked = self._fd_budget_asked
         self._fd_budget = default_fd_budget(Path(os.fsdecode(root))) if asked is None else asked
         for agent in self._agents.values():
-            agent.name(root)
+            agent.name(self._root_real)
 
     def _unpin_root(self) -> None:
         """Forget ``agents/`` (under the lock): agents are stat'ed by full path.
@@ -440,7 +445,7 @@ class StatPoller:
         agents/'s filesystem) gives them back.
         """
         fd, self._root_fd = self._root_fd, None
-        self._root = self._root_stat = None
+        self._root = self._root_real = self._root_stat = None
         self._root_names = {}
         self._root_dev = -1
         self._fd_budget = 0

@@ -125,6 +125,8 @@ def _guarded(
 
 
 _SELF_GONE: Final = IN_DELETE_SELF | IN_MOVE_SELF
+# Events in agents/ that change which folder (if any) an agent's name holds.
+_ENTRY_MOVED: Final = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 _WATCH_MASK: Final = (
     IN_MODIFY
     | IN_ATTRIB
@@ -167,6 +169,7 @@ class InotifyBackend:
         self._read_lock = threading.RLock()
         self._wd_by_key: dict[str, int] = {}
         self._key_by_wd: dict[int, str] = {}
+        self._path_by_key: dict[str, Path | str] = {}  # as watched: a moved folder is re-checked
         self._memory_name = os.fsencode(MEMORY_FILE)
         self._descriptor_name = os.fsencode(DESCRIPTOR_NAME)
         self._stopping = False
@@ -208,6 +211,7 @@ class InotifyBackend:
         with self._lock:
             self._wd_by_key.clear()
             self._key_by_wd.clear()
+            self._path_by_key.clear()
 
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -226,9 +230,11 @@ class InotifyBackend:
                 self._wd_by_key.pop(displaced, None)
             self._wd_by_key[key] = wd
             self._key_by_wd[wd] = key
+            self._path_by_key[key] = path
 
     def unwatch(self, key: str) -> None:
         with self._lock:
+            self._path_by_key.pop(key, None)
             wd = self._wd_by_key.pop(key, None)
             if wd is None:
                 return
@@ -297,6 +303,8 @@ class InotifyBackend:
         descriptors: dict[str, None] = {}
         names: dict[str | None, None] = {}
         gone: list[str] = []
+        recheck: dict[str, None] = {}  # agents whose folder may have moved
+        root_moved = False
         overflow = False
         unpack = EVENT.unpack_from
         header = EVENT.size
@@ -322,16 +330,32 @@ class InotifyBackend:
                         del self._wd_by_key[key]
                     gone.append(key)
                 elif key == ROOT_KEY:
-                    if mask & _SELF_GONE:
+                    if mask & IN_MOVE_SELF:
+                        root_moved = True
+                        names[None] = None
+                    elif mask & IN_DELETE_SELF:
                         names[None] = None
                     elif name and not mask & IN_MODIFY:
-                        names[os.fsdecode(name)] = None
+                        agent = os.fsdecode(name)
+                        names[agent] = None
+                        if mask & _ENTRY_MOVED and agent in self._wd_by_key:
+                            recheck[agent] = None
                 elif name == memory_name:
                     memory[key] = None
                 elif name == descriptor_name:
                     descriptors[key] = None
                 elif mask & _SELF_GONE:
+                    if mask & IN_MOVE_SELF:
+                        recheck[key] = None
                     names[key] = None
+            stale = self._follow_moves(recheck, root_moved, memory)
+        inotify = self._inotify
+        if stale and inotify is not None:
+            for wd in stale:
+                # EINVAL: the kernel dropped it already. Its IN_IGNORED comes later
+                # and finds no key.
+                with contextlib.suppress(OSError):
+                    inotify.rm_watch(wd)
         if overflow:
             _log.warning("inotify queue overflowed; rescanning every agent")
             names[None] = None
@@ -344,6 +368,54 @@ class InotifyBackend:
             self._descriptor_changed(agent)
         for agent in memory:
             self._memory_changed(agent)
+
+    def _follow_moves(
+        self, recheck: dict[str, None], root_moved: bool, memory: dict[str, None]
+    ) -> set[int]:
+        """Keep each watch on the folder its agent's name holds now (under the lock);
+        returns the watch descriptors to remove from the kernel.
+
+        A folder renamed away, another moved in over the name, a symlink pointed
+        elsewhere: the watch stays on the folder it was added to, wherever that
+        went, and the name's new folder would report nothing. Each agent named by
+        such an event is watched again by its path: the same descriptor back means
+        the same folder; another one is the new folder (counted: its events before
+        now were missed); none (no folder there) leaves the agent unwatched, for
+        the watch service's next tick. ``agents/`` itself renamed away takes every
+        watch with it: all are dropped, and the tick watches the new tree.
+        """
+        key_by_wd, wd_by_key = self._key_by_wd, self._wd_by_key
+        if root_moved:
+            stale = set(key_by_wd)
+            key_by_wd.clear()
+            wd_by_key.clear()
+            return stale
+        stale = set()
+        inotify = self._inotify
+        for key in recheck:
+            old = wd_by_key.get(key)
+            path = self._path_by_key.get(key)
+            if old is None or path is None or inotify is None:
+                continue
+            try:
+                wd: int | None = inotify.add_watch(path, _WATCH_MASK)
+            except OSError:
+                wd = None  # nothing (or no folder) under the name now
+            if wd == old:
+                continue
+            del wd_by_key[key]
+            if key_by_wd.get(old) == key:
+                del key_by_wd[old]
+                stale.add(old)
+            if wd is not None:
+                displaced = key_by_wd.get(wd)
+                if displaced is not None and displaced != key:
+                    wd_by_key.pop(displaced, None)
+                wd_by_key[key] = wd
+                key_by_wd[wd] = key
+                stale.discard(wd)
+                memory[key] = None
+        return stale
 
 
 class _KeyedHandler(FileSystemEventHandler):
@@ -581,6 +653,11 @@ class Watcher:
     def watched(self) -> set[str]:
         backend = self._backend
         return set() if backend is None else backend.watched() - {ROOT_KEY}
+
+    def root_watched(self) -> bool:
+        """Whether ``agents/`` itself is watched (False while stopped)."""
+        backend = self._backend
+        return backend is not None and ROOT_KEY in backend.watched()
 
     def replaced(self, agents: Iterable[str]) -> None:
         """memd replaced these agents' MEMORY.md itself (a compaction's commit), as a

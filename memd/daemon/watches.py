@@ -163,7 +163,16 @@ class WatchService:
         # name) or never came (it failed) are watched again and recounted:
         # events may have been missed.
         lost = (names - added) - watcher.watched()
-        if restarted or names != self._synced or watcher.failed or lost:
+        # agents/ unwatched (gone for a moment, a listing that failed, replaced by a
+        # rename) with the same names: watched again here, else never until the
+        # agent set changes.
+        if (
+            restarted
+            or names != self._synced
+            or watcher.failed
+            or lost
+            or not watcher.root_watched()
+        ):
             watcher.sync(self._registry.dirs())
         self._synced = names
         for name in sorted(names if restarted else added | lost):
