@@ -64,8 +64,10 @@ class TrackedCount:
     state: CountState
     mtime_ns: int
     window_start: int
-    # Digest of file[window_start:state.safe_offset]; None when restored from
-    # the state DB (trusted once, then verified from the next count on).
+    # Digest of file[window_start:state.safe_offset]; None for a count a
+    # compaction seeds from the file it has just written (trusted once, then
+    # verified from the next count on). A count restored from the state DB has
+    # one: a row without it is counted again (memd.core.plan.stored_count_trust).
     window_digest: bytes | None
     # Digest of the unsettled tail, file[state.safe_offset:state.size]: when it
     # is unchanged, its tokens are reused instead of tokenizing it again. A

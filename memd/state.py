@@ -204,6 +204,15 @@ CREATE TABLE IF NOT EXISTS heartbeat (
 # a DB an older memd wrote keeps its rows. Columns are only ever appended, with
 # defaults, so the fresh-DB layout above and a migrated one are the same.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 1 -> 2 (the first memd's DB): what a restart checks before it reuses a
+    # stored count (the file's mtime, the count's encoding, its window). A row
+    # without them is counted again from its file, never trusted.
+    1: (
+        "ALTER TABLE agents ADD COLUMN mtime_ns INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agents ADD COLUMN encoding TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE agents ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE agents ADD COLUMN window_digest BLOB",
+    ),
     # 2 -> 3: what `memd status` needs from the daemon without touching the
     # agent's folder: archive count and bytes (NULL: not surveyed yet), where the
     # window came from, the tokens reserved beside memory, an estimated count.

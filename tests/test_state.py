@@ -182,7 +182,7 @@ def test_damaged_pages_are_detected(tmp_path: Path, workspace: Path) -> None:
         assert store.agents() == []
 
 
-@pytest.mark.parametrize("version", [1, -3, "'abc'", "x'07'", 7.5])
+@pytest.mark.parametrize("version", [0, -3, "'abc'", "x'07'", 7.5])
 def test_a_schema_version_no_memd_wrote_is_rebuilt(
     tmp_path: Path, workspace: Path, version: object
 ) -> None:
@@ -1217,3 +1217,52 @@ def test_every_column_has_a_type_the_read_checks() -> None:
     assert set(memd.state._COLUMN_TYPES) == set(memd.state.AGENT_COLUMNS)
     for column, _value in _WRONG_TYPES:
         assert column in memd.state.AGENT_COLUMNS
+
+
+# The first memd's state DB (6ee46b0, 2026-11-30): schema 1, before the restart
+# checks of schema 2 (mtime, encoding, window) were added to ``agents``.
+_SCHEMA_1 = """
+CREATE TABLE schema_version (version INTEGER NOT NULL);
+CREATE TABLE agents (
+    agent TEXT PRIMARY KEY, dev INTEGER NOT NULL, ino INTEGER NOT NULL,
+    size INTEGER NOT NULL, safe_offset INTEGER NOT NULL, safe_tokens INTEGER NOT NULL,
+    tokens INTEGER NOT NULL, threshold_tokens INTEGER NOT NULL, updated_at REAL NOT NULL,
+    state TEXT NOT NULL, last_error TEXT, last_compaction_at REAL,
+    consecutive_failures INTEGER NOT NULL, next_attempt_at REAL
+);
+CREATE TABLE ledger (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, started_at REAL NOT NULL,
+    duration_s REAL NOT NULL, archive TEXT, tokens_before INTEGER, tokens_after INTEGER,
+    model TEXT, cost_usd REAL, error TEXT, trigger TEXT NOT NULL
+);
+CREATE INDEX ledger_by_agent ON ledger (agent, id);
+CREATE TABLE heartbeat (
+    id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER NOT NULL, started_at REAL NOT NULL,
+    healthy INTEGER NOT NULL, detail TEXT NOT NULL, agents INTEGER NOT NULL, ts REAL NOT NULL
+);
+INSERT INTO schema_version VALUES (1);
+INSERT INTO agents VALUES ('alpha', 1, 2, 400, 300, 80, 100, 1000, 5.0, 'breaker_open',
+    'boom', 5.0, 3, 99.5);
+INSERT INTO ledger (agent, started_at, duration_s, archive, tokens_before, tokens_after,
+    model, cost_usd, error, trigger) VALUES
+    ('alpha', 1.0, 2.0, 'history_10.md', 900, 100, 'm', 0.01, NULL, 'daemon');
+"""
+
+
+def test_the_first_memds_schema_1_db_is_upgraded_with_its_rows(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    path = state_db_path(state_dir, workspace)
+    conn = sqlite3.connect(path)
+    conn.executescript(_SCHEMA_1)
+    conn.close()
+    with StateStore.open(state_dir, workspace) as store:
+        # Its breaker state and compaction history kept, as for schema 2 to 6.
+        assert store.warnings == []
+        alpha = store.get_agent("alpha")
+        assert alpha is not None and alpha.state == "breaker_open"
+        assert [entry.archive for entry in store.history("alpha")] == ["history_10.md"]
+    assert memd.state.corrupt_copies(path) == []
+    assert os.path.exists(path)
