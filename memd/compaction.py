@@ -609,6 +609,7 @@ class _Transaction:
         self.archive_ino: int | None = None
         self.created_archive_dir = False
         self.committed = False
+        self.swapping = False  # the "swapping" journal is written: recovery can finish the swap
         # The new MEMORY.md, open from its creation on: the drain appends
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
@@ -960,6 +961,7 @@ class _Transaction:
             new_dev=new_st.st_dev,
             new_ino=new_st.st_ino,
         )
+        self.swapping = True  # from here on the swap may have happened (see _swapped)
         self.checkpoint("journal-swapping")
         os.replace(
             NEW_MEMORY_TEMP,
@@ -972,6 +974,27 @@ class _Transaction:
         self.checkpoint("replaced")
         return copy_until, new_st.st_ino
 
+    def _swapped(self) -> bool:
+        """Whether MEMORY.md is already the new file, decided by inode as recovery
+        decides. ``committed`` is set only once the replace and its folder's fsync
+        have both returned: a Ctrl-C raised as the replace returns, or a failed
+        fsync, reaches the rollback after the swap, which would then delete the
+        archive and the old file's last link, every summarized turn with them.
+        When MEMORY.md cannot be looked at after the "swapping" journal, the
+        swap may have happened: that is left to recovery too, which decides by
+        inode either way."""
+        if self.new_fd < 0 or not self.swapping:
+            return False
+        try:
+            current = self.pinned.stat_memory()
+            new = os.fstat(self.new_fd)
+        except OSError:
+            return True
+        return current is not None and (current.st_dev, current.st_ino) == (
+            new.st_dev,
+            new.st_ino,
+        )
+
     def close(self) -> None:
         if self.new_fd >= 0:
             os.close(self.new_fd)
@@ -979,6 +1002,11 @@ class _Transaction:
         self.produced = b""  # header + summary + what the snapshot held past N
 
     def rollback(self) -> None:
+        """Undo the job, unless its swap happened: then it is committed (see
+        :meth:`_swapped`) and the "swapping" journal lets recovery finish it."""
+        if self._swapped():
+            self.committed = True
+            return
         _rollback_files(self.pinned, self.archive_ino)
         if self.created_archive_dir:
             # Failure changes nothing: not even an empty archive folder.
@@ -1255,6 +1283,11 @@ def _compact_locked(
         except BaseException as exc:
             if not txn.committed:
                 txn.rollback()
+                if txn.committed and isinstance(exc, OSError):
+                    raise CompactionAborted(
+                        f"agent {paths.agent!r}: compaction committed ({txn.archive}) but "
+                        f"did not finish: {describe_error(exc)}; the next run finishes it"
+                    ) from exc
                 if isinstance(exc, OSError):
                     raise CompactionAborted(
                         f"agent {paths.agent!r}: compaction rolled back: {describe_error(exc)}"
@@ -1602,14 +1635,8 @@ def _recover_locked(
         if isinstance(archive_ino, int):
             _remove_archive_by_inode(pinned, archive_ino)
         archive_fd, _created = pinned.archive_fd(create=True)
-        if key_file is None:
-            # Journaled first: a crash after the link and a second recovery
-            # remove this link by inode before making it again (never twice).
-            drain_ino = os.stat(DRAIN_NAME, dir_fd=pinned.private_fd, follow_symlinks=False)
-            journal.write(archive_ino=drain_ino.st_ino)
-            link_unique_at(pinned.private_fd, DRAIN_NAME, archive_fd, _archive_stem())
-        else:
-            _archive_drain_sealed(pinned, archive_fd, read_master_key(key_file), journal)
+        master = None if key_file is None else read_master_key(key_file)
+        _archive_drain(pinned, archive_fd, master, journal)
         os.fsync(archive_fd)
     _finish(pinned, _no_checkpoint)
     return (
@@ -1618,27 +1645,38 @@ def _recover_locked(
     )
 
 
-def _archive_drain_sealed(
-    pinned: AgentDir, archive_fd: int, master: MasterKey, journal: _Journal
+def _archive_drain(
+    pinned: AgentDir, archive_fd: int, master: MasterKey | None, journal: _Journal
 ) -> None:
-    """Keep the old inode's whole content as an encrypted archive (sealed in memory)."""
+    """Keep the old inode's whole content as an archive: a copy (sealed when
+    ``master``), made with an archive's mode and group, never a link to the old
+    inode itself. That inode is the agent's file: its owner and mode (group-
+    writable, say), and any writer still holding it open would go on appending
+    to an archive."""
     fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
     try:
         data = read_to_end(fd)
         st = os.fstat(fd)
     finally:
         os.close(fd)
-    data_key = agent_data_key(pinned, master, create=True)
-    assert data_key is not None
-    name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
+    if master is None:
+        name = _free_archive_name(archive_fd, _archive_stem(), PLAIN_SUFFIX)
+        content = data
+    else:
+        data_key = agent_data_key(pinned, master, create=True)
+        assert data_key is not None
+        name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
+        content = seal_archive(data_key, name, data)
     access = archive_access(st.st_mode, st.st_gid)
-    temp = create_file_at(pinned.private_fd, ARCHIVE_TEMP, [seal_archive(data_key, name, data)])
+    temp = create_file_at(pinned.private_fd, ARCHIVE_TEMP, [content])
     try:
         share_with_group(temp, access.file_mode, access.gid)
-        sealed_ino = os.fstat(temp).st_ino
+        copy_ino = os.fstat(temp).st_ino
     finally:
         os.close(temp)
-    journal.write(archive_ino=sealed_ino)  # as for the plain link: never archived twice
+    # Journaled first: a crash after the link and a second recovery remove this
+    # link by inode before making it again (never archived twice).
+    journal.write(archive_ino=copy_ino)
     os.link(
         ARCHIVE_TEMP,
         name,

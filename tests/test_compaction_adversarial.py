@@ -109,7 +109,7 @@ c.compact_agent(paths, S(), c.CompactionOptions(drain_quiet_s=0.05), checkpoint=
 #    WHOLE old inode although this job's archive (bytes 0..N) is already linked.
 def test_recovery_after_external_replace_archives_each_byte_once(agent_ws):
     paths = agent_ws.create_agent("alpha", entries=3)
-    child = Path("/work/main/tests/support/compaction_child.py")
+    child = Path(__file__).parent / "support" / "compaction_child.py"
     r = subprocess.run(
         [sys.executable, str(child), str(agent_ws.root), "alpha", "--crash-at", "journal-swapping"],
         capture_output=True,
@@ -170,3 +170,79 @@ def test_failed_compaction_leaves_the_archive_dir_alone(agent_ws, monkeypatch):
     with pytest.raises(CompactionAborted):
         compact_agent(paths, Fixed(), FAST)
     assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o755
+
+
+# 10. An interruption right after the swap (review 14d, F1): the job is committed,
+# never rolled back. `memd compact-now` has no SIGINT handler: a Ctrl-C landing
+# while os.replace runs is raised as it returns, before `committed` is set (as is
+# an error from the folder's fsync just after it). Rolled back, the job deleted
+# the archive and the old file's last link while MEMORY.md was already the new
+# file (header + summary): every summarized turn was gone.
+@pytest.mark.parametrize(
+    "interrupt",
+    [KeyboardInterrupt(), OSError(errno.EIO, os.strerror(errno.EIO))],
+    ids=["ctrl-c", "eio-on-dir-fsync"],
+)
+def test_an_interruption_right_after_the_replace_never_deletes_the_archive(
+    agent_ws, monkeypatch, interrupt
+):
+    from support.memfiles import raw_entries
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
+    real_replace = os.replace
+
+    def replace_then_interrupted(src, dst, **kwargs):
+        real_replace(src, dst, **kwargs)
+        if dst == "MEMORY.md":
+            raise interrupt
+
+    monkeypatch.setattr(c.os, "replace", replace_then_interrupted)
+    with pytest.raises((KeyboardInterrupt, CompactionAborted)) as raised:
+        compact_agent(paths, Fixed(), FAST)
+    if isinstance(interrupt, OSError):
+        assert "committed" in str(raised.value) and "rolled back" not in str(raised.value)
+    monkeypatch.undo()
+    recover_agent(paths)
+    seen = {
+        text: n
+        for text, n in entry_contents_everywhere(paths).items()
+        if text.startswith("alpha turn")
+    }
+    assert set(seen) == expected, f"lost {len(expected - set(seen))} of {len(expected)} turns"
+    assert all(n == 1 for n in seen.values())
+
+
+# 11. Recovery keeps the old file as an archive with an archive's mode (review 14d,
+# F3): memd is killed after the swap and, while it is down, the agent starts a
+# new MEMORY.md. The old inode's content becomes the archive: it was hard-linked,
+# so the archive was the agent's own old MEMORY.md, with its mode (group-writable
+# here, as the README asks when memd runs under another uid) and any writer still
+# holding it open appending to an archive.
+def test_the_old_file_kept_as_an_archive_by_recovery_gets_an_archives_mode(agent_ws):
+    from support.memfiles import swarms_header
+
+    child = Path(__file__).parent / "support" / "compaction_child.py"
+    paths = agent_ws.create_agent("alpha", entries=4)
+    os.chmod(paths.memory, 0o664)
+    old = paths.memory.read_bytes()
+    result = subprocess.run(
+        [sys.executable, str(child), str(agent_ws.root), "alpha", "--crash-at", "replaced"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 137, result.stderr
+    old_ino = os.stat(paths.dir / ".memd" / "drain.md").st_ino
+    # Made beside it, then renamed over it: a new inode, never the freed one.
+    fresh = paths.dir / "MEMORY.md.new"
+    fresh.write_text(swarms_header("alpha"), encoding="utf-8")
+    os.replace(fresh, paths.memory)
+    assert "kept the old file as an archive" in (recover_agent(paths) or "")
+    archives = sorted(paths.archive_dir.glob("history_*.md"))
+    assert [archive.read_bytes() for archive in archives] == [old]
+    for archive in archives:
+        mode = stat.S_IMODE(archive.stat().st_mode)
+        assert mode & 0o022 == 0, f"{archive.name} is {oct(mode)}"
+        assert archive.stat().st_ino != old_ino
