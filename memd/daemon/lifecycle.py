@@ -116,6 +116,9 @@ class Daemon:
     ) -> None:
         self.options = options or DaemonOptions()
         self.config = loaded.config
+        # The tokenizer settings the counts are made with: the configured ones
+        # unless a reload could not load them (see _reload).
+        self._tokenizer_in_use = loaded.config.tokenizer
         self.workspace = loaded.workspace
         self._env_overrides = loaded.env_overrides
         self._parts = Parts(compact, recover, summarizer_factory, counter_factory, count_updates)
@@ -319,11 +322,18 @@ class Daemon:
             self.options.log_format or new.log.format, self.options.log_level or new.log.level
         )
         tokenizer: Tokenizer | None = None
-        if new.tokenizer != old.tokenizer:
+        if new.tokenizer != self._tokenizer_in_use:
             try:
                 tokenizer = new_tokenizer(new, self._parts)
+                self._tokenizer_in_use = new.tokenizer
             except MemdError as exc:
                 _log.error("reload: tokenizer unavailable; keeping the old one", error=str(exc))
+        if new.tokenizer != self._tokenizer_in_use:
+            # The counts stay the old tokenizer's, so the services keep its
+            # settings: the state DB labels each count with the encoding it was
+            # made in (a restart that can load the new one must not reuse it),
+            # and the next reload tries the new one again.
+            new = new.model_copy(update={"tokenizer": self._tokenizer_in_use})
         # Fan-out: each service takes what it needs from the new config (and the
         # new tokenizer's count, when there is one: summaries, reserved text).
         count_text = None if tokenizer is None else tokenizer.count_text

@@ -3,6 +3,7 @@ what the start-up pass runs with, and what waits for READY."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -13,15 +14,18 @@ from typing import Any
 
 import pytest
 from support.daemon_proc import wait_until
+from support.daemon_services import ScriptedCompaction
 from support.memfiles import AgentWorkspace
 from support.tokens import CL100K
 
 import memd.workspace
+from memd.core.audit import AuditEvent
 from memd.daemon import Daemon, DaemonOptions
+from memd.errors import TokenizerError
 from memd.notify import SystemdNotifier
 from memd.recall.service import RecallService
 from memd.scheduler import JobScheduler
-from memd.settings import LoadedConfig, build_config
+from memd.settings import LoadedConfig, build_config, load_settings
 from memd.state import StateStore
 from memd.tokenizer import TokenCounter
 
@@ -118,6 +122,70 @@ def test_a_reload_hands_the_new_config_to_every_service(tmp_path: Path) -> None:
         daemon.handle_exit(signal.SIGTERM, None)
         thread.join(60)
     assert codes == [0]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_failed_tokenizer_reload_never_labels_counts_with_the_new_encoding(
+    tmp_path: Path,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=2)
+    config_file = tmp_path / "memd.toml"
+    config_file.write_text('[tokenizer]\nencoding = "cl100k_base"\n')
+    loaded = load_settings(config_file=config_file, workspace=ws.root, environ={})
+    state_dir = tmp_path / "state"
+    options = DaemonOptions(
+        config_file=config_file,
+        workspace_flag=ws.root,
+        state_dir=state_dir,
+        install_signal_handlers=False,
+    )
+
+    def tokenizers(encoding: str) -> Any:
+        if encoding != "cl100k_base":  # e.g. its BPE file not installed offline yet
+            raise TokenizerError(f"tokenizer encoding {encoding!r}: not found offline")
+        return CL100K
+
+    daemon = Daemon(
+        loaded,
+        options,
+        compact=ScriptedCompaction(),  # type: ignore[arg-type]
+        counter_factory=tokenizers,
+        environ={},
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(30)
+        s = daemon.services
+        assert s is not None
+        reloaded = threading.Event()
+        record = s.audit.record
+
+        def recorded(event: Any, *args: Any, **fields: Any) -> bool:
+            if str(event) == str(AuditEvent.CONFIG_RELOAD):
+                reloaded.set()  # the reload's last step: every service has it
+            return record(event, *args, **fields)
+
+        s.audit.record = recorded  # type: ignore[method-assign]
+        config_file.write_text('[tokenizer]\nencoding = "o200k_base"\n')
+        daemon.handle_exit(signal.SIGHUP, None)
+        assert reloaded.wait(30)
+        assert daemon.config.tokenizer.encoding == "o200k_base"
+        assert s.entry_counter.tokenizer is CL100K  # kept: the new one failed to load
+        # The next flush writes alice's row (its count is cl100k's).
+        s.registry.agents()["alice"].dirty = True
+        s.runner.flush()
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]
+    with contextlib.closing(StateStore.open(state_dir, ws.root)) as store:
+        (row,) = [r for r in store.agents() if r.agent == "alice"]
+    # The count was made with cl100k_base: a restart that can load o200k_base
+    # must not reuse it as an o200k_base count.
+    assert row.encoding == "cl100k_base"
 
 
 def test_start_up_pauses_the_collector_and_background_passes_wait_for_ready(
