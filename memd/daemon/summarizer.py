@@ -10,6 +10,7 @@ import litellm) is the only thing done under it.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 
 from memd.core.config import MemdConfig
@@ -34,6 +35,9 @@ class SummarizerSource:
         # The tokenizer's MEMORY.md is counted with (a reload hands the new one in).
         self._count_text = count_text
         self._summarizer: Summarizer | None = None
+        # The ones a reload replaced: jobs in flight still use them, and shutdown
+        # must stop their retries too. Weak: each goes with the last job holding it.
+        self._superseded: weakref.WeakSet[Summarizer] = weakref.WeakSet()
         self._stopped = False
         self._lock = threading.Lock()
 
@@ -77,7 +81,8 @@ class SummarizerSource:
         """Shutdown: in-flight summaries may finish (they commit), but none retries."""
         with self._lock:
             self._stopped = True
-            _stop_retries(self._summarizer)
+            for summarizer in (self._summarizer, *self._superseded):
+                _stop_retries(summarizer)
 
     def reconfigure(
         self, config: MemdConfig, count_text: Callable[[str], int] | None = None
@@ -87,6 +92,8 @@ class SummarizerSource:
             self._config = config
             if count_text is not None:
                 self._count_text = count_text
+            if self._summarizer is not None:
+                self._superseded.add(self._summarizer)
             self._summarizer = None  # rebuilt when next needed, with the new settings
 
 

@@ -1,11 +1,16 @@
 """The summarizer source: built once when first needed (again after a reload),
-stopped at shutdown even when built after it, stood in for by the
+stopped at shutdown even when built after it (or replaced by a reload while a
+job still uses it), stood in for by the
 builtin summarizer after ``fallback_after`` failures."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from support.daemon_services import ScriptedCompaction, build_services
+from support.memfiles import AgentWorkspace
 
 from memd.core.config import MemdConfig
 from memd.daemon.summarizer import SummarizerSource
@@ -85,3 +90,34 @@ def test_a_reload_hands_in_the_new_tokenizers_count() -> None:
     summarizers.reconfigure(config_of(fallback_after=1), chars)  # a new tokenizer
     summarizers.get()
     assert counts == [words, words, chars]
+
+
+def test_shutdown_after_a_reload_stops_the_retries_of_the_summarizer_in_flight(
+    tmp_path: Path,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("ok"))
+    built: list[Remote] = []
+
+    def factory(_config: Any, _count: Any) -> Remote:
+        built.append(Remote("openai/remote"))
+        return built[-1]
+
+    s.runner.summarizers._factory = factory
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.scheduler.submitted == ["compact:alice"]
+
+    def sighup_then_sigterm(_paths: Any) -> None:
+        # While the summary is in flight: `systemctl reload memd` (any change,
+        # here none at all), then `systemctl stop memd`.
+        s.runner.reconfigure(s.runner.config)
+        s.runner.stop()
+
+    s.compact.during = sighup_then_sigterm
+    s.scheduler.run_queued()
+    (in_flight,) = built
+    # The summarizer the job was given must be told to stop retrying.
+    assert in_flight.stopped
