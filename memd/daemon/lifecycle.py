@@ -218,13 +218,16 @@ class Daemon:
         s.retention.start(stack)
         s.runner.start(stack, scheduler)
         watches.start(stack)
+        counted = [entry for entry in entries if entry not in later]
         if not watched:  # the pass's reads came before the watches: read again
-            s.counter.recount_changed([entry for entry in entries if entry not in later])
+            s.counter.recount_changed(counted)
             for entry in entries:  # memd-agent.json: an lstat each
                 s.registry.refresh_window(entry.name)
         s.counter.start(stack)
         s.counter.count_later(later)
-        s.runner.evaluate_all(entries)
+        # An agent counted after READY is evaluated when its count lands: judged
+        # on "0 tokens" now, its restored breaker or backoff would look healed.
+        s.runner.evaluate_all(counted)
         s.flusher.set_healthy(s.healthy())  # every thread started: the first heartbeat's
         s.runner.flush()
         self.notifier.ready(s.flusher.status_text())

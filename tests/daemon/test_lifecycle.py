@@ -18,8 +18,10 @@ from support.daemon_services import ScriptedCompaction
 from support.memfiles import AgentWorkspace
 from support.tokens import CL100K
 
+import memd.daemon.counter
 import memd.workspace
 from memd.core.audit import AuditEvent
+from memd.core.jobs import JobState
 from memd.daemon import Daemon, DaemonOptions
 from memd.errors import TokenizerError
 from memd.notify import SystemdNotifier
@@ -186,6 +188,89 @@ def test_a_failed_tokenizer_reload_never_labels_counts_with_the_new_encoding(
     # The count was made with cl100k_base: a restart that can load o200k_base
     # must not reuse it as an o200k_base count.
     assert row.encoding == "cl100k_base"
+
+
+def _run_daemon(
+    tmp_path: Path,
+    ws: AgentWorkspace,
+    compact: ScriptedCompaction,
+    check: Any,
+    tokenizer: Any = CL100K,
+) -> None:
+    config_file = tmp_path / "memd.toml"
+    config_file.write_text(
+        "[trigger]\ncontext_length = 1000\nthreshold = 0.5\n\n"
+        "[daemon]\nbreaker_failures = 1\nbreaker_reset_s = 3600\n"
+    )
+    loaded = load_settings(config_file=config_file, workspace=ws.root, environ={})
+    options = DaemonOptions(
+        config_file=config_file,
+        workspace_flag=ws.root,
+        state_dir=tmp_path / "state",
+        install_signal_handlers=False,
+    )
+    daemon = Daemon(
+        loaded,
+        options,
+        compact=compact,  # type: ignore[arg-type]
+        counter_factory=lambda _encoding: tokenizer,
+        environ={},
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(30)
+        check(daemon)
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_restart_keeps_the_open_breaker_of_an_agent_counted_after_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=20)  # well over its 500-token threshold
+
+    def breaker_opens(daemon: Any) -> None:
+        entry = daemon.services.registry.get("alice")
+        assert wait_until(lambda: entry.job.state is JobState.BREAKER_OPEN, timeout=30)
+
+    _run_daemon(tmp_path, ws, ScriptedCompaction("fail"), breaker_opens)
+    # While memd is down the agent rewrites its file (a new inode, same content),
+    # and it is large: counted after READY (made "large" here by lowering the bar).
+    memory = ws.root / "agents/alice/MEMORY.md"
+    copy = memory.with_suffix(".tmp")
+    copy.write_bytes(memory.read_bytes())
+    os.replace(copy, memory)
+    monkeypatch.setattr(memd.daemon.counter, "SLOW_COUNT_BYTES", 100)
+    second = ScriptedCompaction()
+    seen: list[Any] = []
+    counted = threading.Event()
+
+    class SlowTokenizer:
+        """A 16 MiB file takes seconds to count: here, until the test says so."""
+
+        def count_text(self, text: str) -> int:
+            return CL100K.count_text(text)
+
+        def count_bytes(self, data: bytes) -> int:
+            assert counted.wait(30)
+            return CL100K.count_bytes(data)
+
+    def after_restart(daemon: Any) -> None:
+        entry = daemon.services.registry.get("alice")
+        seen.append((entry.job.state, entry.job.consecutive_failures))
+        counted.set()
+        assert wait_until(lambda: entry.tokens > 0, timeout=30)
+
+    _run_daemon(tmp_path, ws, second, after_restart, SlowTokenizer())
+    # The breaker was open for an hour: still open after the restart, nothing retried.
+    assert seen == [(JobState.BREAKER_OPEN, 1)]
+    assert second.calls == []
 
 
 def test_start_up_pauses_the_collector_and_background_passes_wait_for_ready(
