@@ -233,11 +233,13 @@ def on_success(
     current_tokens: int,
     threshold_tokens: int,
     low_water_tokens: int,
+    compress: bool,
     policy: RetryPolicy,
     now: float,
 ) -> Decision:
     """The compaction committed. ``achieved_tokens`` is what it produced from its
-    snapshot, ``current_tokens`` the count now (appends made meanwhile included).
+    snapshot, ``current_tokens`` the count now (appends made meanwhile included);
+    ``compress`` the agent's policy now (a reload may have turned it off meanwhile).
 
     Cooldown only when the compaction itself could not get below the low-water
     mark; appends made meanwhile mean "compact again", after ``min_interval_s``.
@@ -256,7 +258,7 @@ def on_success(
         return Decision(cooled, wake_at=until if current_tokens >= threshold_tokens else None)
     idle = replace(done, state=JobState.IDLE, next_attempt_at=None)
     return on_count(
-        idle, current_tokens, threshold_tokens, True, now, min_interval_s=policy.min_interval_s
+        idle, current_tokens, threshold_tokens, compress, now, min_interval_s=policy.min_interval_s
     )
 
 

@@ -391,6 +391,12 @@ class Runner:
                 entry.job = on_cancelled(entry.job)
                 entry.dirty = True
                 return
+            if not entry.policy.compress:
+                # A reload set context_compression = false while the job was
+                # queued (evaluate_all leaves a busy job alone): the agent is
+                # watched and counted, never compacted.
+                self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
+                return
             hold = self.spending.hold(entry.job)
             if hold is not None:
                 self._held(entry, hold)
@@ -525,6 +531,7 @@ class Runner:
                 current_tokens=entry.tokens,
                 threshold_tokens=entry.policy.threshold_tokens,
                 low_water_tokens=entry.policy.low_water_tokens,
+                compress=entry.policy.compress,
                 policy=policy,
                 now=self._clock(),
             )

@@ -47,11 +47,28 @@ def test_trigger_while_running_sets_rerun_and_runs_once_more() -> None:
         current_tokens=120,
         threshold_tokens=100,
         low_water_tokens=60,
+        compress=True,
         policy=POLICY,
         now=3,
     )
     assert after.start and after.job.state is JobState.PENDING
     assert after.job.consecutive_failures == 0 and after.job.last_compaction_at == 3
+
+
+def test_success_after_compression_was_turned_off_never_queues_again() -> None:
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    # A reload set context_compression = false during the job; appends kept it over.
+    d = on_success(
+        job,
+        achieved_tokens=10,
+        current_tokens=120,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        compress=False,
+        policy=POLICY,
+        now=3,
+    )
+    assert d.job.state is JobState.DISABLED and not d.start
 
 
 def test_success_below_low_water_goes_idle() -> None:
@@ -62,6 +79,7 @@ def test_success_below_low_water_goes_idle() -> None:
         current_tokens=20,
         threshold_tokens=100,
         low_water_tokens=60,
+        compress=True,
         policy=POLICY,
         now=5,
     )
@@ -76,6 +94,7 @@ def test_hysteresis_cooldown_instead_of_retrigger() -> None:
         current_tokens=110,
         threshold_tokens=100,
         low_water_tokens=60,
+        compress=True,
         policy=POLICY,
         now=10,
     )
@@ -111,6 +130,7 @@ def test_backoff_is_exponential_and_capped_then_breaker_opens() -> None:
         current_tokens=1,
         threshold_tokens=100,
         low_water_tokens=60,
+        compress=True,
         policy=POLICY,
         now=1301,
     )
@@ -172,6 +192,7 @@ def test_never_two_jobs_and_never_a_silent_drop(events: list[tuple[str, int]]) -
                 current_tokens=tokens,
                 threshold_tokens=100,
                 low_water_tokens=60,
+                compress=True,
                 policy=POLICY,
                 now=now,
             )
@@ -247,6 +268,7 @@ def test_appends_during_a_compaction_mean_again_after_the_minimum_interval() -> 
         current_tokens=150,
         threshold_tokens=100,
         low_water_tokens=60,
+        compress=True,
         policy=policy,
         now=10,
     )

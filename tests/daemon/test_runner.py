@@ -16,6 +16,7 @@ from support.memfiles import AgentWorkspace, swarms_block, swarms_header
 
 from memd.core.jobs import JobState
 from memd.daemon.entries import AgentEntry
+from memd.settings import build_config
 from memd.state import StateStore
 
 
@@ -310,3 +311,28 @@ def test_a_job_started_between_a_reloads_swap_and_its_reset_counts_afresh(
     (given,) = compact.kwargs
     assert given["threshold"].counted is None
     assert given["count_bytes"] == new.count_bytes
+
+
+def test_a_reload_that_turns_compression_off_drops_the_queued_compaction(
+    tmp_path: Path,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    compact = ScriptedCompaction("ok")
+    s = build_services(ws, compact)
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.job("alice").state is JobState.PENDING  # queued behind a storm
+    # SIGHUP: [agents.alice] context_compression = false ("watch and count, never compact").
+    data = s.runner.config.model_dump()
+    data["agents"] = {"alice": {"context_compression": False}}
+    data.pop("workspace", None)
+    new = build_config(data, {})[0]
+    s.runner.reconfigure(new)
+    s.registry.reconfigure(new)
+    assert not s.registry.agents()["alice"].policy.compress
+    s.runner.evaluate_all(s.registry.agents().values())  # what _reload does next
+    s.scheduler.run_queued()  # the slot frees up
+    assert compact.calls == []  # never compacted after it was turned off
+    assert s.job("alice").state is JobState.DISABLED
