@@ -584,6 +584,17 @@ class Runner:
             with self._lock:
                 self._apply(entry, on_busy_elsewhere(entry.job, policy=policy, now=now))
             return
+        if isinstance(error, CompactionAborted) and self.abort.is_set():
+            # A forced exit (a second SIGINT) rolled the job back: the operator
+            # stopped it, the model did not fail. Counted as a failure, a few
+            # forced stops would trip fallback_after and then the breaker.
+            _log.info("compaction rolled back: shutdown forced", agent=name)
+            if self.metrics is not None:
+                self.metrics.record_compaction(name, "aborted")
+            with self._lock:
+                entry.job = on_cancelled(entry.job)
+                entry.dirty = True
+            return
         reason = describe_error(error)
         with self._lock:
             self._stats.compactions_failed += 1

@@ -16,6 +16,7 @@ from support.memfiles import AgentWorkspace, swarms_block, swarms_header
 
 from memd.core.jobs import JobState
 from memd.daemon.entries import AgentEntry
+from memd.errors import CompactionAborted
 from memd.settings import build_config
 from memd.state import StateStore
 
@@ -336,3 +337,25 @@ def test_a_reload_that_turns_compression_off_drops_the_queued_compaction(
     s.scheduler.run_queued()  # the slot frees up
     assert compact.calls == []  # never compacted after it was turned off
     assert s.job("alice").state is JobState.DISABLED
+
+
+def test_a_forced_exit_rollback_is_not_counted_as_a_failure(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction())
+
+    def aborted(paths: Any, _summarizer: Any, _options: Any, **kwargs: Any) -> Any:
+        s.runner.stop()  # SIGINT: the runner stops taking jobs...
+        kwargs["abort"].set()  # ...and a second SIGINT forces: the job rolls back
+        raise CompactionAborted(
+            f"agent {paths.agent!r}: shutdown forced; aborted before commit (at summarized)"
+        )
+
+    s.runner._compact = aborted
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    s.scheduler.run_queued()
+    job = s.job("alice")
+    assert job.consecutive_failures == 0
+    assert job.state is JobState.IDLE
