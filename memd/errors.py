@@ -93,6 +93,12 @@ class SummaryNotStarted(CompactionAborted):
     changed and nothing failed (the job counts as cancelled)."""
 
 
+class SummarySettingsChanged(SummaryNotStarted):
+    """A reload changed the summarizer or privacy settings while the job waited
+    for an LLM slot: nothing was changed, and the job is queued again to be
+    summarized with the new settings."""
+
+
 class UnderThreshold(CompactionAborted):
     """Once the agent's lock was taken, the file was already under its threshold
     (another compactor did the work first): nothing was changed, nothing failed."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
-from memd.errors import SummaryNotStarted
+from memd.errors import SummaryNotStarted, SummarySettingsChanged
 
 
 class LlmSlots:
@@ -52,15 +52,25 @@ class LlmSlots:
                 self._free += 1
                 self._cond.notify()
 
-    def bound(self, summarizer: Summarizer) -> Summarizer:
-        """``summarizer`` whose every summary waits for a slot first."""
-        return _SlotBound(summarizer, self)
+    def bound(
+        self, summarizer: Summarizer, still_current: Callable[[], bool] | None = None
+    ) -> Summarizer:
+        """``summarizer`` whose every summary waits for a slot first. ``still_current``,
+        asked once the slot is taken, says whether the settings the job was given
+        (its summarizer, what it redacts) still hold."""
+        return _SlotBound(summarizer, self, still_current)
 
 
 class _SlotBound:
-    def __init__(self, inner: Summarizer, slots: LlmSlots) -> None:
+    def __init__(
+        self,
+        inner: Summarizer,
+        slots: LlmSlots,
+        still_current: Callable[[], bool] | None = None,
+    ) -> None:
         self.inner = inner
         self._slots = slots
+        self._still_current = still_current
 
     @property
     def model(self) -> str:
@@ -68,6 +78,14 @@ class _SlotBound:
 
     def summarize(self, request: SummaryRequest) -> SummaryResult:
         with self._slots.held(request.agent):
+            if self._still_current is not None and not self._still_current():
+                # A storm can keep a job waiting here for minutes: a reload meanwhile
+                # (say to a local model, for privacy) must reach it before its
+                # transcript is sent anywhere. Not started, so nothing to undo.
+                raise SummarySettingsChanged(
+                    f"agent {request.agent!r}: the summarizer settings changed while the "
+                    "summary waited for an LLM slot; queued again (nothing changed)"
+                )
             return self.inner.summarize(request)
 
 

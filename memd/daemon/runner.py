@@ -67,6 +67,7 @@ from memd.errors import (
     MemdError,
     NothingToCompact,
     SummaryNotStarted,
+    SummarySettingsChanged,
     UnderThreshold,
     describe_error,
 )
@@ -418,10 +419,14 @@ class Runner:
         error: BaseException | None = None
         fallback = False
         try:
+            # Read before the summarizer and the options are resolved: a reload
+            # from here on, while the job waits for an LLM slot, sends it back
+            # to the queue instead of out with the old model or redaction.
+            generation = self.summarizers.generation
             summarizer, fallback = self.summarizers.for_agent(name, failures)
             outcome = self._compact(
                 entry.paths,
-                self.llm_slots.bound(summarizer),
+                self.llm_slots.bound(summarizer, lambda: self.summarizers.generation == generation),
                 self._compaction_options(name, entry.policy, reservation),
                 count_bytes=tokenizer.count_bytes,
                 abort=self.abort,
@@ -556,6 +561,11 @@ class Runner:
         name = entry.name
         policy = self.retry_policy
         now = self._clock()
+        if isinstance(error, SummarySettingsChanged):
+            _log.info("summarizer settings changed while waiting; queued again", agent=name)
+            with self._lock:
+                self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
+            return
         if isinstance(error, SummaryNotStarted):
             with self._lock:
                 entry.job = on_cancelled(entry.job)

@@ -39,7 +39,15 @@ class SummarizerSource:
         # must stop their retries too. Weak: each goes with the last job holding it.
         self._superseded: weakref.WeakSet[Summarizer] = weakref.WeakSet()
         self._stopped = False
+        self._generation = 0
         self._lock = threading.Lock()
+
+    @property
+    def generation(self) -> int:
+        """Bumped by each reload that changes where summaries go or what they are
+        sent (the [summarizer] and [privacy] settings): a job compares it with
+        the value it started with before its transcript goes out."""
+        return self._generation
 
     @property
     def model(self) -> str | None:
@@ -89,6 +97,11 @@ class SummarizerSource:
     ) -> None:
         """A reload; ``count_text``: the new tokenizer's, when it brought one."""
         with self._lock:
+            if (config.summarizer, config.privacy) != (
+                self._config.summarizer,
+                self._config.privacy,
+            ):
+                self._generation += 1
             self._config = config
             if count_text is not None:
                 self._count_text = count_text

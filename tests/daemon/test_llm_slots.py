@@ -10,7 +10,7 @@ import pytest
 from memd.core.memfile import parse
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.daemon.llm_slots import LlmSlots
-from memd.errors import CompactionAborted, SummaryNotStarted
+from memd.errors import CompactionAborted, SummaryNotStarted, SummarySettingsChanged
 
 
 class Recording:
@@ -90,3 +90,12 @@ def test_after_close_a_job_that_finds_a_slot_free_still_runs() -> None:
         with slots.held("c"):
             ran.append("c")
     assert ran == ["b", "c"]
+
+
+def test_settings_changed_while_waiting_give_the_slot_back_unstarted() -> None:
+    slots = LlmSlots(1)
+    inner = Recording()
+    with pytest.raises(SummarySettingsChanged):
+        slots.bound(inner, lambda: False).summarize(_request("a"))
+    assert inner.calls == 0  # nothing was sent
+    assert slots.bound(inner, lambda: True).summarize(_request("a")).text == "summary of a"

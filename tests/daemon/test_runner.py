@@ -8,15 +8,17 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.daemon_proc import wait_until
 from support.daemon_services import COUNTER, ScriptedCompaction, Services, build_services
 from support.memfiles import AgentWorkspace, swarms_block, swarms_header
 
 from memd.core.jobs import JobState
 from memd.daemon.entries import AgentEntry
-from memd.errors import CompactionAborted
+from memd.errors import CompactionAborted, NothingToCompact
 from memd.settings import build_config
 from memd.state import StateStore
 
@@ -359,3 +361,62 @@ def test_a_forced_exit_rollback_is_not_counted_as_a_failure(tmp_path: Path) -> N
     job = s.job("alice")
     assert job.consecutive_failures == 0
     assert job.state is JobState.IDLE
+
+
+class GatedSummarizer:
+    """Records which model each agent's summary went to; ``gate`` holds the first."""
+
+    def __init__(self, model: str, log: list[tuple[str, str]], gate: threading.Event) -> None:
+        self.model = model
+        self._log = log
+        self._gate = gate
+
+    def summarize(self, request: Any) -> Any:
+        self._log.append((request.agent, self.model))
+        if request.agent == "a":
+            assert self._gate.wait(30)
+        raise NothingToCompact(f"agent {request.agent!r}: scripted")
+
+
+def test_a_reload_that_changes_the_model_applies_to_jobs_still_waiting_for_a_slot(
+    tmp_path: Path,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("a")
+    ws.create_agent("b")
+    s = build_services(ws, ScriptedCompaction(), extra={"daemon": {"max_concurrent_llm": 1}})
+    sent: list[tuple[str, str]] = []
+    gate = threading.Event()
+    s.runner.summarizers._factory = lambda config, _count: GatedSummarizer(
+        config.summarizer.model, sent, gate
+    )
+
+    def compact(paths: Any, summarizer: Any, options: Any, **_kwargs: Any) -> Any:
+        # compact_agent's shape: lock, snapshot, then the summary (an LLM slot).
+        return summarizer.summarize(SimpleNamespace(agent=paths.agent))
+
+    s.runner._compact = compact
+    for name in ("a", "b"):
+        s.fill(name, 20)
+        s.hint(name)
+    s.settle()
+    jobs = sorted(s.scheduler.queued, key=lambda job: job[0])
+    s.scheduler.queued = []
+    assert [key for key, _t, _a in jobs] == ["compact:a", "compact:b"]
+    threads = [threading.Thread(target=task, args=args) for _key, task, args in jobs]
+    threads[0].start()
+    assert wait_until(lambda: sent == [("a", "builtin")], timeout=30)  # a holds the one slot
+    threads[1].start()
+    assert wait_until(lambda: len(s.runner.llm_slots._cond._waiters) == 1, timeout=30)
+    # SIGHUP: the operator moves summaries to another model (say: a local one).
+    data = s.runner.config.model_dump()
+    data.pop("workspace", None)
+    data["summarizer"]["model"] = "ollama/llama3.1"
+    s.runner.reconfigure(build_config(data, {})[0])
+    gate.set()
+    for thread in threads:
+        thread.join(30)
+    # b gave up its slot unstarted when it saw the reload, and was queued again.
+    assert s.scheduler.run_queued() == 1
+    # b's summary had not started at the reload: it goes to the model configured now.
+    assert sent == [("a", "builtin"), ("b", "ollama/llama3.1")]

@@ -49,6 +49,20 @@ def test_built_once_and_rebuilt_after_a_reload() -> None:
     assert summarizers.get() is built[1] and summarizers.model == "openai/y"
 
 
+def test_only_a_reload_that_changes_the_summarizer_or_privacy_bumps_the_generation() -> None:
+    summarizers = source(config_of(), [])
+    summarizers.reconfigure(config_of())
+    assert summarizers.generation == 0  # a reload that changed nothing
+    summarizers.reconfigure(config_of(model="ollama/llama3.1"))
+    assert summarizers.generation == 1
+    redacting = config_of(model="ollama/llama3.1")
+    redacting = redacting.model_copy(
+        update={"privacy": redacting.privacy.model_copy(update={"redact_local": True})}
+    )
+    summarizers.reconfigure(redacting)
+    assert summarizers.generation == 2
+
+
 def test_stopped_before_it_is_built_it_is_built_stopped() -> None:
     built: list[Remote] = []
     summarizers = source(config_of(), built)
