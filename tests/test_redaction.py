@@ -350,3 +350,48 @@ def test_the_summary_carried_between_rolling_calls_is_redacted_too(
     assert leaked_by_model not in later and "[REDACTED:github_token#" in later
     assert leaked_by_model not in paths.memory.read_text()
     assert outcome.calls >= 2
+
+
+# -- review 14f: forms a tool output or a model gives credentials ---------------
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example
+DB_PASSWORD = "Tr0ub4dor&3xq-Qv9"
+
+
+def wire_leaks(text: str, secrets: dict[str, str]) -> list[str]:
+    """Names whose value is in ``text`` as written, or with JSON's escaping of it (\\/ for /)."""
+    return [
+        name
+        for name, value in secrets.items()
+        if value in text or value.replace("/", "\\/") in text
+    ]
+
+
+def compact_over_the_wire(agent_ws: AgentWorkspace, contents: list[str]) -> tuple[str, str]:
+    """Human/Tool turns compacted by an echoing remote summarizer: (wire, summary block)."""
+    paths = agent_ws.create_agent("leaky")
+    for index, content in enumerate(contents):
+        append_entry(paths.memory, "Tool" if index % 2 else "Human", content)
+    for index in range(4):
+        append_entry(paths.memory, "AI", f"Padding turn {index} about the release checklist.")
+    with OpenAITestServer(echo_prompt) as server:
+        config = config_for(server, redact_local=True)
+        compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
+        wire = sent(server)
+    assert wire, "no request reached the test server"
+    memory = paths.memory.read_text()
+    # The summary block only: raw turns kept verbatim after it were in MEMORY.md already.
+    start = memory.index("[Compressed Memory Summary]")
+    return wire, memory[start : memory.index("\n---\n", start)]
+
+
+def test_a_tool_output_holding_escaped_json_leaks_no_credential(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # A tool's result is a JSON string whose value is itself JSON (an HTTP body,
+    # a secrets-manager reply): the inner quotes reach MEMORY.md as \".
+    inner = json.dumps({"aws_secret_access_key": AWS_SECRET, "db_password": DB_PASSWORD})
+    tool_output = json.dumps({"tool": "get_secret_value", "output": inner})
+    wire, summary = compact_over_the_wire(agent_ws, ["Fetch the prod credentials.", tool_output])
+    secrets = {"aws_secret_key": AWS_SECRET, "db_password": DB_PASSWORD}
+    assert wire_leaks(wire, secrets) == []
+    assert wire_leaks(summary, secrets) == []  # the echoing model's reply is scanned too

@@ -19,6 +19,7 @@ redaction benchmark), which would make summaries useless.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -380,6 +381,42 @@ def _without_overlaps(spans: Iterable[Span]) -> list[Span]:
     return kept
 
 
+# A JSON string held inside another (a tool result whose value is itself JSON, an
+# HTTP body) reaches memory as {\"password\": \"…\"}, and encoders may write
+# "/" as "\/": the assignment rules read quotes and slashes, so such text is also
+# scanned with those escapes undone, and what is found there is mapped back.
+_JSON_ESCAPE: Final = re.compile(r'\\(["/\\])')
+
+
+def _unescaped_view(text: str) -> tuple[str, list[int]] | None:
+    """``text`` with ``\\"``, ``\\/`` and ``\\\\`` undone, and where in the view each
+    undone escape sits (ascending); None when there is nothing to undo."""
+    if '\\"' not in text and "\\/" not in text:
+        return None
+    escapes: list[int] = []
+
+    def undo(match: re.Match[str]) -> str:
+        # Each earlier escape made the view one character shorter.
+        escapes.append(match.start() - len(escapes))
+        return match.group(1)
+
+    return _JSON_ESCAPE.sub(undo, text), escapes
+
+
+def _spans_with_escapes_undone(text: str, rules: Sequence[Rule]) -> Iterable[Span]:
+    yield from _spans_of(text, rules)
+    unescaped = _unescaped_view(text)
+    if unescaped is None:
+        return
+    view, escapes = unescaped
+    for span in _spans_of(view, rules):
+        # A view character's source starts after one extra character per escape
+        # before it, its backslash included when it is an escape itself.
+        start = span.start + bisect.bisect_left(escapes, span.start)
+        end = span.end + bisect.bisect_left(escapes, span.end)
+        yield Span(start, end, span.kind, span.category)
+
+
 def _placeholder_ranges(text: str) -> list[tuple[int, int]]:
     return [match.span() for match in PLACEHOLDER_RE.finditer(text)]
 
@@ -400,7 +437,7 @@ def find_secrets(
     rules: list[Rule] = [*_MEMD_RULES, *_detect_secrets_rules(), *compile_user_patterns(pairs)]
     if pii:
         rules += _PII_RULES
-    found = _spans_of(text, rules)
+    found = _spans_with_escapes_undone(text, rules)
     placeholders = _placeholder_ranges(text)
     if placeholders:
         found = (

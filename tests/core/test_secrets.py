@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from hypothesis import given
@@ -147,3 +148,32 @@ def test_a_token_after_an_escaped_separator_is_found(before: str) -> None:
         text = f'{{"env": "HOME=/root{before}{planted.secret}"}}'
         found = [text[s.start : s.end] for s in find_secrets(text)]
         assert planted.secret in found, (planted.kind, found)
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # JSON inside a JSON string (a tool's HTTP body, a secrets-manager reply).
+        (
+            '{"output": "{\\"aws_secret_access_key\\": \\"wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\\"}"}',
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
+        ('{"output": "{\\"db_password\\": \\"Tr0ub4dor&3xq-Qv9\\"}"}', "Tr0ub4dor&3xq-Qv9"),
+        # An encoder that writes "/" as "\/": the span keeps the backslashes.
+        (
+            '{"AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI\\/K7MDENG\\/bPxRfiCYEXAMPLEKEY"}',
+            "wJalrXUtnFEMI\\/K7MDENG\\/bPxRfiCYEXAMPLEKEY",
+        ),
+        ('{"o": "{\\"url\\": \\"postgres:\\/\\/u:Pa55-word@db:5432\\/x\\"}"}', "Pa55-word"),
+    ],
+    ids=["aws-in-escaped-json", "password-in-escaped-json", "escaped-slashes", "url-escaped"],
+)
+def test_a_credential_inside_escaped_json_is_found(text: str, secret: str) -> None:
+    assert [s.value(text) for s in find_secrets(text)] == [secret]
+
+
+def test_escaped_json_prose_is_not_flagged() -> None:
+    # The unescaped view must not turn ordinary escaped text into findings.
+    for lookalike in LOOKALIKES:
+        escaped = json.dumps(json.dumps({"note": lookalike}))
+        assert find_secrets(escaped, pii=True) == [], lookalike
