@@ -43,6 +43,7 @@ from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import MemdError, SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
+from memd.logs import silence_request_loggers
 from memd.modelinfo import window_for
 from memd.redaction_key import process_key
 from memd.settings import tiktoken_cache_dir_kept
@@ -82,10 +83,9 @@ def import_litellm() -> ModuleType:
             litellm.suppress_debug_info = True
             # litellm's debug logs carry request bodies (memory content) and
             # httpx's request lines carry URLs (some providers put the key in
-            # the query string): neither may reach memd's logs.
-            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
-                logging.getLogger(name).setLevel(logging.CRITICAL)
-            logging.getLogger("httpx").setLevel(logging.WARNING)
+            # the query string): neither may reach memd's logs.  The import may
+            # come before or after configure_logging, which does the same.
+            silence_request_loggers()
             # Replies are read through a transport that enforces each attempt's
             # wall-clock deadline and size cap (memd.llm_guard).
             if litellm.client_session is None:

@@ -17,7 +17,13 @@ import structlog
 LogFormat = Literal["auto", "json", "console"]
 
 # Third-party loggers that are chatty at INFO (apscheduler logs every job run).
-_QUIET_AT_INFO = ("apscheduler", "watchdog", "LiteLLM", "litellm", "httpx", "httpcore")
+_QUIET_AT_INFO = ("apscheduler", "watchdog", "httpcore")
+# litellm's loggers write request bodies (memory content) at DEBUG: pinned to
+# CRITICAL at every (re)configuration whatever memd's level, since a reload at
+# "debug" must not undo what the one-time import of litellm set.
+_LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm")
+# httpx's request lines carry URLs (some providers put the key in the query).
+_NEVER_BELOW_WARNING = ("httpx",)
 _HANDLER_NAME = "memd"
 
 
@@ -67,6 +73,7 @@ def configure_logging(
     root.setLevel(numeric)
     for name in _QUIET_AT_INFO:
         logging.getLogger(name).setLevel(numeric if numeric <= logging.DEBUG else logging.WARNING)
+    silence_request_loggers()
 
     structlog.configure(
         processors=[
@@ -80,6 +87,15 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
     return chosen
+
+
+def silence_request_loggers() -> None:
+    """Keep what a summarizer is sent, and where, out of every log."""
+    for name in _LITELLM_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in _NEVER_BELOW_WARNING:
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logger.level, logging.WARNING))
 
 
 def get_logger(name: str = "memd", **initial: Any) -> structlog.stdlib.BoundLogger:
@@ -101,4 +117,5 @@ __all__ = [
     "debug_check",
     "get_logger",
     "resolve_format",
+    "silence_request_loggers",
 ]

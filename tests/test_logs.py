@@ -7,7 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import SecretStr
+from support.memfiles import AgentWorkspace, append_entry
+from support.openai_server import OpenAITestServer
 
+from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.logs import configure_logging, get_logger, resolve_format
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
@@ -37,12 +41,25 @@ def test_stdlib_loggers_of_dependencies_are_routed_through() -> None:
     configure_logging("json", "info", buf)
     logging.getLogger("apscheduler.scheduler").warning("job %s missed", "x")
     logging.getLogger("watchdog.observers").info("chatty")  # quietened at info
-    logging.getLogger("LiteLLM").error("provider down")
+    logging.getLogger("watchdog.observers").warning("queue overflow")
     lines = _lines(buf)
     assert [(rec["logger"], rec["event"]) for rec in lines] == [
         ("apscheduler.scheduler", "job x missed"),
-        ("LiteLLM", "provider down"),
+        ("watchdog.observers", "queue overflow"),
     ]
+
+
+@pytest.mark.parametrize("level", ["debug", "info"])
+def test_litellm_and_httpx_stay_quiet_at_every_level_and_reload(level: str) -> None:
+    # litellm logs request bodies (memory content) at DEBUG, httpx logs URLs at INFO.
+    buf = io.StringIO()
+    configure_logging("json", level, buf)
+    configure_logging("json", level, buf)  # a reload
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        assert logging.getLogger(name).level == logging.CRITICAL
+        logging.getLogger(name).error("POST Request Sent from LiteLLM: -d '{messages}'")
+    logging.getLogger("httpx").info("HTTP Request: POST https://x/?key=k")
+    assert _lines(buf) == []
 
 
 def test_debug_level_lets_dependencies_speak_and_reconfigure_does_not_duplicate() -> None:
@@ -91,3 +108,52 @@ def test_debug_check_follows_the_level() -> None:
     assert not enabled()
     logger.setLevel(logging.DEBUG)  # a reload with --log-level debug
     assert enabled()
+
+
+def test_a_reload_at_debug_level_never_logs_what_the_summarizer_is_sent(
+    agent_ws: AgentWorkspace, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Review 14f, F4: the reload's configure_logging set the LiteLLM loggers
+    # back to DEBUG, which import_litellm (run once) had pinned to CRITICAL.
+    from memd.compaction import CompactionOptions, compact_agent
+    from memd.llm import LiteLLMSummarizer, import_litellm
+
+    marker = "the vault combination is 31-7-22 MARKER4242"
+    paths = agent_ws.create_agent("chatty")
+    for index in range(6):
+        append_entry(paths.memory, "Human" if index % 2 else "AI", f"{marker} turn {index}")
+    stream = io.StringIO()
+    try:
+        configure_logging("json", "debug", stream=stream)  # `memd run --log-level debug`
+        import_litellm()  # the daemon warms litellm up after READY
+        configure_logging("json", "debug", stream=stream)  # SIGHUP: the reload does this
+        with OpenAITestServer() as server:
+            config = MemdConfig(
+                summarizer=SummarizerConfig(
+                    model="openai/test-model",
+                    api_base=server.api_base,
+                    api_key=SecretStr("sk-test-5f3a9c"),
+                    timeout_s=5,
+                    retries=0,
+                    max_tokens=2000,
+                    context_length=32_000,
+                ),
+                privacy=PrivacyConfig(redact_local=True),
+            )
+            base = CompactionOptions.from_config(config, redaction_key=b"k" * 32)
+            options = CompactionOptions(
+                lock_wait_s=5,
+                drain_quiet_s=0.05,
+                drain_max_s=2,
+                summary_max_tokens=2000,
+                require_shrink=False,
+                privacy=base.privacy,
+            )
+            compact_agent(paths, LiteLLMSummarizer(config.summarizer), options)
+            assert server.requests
+    finally:
+        for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    captured = capfd.readouterr()
+    assert "MARKER4242" not in stream.getvalue()
+    assert "MARKER4242" not in captured.err + captured.out
