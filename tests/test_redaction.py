@@ -395,3 +395,16 @@ def test_a_tool_output_holding_escaped_json_leaks_no_credential(
     secrets = {"aws_secret_key": AWS_SECRET, "db_password": DB_PASSWORD}
     assert wire_leaks(wire, secrets) == []
     assert wire_leaks(summary, secrets) == []  # the echoing model's reply is scanned too
+
+
+def test_a_password_in_a_url_with_no_user_name_never_leaves(agent_ws: AgentWorkspace) -> None:
+    # redis://:PASSWORD@host is Redis's own documented form (no user name).
+    wire, summary = compact_over_the_wire(
+        agent_ws,
+        [
+            f"Set REDIS_URL=redis://:{DB_PASSWORD}@redis:6379/0 in the worker env (docker compose).",
+            "ok, the worker is restarted",
+        ],
+    )
+    assert wire_leaks(wire, {"redis": DB_PASSWORD}) == []
+    assert wire_leaks(summary, {"redis": DB_PASSWORD}) == []

@@ -219,10 +219,11 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         group=1,
         hints=("basic",),
     ),
-    # scheme://user:password@host
+    # scheme://user:password@host, and scheme://:password@host (Redis's own
+    # documented form has no user name).
     Rule(
         "url_password",
-        _rx(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/?#@\[\]]+:([^\s@/?#]+)@[^\s/?#@]+"),
+        _rx(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/?#@\[\]]*:([^\s@/?#]+)@[^\s/?#@]+"),
         group=1,
         validate=lambda value: not value.startswith("[REDACTED"),
         hints=("://",),

@@ -58,11 +58,27 @@ def test_all_secrets_in_one_text_are_disjoint_and_ordered() -> None:
         assert lookalike in redacted
 
 
-def test_a_password_in_a_url_is_the_password_not_an_email() -> None:
-    text = "dsn: mysql://svc:Pa55-word@db.example.com/app"
+@pytest.mark.parametrize(
+    "text",
+    ["dsn: mysql://svc:Pa55-word@db.example.com/app", "redis://:Pa55-word@cache.example.com:6379"],
+)
+def test_a_password_in_a_url_is_the_password_not_an_email(text: str) -> None:
+    # With no user name the email rule once took the password's tail with the host.
     assert [(s.kind, s.value(text)) for s in find_secrets(text, pii=True)] == [
         ("url_password", "Pa55-word")
     ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "redis://:@localhost:6379",
+        "redis://:[REDACTED:url_password#abcdef]@cache:6379",
+        "see http://[::1]:8080/health and https://example.com:8443/a@b",
+    ],
+)
+def test_urls_without_a_password_are_not_secrets(text: str) -> None:
+    assert find_secrets(text) == []
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,11 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
         "curl -H 'Authorization: Bearer {}'",
     ),
     _planted("password", "s3cr3t-Value_42", 'export API_KEY="{}"'),
+    _planted(
+        "url_password",
+        "Zr3d-q8NvT2wLk5Xp",  # a literal: the seeded fakes after it stay as they were
+        "Set REDIS_URL=redis://:{}@localhost:6379/0 in the worker env.",
+    ),
     _planted("password", "correct-horse-7", "the password is {}."),
     _planted("gitlab_token", "glpat-" + _fake(_URLSAFE, 20), "GitLab CI used {} for the mirror."),
     _planted("google_api_key", "AIza" + _fake(_URLSAFE, 35), "Maps key {} is restricted."),
