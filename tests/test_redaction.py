@@ -408,3 +408,18 @@ def test_a_password_in_a_url_with_no_user_name_never_leaves(agent_ws: AgentWorks
     )
     assert wire_leaks(wire, {"redis": DB_PASSWORD}) == []
     assert wire_leaks(summary, {"redis": DB_PASSWORD}) == []
+
+
+def test_env_file_password_variables_never_leave(agent_ws: AgentWorkspace) -> None:
+    env_file = "\n".join(
+        [
+            "cat .env",
+            f"PGPASSWORD={DB_PASSWORD}",
+            "SMTP_PASS=Mq7!vR2#pLx9",
+            "DB_PASS=Zk4$wN8@tHc1",
+        ]
+    )
+    wire, summary = compact_over_the_wire(agent_ws, [env_file, "done"])
+    secrets = {"pgpassword": DB_PASSWORD, "smtp_pass": "Mq7!vR2#pLx9", "db_pass": "Zk4$wN8@tHc1"}
+    assert wire_leaks(wire, secrets) == []
+    assert wire_leaks(summary, secrets) == []

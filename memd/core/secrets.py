@@ -141,6 +141,12 @@ _ASSIGN_KEYS: Final = (
     r"access[_-]?token|auth[_-]?token|refresh[_-]?token|api[_-]?key|apikey|"
     r"private[_-]?key|credentials?"
 )
+# .env names for passwords the keys above miss: PGPASSWORD, HTPASSWD (no "_"
+# before PASSWORD/PASSWD), SMTP_PASS, ADMIN_PW.  Upper case only, and PASS/PW only
+# as the last part after a "_": in prose "pass" and "pw" are ordinary words.
+_ENV_ASSIGN_KEYS: Final = (
+    r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b|\b(?:[A-Z0-9]+_)+(?:PASS|PW)\b"
+)
 
 _MEMD_RULES: Final[tuple[Rule, ...]] = (
     # Private keys: the whole block or, when unterminated (a cut tool output), its
@@ -232,14 +238,15 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "password",
         _rx(
-            rf"(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)[\"']?\s*(?::=|=>|=|:)\s*"
+            rf"(?:(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)|{_ENV_ASSIGN_KEYS})"
+            r"[\"']?\s*(?::=|=>|=|:)\s*"
             # A quoted value; one whose closing quote was cut off (a line
             # clipped by an extract) still is one.
             r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|[^\s\"',;)}\]]{4,200}))"
         ),
         group=1,
         validate=_assigned_value,
-        hints=("pass", "pwd", "secret", "token", "key", "credential"),
+        hints=("pass", "pwd", "_pw", "secret", "token", "key", "credential"),
     ),
     Rule(
         "password",

@@ -137,6 +137,11 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
         "Set REDIS_URL=redis://:{}@localhost:6379/0 in the worker env.",
     ),
     _planted("password", "correct-horse-7", "the password is {}."),
+    _planted("password", "Tr0ub4dor&3xq-Qv9", "cat .env\nPGPASSWORD={}\nPGHOST=db"),
+    _planted("password", "Mq7!vR2#pLx9", "SMTP_PASS={}"),
+    _planted("password", "Zk4$wN8@tHc1", "export DB_PASS='{}'"),
+    _planted("password", "hT-pw-0x93kQ", "HTPASSWD={}"),
+    _planted("password", "aDm1n-pw-77x", "ADMIN_PW: {}"),
     _planted("gitlab_token", "glpat-" + _fake(_URLSAFE, 20), "GitLab CI used {} for the mirror."),
     _planted("google_api_key", "AIza" + _fake(_URLSAFE, 35), "Maps key {} is restricted."),
     _planted("huggingface_token", "hf_" + _fake(_ALNUM, 34), "Downloaded the model with {}."),
@@ -163,4 +168,7 @@ LOOKALIKES: tuple[str, ...] = (
     "Server at 10.0.12.7:8443 answered in 1234 ms; ISO date 2026-12-01T10:00:00+00:00.",
     "Object key uploads/2026/12/01/" + _fake(_ALNUM, 20) + ".png stored.",
     "Use the Bearer scheme described in RFC 6750 section 2.1.",
+    # Prose about passwords, and test runners' PASS: the .env rules must not fire.
+    "The password policy requires 12 characters; pass the salt, and the PW field is optional.",
+    "CI summary: TESTS_PASS=true, ALL_PASS: yes, passwords: rotated monthly.",
 )
