@@ -324,3 +324,39 @@ def test_cli_match_erases_from_a_torn_last_entry_too(
     assert code == 0, err
     assert PLANTED.encode() not in paths.memory.read_bytes()
     assert len(parse(paths.memory.read_bytes()).entries) == 3  # the whole entries stay
+
+
+def test_forget_match_leaves_no_copy_in_a_moved_aside_recall_index(
+    agent_ws: AgentWorkspace,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("MEMD_STATE_DIR", str(state))
+    workspace = str(agent_ws.root)
+    paths = agent_ws.create_agent("delta")
+    append_entry(paths.memory, "Human", "My card PIN is VIOLET-PIN-5521, never share it.")
+    append_entry(paths.memory, "AI", "Understood, I will not repeat the PIN.")
+    code, _out, err = run(capsys, "recall", "delta", "PIN", "--workspace", workspace)
+    assert code == 0, err
+    index = recall_db_path(state, agent_ws.root)
+    # The index file gets damaged (a disk error, a crash on a bad fs): the next
+    # open moves it aside as <index>.corrupt-<ts> and rebuilds an empty one.
+    with index.open("r+b") as handle:
+        handle.write(b"not an sqlite database!")
+    code, _out, err = run(capsys, "recall", "delta", "PIN", "--workspace", workspace)
+    assert code == 0, err
+    copies = list(index.parent.glob(index.name + ".corrupt-*"))
+    assert copies, "the damaged index was not moved aside"
+    assert any(b"VIOLET-PIN-5521" in c.read_bytes() for c in copies)  # what it holds
+
+    code, out, err = run(
+        capsys, "forget", "delta", "--match", "VIOLET-PIN", "--yes", "--workspace", workspace
+    )
+    assert code == 0, err
+    assert "erased 1 matching" in out
+    left = [
+        p.name for p in state.rglob("*") if p.is_file() and b"VIOLET-PIN-5521" in p.read_bytes()
+    ]
+    assert left == []

@@ -58,9 +58,9 @@ from memd.core.erasure import compile_pattern
 from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
 from memd.errors import MemdError, UnknownAgent, WorkspaceError, describe_error
 from memd.fsutil import AgentLock
-from memd.recall.index import RecallIndex
+from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.settings import LoadedConfig
-from memd.state import StateError, StateStore, corrupt_copies, erase_from_corrupt_copies
+from memd.state import StateError, StateStore, erase_from_corrupt_copies
 from memd.workspace import MEMORY_FILE, AgentPaths, agent_paths, require_workspace
 
 
@@ -211,17 +211,9 @@ def forget_corrupt_copies(
             report.corrupt_copies_deleted += deleted
     if recall_db is None:
         return
-    for copy in corrupt_copies(recall_db):
-        for name in (str(copy), f"{copy}-wal", f"{copy}-shm"):
-            try:
-                os.unlink(name)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                report.notes.append(f"corrupt copy {name} of the recall index not deleted: {exc}")
-                continue
-            if name == str(copy):
-                report.corrupt_copies_deleted += 1
+    deleted, notes = delete_corrupt_copies(recall_db)
+    report.corrupt_copies_deleted += deleted
+    report.notes.extend(notes)
 
 
 def _forget_recall(report: ForgetReport, recall: RecallIndex | None) -> None:
@@ -378,6 +370,10 @@ def _forget_matching(
             outcome = erase_by_pattern(paths, pattern, options)
             if outcome.removed:
                 reindex(paths)
+            if recall is not None and recall.path is not None:
+                # A copy of the index moved aside as corrupt holds the matched text
+                # (even of files already gone): derived data, deleted as `forget` does.
+                notes.extend(delete_corrupt_copies(recall.path)[1])
     finally:
         if recall is not None:
             recall.close()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from memd.cli.common import as_owner_of, state_dir_of
 from memd.errors import MemdError
-from memd.recall.index import RecallIndex
+from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.settings import LoadedConfig
 from memd.workspace import AgentPaths
 
@@ -70,6 +70,10 @@ def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneFollowU
                 with index:
                     if index.sync_agent(paths, live=False).removed:
                         index.scrub()
+                # A copy moved aside as corrupt still holds the pruned archives' text.
+                copies_kept = delete_corrupt_copies(index.path)[1] if index.path else []
+                for note in copies_kept:
+                    print(f"memd: warning: {note}", file=sys.stderr)
         except (MemdError, OSError) as exc:
             print(
                 f"memd: warning: agent {paths.agent!r}: {len(pruned.deleted)} pruned archive(s) "

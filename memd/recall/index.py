@@ -166,6 +166,31 @@ def recall_db_path(state_dir: Path, workspace: Path) -> Path:
     return state_db.with_name(state_db.stem + ".recall.sqlite3")
 
 
+def delete_corrupt_copies(index_path: Path) -> tuple[int, list[str]]:
+    """Delete the copies of the index moved aside as corrupt, with their -wal/-shm.
+
+    They hold the full text of every entry they indexed, and are derived data:
+    an erasure (``forget``, ``forget --match``) or a prune that left them would
+    keep what it deleted.  Returns how many copies went and a note per failure.
+    """
+    from memd.state import corrupt_copies
+
+    deleted = 0
+    notes: list[str] = []
+    for copy in corrupt_copies(index_path):
+        for name in (str(copy), f"{copy}-wal", f"{copy}-shm"):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                notes.append(f"corrupt copy {name} of the recall index not deleted: {exc}")
+                continue
+            if name == str(copy):
+                deleted += 1
+    return deleted, notes
+
+
 def is_archive_name(name: str) -> bool:
     # Encrypted archives (.md.enc) are never indexed: see is_sealed().
     return name.startswith(ARCHIVE_PREFIX) and name.endswith(ARCHIVE_SUFFIX)
@@ -771,6 +796,7 @@ __all__ = [
     "RecallIndexError",
     "RecallSealed",
     "SyncReport",
+    "delete_corrupt_copies",
     "is_archive_name",
     "is_sealed",
     "recall_db_path",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from memd.errors import MemdError
 from memd.logs import get_logger
-from memd.recall.index import RecallIndex
+from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.recall.socket_server import RecallSocketServer
 from memd.retention import PruneResult
 from memd.workspace import AgentPaths
@@ -73,6 +73,10 @@ class RecallService:
             report = self.index.sync_agent(paths, live=False)
             if report.removed:
                 self.index.scrub()
+            # A copy moved aside as corrupt still holds the pruned archives' text.
+            path = self.index.path
+            for note in delete_corrupt_copies(path)[1] if path is not None else []:
+                _log.warning("recall index copy kept", agent=paths.agent, error=note)
         except (MemdError, OSError) as exc:
             _log.warning(
                 "pruned archives still indexed",

@@ -197,3 +197,27 @@ def test_root_prune_acts_as_memd_on_a_daemon_owned_agent(tmp_path: Path) -> None
         }
         assert set(owners.values()) == {NOBODY}, owners
         assert any(p.name.endswith(".audit.jsonl") for p in state.iterdir())
+
+
+def test_prune_deletes_the_recall_index_copies_moved_aside_as_corrupt(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    # A copy of a damaged index holds the text of archives retention later deletes.
+    before = ["-w", str(ws.root), "--state-dir", str(state_dir)]
+    unlimited = [*before, "-c", str(write_config(tmp_path, ""))]
+    old = compact(capsys, unlimited, "alpha", "zanthorp")
+    db = recall_db_path(state_dir, ws.root)
+    copy = db.with_name(f"{db.name}.corrupt-20260101-000000")
+    copy.write_bytes(db.read_bytes())
+    db.with_name(f"{copy.name}-wal").write_bytes(b"zanthorp in a moved-aside WAL")
+    compact(capsys, unlimited, "alpha", "quillmoss")
+    age(old, 45)
+    config = write_config(tmp_path, "[retention]\nmax_age_days = 30\n")
+
+    code, out, err = run(capsys, "prune", "alpha", *before, "-c", str(config))
+    assert code == 0, err
+    assert "alpha: deleted 1 archive(s)" in out
+    assert not list(state_dir.glob(f"{db.name}.corrupt-*"))
+    assert not [
+        p.name for p in state_dir.rglob("*") if p.is_file() and b"zanthorp" in p.read_bytes()
+    ]

@@ -5,6 +5,8 @@ read), and its end says what it cost."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 import structlog
@@ -12,6 +14,7 @@ from support.memfiles import AgentWorkspace, append_entry
 
 import memd.recall.index as index_module
 from memd.recall.service import RecallService
+from memd.retention import PruneResult
 from memd.workspace import AgentPaths
 
 
@@ -57,3 +60,24 @@ def test_a_restart_with_unchanged_files_reads_none_of_them(
     reads.clear()
     after_append = resync(state_dir, ws, agents)  # only the changed file is read
     assert len(reads) == 1 and after_append["files_indexed"] == 1
+
+
+def test_the_daemons_prune_deletes_the_index_copies_moved_aside_as_corrupt(
+    tmp_path: Path,
+) -> None:
+    # Review 14f, F6: a copy of a damaged index keeps the text of archives retention
+    # deletes later; it is derived data, so it goes (with its -wal and -shm).
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha", entries=2)
+    service = RecallService.open(tmp_path / "state", ws.root)
+    assert service is not None and service.index.path is not None
+    index_path = service.index.path
+    copy = index_path.with_name(f"{index_path.name}.corrupt-20260101-000000")
+    for name in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+        name.write_bytes(b"the zanthorp ledger")
+    try:
+        service.drop_pruned(paths, cast(PruneResult, SimpleNamespace(deleted=("h.md",))))
+    finally:
+        service.stop()
+    assert not list(index_path.parent.glob(f"{index_path.name}.corrupt-*"))
+    assert index_path.exists()
