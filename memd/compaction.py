@@ -745,7 +745,11 @@ class _Transaction:
         # credential never lands in MEMORY.md (an echoed one, or one a local
         # model copied). The block only, not the snapshot: cheap at any size.
         scan = self.privacy.for_reply(pii=result.redacted_pii)
-        scrubbed = scan.redact(result.text.strip())
+        # And any credential value of the summarized material the reply repeats,
+        # however it is formatted there (`…`, **…**, a table): a local model is
+        # sent the material as written, and models write Markdown.
+        material_secrets = scan.values_in(prefix.render().decode("utf-8", "surrogateescape"))
+        scrubbed = scan.redact(result.text.strip(), material_secrets)
         self.reply_redacted = scrubbed.count
         body = scrubbed.text
         if judge and self.count_bytes is not None:
@@ -772,7 +776,7 @@ class _Transaction:
             earlier_archives=earlier,
             note=archive_note(self.options.retention),
         )
-        pinned = scan.redact(composed.text)
+        pinned = scan.redact(composed.text, material_secrets)
         if pinned.count:
             self.reply_redacted += pinned.count
             composed = dataclasses.replace(composed, text=pinned.text)

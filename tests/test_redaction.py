@@ -423,3 +423,58 @@ def test_env_file_password_variables_never_leave(agent_ws: AgentWorkspace) -> No
     secrets = {"pgpassword": DB_PASSWORD, "smtp_pass": "Mq7!vR2#pLx9", "db_pass": "Zk4$wN8@tHc1"}
     assert wire_leaks(wire, secrets) == []
     assert wire_leaks(summary, secrets) == []
+
+
+def test_a_local_models_markdown_reply_never_writes_a_credential(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # A local summarizer is sent the transcript as written; the scan of its
+    # reply is what keeps credentials out of MEMORY.md. Models write Markdown.
+    paths = agent_ws.create_agent("local")
+    append_entry(paths.memory, "Human", "Here is the prod .env, keep it handy.")
+    append_entry(
+        paths.memory,
+        "Tool",
+        f"AWS_SECRET_ACCESS_KEY={AWS_SECRET}\nDB_PASSWORD={DB_PASSWORD}\nREGION=eu-west-1",
+    )
+    for index in range(4):
+        append_entry(paths.memory, "AI", f"Padding turn {index} about the release checklist.")
+    reply = (
+        "Facts:\n"
+        "- The user shared the production environment for the deploy.\n"
+        f"- AWS secret key: `{AWS_SECRET}` (region eu-west-1)\n"
+        f"- **Password**: `{DB_PASSWORD}` for the prod database\n"
+        "- The release checklist was discussed over four turns.\n"
+    )
+    with OpenAITestServer() as server:
+        server.script("ok:" + reply)
+        config = config_for(server)  # local
+        compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
+        assert server.requests
+    memory = paths.memory.read_text()
+    start = memory.index("[Compressed Memory Summary]")
+    summary = memory[start : memory.index("\n---\n", start)]
+    assert "release checklist" in summary  # the reply was written
+    assert wire_leaks(summary, {"aws_secret_key": AWS_SECRET, "db_password": DB_PASSWORD}) == []
+
+
+def test_a_reply_repeating_a_summarized_credential_in_a_table_never_writes_it(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # No assignment the detector reads in the reply: the value, found in the
+    # summarized material, is what it looks for.
+    paths = agent_ws.create_agent("table")
+    append_entry(paths.memory, "Tool", f"DB_PASSWORD={DB_PASSWORD}")
+    for index in range(4):
+        append_entry(paths.memory, "AI", f"Padding turn {index} about the release checklist.")
+    reply = f"Facts:\n| setting | value |\n| db password | {DB_PASSWORD} |\n- release checklist.\n"
+    with OpenAITestServer() as server:
+        server.script("ok:" + reply)
+        config = config_for(server)  # local
+        outcome = compact_agent(
+            paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32)
+        )
+    memory = paths.memory.read_text()
+    summary = memory[memory.index("[Compressed Memory Summary]") :]
+    assert DB_PASSWORD not in summary.split("\n---\n")[0]
+    assert outcome.reply_redacted >= 1

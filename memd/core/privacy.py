@@ -45,6 +45,8 @@ HASH_CHARS: Final = 6
 _DIGITS_ONLY: Final = frozenset({"card_number", "phone_number", "us_ssn", "iban"})
 _QUOTE_PREFIX_RE: Final = re.compile(r"(?m)^[ \t]*>[ \t]?")
 _WHITESPACE_RE: Final = re.compile(r"\s+")
+# The detector's own floor for an assigned value: shorter ones are not secrets.
+_MIN_KNOWN_VALUE: Final = 4
 
 
 # -- locality ------------------------------------------------------------------
@@ -133,19 +135,50 @@ class Redactor:
     def spans(self, text: str) -> list[Span]:
         return find_secrets(text, pii=self.pii, user_patterns=self.patterns)
 
-    def redact(self, text: str) -> Redaction:
+    def redact(self, text: str, known: Sequence[tuple[str, str]] = ()) -> Redaction:
         """``text`` with credentials replaced, seen (and returned) without terminal
         escapes and other controls: ``"\x1b[31msk-ant-…"`` reads as one word to
         the detector, and the block written to MEMORY.md drops the escape later,
-        which would make a whole credential of what was scanned as a fragment."""
+        which would make a whole credential of what was scanned as a fragment.
+
+        ``known`` (kind, value) pairs, from :meth:`values_in`, are replaced too
+        wherever their value stands as a whole word, whatever surrounds it."""
         text = visible_text(text)
         spans = self.spans(text)
-        if not spans:
-            return Redaction(text)
-        redacted = replace_spans(
-            text, spans, lambda span, value: self.placeholder(span.kind, value)
+        kinds = Counter(span.kind for span in spans)
+        if spans:
+            text = replace_spans(
+                text, spans, lambda span, value: self.placeholder(span.kind, value)
+            )
+        if known:
+            kind_of = {value: kind for kind, value in known}
+            # Longest first: a value that holds another one is replaced whole.
+            values = sorted(kind_of, key=len, reverse=True)
+            pattern = re.compile(
+                r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, values)) + r")(?![A-Za-z0-9_])"
+            )
+
+            def replace(match: re.Match[str]) -> str:
+                kind = kind_of[match.group()]
+                kinds[kind] += 1
+                return self.placeholder(kind, match.group())
+
+            text = pattern.sub(replace, text)
+        return Redaction(text, dict(kinds)) if kinds else Redaction(text)
+
+    def values_in(self, text: str) -> tuple[tuple[str, str], ...]:
+        """(kind, value) of each secret in ``text`` (the material a summary is made
+        of): a model may repeat one in a form the detector does not read as one
+        (a Markdown table, "the key (x)"), so the reply is also searched for the
+        values themselves."""
+        text = visible_text(text)
+        return tuple(
+            dict.fromkeys(
+                (span.kind, value)
+                for span in self.spans(text)
+                if len(value := span.value(text)) >= _MIN_KNOWN_VALUE
+            )
         )
-        return Redaction(redacted, dict(Counter(span.kind for span in spans)))
 
 
 def visible_text(text: str) -> str:

@@ -205,7 +205,7 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "aws_secret_key",
         _rx(
-            r"(?i:aws|secret[_ -]?access[_ -]?key)[\w \-\"']{0,30}?(?::|=|=>|\bis\b)\s*[\"']?"
+            r"(?i:aws|secret[_ -]?access[_ -]?key)[\w \-\"'`*]{0,30}?(?::|=|=>|\bis\b)\s*[\"'`*]*"
             r"([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])"
         ),
         group=1,
@@ -239,10 +239,13 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         "password",
         _rx(
             rf"(?:(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)|{_ENV_ASSIGN_KEYS})"
-            r"[\"']?\s*(?::=|=>|=|:)\s*"
+            # Markdown around the key or the value (**Password**: `…`) as a model
+            # writes it in a summary.
+            r"[\"'`*]*\s*(?::=|=>|=|:)\s*(?:\*\*)?"
             # A quoted value; one whose closing quote was cut off (a line
             # clipped by an extract) still is one.
-            r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|[^\s\"',;)}\]]{4,200}))"
+            r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
+            r"|[^\s\"'`,;)}\]]{4,200}))"
         ),
         group=1,
         validate=_assigned_value,
@@ -357,7 +360,7 @@ def _spans_of(text: str, rules: Iterable[Rule]) -> Iterable[Span]:
             if rule.extend:
                 while end < len(text) and text[end] in _TOKEN_CHARS:
                     end += 1
-            if end - start >= 2 and text[start] in "\"'" and text[end - 1] == text[start]:
+            if end - start >= 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
                 start, end = start + 1, end - 1
             yield Span(start, end, rule.kind, rule.category)
 

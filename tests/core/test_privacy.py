@@ -166,3 +166,30 @@ def test_what_the_ready_line_says_the_summarizer_is_sent() -> None:
     assert outbound_redaction(MemdConfig(summarizer=remote, privacy=off)) == "off (remote)"
     forced = PrivacyConfig(redact_local=True, redact_pii=False)
     assert outbound_redaction(MemdConfig(privacy=forced)) == "credentials"
+
+
+def test_a_reply_repeating_a_material_secret_loses_it_however_it_is_formatted() -> None:
+    # Review 14f, F5: a table cell or "the key (x)" is no assignment the detector
+    # reads; the value itself, found in the summarized material, is replaced.
+    material = (
+        "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\nDB_PASSWORD=Tr0ub4dor&3xq"
+    )
+    redactor = Redactor(KEY, pii=False)
+    known = redactor.values_in(material)
+    assert {kind for kind, _value in known} == {"aws_secret_key", "password"}
+    reply = (
+        "| name | value |\n| password | Tr0ub4dor&3xq |\n"
+        "The AWS key (wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY) was shared.\n"
+        "Tr0ub4dor&3xqZ is another word entirely."
+    )
+    scrubbed = redactor.redact(reply, known)
+    assert "Tr0ub4dor&3xq |" not in scrubbed.text and "EXAMPLEKEY" not in scrubbed.text
+    assert "Tr0ub4dor&3xqZ is another word" in scrubbed.text  # whole values only
+    assert scrubbed.kinds == {"password": 1, "aws_secret_key": 1}
+    # The same placeholder as the material's own redaction gives it.
+    assert redactor.placeholder("password", "Tr0ub4dor&3xq") in scrubbed.text
+    assert redactor.placeholder("password", "Tr0ub4dor&3xq") in redactor.redact(material).text
+
+
+def test_values_in_prose_are_none() -> None:
+    assert Redactor(KEY, pii=True).values_in("\n".join(LOOKALIKES)) == ()

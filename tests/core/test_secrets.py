@@ -193,3 +193,29 @@ def test_escaped_json_prose_is_not_flagged() -> None:
     for lookalike in LOOKALIKES:
         escaped = json.dumps(json.dumps({"note": lookalike}))
         assert find_secrets(escaped, pii=True) == [], lookalike
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("- AWS secret key: `wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY` (eu-west-1)", None),
+        ("AWS secret access key is **wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY**", None),
+        ("- **Password**: `Tr0ub4dor&3xq-Qv9` for the prod database", "Tr0ub4dor&3xq-Qv9"),
+        ("- `DB_PASSWORD`: `Tr0ub4dor&3xq-Qv9`", "Tr0ub4dor&3xq-Qv9"),
+    ],
+)
+def test_a_credential_a_model_formats_as_markdown_is_found(text: str, secret: str | None) -> None:
+    expected = secret or "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    assert [s.value(text) for s in find_secrets(text)] == [expected]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The `password` field is required; **Password**: see the vault.",
+        "Set `token_budget` to 4000 and **api_key**: `None`.",
+        "password: ```",
+    ],
+)
+def test_markdown_about_credentials_is_not_a_credential(text: str) -> None:
+    assert find_secrets(text) == []
