@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
-from support.memfiles import AgentWorkspace
+from support.memfiles import AgentWorkspace, append_entry
 from support.openai_server import SUMMARY_PREFIX, OpenAITestServer, echo_summary, openai_server
 
 from memd.compaction import CompactionOptions, compact_agent
 from memd.core import memfile
 from memd.core.chunking import Window
-from memd.core.config import SummarizerConfig
+from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.core.plan import plan_compaction
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
@@ -651,3 +651,64 @@ def test_compaction_sends_the_chunks_the_core_plans(
         recent_tokens > 0,
     )
     assert budget.previous_inline == (previous_words < 900)
+
+
+@pytest.mark.parametrize(
+    "model", ["replicate/meta/meta-llama-3-8b-instruct", "sagemaker/summarizer"]
+)
+def test_a_provider_that_ignores_api_base_is_not_trusted_as_local(
+    agent_ws: AgentWorkspace, monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    # Review 14f, F7: locality was judged on api_base alone, which these providers
+    # ignore: the prompt went to their cloud unredacted.
+    import httpx
+
+    from memd.core.privacy import is_local_host
+
+    # Where requests really go: every HTTP request litellm makes is recorded, and
+    # one to a host that is not this machine is refused before it leaves.
+    remote_bodies: list[str] = []
+    real = httpx.HTTPTransport.handle_request
+
+    def recording(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        if not is_local_host(request.url.host):
+            remote_bodies.append(request.read().decode("utf-8", "replace"))
+            raise httpx.ConnectError("refused by the test", request=request)
+        return real(self, request)
+
+    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", recording)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-only")
+    monkeypatch.setenv("AWS_REGION_NAME", "eu-west-1")
+    monkeypatch.setenv("REPLICATE_API_KEY", "r8_test")
+    token = "ghp_" + "Zq7Lw2Xv9Tn4Rb8Kc1Md6Fp3Hs5Jg0Ay2Ue"
+    paths = agent_ws.create_agent("far")
+    append_entry(paths.memory, "Human", f"Use GITHUB_TOKEN {token} for the release job.")
+    for index in range(4):
+        append_entry(paths.memory, "AI", f"Padding turn {index} about the release checklist.")
+    with OpenAITestServer() as server:
+        # The operator names a local address; default privacy: local = unredacted.
+        summarizer = SummarizerConfig(
+            model=model,
+            api_base=server.api_base,
+            api_key=SecretStr("sk-test-5f3a9c"),
+            timeout_s=5,
+            retries=0,
+            max_tokens=2000,
+            context_length=32_000,
+        )
+        config = MemdConfig(summarizer=summarizer, privacy=PrivacyConfig())
+        base = CompactionOptions.from_config(config, redaction_key=b"k" * 32)
+        options = CompactionOptions(
+            lock_wait_s=5,
+            drain_quiet_s=0.05,
+            drain_max_s=2,
+            summary_max_tokens=2000,
+            require_shrink=False,
+            privacy=base.privacy,
+        )
+        with pytest.raises(Exception):  # the remote call is refused by the recorder
+            compact_agent(paths, LiteLLMSummarizer(summarizer), options)
+        local_requests = len(server.requests)
+    assert remote_bodies, f"{model}: no request left for a remote host ({local_requests} local)"
+    assert not [body for body in remote_bodies if token in body]

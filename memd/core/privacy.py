@@ -38,6 +38,25 @@ BUILTIN_MODEL: Final = "builtin"
 # litellm providers that talk to a server on this machine when no api_base is
 # given (Ollama's default is http://localhost:11434).
 _LOCAL_BY_DEFAULT_PREFIXES: Final = ("ollama/", "ollama_chat/")
+# litellm providers that send a summary request to the api_base they are given
+# (each checked against litellm 1.110 with a recording transport).  Others may
+# ignore it (replicate/ and sagemaker/ post to their cloud whatever it says), so a
+# local api_base makes only these local: an unknown provider counts as remote.
+_API_BASE_PROVIDERS: Final = frozenset(
+    {
+        "anthropic",
+        "azure",
+        "custom_openai",
+        "hosted_vllm",
+        "litellm_proxy",
+        "llamafile",
+        "lm_studio",
+        "ollama",
+        "ollama_chat",
+        "openai",
+        "text-completion-openai",
+    }
+)
 _UNIX_SCHEMES: Final = frozenset({"unix", "http+unix", "https+unix"})
 _LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 HASH_CHARS: Final = 6
@@ -88,12 +107,17 @@ def is_local_host(host: str, local_hosts: Sequence[str] = ()) -> bool:
 
 
 def is_local_summarizer(model: str, api_base: str, local_hosts: Sequence[str] = ()) -> bool:
-    """``builtin``; an ``api_base`` on loopback, a unix socket or ``local_hosts``;
-    ``ollama/*`` with no ``api_base``. Everything else is remote."""
+    """``builtin``; an ``api_base`` on loopback, a unix socket or ``local_hosts``
+    for a provider known to honour it (a bare model name is judged by its
+    ``api_base`` alone, as before); ``ollama/*`` with no ``api_base``. Everything
+    else is remote."""
     name = model.strip().lower()
     if name == BUILTIN_MODEL:
         return True
     if api_base.strip():
+        provider, slash, _rest = name.partition("/")
+        if slash and provider not in _API_BASE_PROVIDERS:
+            return False
         host = endpoint_host(api_base)
         return host is None or (bool(host) and is_local_host(host, local_hosts))
     return name.startswith(_LOCAL_BY_DEFAULT_PREFIXES)

@@ -47,6 +47,14 @@ OTHER_KEY = b"o" * 32
         ("openai/x", "http://127.0.0.1.evil.example:80", False),
         ("openai/x", "http://localhost.evil.example", False),
         ("openai/x", "http://user:pw@127.0.0.1@evil.example", False),
+        # Providers that ignore api_base post to their cloud whatever it says.
+        ("replicate/meta/meta-llama-3-8b-instruct", "http://127.0.0.1:8000", False),
+        ("sagemaker/summarizer", "http://127.0.0.1:8000", False),
+        ("bedrock/anthropic.claude-v2", "http://localhost:8000", False),
+        ("hosted_vllm/qwen2", "http://127.0.0.1:8000/v1", True),
+        ("anthropic/claude-haiku-4-5", "http://127.0.0.1:8080", True),
+        ("ollama_chat/qwen2", "http://[::1]:11434", True),
+        ("gpt-4o-mini", "http://127.0.0.1:8000/v1", True),
     ],
 )
 def test_what_counts_as_local(model: str, api_base: str, local: bool) -> None:
