@@ -365,7 +365,9 @@ class ProvidedSummary:
         return "provided"
 
     def summarize(self, request: SummaryRequest) -> SummaryResult:
-        return SummaryResult(text=self._text, model="provided")
+        # The operator's own text, not made from the material: the reply scan's
+        # patterns apply to it, the search of a 200 MB snapshot for values not.
+        return SummaryResult(text=self._text, model="provided", given_as_written=False)
 
 
 @dataclass(slots=True)
@@ -743,12 +745,18 @@ class _Transaction:
         # Every reply is scanned before it is written, local models and an
         # operator's --summary included, and the pinned facts with it: a
         # credential never lands in MEMORY.md (an echoed one, or one a local
-        # model copied). The block only, not the snapshot: cheap at any size.
+        # model copied). The patterns run on the block only: cheap at any size.
         scan = self.privacy.for_reply(pii=result.redacted_pii)
         # And any credential value of the summarized material the reply repeats,
-        # however it is formatted there (`…`, **…**, a table): a local model is
-        # sent the material as written, and models write Markdown.
-        material_secrets = scan.values_in(prefix.render().decode("utf-8", "surrogateescape"))
+        # however it is formatted there (`…`, **…**, a table): models write
+        # Markdown. Only for a summarizer given the material as written (a local
+        # model): the material is scanned for them, ~3 MB/s; one that saw
+        # placeholders cannot repeat a value.
+        material_secrets = (
+            scan.values_in(prefix.render().decode("utf-8", "surrogateescape"))
+            if result.given_as_written
+            else ()
+        )
         scrubbed = scan.redact(result.text.strip(), material_secrets)
         self.reply_redacted = scrubbed.count
         body = scrubbed.text

@@ -453,6 +453,7 @@ class LiteLLMSummarizer:
             calls=outbound.sent,  # every request, re-asks and retries included
             redacted=outbound.replaced,
             redacted_pii=outbound.redactor is not None and outbound.redactor.pii,
+            given_as_written=outbound.redactor is None,
         )
 
     def _completion_kwargs(self, messages: list[ChatMessage], max_tokens: int) -> dict[str, Any]:

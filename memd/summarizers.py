@@ -48,7 +48,11 @@ class BuiltinSummarizer:
                 f"(summary budget {request.max_tokens} tokens)"
             )
         return SummaryResult(
-            text=text, model=BUILTIN_MODEL, cost_usd=0.0, output_tokens=self._count_text(text)
+            text=text,
+            model=BUILTIN_MODEL,
+            cost_usd=0.0,
+            output_tokens=self._count_text(text),
+            given_as_written=False,  # it read the document redacted, whole
         )
 
 

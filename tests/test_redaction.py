@@ -478,3 +478,39 @@ def test_a_reply_repeating_a_summarized_credential_in_a_table_never_writes_it(
     summary = memory[memory.index("[Compressed Memory Summary]") :]
     assert DB_PASSWORD not in summary.split("\n---\n")[0]
     assert outcome.reply_redacted >= 1
+
+
+@pytest.mark.parametrize("given_as_written", [True, False])
+def test_the_material_is_searched_for_credential_values_only_when_the_summarizer_saw_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given_as_written: bool
+) -> None:
+    # A summarizer that saw placeholders only (a remote model, the builtin one)
+    # cannot repeat a value: the material is not scanned for them (~3 MB/s, a
+    # whole second on a 10 MB compaction); one given it as written is.
+    from memd.core.privacy import Redactor
+    from memd.core.summary import SummaryRequest, SummaryResult
+
+    class Summarizer:
+        model = "stand-in"
+
+        def summarize(self, request: SummaryRequest) -> SummaryResult:
+            return SummaryResult(
+                text="Decisions: ship memd; the user prefers tea. " * 4,
+                model="stand-in",
+                given_as_written=given_as_written,
+            )
+
+    searched: list[int] = []
+    real_values_in = Redactor.values_in
+
+    def values_in(self: Redactor, text: str) -> tuple[tuple[str, str], ...]:
+        searched.append(len(text))
+        return real_values_in(self, text)
+
+    monkeypatch.setattr(Redactor, "values_in", values_in)
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha", entries=6)
+    compact_agent(
+        paths, Summarizer(), CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2)
+    )
+    assert bool(searched) == given_as_written

@@ -38,6 +38,12 @@ class SummaryResult:
     # once per piece of text, however many requests carried it).
     redacted: int = 0
     redacted_pii: bool = False  # personal data was redacted on the way out
+    # Whether the summarizer was given the material as written, credentials
+    # included (a local model): the transaction then also searches the reply for
+    # each credential value found in the material, however the reply formats it.
+    # False when it saw only placeholders (a remote model, the builtin
+    # summarizer): that search would cost a scan of the material for nothing.
+    given_as_written: bool = True
 
 
 class Summarizer(Protocol):
