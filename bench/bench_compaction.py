@@ -110,7 +110,7 @@ for _name in ("pins_of_entries", "covered_keys", "carried_pins"):
 REDACTION.wrap(Redactor, "redact")  # the reply and its pinned facts, before writing
 # The search of the summarized material for credential values the reply may repeat
 # (a summarizer given the material as written, as this stand-in says it is).
-REDACTION.wrap(Redactor, "values_in")
+REDACTION.wrap(Redactor, "values_in_document")
 
 
 def make_memory(path: Path, size: int, *, append: bool = False) -> None:

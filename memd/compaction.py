@@ -752,11 +752,7 @@ class _Transaction:
         # Markdown. Only for a summarizer given the material as written (a local
         # model): the material is scanned for them, ~3 MB/s; one that saw
         # placeholders cannot repeat a value.
-        material_secrets = (
-            scan.values_in(prefix.render().decode("utf-8", "surrogateescape"))
-            if result.given_as_written
-            else ()
-        )
+        material_secrets = scan.values_in_document(prefix) if result.given_as_written else ()
         scrubbed = scan.redact(result.text.strip(), material_secrets)
         self.reply_redacted = scrubbed.count
         body = scrubbed.text

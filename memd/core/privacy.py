@@ -190,6 +190,11 @@ class Redactor:
             text = pattern.sub(replace, text)
         return Redaction(text, dict(kinds)) if kinds else Redaction(text)
 
+    def values_in_document(self, document: MemoryDocument) -> tuple[tuple[str, str], ...]:
+        """:meth:`values_in` the whole of ``document`` (rendered and decoded here:
+        at 10 MB that alone is tens of milliseconds of the search's cost)."""
+        return self.values_in(document.render().decode("utf-8", "surrogateescape"))
+
     def values_in(self, text: str) -> tuple[tuple[str, str], ...]:
         """(kind, value) of each secret in ``text`` (the material a summary is made
         of): a model may repeat one in a form the detector does not read as one
