@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.cli.common import load, open_audit, open_state, redaction_key
+from memd.cli.common import (
+    as_owner_of,
+    load,
+    open_audit,
+    open_state,
+    redaction_key,
+    state_dir_of,
+)
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
 from memd.errors import ConfigError, MemdError, NothingToCompact
@@ -73,6 +80,7 @@ def compact_now(
 
     from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
     from memd.core.config import resolve_policy
+    from memd.core.secrets import find_secrets
     from memd.descriptor import declared_window
     from memd.modelinfo import context_length_for_model
     from memd.summarizers import make_summarizer
@@ -127,6 +135,13 @@ def compact_now(
     index_archive = archive_indexer(loaded, state_dir)
     audit = open_audit(loaded, state_dir)
     after_prune = prune_follow_up(loaded, state_dir, None, "compaction")
+    directory = state_dir_of(loaded, state_dir)
+    # Loaded now, as this user: a root CLI compacts as the state dir's owner
+    # (below), who may not be able to read this Python's files (a root
+    # `pip install --user`), and the compaction imports the tokenizer and the
+    # secret detector lazily (the reply is always scanned).
+    counter.warm()
+    find_secrets("warm up")
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = 0
@@ -159,13 +174,19 @@ def compact_now(
                 )
                 if wait is not None:
                     options = dataclasses.replace(options, lock_wait_s=wait)
-                outcome = compact_agent(
-                    paths,
-                    summarizer,
-                    options,
-                    count_bytes=counter.count_bytes,
-                    manual=summary is not None,
-                )
+                # A root CLI acts on the agent's files as memd (the state dir's owner)
+                # does, as `forget` and `prune` do: the .memd/ it finds is memd's, and it
+                # leaves no root-owned .memd/, lock, journal or archive that would lock
+                # the daemon's user out of this agent. (The follow-ups below open the
+                # index, ledger and audit log as that owner themselves.)
+                with as_owner_of(directory):
+                    outcome = compact_agent(
+                        paths,
+                        summarizer,
+                        options,
+                        count_bytes=counter.count_bytes,
+                        manual=summary is not None,
+                    )
             except NothingToCompact as exc:
                 out.print(f"{name}: {str(exc).split(': ', 1)[-1]}", markup=False, highlight=False)
             except MemdError as exc:

@@ -21,7 +21,11 @@ def test_root_cli_leaves_no_root_owned_files_in_the_daemons_state_dir() -> None:
         ws.create_agent("alpha", entries=12)
         state = base / "state"
         state.mkdir(mode=0o700)
-        os.chown(state, NOBODY, NOBODY)  # the daemon's user owns its state dir
+        # The daemon's user owns its state dir and the agents' files (a root
+        # compact-now acts as that user: it could not compact a root-owned agent).
+        for root, dirs, files in os.walk(base):
+            for name in [*dirs, *files]:
+                os.chown(os.path.join(root, name), NOBODY, NOBODY)
         common = ["--workspace", str(ws.root), "--state-dir", str(state)]
         for args in (["status"], ["compact-now", "alpha"], ["history", "alpha"]):
             result = subprocess.run(

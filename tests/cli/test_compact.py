@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
+from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.core.memfile import parse
 from memd.core.summary_block import parse_summary
@@ -295,3 +296,43 @@ def test_the_newest_turns_stay_verbatim_by_default(ws: AgentWorkspace, tmp_path:
     assert again.returncode == 0, again.stderr
     assert "nothing to compact" in again.stdout and "kept verbatim" in again.stdout
     assert len(list(paths.archive_dir.iterdir())) == 1
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root to hand files to another uid")
+def test_root_compact_now_leaves_no_root_owned_file_that_locks_the_daemon_out() -> None:
+    """The daemon and the agents' files belong to memd's user; the operator runs
+    ``sudo memd compact-now AGENT``. Like ``forget`` and ``prune`` it acts as the
+    state dir's owner: a root-owned .memd/ (0700), lock, journal or archive/ would
+    leave the daemon unable to take that agent's lock (review 14e, F1)."""
+    with reachable_tmp("memd-compact-root-") as base:
+        ws = AgentWorkspace(base / "ws")
+        paths = ws.create_agent("alpha", entries=2)
+        state = base / "state"
+        state.mkdir(mode=0o700)
+        for root, dirs, files in os.walk(base):
+            for name in [*dirs, *files]:
+                os.chown(os.path.join(root, name), NOBODY, NOBODY)
+        result = memd(
+            "compact-now", "alpha", "--summary", "the summary",
+            "--workspace", str(ws.root), "--state-dir", str(state),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        # The daemon, as memd's user, takes the agent's compaction lock:
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import fcntl, os, sys\n"
+                f"os.setegid({NOBODY}); os.seteuid({NOBODY})\n"
+                "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n",
+                str(paths.private_dir / "lock"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert probe.returncode == 0, probe.stderr
+        root_owned = [str(p) for p in paths.dir.rglob("*") if p.stat().st_uid == 0]
+        assert root_owned == []
