@@ -66,7 +66,10 @@ MAX_INDEX_BYTES = 64 << 20
 
 _log = logging.getLogger("memd.recall")
 _T = TypeVar("_T")
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+# O_NONBLOCK: a FIFO an agent put where its MEMORY.md goes would block open()
+# for good (a CLI hung, one of the daemon's recall client slots held forever);
+# opened without waiting, it is refused by the S_ISREG check in _read_file.
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 _SCHEMA = (
     "CREATE TABLE recall_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",

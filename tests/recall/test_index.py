@@ -402,3 +402,25 @@ def test_an_archive_pruned_by_another_process_while_it_is_indexed_leaves_no_rows
         assert pruner.search("alpha", "quillwort") == []
         assert indexer.sync_agent(paths, live=False).removed == []  # nothing left over
     assert b"quillwort" not in _db_bytes(state_dir, ws)
+
+
+def test_recall_of_an_agent_whose_memory_md_is_a_fifo_does_not_hang(tmp_path: Path) -> None:
+    """An agent (untrusted, it owns its folder) puts a FIFO where MEMORY.md goes.
+    ``memd recall`` must answer (or refuse in one line), not block forever in
+    open(). The same open serves the daemon's recall socket: each query for that
+    agent would hold one of its client slots for good (review 14e, F3)."""
+    folder = tmp_path / "ws" / "agents" / "fifo"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "MEMORY.md")
+    args = ["recall", "fifo", "hello", "--workspace", str(tmp_path / "ws")]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "memd", *args, "--state-dir", str(tmp_path / "st")],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("memd recall blocked on a FIFO MEMORY.md")
+    assert "Traceback" not in proc.stderr
