@@ -497,10 +497,15 @@ def _request_check(summarizer: SummarizerConfig, probe: Prober) -> Check:
 
 
 def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
+    from memd.fsutil import as_owner_of
     from memd.state import NewerStateDB, StateStore
 
     try:
-        store = StateStore.open(state_dir, workspace)
+        # As the state dir's owner (the daemon's user, when root runs doctor):
+        # the DB and lock it creates before the first start must be ones the
+        # daemon can open, and the check then answers for that user.
+        with as_owner_of(state_dir):
+            store = StateStore.open(state_dir, workspace)
     except NewerStateDB as exc:
         return [_fail("state dir", str(exc), "run the newer memd that wrote it")]
     with store:

@@ -344,3 +344,29 @@ def filesystem_of(path: Path, mounts_file: Path = Path("/proc/self/mounts")) -> 
     except OSError:
         return None
     return None if found is None else found[1]
+
+
+@contextlib.contextmanager
+def as_owner_of(directory: Path) -> Iterator[None]:
+    """Run as the owner of ``directory`` when root and it belongs to another user.
+
+    A root CLI (compact-now, forget, status, doctor) opening the daemon's state DB
+    must not leave a root-owned database, lock, ``-wal`` or ``-shm`` file there
+    that the daemon's user then cannot open: files SQLite creates while the DB is
+    opened belong to the state dir's owner. The effective ids are put back after.
+    Here, not in the CLI, so that :mod:`memd.doctor` uses the same one.
+    """
+    try:
+        owner = os.stat(directory)
+    except OSError:
+        owner = None
+    if os.geteuid() != 0 or owner is None or owner.st_uid == 0:
+        yield
+        return
+    os.setegid(owner.st_gid)
+    os.seteuid(owner.st_uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)

@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.doctor import (
@@ -344,3 +347,50 @@ def test_archive_data_keys_are_checked_against_each_agents_archives(tmp_path: Pa
     [_, keys] = check_archive_key(privacy, ws.root)
     assert keys.status == "fail" and "1 of 2 encrypted archive(s) were not sealed" in keys.message
     assert "beta" not in keys.message
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root to hand the state dir to another uid")
+def test_root_doctor_leaves_no_root_owned_file_in_the_daemons_state_dir() -> None:
+    """systemd's StateDirectory= hands the state dir to memd's user; the operator
+    runs ``sudo memd doctor`` before the first start. The DB, its lock file (and
+    any -wal/-shm) must belong to the state dir's owner, as every other root CLI
+    command leaves them (``as_owner_of``): else the daemon, as its user, cannot
+    open its state DB and runs on a temporary in-memory one (review 14e, F2)."""
+    with reachable_tmp("memd-doctor-") as base:
+        agent = base / "ws" / "agents" / "alpha"
+        agent.mkdir(parents=True)
+        (agent / "MEMORY.md").write_text("### user — 2026-01-01T00:00:01\n\nhello\n\n---\n\n")
+        state = base / "st"
+        state.mkdir(mode=0o700)
+        os.chown(state, NOBODY, NOBODY)
+        args = ["--offline", "--workspace", str(base / "ws"), "--state-dir", str(state)]
+        subprocess.run(
+            [sys.executable, "-m", "memd", "doctor", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        owners = {p.name: p.stat().st_uid for p in state.iterdir()}
+        assert owners  # doctor did open (create) the state DB
+        # What the daemon, as the state dir's owner, then sees:
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import os, sys\n"
+                "from pathlib import Path\n"
+                "from memd.state import StateStore\n"
+                f"os.setegid({NOBODY}); os.seteuid({NOBODY})\n"
+                "store = StateStore.open(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+                "print(store.path)\n",
+                str(state),
+                str(base / "ws"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert probe.stdout.strip() != "None", probe.stderr  # the daemon's DB opens
+        assert set(owners.values()) == {NOBODY}, owners

@@ -11,17 +11,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.cli.common import (
-    as_owner_of,
-    load,
-    open_audit,
-    open_state,
-    redaction_key,
-    state_dir_of,
-)
+from memd.cli.common import load, open_audit, open_state, redaction_key, state_dir_of
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
 from memd.errors import ConfigError, MemdError, NothingToCompact
+from memd.fsutil import as_owner_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable

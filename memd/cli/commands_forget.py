@@ -50,14 +50,14 @@ import typer
 from memd.agentdir import AgentDir
 from memd.archive_crypto import destroy_data_key
 from memd.audit import AuditLog
-from memd.cli.common import as_owner_of, load, open_audit, open_state, state_dir_of
+from memd.cli.common import load, open_audit, open_state, state_dir_of
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
 from memd.core.erasure import compile_pattern
 from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
 from memd.errors import MemdError, UnknownAgent, WorkspaceError, describe_error
-from memd.fsutil import AgentLock
+from memd.fsutil import AgentLock, as_owner_of
 from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.settings import LoadedConfig
 from memd.state import StateError, StateStore, erase_from_corrupt_copies

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memd.cli.common import as_owner_of, load, open_audit, size_text, state_dir_of
+from memd.cli.common import load, open_audit, size_text, state_dir_of
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import prune_follow_up
 from memd.core.config import resolve_retention
 from memd.errors import MemdError, describe_error
+from memd.fsutil import as_owner_of
 
 if TYPE_CHECKING:
     from memd.retention import PruneResult

@@ -7,16 +7,14 @@ here imports Typer: ``memd status`` runs without it (:mod:`memd.cli.status_argv`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from memd.errors import ConfigError
+from memd.fsutil import as_owner_of
 from memd.pointer import PointerRefused, read_pointer
 from memd.settings import (
     LoadedConfig,
@@ -64,31 +62,6 @@ def load(
         except ConfigError as exc:
             warn(f"the daemon's settings named by {pointer.path} are not used: {exc}")
     return dataclasses.replace(loaded, pointer=pointer)
-
-
-@contextlib.contextmanager
-def as_owner_of(directory: Path) -> Iterator[None]:
-    """Run as the owner of ``directory`` when root and it belongs to another user.
-
-    A root CLI (compact-now, forget, status) opening the daemon's state DB must
-    not leave a root-owned database, lock, ``-wal`` or ``-shm`` file there that
-    the daemon's user then cannot open: files SQLite creates while the DB is
-    opened belong to the state dir's owner. The effective ids are put back after.
-    """
-    try:
-        owner = os.stat(directory)
-    except OSError:
-        owner = None
-    if os.geteuid() != 0 or owner is None or owner.st_uid == 0:
-        yield
-        return
-    os.setegid(owner.st_gid)
-    os.seteuid(owner.st_uid)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
 
 
 def state_dir_of(loaded: LoadedConfig, flag: Path | None) -> Path:

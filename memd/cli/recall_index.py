@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memd.cli.common import as_owner_of, state_dir_of
+from memd.cli.common import state_dir_of
 from memd.errors import MemdError
+from memd.fsutil import as_owner_of
 from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.settings import LoadedConfig
 from memd.workspace import AgentPaths
