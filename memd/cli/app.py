@@ -80,6 +80,8 @@ def __getattr__(name: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     only = args[0] if args and args[0] in COMMANDS else None
+    if only != "run":  # the daemon configures its own logging (format, level, reloads)
+        _log_warnings_to_stderr()
     try:
         if only == "status":
             from memd.cli.status_argv import run_status
@@ -93,3 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code or 0)
+
+
+def _log_warnings_to_stderr() -> None:
+    """Warnings a command logs (the audit log cannot be written, a bad memd-agent.json)
+    go to stderr, one line each: unconfigured, structlog prints every level to
+    stdout, into the command's output or the middle of its ``--json``."""
+    from memd.logs import configure_logging
+
+    configure_logging("console", "warning", sys.stderr)

@@ -1,0 +1,61 @@
+"""The CLI's entry point (``memd.cli.app.main``), run as users run it (a
+``python -m memd`` subprocess): logging configured for every command but ``run``,
+and the last line of defence that keeps tracebacks from users."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ENTRY = "### user — 2026-01-01T00:00:01\n\nhello {name}\n\n---\n\n"
+
+
+def memd(*args: str, state_dir: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        env={**env, "MEMD_STATE_DIR": str(state_dir)},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def make_agent(ws: Path, name: str) -> Path:
+    folder = ws / "agents" / name
+    folder.mkdir(parents=True)
+    (folder / "MEMORY.md").write_text(ENTRY.format(name=name))
+    return folder
+
+
+def test_prune_json_stays_valid_json_when_the_audit_log_cannot_be_written(tmp_path: Path) -> None:
+    """The audit log beside the state DB cannot be written (here: a folder at its
+    name; also a full disk, or a CLI user who may not write it): the audit's
+    warning must go to stderr, not into the JSON on stdout (review 14e, F4)."""
+    ws = tmp_path / "ws"
+    folder = make_agent(ws, "alpha")
+    archive = folder / "archive"
+    archive.mkdir()
+    for day in (1, 2, 3):
+        (archive / f"history_2026-01-0{day}_00-00-00.md").write_text(ENTRY.format(name=day))
+    state = tmp_path / "st"
+    # Find the audit log's name (the workspace digest) from a first run, then block it.
+    memd("status", "--workspace", str(ws), state_dir=state, cwd=tmp_path)
+    digests = {p.name.split(".")[0] for p in state.iterdir()}
+    assert len(digests) == 1
+    (state / f"{digests.pop()}.audit.jsonl").mkdir()
+    config = tmp_path / "memd.toml"
+    config.write_text("[retention]\nmax_archives = 1\n")
+    proc = memd(
+        "prune", "--workspace", str(ws), "--config", str(config), "--json",
+        state_dir=state, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(archive.iterdir())) == 1  # the prune did happen
+    json.loads(proc.stdout)
+    assert "cannot write the audit log" in proc.stderr
