@@ -239,10 +239,21 @@ def forget(
         _forget_state(report, store, paths)
         _forget_recall(report, recall)
         return report
-    # The lock file lives in .memd/: create the folder so the lock can be taken
-    # even for an agent memd has never compacted.
-    paths.private_dir.mkdir(mode=0o700, exist_ok=True)
-    with AgentLock(paths.lock, paths.agent).held(wait_s):
+    with contextlib.ExitStack() as locked:
+        try:
+            # The lock file lives in .memd/: create the folder so the lock can be
+            # taken even for an agent memd has never compacted. Either can fail
+            # (.memd a file, a folder memd's user may not write, a read-only fs):
+            # one line, and nothing was erased yet.
+            paths.private_dir.mkdir(mode=0o700, exist_ok=True)
+            locked.enter_context(AgentLock(paths.lock, paths.agent).held(wait_s))
+        except MemdError:  # a lock timeout (exit 4) says its own line
+            raise
+        except OSError as exc:
+            raise WorkspaceError(
+                f"agent {paths.agent!r}: cannot take its lock: {describe_error(exc)}; "
+                "nothing was erased"
+            ) from None
         try:
             report = erase_agent_files(paths)
         except OSError as exc:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from support.cli import run
 from support.daemon_proc import DaemonProcess, wait_until
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
+from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.audit import audit_path, read_audit
 from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore, state_db_path
@@ -327,3 +329,64 @@ def test_a_symlinked_memory_file_is_erased_with_its_target(
     code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
     assert code == 0, err
     assert not real.exists() and not paths.memory.is_symlink()
+
+
+ONE_ENTRY = "### user — 2026-01-01T00:00:01\n\nhello alpha\n\n---\n\n"
+
+
+def _forget_subprocess(ws: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memd",
+            "forget",
+            "alpha",
+            "--yes",
+            "--workspace",
+            str(ws),
+            "--state-dir",
+            str(state),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("memd: error:")]
+    assert len(errors) == 1, proc.stderr
+
+
+def test_forget_of_an_agent_whose_dot_memd_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    """mkdir .memd/ fails (FileExistsError): one line, nothing erased (review 14e, F5)."""
+    folder = tmp_path / "ws" / "agents" / "alpha"
+    folder.mkdir(parents=True)
+    (folder / "MEMORY.md").write_text(ONE_ENTRY)
+    (folder / ".memd").write_text("not a folder")
+    proc = _forget_subprocess(tmp_path / "ws", tmp_path / "st")
+    _one_line_error(proc)
+    assert (folder / "MEMORY.md").read_text() == ONE_ENTRY
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root to hand the state dir to another uid")
+def test_root_forget_with_a_state_dir_of_another_uid_is_a_one_line_error() -> None:
+    """The daemon runs as its own user (its state dir); the operator runs
+    ``sudo memd forget AGENT --yes`` on an agent memd never compacted, whose
+    folder that user cannot write: the CLI acts as the state dir's owner
+    (``as_owner_of``) and the mkdir of .memd/ fails (review 14e, F5)."""
+    with reachable_tmp("memd-forget-") as base:
+        folder = base / "ws" / "agents" / "alpha"
+        folder.mkdir(parents=True)
+        (folder / "MEMORY.md").write_text(ONE_ENTRY)
+        state = base / "st"
+        state.mkdir(mode=0o700)
+        os.chown(state, NOBODY, NOBODY)
+        proc = _forget_subprocess(base / "ws", state)
+        assert "state DB" not in proc.stderr  # the daemon's state DB opened (as its owner)
+        _one_line_error(proc)
+        assert (folder / "MEMORY.md").exists()
