@@ -38,7 +38,7 @@ from memd.core.audit import (
     parse_log,
 )
 from memd.core.privacy import is_local_summarizer
-from memd.errors import NotARegularFile, describe_error
+from memd.errors import MemdError, NotARegularFile, describe_error
 from memd.fsutil import read_to_end
 from memd.logs import get_logger
 from memd.state import state_db_path
@@ -269,15 +269,24 @@ def _ensure_private_dir(directory: Path) -> None:
 
 
 def read_audit(path: Path) -> AuditContents:
-    """Every record in the log (none when it does not exist yet)."""
+    """Every record in the log (none when it does not exist yet).
+
+    A log that cannot be read (a state dir that is a file, or one this user
+    may not enter: memd's is 0700) is a MemdError, one line for the operator.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return AuditContents(())
+    except OSError as exc:
+        raise MemdError(f"audit log {path}: {describe_error(exc, with_file=False)}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise NotARegularFile(errno.EINVAL, "not a regular file", str(path))
-        data = read_to_end(fd)
+        try:
+            data = read_to_end(fd)
+        except OSError as exc:
+            raise MemdError(f"audit log {path}: {describe_error(exc, with_file=False)}") from None
     finally:
         os.close(fd)
     return parse_log(data)

@@ -6,6 +6,8 @@ import json
 import multiprocessing
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,28 @@ def test_a_log_moved_aside_is_followed_by_a_new_one(tmp_path: Path) -> None:
     log.record(AuditEvent.PRUNE, "alpha", archives=2)
     assert [r.fields["archives"] for r in read_audit(log.path).records] == [2]
     assert stat.S_IMODE(log.path.stat().st_mode) == 0o600
+
+
+def test_audit_with_a_state_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    """``memd audit`` against a state dir it cannot read (a file here; a
+    non-root operator and memd's 0700 state dir): one line, no traceback, with
+    and without --json (review 14e, F7)."""
+    agent = tmp_path / "ws" / "agents" / "alpha"
+    agent.mkdir(parents=True)
+    (agent / "MEMORY.md").write_text("### user — 2026-01-01T00:00:01\n\nhello\n\n---\n\n")
+    not_a_dir = tmp_path / "state-file"
+    not_a_dir.write_text("x")
+    for extra in ([], ["--json"]):
+        args = ["audit", "--workspace", str(tmp_path / "ws"), "--state-dir", str(not_a_dir)]
+        proc = subprocess.run(
+            [sys.executable, "-m", "memd", *args, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode != 0
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("memd: error:")]
+        assert len(errors) == 1, proc.stderr
+        assert proc.stdout == ""
