@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from memd.core.config import MemdConfig, resolve_policy
 from memd.core.summary_plan import BudgetError
-from memd.errors import ConfigError
+from memd.errors import ConfigError, describe_error
 from memd.pointer import StatePointer
 
 SYSTEM_CONFIG = Path("/etc/memd/memd.toml")
@@ -178,6 +178,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path}: not valid UTF-8") from None
+    except OSError as exc:  # a name too long for the OS, an I/O error...
+        raise ConfigError(f"config file {path}: {describe_error(exc, with_file=False)}") from None
 
 
 def _env_overrides(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import NamedTuple
 from memd.core.descriptor import DESCRIPTOR_NAME
 from memd.core.names import is_valid_agent_name, validate_agent_name
 from memd.core.retention import is_archive_name
-from memd.errors import UnknownAgent, WorkspaceError
+from memd.errors import UnknownAgent, WorkspaceError, describe_error
 
 AGENTS_DIR = "agents"
 MEMORY_FILE = "MEMORY.md"
@@ -153,9 +154,17 @@ class AgentPaths:
 
 
 def require_workspace(workspace: Path) -> Path:
-    if not workspace.exists():
-        raise WorkspaceError(f"workspace {workspace} does not exist")
-    if not workspace.is_dir():
+    try:
+        # stat, not exists(): exists() hides only "no such file"; a name too long
+        # for the OS or a folder this user may not enter must still be one line.
+        found = workspace.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise WorkspaceError(f"workspace {workspace} does not exist") from None
+    except OSError as exc:
+        raise WorkspaceError(
+            f"workspace {workspace}: {describe_error(exc, with_file=False)}"
+        ) from None
+    if not stat.S_ISDIR(found.st_mode):
         raise WorkspaceError(f"workspace {workspace} is not a directory")
     return workspace
 

@@ -15,10 +15,12 @@ the plain forms of ``memd status`` and ``memd run`` do not even import Typer
 from __future__ import annotations
 
 import importlib
+import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 
 if TYPE_CHECKING:
     import typer
@@ -95,6 +97,15 @@ def main(argv: list[str] | None = None) -> None:
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code or 0)
+    except (OSError, ValueError) as exc:
+        # The last line of defence: an error the OS or the standard library gave
+        # where no command turned it into its own line (a path too long for the
+        # OS, an unreadable file...) is still one line, never a traceback. Where
+        # it came from stays visible in the debug log (MEMD_LOG_LEVEL=debug).
+        # stdlib logging: silent until a command configured it (never on stdout).
+        logging.getLogger("memd.cli").debug("unexpected error", exc_info=True)
+        print(f"memd: error: {describe_error(exc)}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _log_warnings_to_stderr() -> None:
@@ -103,4 +114,7 @@ def _log_warnings_to_stderr() -> None:
     stdout, into the command's output or the middle of its ``--json``."""
     from memd.logs import configure_logging
 
-    configure_logging("console", "warning", sys.stderr)
+    # MEMD_LOG_LEVEL=debug ([log] level) shows a command's debug lines too, such
+    # as where an unexpected error came from (see main).
+    debug = os.environ.get("MEMD_LOG_LEVEL", "").strip().lower() == "debug"
+    configure_logging("console", "debug" if debug else "warning", sys.stderr)

@@ -12,9 +12,16 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+)
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
 from memd.core.retention import NO_LIMITS, RetentionLimits
@@ -25,6 +32,18 @@ from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES
 # be stored in the state database (the daemon would then never compact).
 MAX_CONTEXT_TOKENS = 100_000_000
 _DAY_S = 86_400.0
+
+
+def _no_nul(value: str) -> str:
+    # The OS refuses a path holding a NUL byte, with a bare "embedded null byte"
+    # ValueError far from the config: refused here, where the error names the key.
+    if "\x00" in value:
+        raise ValueError("a path cannot contain a NUL byte")
+    return value
+
+
+# A path key's text (workspace, state_dir, privacy.key_file, recall.socket).
+PathText = Annotated[str, AfterValidator(_no_nul)]
 
 
 class _Section(BaseModel):
@@ -129,7 +148,7 @@ class MetricsConfig(_Section):
 
 
 class RecallConfig(_Section):
-    socket: str = Field(
+    socket: PathText = Field(
         "",
         description='agents\' recall socket: "" = <workspace>/.memd-recall.sock, "off" = none',
     )
@@ -182,7 +201,7 @@ class PrivacyConfig(_Section):
         False, description="write archives as authenticated ciphertext (history_<ts>.md.enc)"
     )
     # A path, never the key: the key file is made by `memd archive keygen FILE`.
-    key_file: str = Field("", description="master key file (also MEMD_PRIVACY_KEY_FILE)")
+    key_file: PathText = Field("", description="master key file (also MEMD_PRIVACY_KEY_FILE)")
 
     @field_validator("redact_pii", mode="before")
     @classmethod
@@ -263,8 +282,8 @@ class AgentOverride(_Section):
 
 
 class MemdConfig(_Section):
-    workspace: str = ""
-    state_dir: str = ""
+    workspace: PathText = ""
+    state_dir: PathText = ""
     trigger: TriggerConfig = TriggerConfig()
     tokenizer: TokenizerConfig = TokenizerConfig()
     summarizer: SummarizerConfig = SummarizerConfig()

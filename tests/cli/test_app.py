@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ENTRY = "### user — 2026-01-01T00:00:01\n\nhello {name}\n\n---\n\n"
 
 
@@ -24,6 +26,13 @@ def memd(*args: str, state_dir: Path, cwd: Path) -> subprocess.CompletedProcess[
         timeout=120,
         check=False,
     )
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("memd: error:")]
+    assert len(errors) == 1, proc.stderr
 
 
 def make_agent(ws: Path, name: str) -> Path:
@@ -59,3 +68,55 @@ def test_prune_json_stays_valid_json_when_the_audit_log_cannot_be_written(tmp_pa
     assert len(list(archive.iterdir())) == 1  # the prune did happen
     json.loads(proc.stdout)
     assert "cannot write the audit log" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("config_text", "key"),
+    [
+        ('workspace = "/tmp/a\\u0000b"\n', "workspace"),
+        ('state_dir = "/tmp/a\\u0000b"\n', "state_dir"),
+    ],
+    ids=["workspace", "state_dir"],
+)
+def test_a_nul_in_a_configured_path_is_a_one_line_error(
+    tmp_path: Path, config_text: str, key: str
+) -> None:
+    """The OS refuses a path holding a NUL byte ("embedded null byte"): the config
+    refuses it first, naming the key; ``config check`` calls it invalid (review 14e, F8)."""
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    config = tmp_path / "memd.toml"
+    config.write_text(config_text)
+    args = ["status", "--config", str(config)]
+    if "workspace" not in config_text:
+        args += ["--workspace", str(ws)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        env={**env, "HOME": str(tmp_path / "st")},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    one_line_error(proc)
+    assert key in proc.stderr
+    check = memd("config", "check", str(config), "--json", state_dir=tmp_path / "st", cwd=tmp_path)
+    assert check.returncode != 0
+    assert json.loads(check.stdout)["valid"] is False
+
+
+def test_a_path_too_long_for_the_os_is_a_one_line_error(tmp_path: Path) -> None:
+    """ENAMETOOLONG from --config or --workspace: one line naming the file (review 14e, F8)."""
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    long = "a" * 5000
+    for args in (
+        ["status", "--workspace", str(ws), "--config", long],
+        ["status", "--workspace", long],
+        ["compact-now", "alpha", "--workspace", long, "--summary", "s"],
+        ["run", "--workspace", long],  # reaches main's backstop (the pointer's is_dir)
+    ):
+        proc = memd(*args, state_dir=tmp_path / "st", cwd=tmp_path)
+        one_line_error(proc)

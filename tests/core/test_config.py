@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from memd.core.config import MemdConfig, resolve_policy
 
 
@@ -64,3 +67,17 @@ def test_retention_per_workspace_and_per_agent_glob() -> None:
     assert resolve_retention(cfg, "ResearchBot") == RetentionLimits(0, 30, 50)
     assert resolve_policy(cfg, "ResearchBot").retention == RetentionLimits(0, 30, 50)
     assert not resolve_policy(config(), "any").retention.active
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"workspace": "/a\x00b"},
+        {"state_dir": "/a\x00b"},
+        {"privacy": {"key_file": "/a\x00b"}},
+        {"recall": {"socket": "/a\x00b"}},
+    ],
+)
+def test_a_path_key_holding_a_nul_byte_is_refused(data: dict[str, object]) -> None:
+    with pytest.raises(ValidationError, match="NUL byte"):
+        MemdConfig.model_validate(data)
