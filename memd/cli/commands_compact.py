@@ -99,15 +99,22 @@ def compact_now(
     # such agents; naming one explicitly is refused rather than overridden.
     # The same window as the daemon's: each agent's memd-agent.json, when it wrote one.
     counter = TokenCounter(cfg.tokenizer.encoding)
-    policies = {
-        name: resolve_policy(
-            cfg,
-            name,
-            context_length_for_model,
-            declared_window(agent_paths(ws, name).dir, counter.count_text),
-        )
-        for name in targets
-    }
+    policies: dict[str, AgentPolicy] = {}
+    refused = 0
+    for name in targets:
+        try:
+            folder = agent_paths(ws, name).dir
+        except MemdError as exc:
+            if not all_agents:
+                raise
+            # As the daemon, status and prune do: --all reports a folder it refuses
+            # (a symlink out of the workspace, §1) and compacts the others.
+            print(f"memd: error: {exc}", file=sys.stderr)
+            refused += 1
+            continue
+        window = declared_window(folder, counter.count_text)
+        policies[name] = resolve_policy(cfg, name, context_length_for_model, window)
+    targets = list(policies)
     disabled = [name for name, policy in policies.items() if not policy.compress]
     if disabled and not all_agents:
         raise ConfigError(
@@ -124,6 +131,8 @@ def compact_now(
         _dry_run(
             ws, targets, disabled, summarizer, cfg, policies, counter.count_text, summarize, key
         )
+        if refused:
+            sys.exit(1)
         return
     ledger = _open_ledger(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
@@ -138,7 +147,7 @@ def compact_now(
     find_secrets("warm up")
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
-    failures = 0
+    failures = refused
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -19,9 +19,10 @@ from memd.cli.common import load
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.recall import Highlighted, RecallQueryError, excerpt, parse_since
+from memd.errors import MemdError
 from memd.recall.index import RecallHit
 from memd.settings import LoadedConfig
-from memd.workspace import agent_paths, list_agents, require_workspace
+from memd.workspace import AgentPaths, agent_paths, list_agents, require_workspace
 
 
 def _print_hits(hits: list[RecallHit], question: str) -> None:
@@ -108,7 +109,18 @@ def recall_command(
 
 def _reindex(loaded: LoadedConfig, state_dir: Path | None, agent: str | None) -> None:
     names = [agent] if agent is not None else list_agents(loaded.workspace)
-    targets = [agent_paths(loaded.workspace, name) for name in names]
+    targets: list[AgentPaths] = []
+    refused = 0
+    for name in names:
+        try:
+            targets.append(agent_paths(loaded.workspace, name))
+        except MemdError as exc:
+            if agent is not None:
+                raise
+            # As the daemon does: a folder refused (a symlink out of the
+            # workspace, §1) is reported and the other agents are reindexed.
+            print(f"memd: error: {exc}", file=sys.stderr)
+            refused += 1
     with open_recall_index(loaded, state_dir) as index:
         if agent is None:
             # Agents whose folders are gone keep no rows.
@@ -118,6 +130,8 @@ def _reindex(loaded: LoadedConfig, state_dir: Path | None, agent: str | None) ->
         for paths in targets:
             report = index.reindex_agent(paths)
             print(f"{paths.agent}: {report.describe()}")
+    if refused:
+        sys.exit(1)
 
 
 __all__ = ["recall_command"]

@@ -275,6 +275,29 @@ def test_fifo_memory_is_refused_by_compact_now_and_status(
     assert rows["alpha"]["tokens"] > 0
 
 
+def test_compact_now_all_compacts_the_good_agents_beside_one_it_refuses(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    """An agent folder that is a symlink leaving the workspace is refused (§1). The
+    daemon, ``status`` and ``prune`` skip it and go on; so does ``compact-now
+    --all`` (review 14e, F6)."""
+    good = ws.paths("alpha")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    entry = "### user — 2026-01-01T00:00:01\n\nhello outside\n\n---\n\n"
+    (outside / "MEMORY.md").write_text(entry)
+    (ws.root / "agents" / "evil").symlink_to(outside)
+    state = ["--state-dir", str(tmp_path / "st")]
+    proc = memd(
+        "compact-now", "--all", "--summary", "the summary", "--workspace", str(ws.root), *state
+    )
+    assert "Traceback" not in proc.stderr
+    assert "evil" in proc.stderr  # the refused one is reported
+    assert list(good.archive_dir.glob("history_*.md")), (proc.stdout, proc.stderr)
+    assert (outside / "MEMORY.md").read_text() == entry
+    assert proc.returncode == 1  # one agent was not compacted
+
+
 def test_the_newest_turns_stay_verbatim_by_default(ws: AgentWorkspace, tmp_path: Path) -> None:
     paths = ws.paths("alpha")
     before = paths.memory.read_bytes()

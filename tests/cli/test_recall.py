@@ -146,6 +146,24 @@ def test_reindex_rebuilds_every_agent_and_drops_gone_ones(
     assert code == 0 and out.startswith("beta: indexed 1 file(s)"), err
 
 
+def test_reindex_of_every_agent_goes_on_past_a_folder_it_refuses(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    """An agent folder that is a symlink out of the workspace is refused (§1): as
+    the daemon does, --reindex says so in one line and reindexes the others
+    (review 14e, F6)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "MEMORY.md").write_text("### user — 2026-01-01T00:00:01\n\nkalomiren\n\n---\n\n")
+    (ws.root / "agents" / "evil").symlink_to(outside)
+    code, out, err = run(capsys, "recall", "--reindex", *args(ws, state_dir))
+    assert code == 1
+    assert err.count("\n") == 1 and "evil" in err and "outside the workspace" in err
+    assert "alpha: indexed" in out and "beta: indexed" in out
+    with RecallIndex.open(state_dir, ws.root) as index:
+        assert index.agents() == ["alpha", "beta"]
+
+
 def test_forget_erases_the_agents_rows(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:
