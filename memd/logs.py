@@ -8,11 +8,14 @@ a readable console format otherwise. Lines about one agent carry ``agent=``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
 import structlog
+
+import memd
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -111,11 +114,27 @@ def debug_check(name: str = "memd") -> Callable[[], bool]:
     return lambda: logger.isEnabledFor(logging.DEBUG)
 
 
+def log_cli_warnings_to_stderr() -> None:
+    """A command's logging (not the daemon's): warnings and worse, one console line
+    each, on stderr (never into the command's output or its ``--json``);
+    ``MEMD_LOG_LEVEL=debug`` shows its debug lines too, such as where an
+    unexpected error came from (memd.cli.app.main)."""
+    debug = os.environ.get("MEMD_LOG_LEVEL", "").strip().lower() == "debug"
+    configure_logging("console", "debug" if debug else "warning", sys.stderr)
+
+
+# The CLI asked for its logging before this module was imported (it does not
+# import structlog itself: a command that logs nothing never pays for it).
+if getattr(memd, "CLI_LOGS_TO_STDERR", False):
+    log_cli_warnings_to_stderr()
+
+
 __all__ = [
     "LogFormat",
     "configure_logging",
     "debug_check",
     "get_logger",
+    "log_cli_warnings_to_stderr",
     "resolve_format",
     "silence_request_loggers",
 ]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+import memd
 from memd.errors import MemdError, describe_error
 
 if TYPE_CHECKING:
@@ -111,10 +111,16 @@ def main(argv: list[str] | None = None) -> None:
 def _log_warnings_to_stderr() -> None:
     """Warnings a command logs (the audit log cannot be written, a bad memd-agent.json)
     go to stderr, one line each: unconfigured, structlog prints every level to
-    stdout, into the command's output or the middle of its ``--json``."""
-    from memd.logs import configure_logging
+    stdout, into the command's output or the middle of its ``--json``.
 
-    # MEMD_LOG_LEVEL=debug ([log] level) shows a command's debug lines too, such
-    # as where an unexpected error came from (see main).
-    debug = os.environ.get("MEMD_LOG_LEVEL", "").strip().lower() == "debug"
-    configure_logging("console", "debug" if debug else "warning", sys.stderr)
+    Lazily: importing structlog costs ~0.12 s, which a command that logs nothing
+    (``memd status`` with a daemon running) must not pay; :mod:`memd.logs`
+    configures itself so when a command first imports it."""
+    if "memd.logs" in sys.modules:
+        from memd.logs import log_cli_warnings_to_stderr
+
+        log_cli_warnings_to_stderr()
+    else:
+        memd.CLI_LOGS_TO_STDERR = True
+    # Until then, stdlib logging (main's last line of defence logs there) goes
+    # nowhere: configured with it once memd.logs is imported.
