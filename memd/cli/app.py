@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C before a command took over SIGINT (while its modules load, say,
+        # or before the daemon's handler is installed): quiet, as Typer's own.
+        sys.exit(130)
     except (OSError, ValueError) as exc:
         # The last line of defence: an error the OS or the standard library gave
         # where no command turned it into its own line (a path too long for the

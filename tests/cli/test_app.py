@@ -120,3 +120,26 @@ def test_a_path_too_long_for_the_os_is_a_one_line_error(tmp_path: Path) -> None:
     ):
         proc = memd(*args, state_dir=tmp_path / "st", cwd=tmp_path)
         one_line_error(proc)
+
+
+def test_ctrl_c_while_a_command_loads_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Ctrl-C during the first moments of a command (its modules importing, the
+    # daemon before its SIGINT handler) reached the user as a traceback.
+    import memd.cli.status_argv
+    from memd.cli.app import main
+
+    def interrupted(args: list[str]) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(memd.cli.status_argv, "run_status", interrupted)
+    code: object = None
+    try:
+        main(["status"])
+    except SystemExit as exited:
+        code = exited.code
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C left main as a KeyboardInterrupt: a traceback for the user")
+    assert code == 130
+    assert "Traceback" not in capsys.readouterr().err
