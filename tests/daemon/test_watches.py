@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.hints import drain_hints, wait_for_hint
 from support.memfiles import AgentWorkspace
 
 import memd.watcher
@@ -40,28 +41,14 @@ class Rig:
 
     def drain(self) -> list[tuple[HintKind, str | None]]:
         """The hints queued so far."""
-        hints: list[tuple[HintKind, str | None]] = []
-        while True:
-            try:
-                hint = self.inbox.get_nowait()
-            except queue.Empty:
-                return hints
-            hints.append((hint.kind, hint.name))
+        return drain_hints(self.inbox)
 
     def count_requests(self) -> list[str]:
         return [name for kind, name in self.drain() if kind is HintKind.COUNT_NOW and name]
 
     def wait_for(self, kind: HintKind, name: str | None, timeout: float = 10.0) -> bool:
         """Wait for one hint (a real inotify event on the watcher's thread)."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                hint = self.inbox.get(timeout=left)
-            except queue.Empty:
-                return False
-            if (hint.kind, hint.name) == (kind, name):
-                return True
-        return False
+        return wait_for_hint(self.inbox, kind, name, timeout)
 
     def write(self, name: str, text: str = "x") -> None:
         (self.agent_dir(name) / "MEMORY.md").write_text(text)

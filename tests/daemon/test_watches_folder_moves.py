@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.hints import drain_hints, wait_for_hint
 from support.memfiles import AgentWorkspace, swarms_header
 
 from memd.daemon.counter import Hint, HintKind, HintSink
@@ -29,24 +29,12 @@ class Rig:
     service: WatchService
 
     def drain(self) -> list[tuple[HintKind, str | None]]:
-        hints: list[tuple[HintKind, str | None]] = []
-        while True:
-            try:
-                hint = self.inbox.get_nowait()
-            except queue.Empty:
-                return hints
-            hints.append((hint.kind, hint.name))
+        """The hints queued so far."""
+        return drain_hints(self.inbox)
 
     def wait_for(self, kind: HintKind, name: str | None, timeout: float = 3.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                hint = self.inbox.get(timeout=left)
-            except queue.Empty:
-                return False
-            if (hint.kind, hint.name) == (kind, name):
-                return True
-        return False
+        """Wait for one hint (a real inotify event on the watcher's thread)."""
+        return wait_for_hint(self.inbox, kind, name, timeout)
 
 
 @pytest.fixture
