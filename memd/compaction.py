@@ -612,6 +612,7 @@ class _Transaction:
         self.created_archive_dir = False
         self.committed = False
         self.swapping = False  # the "swapping" journal is written: recovery can finish the swap
+        self.old_id: tuple[int, int] = (-1, -1)
         # The new MEMORY.md, open from its creation on: the drain appends
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
@@ -969,7 +970,8 @@ class _Transaction:
             new_dev=new_st.st_dev,
             new_ino=new_st.st_ino,
         )
-        self.swapping = True  # from here on the swap may have happened (see _swapped)
+        self.old_id = (snap.dev, snap.ino)  # the file the swap replaces (see _swapped)
+        self.swapping = True  # from here on the swap may have happened
         self.checkpoint("journal-swapping")
         os.replace(
             NEW_MEMORY_TEMP,
@@ -983,25 +985,22 @@ class _Transaction:
         return copy_until, new_st.st_ino
 
     def _swapped(self) -> bool:
-        """Whether MEMORY.md is already the new file, decided by inode as recovery
-        decides. ``committed`` is set only once the replace and its folder's fsync
-        have both returned: a Ctrl-C raised as the replace returns, or a failed
-        fsync, reaches the rollback after the swap, which would then delete the
-        archive and the old file's last link, every summarized turn with them.
-        When MEMORY.md cannot be looked at after the "swapping" journal, the
-        swap may have happened: that is left to recovery too, which decides by
-        inode either way."""
-        if self.new_fd < 0 or not self.swapping:
+        """Whether the swap may have happened, decided by inode with recovery's rule:
+        once the "swapping" journal is written, only MEMORY.md still being the old
+        file proves it did not. ``committed`` is set only once the replace and its
+        folder's fsync have both returned: a Ctrl-C raised as the replace returns,
+        or a failed fsync, reaches the rollback after the swap, which would then
+        delete the archive and the old file's last link, every summarized turn
+        with them. MEMORY.md the new file, replaced again by the agent right after
+        the swap, gone, or not to be looked at: all left to recovery, which keeps
+        the old file as an archive where MEMORY.md is neither."""
+        if not self.swapping:
             return False
         try:
             current = self.pinned.stat_memory()
-            new = os.fstat(self.new_fd)
         except OSError:
             return True
-        return current is not None and (current.st_dev, current.st_ino) == (
-            new.st_dev,
-            new.st_ino,
-        )
+        return current is None or (current.st_dev, current.st_ino) != self.old_id
 
     def close(self) -> None:
         if self.new_fd >= 0:

@@ -246,3 +246,48 @@ def test_the_old_file_kept_as_an_archive_by_recovery_gets_an_archives_mode(agent
         mode = stat.S_IMODE(archive.stat().st_mode)
         assert mode & 0o022 == 0, f"{archive.name} is {oct(mode)}"
         assert archive.stat().st_ino != old_ino
+
+
+NEW_TURN = "### AI \u2014 2026-01-01T00:00:00\n\nalpha turn after " + "y" * 50 + "\n\n---\n\n"
+
+
+# 12. (review 15a, F1) The swap happened, then the agent (an atomic-rename writer: read, append,
+# write a temp, rename) replaced MEMORY.md, then the folder's fsync failed (or a
+# Ctrl-C landed). MEMORY.md is neither the old nor the new inode: _swapped() says
+# False and the in-process rollback deletes the archive and the drain link (the
+# old inode's last link), although the agent's file holds only the summary: every
+# summarized turn is lost. Recovery, for the same inodes, keeps the old file.
+@pytest.mark.parametrize(
+    "interrupt",
+    [KeyboardInterrupt(), OSError(errno.EIO, os.strerror(errno.EIO))],
+    ids=["ctrl-c", "eio-on-dir-fsync"],
+)
+def test_agent_replacing_memory_right_after_the_swap_loses_no_turn(
+    agent_ws, monkeypatch, interrupt
+):
+    from support.memfiles import raw_entries
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
+    real_replace = os.replace
+
+    def replace_then_agent_rewrites(src, dst, **kwargs):
+        real_replace(src, dst, **kwargs)
+        if dst == "MEMORY.md":
+            # The agent: reads what it sees (the new file), appends, renames over.
+            mine = paths.dir / "MEMORY.md.agent-tmp"
+            mine.write_bytes(paths.memory.read_bytes() + NEW_TURN.encode())
+            real_replace(mine, paths.memory)
+            raise interrupt
+
+    monkeypatch.setattr(c.os, "replace", replace_then_agent_rewrites)
+    with pytest.raises((KeyboardInterrupt, CompactionAborted)):
+        compact_agent(paths, Fixed(), FAST)
+    monkeypatch.undo()
+    recover_agent(paths)
+    seen = {
+        text: n
+        for text, n in entry_contents_everywhere(paths).items()
+        if text.startswith("alpha turn")
+    }
+    assert expected <= set(seen), f"lost {len(expected - set(seen))} of {len(expected)} turns"
