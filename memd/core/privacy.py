@@ -66,6 +66,8 @@ _QUOTE_PREFIX_RE: Final = re.compile(r"(?m)^[ \t]*>[ \t]?")
 _WHITESPACE_RE: Final = re.compile(r"\s+")
 # The detector's own floor for an assigned value: shorter ones are not secrets.
 _MIN_KNOWN_VALUE: Final = 4
+# A value of letters only is searched for only from this long (a passphrase).
+_PLAIN_WORD_MAX: Final = 16
 
 
 # -- locality ------------------------------------------------------------------
@@ -201,13 +203,29 @@ class Redactor:
         (a Markdown table, "the key (x)"), so the reply is also searched for the
         values themselves."""
         text = visible_text(text)
-        return tuple(
-            dict.fromkeys(
-                (span.kind, value)
-                for span in self.spans(text)
-                if len(value := span.value(text)) >= _MIN_KNOWN_VALUE
-            )
-        )
+        found: dict[tuple[str, str], None] = {}
+        for span in self.spans(text):
+            value = span.value(text)
+            # Found inside escaped JSON, a value holds its escapes; a model writes
+            # it plainly: both forms are searched for.
+            for form in dict.fromkeys((value, _unescaped(value))):
+                if _worth_searching(form):
+                    found[(span.kind, form)] = None
+        return tuple(found)
+
+
+def _unescaped(value: str) -> str:
+    return value.replace("\\/", "/").replace('\\"', '"').replace("\\\\", "\\")
+
+
+def _worth_searching(value: str) -> bool:
+    """Whether the reply is searched for ``value`` wherever it stands: not a short
+    plain word. ``password: string;`` in code or ``POSTGRES_PASSWORD=postgres`` make
+    "string" and "postgres" values, and every use of the word in a summary would
+    turn into a placeholder (the patterns still catch the assignment itself)."""
+    if len(value) < _MIN_KNOWN_VALUE:
+        return False
+    return len(value) >= _PLAIN_WORD_MAX or not value.isalpha()
 
 
 def visible_text(text: str) -> str:

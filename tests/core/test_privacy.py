@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -201,3 +202,27 @@ def test_a_reply_repeating_a_material_secret_loses_it_however_it_is_formatted() 
 
 def test_values_in_prose_are_none() -> None:
     assert Redactor(KEY, pii=True).values_in("\n".join(LOOKALIKES)) == ()
+
+
+# Review 15b: the search for known credential values.
+def test_a_type_name_in_the_material_is_not_redacted_all_over_the_reply() -> None:
+    """A local model summarizes a TypeScript session: ``password: string;`` is read
+    by the password= rule as a value (already a false positive outbound), and since
+    b64a699 the word ``string`` is replaced wherever it stands in the summary."""
+    scan = Redactor(b"k" * 32, pii=False)
+    material = "interface Login {\n  username: string;\n  password: string;\n}\n"
+    known = scan.values_in(material)
+    reply = "The Login type has a username and a password, each a string. Parse the string."
+    assert scan.redact(reply, known).text == reply
+
+
+def test_a_value_found_in_escaped_json_is_searched_for_as_the_model_writes_it() -> None:
+    """A tool result that is JSON inside JSON, from an encoder that writes "/" as
+    "\\/" (PHP, some HTTP APIs): a local model reads it as written and repeats the
+    key unescaped in a Markdown table, a form the detector does not read."""
+    scan = Redactor(b"k" * 32, pii=False)
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    inner = json.dumps({"aws_secret_access_key": secret})
+    material = json.dumps({"output": inner}).replace("/", "\\/")
+    reply = f"| item | value |\n|---|---|\n| AWS secret | {secret} |"
+    assert secret not in scan.redact(reply, scan.values_in(material)).text
