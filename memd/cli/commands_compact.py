@@ -77,7 +77,7 @@ def compact_now(
     from memd.core.secrets import find_secrets
     from memd.descriptor import declared_window
     from memd.modelinfo import context_length_for_model
-    from memd.summarizers import make_summarizer
+    from memd.summarizers import make_summarizer, needs_litellm
     from memd.tokenizer import TokenCounter
     from memd.workspace import agent_paths, require_workspace, resolve_agents
 
@@ -145,6 +145,13 @@ def compact_now(
     # secret detector lazily (the reply is always scanned).
     counter.warm()
     find_secrets("warm up")
+    if cfg.privacy.encrypt_archives:
+        import cryptography.exceptions
+        import cryptography.hazmat.primitives.ciphers.aead  # noqa: F401
+    if summary is None and needs_litellm(cfg.summarizer):
+        from memd.llm import warm_up
+
+        warm_up()  # a failure is said by the first summary, as the daemon's is
     out = Console(emoji=False)
     err = Console(stderr=True, emoji=False)
     failures = refused
