@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import memd
@@ -107,7 +108,14 @@ def main(argv: list[str] | None = None) -> None:
         # OS, an unreadable file...) is still one line, never a traceback. Where
         # it came from stays visible in the debug log (MEMD_LOG_LEVEL=debug).
         # stdlib logging: silent until a command configured it (never on stdout).
-        logging.getLogger("memd.cli").debug("unexpected error", exc_info=True)
+        if only == "run" and not isinstance(exc, OSError):
+            # A ValueError out of the daemon is a bug (bad input is a MemdError or,
+            # from the OS, an OSError: a path too long...). Its stderr is its log
+            # (journald, docker logs), and the traceback is what the operator's
+            # report needs: written there, before the one line.
+            traceback.print_exc(file=sys.stderr)
+        else:
+            logging.getLogger("memd.cli").debug("unexpected error", exc_info=True)
         print(f"memd: error: {describe_error(exc)}", file=sys.stderr)
         sys.exit(1)
 

@@ -143,3 +143,20 @@ def test_ctrl_c_while_a_command_loads_exits_130_without_a_traceback(
         pytest.fail("Ctrl-C left main as a KeyboardInterrupt: a traceback for the user")
     assert code == 130
     assert "Traceback" not in capsys.readouterr().err
+
+
+# Review 15b, F6: the last line of defence keeps a daemon bug's traceback in its log.
+def test_memd_run_keeps_where_an_unexpected_error_came_from(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import memd.cli.run_argv as run_argv
+    from memd.cli.app import main
+
+    def daemon_with_a_bug(*_args: object) -> int:
+        return int("not a number")  # a programming error deep in the daemon
+
+    monkeypatch.setattr(run_argv, "run_daemon", daemon_with_a_bug)
+    with pytest.raises(SystemExit):
+        main(["run", "--workspace", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "daemon_with_a_bug" in err, err  # where it came from, for the bug report
