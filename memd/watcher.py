@@ -220,8 +220,12 @@ class InotifyBackend:
         inotify = self._inotify
         if inotify is None:
             raise RuntimeError("watcher is not started")
-        wd = inotify.add_watch(path, _WATCH_MASK)
         with self._lock:
+            # Under the lock, as the reader's removal of stale watches is: a
+            # descriptor the kernel hands back here cannot be removed by the reader
+            # between the add and its mapping (the key would be left on a watch the
+            # kernel no longer has, reporting nothing, never seen as lost).
+            wd = inotify.add_watch(path, _WATCH_MASK)
             # inotify gave back a descriptor another key holds: that folder
             # was renamed to this path, so the old key is no longer watched
             # (a new folder under the old name needs a watch of its own).
@@ -349,13 +353,13 @@ class InotifyBackend:
                         recheck[key] = None
                     names[key] = None
             stale = self._follow_moves(recheck, root_moved, memory)
-        inotify = self._inotify
-        if stale and inotify is not None:
-            for wd in stale:
-                # EINVAL: the kernel dropped it already. Its IN_IGNORED comes later
-                # and finds no key.
-                with contextlib.suppress(OSError):
-                    inotify.rm_watch(wd)
+            inotify = self._inotify
+            if stale and inotify is not None:
+                for wd in stale:
+                    # EINVAL: the kernel dropped it already. Its IN_IGNORED comes
+                    # later and finds no key. Under the lock (see watch).
+                    with contextlib.suppress(OSError):
+                        inotify.rm_watch(wd)
         if overflow:
             _log.warning("inotify queue overflowed; rescanning every agent")
             names[None] = None

@@ -289,3 +289,77 @@ def test_inotify_burst_of_appends_wakes_the_sink_once(tmp_path: Path) -> None:
         assert 1 <= len(sink.events) <= 2
     finally:
         backend.stop()
+
+
+# Review 15a, F2: the reader's stale watches are removed from the kernel outside the lock,
+# and the tick's watch() adds its watch outside the lock too. alice's folder is
+# renamed to carol (a new agent name): the reader finds nothing under "alice",
+# puts alice's descriptor in `stale`, releases the lock. The tick's watch("carol")
+# gets that same descriptor back from the kernel (it still holds it); the reader
+# then removes it; its IN_IGNORED is read before watch() takes the lock and finds
+# no key; watch() maps carol to a descriptor the kernel no longer has. carol is
+# listed as watched (never "lost" for the tick) and reports nothing.
+def test_a_watch_the_reader_removes_is_never_left_mapped(tmp_path):
+    import threading
+
+    from memd.watcher import ROOT_KEY, InotifyBackend
+
+    class Sink:
+        def __init__(self):
+            self.memory = []
+
+        def agents_changed(self, name):
+            pass
+
+        def memory_changed(self, agent):
+            self.memory.append(agent)
+
+        def descriptor_changed(self, agent):
+            pass
+
+    agents = tmp_path / "agents"
+    (agents / "alice").mkdir(parents=True)
+    (agents / "alice" / "MEMORY.md").write_text("x\n")
+    sink = Sink()
+    backend = InotifyBackend(sink)
+    backend.open()  # no reader thread: reads happen in watched(), in this test's order
+    try:
+        backend.watch(ROOT_KEY, agents)
+        backend.watch("alice", agents / "alice")
+        inotify = backend._inotify
+        real_add, real_rm = inotify.add_watch, inotify.rm_watch
+        added, go = threading.Event(), threading.Event()
+
+        def tick_add(path, mask):  # the tick thread: stalled after the syscall
+            wd = real_add(path, mask)
+            if threading.current_thread().name == "tick":
+                added.set()
+                go.wait(5)
+            return wd
+
+        tick = threading.Thread(target=backend.watch, args=("carol", agents / "carol"), name="tick")
+
+        def reader_rm(wd):
+            if not tick.is_alive() and not added.is_set():
+                tick.start()
+                # Without the lock the tick's add returns at once; with it, the
+                # tick waits for this removal, and this wait times out first.
+                added.wait(1)
+            real_rm(wd)
+
+        inotify.add_watch, inotify.rm_watch = tick_add, reader_rm
+        (agents / "alice").rename(agents / "carol")
+        backend.watched()  # the reader's batch: alice's watch is stale
+        backend.watched()  # its IN_IGNORED: no key yet
+        go.set()
+        tick.join(5)
+        inotify.add_watch, inotify.rm_watch = real_add, real_rm
+        with (agents / "carol" / "MEMORY.md").open("a") as f:
+            f.write("y\n")
+        watched = backend.watched()
+        assert "carol" not in watched or "carol" in sink.memory, (
+            f"carol is mapped to descriptor {backend.descriptor_of('carol')}, "
+            "which the kernel no longer has"
+        )
+    finally:
+        backend.stop()
