@@ -186,6 +186,18 @@ def test_failed_compaction_leaves_the_archive_dir_alone(agent_ws, monkeypatch):
 def test_an_interruption_right_after_the_replace_never_deletes_the_archive(
     agent_ws, monkeypatch, interrupt
 ):
+    expected, seen, error = _interrupted_right_after_the_swap(agent_ws, monkeypatch, interrupt)
+    if isinstance(interrupt, OSError):
+        assert "committed" in error and "rolled back" not in error
+    assert set(seen) == expected, f"lost {len(expected - set(seen))} of {len(expected)} turns"
+    assert all(n == 1 for n in seen.values())
+
+
+def _interrupted_right_after_the_swap(agent_ws, monkeypatch, interrupt, agent_rewrite=None):
+    """Compact alpha (4 turns) with ``interrupt`` raised as the swap's os.replace
+    returns (after ``agent_rewrite(paths)``, an agent's own replace, when given),
+    then recover; returns the turns before, each turn's count everywhere after,
+    and the job's error message."""
     from support.memfiles import raw_entries
 
     paths = agent_ws.create_agent("alpha", entries=4)
@@ -195,13 +207,13 @@ def test_an_interruption_right_after_the_replace_never_deletes_the_archive(
     def replace_then_interrupted(src, dst, **kwargs):
         real_replace(src, dst, **kwargs)
         if dst == "MEMORY.md":
+            if agent_rewrite is not None:
+                agent_rewrite(paths, real_replace)
             raise interrupt
 
     monkeypatch.setattr(c.os, "replace", replace_then_interrupted)
     with pytest.raises((KeyboardInterrupt, CompactionAborted)) as raised:
         compact_agent(paths, Fixed(), FAST)
-    if isinstance(interrupt, OSError):
-        assert "committed" in str(raised.value) and "rolled back" not in str(raised.value)
     monkeypatch.undo()
     recover_agent(paths)
     seen = {
@@ -209,8 +221,7 @@ def test_an_interruption_right_after_the_replace_never_deletes_the_archive(
         for text, n in entry_contents_everywhere(paths).items()
         if text.startswith("alpha turn")
     }
-    assert set(seen) == expected, f"lost {len(expected - set(seen))} of {len(expected)} turns"
-    assert all(n == 1 for n in seen.values())
+    return expected, seen, str(raised.value)
 
 
 # 11. Recovery keeps the old file as an archive with an archive's mode (review 14d,
@@ -265,29 +276,13 @@ NEW_TURN = "### AI \u2014 2026-01-01T00:00:00\n\nalpha turn after " + "y" * 50 +
 def test_agent_replacing_memory_right_after_the_swap_loses_no_turn(
     agent_ws, monkeypatch, interrupt
 ):
-    from support.memfiles import raw_entries
+    def agent_rewrites(paths, replace):
+        # The agent: reads what it sees (the new file), appends, renames over.
+        mine = paths.dir / "MEMORY.md.agent-tmp"
+        mine.write_bytes(paths.memory.read_bytes() + NEW_TURN.encode())
+        replace(mine, paths.memory)
 
-    paths = agent_ws.create_agent("alpha", entries=4)
-    expected = {e.text for e in raw_entries(paths.memory.read_bytes())}
-    real_replace = os.replace
-
-    def replace_then_agent_rewrites(src, dst, **kwargs):
-        real_replace(src, dst, **kwargs)
-        if dst == "MEMORY.md":
-            # The agent: reads what it sees (the new file), appends, renames over.
-            mine = paths.dir / "MEMORY.md.agent-tmp"
-            mine.write_bytes(paths.memory.read_bytes() + NEW_TURN.encode())
-            real_replace(mine, paths.memory)
-            raise interrupt
-
-    monkeypatch.setattr(c.os, "replace", replace_then_agent_rewrites)
-    with pytest.raises((KeyboardInterrupt, CompactionAborted)):
-        compact_agent(paths, Fixed(), FAST)
-    monkeypatch.undo()
-    recover_agent(paths)
-    seen = {
-        text: n
-        for text, n in entry_contents_everywhere(paths).items()
-        if text.startswith("alpha turn")
-    }
+    expected, seen, _error = _interrupted_right_after_the_swap(
+        agent_ws, monkeypatch, interrupt, agent_rewrites
+    )
     assert expected <= set(seen), f"lost {len(expected - set(seen))} of {len(expected)} turns"
