@@ -17,6 +17,7 @@ import pytest
 from pydantic import SecretStr
 from support.memfiles import AgentWorkspace, append_entry
 from support.openai_server import SUMMARY_PREFIX, OpenAITestServer, echo_summary, openai_server
+from support.wire import options_for
 
 from memd.compaction import CompactionOptions, compact_agent
 from memd.core import memfile
@@ -698,15 +699,7 @@ def test_a_provider_that_ignores_api_base_is_not_trusted_as_local(
             context_length=32_000,
         )
         config = MemdConfig(summarizer=summarizer, privacy=PrivacyConfig())
-        base = CompactionOptions.from_config(config, redaction_key=b"k" * 32)
-        options = CompactionOptions(
-            lock_wait_s=5,
-            drain_quiet_s=0.05,
-            drain_max_s=2,
-            summary_max_tokens=2000,
-            require_shrink=False,
-            privacy=base.privacy,
-        )
+        options = options_for(config, b"k" * 32, summary_max_tokens=2000)
         with pytest.raises(Exception):  # the remote call is refused by the recorder
             compact_agent(paths, LiteLLMSummarizer(summarizer), options)
         local_requests = len(server.requests)

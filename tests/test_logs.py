@@ -10,6 +10,7 @@ import pytest
 from pydantic import SecretStr
 from support.memfiles import AgentWorkspace, append_entry
 from support.openai_server import OpenAITestServer
+from support.wire import options_for
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.logs import configure_logging, get_logger, resolve_format
@@ -115,7 +116,7 @@ def test_a_reload_at_debug_level_never_logs_what_the_summarizer_is_sent(
 ) -> None:
     # Review 14f, F4: the reload's configure_logging set the LiteLLM loggers
     # back to DEBUG, which import_litellm (run once) had pinned to CRITICAL.
-    from memd.compaction import CompactionOptions, compact_agent
+    from memd.compaction import compact_agent
     from memd.llm import LiteLLMSummarizer, import_litellm
 
     marker = "the vault combination is 31-7-22 MARKER4242"
@@ -140,15 +141,7 @@ def test_a_reload_at_debug_level_never_logs_what_the_summarizer_is_sent(
                 ),
                 privacy=PrivacyConfig(redact_local=True),
             )
-            base = CompactionOptions.from_config(config, redaction_key=b"k" * 32)
-            options = CompactionOptions(
-                lock_wait_s=5,
-                drain_quiet_s=0.05,
-                drain_max_s=2,
-                summary_max_tokens=2000,
-                require_shrink=False,
-                privacy=base.privacy,
-            )
+            options = options_for(config, b"k" * 32, summary_max_tokens=2000)
             compact_agent(paths, LiteLLMSummarizer(config.summarizer), options)
             assert server.requests
     finally:

@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from support.memfiles import AgentWorkspace, append_entry
 from support.openai_server import OpenAITestServer
 from support.secret_corpus import PLANTED, PLANTED_EXTRA, Planted
+from support.wire import options_for
 
 from memd.audit import audit_path, read_audit
 from memd.compaction import CompactionOptions, compact_agent
@@ -64,18 +65,6 @@ def config_for(server: OpenAITestServer, **privacy: Any) -> MemdConfig:
             context_length=32_000,
         ),
         privacy=PrivacyConfig(**privacy),
-    )
-
-
-def options_for(config: MemdConfig, key: bytes) -> CompactionOptions:
-    base = CompactionOptions.from_config(config, redaction_key=key)
-    return CompactionOptions(
-        lock_wait_s=5,
-        drain_quiet_s=0.05,
-        drain_max_s=2,
-        summary_max_tokens=3000,
-        require_shrink=False,
-        privacy=base.privacy,
     )
 
 
