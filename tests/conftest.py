@@ -48,10 +48,13 @@ def cl100k() -> Callable[[str], int]:
     return CL100K.count_text
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_logging() -> Iterator[None]:
     """memd's logging configured in a test (``configure_logging``, a daemon's
-    reload) is undone after it: the root handlers and structlog's defaults."""
+    reload) is undone after it: the root handlers and structlog's defaults.
+    For every test: a daemon run in-process (tests/test_daemon.py) configures
+    logging onto stderr, and a later test reading a log line from stdout (the
+    default's stream) failed when it ran after it."""
     import logging
 
     import structlog
