@@ -6,7 +6,10 @@ import dataclasses
 import fcntl
 import os
 import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from support.memfiles import AgentWorkspace, append_entry
@@ -163,3 +166,62 @@ def test_an_archive_folder_symlinked_out_of_the_agent_is_refused(
     with pytest.raises(Exception, match="outside the agent's own folder"):
         prune_agent(paths, RetentionLimits(max_archives=0, max_age_days=0.0001), now=NOW + DAY)
     assert (outside / "history_2026-01-01_10-00-00.md").exists()
+
+
+@pytest.fixture
+def local_zone() -> Iterator[None]:
+    """Lets a test change the process's local time zone (TZ + tzset); restored after."""
+    saved = os.environ.get("TZ")
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TZ", None)
+        else:
+            os.environ["TZ"] = saved
+        time.tzset()
+
+
+def set_local_zone(zone: str) -> None:
+    os.environ["TZ"] = zone
+    time.tzset()
+
+
+def test_a_dst_fall_back_on_disk_prunes_the_oldest_written(ws: AgentWorkspace) -> None:
+    """Archives as a New York daemon leaves them across 2026-11-01's repeated 01:00-02:00:
+    the oldest by write time goes, not the one whose name sorts first."""
+    paths = ws.create_agent("alpha")
+    paths.archive_dir.mkdir()
+    zone = ZoneInfo("America/New_York")
+    names = []
+    for hour, minute in ((5, 50), (6, 10), (6, 40)):  # 01:50 EDT, 01:10 EST, 01:40 EST
+        at = datetime(2026, 11, 1, hour, minute, tzinfo=UTC)
+        name = at.astimezone(zone).strftime("history_%Y-%m-%d_%H-%M-%S.md")
+        (paths.archive_dir / name).write_bytes(b"raw turns\n")
+        os.utime(paths.archive_dir / name, (at.timestamp(), at.timestamp()))
+        names.append(name)
+    with AgentDir.open(paths) as pinned:
+        result = prune_locked(pinned, RetentionLimits(max_archives=2), NOW, protect=[names[2]])
+    assert result.deleted == (names[0],)
+    assert remaining(paths) == sorted(names[1:])
+
+
+def test_compactions_in_different_time_zones_prune_by_write_time(
+    ws: AgentWorkspace, local_zone: None
+) -> None:
+    """The daemon (TZ=UTC in its unit) and an operator's compact-now (Los Angeles)
+    name archives in their own local time; retention keeps the two written last."""
+    paths = ws.create_agent("alpha", entries=6)
+    options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, require_shrink=False)
+    written = []
+    for zone in ("UTC", "America/Los_Angeles"):
+        set_local_zone(zone)
+        written.append(compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True))
+        append_entry(paths.memory, "Human", "one more turn " * 30)
+    # The Los Angeles name reads hours earlier than the UTC one written before it.
+    assert written[1].archive.name < written[0].archive.name
+    set_local_zone("UTC")
+    pruning = dataclasses.replace(options, retention=RetentionLimits(max_archives=2))
+    last = compact_agent(paths, ProvidedSummary(SUMMARY), pruning, manual=True)
+    assert last.pruned is not None and last.pruned.deleted == (written[0].archive.name,)
+    assert remaining(paths) == sorted([written[1].archive.name, last.archive.name])

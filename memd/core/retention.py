@@ -11,18 +11,25 @@ Rules, each limit 0 meaning "no limit":
 * ``max_archives``: beyond that many, the oldest go;
 * ``max_total_mb``: while the archives' bytes exceed that, the oldest go.
 
-"Oldest" is by name (``history_<ts>[_N].md[.enc]`` sorts by the time it was
-written, the ``_N`` collision suffix after the plain name), then mtime. A
-protected archive is never deleted, but it counts toward the count and the
-bytes: with ``max_archives = 1`` a compaction keeps only the archive it just
-wrote. Anything in ``archive/`` that is not an archive name is not ours to
+"Oldest" is by the instant each archive was written (:func:`creation_order`).
+Its name, ``history_<ts>[_N].md[.enc]``, carries the *local* wall-clock time of
+the process that wrote it, with no UTC offset: after a DST fall-back (the same
+local hour twice) or with the daemon and ``memd compact-now`` in different time
+zones, name order is not write order. The archive's mtime is an instant (the
+bytes are written the moment the name is read, and nothing rewrites an archive
+but an erasure, which keeps its times), so it tells the offset the name was
+written in. A protected archive is never deleted, but it counts toward the
+count and the bytes: with ``max_archives = 1`` a compaction keeps only the
+archive it just wrote. Anything in ``archive/`` that is not an archive name is not ours to
 judge and is never listed here.
 """
 
 from __future__ import annotations
 
+import bisect
+import calendar
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 ARCHIVE_PREFIX = "history_"
@@ -36,6 +43,15 @@ MIB = 1024 * 1024
 _NAME_RE = re.compile(
     r"history_(?P<stamp>\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})(?:_(?P<n>\d+))?\.md(?:\.enc)?"
 )
+
+# Every UTC offset in use is a whole quarter hour between -12:00 and +14:00.
+_OFFSET_STEP_S = 900
+_MIN_OFFSET_S = -12 * 3600
+_MAX_OFFSET_S = 14 * 3600
+# How far an archive's mtime may sit from its name's second beyond the offset:
+# the name is read just before (encrypted) or just after (plain) the bytes are
+# written and fsynced. Under half a quarter hour, so no offset is ever ambiguous.
+_ANCHOR_SLACK_S = 300
 
 REASON_AGE = "max_age_days"
 REASON_COUNT = "max_archives"
@@ -55,6 +71,74 @@ def archive_order(name: str) -> tuple[str, int, str]:
     if match is None:
         return (name.removeprefix(ARCHIVE_PREFIX), 0, name)
     return (match["stamp"], int(match["n"] or 0), name)
+
+
+def _wall_clock(name: str) -> int | None:
+    """The name's local date and time as seconds, read as if it were UTC."""
+    match = _NAME_RE.fullmatch(name)
+    if match is None:
+        return None
+    date, clock = match["stamp"].split("_")
+    try:
+        year, month, day = (int(part) for part in date.split("-"))
+        hour, minute, second = (int(part) for part in clock.split("-"))
+        return calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _anchored_offset(wall: int, mtime: float) -> int | None:
+    """The UTC offset the name was written in, when the mtime pins it down."""
+    gap = wall - mtime
+    offset = round(gap / _OFFSET_STEP_S) * _OFFSET_STEP_S
+    if _MIN_OFFSET_S <= offset <= _MAX_OFFSET_S and abs(gap - offset) <= _ANCHOR_SLACK_S:
+        return offset
+    return None
+
+
+def creation_order(archives: Iterable[ArchiveInfo]) -> list[ArchiveInfo]:
+    """``archives`` oldest first, by the instant each was written.
+
+    * a name whose mtime matches it up to a UTC offset (the usual case): the
+      name's time at that offset, then the ``_N`` suffix, then the mtime;
+    * a name whose mtime does not (the file was copied or touched since): the
+      name read at the offset of the nearest such archive by name, or as UTC
+      when there is none (plain name order, as memd always sorted);
+    * anything else named ``history_*``: its mtime, the only instant it has.
+    """
+    listed = list(archives)
+    walls = [_wall_clock(info.name) for info in listed]
+    anchors: list[tuple[int, int]] = []  # (wall clock, offset), sorted
+    for info, wall in zip(listed, walls, strict=True):
+        if wall is not None:
+            offset = _anchored_offset(wall, info.mtime)
+            if offset is not None:
+                anchors.append((wall, offset))
+    anchors.sort()
+
+    def key(pair: tuple[ArchiveInfo, int | None]) -> tuple[float, int, float, str]:
+        info, wall = pair
+        if wall is None:
+            return (info.mtime, 0, info.mtime, info.name)
+        offset = _anchored_offset(wall, info.mtime)
+        if offset is None:
+            offset = _nearest_offset(anchors, wall)
+        return (float(wall - offset), _suffix(info.name), info.mtime, info.name)
+
+    return [info for info, _wall in sorted(zip(listed, walls, strict=True), key=key)]
+
+
+def _nearest_offset(anchors: Sequence[tuple[int, int]], wall: int) -> int:
+    if not anchors:
+        return 0
+    at = bisect.bisect_left(anchors, (wall, _MIN_OFFSET_S))
+    nearby = anchors[max(at - 1, 0) : at + 1]
+    return min(nearby, key=lambda anchor: abs(anchor[0] - wall))[1]
+
+
+def _suffix(name: str) -> int:
+    match = _NAME_RE.fullmatch(name)
+    return int(match["n"] or 0) if match is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +212,7 @@ def plan_prune(
     protect: Iterable[str] = (),
 ) -> PrunePlan:
     """What ``limits`` delete among ``archives`` at time ``now``; ``protect`` stays."""
-    ordered = sorted(
-        (a for a in archives if is_archive_name(a.name)),
-        key=lambda a: (*archive_order(a.name), a.mtime),
-    )
+    ordered = creation_order(a for a in archives if is_archive_name(a.name))
     protected = frozenset(protect)
     reasons: dict[str, list[str]] = {}
 
@@ -178,6 +259,7 @@ __all__ = [
     "PrunePlan",
     "RetentionLimits",
     "archive_order",
+    "creation_order",
     "is_archive_name",
     "plan_prune",
 ]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +16,7 @@ from memd.core.retention import (
     ArchiveInfo,
     RetentionLimits,
     archive_order,
+    creation_order,
     is_archive_name,
     plan_prune,
 )
@@ -49,6 +54,78 @@ def test_names() -> None:
         "history_2026-01-01_10-00-00_2.md.enc",
         "history_2026-01-01_10-00-00_10.md",
     ]
+
+
+NEW_YORK = ZoneInfo("America/New_York")
+LOS_ANGELES = ZoneInfo("America/Los_Angeles")
+
+
+def written(at_utc: datetime, zone: ZoneInfo, n: int = 0, write_s: float = 0.4) -> ArchiveInfo:
+    """An archive as memd writes it at ``at_utc`` in ``zone``: named by the local
+    wall clock (no offset), its mtime the instant its bytes landed."""
+    local = at_utc.astimezone(zone)
+    suffix = f"_{n}" if n else ""
+    name = "history_" + local.strftime("%Y-%m-%d_%H-%M-%S") + suffix + ".md"
+    return ArchiveInfo(name, 100, at_utc.timestamp() - write_s)
+
+
+def test_a_dst_fall_back_hour_is_ordered_by_when_archives_were_written() -> None:
+    # America/New_York, 2026-11-01: 01:00-02:00 happens twice (EDT, then EST).
+    first = written(datetime(2026, 11, 1, 5, 50, tzinfo=UTC), NEW_YORK)  # 01:50 EDT
+    second = written(datetime(2026, 11, 1, 6, 10, tzinfo=UTC), NEW_YORK)  # 01:10 EST
+    newest = written(datetime(2026, 11, 1, 6, 40, tzinfo=UTC), NEW_YORK)  # 01:40 EST
+    assert first.name.endswith("01-50-00.md") and second.name.endswith("01-10-00.md")
+    assert creation_order([newest, second, first]) == [first, second, newest]
+    # The archive just written is protected; the one to go is the oldest, 01:50 EDT,
+    # not the 01:10 EST one that sorts first by name.
+    plan = plan_prune(
+        [first, second, newest], RetentionLimits(max_archives=2), NOW, protect=[newest.name]
+    )
+    assert [a.name for a in plan.delete] == [first.name]
+    assert [a.name for a in plan.keep] == [second.name, newest.name]
+
+
+def test_the_same_local_second_twice_in_a_fall_back() -> None:
+    edt = written(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), NEW_YORK)
+    est = written(datetime(2026, 11, 1, 6, 30, tzinfo=UTC), NEW_YORK, n=1)
+    between = written(datetime(2026, 11, 1, 6, 0, tzinfo=UTC), NEW_YORK)  # 01:00 EST
+    assert creation_order([est, between, edt]) == [edt, between, est]
+
+
+def test_daemon_and_compact_now_in_different_time_zones() -> None:
+    # The daemon runs with TZ=UTC (its unit), an operator's compact-now in Los Angeles.
+    start = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+    daemon_early = written(start, ZoneInfo("UTC"))  # history_…_10-00-00
+    operator = written(start + timedelta(minutes=30), LOS_ANGELES)  # history_…_02-30-00
+    daemon_late = written(start + timedelta(hours=1), ZoneInfo("UTC"))  # history_…_11-00-00
+    archives = [daemon_late, operator, daemon_early]
+    assert creation_order(archives) == [daemon_early, operator, daemon_late]
+    plan = plan_prune(archives, RetentionLimits(max_archives=2), NOW, protect=[daemon_late.name])
+    assert [a.name for a in plan.delete] == [daemon_early.name]
+    # The size limit drops the same one first.
+    plan = plan_prune(archives, RetentionLimits(max_total_mb=250 / 1024 / 1024), NOW)
+    assert [a.name for a in plan.delete] == [daemon_early.name]
+
+
+def test_archives_whose_mtime_no_longer_matches_their_name() -> None:
+    # Copied back from a backup without their times: every mtime is the restore's.
+    restored = [ArchiveInfo(f"history_2026-01-0{day}_10-00-00.md", 100, NOW) for day in (3, 1, 2)]
+    assert [a.name[8:18] for a in creation_order(restored)] == [
+        "2026-01-01",
+        "2026-01-02",
+        "2026-01-03",
+    ]
+    # One copied archive among archives written in Los Angeles is read in the
+    # offset of its neighbour: it sits where it was written, not by its name as UTC.
+    start = datetime(2026, 3, 2, 18, 0, tzinfo=UTC)
+    before = written(start, LOS_ANGELES)  # 10:00 PST
+    copied = dataclasses.replace(written(start + timedelta(hours=1), LOS_ANGELES), mtime=NOW)
+    after = written(start + timedelta(hours=2), LOS_ANGELES)  # 12:00 PST
+    daemon = written(start + timedelta(minutes=90), ZoneInfo("UTC"))  # 19:30 UTC
+    assert creation_order([daemon, after, copied, before]) == [before, copied, daemon, after]
+    # A hand-made name has no time in it: its mtime is the only instant.
+    odd = ArchiveInfo("history_notes.md", 100, start.timestamp() + 1)
+    assert creation_order([after, odd, before]) == [before, odd, after]
 
 
 def test_no_limits_delete_nothing() -> None:
@@ -143,11 +220,13 @@ def test_properties(
         assert not free
     if limits.max_age_days:
         assert all(a.mtime >= NOW - limits.max_age_s for a in free)
-    # Oldest first: an archive deleted for count or size is older than every free kept one.
+    # Oldest first: an archive deleted for count or size was written before every
+    # free kept one.
+    written = {a.name: index for index, a in enumerate(creation_order(archives))}
     for gone in plan.delete:
         if REASON_AGE in plan.reasons[gone.name]:
             continue
-        assert all(archive_order(gone.name) < archive_order(k.name) for k in free)
+        assert all(written[gone.name] < written[k.name] for k in free)
     # Nothing deleted without a limit; applying the plan again deletes nothing more.
     if not limits.active:
         assert not deleted
