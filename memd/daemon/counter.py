@@ -21,14 +21,15 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from memd.core.config import TriggerConfig
 from memd.core.debounce import Debouncer
-from memd.core.jobs import appends_could_reach
+from memd.core.jobs import JobState, appends_could_reach
 from memd.core.plan import FileFacts, StoredCountTrust, stored_count_trust
 from memd.counting import CountJob, count_many, fitting_marks, pool_workers, worker_count
 from memd.daemon.entries import (
@@ -124,8 +125,10 @@ def _appends_could_reach(entry: AgentEntry) -> bool:
     )
 
 
-# A MEMORY.md this large takes seconds to count (about 5 MB/s per core): it is
-# counted after READY, so one agent never holds the fleet's readiness back.
+# A MEMORY.md this large takes seconds to count from scratch (about 5 MB/s per
+# core): it is counted after READY, so one agent never holds the fleet's
+# readiness back, and later in the background (one at a time), so it never
+# holds every other agent's counts on the count thread.
 SLOW_COUNT_BYTES = 16 << 20
 
 
@@ -134,6 +137,30 @@ def _slow_to_count(entry: AgentEntry) -> bool:
         return os.stat(entry.paths.memory).st_size > SLOW_COUNT_BYTES
     except OSError:
         return False
+
+
+def _slow_recount(entry: AgentEntry) -> bool:
+    """Whether counting ``entry`` now would tokenize a file above
+    :data:`SLOW_COUNT_BYTES` from scratch, judged from a stat against what the
+    entry last counted (the count itself decides the same way: no count, another
+    inode, or a file shorter than counted). An append to a large file counted
+    before is a few KB of work and stays on the count thread; a rewrite in place
+    that keeps the inode and grows shows only to the count (its window digest)."""
+    try:
+        info = os.stat(entry.paths.memory_fspath())
+    except OSError:
+        return False  # the count reports it (gone, refused), at once
+    if info.st_size <= SLOW_COUNT_BYTES:
+        return False
+    tracked = entry.tracked
+    if tracked is None:
+        return True
+    state = tracked.state
+    if (state.dev, state.ino) != (info.st_dev, info.st_ino):
+        # While the agent's job runs, another inode is the job's new file: the
+        # count skips it (the runner counts it from the job's own count).
+        return entry.job.state is not JobState.RUNNING
+    return info.st_size < state.size
 
 
 def _new_debouncer(trigger: TriggerConfig) -> Debouncer[str]:
@@ -181,9 +208,12 @@ class CountService:
         self._state_lock = threading.Lock()  # debouncer, count_now, rescan, reconcile_due
         self._thread: threading.Thread | None = None
         self._stopping = False
-        # Agents whose first count runs in the background (count_later).
+        # Agents counted from scratch in the background, one at a time: large
+        # files after READY (count_later) and large recounts found due in a tick.
+        # Queued or being counted; the tick leaves them alone meanwhile.
         self._counting_later: set[str] = set()
-        self._later: threading.Thread | None = None
+        self._later_queue: deque[tuple[AgentEntry, str]] = deque()
+        self._later: threading.Thread | None = None  # running while the queue is worked
         # Set by the wiring when the watcher polls (``--poll``, ``[watch] poll``):
         # the poller checks every MEMORY.md each poll interval (its size, or its
         # path) and stats each path within ``memd.poller.VERIFY_S``, so the
@@ -322,8 +352,12 @@ class CountService:
             entry = self._registry.get(name)
             if entry is None:
                 continue
-            counted.append(entry)
             try:
+                if _slow_recount(entry):
+                    # Seconds of tokenizing: every other agent's count would wait.
+                    self._count_in_background([entry], "recounted in the background")
+                    continue
+                counted.append(entry)
                 if self._count(entry):
                     self._runner.evaluate(entry)
             except Exception:  # one agent's surprise must not drop the rest of `due`
@@ -528,32 +562,49 @@ class CountService:
         """Count large files in the background once the daemon is READY (readiness
         never waits on one agent); the counting loop leaves them alone meanwhile,
         then counts what was appended during it and hands them to the runner."""
-        if not entries:
-            return
+        self._count_in_background(entries, "counted after READY")
+
+    def _count_in_background(self, entries: Iterable[AgentEntry], done: str) -> None:
+        """Queue ``entries`` for the background count (one thread, one file at a time,
+        started when there is work; an agent already queued is not queued twice).
+        Each is logged ``done`` once counted, then asked for a count on the count
+        thread: what was appended meanwhile, and the runner's decision."""
         with self._state_lock:
-            self._counting_later.update(entry.name for entry in entries)
+            fresh = [entry for entry in entries if entry.name not in self._counting_later]
+            if not fresh:
+                return
+            self._counting_later.update(entry.name for entry in fresh)
+            self._later_queue.extend((entry, done) for entry in fresh)
+            if self._later is not None:
+                return  # the running thread takes them (it ends only on an empty queue)
+            self._later = thread = threading.Thread(
+                target=self._count_queued, name="memd-count-large", daemon=True
+            )
+        thread.start()
 
-        def count_them() -> None:
-            for entry in entries:
-                try:
-                    if not self._stopping and self._registry.is_current(entry):
-                        self._count(entry)
-                        tracked = entry.tracked
-                        _log.info(
-                            "counted after READY",
-                            agent=entry.name,
-                            tokens=entry.tokens,
-                            estimated=tracked is not None and tracked.state.estimated,
-                        )
-                except Exception:
-                    _log.exception("counting failed", agent=entry.name)
-                finally:
-                    with self._state_lock:
-                        self._counting_later.discard(entry.name)
-                self.request_count(entry.name)
-
-        self._later = threading.Thread(target=count_them, name="memd-count-large", daemon=True)
-        self._later.start()
+    def _count_queued(self) -> None:
+        while True:
+            with self._state_lock:
+                if not self._later_queue:
+                    self._later = None
+                    return
+                entry, done = self._later_queue.popleft()
+            try:
+                if not self._stopping and self._registry.is_current(entry):
+                    self._count(entry)
+                    tracked = entry.tracked
+                    _log.info(
+                        done,
+                        agent=entry.name,
+                        tokens=entry.tokens,
+                        estimated=tracked is not None and tracked.state.estimated,
+                    )
+            except Exception:
+                _log.exception("counting failed", agent=entry.name)
+            finally:
+                with self._state_lock:
+                    self._counting_later.discard(entry.name)
+            self.request_count(entry.name)
 
     def _pool_workers(self, entries: list[AgentEntry]) -> int:
         """Forked workers for a large cold scan (1: count here), and only with the

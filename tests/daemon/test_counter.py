@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.daemon_services import COUNTER, ScriptedCompaction, build_services
 from support.memfiles import AgentWorkspace, append_entry
 
+import memd.daemon.counter
 from memd.core.jobs import AgentJob, JobState
 from memd.daemon.counter import _COALESCE_S
 from memd.workspace import AgentPaths
@@ -492,3 +495,82 @@ def test_a_restored_count_keeps_only_the_marks_that_fit_it(tmp_path: Path) -> No
     # And a job starts from it (made with the tokenizer in use: the encoding matched).
     assert s.entry_counter is not None
     assert s.entry_counter.job_count(entry)[1] is entry.tracked
+
+
+class GatedTokenizer:
+    """The real count, except that a piece holding ``GATE`` waits for :attr:`gate`
+    (a 100 MB file's seconds of tokenizing, as long as the test wants); records
+    which thread tokenized each piece."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.at_gate = threading.Event()
+        self.threads: list[str] = []
+
+    def count_bytes(self, data: bytes) -> int:
+        self.threads.append(threading.current_thread().name)
+        if b"GATE" in data:
+            self.at_gate.set()
+            assert self.gate.wait(30)
+        return COUNTER.count_bytes(data)
+
+    def count_text(self, text: str) -> int:
+        return COUNTER.count_text(text)
+
+
+def test_a_large_recount_runs_beside_the_count_thread_not_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large MEMORY.md replaced by its agent is counted from scratch in the
+    background: another agent's count made meanwhile does not wait for it, and what
+    was appended during it is counted after. An append to a large file counted
+    before stays on the count thread."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("big")
+    ws.create_agent("small")
+    s = build_services(ws, ScriptedCompaction(), extra={"trigger": {"context_length": 10**6}})
+    assert s.entry_counter is not None
+    tokenizer = GatedTokenizer()
+    s.entry_counter.tokenizer = tokenizer
+    monkeypatch.setattr(memd.daemon.counter, "SLOW_COUNT_BYTES", 4096)  # "large" here
+    big = ws.root / "agents/big/MEMORY.md"
+    replacement = big.with_suffix(".new")
+    replacement.write_bytes(big.read_bytes())
+    append_entry(replacement, "Human", "GATE " + "word " * 2000)  # 10 KB
+    os.replace(replacement, big)  # a new inode: counted from scratch
+    small = s.fill("small", 2)
+    s.hint("big")
+    s.hint("small")
+
+    ticked = threading.Event()
+
+    def tick() -> None:
+        s.counter.tick(s.clock.advance(1.0))
+        ticked.set()
+
+    ticker = threading.Thread(target=tick, name="test-tick", daemon=True)
+    ticker.start()
+    try:
+        assert tokenizer.at_gate.wait(10)  # the big recount is in progress
+        # The tick did not wait for it: the small agent is counted.
+        assert ticked.wait(10)
+        assert s.tokens("small") == full(small)
+        assert "memd-count-large" in tokenizer.threads
+        # Appended while the recount runs: counted after it, incrementally.
+        append_entry(big, "AI", "written during the recount " * 20)
+    finally:
+        tokenizer.gate.set()
+    ticker.join(10)
+    for thread in threading.enumerate():
+        if thread.name == "memd-count-large":
+            thread.join(10)  # counted, and asked the count thread for the rest
+    s.settle()
+    assert s.tokens("big") == full(big)
+
+    # An append to the large file counted before: a few KB, on the count thread.
+    tokenizer.threads.clear()
+    append_entry(big, "Human", "one more turn " * 10)
+    s.hint("big")
+    s.settle()
+    assert s.tokens("big") == full(big)
+    assert tokenizer.threads and set(tokenizer.threads) == {"MainThread"}
