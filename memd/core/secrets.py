@@ -9,8 +9,10 @@ Slack webhooks, SendGrid, Twilio, PyPI, Square, Azure storage, Telegram) their
 own compiled patterns are used; memd's rules cover the rest (OpenAI project
 keys, Anthropic, fine-grained GitHub PATs, Slack tokens with mixed case,
 Stripe's full-length keys, JWTs, whole PEM blocks, bearer tokens, passwords in
-URLs and ``password=`` style assignments) and, on request, PII (emails, phone
-numbers, card numbers passing the Luhn check, US SSNs, UK NI numbers, IBANs).
+URLs and ``password=`` style assignments, passwords given to well-known
+command-line tools: ``mysql -p…``, ``curl -u user:…``, ``sshpass -p``…) and,
+on request, PII (emails, phone numbers, card numbers passing the Luhn check,
+US SSNs, UK NI numbers, IBANs).
 
 Entropy heuristics are deliberately absent: on memory files they flag hex
 hashes, UUIDs, commit ids and base64 blobs (12 of 13 look-alikes in the
@@ -146,6 +148,121 @@ _ASSIGN_KEYS: Final = (
 # as the last part after a "_": in prose "pass" and "pw" are ordinary words.
 _ENV_ASSIGN_KEYS: Final = (
     r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b|\b(?:[A-Z0-9]+_)+(?:PASS|PW)\b"
+)
+
+# Command lines (an agent's tool calls) that carry a password as an argument.
+# Only tools whose option surely takes a password are read: ``-p`` is a port or
+# a path for most tools, and ``mysql -p`` alone (nothing glued) only prompts.
+# A run of arguments stays within one command: not across ``|``, ``;``, ``&``.
+_ARGS: Final = r"(?:[ \t]+[^\s|;&]+)*?[ \t]+"
+_ARG_VALUE: Final = r"(\"[^\"\n]{1,200}\"|'[^'\n]{1,200}'|[^\s\"'`|;&]{1,200})"
+_MYSQL_CLIENTS: Final = (
+    r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mysqlbinlog|mysqlpump"
+    r"|mariadb(?:-dump|-admin|-import|-show|-check|-binlog)?)"
+)
+# htpasswd's options (-C takes a number); -b means the password is an argument.
+_HTPASSWD_OPTION: Final = r"(?:[ \t]+-[A-Za-z]+(?:[ \t]+\d+)?)"
+_HTPASSWD_BATCH: Final = r"(?=" + _HTPASSWD_OPTION + r"*[ \t]+-[A-Za-z]*b)"
+_REGISTRY_LOGIN: Final = (
+    r"(?:docker|podman|buildah|skopeo|nerdctl|oras|helm[ \t]+registry)[ \t]+login"
+)
+
+
+def _command_value(candidate: str) -> bool:
+    """An argument that is a password, not a stand-in for one: ``$DB_PASS``,
+    ``"$(cat pw)"``, ``<password>``, ``****``, ``{{ pw }}``."""
+    value = candidate.strip("\"'")
+    if len(value) < 3 or value.startswith(("$", "<", "{{", "[REDACTED:", "%(")):
+        return False
+    return re.fullmatch(r"[*x•.]+", value) is None
+
+
+_COMMAND_RULES: Final[tuple[Rule, ...]] = (
+    # mysql -u root -pS3cr3t db: the password is glued to -p (MySQL's own rule).
+    Rule(
+        "password",
+        _rx(r"\b" + _MYSQL_CLIENTS + r"\b" + _ARGS + r"-p" + _ARG_VALUE),
+        group=1,
+        validate=_command_value,
+        hints=("mysql", "mariadb"),
+    ),
+    # curl -u alice:S3cr3t, --user alice:S3cr3t, --proxy-user / -U the same;
+    # "-u alice" alone prompts for the password.
+    Rule(
+        "password",
+        _rx(
+            r"\bcurl\b" + _ARGS + r"(?:-u|-U|--user|--proxy-user)(?:[ \t]+|=)?[\"']?"
+            r"[^\s:\"'|;&]*:([^\s\"'|;&]{1,200})"
+        ),
+        group=1,
+        validate=_command_value,
+        hints=("curl",),
+    ),
+    # wget --password x (the "=" form is an assignment, found by the rules below).
+    Rule(
+        "password",
+        _rx(r"\bwget\b" + _ARGS + r"--(?:http-|ftp-|proxy-)?password[ \t]+" + _ARG_VALUE),
+        group=1,
+        validate=_command_value,
+        hints=("wget",),
+    ),
+    Rule(
+        "password",
+        _rx(r"\bsshpass\b" + _ARGS + r"-p[ \t]*" + _ARG_VALUE),
+        group=1,
+        validate=_command_value,
+        hints=("sshpass",),
+    ),
+    # docker login -p x / --password x (not --password-stdin).
+    Rule(
+        "password",
+        _rx(
+            r"\b" + _REGISTRY_LOGIN + r"\b" + _ARGS + r"(?:-p|--password)(?:[ \t]+|=)" + _ARG_VALUE
+        ),
+        group=1,
+        validate=_command_value,
+        hints=("login",),
+    ),
+    Rule(
+        "password",
+        _rx(r"\bredis-cli\b" + _ARGS + r"(?:-a|--pass)[ \t]+" + _ARG_VALUE),
+        group=1,
+        validate=_command_value,
+        hints=("redis-cli",),
+    ),
+    # htpasswd -b[c] FILE USER PASSWORD; htpasswd -nb USER PASSWORD (no file).
+    Rule(
+        "password",
+        _rx(
+            r"\bhtpasswd"
+            + _HTPASSWD_BATCH
+            + r"(?!"
+            + _HTPASSWD_OPTION
+            + r"*[ \t]+-[A-Za-z]*n)"
+            + _HTPASSWD_OPTION
+            + r"+[ \t]+[^\s|;&]+[ \t]+[^\s|;&]+[ \t]+"
+            + _ARG_VALUE
+        ),
+        group=1,
+        validate=_command_value,
+        hints=("htpasswd",),
+    ),
+    Rule(
+        "password",
+        _rx(
+            r"\bhtpasswd"
+            + _HTPASSWD_BATCH
+            + r"(?="
+            + _HTPASSWD_OPTION
+            + r"*[ \t]+-[A-Za-z]*n)"
+            + _HTPASSWD_OPTION
+            + r"+[ \t]+[^\s|;&]+[ \t]+"
+            + _ARG_VALUE
+        ),
+        group=1,
+        validate=_command_value,
+        hints=("htpasswd",),
+    ),
 )
 
 _MEMD_RULES: Final[tuple[Rule, ...]] = (
@@ -445,7 +562,12 @@ def find_secrets(
     if not text:
         return []
     pairs = tuple(user_patterns.items() if isinstance(user_patterns, Mapping) else user_patterns)
-    rules: list[Rule] = [*_MEMD_RULES, *_detect_secrets_rules(), *compile_user_patterns(pairs)]
+    rules: list[Rule] = [
+        *_MEMD_RULES,
+        *_COMMAND_RULES,
+        *_detect_secrets_rules(),
+        *compile_user_patterns(pairs),
+    ]
     if pii:
         rules += _PII_RULES
     found = _spans_with_escapes_undone(text, rules)

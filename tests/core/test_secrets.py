@@ -219,3 +219,62 @@ def test_a_credential_a_model_formats_as_markdown_is_found(text: str, secret: st
 )
 def test_markdown_about_credentials_is_not_a_credential(text: str) -> None:
     assert find_secrets(text) == []
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ("mysql -u root -pS3cr3t-db9 app", "S3cr3t-db9"),
+        ("mysqldump -h db.internal -u backup -p'S3 cr3t!' app > app.sql", "S3 cr3t!"),
+        ("mariadb -uroot -pS3cr3t-db9 -e 'select 1'", "S3cr3t-db9"),
+        ("mysql --password=S3cr3t-db9 app", "S3cr3t-db9"),
+        ("curl -u alice:S3cr3t-web9 https://api.example.com/v1", "S3cr3t-web9"),
+        ("curl -sS --user alice:S3cr3t-web9 https://api.example.com", "S3cr3t-web9"),
+        ('curl -u "alice:S3cr3t-web9" https://api.example.com', "S3cr3t-web9"),
+        ("curl --proxy-user bob:Pr0xy-pw-77 https://example.com", "Pr0xy-pw-77"),
+        ("wget --password S3cr3t-ftp9 ftp://files.example.com/a", "S3cr3t-ftp9"),
+        ("wget --ftp-password=S3cr3t-ftp9 ftp://files.example.com/a", "S3cr3t-ftp9"),
+        ("sshpass -p 'S3cr3t ssh!' ssh deploy@host", "S3cr3t ssh!"),
+        ("sshpass -pS3cr3t-ssh9 scp f deploy@host:", "S3cr3t-ssh9"),
+        ("PGPASSWORD=S3cr3t-pg9 psql -h db -U app", "S3cr3t-pg9"),
+        ("docker login -u bot -p S3cr3t-reg9 registry.example.com", "S3cr3t-reg9"),
+        ("podman login --password S3cr3t-reg9 quay.io", "S3cr3t-reg9"),
+        ("redis-cli -h cache -a S3cr3t-red9 ping", "S3cr3t-red9"),
+        ("htpasswd -b /etc/nginx/.htpasswd alice S3cr3t-ht9", "S3cr3t-ht9"),
+        ("htpasswd -B -C 12 -cb .htpasswd alice S3cr3t-ht9", "S3cr3t-ht9"),
+        ("htpasswd -nb alice S3cr3t-ht9", "S3cr3t-ht9"),
+        # As a tool call reaches memory: a JSON-escaped command string.
+        ('{"cmd": "mysql -u root -p\\"S3cr3t-db9\\" app"}', "S3cr3t-db9"),
+    ],
+)
+def test_a_password_on_a_command_line_is_found(command: str, secret: str) -> None:
+    spans = find_secrets(command)
+    assert [s.value(command).replace('\\"', "") for s in spans] == [secret]
+    assert all(s.kind == "password" for s in spans)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "mysql -u root -p app",  # -p alone: mysql prompts
+        "mysql -u root -p",
+        "mysql -p -h db.internal app",
+        "mysql -h db -P 3306 -u app app",
+        "ssh -p 2222 deploy@host",
+        "psql -p 5432 -h db app",
+        "scp -P 22 -p file host:/tmp",
+        "docker run -p 8080:80 nginx",
+        "redis-cli -p 6380 ping",
+        "curl -u alice https://api.example.com",  # no password: curl prompts
+        'curl -u "$API_USER:$API_PASS" https://api.example.com',
+        "docker login --password-stdin registry.example.com",
+        'redis-cli -a "$REDIS_PASSWORD" ping',
+        "mysql -p$MYSQL_PWD app",
+        "sshpass -f ~/.pw ssh host",
+        "htpasswd -c .htpasswd alice",  # prompts
+        "mysql -u app app | grep -pattern x",
+        "Run the mysql client with -p and type the password when asked.",
+    ],
+)
+def test_a_command_line_without_a_password_is_not_flagged(command: str) -> None:
+    assert find_secrets(command) == []
