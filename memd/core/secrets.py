@@ -123,6 +123,14 @@ def _assigned_value(candidate: str) -> bool:
     return not value.isdigit() or len(value) >= 6
 
 
+def _reads_as_code(candidate: str) -> bool:
+    """``tokenize``, ``"shadow"``, ``Pass.FIRST``, ``make_pass(…``, ``64``, ``1.5``,
+    ``yes``: what a constant in code is set to, not what a password looks like
+    (those carry a digit, a symbol or both cases: ``hunter2x``, ``Tr0ub4dor&3``)."""
+    value = candidate.strip("\"'`")
+    return bool(re.fullmatch(r"[A-Za-z_]+(?:\.[A-Za-z_]+)*(?:\(.*)?|[+-]?\d+(?:\.\d+)?", value))
+
+
 def _spoken_password(candidate: str) -> bool:
     """ "the password is hunter2!" yes, "the password is incorrect" no."""
     return _assigned_value(candidate) and bool(re.search(r"[\d\W_]", candidate))
@@ -144,10 +152,33 @@ _ASSIGN_KEYS: Final = (
     r"private[_-]?key|credentials?"
 )
 # .env names for passwords the keys above miss: PGPASSWORD, HTPASSWD (no "_"
-# before PASSWORD/PASSWD), SMTP_PASS, ADMIN_PW.  Upper case only, and PASS/PW only
-# as the last part after a "_": in prose "pass" and "pw" are ordinary words.
-_ENV_ASSIGN_KEYS: Final = (
-    r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b|\b(?:[A-Z0-9]+_)+(?:PASS|PW)\b"
+# before PASSWORD/PASSWD).  Upper case only: in prose these are ordinary words.
+_ENV_ASSIGN_KEYS: Final = r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b"
+# SMTP_PASS, ADMIN_PW: PASS/PW only as the last part after a "_".  Code names
+# passes and limits the same way (SHADOW_PASS = "shadow", FIRST_PASS=tokenize),
+# so a value that reads as code (an identifier, a number, a keyword) counts only
+# under a name that also says whose password it is (DB_PASS=postgres).
+_ENV_SHORT_KEY: Final = r"\b(?:[A-Z0-9]+_)+(?:PASS|PW)\b"
+_ACCOUNT_WORDS: Final = (
+    r"ADMIN|ROOT|USER|USR|SU|SUPERUSER|OWNER|GUEST|OPERATOR|MASTER|DEFAULT|INITIAL|"
+    r"AUTH|LOGIN|ACCOUNT|ACCT|SVC|SERVICE|APP|API|BOT|CLIENT|SERVER|WEB|SITE|PORTAL|"
+    r"DB|DATABASE|SQL|MYSQL|MARIADB|PG|POSTGRES|POSTGRESQL|PSQL|MSSQL|SA|ORACLE|MONGO|"
+    r"MONGODB|REDIS|RABBIT|RABBITMQ|AMQP|MQ|KAFKA|ELASTIC|ES|INFLUX|CLICKHOUSE|"
+    r"CASSANDRA|SMTP|IMAP|POP3|MAIL|EMAIL|FTP|SFTP|SSH|LDAP|BIND|AD|PROXY|HTTP|"
+    r"HTTPS|VPN|WIFI|WLAN|SMB|SAMBA|NAS|REGISTRY|DOCKER|NEXUS|ARTIFACTORY|GIT|REPO|"
+    r"JENKINS|GRAFANA|KIBANA|MINIO|S3|VAULT|KEYSTORE|TRUSTSTORE|JKS|P12|PFX|SSL|TLS|"
+    r"CERT|KEY|BASIC"
+)
+_ENV_ACCOUNT_KEY: Final = rf"\b(?:[A-Z0-9]+_)*(?:{_ACCOUNT_WORDS})(?:_[A-Z0-9]+)*_(?:PASS|PW)\b"
+# What follows a key: a separator, then the value (group 1).
+_ASSIGNED: Final = (
+    # Markdown around the key or the value (**Password**: `…`) as a model
+    # writes it in a summary.
+    r"[\"'`*]*\s*(?::=|=>|=|:)\s*(?:\*\*)?"
+    # A quoted value; one whose closing quote was cut off (a line
+    # clipped by an extract) still is one.
+    r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
+    r"|[^\s\"'`,;)}\]]{4,200}))"
 )
 
 # Command lines (an agent's tool calls) that carry a password as an argument.
@@ -354,19 +385,25 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     # password=…, "api_key": "…", SECRET_KEY: …, export GITHUB_TOKEN=…
     Rule(
         "password",
-        _rx(
-            rf"(?:(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)|{_ENV_ASSIGN_KEYS})"
-            # Markdown around the key or the value (**Password**: `…`) as a model
-            # writes it in a summary.
-            r"[\"'`*]*\s*(?::=|=>|=|:)\s*(?:\*\*)?"
-            # A quoted value; one whose closing quote was cut off (a line
-            # clipped by an extract) still is one.
-            r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
-            r"|[^\s\"'`,;)}\]]{4,200}))"
-        ),
+        _rx(rf"(?:(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)|{_ENV_ASSIGN_KEYS})" + _ASSIGNED),
         group=1,
         validate=_assigned_value,
-        hints=("pass", "pwd", "_pw", "secret", "token", "key", "credential"),
+        hints=("pass", "pwd", "secret", "token", "key", "credential"),
+    ),
+    # SMTP_PASS=…, ADMIN_PW: …  (DB_PASS=postgres: see _ENV_SHORT_KEY)
+    Rule(
+        "password",
+        _rx(_ENV_SHORT_KEY + _ASSIGNED),
+        group=1,
+        validate=lambda value: _assigned_value(value) and not _reads_as_code(value),
+        hints=("_pass", "_pw"),
+    ),
+    Rule(
+        "password",
+        _rx(_ENV_ACCOUNT_KEY + _ASSIGNED),
+        group=1,
+        validate=_assigned_value,
+        hints=("_pass", "_pw"),
     ),
     Rule(
         "password",

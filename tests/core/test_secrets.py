@@ -278,3 +278,77 @@ def test_a_password_on_a_command_line_is_found(command: str, secret: str) -> Non
 )
 def test_a_command_line_without_a_password_is_not_flagged(command: str) -> None:
     assert find_secrets(command) == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        'SHADOW_PASS = "shadow"',
+        "FIRST_PASS=tokenize",
+        "MAX_PW_LEN = 64",
+        "RENDER_PASS = RenderPass.OPAQUE",
+        "SECOND_PASS = make_pass(tree, strict=True)",
+        "NUM_PASS = 100000",
+        "const LAST_PASS = 'finalize';",
+        'SHADOW_PASS: Final = "shadow"',
+        "TESTS_PASS=true",
+    ],
+)
+def test_a_code_constant_named_like_a_password_is_not_one(code: str) -> None:
+    assert find_secrets(code) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("SMTP_PASS=hunter2x", "hunter2x"),
+        ("ADMIN_PW='Tr0ub4dor&3'", "Tr0ub4dor&3"),
+        ("cat .env\nDB_HOST=db\nDB_PASS=postgres\nDB_NAME=app", "postgres"),
+        ("MYAPP_DB_PASS = changeme", "changeme"),
+        ("LDAP_BIND_PW=secretpw", "secretpw"),
+        ("ADMIN_PW=123456", "123456"),
+        ('export REDIS_PASS="letmein"', "letmein"),
+        # A value that looks like a password counts under any _PASS name.
+        ("FIRST_PASS=hunter2x", "hunter2x"),
+    ],
+)
+def test_a_dotenv_password_is_found(text: str, secret: str) -> None:
+    assert [s.value(text) for s in find_secrets(text)] == [secret]
+
+
+_STAGE_WORDS = ("FIRST", "SECOND", "LAST", "SHADOW", "RENDER", "LINT", "OPT", "MULTI", "NEXT")
+_ACCOUNT_NAMES = ("SMTP", "DB", "ADMIN", "ROOT", "REDIS", "LDAP_BIND", "MYSQL", "FTP", "APP_DB")
+
+
+@given(
+    stage=st.sampled_from(_STAGE_WORDS),
+    suffix=st.sampled_from(("PASS", "PW")),
+    value=st.one_of(
+        st.from_regex(r"[a-z_]{4,20}(\.[A-Z_]{1,10})?", fullmatch=True),
+        st.integers(min_value=-(10**9), max_value=10**9).map(str),
+        st.sampled_from(("true", "false", "None", "null")),
+    ),
+    spaced=st.booleans(),
+    quote=st.sampled_from(("", '"', "'")),
+)
+def test_identifier_number_or_keyword_under_a_stage_name_is_not_a_password(
+    stage: str, suffix: str, value: str, spaced: bool, quote: str
+) -> None:
+    separator = " = " if spaced else "="
+    assert find_secrets(f"{stage}_{suffix}{separator}{quote}{value}{quote}") == []
+
+
+@given(
+    account=st.sampled_from(_ACCOUNT_NAMES),
+    suffix=st.sampled_from(("PASS", "PW")),
+    value=st.from_regex(r"[A-Za-z0-9!@#%^&*_+-]{6,24}", fullmatch=True).filter(
+        lambda v: not set(v) <= set("*x.")
+    ),
+    spaced=st.booleans(),
+)
+def test_any_value_under_an_account_password_name_is_a_password(
+    account: str, suffix: str, value: str, spaced: bool
+) -> None:
+    separator = " = " if spaced else "="
+    text = f"{account}_{suffix}{separator}{value}"
+    assert [s.value(text) for s in find_secrets(text)] == [value]
