@@ -216,14 +216,38 @@ def read_master_key(path: Path) -> MasterKey:
     return parse_master_key(data, str(path))
 
 
-def key_file_problem(path: Path) -> str | None:
-    """What is wrong with a key file's mode (doctor): readable or writable beyond its owner."""
+def key_file_problem(path: Path, euid: int | None = None) -> tuple[str, str] | None:
+    """What makes a key file untrustworthy (doctor, and the daemon at start), with its
+    fix: readable or writable beyond its owner, owned by another user than memd's
+    (``euid``; root may own it), or a symlink that leaves the file's own folder.
+
+    Whoever can write the file, or the link, can swap in a key they hold: every
+    archive sealed from then on is theirs to read.  A link inside the folder is
+    how secret mounts look (Kubernetes: ``key -> ..data/key``) and is fine.
+    """
+    uid = os.geteuid() if euid is None else euid
     try:
+        link = os.lstat(path)
         st = os.stat(path)
     except OSError:
-        return None
+        return None  # read_master_key names a missing or unreadable file
+    if stat.S_ISLNK(link.st_mode):
+        target = path.resolve()
+        if not target.is_relative_to(path.parent.resolve()):
+            return (
+                f"key file {path} is a symlink to {target}, outside its folder",
+                f"point privacy.key_file at {target} itself, or move the key into {path.parent}",
+            )
+    if st.st_uid not in (uid, 0):
+        return (
+            f"key file {path} is owned by uid {st.st_uid}, not by memd's user (uid {uid})",
+            f"chown {uid} {path} (memd's user), or root",
+        )
     if st.st_mode & 0o077:
-        return f"key file {path} has mode {stat.S_IMODE(st.st_mode):04o}; make it 0600"
+        return (
+            f"key file {path} has mode {stat.S_IMODE(st.st_mode):04o}; make it 0600",
+            f"chmod 600 {path}",
+        )
     return None
 
 

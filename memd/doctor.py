@@ -527,7 +527,8 @@ def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
 
 
 def check_archive_key(privacy: PrivacyConfig, workspace: Path | None = None) -> list[Check]:
-    """``[privacy] encrypt_archives``: the master key file is there, valid and 0600; with
+    """``[privacy] encrypt_archives``: the master key file is there, valid, 0600, owned by
+    memd's user and not a symlink out of its folder; with
     ``workspace``, every agent's encrypted archives open with its data key."""
     from memd.archive_crypto import ArchiveKeyError, key_file_problem, read_master_key
 
@@ -550,7 +551,7 @@ def check_archive_key(privacy: PrivacyConfig, workspace: Path | None = None) -> 
         ]
     problem = key_file_problem(path)
     if problem is not None:
-        return [_fail(name, problem, f"chmod 600 {path}; chown it to memd's user")]
+        return [_fail(name, *problem)]
     checks = [
         _ok(
             name,

@@ -21,6 +21,7 @@ from memd.archive_crypto import (
     agent_data_key,
     destroy_data_key,
     generate_master_key,
+    key_file_problem,
     open_archive,
     read_archive,
     read_data_key,
@@ -522,3 +523,53 @@ def test_the_daemon_says_at_start_when_the_key_is_unusable(
         daemon.wait_ready()
         line = daemon.wait_for("archive key")
         assert line["level"] == "error" and "does not exist" in line["detail"]
+
+
+def test_a_key_file_others_could_swap_is_a_problem_naming_the_file(tmp_path: Path) -> None:
+    """Writable beyond its owner, owned by another user, or a symlink out of its folder:
+    whoever controls the file can put in a key they hold (doctor and the daemon say so)."""
+    key = tmp_path / "etc" / "archive.key"
+    key.parent.mkdir()
+    generate_master_key(key)
+    me = os.geteuid()
+    assert key_file_problem(key, euid=me) is None
+
+    key.chmod(0o620)  # group-writable, not readable
+    problem = key_file_problem(key, euid=me)
+    assert problem is not None and f"key file {key} has mode 0620" in problem[0]
+    assert problem[1] == f"chmod 600 {key}"
+    key.chmod(0o600)
+
+    # Owned by another user than memd's (root may own it).
+    other = me + 4242
+    if me == 0:  # memd runs as root: someone else's file
+        os.chown(key, other, -1)
+        owner, memd_uid = other, 0
+    else:  # our file, memd running as another user
+        owner, memd_uid = me, other
+    assert key_file_problem(key, euid=memd_uid) == (
+        f"key file {key} is owned by uid {owner}, not by memd's user (uid {memd_uid})",
+        f"chown {memd_uid} {key} (memd's user), or root",
+    )
+    if me == 0:
+        os.chown(key, 0, -1)
+    assert key_file_problem(key, euid=me) is None
+
+    # A symlink into another folder: the link's folder no longer says where the key is.
+    elsewhere = tmp_path / "scratch" / "archive.key"
+    elsewhere.parent.mkdir()
+    key.rename(elsewhere)
+    key.symlink_to(elsewhere)
+    problem = key_file_problem(key, euid=me)
+    assert problem is not None
+    assert problem[0] == f"key file {key} is a symlink to {elsewhere}, outside its folder"
+    assert str(elsewhere) in problem[1]
+    assert read_master_key(key).key_id  # still readable: a problem is said, not refused
+
+    # A link inside the folder is how secret mounts look (key -> ..data/key): fine.
+    key.unlink()
+    data = key.parent / "..data"
+    data.mkdir()
+    elsewhere.rename(data / "archive.key")
+    key.symlink_to(Path("..data") / "archive.key")
+    assert key_file_problem(key, euid=me) is None

@@ -113,3 +113,20 @@ def test_changed_sections_names_keys_never_values() -> None:
 
 def test_litellm_is_warmed_only_for_a_model_that_needs_it() -> None:
     assert checks.warm_summarizer(config_of({})) is None  # the builtin summarizer
+
+
+def test_an_archive_key_linked_from_elsewhere_is_an_error_at_start(tmp_path: Path) -> None:
+    from memd.archive_crypto import generate_master_key
+
+    real = tmp_path / "scratch" / "archive.key"
+    real.parent.mkdir()
+    generate_master_key(real)
+    link = tmp_path / "etc" / "archive.key"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    encrypted = config_of({"privacy": {"encrypt_archives": True, "key_file": str(link)}})
+    with structlog.testing.capture_logs() as logs:
+        checks.check_archive_key(encrypted)
+    [line] = events(logs, "archive key")
+    assert line["log_level"] == "error"
+    assert line["detail"] == f"key file {link} is a symlink to {real}, outside its folder"
