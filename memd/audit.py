@@ -143,7 +143,9 @@ def summarizer_is_remote(model: str, api_base: str, local_hosts: Sequence[str] =
     locality, :func:`memd.core.privacy.is_local_summarizer`); ``--summary`` text never does."""
     if model.strip().lower() == PROVIDED_MODEL:
         return False
-    return not is_local_summarizer(model, api_base, local_hosts)
+    from memd.llm import litellm_provider
+
+    return not is_local_summarizer(model, api_base, local_hosts, litellm_provider)
 
 
 def record_compaction(

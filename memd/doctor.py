@@ -599,23 +599,37 @@ def _check_data_keys(workspace: Path, master: MasterKey) -> list[Check]:
 
 def check_redaction(config: MemdConfig, state_dir: Path, workspace: Path) -> list[Check]:
     """What the summarizer receives (README "Privacy"); the workspace's redaction key."""
-    from memd.core.privacy import Privacy, unredacted_remote_warning
+    from memd.core.privacy import Privacy, api_base_ignored_warning, unredacted_remote_warning
     from memd.errors import ConfigError, describe_error
+    from memd.llm import litellm_provider
     from memd.redaction_key import key_path, process_key, read_key
 
     name = "redaction"
-    warning = unredacted_remote_warning(config)
+    routing: list[Check] = []
+    ignored = api_base_ignored_warning(config, litellm_provider)
+    if ignored is not None:
+        routing.append(
+            _warn(
+                "summarizer api_base",
+                ignored,
+                "for a model server of your own, name the model with a provider that sends to "
+                "api_base (openai/NAME for an OpenAI-compatible server, hosted_vllm/, ollama/), "
+                "or drop api_base",
+            )
+        )
+    warning = unredacted_remote_warning(config, litellm_provider)
     if warning is not None:
         return [
+            *routing,
             _warn(
                 name,
                 warning,
                 "set [privacy] redact = true (the default), or use a local summarizer",
-            )
+            ),
         ]
     summarizer = config.summarizer
     outbound = Privacy(process_key(), config.privacy).outbound(
-        summarizer.model, summarizer.api_base
+        summarizer.model, summarizer.api_base, litellm_provider
     )
     if outbound is None:
         what = f"summarizer {summarizer.model!r} is local: it receives turns as written"
@@ -628,17 +642,21 @@ def check_redaction(config: MemdConfig, state_dir: Path, workspace: Path) -> lis
     try:
         read_key(path)
     except FileNotFoundError:
-        return [_ok(name, f"{what}; key {path} is made at the first compaction")]
+        return [*routing, _ok(name, f"{what}; key {path} is made at the first compaction")]
     except (OSError, ConfigError) as exc:
         return [
+            *routing,
             _fail(
                 name,
                 f"{what}, but {describe_error(exc, with_file=False)}",
                 f"chmod 600 {path} and chown it to memd's user, or remove it (placeholders "
                 "then change once)",
-            )
+            ),
         ]
-    return [_ok(name, f"{what}; summaries never keep a credential; key {path} (0600)")]
+    return [
+        *routing,
+        _ok(name, f"{what}; summaries never keep a credential; key {path} (0600)"),
+    ]
 
 
 # ------------------------------------------------------------------------- all

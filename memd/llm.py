@@ -12,6 +12,7 @@ content or credentials, so they never reach our messages or logs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -92,6 +93,24 @@ def import_litellm() -> ModuleType:
                 litellm.client_session = guarded_client()
             _litellm = litellm
         return _litellm
+
+
+@functools.lru_cache(maxsize=64)
+def litellm_provider(model: str) -> str | None:
+    """The provider litellm sends ``model`` to: its ``provider/`` prefix, or for a
+    bare name (``gpt-4o``) the one litellm infers from its model lists; None when
+    litellm cannot tell (it would refuse the request) or cannot be imported.
+
+    The privacy rule's resolver (:func:`memd.core.privacy.is_local_summarizer`):
+    it asks only for a bare name with a local ``api_base``, so litellm is imported
+    for that alone (seconds, offline).  Loopback and ``local_hosts`` are never one
+    of the public endpoints litellm also routes by, so the name alone decides."""
+    try:
+        litellm = import_litellm()
+        provider = litellm.get_llm_provider(model=model)[1]
+    except Exception:
+        return None  # unknown: the caller judges the model remote
+    return provider if isinstance(provider, str) and provider else None
 
 
 def warm_up() -> bool:
@@ -291,7 +310,7 @@ class LiteLLMSummarizer:
     def redactor(self, request: SummaryRequest) -> Redactor | None:
         """What redacts every text this model is sent; None when it is local (README "Privacy")."""
         privacy = request.privacy or Privacy(process_key())
-        return privacy.outbound(self._config.model, self._config.api_base)
+        return privacy.outbound(self._config.model, self._config.api_base, litellm_provider)
 
     def plan(self, request: SummaryRequest) -> tuple[ChunkPlan, str, RequestLimits]:
         """The chunks this request needs: (plan, summary so far to start from, limits)."""

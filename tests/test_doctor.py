@@ -394,3 +394,18 @@ def test_root_doctor_leaves_no_root_owned_file_in_the_daemons_state_dir() -> Non
         )
         assert probe.stdout.strip() != "None", probe.stderr  # the daemon's DB opens
         assert set(owners.values()) == {NOBODY}, owners
+
+
+def test_redaction_check_warns_when_the_provider_may_ignore_api_base(tmp_path: Path) -> None:
+    """A bare name litellm routes to a provider that posts to its own cloud: the
+    operator's local api_base is not where the turns go (they are redacted)."""
+    state, ws = tmp_path / "state", tmp_path / "ws"
+    bedrock = SummarizerConfig(model="anthropic.claude-v2", api_base="http://127.0.0.1:8000")
+    routing, redaction = check_redaction(MemdConfig(summarizer=bedrock), state, ws)
+    assert routing.name == "summarizer api_base" and routing.status == "warn"
+    assert "'bedrock'" in routing.message and "http://127.0.0.1:8000" in routing.message
+    assert "openai/NAME" in routing.fix
+    assert redaction.status == "ok" and "replaced by placeholders" in redaction.message
+    local = SummarizerConfig(model="gpt-4o-mini", api_base="http://127.0.0.1:8000")
+    [check] = check_redaction(MemdConfig(summarizer=local), state, ws)
+    assert check.name == "redaction" and "is local" in check.message

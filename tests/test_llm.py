@@ -26,7 +26,13 @@ from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.core.plan import plan_compaction
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
-from memd.llm import LiteLLMSummarizer, backoff_delay, import_litellm, is_retryable
+from memd.llm import (
+    LiteLLMSummarizer,
+    backoff_delay,
+    import_litellm,
+    is_retryable,
+    litellm_provider,
+)
 
 __all__ = ["openai_server"]  # the fixture, re-exported for pytest
 
@@ -654,8 +660,20 @@ def test_compaction_sends_the_chunks_the_core_plans(
     assert budget.previous_inline == (previous_words < 900)
 
 
+_BARE_REPLICATE = (
+    "llama-2-70b-chat:02e509c789964a7ea8736978a43525956ef40397be9033abf9fd2badfe68c9e3"
+)
+
+
 @pytest.mark.parametrize(
-    "model", ["replicate/meta/meta-llama-3-8b-instruct", "sagemaker/summarizer"]
+    "model",
+    [
+        "replicate/meta/meta-llama-3-8b-instruct",
+        "sagemaker/summarizer",
+        # A bare name (no provider/) that litellm routes to Replicate by its
+        # version id: memd judged it by api_base alone.
+        _BARE_REPLICATE,
+    ],
 )
 def test_a_provider_that_ignores_api_base_is_not_trusted_as_local(
     agent_ws: AgentWorkspace, monkeypatch: pytest.MonkeyPatch, model: str
@@ -705,3 +723,20 @@ def test_a_provider_that_ignores_api_base_is_not_trusted_as_local(
         local_requests = len(server.requests)
     assert remote_bodies, f"{model}: no request left for a remote host ({local_requests} local)"
     assert not [body for body in remote_bodies if token in body]
+
+
+@pytest.mark.parametrize(
+    ("model", "provider"),
+    [
+        ("gpt-4o-mini", "openai"),
+        ("claude-sonnet-4-6", "anthropic"),
+        ("anthropic.claude-v2", "bedrock"),
+        (_BARE_REPLICATE, "replicate"),
+        ("replicate/meta/meta-llama-3-8b-instruct", "replicate"),
+        ("my-own-model", None),  # litellm would refuse it
+    ],
+)
+def test_litellm_provider_is_where_litellm_routes_the_model(
+    model: str, provider: str | None
+) -> None:
+    assert litellm_provider(model) == provider

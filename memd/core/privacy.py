@@ -24,7 +24,7 @@ import hmac
 import ipaddress
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 from urllib.parse import unquote, urlsplit
@@ -108,20 +108,41 @@ def is_local_host(host: str, local_hosts: Sequence[str] = ()) -> bool:
     return any(_host_matches(host, allowed) for allowed in local_hosts)
 
 
-def is_local_summarizer(model: str, api_base: str, local_hosts: Sequence[str] = ()) -> bool:
+ProviderOf = Callable[[str], str | None]
+
+
+def provider_unknown(model: str) -> str | None:
+    """The resolver a caller without litellm at hand passes: no bare name is known."""
+    return None
+
+
+def is_local_summarizer(
+    model: str,
+    api_base: str,
+    local_hosts: Sequence[str] = (),
+    provider_of: ProviderOf = provider_unknown,
+) -> bool:
     """``builtin``; an ``api_base`` on loopback, a unix socket or ``local_hosts``
-    for a provider known to honour it (a bare model name is judged by its
-    ``api_base`` alone, as before); ``ollama/*`` with no ``api_base``. Everything
-    else is remote."""
-    name = model.strip().lower()
+    for a provider known to honour it; ``ollama/*`` with no ``api_base``.
+    Everything else is remote.
+
+    A bare model name (``gpt-4o``, no ``provider/``) goes to the provider litellm
+    infers from it, which ``provider_of`` says (the shell asks litellm itself):
+    one that ignores ``api_base`` posts to its cloud whatever it says, so when the
+    provider is not known to honour it (or not known at all) the model is remote.
+    ``provider_of`` is asked only when the ``api_base`` is local."""
+    stripped = model.strip()
+    name = stripped.lower()
     if name == BUILTIN_MODEL:
         return True
     if api_base.strip():
-        provider, slash, _rest = name.partition("/")
-        if slash and provider not in _API_BASE_PROVIDERS:
+        prefix, slash, _rest = name.partition("/")
+        if slash and prefix not in _API_BASE_PROVIDERS:
             return False
         host = endpoint_host(api_base)
-        return host is None or (bool(host) and is_local_host(host, local_hosts))
+        if not (host is None or (bool(host) and is_local_host(host, local_hosts))):
+            return False
+        return bool(slash) or provider_of(stripped) in _API_BASE_PROVIDERS
     return name.startswith(_LOCAL_BY_DEFAULT_PREFIXES)
 
 
@@ -258,15 +279,21 @@ class Privacy:
     def patterns(self) -> tuple[tuple[str, str], ...]:
         return tuple(self.config.patterns.items())
 
-    def is_remote(self, model: str, api_base: str) -> bool:
-        return not is_local_summarizer(model, api_base, self.config.local_hosts)
+    def is_remote(
+        self, model: str, api_base: str, provider_of: ProviderOf = provider_unknown
+    ) -> bool:
+        return not is_local_summarizer(model, api_base, self.config.local_hosts, provider_of)
 
-    def outbound(self, model: str, api_base: str) -> Redactor | None:
-        """What redacts text sent to this summarizer; ``None``: it receives text as written."""
+    def outbound(
+        self, model: str, api_base: str, provider_of: ProviderOf = provider_unknown
+    ) -> Redactor | None:
+        """What redacts text sent to this summarizer; ``None``: it receives text as written.
+
+        ``provider_of``: where a bare model name goes (see :func:`is_local_summarizer`)."""
         config = self.config
         if not config.redact:
             return None
-        if not self.is_remote(model, api_base) and not config.redact_local:
+        if not self.is_remote(model, api_base, provider_of) and not config.redact_local:
             return None
         pii = True if config.redact_pii == "auto" else config.redact_pii
         return Redactor(self.key, pii=pii, patterns=self.patterns)
@@ -278,11 +305,13 @@ class Privacy:
         return Redactor(self.key, pii=pii or self.config.redact_pii is True, patterns=self.patterns)
 
 
-def outbound_redaction(config: MemdConfig) -> str:
+def outbound_redaction(config: MemdConfig, provider_of: ProviderOf = provider_unknown) -> str:
     """What the configured summarizer is sent, in a word or two (the daemon's ``ready`` line)."""
     summarizer = config.summarizer
     privacy = config.privacy
-    remote = not is_local_summarizer(summarizer.model, summarizer.api_base, privacy.local_hosts)
+    remote = not is_local_summarizer(
+        summarizer.model, summarizer.api_base, privacy.local_hosts, provider_of
+    )
     if not privacy.redact:
         return "off (remote)" if remote else "off"
     if not remote and not privacy.redact_local:
@@ -291,12 +320,43 @@ def outbound_redaction(config: MemdConfig) -> str:
     return "credentials and personal data" if pii else "credentials"
 
 
-def unredacted_remote_warning(config: MemdConfig) -> str | None:
+def api_base_ignored_warning(
+    config: MemdConfig, provider_of: ProviderOf = provider_unknown
+) -> str | None:
+    """The warning for an ``api_base`` the summarizer's provider is not known to send
+    to (``memd doctor``): the operator points at a server of their own, and the
+    requests may go to the provider's service instead (memd redacts them as for a
+    remote model).  A prefix known to honour it needs no lookup."""
+    summarizer = config.summarizer
+    model, api_base = summarizer.model.strip(), summarizer.api_base.strip()
+    if not api_base or model.lower() == BUILTIN_MODEL:
+        return None
+    prefix, slash, _rest = model.lower().partition("/")
+    if slash and prefix in _API_BASE_PROVIDERS:
+        return None
+    provider = provider_of(model)
+    if provider is None:
+        return (
+            f"litellm infers no provider from summarizer {model!r} (no provider/ prefix): "
+            f"it will not send to api_base {api_base}"
+        )
+    if provider in _API_BASE_PROVIDERS:
+        return None
+    return (
+        f"summarizer {model!r} goes to litellm provider {provider!r}, which is not known to "
+        f"send to api_base {api_base}: requests may go to {provider}'s own service, so memd "
+        "treats it as remote and redacts them"
+    )
+
+
+def unredacted_remote_warning(
+    config: MemdConfig, provider_of: ProviderOf = provider_unknown
+) -> str | None:
     """The warning for a remote summarizer configured with ``redact = false``, if so."""
     summarizer = config.summarizer
     privacy = config.privacy
     if privacy.redact or is_local_summarizer(
-        summarizer.model, summarizer.api_base, privacy.local_hosts
+        summarizer.model, summarizer.api_base, privacy.local_hosts, provider_of
     ):
         return None
     where = summarizer.api_base.strip() or f"the {summarizer.model.split('/')[0]} provider"
@@ -309,12 +369,15 @@ def unredacted_remote_warning(config: MemdConfig) -> str | None:
 __all__ = [
     "HASH_CHARS",
     "Privacy",
+    "ProviderOf",
     "Redaction",
     "Redactor",
+    "api_base_ignored_warning",
     "endpoint_host",
     "is_local_host",
     "is_local_summarizer",
     "outbound_redaction",
+    "provider_unknown",
     "redact_document",
     "unredacted_remote_warning",
 ]

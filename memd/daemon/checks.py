@@ -53,7 +53,9 @@ def check_model_windows(config: MemdConfig) -> None:
 
 
 def warn_unredacted(config: MemdConfig) -> None:
-    warning = unredacted_remote_warning(config)
+    from memd.llm import litellm_provider
+
+    warning = unredacted_remote_warning(config, litellm_provider)
     if warning is not None:
         _log.warning("privacy: remote summarizer without redaction", detail=warning)
 

@@ -233,6 +233,10 @@ class Daemon:
         self.notifier.ready(s.flusher.status_text())
         self.ready.set()
         store = s.flusher.store
+        # memd.llm does not import litellm; it is imported only for a bare model
+        # name with a local api_base (where it routes decides what is local).
+        from memd.llm import litellm_provider
+
         _log.info(
             "ready",
             workspace=str(self.workspace),
@@ -241,7 +245,7 @@ class Daemon:
             state_db=str(store.path) if store else None,
             summarizer=self.config.summarizer.model,
             # What that summarizer is sent (README "Privacy").
-            redaction=outbound_redaction(self.config),
+            redaction=outbound_redaction(self.config, litellm_provider),
             # Proof for operators (and tests) that litellm stays unloaded until
             # a summary is made with a litellm model.
             litellm_loaded="litellm" in sys.modules,

@@ -55,11 +55,82 @@ OTHER_KEY = b"o" * 32
         ("hosted_vllm/qwen2", "http://127.0.0.1:8000/v1", True),
         ("anthropic/claude-haiku-4-5", "http://127.0.0.1:8080", True),
         ("ollama_chat/qwen2", "http://[::1]:11434", True),
-        ("gpt-4o-mini", "http://127.0.0.1:8000/v1", True),
+        # A bare name goes where litellm infers: unknown here, so remote.
+        ("gpt-4o-mini", "http://127.0.0.1:8000/v1", False),
+        ("gpt-4o-mini", "", False),
     ],
 )
 def test_what_counts_as_local(model: str, api_base: str, local: bool) -> None:
     assert is_local_summarizer(model, api_base) is local
+
+
+# Where litellm would route these bare names (the shell asks litellm itself).
+_ROUTES = {
+    "gpt-4o": "openai",
+    "claude-sonnet-4-6": "anthropic",
+    "anthropic.claude-v2": "bedrock",
+    "gemini-1.5-pro": "vertex_ai",
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "local"),
+    [
+        ("gpt-4o", True),
+        ("claude-sonnet-4-6", True),
+        # Providers that ignore api_base: the request goes to their cloud.
+        ("anthropic.claude-v2", False),
+        ("gemini-1.5-pro", False),
+        # litellm cannot tell: remote (redacted) when unsure.
+        ("my-own-model", False),
+    ],
+)
+def test_a_bare_model_name_is_judged_by_the_provider_litellm_routes_it_to(
+    model: str, local: bool
+) -> None:
+    asked: list[str] = []
+
+    def provider_of(name: str) -> str | None:
+        asked.append(name)
+        return _ROUTES.get(name)
+
+    assert is_local_summarizer(model, "http://127.0.0.1:8000/v1", (), provider_of) is local
+    assert asked == [model]
+    config = MemdConfig(
+        summarizer=SummarizerConfig(model=model, api_base="http://127.0.0.1:8000/v1")
+    )
+    redactor = Privacy(KEY).outbound(model, "http://127.0.0.1:8000/v1", provider_of)
+    assert (redactor is None) is local
+    assert (outbound_redaction(config, provider_of) == "none (local summarizer)") is local
+    # Not local whatever the provider: nothing to ask.
+    asked.clear()
+    assert not is_local_summarizer(model, "https://llm.example.com/v1", (), provider_of)
+    assert asked == []
+
+
+def test_doctor_is_told_when_the_provider_may_ignore_api_base() -> None:
+    from memd.core.privacy import api_base_ignored_warning
+
+    def config(model: str, api_base: str = "http://127.0.0.1:8000/v1") -> MemdConfig:
+        return MemdConfig(summarizer=SummarizerConfig(model=model, api_base=api_base))
+
+    def provider_of(name: str) -> str | None:
+        return {"replicate/meta/llama": "replicate", **_ROUTES}.get(name)
+
+    bedrock = api_base_ignored_warning(config("anthropic.claude-v2"), provider_of)
+    assert bedrock is not None and "'bedrock'" in bedrock and "http://127.0.0.1:8000/v1" in bedrock
+    replicate = api_base_ignored_warning(config("replicate/meta/llama"), provider_of)
+    assert replicate is not None and "'replicate'" in replicate
+    unknown = api_base_ignored_warning(config("my-own-model"), provider_of)
+    assert unknown is not None and "infers no provider" in unknown
+    assert api_base_ignored_warning(config("gpt-4o"), provider_of) is None
+    assert api_base_ignored_warning(config("anthropic.claude-v2", ""), provider_of) is None
+
+    def never(name: str) -> str | None:
+        raise AssertionError("a known prefix needs no lookup")
+
+    assert api_base_ignored_warning(config("openai/my-model"), never) is None
+    assert api_base_ignored_warning(config("builtin"), never) is None
 
 
 def test_local_hosts_add_names_and_networks() -> None:
