@@ -393,12 +393,7 @@ def _read_hashing(fd: int) -> tuple[bytes, list[tuple[int, Any]]]:
     Read in one piece of the size ``fstat`` gives (then whatever was appended
     meanwhile): the snapshot is held once, never as chunks plus their join.
     """
-    size = os.fstat(fd).st_size
-    data = os.pread(fd, size, 0) if size else b""
-    # Appended since the fstat, or a short read: the rest, in chunks.
-    rest = b"".join(iter_range(fd, len(data)))
-    if rest:
-        data += rest
+    data = _read_whole(fd, os.fstat(fd).st_size)
     digest = hashlib.sha256()
     states: list[tuple[int, Any]] = [(0, digest.copy())]
     view = memoryview(data)
@@ -1662,20 +1657,29 @@ def _archive_drain(
     to an archive."""
     fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
     try:
-        data = read_to_end(fd)
         st = os.fstat(fd)
+        access = archive_access(st.st_mode, st.st_gid)
+        if master is None:
+            name = _free_archive_name(archive_fd, _archive_stem(), PLAIN_SUFFIX)
+            # Streamed in bounded pieces (iter_range's 1 MiB): the old file may be
+            # far larger than memory allows twice (reading it whole, then writing
+            # it, held it once as chunks and once joined). A failure part-way (ENOSPC)
+            # removes the temp: the next recovery copies from byte 0 again into a
+            # fresh one, and the link below is made only from a whole copy.
+            temp = create_file_at(pinned.private_fd, ARCHIVE_TEMP, iter_range(fd, 0))
+        else:
+            # The sealed format is one AEAD message (as the compaction's own archive):
+            # the plaintext is held once (one read of the size fstat gives, no join).
+            data_key = agent_data_key(pinned, master, create=True)
+            assert data_key is not None
+            name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
+            data = _read_whole(fd, st.st_size)
+            temp = create_file_at(
+                pinned.private_fd, ARCHIVE_TEMP, [seal_archive(data_key, name, data)]
+            )
+            del data
     finally:
         os.close(fd)
-    if master is None:
-        name = _free_archive_name(archive_fd, _archive_stem(), PLAIN_SUFFIX)
-        content = data
-    else:
-        data_key = agent_data_key(pinned, master, create=True)
-        assert data_key is not None
-        name = _free_archive_name(archive_fd, _archive_stem(), ENCRYPTED_SUFFIX)
-        content = seal_archive(data_key, name, data)
-    access = archive_access(st.st_mode, st.st_gid)
-    temp = create_file_at(pinned.private_fd, ARCHIVE_TEMP, [content])
     try:
         share_with_group(temp, access.file_mode, access.gid)
         copy_ino = os.fstat(temp).st_ino
@@ -1692,6 +1696,15 @@ def _archive_drain(
         follow_symlinks=False,
     )
     pinned.unlink_private(ARCHIVE_TEMP)
+
+
+def _read_whole(fd: int, size: int) -> bytes:
+    """The file's bytes in one piece: one read of ``size`` (what ``fstat`` gave), then
+    whatever was appended since (or a short read left), in chunks: the whole is
+    held once, never as chunks plus their join."""
+    data = os.pread(fd, size, 0) if size else b""
+    rest = b"".join(iter_range(fd, len(data)))
+    return data + rest if rest else data
 
 
 def _replace_with_staged_memory(pinned: AgentDir, old_id: object, new_id: object) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +76,13 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def create_file_at(
-    dir_fd: int, name: str, chunks: Sequence[bytes | memoryview], mode: int = PRIVATE_FILE_MODE
+    dir_fd: int, name: str, chunks: Iterable[bytes | memoryview], mode: int = PRIVATE_FILE_MODE
 ) -> int:
     """Create ``name`` in the folder ``dir_fd`` exclusively, write, fsync; returns the open fd.
+
+    ``chunks`` is consumed once, piece by piece: a generator (:func:`iter_range`
+    of another file) streams a copy in bounded memory. A failure part-way
+    removes the file, so a retry starts from an empty one (never a byte twice).
 
     The fd is open for reading and appending, so the caller keeps working on
     this inode whatever later happens to the name. A stale file (a temp left by

@@ -286,3 +286,75 @@ def test_agent_replacing_memory_right_after_the_swap_loses_no_turn(
         agent_ws, monkeypatch, interrupt, agent_rewrites
     )
     assert expected <= set(seen), f"lost {len(expected - set(seen))} of {len(expected)} turns"
+
+
+class _Stopped(Exception):
+    """Raised at a checkpoint: the process stops there (as a crash would, in-process)."""
+
+
+def _old_file_left_to_recovery(agent_ws, entries, size):
+    """Compact alpha and stop right after the swap (committed, drain link in place),
+    then let the agent put a fresh MEMORY.md of its own there: recovery must keep
+    the whole old file as an archive. Returns the paths and the old file's bytes."""
+    from support.memfiles import swarms_header
+
+    paths = agent_ws.create_agent("alpha", entries=entries, size=size)
+    old = paths.memory.read_bytes()
+
+    def stop_after_the_swap(name):
+        if name == "replaced":
+            raise _Stopped
+
+    with pytest.raises(_Stopped):
+        compact_agent(paths, Fixed(), FAST, checkpoint=stop_after_the_swap)
+    fresh = paths.dir / "MEMORY.md.agent-tmp"
+    fresh.write_text(swarms_header("alpha"), encoding="utf-8")
+    os.replace(fresh, paths.memory)
+    return paths, old
+
+
+# 13. Recovery's copy of the old file (kept as an archive) is streamed: it read the
+# whole file, then wrote it, holding it twice in memory; a large file then failed
+# recovery (MemoryError) or took the daemon's memory. A copy that fails part-way
+# (ENOSPC) and a retry keep each byte exactly once.
+def test_recovery_copies_the_old_file_in_bounded_memory(agent_ws):
+    import tracemalloc
+
+    paths, old = _old_file_left_to_recovery(agent_ws, entries=100, size=5000)
+    assert len(old) > 5 << 20
+    tracemalloc.start()
+    try:
+        assert "kept the old file as an archive" in (recover_agent(paths) or "")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [a.read_bytes() for a in paths.archive_dir.glob("history_*.md")] == [old]
+    assert peak < 3 << 20, f"recovery held {peak / 2**20:.1f} MiB for a {len(old) >> 20} MiB file"
+
+
+def test_a_recovery_copy_that_fails_part_way_is_retried_whole(agent_ws, monkeypatch):
+    from memd import fsutil
+
+    paths, old = _old_file_left_to_recovery(agent_ws, entries=60, size=5000)
+    assert len(old) > 3 << 20
+    real_write_all = fsutil.write_all
+    budget = [len(old) // 2]  # the disk fills half-way through the copy
+
+    def disk_fills(fd, data):
+        if len(data) < 4096:  # the journal's slots
+            return real_write_all(fd, data)
+        if len(data) > budget[0]:
+            os.write(fd, bytes(data[: budget[0]]))
+            budget[0] = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        budget[0] -= len(data)
+        return real_write_all(fd, data)
+
+    monkeypatch.setattr(fsutil, "write_all", disk_fills)
+    with pytest.raises(OSError, match="No space left"):
+        recover_agent(paths)
+    monkeypatch.undo()
+    assert "kept the old file as an archive" in (recover_agent(paths) or "")
+    archives = sorted(paths.archive_dir.glob("history_*.md"))
+    assert [a.read_bytes() for a in archives] == [old]
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
