@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
 import stat
@@ -119,7 +120,6 @@ from memd.fsutil import (
     read_range,
     read_to_end,
     share_with_group,
-    write_all,
 )
 from memd.redaction_key import process_key
 from memd.retention import PruneResult, list_archives, prune_locked
@@ -1092,9 +1092,20 @@ def _drain(
                     try:
                         _append(new_fd, piece)
                     except ShortWrite as short:
+                        # What stayed in the new file is copied (never appended
+                        # twice); an undone piece is not: the next run appends it whole.
                         journal.write(
                             phase="draining", copied_to=copied_to + short.written, pending_to=None
                         )
+                        if short.written:
+                            raise OSError(
+                                short.errno,
+                                f"{describe_error(short, with_file=False)} part-way through "
+                                f"a late turn, and an agent appended to MEMORY.md before memd "
+                                f"could undo it: the turn's first {short.written} bytes stay "
+                                "there, split from the rest by the agent's append (no byte "
+                                "lost or doubled; the rest follows when the drain finishes)",
+                            ) from short
                         raise
                     copied_to += take
                     journal.write(phase="draining", copied_to=copied_to, pending_to=None)
@@ -1112,8 +1123,40 @@ def _drain(
 
 
 def _append(fd: int, data: bytes) -> None:
-    """Append ``data`` durably to an O_APPEND fd; a failed write says how much landed."""
-    write_all(fd, data)
+    """Append ``data`` (whole late turns, or the final pass's rest) durably to the new
+    file's O_APPEND fd, which live agents append to too: whole, or not at all
+    whenever memd can make it so.
+
+    One ``write`` for the piece: two would let an agent's append land between
+    them, inside a turn. A write that lands only part of it (ENOSPC, a quota, a
+    file size limit) is undone with ``ftruncate`` to the size before it, but only
+    when the file is exactly that size plus what landed: no agent appended since,
+    so the cut takes nothing but memd's own bytes. Then :class:`ShortWrite` says
+    0 landed and the caller retries the whole piece later. Otherwise what landed
+    stays (cutting there would cut the agent's turn after it): ShortWrite says how
+    much, the caller journals it as copied (never a byte twice) and reports the
+    split turn.
+
+    The size check and the truncate are two calls: no call truncates only at a
+    given size. An agent's append landing in the microseconds between them would
+    be cut; it would need the very room this write just failed to find, freed in
+    that instant (the README says so under the compaction's steps).
+    """
+    before = os.fstat(fd).st_size
+    try:
+        landed = os.write(fd, data)
+    except OSError as exc:
+        raise ShortWrite(exc, 0) from exc  # a failed write() lands nothing
+    if landed < len(data):
+        undone = landed > 0 and os.fstat(fd).st_size == before + landed
+        if undone:
+            os.ftruncate(fd, before)
+            os.fsync(fd)
+        reason = (
+            f"short write ({landed} of {len(data)} bytes{', undone' if undone else ''}: "
+            "no space left on the device, or a quota or file size limit reached)"
+        )
+        raise ShortWrite(OSError(errno.ENOSPC, reason), 0 if undone else landed)
     os.fsync(fd)
 
 

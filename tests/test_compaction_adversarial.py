@@ -358,3 +358,78 @@ def test_a_recovery_copy_that_fails_part_way_is_retried_whole(agent_ws, monkeypa
     archives = sorted(paths.archive_dir.glob("history_*.md"))
     assert [a.read_bytes() for a in archives] == [old]
     assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+
+
+# 14. ENOSPC part-way through a drain append: the drain appends a late turn to the
+# new MEMORY.md, which agents append to as well. Half the turn landed, the disk was
+# full for the rest; the half stayed at the end of MEMORY.md, the agent's next turn
+# was appended right after it (inside the late turn), and recovery appended the
+# rest after the agent's: two turns garbled into one. Now one write per piece, and
+# a piece that landed only in part is cut off again when no agent appended since.
+def _drain_append_cut_short(agent_ws, monkeypatch, agent_appends_meanwhile):
+    """Compact alpha with a late writer (one turn, LATE, to the old file after the
+    swap); the drain's write of LATE lands half, and the disk is full for the rest
+    until the job has failed. ``agent_appends_meanwhile``: the agent appends
+    NEW_TURN to MEMORY.md right after that half write. Returns the paths and the
+    job's error message."""
+    paths = agent_ws.create_agent("alpha", entries=3)
+    late = LATE.encode()
+    handle = []
+
+    def checkpoint(name):
+        if name == "journal-swapping":
+            handle.append(open(paths.memory, "a", encoding="utf-8"))  # opened before the swap
+        if name == "replaced":
+            handle[0].write(LATE)
+            handle[0].close()
+
+    real_write = os.write
+    full_fd = []
+
+    def disk_fills(fd, data):
+        if fd in full_fd:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if bytes(data) != late:
+            return real_write(fd, data)
+        landed = real_write(fd, bytes(data)[: len(data) // 2])
+        full_fd.append(fd)
+        if agent_appends_meanwhile:
+            with open(paths.memory, "a", encoding="utf-8") as agent:
+                agent.write(NEW_TURN)
+        return landed
+
+    monkeypatch.setattr(c.os, "write", disk_fills)
+    with pytest.raises(CompactionAborted) as raised:
+        compact_agent(paths, Fixed(), FAST, checkpoint=checkpoint)
+    monkeypatch.undo()
+    return paths, str(raised.value)
+
+
+def test_a_drain_append_cut_short_is_undone_and_retried_whole(agent_ws, monkeypatch):
+    paths, error = _drain_append_cut_short(agent_ws, monkeypatch, agent_appends_meanwhile=False)
+    assert "committed" in error and "short write" in error and "undone" in error, error
+    # MEMORY.md ends at a turn boundary: the agent's next turn is a turn of its own.
+    assert paths.memory.read_bytes().endswith(b"\n\n---\n\n")
+    with open(paths.memory, "a", encoding="utf-8") as agent:
+        agent.write(NEW_TURN)
+    assert recover_agent(paths, quiet_s=0.05) is not None
+    data = paths.memory.read_bytes()
+    assert data.endswith((NEW_TURN + LATE).encode()), data[-400:]
+    counts = entry_contents_everywhere(paths)
+    assert counts["alpha turn late " + "x" * 200] == 1
+    assert counts["alpha turn after " + "y" * 50] == 1
+    assert all(n == 1 for n in counts.values()), counts
+
+
+def test_a_drain_append_cut_short_with_an_agent_append_after_it_is_kept_and_said(
+    agent_ws, monkeypatch
+):
+    paths, error = _drain_append_cut_short(agent_ws, monkeypatch, agent_appends_meanwhile=True)
+    # Cutting the half turn would cut the agent's turn after it: kept, and said.
+    assert "split" in error and "no byte lost or doubled" in error, error
+    half = len(LATE.encode()) // 2
+    assert recover_agent(paths, quiet_s=0.05) is not None
+    data = paths.memory.read_bytes()
+    # Every byte once: the half, the agent's turn, the rest (never the half twice).
+    assert data.endswith(LATE.encode()[:half] + NEW_TURN.encode() + LATE.encode()[half:])
+    assert data.count(LATE.encode()[:half]) == 1
