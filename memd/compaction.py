@@ -101,6 +101,7 @@ from memd.core.tokens import (
 )
 from memd.counting import WINDOW_BYTES, TrackedCount, count_data, count_fd
 from memd.errors import (
+    CommittedUnfinished,
     CompactionAborted,
     ConfigError,
     MemdError,
@@ -1329,7 +1330,7 @@ def _compact_locked(
             if not txn.committed:
                 txn.rollback()
                 if txn.committed and isinstance(exc, OSError):
-                    raise CompactionAborted(
+                    raise CommittedUnfinished(
                         f"agent {paths.agent!r}: compaction committed ({txn.archive}) but "
                         f"did not finish: {describe_error(exc)}; the next run finishes it"
                     ) from exc
@@ -1356,7 +1357,7 @@ def _compact_locked(
         except OSError as exc:
             # Past the commit point nothing can be rolled back; the journal
             # keeps the drain offsets and the next run finishes it.
-            raise CompactionAborted(
+            raise CommittedUnfinished(
                 f"agent {paths.agent!r}: compaction committed ({txn.archive}) but moving "
                 f"late appends failed: {describe_error(exc)}; the next run finishes it"
             ) from exc
@@ -1581,14 +1582,19 @@ def recover_agent(
     max_s: float = 10.0,
     *,
     key_file: Path | None = None,
+    busy_raises: bool = False,
 ) -> str | None:
-    """Finish or roll back a crashed compaction of ``paths.agent``.
+    """Finish or roll back a crashed (or committed but unfinished) compaction of
+    ``paths.agent``.
 
     ``key_file`` (encryption at rest): the master key, for the one case where
     recovery writes an archive itself (MEMORY.md replaced while memd was down).
 
     Returns a description of what was done, or None when there was nothing to
-    do (or another process holds the lock and is doing it).
+    do (or another process holds the lock and is doing it; with ``busy_raises``
+    that is :class:`LockTimeout` instead, for a caller that must know the job
+    was finished: every holder of the lock finishes it first, but may not have
+    yet).
     """
     if not paths.private_dir.is_dir():
         return None
@@ -1599,6 +1605,8 @@ def recover_agent(
         try:
             lock.acquire(wait_s)
         except MemdError:
+            if busy_raises:
+                raise
             return None
         try:
             pinned.pin_memory()

@@ -104,5 +104,12 @@ class UnderThreshold(CompactionAborted):
     (another compactor did the work first): nothing was changed, nothing failed."""
 
 
+class CommittedUnfinished(CompactionAborted):
+    """The compaction committed (its archive and the new MEMORY.md are in place) but
+    a step after the swap failed (the folder's fsync, moving late appends): the
+    journal still holds the job, and recovery's roll-forward finishes it (the
+    turns a late writer appended to the old file reach MEMORY.md then)."""
+
+
 class TokenizerError(MemdError, RuntimeError):
     exit_code = 2

@@ -10,8 +10,16 @@ States::
       │                                        ├─ lock busy elsewhere ─────▶ backoff, not a failure
       │   pending ── a spending cap holds ─────────────────────────────▶ cooldown until it passes
       │                                        ├─ failure n < breaker ─────▶ backoff (exponential)
-      │                                        └─ failure n ≥ breaker ─────▶ breaker_open
+      │                                        ├─ failure n ≥ breaker ─────▶ breaker_open
+      │                                        └─ committed, drain unfinished ▶ backoff, drain owed
       └── cooldown / backoff / breaker_open expire: the next count re-evaluates
+
+A compaction that committed but did not finish (the folder's fsync after the
+swap failed, or moving the turns a late writer appended to the old file) owes
+its drain: its next start, whatever the count (even under the threshold, even
+with compression off), runs the journal's roll-forward instead of a compaction,
+with its own exponential backoff (never the breaker: no model call is at stake,
+and until it runs the agent's late turns are missing from its memory).
 
 ``disabled`` is an agent with compression off: counted, never compacted.
 
@@ -111,6 +119,11 @@ class AgentJob:
     next_attempt_at: float | None = None
     last_error: str | None = None
     last_compaction_at: float | None = None
+    # A committed compaction whose drain is owed (see the module docstring), and
+    # how many times finishing it was tried. Not stored: a restart's recovery
+    # finishes it before anything else.
+    drain_owed: bool = False
+    drain_attempts: int = 0
 
 
 IDLE_JOB = AgentJob()
@@ -137,6 +150,10 @@ def restored_job(
         last_error=last_error,
         last_compaction_at=last_compaction_at,
     )
+    if last_error is not None and last_error.startswith(_DRAIN_OWED):
+        # Stored while a drain was owed: the restart's recovery has finished it
+        # (or logged why not) before any job state was restored.
+        return replace(job, last_error=None)
     hold = _HOLDS.get(stored)
     if hold is not None and next_attempt_at is not None and next_attempt_at > now:
         return replace(job, state=hold, next_attempt_at=next_attempt_at)
@@ -174,6 +191,11 @@ def on_count(
         if tokens >= threshold_tokens and compress and not job.rerun_requested:
             return Decision(replace(job, rerun_requested=True))
         return Decision(job)
+    if job.drain_owed:
+        # The late turns come first: whatever the count says, finish the drain.
+        if job.next_attempt_at is not None and now < job.next_attempt_at:
+            return Decision(job, wake_at=job.next_attempt_at)
+        return Decision(replace(job, state=JobState.PENDING, rerun_requested=False), start=True)
     if not compress:
         return Decision(replace(job, state=JobState.DISABLED, rerun_requested=False))
     over = tokens >= threshold_tokens
@@ -338,6 +360,62 @@ def on_failure(job: AgentJob, error: str, *, policy: RetryPolicy, now: float) ->
     return Decision(failed, wake_at=until)
 
 
+_DRAIN_OWED = "late turns not yet in MEMORY.md"
+
+
+def drain_owed_error(reason: str) -> str:
+    """The job's last error while its drain is owed (``memd status`` shows it)."""
+    return f"{_DRAIN_OWED} (memd is finishing the compaction from its journal): {reason}"
+
+
+def on_drain_owed(
+    job: AgentJob, error: str, *, policy: RetryPolicy, now: float, committed: bool = False
+) -> Decision:
+    """A compaction committed but did not finish (``committed``: it just did), or
+    finishing it failed again: the drain is tried again after an exponential
+    backoff (``retry_base_s`` doubling up to ``retry_max_s``, never the breaker).
+    The compaction did commit: it counts as one (``last_compaction_at``), not as a
+    model failure (no fallback summarizer, no breaker)."""
+    attempts = 1 if committed else job.drain_attempts + 1
+    until = now + policy.backoff_delay(attempts)
+    owed = replace(
+        job,
+        state=JobState.BACKOFF,
+        drain_owed=True,
+        drain_attempts=attempts,
+        next_attempt_at=until,
+        last_error=error,
+        last_compaction_at=now if committed else job.last_compaction_at,
+        rerun_requested=False,
+    )
+    return Decision(owed, wake_at=until)
+
+
+def on_drain_finished(
+    job: AgentJob,
+    *,
+    current_tokens: int,
+    threshold_tokens: int,
+    compress: bool,
+    policy: RetryPolicy,
+    now: float,
+) -> Decision:
+    """The owed drain is done (the late turns are in MEMORY.md): the job is as after
+    a compaction, and the count now (the late turns included) decides what next."""
+    done = replace(
+        job,
+        state=JobState.IDLE,
+        drain_owed=False,
+        drain_attempts=0,
+        next_attempt_at=None,
+        last_error=None,
+        rerun_requested=False,
+    )
+    return on_count(
+        done, current_tokens, threshold_tokens, compress, now, min_interval_s=policy.min_interval_s
+    )
+
+
 class Wakes:
     """When each agent is evaluated again (a :class:`Decision`'s ``wake_at``): one
     time per agent, the latest decision's. Not thread-safe: the runner guards it
@@ -381,10 +459,13 @@ __all__ = [
     "RetryPolicy",
     "StoredJobState",
     "Wakes",
+    "drain_owed_error",
     "held_back",
     "on_busy_elsewhere",
     "on_cancelled",
     "on_count",
+    "on_drain_finished",
+    "on_drain_owed",
     "on_failure",
     "on_held",
     "on_hold_moved",

@@ -29,9 +29,16 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from memd.compaction import CompactionOptions, CompactionOutcome, ThresholdCheck
+from memd.compaction import (
+    CompactionOptions,
+    CompactionOutcome,
+    ThresholdCheck,
+    archive_key_file,
+    recover_agent,
+)
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.jobs import (
     NOT_COMPACTABLE,
@@ -40,10 +47,13 @@ from memd.core.jobs import (
     JobState,
     RetryPolicy,
     Wakes,
+    drain_owed_error,
     held_back,
     on_busy_elsewhere,
     on_cancelled,
     on_count,
+    on_drain_finished,
+    on_drain_owed,
     on_failure,
     on_held,
     on_hold_moved,
@@ -62,6 +72,7 @@ from memd.daemon.registry import AgentRegistry
 from memd.daemon.spending import Reservation, SpendingGuard
 from memd.daemon.summarizer import SummarizerFactory, SummarizerSource
 from memd.errors import (
+    CommittedUnfinished,
     CompactionAborted,
     LockTimeout,
     MemdError,
@@ -101,6 +112,23 @@ class CompactFn(Protocol):
     ) -> CompactionOutcome: ...
 
 
+class FinishFn(Protocol):
+    """Recovery's roll-forward of the agent's journal (:func:`memd.compaction.recover_agent`):
+    what a committed but unfinished compaction owes; LockTimeout when another
+    compactor holds the lock (it finishes the job first, but may not have yet)."""
+
+    def __call__(
+        self,
+        paths: AgentPaths,
+        wait_s: float = ...,
+        quiet_s: float = ...,
+        max_s: float = ...,
+        *,
+        key_file: Path | None = ...,
+        busy_raises: bool = ...,
+    ) -> str | None: ...
+
+
 class Runner:
     def __init__(
         self,
@@ -113,8 +141,12 @@ class Runner:
         summarizer_factory: SummarizerFactory,
         clock: Callable[[], float] = time.time,
         after_commit: AfterCommit | None = None,
+        finish: FinishFn = recover_agent,
     ) -> None:
         self.config = config
+        # A committed compaction's unfinished drain is finished by the recovery a
+        # restart would run (never a second implementation of it).
+        self._finish = finish
         # Wall-clock time for the job decisions (backoff, cooldown, wake-ups);
         # tests pass a made-up one.
         self._clock = clock
@@ -220,7 +252,14 @@ class Runner:
         scheduler = self._scheduler
         if scheduler is None or self._stopping:
             return
-        if decision.start:
+        if decision.start and decision.job.drain_owed:
+            _log.info(
+                "finishing a committed compaction from its journal",
+                agent=entry.name,
+                attempt=decision.job.drain_attempts,
+            )
+            scheduler.submit(f"finish:{entry.name}", self._finish_job, entry)
+        elif decision.start:
             _log.info(
                 "compaction queued",
                 agent=entry.name,
@@ -472,6 +511,86 @@ class Runner:
             self._failed(entry, error, started_wall, duration, fallback)
         self._count_skipped(entry)
 
+    def _finish_job(self, entry: AgentEntry) -> None:
+        try:
+            self._finish_one(entry)
+        finally:
+            if not self._stopping:
+                self.flush()
+
+    def _finish_one(self, entry: AgentEntry) -> None:
+        """Run the journal's roll-forward for a compaction that committed but did not
+        finish: the turns a late writer appended to the old file reach MEMORY.md
+        now, not at the agent's next compaction or the daemon's next start."""
+        name = entry.name
+        with self._lock:
+            if self._stopping or not self._registry.is_current(entry):
+                entry.job = on_cancelled(entry.job)
+                entry.dirty = True
+                return
+            entry.job = on_started(entry.job)
+            entry.dirty = True
+            self._stats.running.add(name)
+            compaction = self.config.compaction
+            key_file = archive_key_file(self.config)
+        done: str | None = None
+        error: Exception | None = None
+        try:
+            done = self._finish(
+                entry.paths,
+                wait_s=DAEMON_LOCK_WAIT_S,
+                quiet_s=compaction.drain_quiet_s,
+                max_s=compaction.drain_max_s,
+                key_file=key_file,
+                busy_raises=True,
+            )
+        except Exception as exc:
+            error = exc
+        finally:
+            with self._lock:
+                self._stats.running.discard(name)
+        try:
+            self._counter.count_locked(entry, after_job=True)
+        except Exception:  # the outcome must still be applied below
+            _log.exception("recount after finishing the drain failed", agent=name)
+        now = self._clock()
+        with self._lock:
+            if error is None:
+                _log.warning(
+                    "finished a committed compaction from its journal",
+                    agent=name,
+                    action=done or "nothing left to do",
+                    attempts=entry.job.drain_attempts,
+                )
+                decision = on_drain_finished(
+                    entry.job,
+                    current_tokens=entry.tokens,
+                    threshold_tokens=entry.policy.threshold_tokens,
+                    compress=entry.policy.compress,
+                    policy=self.retry_policy,
+                    now=now,
+                )
+            elif isinstance(error, LockTimeout):
+                # Whoever holds the lock finishes the job first; the drain stays
+                # owed until this runner sees it done.
+                decision = on_busy_elsewhere(entry.job, policy=self.retry_policy, now=now)
+            else:
+                decision = on_drain_owed(
+                    entry.job,
+                    drain_owed_error(describe_error(error)),
+                    policy=self.retry_policy,
+                    now=now,
+                )
+                _log.warning(
+                    "finishing a committed compaction failed; retrying",
+                    agent=name,
+                    error=describe_error(error),
+                    attempts=decision.job.drain_attempts,
+                    retry_at=decision.wake_at,
+                )
+            self._apply(entry, decision)
+        self._count_skipped(entry)
+
     def _count_skipped(self, entry: AgentEntry) -> None:
         """The job has left RUNNING: a change the counting thread skipped meanwhile
         (a MEMORY.md replaced after the count above: no event will come for it
@@ -608,6 +727,9 @@ class Runner:
         reason = describe_error(error)
         with self._lock:
             self._stats.compactions_failed += 1
+        if isinstance(error, CommittedUnfinished):
+            self._committed_unfinished(entry, reason, started_wall, duration, fallback, now)
+            return
         if not isinstance(error, (MemdError, OSError)):
             _log.error(
                 "compaction crashed",
@@ -627,6 +749,39 @@ class Runner:
                 error=reason,
                 failures=decision.job.consecutive_failures,
                 state=str(decision.job.state),
+                retry_at=decision.wake_at,
+            )
+            self._apply(entry, decision)
+
+    def _committed_unfinished(
+        self,
+        entry: AgentEntry,
+        reason: str,
+        started_wall: float,
+        duration: float,
+        fallback: bool,
+        now: float,
+    ) -> None:
+        """The compaction committed, then a step after the swap failed: reported as a
+        failed job (ledger, metrics), and its drain owed: the runner finishes it
+        from the journal soon, with backoff, instead of leaving the late turns out
+        of MEMORY.md until the agent's next compaction or a restart."""
+        name = entry.name
+        self._ledger(entry, started_wall, duration, None, reason, fallback)
+        if self.metrics is not None:
+            self.metrics.record_compaction(name, "aborted")
+        with self._lock:
+            decision = on_drain_owed(
+                entry.job,
+                drain_owed_error(reason),
+                policy=self.retry_policy,
+                now=now,
+                committed=True,
+            )
+            _log.warning(
+                "compaction committed but did not finish; finishing it from its journal",
+                agent=name,
+                error=reason,
                 retry_at=decision.wake_at,
             )
             self._apply(entry, decision)
@@ -691,4 +846,4 @@ def _spent(
     return None, None
 
 
-__all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "Runner", "SummarizerFactory"]
+__all__ = ["DAEMON_LOCK_WAIT_S", "CompactFn", "FinishFn", "Runner", "SummarizerFactory"]

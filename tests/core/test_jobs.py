@@ -336,3 +336,51 @@ def test_a_hold_moved_sooner_stays_a_hold_and_starts_at_its_new_time() -> None:
     assert moved.job.next_attempt_at == 10.0 and moved.job.last_error == held.last_error
     assert not on_count(moved.job, 200, 100, True, 9.0).start
     assert on_count(moved.job, 200, 100, True, 10.0).start
+
+
+def test_an_owed_drain_starts_at_its_time_whatever_the_count() -> None:
+    from memd.core.jobs import drain_owed_error, on_drain_finished, on_drain_owed
+
+    running = on_started(on_count(AgentJob(consecutive_failures=1), 150, 100, True, 0).job)
+    owed = on_drain_owed(running, drain_owed_error("EIO"), policy=POLICY, now=10, committed=True)
+    job = owed.job
+    assert job.state is JobState.BACKOFF and job.drain_owed and owed.wake_at == 15
+    assert job.last_compaction_at == 10 and job.consecutive_failures == 1  # not a model failure
+    # Under the threshold, compression off: not due yet, then started (the finish).
+    assert on_count(job, 10, 100, False, 14) == type(owed)(job, wake_at=15)
+    due = on_count(job, 10, 100, False, 15)
+    assert due.start and due.job.state is JobState.PENDING and due.job.drain_owed
+    # Failing again: backoff doubling, never the breaker.
+    again = job
+    for n, delay in ((2, 10), (3, 20), (4, 40), (5, 60), (6, 60)):
+        again = on_drain_owed(on_started(again), "ENOSPC", policy=POLICY, now=100).job
+        assert again.drain_attempts == n and again.next_attempt_at == 100 + delay
+        assert again.state is JobState.BACKOFF
+    # Another compactor holding the lock keeps it owed.
+    busy = on_busy_elsewhere(on_started(again), policy=POLICY, now=200).job
+    assert busy.drain_owed and on_count(busy, 10, 100, True, 205).start
+    # Done: as after a compaction; the count decides what next.
+    done = on_drain_finished(
+        on_started(busy),
+        current_tokens=150,
+        threshold_tokens=100,
+        compress=True,
+        policy=POLICY,
+        now=300,
+    )
+    assert not done.job.drain_owed and done.job.drain_attempts == 0
+    assert done.job.last_error is None and done.start  # over the threshold: compact
+
+
+def test_a_restart_drops_a_stored_owed_drains_hold() -> None:
+    from memd.core.jobs import drain_owed_error, restored_job
+
+    restored = restored_job(
+        "error",
+        consecutive_failures=0,
+        last_error=drain_owed_error("EIO"),
+        last_compaction_at=5.0,
+        next_attempt_at=1000.0,
+        now=10.0,
+    )
+    assert restored == AgentJob(last_compaction_at=5.0)

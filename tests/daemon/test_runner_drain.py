@@ -1,0 +1,190 @@
+"""A compaction that committed but did not finish (the folder's fsync after the swap,
+or moving a late writer's turns, failed): the daemon's runner finishes it from the
+journal soon after, with the recovery a restart would run, with backoff while it
+keeps failing. Real compactions (compact_agent, faults injected at its steps), a
+scripted summarizer, the runner's services with a made-up clock."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.daemon_services import Services, build_services
+from support.memfiles import AgentWorkspace, entry_contents_everywhere
+
+from memd.compaction import compact_agent
+from memd.core.jobs import JobState
+from memd.core.summary import SummaryRequest, SummaryResult
+
+LATE = "### AI \u2014 2026-01-01T00:00:00\n\nalpha late turn " + "z" * 120 + "\n\n---\n\n"
+LATE_TEXT = "alpha late turn " + "z" * 120
+# The drain's quiet wait kept short (the late writer is done before it starts).
+FAST = {"compaction": {"drain_quiet_s": 0.05, "drain_max_s": 1.0}}
+RETRY_BASE_S = 10.0  # support.daemon_services.CONFIG's daemon.retry_base_s
+
+
+class ScriptedSummarizer:
+    model = "scripted"
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        return SummaryResult(
+            text=(
+                "Goals: ship memd. Decisions: the user prefers tea and short answers; "
+                "compaction keeps every entry exactly once. Open tasks: write the docs, "
+                "run the crash tests, land the branch, answer alice about her turns."
+            ),
+            model="scripted",
+        )
+
+
+class RealCompaction:
+    """compact_agent as the runner calls it, with ``checkpoint`` at its named steps."""
+
+    def __init__(self, checkpoint: Callable[[str], None]) -> None:
+        self.checkpoint = checkpoint
+        self.calls = 0
+
+    def __call__(self, paths: Any, summarizer: Any, options: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return compact_agent(paths, summarizer, options, checkpoint=self.checkpoint, **kwargs)
+
+
+class LateWriter:
+    """An agent that opened MEMORY.md just before the swap and writes one turn to
+    it (the old file, by then) just after."""
+
+    def __init__(self, memory: Path) -> None:
+        self.memory = memory
+        self.handle: Any = None
+
+    def checkpoint(self, name: str) -> None:
+        if name == "journal-swapping":
+            self.handle = open(self.memory, "a", encoding="utf-8")
+
+    def write(self) -> None:
+        if self.handle is not None:
+            self.handle.write(LATE)
+            self.handle.close()
+            self.handle = None
+
+
+def compaction_fails_after_its_swap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> tuple[Services, RealCompaction, Path, list[int]]:
+    """alpha over its threshold, compacted by the runner; a late turn goes to the old
+    file after the swap, and ``fault`` strikes after the commit: ``eio-dir-fsync``
+    (the folder's fsync after the replace) or ``enospc-drain`` (every append of the
+    late turn, until the test lets it through). Returns the services, the
+    compaction, MEMORY.md, and the drain's failures left (the test sets it)."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    memory = ws.root / "agents" / "alpha" / "MEMORY.md"
+    writer = LateWriter(memory)
+    real_replace, real_fsync, real_write = os.replace, os.fsync, os.write
+    drain_failures = [0]
+    fsync_fails = [False]
+
+    def checkpoint(name: str) -> None:
+        writer.checkpoint(name)
+        if name == "replaced":
+            writer.write()
+
+    def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+        real_replace(src, dst, **kwargs)
+        if dst == "MEMORY.md" and fault == "eio-dir-fsync":
+            writer.write()
+            fsync_fails[0] = True
+
+    def fsync(fd: int) -> None:
+        if fsync_fails[0]:
+            fsync_fails[0] = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    def write(fd: int, data: Any) -> int:
+        if drain_failures[0] > 0 and bytes(data) == LATE.encode():
+            drain_failures[0] -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    compaction = RealCompaction(checkpoint)
+    s = build_services(ws, compaction, extra=FAST, summarizer=ScriptedSummarizer())  # type: ignore[arg-type]
+    s.fill("alpha", 20)
+    s.hint("alpha")
+    s.settle()
+    assert s.scheduler.submitted == ["compact:alpha"]
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "write", write)
+    if fault == "enospc-drain":
+        drain_failures[0] = 1
+    s.scheduler.run_queued()
+    return s, compaction, memory, drain_failures
+
+
+def run_when_due(s: Services) -> None:
+    """Move the made-up clock to the agent's next attempt and let it run."""
+    due = s.job("alpha").next_attempt_at
+    assert due is not None
+    s.clock.now = due
+    s.counter.tick(s.clock.now)
+    s.scheduler.run_queued()
+
+
+@pytest.mark.parametrize("fault", ["eio-dir-fsync", "enospc-drain"])
+def test_late_turns_reach_memory_after_a_committed_compaction_fails_to_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    s, compaction, memory, _left = compaction_fails_after_its_swap(tmp_path, monkeypatch, fault)
+    failed = s.job("alpha")
+    failed_at = s.clock.now
+    # Committed (the archive and the new file are in place), the late turn not moved.
+    assert compaction.calls == 1
+    assert len(list((memory.parent / "archive").glob("history_*.md"))) == 1
+    assert LATE.encode() not in memory.read_bytes()
+
+    run_when_due(s)
+
+    # No restart, no new compaction: the journal's roll-forward moved the late turn.
+    counts = entry_contents_everywhere(s.ws.paths("alpha"))
+    assert counts[LATE_TEXT] == 1
+    assert s.scheduler.submitted == ["compact:alpha", "finish:alpha"]
+    assert compaction.calls == 1
+    assert len(list((memory.parent / "archive").glob("history_*.md"))) == 1
+    assert all(n == 1 for n in counts.values()), counts
+    assert memory.read_bytes().endswith(LATE.encode())
+    job = s.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+    # What `memd status` showed meanwhile: retried soon (retry_base_s), and why.
+    assert failed.state is JobState.BACKOFF and failed.drain_owed
+    assert failed.next_attempt_at == failed_at + RETRY_BASE_S
+    assert "late turns not yet in MEMORY.md" in (failed.last_error or "")
+    assert "committed" in (failed.last_error or "")
+
+
+def test_finishing_the_drain_backs_off_while_it_keeps_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s, compaction, memory, left = compaction_fails_after_its_swap(
+        tmp_path, monkeypatch, "enospc-drain"
+    )
+    left[0] = 2  # the disk stays full for the next two attempts
+    for delay in (RETRY_BASE_S, 2 * RETRY_BASE_S):
+        job = s.job("alpha")
+        assert job.next_attempt_at == s.clock.now + delay
+        run_when_due(s)
+        assert LATE.encode() not in memory.read_bytes()
+        assert s.job("alpha").drain_owed
+        assert "No space left on device" in (s.job("alpha").last_error or "")
+    job = s.job("alpha")
+    # Backoff, never the breaker: no model call is at stake.
+    assert job.state is JobState.BACKOFF and job.drain_attempts == 3
+    assert job.next_attempt_at == s.clock.now + 4 * RETRY_BASE_S
+    run_when_due(s)
+    assert compaction.calls == 1
+    assert entry_contents_everywhere(s.ws.paths("alpha"))[LATE_TEXT] == 1
+    assert not s.job("alpha").drain_owed and s.job("alpha").state is JobState.IDLE
