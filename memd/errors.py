@@ -93,10 +93,21 @@ class SummaryNotStarted(CompactionAborted):
     changed and nothing failed (the job counts as cancelled)."""
 
 
-class SummarySettingsChanged(SummaryNotStarted):
+class SummaryRequeued(SummaryNotStarted):
+    """The job gave up before its summary started (nothing was changed, nothing
+    failed) and is queued again."""
+
+
+class SummarySettingsChanged(SummaryRequeued):
     """A reload changed the summarizer or privacy settings while the job waited
     for an LLM slot: nothing was changed, and the job is queued again to be
     summarized with the new settings."""
+
+
+class LlmSlotBusy(SummaryRequeued):
+    """The job had to summarize again (MEMORY.md was rewritten during its first
+    summary) and every LLM slot was busy: rather than wait for one holding the
+    agent's lock, it gave up (nothing was changed) and is queued again."""
 
 
 class UnderThreshold(CompactionAborted):

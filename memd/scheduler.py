@@ -2,8 +2,9 @@
 
 One ``BackgroundScheduler`` runs everything timed: the periodic jobs
 (reconcile, state flush) on a small default pool, compactions on a pool of
-``daemon.max_concurrent_io`` workers (inside a job only the summary takes one
-of the daemon's LLM slots, :mod:`memd.daemon.llm_slots`). Per-agent wake-ups
+``daemon.max_concurrent_io`` workers (a job holds one of the daemon's LLM slots
+for its summary only, waited for before the agent's lock:
+:mod:`memd.daemon.llm_slots`). Per-agent wake-ups
 (end of a backoff or cooldown) are not jobs here: the runner keeps their times
 and the counter's tick takes them (:mod:`memd.daemon.counter`).
 

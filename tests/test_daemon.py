@@ -110,7 +110,8 @@ class ScriptedCompaction:
     ``ok`` rewrites MEMORY.md small (by rename, like the real one), ``big``
     rewrites it still above the low-water mark, ``fail`` raises
     SummarizerError, ``nothing`` raises NothingToCompact, ``busy`` LockTimeout,
-    ``slow`` waits for ``release`` first, ``preempted`` finds the file already
+    ``slow`` waits for ``release`` first, ``summarize`` asks the summarizer
+    for a summary (``summarize-slow`` then waits for ``release``), ``preempted`` finds the file already
     compacted by someone else once "locked" (and applies the transaction's own
     re-check to the daemon's ``threshold``), ``checkpoints`` walks the real
     checkpoint names honouring ``abort`` as the transaction does (so a forced
@@ -126,6 +127,7 @@ class ScriptedCompaction:
         self.release = threading.Event()
         self.entered = threading.Event()
         self.committed = 0
+        self.summarized = 0
 
     def __call__(
         self,
@@ -149,9 +151,13 @@ class ScriptedCompaction:
             if behaviour == "slow":
                 assert self.release.wait(20)
                 behaviour = "ok"
-            if behaviour == "summarize":
+            if behaviour in ("summarize", "summarize-slow"):
                 # The transaction's summary step: through the daemon's LLM slots.
                 summarizer.summarize(SummaryRequest(paths.agent, parse(b""), max_tokens=10))
+                with self.lock:
+                    self.summarized += 1
+                if behaviour == "summarize-slow":  # then the file work: commit, drain
+                    assert self.release.wait(20)
                 behaviour = "ok"
             if behaviour == "preempted":
                 # another compactor finished just before we got the lock
@@ -495,7 +501,8 @@ class GatedSummarizer:
 
     model = "gated"
 
-    def __init__(self) -> None:
+    def __init__(self, text: str = "summary") -> None:
+        self.text = text
         self.active = 0
         self.peak = 0
         self.lock = threading.Lock()
@@ -507,30 +514,62 @@ class GatedSummarizer:
             self.peak = max(self.peak, self.active)
         try:
             assert self.release.wait(20)
-            return SummaryResult(text="summary", model=self.model)
+            return SummaryResult(text=self.text, model=self.model)
         finally:
             with self.lock:
                 self.active -= 1
 
 
 def test_global_cap_on_concurrent_summaries(ws: AgentWorkspace, run_daemon: Any) -> None:
-    # max_concurrent_llm bounds the summaries only: the other jobs are in
-    # flight beside them (their file work and drain need no LLM slot).
+    # max_concurrent_llm bounds the summaries: the other jobs wait for a slot
+    # before their transaction starts (their agents' locks are free meanwhile).
     names = [f"agent{n}" for n in range(5)]
     for name in names:
         ws.create_agent(name)
     compact = ScriptedCompaction(*["summarize"] * 5)
     gated = GatedSummarizer()
     h = run_daemon(ws, compact=compact, summarizer_factory=lambda _config, _count: gated)
+    runner = h.daemon.services.runner
     for name in names:
         fill(ws, name, 20)
-    assert wait_until(lambda: compact.active == 5 and gated.active == 2)
+    assert wait_until(
+        lambda: (
+            gated.active == 2
+            and len(runner.running()) == 5
+            and len(runner.llm_slots._cond._waiters) == 3
+        )
+    )
     assert gated.active == 2  # max_concurrent_llm = 2
+    assert compact.active == 2  # the three waiting have not entered their transaction
     gated.release.set()
     assert wait_until(lambda: compact.committed == 5)
     assert gated.peak == 2
-    assert compact.peak == 5
     assert sorted(compact.calls) == names
+    h.stop()
+
+
+def test_the_file_work_after_a_summary_runs_without_its_llm_slot(
+    ws: AgentWorkspace, run_daemon: Any
+) -> None:
+    # One slot, two jobs: each gives the slot back when its summary returns, so
+    # the second summarizes while the first commits and drains.
+    for name in ("first", "second"):
+        ws.create_agent(name)
+    compact = ScriptedCompaction("summarize-slow", "summarize-slow")
+    gated = GatedSummarizer()
+    gated.release.set()
+    h = run_daemon(
+        ws,
+        compact=compact,
+        config={"daemon": {"max_concurrent_llm": 1}},
+        summarizer_factory=lambda _config, _count: gated,
+    )
+    for name in ("first", "second"):
+        fill(ws, name, 20)
+    assert wait_until(lambda: compact.summarized == 2 and compact.active == 2)
+    compact.release.set()
+    assert wait_until(lambda: compact.committed == 2)
+    assert gated.peak == 1
     h.stop()
 
 
@@ -538,12 +577,22 @@ def test_global_cap_on_concurrent_compactions(ws: AgentWorkspace, run_daemon: An
     names = [f"agent{n}" for n in range(5)]
     for name in names:
         ws.create_agent(name)
-    compact = ScriptedCompaction(*["slow"] * 5)
-    h = run_daemon(ws, compact=compact, config={"daemon": {"max_concurrent_io": 3}})
+    # Each job summarizes (one LLM slot, given back when the summary returns),
+    # then waits in its file work: max_concurrent_io bounds the jobs in flight.
+    compact = ScriptedCompaction(*["summarize-slow"] * 5)
+    gated = GatedSummarizer()
+    gated.release.set()
+    h = run_daemon(
+        ws,
+        compact=compact,
+        config={"daemon": {"max_concurrent_io": 3, "max_concurrent_llm": 1}},
+        summarizer_factory=lambda _config, _count: gated,
+    )
     for name in names:
         fill(ws, name, 20)
-    assert wait_until(lambda: compact.active == 3)
+    assert wait_until(lambda: compact.active == 3 and compact.summarized == 3)
     assert compact.active == 3  # max_concurrent_io = 3
+    assert len(h.daemon.services.runner.running()) == 3  # the other two not started
     compact.release.set()
     assert wait_until(lambda: compact.committed == 5)
     assert compact.peak == 3
@@ -558,13 +607,21 @@ def test_stop_cancels_jobs_waiting_for_an_llm_slot(ws: AgentWorkspace, run_daemo
     compact = ScriptedCompaction(*["summarize"] * 4)
     gated = GatedSummarizer()
     h = run_daemon(ws, compact=compact, summarizer_factory=lambda _config, _count: gated)
+    runner = h.daemon.services.runner
     for name in names:
         fill(ws, name, 20)
-    assert wait_until(lambda: compact.active == 4 and gated.active == 2)
+    assert wait_until(
+        lambda: (
+            gated.active == 2
+            and len(runner.running()) == 4
+            and len(runner.llm_slots._cond._waiters) == 2
+        )
+    )
     stopper = threading.Thread(target=h.stop)
     stopper.start()
     # The two waiting for a slot give up at once; the two summarizing finish.
-    assert wait_until(lambda: compact.active == 2)
+    assert wait_until(lambda: len(runner.running()) == 2)
+    assert compact.active == 2
     gated.release.set()
     stopper.join(30)
     assert h.code == 0
@@ -572,6 +629,65 @@ def test_stop_cancels_jobs_waiting_for_an_llm_slot(ws: AgentWorkspace, run_daemo
     # Cancelled, not failed: no backoff is carried into the next start.
     assert h.daemon.services.stats.compactions_failed == 0
     assert all(h.job(name) is not JobState.BACKOFF for name in names)
+
+
+def test_a_job_waiting_for_an_llm_slot_leaves_its_agents_lock_free(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    # A storm: every LLM slot busy, another agent's job queued for one. That wait
+    # can last minutes; the agent's lock must be free meanwhile, or compact-now
+    # (forget, prune) on it times out on the lock of a job that is doing nothing.
+    ws.create_agent("first")
+    second = ws.create_agent("second")
+    # Long enough not to be refused as degenerate (the real transaction runs).
+    gated = GatedSummarizer(
+        " ".join(f"The user and the assistant went over point {n}." for n in range(10))
+    )
+    h = run_daemon(
+        ws,
+        config={"daemon": {"max_concurrent_llm": 1}, "summarizer": {"keep_recent_tokens": 0}},
+        summarizer_factory=lambda _config, _count: gated,
+    )
+    runner = h.daemon.services.runner
+    fill(ws, "first", 20)
+    assert wait_until(lambda: gated.active == 1)  # first's summary holds the one slot
+    fill(ws, "second", 20)
+    assert wait_until(
+        lambda: "second" in runner.running() and len(runner.llm_slots._cond._waiters) == 1
+    )
+    try:
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "memd", "compact-now", "second", "--wait", "10"),
+                *("--summary", "compacted by hand", "--workspace", str(ws.root)),
+                *("--state-dir", str(tmp_path / "state")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.05"},
+            check=False,
+        )
+    finally:
+        gated.release.set()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("second: compacted ")
+    # The daemon's job for second gets its slot, then its lock, and finds the
+    # work done (under threshold): nothing more is archived, nothing lost.
+    assert wait_until(
+        lambda: (
+            not runner.running()
+            and h.job("first") is not JobState.PENDING
+            and h.job("second") is not JobState.PENDING
+        ),
+        timeout=20,
+    )
+    assert len(list(second.archive_dir.glob("history_*.md"))) == 1
+    seen = entry_contents_everywhere(second)
+    assert sum(seen.values()) == 20 and all(count == 1 for count in seen.values())
+    assert h.daemon.services.stats.compactions_ok == 1  # first's
+    assert h.daemon.services.stats.compactions_failed == 0
+    assert h.stop() == 0
 
 
 def test_failures_back_off_then_open_the_breaker(ws: AgentWorkspace, run_daemon: Any) -> None:

@@ -78,6 +78,7 @@ from memd.errors import (
     MemdError,
     NothingToCompact,
     SummaryNotStarted,
+    SummaryRequeued,
     SummarySettingsChanged,
     UnderThreshold,
     describe_error,
@@ -463,14 +464,20 @@ class Runner:
             # to the queue instead of out with the old model or redaction.
             generation = self.summarizers.generation
             summarizer, fallback = self.summarizers.for_agent(name, failures)
-            outcome = self._compact(
-                entry.paths,
-                self.llm_slots.bound(summarizer, lambda: self.summarizers.generation == generation),
-                self._compaction_options(name, entry.policy, reservation),
-                count_bytes=tokenizer.count_bytes,
-                abort=self.abort,
-                threshold=threshold,
-            )
+            # The slot is waited for here, before the transaction takes the agent's
+            # lock: compact-now, forget and retention on this agent are not kept
+            # waiting behind a job that is itself only waiting.
+            with self.llm_slots.reserved(
+                name, summarizer, lambda: self.summarizers.generation == generation
+            ) as bound:
+                outcome = self._compact(
+                    entry.paths,
+                    bound,
+                    self._compaction_options(name, entry.policy, reservation),
+                    count_bytes=tokenizer.count_bytes,
+                    abort=self.abort,
+                    threshold=threshold,
+                )
         except Exception as exc:
             error = exc
             if self._after_commit is not None:
@@ -680,8 +687,11 @@ class Runner:
         name = entry.name
         policy = self.retry_policy
         now = self._clock()
-        if isinstance(error, SummarySettingsChanged):
-            _log.info("summarizer settings changed while waiting; queued again", agent=name)
+        if isinstance(error, SummaryRequeued):
+            if isinstance(error, SummarySettingsChanged):
+                _log.info("summarizer settings changed while waiting; queued again", agent=name)
+            else:
+                _log.info("no LLM slot free to summarize again; queued again", agent=name)
             with self._lock:
                 self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
             return

@@ -1,5 +1,5 @@
-"""The LLM slots: a bound on summaries in flight, and a shutdown that lets the
-waiting ones go without starting them."""
+"""The LLM slots: a bound on summaries in flight, waited for before the agent's lock
+is taken, and a shutdown that lets the waiting ones go without starting them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import pytest
 from memd.core.memfile import parse
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.daemon.llm_slots import LlmSlots
-from memd.errors import CompactionAborted, SummaryNotStarted, SummarySettingsChanged
+from memd.errors import (
+    CompactionAborted,
+    LlmSlotBusy,
+    SummaryNotStarted,
+    SummaryRequeued,
+    SummarySettingsChanged,
+)
 
 
 class Recording:
@@ -28,13 +34,38 @@ def _request(agent: str) -> SummaryRequest:
     return SummaryRequest(agent, parse(b""), max_tokens=10)
 
 
-def test_bound_summarizer_keeps_model_and_result() -> None:
+def test_reserved_summarizer_keeps_model_and_result() -> None:
     inner = Recording()
-    bound = LlmSlots(1).bound(inner)
-    assert bound.model == "recording"
-    assert bound.summarize(_request("a")).text == "summary of a"
-    assert bound.summarize(_request("b")).text == "summary of b"  # the slot came back
+    slots = LlmSlots(1)
+    with slots.reserved("a", inner) as bound:
+        assert bound.model == "recording"
+        assert bound.summarize(_request("a")).text == "summary of a"
+    with slots.reserved("b", inner) as bound:  # the slot came back
+        assert bound.summarize(_request("b")).text == "summary of b"
     assert inner.calls == 2
+
+
+def test_the_slot_is_taken_before_the_block_and_given_back_when_the_summary_returns() -> None:
+    # The block is the transaction: it takes the agent's lock only once the slot
+    # is there, and its file work after the summary (commit, drain) runs without it.
+    slots = LlmSlots(1)
+    inner = Recording()
+    with slots.reserved("a", inner) as bound:
+        assert not slots._take_if_free()  # held from the start of the block
+        bound.summarize(_request("a"))
+        assert slots._take_if_free()  # back as soon as the summary returned
+        slots._give_back()
+
+
+def test_a_reserved_slot_never_spent_is_given_back() -> None:
+    # Under threshold once locked, nothing to compact, a busy lock: no summary.
+    slots = LlmSlots(1)
+    with slots.reserved("a", Recording()):
+        pass
+    with pytest.raises(RuntimeError), slots.reserved("b", Recording()):
+        raise RuntimeError("the transaction failed before its summary")
+    with slots.reserved("c", Recording()) as bound:
+        assert bound.summarize(_request("c")).text == "summary of c"
 
 
 def test_a_slot_is_returned_when_the_summary_fails() -> None:
@@ -43,9 +74,31 @@ def test_a_slot_is_returned_when_the_summary_fails() -> None:
             raise RuntimeError("down")
 
     slots = LlmSlots(1)
-    with pytest.raises(RuntimeError):
-        slots.bound(Failing()).summarize(_request("a"))
-    assert slots.bound(Recording()).summarize(_request("a")).text == "summary of a"
+    with pytest.raises(RuntimeError), slots.reserved("a", Failing()) as bound:
+        bound.summarize(_request("a"))
+    with slots.reserved("a", Recording()) as bound:
+        assert bound.summarize(_request("a")).text == "summary of a"
+
+
+def test_a_second_summary_never_waits_for_a_slot_under_the_lock() -> None:
+    # The transaction starts over (MEMORY.md rewritten during its summary): with
+    # a slot free it summarizes again; with every slot busy it gives up, unchanged,
+    # to be queued again (and wait for its slot without the agent's lock).
+    slots = LlmSlots(2)
+    inner = Recording()
+    with slots.reserved("a", inner) as bound:
+        bound.summarize(_request("a"))
+        bound.summarize(_request("a"))  # a slot was free
+        with (
+            slots.reserved("b", Recording()),
+            slots.reserved("c", Recording()),
+            pytest.raises(LlmSlotBusy) as info,
+        ):
+            bound.summarize(_request("a"))
+    assert isinstance(info.value, SummaryRequeued)
+    assert "'a'" in str(info.value)
+    assert inner.calls == 2
+    assert slots._free == 2  # every slot back
 
 
 def test_waiters_beyond_the_slots_wait_then_give_up_on_close() -> None:
@@ -57,12 +110,12 @@ def test_waiters_beyond_the_slots_wait_then_give_up_on_close() -> None:
     def wait_for_slot() -> None:
         waiting.set()
         try:
-            with slots.held("b"):
+            with slots.reserved("b", Recording()):
                 entered.append("b")
         except BaseException as exc:
             errors.append(exc)
 
-    with slots.held("a"):
+    with slots.reserved("a", Recording()):
         waiter = threading.Thread(target=wait_for_slot)
         waiter.start()
         assert waiting.wait(10)
@@ -83,11 +136,11 @@ def test_after_close_a_job_that_finds_a_slot_free_still_runs() -> None:
     # after the stop began, with a slot free, is not refused.
     slots = LlmSlots(2)
     ran: list[str] = []
-    with slots.held("a"):
+    with slots.reserved("a", Recording()):
         slots.close()
-        with slots.held("b"):
+        with slots.reserved("b", Recording()):
             ran.append("b")  # both slots held at once
-        with slots.held("c"):
+        with slots.reserved("c", Recording()):
             ran.append("c")
     assert ran == ["b", "c"]
 
@@ -95,7 +148,14 @@ def test_after_close_a_job_that_finds_a_slot_free_still_runs() -> None:
 def test_settings_changed_while_waiting_give_the_slot_back_unstarted() -> None:
     slots = LlmSlots(1)
     inner = Recording()
-    with pytest.raises(SummarySettingsChanged):
-        slots.bound(inner, lambda: False).summarize(_request("a"))
+    with pytest.raises(SummarySettingsChanged), slots.reserved("a", inner, lambda: False):
+        raise AssertionError("the block (the transaction, its lock) must not start")
     assert inner.calls == 0  # nothing was sent
-    assert slots.bound(inner, lambda: True).summarize(_request("a")).text == "summary of a"
+    settings = ["current"]
+    with slots.reserved("a", inner, lambda: settings == ["current"]) as bound:
+        settings[0] = "reloaded"  # between the slot and the summary
+        with pytest.raises(SummarySettingsChanged):
+            bound.summarize(_request("a"))
+    assert inner.calls == 0
+    with slots.reserved("a", inner, lambda: True) as bound:
+        assert bound.summarize(_request("a")).text == "summary of a"

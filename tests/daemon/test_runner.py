@@ -420,3 +420,63 @@ def test_a_reload_that_changes_the_model_applies_to_jobs_still_waiting_for_a_slo
     assert s.scheduler.run_queued() == 1
     # b's summary had not started at the reload: it goes to the model configured now.
     assert sent == [("a", "builtin"), ("b", "ollama/llama3.1")]
+
+
+def test_a_summary_started_over_with_every_slot_busy_queues_the_job_again(
+    tmp_path: Path,
+) -> None:
+    # MEMORY.md rewritten during a's summary: its transaction starts over and needs
+    # a slot again, under the agent's lock. b holds the only one: a gives up
+    # (nothing changed, not a failure) and is queued again, to wait unlocked.
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("a")
+    ws.create_agent("b")
+    s = build_services(ws, ScriptedCompaction(), extra={"daemon": {"max_concurrent_llm": 1}})
+    sent: list[tuple[str, str]] = []
+    b_summarizing = threading.Event()
+    release_b = threading.Event()
+
+    class Summarizer:
+        model = "builtin"
+
+        def summarize(self, request: Any) -> Any:
+            sent.append((request.agent, self.model))
+            if request.agent == "b":
+                b_summarizing.set()
+                assert release_b.wait(30)
+            raise NothingToCompact(f"agent {request.agent!r}: scripted")
+
+    s.runner.summarizers._factory = lambda _config, _count: Summarizer()
+    a_started_over = threading.Event()
+
+    def compact(paths: Any, summarizer: Any, options: Any, **_kwargs: Any) -> Any:
+        request = SimpleNamespace(agent=paths.agent)
+        if paths.agent == "a" and not a_started_over.is_set():
+            with contextlib.suppress(NothingToCompact):
+                summarizer.summarize(request)  # the first summary: its reserved slot
+            a_started_over.set()
+            assert b_summarizing.wait(30)  # meanwhile b took the slot
+        return summarizer.summarize(request)
+
+    s.runner._compact = compact
+    for name in ("a", "b"):
+        s.fill(name, 20)
+        s.hint(name)
+    s.settle()
+    jobs = sorted(s.scheduler.queued, key=lambda job: job[0])
+    s.scheduler.queued = []
+    threads = [threading.Thread(target=task, args=args) for _key, task, args in jobs]
+    threads[0].start()
+    assert a_started_over.wait(30)
+    threads[1].start()
+    threads[0].join(30)
+    assert not threads[0].is_alive()
+    release_b.set()
+    threads[1].join(30)
+    assert sent == [("a", "builtin"), ("b", "builtin")]  # a's second summary never started
+    job = s.job("a")
+    assert job.consecutive_failures == 0 and job.last_error is None
+    assert job.state is JobState.PENDING  # queued again
+    assert [key for key, _t, _a in s.scheduler.queued] == ["compact:a"]
+    assert s.scheduler.run_queued() == 1
+    assert sent[-1] == ("a", "builtin")
