@@ -14,7 +14,7 @@ import typer
 from memd.cli.common import load, open_audit, open_state, redaction_key, state_dir_of
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
-from memd.errors import ConfigError, MemdError, NothingToCompact
+from memd.errors import ConfigError, LockTimeout, MemdError, NothingToCompact
 from memd.fsutil import as_owner_of
 
 if TYPE_CHECKING:
@@ -201,7 +201,11 @@ def compact_now(
                 out.print(f"{name}: {str(exc).split(': ', 1)[-1]}", markup=False, highlight=False)
             except MemdError as exc:
                 failures += 1
-                _record(ledger, name, started, None, error=str(exc))
+                if not isinstance(exc, LockTimeout):
+                    # A lock held elsewhere (the daemon compacting, forget, prune) is
+                    # no failed compaction: nothing was tried. Recorded, it would
+                    # show as the agent's last error in `memd status` and `history`.
+                    _record(ledger, name, started, None, error=str(exc))
                 if not all_agents and len(targets) == 1:
                     raise
                 err.print(f"memd: error: {exc}", markup=False, highlight=False)

@@ -7,7 +7,7 @@ States::
       │◀── success, ended below low water ─────┤
       │                                        ├─ success above low water ─▶ cooldown
       │                                        ├─ nothing to compact ──────▶ cooldown
-      │                                        ├─ lock busy elsewhere ─────▶ backoff, not a failure
+      │                                        ├─ lock busy elsewhere ─────▶ cooldown, not a failure
       │   pending ── a spending cap holds ─────────────────────────────▶ cooldown until it passes
       │                                        ├─ failure n < breaker ─────▶ backoff (exponential)
       │                                        ├─ failure n ≥ breaker ─────▶ breaker_open
@@ -303,13 +303,25 @@ def on_nothing_to_compact(job: AgentJob, *, policy: RetryPolicy, now: float) -> 
     )
 
 
-def on_busy_elsewhere(job: AgentJob, *, policy: RetryPolicy, now: float) -> Decision:
-    """Another process (compact-now, a second daemon) held the agent's lock."""
+def on_busy_elsewhere(job: AgentJob, reason: str, *, policy: RetryPolicy, now: float) -> Decision:
+    """Another process (compact-now, forget, prune, a second daemon) held the agent's
+    lock: try again after ``retry_base_s``. Not a failure: no backoff, no breaker,
+    and it reads as a wait with its reason (a cooldown, as a spending hold does),
+    never as the ``error`` a backoff is stored as; the failures so far are kept."""
     until = now + policy.retry_base_s
     return Decision(
-        replace(job, state=JobState.BACKOFF, next_attempt_at=until, rerun_requested=False),
+        replace(
+            job,
+            state=JobState.COOLDOWN,
+            next_attempt_at=until,
+            last_error=f"{_BUSY_ELSEWHERE}{reason}",
+            rerun_requested=False,
+        ),
         wake_at=until,
     )
+
+
+_BUSY_ELSEWHERE = "busy: "
 
 
 def on_held(job: AgentJob, reason: str, *, until: float) -> Decision:

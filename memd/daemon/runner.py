@@ -721,7 +721,7 @@ class Runner:
         if isinstance(error, LockTimeout):
             _log.info("agent is being compacted by another process; retrying later", agent=name)
             with self._lock:
-                self._apply(entry, on_busy_elsewhere(entry.job, policy=policy, now=now))
+                self._apply(entry, on_busy_elsewhere(entry.job, str(error), policy=policy, now=now))
             return
         if isinstance(error, CompactionAborted) and self.abort.is_set():
             # A forced exit (a second SIGINT) rolled the job back: the operator

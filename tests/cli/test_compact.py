@@ -214,6 +214,30 @@ def test_wait_gives_up_when_another_compaction_holds_the_lock(ws: AgentWorkspace
     assert result.returncode == 0, result.stderr
 
 
+def test_a_lock_timeout_is_not_recorded_as_a_failed_compaction(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    # compact-now could not get the lock (the daemon, or another operation, held
+    # it): nothing was tried, so `memd status` and `memd history` show no failure.
+    state = str(tmp_path / "state")
+    paths = ws.paths("alpha")
+    paths.private_dir.mkdir(mode=0o700)
+    with paths.lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        result = memd(
+            *("compact-now", "alpha", "--workspace", str(ws.root), "--state-dir", state),
+            *("--wait", "0.2", "--summary", "s"),
+        )
+    assert result.returncode == 4
+    assert "another compaction holds its lock" in result.stderr
+    status = memd("status", "alpha", "--workspace", str(ws.root), "--state-dir", state, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["last_error"] is None
+    history = memd("history", "alpha", "--workspace", str(ws.root), "--state-dir", state, "--json")
+    assert history.returncode == 0, history.stderr
+    assert json.loads(history.stdout) == []
+
+
 def test_python_dash_m_and_console_script_agree(ws: AgentWorkspace) -> None:
     script = Path(sys.executable).parent / "memd"
     if not script.exists():

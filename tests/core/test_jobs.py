@@ -19,6 +19,7 @@ from memd.core.jobs import (
     on_nothing_to_compact,
     on_started,
     on_success,
+    stored_state,
 )
 
 POLICY = RetryPolicy(
@@ -148,8 +149,24 @@ def test_nothing_to_compact_and_busy_elsewhere_wait_without_counting_failures() 
     assert d.job.state is JobState.COOLDOWN and d.wake_at == 30
     # Still over threshold and stuck: the operator must see why.
     assert d.job.last_error == NOT_COMPACTABLE
-    b = on_busy_elsewhere(job, policy=POLICY, now=0)
-    assert b.job.state is JobState.BACKOFF and b.job.consecutive_failures == 0
+    b = on_busy_elsewhere(job, "agent 'a': another compaction holds its lock", policy=POLICY, now=0)
+    assert b.job.state is JobState.COOLDOWN and b.job.consecutive_failures == 0
+    assert b.wake_at == b.job.next_attempt_at == POLICY.retry_base_s
+
+
+def test_busy_elsewhere_reads_as_a_wait_with_its_reason_never_as_an_error() -> None:
+    # `memd status` shows the stored state: a backoff is stored as "error", which a
+    # lock held by compact-now, forget or a second daemon is not.
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    failed = on_failure(job, "HTTP 500", policy=POLICY, now=0).job
+    again = on_started(on_count(failed, 150, 100, True, 100).job)
+    busy = on_busy_elsewhere(
+        again, "agent 'a': another compaction holds its lock", policy=POLICY, now=100
+    ).job
+    assert stored_state(busy) == "cooldown"
+    assert busy.last_error == "busy: agent 'a': another compaction holds its lock"
+    assert busy.consecutive_failures == 1  # neither counted nor forgiven
+    assert not held_back(busy)  # not a spending cap's hold
 
 
 def test_policy_from_config() -> None:
@@ -206,7 +223,7 @@ def test_never_two_jobs_and_never_a_silent_drop(events: list[tuple[str, int]]) -
         elif kind == "nothing":
             d = on_nothing_to_compact(job, policy=POLICY, now=now)
         else:
-            d = on_busy_elsewhere(job, policy=POLICY, now=now)
+            d = on_busy_elsewhere(job, "busy", policy=POLICY, now=now)
         in_flight = d.start
         job = on_started(d.job) if d.start else d.job
         assert d.start or job.state not in (JobState.PENDING, JobState.RUNNING)

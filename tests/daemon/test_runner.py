@@ -480,3 +480,33 @@ def test_a_summary_started_over_with_every_slot_busy_queues_the_job_again(
     assert [key for key, _t, _a in s.scheduler.queued] == ["compact:a"]
     assert s.scheduler.run_queued() == 1
     assert sent[-1] == ("a", "builtin")
+
+
+def test_a_lock_held_by_another_process_shows_as_busy_not_as_an_error(tmp_path: Path) -> None:
+    # compact-now (forget, prune, a second daemon) held the agent's lock past the
+    # daemon's short wait: the job is retried later, and `memd status` (the state
+    # DB), the systemd STATUS= line and the ledger say busy, not failed.
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    s = build_services(ws, ScriptedCompaction("busy", "ok"))
+    assert s.flusher is not None
+    store = StateStore.open(tmp_path / "state", ws.root)
+    s.flusher.start(contextlib.ExitStack(), store)
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    assert s.scheduler.run_queued() == 1
+    (record,) = [record for record in store.agents() if record.agent == "alice"]
+    assert record.state == "cooldown"
+    # With the lock timeout's own reason (the scripted one's: "agent 'alice': busy").
+    assert record.last_error == "busy: agent 'alice': busy"
+    assert record.consecutive_failures == 0
+    assert store.history("alice") == []  # not a failed compaction
+    assert "0 in error" in s.flusher.status_text()
+    # Retried once the wait is over, and then compacted.
+    s.clock.advance(3600)
+    s.counter.tick(s.clock.now)
+    assert s.scheduler.run_queued() == 1
+    assert s.compact.calls == ["alice", "alice"]
+    assert s.job("alice").state is JobState.IDLE and s.job("alice").last_error is None
+    store.close()
