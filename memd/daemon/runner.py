@@ -580,7 +580,9 @@ class Runner:
             elif isinstance(error, LockTimeout):
                 # Whoever holds the lock finishes the job first; the drain stays
                 # owed until this runner sees it done.
-                decision = on_busy_elsewhere(entry.job, policy=self.retry_policy, now=now)
+                decision = on_busy_elsewhere(
+                    entry.job, describe_error(error), policy=self.retry_policy, now=now
+                )
             else:
                 decision = on_drain_owed(
                     entry.job,

@@ -374,7 +374,7 @@ def test_an_owed_drain_starts_at_its_time_whatever_the_count() -> None:
         assert again.drain_attempts == n and again.next_attempt_at == 100 + delay
         assert again.state is JobState.BACKOFF
     # Another compactor holding the lock keeps it owed.
-    busy = on_busy_elsewhere(on_started(again), policy=POLICY, now=200).job
+    busy = on_busy_elsewhere(on_started(again), "busy", policy=POLICY, now=200).job
     assert busy.drain_owed and on_count(busy, 10, 100, True, 205).start
     # Done: as after a compaction; the count decides what next.
     done = on_drain_finished(
