@@ -14,13 +14,14 @@ a ``context`` section.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 
@@ -182,39 +183,87 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {describe_error(exc, with_file=False)}") from None
 
 
-def _env_overrides(
-    environ: Mapping[str, str],
-) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
-    """Map ``MEMD_SECTION_KEY`` vars onto the model's fields.
+# MEMD_* variables memd, its tests and its deployment read that are not config
+# keys; any other MEMD_* variable is a misspelled setting (an error, as an
+# unknown key in the file is), never silently ignored.
+NON_SETTING_ENV_VARS: Final = frozenset(
+    {
+        "MEMD_CONFIG",  # the config file (find_config_file)
+        "MEMD_CACHE_DIR",  # memd's cache (resolve_cache_dir)
+        "MEMD_SWARMS_PYTHON",  # tests, bench: the swarms virtualenv's interpreter
+        "MEMD_BENCH_PROFILE",  # bench/bench_startup.py
+        "MEMD_CI_CACHE",  # deploy/hostcheck
+        # Docker build args: `docker build --build-arg MEMD_UID` takes the shell's value.
+        "MEMD_UID",
+        "MEMD_GID",
+    }
+)
 
-    Returns the nested override dict and, for error messages, which env var
-    set each field path.
-    """
-    overrides: dict[str, Any] = {}
-    origin: dict[tuple[str, ...], str] = {}
+
+def setting_env_vars() -> dict[str, tuple[str, ...]]:
+    """Every ``MEMD_<SECTION>_<KEY>`` (and ``MEMD_<KEY>`` for top-level keys) the
+    config model takes, with the field path it sets. ``[agents."glob"]`` tables
+    have no variables: their names are globs."""
+    variables: dict[str, tuple[str, ...]] = {}
     for name, field in MemdConfig.model_fields.items():
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            # A misspelled variable must not be silently ignored: the same
-            # typo in the TOML file is an "unknown key" error.
-            prefix = f"MEMD_{name}_".upper()
-            known = {f"{prefix}{key.upper()}" for key in annotation.model_fields}
-            for var in environ:
-                if var.startswith(prefix) and var not in known:
-                    raise ConfigError(
-                        f"invalid setting {var}: [{name}] has no key "
-                        f"{var.removeprefix(prefix).lower()!r}"
-                    )
             for key in annotation.model_fields:
-                var = f"MEMD_{name}_{key}".upper()
-                if var in environ:
-                    overrides.setdefault(name, {})[key] = environ[var]
-                    origin[(name, key)] = var
+                variables[f"MEMD_{name}_{key}".upper()] = (name, key)
         elif name != "agents":
-            var = f"MEMD_{name}".upper()
-            if var in environ:
-                overrides[name] = environ[var]
-                origin[(name,)] = var
+            variables[f"MEMD_{name}".upper()] = (name,)
+    return variables
+
+
+def _unknown_env_var(var: str, known: Mapping[str, tuple[str, ...]]) -> str:
+    """One line for a ``MEMD_*`` variable memd does not read, with the closest name."""
+    rest = var.removeprefix("MEMD_")
+    sections = {path[0] for path in known.values() if len(path) == 2}
+    section = next((s for s in sorted(sections) if rest.startswith(f"{s.upper()}_")), None)
+    hint = ""
+    if section is not None:
+        reason = f"[{section}] has no key {rest.removeprefix(section.upper() + '_').lower()!r}"
+    elif rest.startswith("AGENTS_"):
+        reason = '[agents."glob"] tables are set in the config file only'
+    else:
+        reason = "not a memd setting"
+        hint = " (settings are MEMD_<SECTION>_<KEY>, for the keys of memd.toml)"
+    close = difflib.get_close_matches(var, [*known, *NON_SETTING_ENV_VARS], n=1, cutoff=0.8)
+    if close:
+        hint = f"; did you mean {close[0]}?"
+    return f"invalid setting {var}: {reason}{hint}"
+
+
+def _env_overrides(
+    environ: Mapping[str, str],
+) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """Map ``MEMD_<SECTION>_<KEY>`` vars onto the model's fields.
+
+    Returns the nested override dict and, for error messages, which env var
+    set each field path. Raises ConfigError naming every ``MEMD_*`` variable
+    that is neither a setting nor one of :data:`NON_SETTING_ENV_VARS`.
+    """
+    known = setting_env_vars()
+    unknown = sorted(
+        var
+        for var in environ
+        if var.startswith("MEMD_") and var not in known and var not in NON_SETTING_ENV_VARS
+    )
+    if unknown:
+        problems = tuple(_unknown_env_var(var, known) for var in unknown)
+        more = len(problems) - 1
+        suffix = f" (+{more} more: see memd config check)" if more > 0 else ""
+        raise ConfigError(problems[0] + suffix, problems)
+    overrides: dict[str, Any] = {}
+    origin: dict[tuple[str, ...], str] = {}
+    for var, path in known.items():
+        if var not in environ:
+            continue
+        if len(path) == 2:
+            overrides.setdefault(path[0], {})[path[1]] = environ[var]
+        else:
+            overrides[path[0]] = environ[var]
+        origin[path] = var
     return overrides, origin
 
 

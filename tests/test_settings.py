@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,97 @@ def test_misspelled_env_var_is_an_error_like_an_unknown_key(tmp_path: Path) -> N
         load_settings(environ={"MEMD_TRIGGER_THRESHHOLD": "0.5"}, cwd=tmp_path)
     # Variables that are not config keys of a section are left alone.
     load_settings(environ={"MEMD_CACHE_DIR": "/x", "MEMD_SWARMS_PYTHON": "/y"}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("variable", "expected"),
+    [
+        # A misspelled section: no section prefix matched, so nothing checked it.
+        (
+            "MEMD_TRIGER_DEBOUNCE_MS",
+            "invalid setting MEMD_TRIGER_DEBOUNCE_MS: not a memd setting; "
+            "did you mean MEMD_TRIGGER_DEBOUNCE_MS?",
+        ),
+        (
+            "MEMD_DAEMON_MAX_CONCURENT_LLM",
+            "invalid setting MEMD_DAEMON_MAX_CONCURENT_LLM: [daemon] has no key "
+            "'max_concurent_llm'; did you mean MEMD_DAEMON_MAX_CONCURRENT_LLM?",
+        ),
+        (
+            "MEMD_LOGLEVEL",
+            "invalid setting MEMD_LOGLEVEL: not a memd setting; did you mean MEMD_LOG_LEVEL?",
+        ),
+        (
+            "MEMD_CONFG",
+            "invalid setting MEMD_CONFG: not a memd setting; did you mean MEMD_CONFIG?",
+        ),
+        (
+            "MEMD_WORKSPCE",
+            "invalid setting MEMD_WORKSPCE: not a memd setting; did you mean MEMD_WORKSPACE?",
+        ),
+        (
+            "MEMD_AGENTS_RESEARCH_THRESHOLD",
+            'invalid setting MEMD_AGENTS_RESEARCH_THRESHOLD: [agents."glob"] tables are set '
+            "in the config file only",
+        ),
+        (
+            "MEMD_BANANA",
+            "invalid setting MEMD_BANANA: not a memd setting (settings are "
+            "MEMD_<SECTION>_<KEY>, for the keys of memd.toml)",
+        ),
+    ],
+)
+def test_any_unknown_memd_variable_is_a_one_line_error_naming_it(
+    tmp_path: Path, variable: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ={variable: "200"}, cwd=tmp_path)
+    assert str(info.value) == expected
+
+
+def test_every_unknown_variable_is_listed_for_config_check(tmp_path: Path) -> None:
+    env = {"MEMD_TRIGER_DEBOUNCE_MS": "1", "MEMD_SUMARIZER_MODEL": "x", "MEMD_LOG_LEVEL": "info"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(environ=env, cwd=tmp_path)
+    assert str(info.value).startswith("invalid setting MEMD_SUMARIZER_MODEL: ")
+    assert str(info.value).endswith(" (+1 more: see memd config check)")
+    assert [problem.split(":")[0] for problem in info.value.problems] == [
+        "invalid setting MEMD_SUMARIZER_MODEL",
+        "invalid setting MEMD_TRIGER_DEBOUNCE_MS",
+    ]
+
+
+# Where memd's own MEMD_* names are written: the code, its deployment, its docs,
+# and the test and bench harness (tests/ itself writes misspellings on purpose).
+_NAMED_IN = ("memd", "integrations", "deploy", "systemd", "config", "docs", "bench", ".ci")
+_NAMED_IN_FILES = ("README.md", "Dockerfile", "tests/conftest.py", "tests/support")
+_MISSPELLED_ON_PURPOSE = {"MEMD_TRIGER_DEBOUNCE_MS"}  # the README's example of a refused typo
+
+
+def test_every_memd_variable_the_repository_names_is_accepted(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    files = [
+        path
+        for place in (*_NAMED_IN, *_NAMED_IN_FILES)
+        for path in ([root / place] if (root / place).is_file() else (root / place).rglob("*"))
+        if path.is_file() and "venv" not in path.parts[-3:-1] and path.suffix != ".pyc"
+    ]
+    named = {
+        name
+        for path in files
+        for name in re.findall(
+            r"(?<![A-Za-z0-9_])MEMD_[A-Z0-9_]*[A-Z0-9]", path.read_text("utf-8", "replace")
+        )
+    }
+    assert {"MEMD_SWARMS_PYTHON", "MEMD_UID", "MEMD_CONFIG", "MEMD_STATE_DIR"} <= named
+    named -= _MISSPELLED_ON_PURPOSE
+    for name in sorted(named):
+        try:
+            load_settings(environ={name: "1"}, cwd=tmp_path)
+        except ConfigError as exc:
+            # A value the setting refuses is not under test ("invalid setting
+            # NAME (section.key): ..."); an unknown name is "invalid setting NAME: ...".
+            assert not str(exc).startswith(f"invalid setting {name}: "), exc
 
 
 def test_summary_budgets_that_cannot_fit_the_low_water_mark_are_refused() -> None:

@@ -160,3 +160,48 @@ def test_memd_run_keeps_where_an_unexpected_error_came_from(
         main(["run", "--workspace", str(tmp_path)])
     err = capsys.readouterr().err
     assert "daemon_with_a_bug" in err, err  # where it came from, for the bug report
+
+
+# A misspelled MEMD_ section (MEMD_TRIGER_...) was silently ignored: the operator
+# believed a setting applied that did not. Every command that loads the config stops.
+TYPO = ("MEMD_TRIGER_DEBOUNCE_MS", "200")
+TYPO_ERROR = (
+    "memd: error: invalid setting MEMD_TRIGER_DEBOUNCE_MS: not a memd setting; "
+    "did you mean MEMD_TRIGGER_DEBOUNCE_MS?"
+)
+
+
+@pytest.mark.parametrize("command", [["status"], ["doctor"], ["config", "check"]])
+def test_a_misspelled_memd_variable_stops_the_command(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    command: list[str],
+) -> None:
+    from memd.cli.app import main
+
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    monkeypatch.setenv("MEMD_STATE_DIR", str(tmp_path / "st"))
+    monkeypatch.setenv(*TYPO)
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--workspace", str(ws)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [TYPO_ERROR]
+
+
+def test_memd_run_refuses_to_start_with_a_misspelled_memd_variable(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", "run", "--workspace", str(ws)],
+        env={**env, "MEMD_STATE_DIR": str(tmp_path / "st"), TYPO[0]: TYPO[1]},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,  # without the check the daemon would start and run until killed
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [TYPO_ERROR]
