@@ -18,8 +18,9 @@ import typer
 from memd.cli.common import load
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
+from memd.core.names import validate_agent_name
 from memd.core.recall import Highlighted, RecallQueryError, excerpt, parse_since
-from memd.errors import MemdError
+from memd.errors import MemdError, UnknownAgent
 from memd.recall.index import RecallHit
 from memd.settings import LoadedConfig
 from memd.workspace import AgentPaths, agent_paths, list_agents, require_workspace
@@ -108,29 +109,45 @@ def recall_command(
 
 
 def _reindex(loaded: LoadedConfig, state_dir: Path | None, agent: str | None) -> None:
+    """Rebuild the index of ``agent`` (or of every agent) from what memd can read now.
+
+    An agent whose folder is refused (a symlink out of the workspace, a
+    MEMORY.md or archive folder leaving its folder: DESIGN.md §1) or gone keeps
+    no rows: its last indexed text is not kept, and scrubbed from the index
+    file, as a folder that is gone is. Named explicitly, its error is then
+    raised; for every agent it is reported and the others are reindexed.
+    """
+    if agent is not None:
+        validate_agent_name(agent)  # a bad name leaves the index alone
     names = [agent] if agent is not None else list_agents(loaded.workspace)
     targets: list[AgentPaths] = []
-    refused = 0
+    unreadable: list[tuple[str, MemdError]] = []
     for name in names:
         try:
             targets.append(agent_paths(loaded.workspace, name))
         except MemdError as exc:
-            if agent is not None:
-                raise
-            # As the daemon does: a folder refused (a symlink out of the
-            # workspace, §1) is reported and the other agents are reindexed.
-            print(f"memd: error: {exc}", file=sys.stderr)
-            refused += 1
+            unreadable.append((name, exc))
     with open_recall_index(loaded, state_dir) as index:
+        indexed = set(index.agents())
         if agent is None:
             # Agents whose folders are gone keep no rows.
-            for stale in sorted(set(index.agents()) - set(names)):
+            for stale in sorted(indexed - set(names)):
                 index.erase_agent(stale)
                 print(f"{stale}: folder gone; its rows were erased")
+        for name, problem in unreadable:
+            if name in indexed:
+                index.erase_agent(name)
+                why = "folder gone" if isinstance(problem, UnknownAgent) else "folder refused"
+                print(f"{name}: {why}; its rows were erased")
+            if agent is None:
+                # As the daemon does: the refused folder is reported, the others go on.
+                print(f"memd: error: {problem}", file=sys.stderr)
         for paths in targets:
             report = index.reindex_agent(paths)
             print(f"{paths.agent}: {report.describe()}")
-    if refused:
+    if unreadable:
+        if agent is not None:
+            raise unreadable[0][1]
         sys.exit(1)
 
 

@@ -164,6 +164,42 @@ def test_reindex_of_every_agent_goes_on_past_a_folder_it_refuses(
         assert index.agents() == ["alpha", "beta"]
 
 
+def _refuse_folder(ws: AgentWorkspace, agent: str, outside: Path) -> None:
+    """Move ``agent``'s folder out of the workspace and leave a symlink to it: the
+    folder is then refused (DESIGN.md §1), its files still there."""
+    folder = ws.root / "agents" / agent
+    folder.rename(outside)
+    folder.symlink_to(outside)
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["every-agent", "named"])
+def test_reindex_erases_the_rows_of_an_agent_whose_folder_is_now_refused(
+    capsys: pytest.CaptureFixture[str],
+    ws: AgentWorkspace,
+    state_dir: Path,
+    tmp_path: Path,
+    named: bool,
+) -> None:
+    """beta was indexed; then its folder became a symlink out of the workspace.
+    --reindex skipped it and kept its old rows: text of a folder memd refuses,
+    kept in the index as if current. Its rows are erased (and scrubbed from the
+    file), and the output says so."""
+    code, out, err = run(capsys, "recall", "beta", "kalomiren", *args(ws, state_dir))
+    assert code == 0 and "kalomiren" in out, err
+    _refuse_folder(ws, "beta", tmp_path / "outside")
+    code, out, err = run(
+        capsys, "recall", "--reindex", *(["beta"] if named else []), *args(ws, state_dir)
+    )
+    with RecallIndex.open(state_dir, ws.root) as index:
+        assert "beta" not in index.agents()
+        assert index.search("beta", "kalomiren") == []
+    assert b"beta: the kalomiren" not in recall_db_path(state_dir, ws.root).read_bytes()
+    assert code != 0
+    assert err.count("\n") == 1 and "'beta'" in err and "outside the workspace" in err, err
+    assert "beta: folder refused; its rows were erased" in out
+    assert ("alpha: indexed" in out) is not named
+
+
 def test_forget_erases_the_agents_rows(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:
