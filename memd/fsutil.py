@@ -374,3 +374,29 @@ def as_owner_of(directory: Path) -> Iterator[None]:
     finally:
         os.seteuid(0)
         os.setegid(0)
+
+
+@contextlib.contextmanager
+def as_invoking_user() -> Iterator[None]:
+    """Undo :func:`as_owner_of` for a block: root's effective ids again, the
+    owner's put back after (nothing to do when not inside a switch).
+
+    For work inside a switch that touches none of the owner's files but loads
+    code: a litellm summary imports its provider's modules at call time (about
+    70 of them for an ``openai/`` model, others for other providers and for its
+    error paths), and as the owner those fail where only root can read this
+    Python (a venv under /root, a root ``pip install --user``). The ids are the
+    process's, not the thread's: only for a block during which no other thread
+    of this process writes files (``compact-now``'s summary).
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    if os.getuid() != 0 or uid == 0:
+        yield
+        return
+    os.seteuid(0)
+    os.setegid(0)
+    try:
+        yield
+    finally:
+        os.setegid(gid)  # while still root: the owner may not change it
+        os.seteuid(uid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -143,3 +144,49 @@ def test_read_range_reads_a_range_whole_or_short_at_the_end(tmp_path: Path) -> N
         assert read_range(fd, 7, 7) == b""
     finally:
         os.close(fd)
+
+
+_IDS_INSIDE_SWITCHES = """
+import json, os, sys
+from pathlib import Path
+from memd.fsutil import as_invoking_user, as_owner_of
+seen = {"outside": (os.geteuid(), os.getegid())}
+with as_invoking_user():
+    seen["invoker, no switch"] = (os.geteuid(), os.getegid())
+with as_owner_of(Path(sys.argv[1])):
+    seen["owner"] = (os.geteuid(), os.getegid())
+    try:
+        with as_invoking_user():
+            seen["invoker"] = (os.geteuid(), os.getegid())
+            raise KeyError("a failed summary")
+    except KeyError:
+        pass
+    seen["owner again"] = (os.geteuid(), os.getegid())
+seen["after"] = (os.geteuid(), os.getegid())
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_as_invoking_user_is_root_inside_a_switch_and_gives_the_owner_back(
+    tmp_path: Path,
+) -> None:
+    owned = tmp_path / "state"
+    owned.mkdir()
+    os.chown(owned, 65534, 65534)
+    result = subprocess.run(
+        [sys.executable, "-c", _IDS_INSIDE_SWITCHES, str(owned)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    seen = {name: tuple(ids) for name, ids in json.loads(result.stdout).items()}
+    assert seen == {
+        "outside": (0, 0),
+        "invoker, no switch": (0, 0),
+        "owner": (65534, 65534),
+        "invoker": (0, 0),
+        "owner again": (65534, 65534),
+        "after": (0, 0),
+    }

@@ -15,7 +15,7 @@ from memd.cli.common import load, open_audit, open_state, redaction_key, state_d
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
 from memd.errors import ConfigError, LockTimeout, MemdError, NothingToCompact
-from memd.fsutil import as_owner_of
+from memd.fsutil import as_invoking_user, as_owner_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -23,9 +23,31 @@ if TYPE_CHECKING:
     from memd.audit import AuditLog
     from memd.compaction import CompactionOutcome
     from memd.core.config import AgentPolicy, MemdConfig
-    from memd.core.summary import Summarizer
+    from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
     from memd.settings import LoadedConfig
     from memd.state import StateStore
+
+
+class _SummarizingAsInvoker:
+    """A summarizer whose summaries are made with the invoking user's ids when a
+    root ``compact-now`` acts as the state dir's owner (below): the summary
+    writes no file, and a litellm model imports its provider's modules lazily
+    during the call, which as the owner fail where only root can read this
+    Python (:func:`memd.fsutil.as_invoking_user`). Preloading them is not
+    enough: which modules a call needs depends on the provider, the litellm
+    version and the error met (measured: ~70 for ``openai/``, and still a few
+    after a mocked call)."""
+
+    def __init__(self, inner: Summarizer) -> None:
+        self._inner = inner
+
+    @property
+    def model(self) -> str:
+        return self._inner.model
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        with as_invoking_user():
+            return self._inner.summarize(request)
 
 
 def compact_now(
@@ -121,7 +143,7 @@ def compact_now(
             f"agent {disabled[0]!r} has context_compression = false in the config: "
             "memd counts it but never compacts it"
         )
-    summarizer = (
+    summarizer: Summarizer = (
         ProvidedSummary(summary)
         if summary is not None
         else make_summarizer(cfg.summarizer, counter.count_text)
@@ -134,6 +156,7 @@ def compact_now(
         if refused:
             sys.exit(1)
         return
+    summarizer = _SummarizingAsInvoker(summarizer)
     ledger = _open_ledger(loaded, state_dir)
     index_archive = archive_indexer(loaded, state_dir)
     audit = open_audit(loaded, state_dir)
@@ -142,7 +165,9 @@ def compact_now(
     # Loaded now, as this user: a root CLI compacts as the state dir's owner
     # (below), who may not be able to read this Python's files (a root
     # `pip install --user`), and the compaction imports the tokenizer and the
-    # secret detector lazily (the reply is always scanned).
+    # secret detector lazily (the reply is always scanned). The summary itself
+    # is made as this user (_SummarizingAsInvoker): what litellm imports during
+    # a call cannot all be known ahead.
     counter.warm()
     find_secrets("warm up")
     if cfg.privacy.encrypt_archives:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
+from support.openai_server import OpenAITestServer
 from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.core.memfile import parse
@@ -474,3 +475,88 @@ def test_root_compact_now_loads_litellm_before_switching(tmp_path: Path) -> None
     assert "compaction" in stderr or "summar" in stderr, stderr  # it got as far
     assert "litellm" not in blocked, stderr
     assert "cannot import litellm" not in stderr
+
+
+# A root compact-now with a litellm model acts as the state dir's owner, a real
+# second uid here. That uid may be unable to read this Python at all (a venv under
+# /root, a root `pip install --user`: reproduced by hand with a copy of the venv in
+# /root, the compaction failed with "ModuleNotFoundError"): litellm imports ~70
+# modules of its own during its first call, which preloading `litellm` does not
+# cover. The child stands in for that unreadable Python with a finder that refuses
+# every import made while the effective uid is not root, so the test needs neither
+# a second venv nor the checkout to be readable by that uid.
+_UNREADABLE_AS_OWNER = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    refused = []
+
+    class UnreadableAsOwner:
+        def find_spec(self, name, path=None, target=None):
+            if os.geteuid() != 0:
+                refused.append([threading.current_thread().name, name])
+                raise ModuleNotFoundError(f"No module named {name!r}")
+            return None
+
+    sys.meta_path.insert(0, UnreadableAsOwner())
+    from memd.cli.app import main
+    try:
+        main(sys.argv[1:])
+    finally:
+        print("REFUSED=" + json.dumps(refused), file=sys.stderr)
+    """
+)
+
+
+def _long_summary(body: dict[str, object]) -> str:
+    return "Goals:\n" + "\n".join(
+        f"- fact {i}: the kalomiren report item {i} is kept in drawer {i}." for i in range(120)
+    )
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root to act as another uid")
+def test_root_compact_now_makes_a_litellm_summary_its_owner_could_not_import() -> None:
+    with reachable_tmp("memd-compact-litellm-") as base, OpenAITestServer(_long_summary) as server:
+        ws = AgentWorkspace(base / "ws")
+        paths = ws.create_agent("alpha", entries=60)
+        state = base / "state"
+        state.mkdir(mode=0o700)
+        for root, dirs, files in os.walk(base):
+            for name in [*dirs, *files]:
+                os.chown(os.path.join(root, name), NOBODY, NOBODY)
+        child = base / "child.py"
+        child.write_text(_UNREADABLE_AS_OWNER)
+        result = subprocess.run(
+            [sys.executable, str(child), "compact-now", "alpha",
+             "--workspace", str(ws.root), "--state-dir", str(state)],
+            capture_output=True, text=True, check=False, timeout=300,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1",
+                "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "0",
+                "MEMD_SUMMARIZER_MODEL": "openai/gpt-4o-mini",
+                "MEMD_SUMMARIZER_API_BASE": server.api_base,
+                "MEMD_SUMMARIZER_API_KEY": "sk-test",
+                "MEMD_SUMMARIZER_RETRIES": "0",
+            },
+        )  # fmt: skip
+        marker = result.stderr.rsplit("REFUSED=", 1)
+        refused = json.loads(marker[1].splitlines()[0]) if len(marker) == 2 else [["", "?"]]
+        # litellm logs a reply in a thread pool of its own ("litellm-logging_0"), which
+        # may still run once the summary is made and memd acts as the owner again: an
+        # import it cannot make there is caught by litellm (memd registers no callback,
+        # and prices the reply itself in the calling thread). memd's threads (the main
+        # one, the request's "memd-summarizer-attempt") must never be refused.
+        needed = [
+            name for thread, name in refused if thread == "MainThread" or thread.startswith("memd-")
+        ]
+        assert needed == [], result.stderr
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        assert len(server.requests) >= 1
+        (archive,) = paths.archive_dir.iterdir()
+        assert "kalomiren report item 7" in paths.memory.read_text()
+        # Still acting as the owner for every file: none of them is root's.
+        assert [str(p) for p in base.rglob("*") if p.stat().st_uid == 0] == [str(child)]
+        assert archive.stat().st_uid == NOBODY
