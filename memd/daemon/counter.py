@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import os
 import queue
+import stat
 import threading
 import time
 from collections import deque
@@ -132,11 +133,25 @@ def _appends_could_reach(entry: AgentEntry) -> bool:
 SLOW_COUNT_BYTES = 16 << 20
 
 
-def _slow_to_count(entry: AgentEntry) -> bool:
+def _memory_stat(entry: AgentEntry) -> os.stat_result | None:
+    """MEMORY.md's stat, for judging whether counting it is slow; None when the
+    count would fail at once (gone, unreadable, or a symlink out of the agent's
+    folder, which the count refuses rather than follows: a refused link to a
+    large file is no slow count, only a fast failure)."""
+    path = entry.paths.memory_fspath()
     try:
-        return os.stat(entry.paths.memory).st_size > SLOW_COUNT_BYTES
-    except OSError:
-        return False
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            check_contained(entry)  # the count's own check (a realpath; links are rare)
+            info = os.stat(path)
+    except (OSError, MemdError):
+        return None
+    return info
+
+
+def _slow_to_count(entry: AgentEntry) -> bool:
+    info = _memory_stat(entry)
+    return info is not None and info.st_size > SLOW_COUNT_BYTES
 
 
 def _slow_recount(entry: AgentEntry) -> bool:
@@ -145,10 +160,13 @@ def _slow_recount(entry: AgentEntry) -> bool:
     entry last counted (the count itself decides the same way: no count, another
     inode, or a file shorter than counted). An append to a large file counted
     before is a few KB of work and stays on the count thread; a rewrite in place
-    that keeps the inode and grows shows only to the count (its window digest)."""
-    try:
-        info = os.stat(entry.paths.memory_fspath())
-    except OSError:
+    that keeps the inode and grows shows only to the count (its window digest).
+    A large file whose count failed (EACCES, EIO) is retried in the background
+    too, at the reconcile: readable again, its count from scratch must not hold
+    every other agent's (the background count asks for no count after a failure,
+    so the retry waits for the reconcile, as every failed count's)."""
+    info = _memory_stat(entry)
+    if info is None:
         return False  # the count reports it (gone, refused), at once
     if info.st_size <= SLOW_COUNT_BYTES:
         return False
@@ -589,22 +607,32 @@ class CountService:
                     self._later = None
                     return
                 entry, done = self._later_queue.popleft()
+            # Not counted here (stopping, or the agent replaced while queued: a
+            # same-name agent is counted on the count thread): asked for below.
+            counted = True
             try:
                 if not self._stopping and self._registry.is_current(entry):
-                    self._count(entry)
-                    tracked = entry.tracked
-                    _log.info(
-                        done,
-                        agent=entry.name,
-                        tokens=entry.tokens,
-                        estimated=tracked is not None and tracked.state.estimated,
-                    )
+                    counted = self._count(entry)
+                    if counted:
+                        tracked = entry.tracked
+                        _log.info(
+                            done,
+                            agent=entry.name,
+                            tokens=entry.tokens,
+                            estimated=tracked is not None and tracked.state.estimated,
+                        )
             except Exception:
+                counted = False
                 _log.exception("counting failed", agent=entry.name)
             finally:
                 with self._state_lock:
                     self._counting_later.discard(entry.name)
-            self.request_count(entry.name)
+            if counted:
+                # What was appended meanwhile, and the runner's decision. A failed
+                # count is not asked for again here: its error is recorded (and
+                # logged) and the periodic reconcile retries it, as every failed
+                # count; asked for at once, it failed again at once, forever.
+                self.request_count(entry.name)
 
     def _pool_workers(self, entries: list[AgentEntry]) -> int:
         """Forked workers for a large cold scan (1: count here), and only with the

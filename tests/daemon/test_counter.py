@@ -574,3 +574,115 @@ def test_a_large_recount_runs_beside_the_count_thread_not_on_it(
     s.settle()
     assert s.tokens("big") == full(big)
     assert tokenizer.threads and set(tokenizer.threads) == {"MainThread"}
+
+
+def _background_count_done() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "memd-count-large":
+            thread.join(10)
+            assert not thread.is_alive()
+
+
+def test_a_large_file_whose_count_fails_is_retried_at_the_reconcile_not_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 16a F1: a MEMORY.md above SLOW_COUNT_BYTES whose count fails (EIO
+    here; EACCES for a daemon not root does the same) was counted in the
+    background, which then asked for a count at once, whose tick sent it to the
+    background again (no count: a recount from scratch)... thousands of failed
+    counts and log lines a second. A failed count is retried at the reconcile,
+    once, as every other failed count is; at start-up (count_later) too."""
+    import errno
+
+    import memd.daemon.entries
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("big")
+    ws.create_agent("small")
+    monkeypatch.setattr(memd.daemon.counter, "SLOW_COUNT_BYTES", 4096)  # "large" here
+    s = build_services(ws, ScriptedCompaction(), extra={"trigger": {"context_length": 10**6}})
+    big = ws.root / "agents/big/MEMORY.md"
+    replacement = big.with_suffix(".new")
+    replacement.write_bytes(big.read_bytes())
+    append_entry(replacement, "Human", "word " * 2000)  # 10 KB
+    os.replace(replacement, big)  # a new inode: a recount from scratch, in the background
+    failing = [True]
+    attempts: list[str] = []
+    real_open = memd.daemon.entries.open_memory
+
+    def open_memory(paths: AgentPaths) -> int:
+        if paths.agent == "big":
+            attempts.append(threading.current_thread().name)
+            if failing[0]:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_open(paths)
+
+    monkeypatch.setattr(memd.daemon.entries, "open_memory", open_memory)
+    entry = s.registry.get("big")
+    assert entry is not None
+
+    def ticks(n: int) -> None:
+        for _ in range(n):
+            s.counter.tick(s.clock.advance(1.0))
+            _background_count_done()
+
+    s.hint("big")
+    ticks(6)
+    assert attempts == ["memd-count-large"]  # once, not once per tick
+    assert entry.count_error is not None and "Input/output error" in entry.count_error
+
+    # The reconcile retries it: once (in the background: a large file readable again
+    # must not hold every other agent's count while it is tokenized from scratch).
+    s.counter.sink.reconcile_due()
+    ticks(6)
+    assert attempts == ["memd-count-large"] * 2
+    assert entry.count_error is not None
+
+    # Start-up: a large file counted after READY fails the same way, once.
+    attempts.clear()
+    s.counter.count_later([entry])
+    _background_count_done()
+    ticks(6)
+    assert attempts == ["memd-count-large"]
+
+    # Readable again: the next reconcile counts it, and it is current from then on.
+    failing[0] = False
+    s.counter.sink.reconcile_due()
+    ticks(3)
+    assert entry.count_error is None and s.tokens("big") == full(big)
+
+
+def test_a_large_memory_symlinked_out_of_its_folder_is_refused_at_once_not_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 16a F1: the slow-count check followed a MEMORY.md symlink the count
+    refuses (it leaves the agent's folder), judged its large target a slow count,
+    and sent the refusal to the background. The check now sees the link as the
+    count does: a fast failure, on the count thread, before READY at start-up."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("big")
+    monkeypatch.setattr(memd.daemon.counter, "SLOW_COUNT_BYTES", 4096)  # "large" here
+    s = build_services(ws, ScriptedCompaction(), extra={"trigger": {"context_length": 10**6}})
+    outside = tmp_path / "outside.md"
+    outside.write_bytes(b"x" * 10_000)
+    memory = ws.root / "agents/big/MEMORY.md"
+    memory.unlink()
+    memory.symlink_to(outside)
+    entry = s.registry.get("big")
+    assert entry is not None
+    threads: list[str] = []
+    count = s.counter._count
+
+    def recorded(counted: Any) -> bool:
+        threads.append(threading.current_thread().name)
+        return count(counted)
+
+    monkeypatch.setattr(s.counter, "_count", recorded)
+    assert s.counter.initial_count([entry], {}) == []  # not left for after READY
+    assert threads == ["MainThread"] and entry.count_error is not None
+    s.counter.request_count("big")
+    for _ in range(3):
+        s.counter.tick(s.clock.advance(1.0))
+        _background_count_done()
+    assert threads == ["MainThread"] * 2
+    assert "outside" in entry.count_error or "MEMORY.md" in entry.count_error
