@@ -19,7 +19,9 @@ swap failed, or moving the turns a late writer appended to the old file) owes
 its drain: its next start, whatever the count (even under the threshold, even
 with compression off), runs the journal's roll-forward instead of a compaction,
 with its own exponential backoff (never the breaker: no model call is at stake,
-and until it runs the agent's late turns are missing from its memory).
+and until it runs the agent's late turns are missing from its memory). A
+restart keeps the drain owed (the restart's own recovery may have failed):
+the first run after it finds nothing left to do, or finishes the drain.
 
 ``disabled`` is an agent with compression off: counted, never compacted.
 
@@ -120,8 +122,8 @@ class AgentJob:
     last_error: str | None = None
     last_compaction_at: float | None = None
     # A committed compaction whose drain is owed (see the module docstring), and
-    # how many times finishing it was tried. Not stored: a restart's recovery
-    # finishes it before anything else.
+    # how many times finishing it was tried. Stored as the job's last error
+    # (:func:`drain_owed_error`): a restart keeps it owed (:func:`restored_job`).
     drain_owed: bool = False
     drain_attempts: int = 0
 
@@ -151,9 +153,14 @@ def restored_job(
         last_compaction_at=last_compaction_at,
     )
     if last_error is not None and last_error.startswith(_DRAIN_OWED):
-        # Stored while a drain was owed: the restart's recovery has finished it
-        # (or logged why not) before any job state was restored.
-        return replace(job, last_error=None)
+        # Stored while a drain was owed. The restart's recovery ran first, but it
+        # may have failed (the disk still full): only a finish run knows. So the
+        # drain stays owed, due at once, its error kept (``memd status`` tells the
+        # truth meanwhile): the first finish after READY finds an idle journal
+        # when recovery did finish it ("nothing left to do", the error cleared),
+        # or finishes it, or backs off and retries. Dropped here, the late turns
+        # stayed out of MEMORY.md until the agent's next compaction.
+        return replace(job, state=JobState.BACKOFF, drain_owed=True, next_attempt_at=now)
     hold = _HOLDS.get(stored)
     if hold is not None and next_attempt_at is not None and next_attempt_at > now:
         return replace(job, state=hold, next_attempt_at=next_attempt_at)

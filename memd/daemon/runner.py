@@ -338,8 +338,9 @@ class Runner:
 
     def restore(self, stored: Iterable[tuple[AgentEntry, AgentRecord]]) -> None:
         """Start-up: each agent's job state stored before the restart (a hold still
-        holds), all under one lock and one reading of the clock."""
-        now = time.time()
+        holds; an owed drain stays owed, due at once), all under one lock and one
+        reading of the clock (the runner's, as every job decision's)."""
+        now = self._clock()
         with self._lock:
             for entry, record in stored:
                 entry.job = restored_job(
@@ -563,7 +564,10 @@ class Runner:
         now = self._clock()
         with self._lock:
             if error is None:
-                _log.warning(
+                # Nothing left to do is the usual outcome of the first run after a
+                # restart (its recovery finished the drain) or of a `memd` command
+                # that ran it first: not worth a warning.
+                (_log.warning if done else _log.info)(
                     "finished a committed compaction from its journal",
                     agent=name,
                     action=done or "nothing left to do",

@@ -389,15 +389,27 @@ def test_an_owed_drain_starts_at_its_time_whatever_the_count() -> None:
     assert done.job.last_error is None and done.start  # over the threshold: compact
 
 
-def test_a_restart_drops_a_stored_owed_drains_hold() -> None:
+def test_a_restart_keeps_a_stored_owed_drain_owed_and_due_at_once() -> None:
+    # Review 16a F2: the restart's recovery may have failed (the disk still full);
+    # only a finish run can tell, so the drain stays owed, due now, its error shown.
     from memd.core.jobs import drain_owed_error, restored_job
 
+    error = drain_owed_error("EIO")
     restored = restored_job(
         "error",
         consecutive_failures=0,
-        last_error=drain_owed_error("EIO"),
+        last_error=error,
         last_compaction_at=5.0,
         next_attempt_at=1000.0,
         now=10.0,
     )
-    assert restored == AgentJob(last_compaction_at=5.0)
+    assert restored == AgentJob(
+        state=JobState.BACKOFF,
+        drain_owed=True,
+        next_attempt_at=10.0,
+        last_error=error,
+        last_compaction_at=5.0,
+    )
+    # Its first decision runs the finish, whatever the count says.
+    decision = on_count(restored, 0, 1000, True, 10.0)
+    assert decision.start and decision.job.drain_owed

@@ -16,8 +16,8 @@ import pytest
 from support.daemon_services import Services, build_services
 from support.memfiles import AgentWorkspace, entry_contents_everywhere
 
-from memd.compaction import compact_agent
-from memd.core.jobs import JobState
+from memd.compaction import compact_agent, recover_agent
+from memd.core.jobs import JobState, stored_state
 from memd.core.summary import SummaryRequest, SummaryResult
 
 LATE = "### AI \u2014 2026-01-01T00:00:00\n\nalpha late turn " + "z" * 120 + "\n\n---\n\n"
@@ -188,3 +188,90 @@ def test_finishing_the_drain_backs_off_while_it_keeps_failing(
     assert compaction.calls == 1
     assert entry_contents_everywhere(s.ws.paths("alpha"))[LATE_TEXT] == 1
     assert not s.job("alpha").drain_owed and s.job("alpha").state is JobState.IDLE
+
+
+def restart(s: Services, compaction: RealCompaction) -> Services:
+    """The daemon stops with alpha's job as it is (the state DB keeps it) and starts
+    again a minute later, as the wiring does: recovery (the real one; it logs a
+    failure and goes on), the stored jobs restored, the count, the first decisions."""
+    from memd.state import AgentRecord
+
+    entry = s.registry.get("alpha")
+    assert entry is not None
+    record = AgentRecord.of(
+        "alpha", entry.tracked, entry.job,
+        threshold_tokens=entry.policy.threshold_tokens, count_error=None,
+        encoding=s.counter.encoding, now=s.clock.now,
+    )  # fmt: skip
+    after = build_services(s.ws, compaction, extra=FAST, summarizer=ScriptedSummarizer())  # type: ignore[arg-type]
+    after.clock.now = s.clock.now + 60.0
+    restarted = after.registry.get("alpha")
+    assert restarted is not None
+    after.registry._recover = lambda paths, key: recover_agent(paths, key_file=key)
+    after.registry.recover(restarted)
+    after.runner.restore([(restarted, record)])
+    assert after.entry_counter is not None
+    after.entry_counter.count_locked(restarted)
+    after.runner.evaluate_all([restarted])
+    return after
+
+
+def test_an_owed_drain_that_start_up_recovery_cannot_finish_is_finished_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 16a F2: the daemon stopped with a drain owed and the restart's recovery
+    failed too (the disk still full). The restored job dropped the owed drain (it
+    assumed recovery had finished it): no finish was ever scheduled, `memd status`
+    was clean, and the late turn stayed out of MEMORY.md until the agent's next
+    compaction. The drain stays owed across the restart and is finished."""
+    s, compaction, memory, left = compaction_fails_after_its_swap(
+        tmp_path, monkeypatch, "enospc-drain"
+    )
+    assert s.job("alpha").drain_owed
+    left[0] = 2  # the disk is still full for the restart's recovery and the first retry
+    after = restart(s, compaction)
+    assert LATE.encode() not in memory.read_bytes()  # recovery failed
+    assert after.scheduler.submitted == ["finish:alpha"]  # owed still: tried at once
+    after.scheduler.run_queued()
+    job = after.job("alpha")
+    assert job.drain_owed and job.state is JobState.BACKOFF
+    # What `memd status` shows meanwhile: the truth.
+    assert stored_state(job) == "error"
+    assert "late turns not yet in MEMORY.md" in (job.last_error or "")
+    assert "No space left on device" in (job.last_error or "")
+    assert job.next_attempt_at == after.clock.now + RETRY_BASE_S
+
+    run_when_due(after)  # the disk has room again
+
+    assert after.scheduler.submitted == ["finish:alpha", "finish:alpha"]
+    assert compaction.calls == 1  # finished, never compacted again
+    counts = entry_contents_everywhere(after.ws.paths("alpha"))
+    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
+    assert memory.read_bytes().endswith(LATE.encode())
+    job = after.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+
+
+def test_a_restart_whose_recovery_finished_the_drain_clears_it_at_the_first_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual restart with a drain owed: its recovery moves the late turn. The
+    restored job still says the drain is owed (only a run can tell); the first
+    finish, right after READY, finds nothing left to do: the agent is healthy at
+    once, nothing is moved twice, no compaction is run."""
+    s, compaction, memory, _left = compaction_fails_after_its_swap(
+        tmp_path, monkeypatch, "enospc-drain"
+    )
+    after = restart(s, compaction)
+    assert memory.read_bytes().endswith(LATE.encode())  # the restart's recovery moved it
+    restored = after.job("alpha")
+    assert restored.drain_owed and restored.state is JobState.PENDING  # due at once
+    assert after.scheduler.submitted == ["finish:alpha"]
+    after.scheduler.run_queued()
+    job = after.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+    assert stored_state(job) == "idle" and job.next_attempt_at is None
+    assert after.job("alpha").last_compaction_at == s.job("alpha").last_compaction_at
+    assert compaction.calls == 1
+    counts = entry_contents_everywhere(after.ws.paths("alpha"))
+    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
