@@ -215,9 +215,40 @@ def setting_env_vars() -> dict[str, tuple[str, ...]]:
     return variables
 
 
+# Variables a platform sets for a service or a linked container whose name starts
+# with "memd", never written by an operator: Kubernetes' service links (every
+# container of a namespace with a Service "memd" or "memd-metrics" gets them unless
+# enableServiceLinks is false) and Docker's legacy --link (its _NAME, _ENV_* variables).
+# Each ends in a suffix no memd setting has, or carries a link's value.
+_SERVICE_LINK_NAME = re.compile(
+    r"MEMD[A-Z0-9_]*?(?:_SERVICE_HOST|_SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|_PORT_\d+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)"
+)
+_LINK_VALUE = re.compile(r"(?:tcp|udp|sctp)://\S+", re.IGNORECASE)
+
+
+def _is_link_var(var: str, value: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``var`` is a service/container link variable (above), not a setting.
+    A setting's own name (``MEMD_METRICS_PORT`` for a Service "memd-metrics") counts
+    as one only with a link's value *and* the service's ``_SERVICE_HOST`` beside it."""
+    docker_link = var.removeprefix("MEMD_")
+    if docker_link == "NAME" or docker_link.startswith("ENV_"):
+        return True
+    if _SERVICE_LINK_NAME.fullmatch(var):
+        return True
+    return (
+        var.endswith("_PORT")
+        and _LINK_VALUE.fullmatch(value.strip()) is not None
+        and f"{var[:-5]}_SERVICE_HOST" in environ
+    )
+
+
 def _unknown_env_var(var: str, known: Mapping[str, tuple[str, ...]]) -> str:
     """One line for a ``MEMD_*`` variable memd does not read, with the closest name."""
-    rest = var.removeprefix("MEMD_")
+    upper = var.upper()
+    if upper in known or upper in NON_SETTING_ENV_VARS:
+        return f"invalid setting {var}: names are upper case; did you mean {upper}?"
+    rest = upper.removeprefix("MEMD_")
     sections = {path[0] for path in known.values() if len(path) == 2}
     section = next((s for s in sorted(sections) if rest.startswith(f"{s.upper()}_")), None)
     hint = ""
@@ -228,7 +259,7 @@ def _unknown_env_var(var: str, known: Mapping[str, tuple[str, ...]]) -> str:
     else:
         reason = "not a memd setting"
         hint = " (settings are MEMD_<SECTION>_<KEY>, for the keys of memd.toml)"
-    close = difflib.get_close_matches(var, [*known, *NON_SETTING_ENV_VARS], n=1, cutoff=0.8)
+    close = difflib.get_close_matches(upper, [*known, *NON_SETTING_ENV_VARS], n=1, cutoff=0.8)
     if close:
         hint = f"; did you mean {close[0]}?"
     return f"invalid setting {var}: {reason}{hint}"
@@ -241,13 +272,22 @@ def _env_overrides(
 
     Returns the nested override dict and, for error messages, which env var
     set each field path. Raises ConfigError naming every ``MEMD_*`` variable
-    that is neither a setting nor one of :data:`NON_SETTING_ENV_VARS`.
+    that is neither a setting nor one of :data:`NON_SETTING_ENV_VARS`, except
+    the link variables a platform sets (:func:`_is_link_var`).
     """
     known = setting_env_vars()
+    links = {
+        var
+        for var, value in environ.items()
+        if var.startswith("MEMD_") and _is_link_var(var, value, environ)
+    }
     unknown = sorted(
         var
         for var in environ
-        if var.startswith("MEMD_") and var not in known and var not in NON_SETTING_ENV_VARS
+        if var.startswith("MEMD_")
+        and var not in known
+        and var not in NON_SETTING_ENV_VARS
+        and var not in links
     )
     if unknown:
         problems = tuple(_unknown_env_var(var, known) for var in unknown)
@@ -257,7 +297,7 @@ def _env_overrides(
     overrides: dict[str, Any] = {}
     origin: dict[tuple[str, ...], str] = {}
     for var, path in known.items():
-        if var not in environ:
+        if var not in environ or var in links:
             continue
         if len(path) == 2:
             overrides.setdefault(path[0], {})[path[1]] = environ[var]

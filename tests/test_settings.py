@@ -217,6 +217,59 @@ def test_every_memd_variable_the_repository_names_is_accepted(tmp_path: Path) ->
             assert not str(exc).startswith(f"invalid setting {name}: "), exc
 
 
+# What Kubernetes injects into every container of a namespace with a Service named
+# "memd" (enableServiceLinks defaults to true), and Docker's legacy --link for a
+# container aliased memd: variables the operator never wrote (review 16d F1).
+KUBERNETES_SERVICE_LINKS = {
+    "MEMD_SERVICE_HOST": "10.96.4.20",
+    "MEMD_SERVICE_PORT": "9464",
+    "MEMD_SERVICE_PORT_METRICS": "9464",
+    "MEMD_PORT": "tcp://10.96.4.20:9464",
+    "MEMD_PORT_9464_TCP": "tcp://10.96.4.20:9464",
+    "MEMD_PORT_9464_TCP_PROTO": "tcp",
+    "MEMD_PORT_9464_TCP_PORT": "9464",
+    "MEMD_PORT_9464_TCP_ADDR": "10.96.4.20",
+    # A Service "memd-recall" beside it.
+    "MEMD_RECALL_SERVICE_HOST": "10.96.4.21",
+    "MEMD_RECALL_PORT": "tcp://10.96.4.21:7000",
+    "MEMD_RECALL_PORT_7000_TCP": "tcp://10.96.4.21:7000",
+}
+DOCKER_LINKS = {"MEMD_NAME": "/agent/memd", "MEMD_ENV_LANG": "C.UTF-8"}
+
+
+def test_service_and_container_link_variables_are_not_settings(tmp_path: Path) -> None:
+    environ = {**KUBERNETES_SERVICE_LINKS, **DOCKER_LINKS, "MEMD_TRIGGER_THRESHOLD": "0.5"}
+    loaded = load_settings(environ=environ, cwd=tmp_path)
+    assert loaded.config.trigger.threshold == 0.5
+
+
+def test_a_setting_named_like_a_service_link_is_one_only_beside_its_service(
+    tmp_path: Path,
+) -> None:
+    # A Service "memd-metrics": MEMD_METRICS_PORT is then Kubernetes' link, not the port.
+    service = {
+        "MEMD_METRICS_SERVICE_HOST": "10.96.4.22",
+        "MEMD_METRICS_PORT": "tcp://10.96.4.22:9464",
+    }
+    loaded = load_settings(environ=service, cwd=tmp_path)
+    assert loaded.config.metrics.port == load_settings(environ={}, cwd=tmp_path).config.metrics.port
+    # Without the service beside it, the same value is the operator's, and refused.
+    with pytest.raises(ConfigError, match="invalid setting MEMD_METRICS_PORT "):
+        load_settings(environ={"MEMD_METRICS_PORT": "tcp://10.96.4.22:9464"}, cwd=tmp_path)
+    # A typo that ends like a link name but carries a setting's value is still a typo.
+    with pytest.raises(ConfigError, match="did you mean MEMD_METRICS_PORT"):
+        load_settings(environ={"MEMD_METRIC_PORT": "9465"}, cwd=tmp_path)
+
+
+def test_a_setting_in_the_wrong_case_gets_a_did_you_mean(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"MEMD_summarizer_model": "builtin"}, cwd=tmp_path)
+    assert str(caught.value) == (
+        "invalid setting MEMD_summarizer_model: names are upper case; "
+        "did you mean MEMD_SUMMARIZER_MODEL?"
+    )
+
+
 def test_summary_budgets_that_cannot_fit_the_low_water_mark_are_refused() -> None:
     # 32,000 x 0.9 = 28,800 threshold; low water 0.6 -> 17,280 tokens.
     data = {"trigger": {"context_length": 32_000}, "summarizer": {"summary_tokens": 5_000}}
