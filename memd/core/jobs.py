@@ -8,6 +8,7 @@ States::
       │                                        ├─ success above low water ─▶ cooldown
       │                                        ├─ nothing to compact ──────▶ cooldown
       │                                        ├─ lock busy elsewhere ─────▶ cooldown, not a failure
+      │                                        │    (drain owed: stays owed, backoff, retry_base_s)
       │   pending ── a spending cap holds ─────────────────────────────▶ cooldown until it passes
       │                                        ├─ failure n < breaker ─────▶ backoff (exponential)
       │                                        ├─ failure n ≥ breaker ─────▶ breaker_open
@@ -314,8 +315,26 @@ def on_busy_elsewhere(job: AgentJob, reason: str, *, policy: RetryPolicy, now: f
     """Another process (compact-now, forget, prune, a second daemon) held the agent's
     lock: try again after ``retry_base_s``. Not a failure: no backoff, no breaker,
     and it reads as a wait with its reason (a cooldown, as a spending hold does),
-    never as the ``error`` a backoff is stored as; the failures so far are kept."""
+    never as the ``error`` a backoff is stored as; the failures so far are kept.
+
+    With a drain owed, the job keeps its owed shape (backoff, the marker in its
+    error, the attempts so far, none counted): a restart finds the drain owed
+    only through the stored marker (:func:`restored_job`), and ``memd status``
+    must keep saying the late turns are missing. A "busy" that replaced it hid
+    them from the operator and lost the drain at a restart whose recovery failed.
+    """
     until = now + policy.retry_base_s
+    if job.drain_owed:
+        return Decision(
+            replace(
+                job,
+                state=JobState.BACKOFF,
+                next_attempt_at=until,
+                last_error=drain_owed_error(f"{_BUSY_ELSEWHERE}{reason}"),
+                rerun_requested=False,
+            ),
+            wake_at=until,
+        )
     return Decision(
         replace(
             job,

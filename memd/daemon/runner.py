@@ -583,7 +583,8 @@ class Runner:
                 )
             elif isinstance(error, LockTimeout):
                 # Whoever holds the lock finishes the job first; the drain stays
-                # owed until this runner sees it done.
+                # owed (its marker kept in the error: status and a restart see
+                # it) until this runner sees it done.
                 decision = on_busy_elsewhere(
                     entry.job, describe_error(error), policy=self.retry_policy, now=now
                 )

@@ -356,7 +356,7 @@ def test_a_hold_moved_sooner_stays_a_hold_and_starts_at_its_new_time() -> None:
 
 
 def test_an_owed_drain_starts_at_its_time_whatever_the_count() -> None:
-    from memd.core.jobs import drain_owed_error, on_drain_finished, on_drain_owed
+    from memd.core.jobs import drain_owed_error, on_drain_finished, on_drain_owed, restored_job
 
     running = on_started(on_count(AgentJob(consecutive_failures=1), 150, 100, True, 0).job)
     owed = on_drain_owed(running, drain_owed_error("EIO"), policy=POLICY, now=10, committed=True)
@@ -376,6 +376,19 @@ def test_an_owed_drain_starts_at_its_time_whatever_the_count() -> None:
     # Another compactor holding the lock keeps it owed.
     busy = on_busy_elsewhere(on_started(again), "busy", policy=POLICY, now=200).job
     assert busy.drain_owed and on_count(busy, 10, 100, True, 205).start
+    # ... and its marker (review 16c F1): status tells the late turns are missing,
+    # a restart keeps the drain owed; retried after retry_base_s, not an attempt.
+    assert busy.state is JobState.BACKOFF and stored_state(busy) == "error"
+    assert busy.last_error == drain_owed_error("busy: busy")
+    assert busy.next_attempt_at == 205 and busy.drain_attempts == again.drain_attempts
+    assert restored_job(
+        stored_state(busy),
+        consecutive_failures=busy.consecutive_failures,
+        last_error=busy.last_error,
+        last_compaction_at=busy.last_compaction_at,
+        next_attempt_at=busy.next_attempt_at,
+        now=300,
+    ).drain_owed
     # Done: as after a compaction; the count decides what next.
     done = on_drain_finished(
         on_started(busy),

@@ -275,3 +275,46 @@ def test_a_restart_whose_recovery_finished_the_drain_clears_it_at_the_first_run(
     assert compaction.calls == 1
     counts = entry_contents_everywhere(after.ws.paths("alpha"))
     assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
+
+
+def test_an_owed_drain_whose_finish_meets_a_busy_lock_stays_owed_across_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 16c F1: the finish job met a lock held by `memd forget` / `compact-now`
+    and went to a busy cooldown whose "busy: …" error replaced the drain-owed
+    marker. `memd status` then showed a cooldown while the late turns were still
+    missing, and a restart whose recovery failed found no marker: the drain was
+    dropped, the late turn out of MEMORY.md until the agent's next compaction."""
+    from memd.fsutil import AgentLock
+
+    s, compaction, memory, left = compaction_fails_after_its_swap(
+        tmp_path, monkeypatch, "enospc-drain"
+    )
+    owed = s.job("alpha")
+    assert owed.drain_owed
+    # The operator runs `memd forget` / `compact-now` on alpha (the disk is still
+    # full: its own roll-forward fails too) while the daemon's finish job is due.
+    holder = AgentLock(s.ws.paths("alpha").lock, "alpha")
+    holder.acquire(0)
+    left[0] = 1
+    try:
+        run_when_due(s)  # the finish job: LockTimeout after the daemon's 1 s wait
+    finally:
+        holder.release()
+    busy = s.job("alpha")
+    assert busy.drain_owed  # in memory, still owed
+    # What `memd status` shows meanwhile: the late turns are still missing, and why.
+    assert stored_state(busy) == "error" and busy.state is JobState.BACKOFF
+    assert "late turns not yet in MEMORY.md" in (busy.last_error or ""), busy.last_error
+    assert "busy: " in (busy.last_error or "")
+    # Retried after retry_base_s, the busy lock not counted as a failed attempt.
+    assert busy.next_attempt_at == s.clock.now + RETRY_BASE_S
+    assert busy.drain_attempts == owed.drain_attempts
+    # The daemon restarts (the disk still full for its recovery).
+    after = restart(s, compaction)
+    assert LATE.encode() not in memory.read_bytes()
+    assert after.job("alpha").drain_owed, after.job("alpha")
+    assert after.scheduler.submitted == ["finish:alpha"]
+    after.scheduler.run_queued()
+    assert entry_contents_everywhere(after.ws.paths("alpha"))[LATE_TEXT] == 1
+    assert stored_state(after.job("alpha")) == "idle"
