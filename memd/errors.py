@@ -104,12 +104,6 @@ class SummarySettingsChanged(SummaryRequeued):
     summarized with the new settings."""
 
 
-class LlmSlotBusy(SummaryRequeued):
-    """The job had to summarize again (MEMORY.md was rewritten during its first
-    summary) and every LLM slot was busy: rather than wait for one holding the
-    agent's lock, it gave up (nothing was changed) and is queued again."""
-
-
 class UnderThreshold(CompactionAborted):
     """Once the agent's lock was taken, the file was already under its threshold
     (another compactor did the work first): nothing was changed, nothing failed."""

@@ -11,7 +11,9 @@ A job waits for its slot *before* the transaction takes the agent's lock
 (:meth:`LlmSlots.reserved`): in a storm that wait can last minutes, and the
 lock held through it would make ``compact-now --wait``, ``forget`` and retention
 on that agent time out behind a job that is doing nothing. The slot goes back
-as soon as the summary returns (the commit and the drain run without it).
+as soon as the summary returns (the commit and the drain run without it). Only
+a transaction that starts over (MEMORY.md rewritten during its summary) waits
+for its next slot under the lock: at most ``compaction.max_restarts`` times.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
-from memd.errors import LlmSlotBusy, SummaryNotStarted, SummarySettingsChanged
+from memd.errors import SummaryNotStarted, SummarySettingsChanged
 
 StillCurrent = Callable[[], bool]
 
@@ -53,13 +55,6 @@ class LlmSlots:
                 )
             self._free -= 1
 
-    def _take_if_free(self) -> bool:
-        with self._cond:
-            if self._free == 0:
-                return False
-            self._free -= 1
-            return True
-
     def _give_back(self) -> None:
         with self._cond:
             self._free += 1
@@ -74,11 +69,10 @@ class LlmSlots:
 
         The first summary spends the reserved slot and gives it back when it
         returns; a second one (the transaction starting over because MEMORY.md
-        was rewritten meanwhile) takes a slot only if one is free at once, else
-        raises :class:`LlmSlotBusy`: the caller queues the job again rather than
-        wait under the lock. ``still_current`` says whether the settings the job
-        was given (its summarizer, what it redacts) still hold: asked once the
-        slot is taken, and again before each summary.
+        was rewritten meanwhile) waits for a slot, holding the agent's lock, as
+        every summary did before the reservation. ``still_current`` says whether
+        the settings the job was given (its summarizer, what it redacts) still
+        hold: asked once the slot is taken, and again before each summary.
         """
         self._take(agent)
         bound = _SlotBound(summarizer, self, agent, still_current)
@@ -130,12 +124,16 @@ class _SlotBound:
     def summarize(self, request: SummaryRequest) -> SummaryResult:
         if self._reserved:
             self._reserved = False  # spent: given back below, when this summary ends
-        elif not self._slots._take_if_free():
-            raise LlmSlotBusy(
-                f"agent {request.agent!r}: MEMORY.md was rewritten during the summary and "
-                "every LLM slot is busy; queued again rather than wait holding the agent's "
-                "lock (nothing changed)"
-            )
+        else:
+            # The transaction started over (MEMORY.md rewritten during its last
+            # summary): wait for a slot under the lock. Giving up and queueing the
+            # job again instead started a fresh transaction, its restart count at
+            # 0: in a storm (the freed slot always taken by a waiting job) a file
+            # rewritten during every summary was summarized again forever, a
+            # model call each round, never ``max_restarts``, never a failure. This
+            # path is rare, the wait bounded by the summaries in flight; a stop
+            # meanwhile raises SummaryNotStarted (no slot taken, nothing committed).
+            self._slots._take(self._agent)
         try:
             self.check_current()
             return self.inner.summarize(request)

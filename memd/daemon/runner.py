@@ -698,7 +698,7 @@ class Runner:
             if isinstance(error, SummarySettingsChanged):
                 _log.info("summarizer settings changed while waiting; queued again", agent=name)
             else:
-                _log.info("no LLM slot free to summarize again; queued again", agent=name)
+                _log.info("queued again", agent=name, reason=describe_error(error))
             with self._lock:
                 self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
             return

@@ -6,15 +6,14 @@ from __future__ import annotations
 import threading
 
 import pytest
+from support.daemon_proc import wait_until
 
 from memd.core.memfile import parse
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.daemon.llm_slots import LlmSlots
 from memd.errors import (
     CompactionAborted,
-    LlmSlotBusy,
     SummaryNotStarted,
-    SummaryRequeued,
     SummarySettingsChanged,
 )
 
@@ -51,10 +50,9 @@ def test_the_slot_is_taken_before_the_block_and_given_back_when_the_summary_retu
     slots = LlmSlots(1)
     inner = Recording()
     with slots.reserved("a", inner) as bound:
-        assert not slots._take_if_free()  # held from the start of the block
+        assert slots._free == 0  # held from the start of the block
         bound.summarize(_request("a"))
-        assert slots._take_if_free()  # back as soon as the summary returned
-        slots._give_back()
+        assert slots._free == 1  # back as soon as the summary returned
 
 
 def test_a_reserved_slot_never_spent_is_given_back() -> None:
@@ -80,25 +78,57 @@ def test_a_slot_is_returned_when_the_summary_fails() -> None:
         assert bound.summarize(_request("a")).text == "summary of a"
 
 
-def test_a_second_summary_never_waits_for_a_slot_under_the_lock() -> None:
-    # The transaction starts over (MEMORY.md rewritten during its summary): with
-    # a slot free it summarizes again; with every slot busy it gives up, unchanged,
-    # to be queued again (and wait for its slot without the agent's lock).
-    slots = LlmSlots(2)
+def test_a_second_summary_waits_for_its_slot_then_summarizes() -> None:
+    # The transaction starts over (MEMORY.md rewritten during its summary): it
+    # waits for a slot under the agent's lock (review 16c F2: queued again
+    # instead, its restart count started at 0 each time, so in a storm a file
+    # rewritten during every summary was summarized again forever).
+    slots = LlmSlots(1)
     inner = Recording()
+    summarized_again = threading.Event()
+    with slots.reserved("a", inner) as bound:
+        bound.summarize(_request("a"))  # spends the reserved slot, gives it back
+        with slots.reserved("b", Recording()) as other:  # the storm's next job has it
+
+            def summarize_again() -> None:
+                bound.summarize(_request("a"))
+                summarized_again.set()
+
+            again = threading.Thread(target=summarize_again)
+            again.start()
+            assert wait_until(lambda: len(slots._cond._waiters) == 1, timeout=10)  # type: ignore[attr-defined]
+            assert not summarized_again.is_set()  # waits: never gives up, never overtakes
+            other.summarize(_request("b"))  # b's summary ends: its slot goes to a
+            again.join(10)
+            assert summarized_again.is_set()
+    assert inner.calls == 2
+    assert slots._free == 1  # every slot back, exactly once
+
+
+def test_a_second_summary_waiting_for_its_slot_stops_unstarted_on_close() -> None:
+    slots = LlmSlots(1)
+    inner = Recording()
+    errors: list[BaseException] = []
     with slots.reserved("a", inner) as bound:
         bound.summarize(_request("a"))
-        bound.summarize(_request("a"))  # a slot was free
-        with (
-            slots.reserved("b", Recording()),
-            slots.reserved("c", Recording()),
-            pytest.raises(LlmSlotBusy) as info,
-        ):
-            bound.summarize(_request("a"))
-    assert isinstance(info.value, SummaryRequeued)
-    assert "'a'" in str(info.value)
-    assert inner.calls == 2
-    assert slots._free == 2  # every slot back
+        with slots.reserved("b", Recording()):
+
+            def summarize_again() -> None:
+                try:
+                    bound.summarize(_request("a"))
+                except BaseException as exc:
+                    errors.append(exc)
+
+            again = threading.Thread(target=summarize_again)
+            again.start()
+            assert wait_until(lambda: len(slots._cond._waiters) == 1, timeout=10)  # type: ignore[attr-defined]
+            slots.close()
+            again.join(10)
+            assert not again.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], SummaryNotStarted)
+    assert "'a'" in str(errors[0])
+    assert inner.calls == 1  # the second summary never started
+    assert slots._free == 1  # no slot taken for it, none given back twice
 
 
 def test_waiters_beyond_the_slots_wait_then_give_up_on_close() -> None:

@@ -422,12 +422,13 @@ def test_a_reload_that_changes_the_model_applies_to_jobs_still_waiting_for_a_slo
     assert sent == [("a", "builtin"), ("b", "ollama/llama3.1")]
 
 
-def test_a_summary_started_over_with_every_slot_busy_queues_the_job_again(
+def test_a_summary_started_over_with_every_slot_busy_waits_for_its_slot(
     tmp_path: Path,
 ) -> None:
     # MEMORY.md rewritten during a's summary: its transaction starts over and needs
-    # a slot again, under the agent's lock. b holds the only one: a gives up
-    # (nothing changed, not a failure) and is queued again, to wait unlocked.
+    # a slot again, under the agent's lock. b holds the only one: a waits for it
+    # (review 16c F2: giving up and queueing again reset its restart count, so a
+    # storm could keep it summarizing forever), then summarizes; not a failure.
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("a")
     ws.create_agent("b")
@@ -469,17 +470,97 @@ def test_a_summary_started_over_with_every_slot_busy_queues_the_job_again(
     threads[0].start()
     assert a_started_over.wait(30)
     threads[1].start()
-    threads[0].join(30)
-    assert not threads[0].is_alive()
+    assert wait_until(lambda: len(s.runner.llm_slots._cond._waiters) == 1, timeout=30)
+    assert threads[0].is_alive() and sent == [("a", "builtin"), ("b", "builtin")]
     release_b.set()
-    threads[1].join(30)
-    assert sent == [("a", "builtin"), ("b", "builtin")]  # a's second summary never started
-    job = s.job("a")
-    assert job.consecutive_failures == 0 and job.last_error is None
-    assert job.state is JobState.PENDING  # queued again
-    assert [key for key, _t, _a in s.scheduler.queued] == ["compact:a"]
-    assert s.scheduler.run_queued() == 1
-    assert sent[-1] == ("a", "builtin")
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+    # a's second summary ran once b's returned, in the same job: not queued again.
+    assert sent == [("a", "builtin"), ("b", "builtin"), ("a", "builtin")]
+    assert s.job("a").consecutive_failures == 0
+    assert s.scheduler.queued == []
+    assert s.runner.llm_slots._free == 1
+
+
+def test_a_file_rewritten_during_every_summary_is_not_resummarized_forever_in_a_storm(
+    tmp_path: Path,
+) -> None:
+    """Review 16c F2: a summary started over with every slot busy (the storm's next
+    job took the freed one) gave up and was queued again, its transaction's restart
+    count back at 0: a file rewritten during every summary was summarized again
+    forever, a model call each round, never a failure, never a backoff. Real Runner
+    and compact_agent, one slot, max_restarts = 3."""
+    from memd.compaction import compact_agent
+    from memd.core.summary import SummaryRequest, SummaryResult
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    memory = ws.root / "agents" / "alpha" / "MEMORY.md"
+    calls: list[str] = []
+    other_jobs: list[threading.Thread] = []
+    other_took = threading.Event()
+
+    def another_agents_job() -> None:
+        # Another agent's job of the storm, waiting for a slot: it gets the one
+        # alpha's summary gives back, and summarizes until alpha's job has either
+        # queued for the next slot or left (given up, or failed).
+        slots = s.runner.llm_slots
+        slots._take("other")
+        other_took.set()
+        assert wait_until(
+            lambda: bool(slots._cond._waiters) or "alpha" not in s.runner._stats.running,
+            timeout=10,
+        )
+        slots._give_back()
+
+    class RewritingSummarizer:
+        """The agent rewrites MEMORY.md (same bytes, new inode: an editor's save,
+        a tool's write-and-rename) while each summary is made."""
+
+        model = "scripted"
+
+        def summarize(self, request: SummaryRequest) -> SummaryResult:
+            calls.append(request.agent)
+            data = memory.read_bytes()
+            tmp = memory.with_name("MEMORY.md.new")
+            tmp.write_bytes(data)
+            os.replace(tmp, memory)
+            waiter = threading.Thread(target=another_agents_job)
+            waiter.start()
+            other_jobs.append(waiter)
+            assert wait_until(lambda: len(s.runner.llm_slots._cond._waiters) >= 1, timeout=10)
+            return SummaryResult(text="Goals: ship memd. " * 10, model="scripted")
+
+    def checkpoint(name: str) -> None:
+        if name == "summarized":  # alpha's slot is back: the storm's next job has it
+            assert other_took.wait(10)
+            other_took.clear()
+
+    def compact(paths: Any, summarizer: Any, options: Any, **kwargs: Any) -> Any:
+        return compact_agent(paths, summarizer, options, checkpoint=checkpoint, **kwargs)
+
+    s = build_services(
+        ws,
+        compact,
+        extra={"daemon": {"max_concurrent_llm": 1}, "compaction": {"max_restarts": 3}},
+        summarizer=RewritingSummarizer(),
+    )
+    s.fill("alpha", 20)
+    s.hint("alpha")
+    s.settle()
+    for _round in range(8):
+        if s.scheduler.run_queued() == 0:
+            break
+        for waiter in other_jobs:
+            waiter.join(10)
+    job = s.job("alpha")
+    # max_restarts = 3: at most 4 summaries of a file rewritten during each, then
+    # the job fails and backs off (as it does with a slot free).
+    assert len(calls) <= 4, (len(calls), job)
+    assert job.consecutive_failures >= 1 and job.state is not JobState.PENDING, job
+    assert "rewritten during compaction" in (job.last_error or "")
+    assert s.runner.llm_slots._free == 1  # every slot back, exactly once
 
 
 def test_a_lock_held_by_another_process_shows_as_busy_not_as_an_error(tmp_path: Path) -> None:
