@@ -7,7 +7,8 @@ plants the 19 formats of issue 12 (plus further well-known ones) in the kind
 of sentences an agent's memory holds, and 16 near misses: hex hashes, UUIDs,
 commit ids, paths, base64, versions, digests, timestamps.  "caught" means the
 exact secret lies inside a reported span of the right category.  Throughput is
-``find_secrets`` (PII on) over a synthetic memory file of ``--mb`` megabytes.
+``find_secrets`` (PII on) over a synthetic memory file of ``--mb`` megabytes,
+and over one line of as many megabytes of JSON tool calls naming curl/mysql.
 Last, end to end: how many planted secrets a remote summarizer's request would
 still hold after redaction, and how many credentials the builtin summarizer
 copies into a summary.
@@ -78,7 +79,34 @@ def main() -> None:
     print(
         f"throughput: {megabytes / elapsed:.2f} MB/s over {megabytes:.1f} MB ({len(spans)} spans)"
     )
+    tool_heavy_line(args.mb)
     end_to_end()
+
+
+def tool_heavy_line(mb: float) -> None:
+    """One long line of tool calls (a minified JSON log): every element names
+    curl or mysql, so the command-line rules read arguments after each one."""
+    calls: list[str] = []
+    size = 0
+    index = 0
+    while size < mb * 1024 * 1024:
+        command = (
+            f"curl -s https://api.example.com/v1/items/{index}"
+            if index % 3
+            else f"mysql -h db -u app -e 'select {index}' app"
+        )
+        calls.append(f'{{"tool":"bash","command":"{command}"}}')
+        size += len(calls[-1]) + 2
+        index += 1
+    line = "[" + ", ".join(calls) + "]"
+    started = time.perf_counter()
+    spans = find_secrets(line, pii=True)
+    elapsed = time.perf_counter() - started
+    megabytes = len(line) / 1024 / 1024
+    print(
+        f"throughput, one-line tool-call log: {megabytes / elapsed:.2f} MB/s over "
+        f"{megabytes:.1f} MB ({len(spans)} spans)"
+    )
 
 
 def end_to_end() -> None:

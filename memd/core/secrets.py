@@ -184,117 +184,338 @@ _ASSIGNED: Final = (
 # Command lines (an agent's tool calls) that carry a password as an argument.
 # Only tools whose option surely takes a password are read: ``-p`` is a port or
 # a path for most tools, and ``mysql -p`` alone (nothing glued) only prompts.
-# A run of arguments stays within one command: not across ``|``, ``;``, ``&``.
-_ARGS: Final = r"(?:[ \t]+[^\s|;&]+)*?[ \t]+"
-_ARG_VALUE: Final = r"(\"[^\"\n]{1,200}\"|'[^'\n]{1,200}'|[^\s\"'`|;&]{1,200})"
+#
+# A regex cannot read these safely: quotes may hold ``&`` or ``;``, a command
+# goes on after ``\`` + newline, a tool call may be an argv array, and a lazy
+# run over "the arguments after curl" retried from every ``curl`` in a long
+# one-line JSON log is quadratic (a 1 MB log took minutes).  So one regex finds
+# the tool names, and the words after each are read once, left to right, the
+# way a shell splits them (quotes, escapes, continuations), within one command
+# (not across an unquoted ``|``, ``;``, ``&``, newline) and at most
+# _COMMAND_WINDOW characters past the last tool name: every character is read
+# a bounded number of times, however the tool names repeat.
 _MYSQL_CLIENTS: Final = (
-    r"(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mysqlbinlog|mysqlpump"
-    r"|mariadb(?:-dump|-admin|-import|-show|-check|-binlog)?)"
+    r"mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mysqlbinlog|mysqlpump"
+    r"|mariadb(?:-dump|-admin|-import|-show|-check|-binlog)?"
 )
-# htpasswd's options (-C takes a number); -b means the password is an argument.
-_HTPASSWD_OPTION: Final = r"(?:[ \t]+-[A-Za-z]+(?:[ \t]+\d+)?)"
-_HTPASSWD_BATCH: Final = r"(?=" + _HTPASSWD_OPTION + r"*[ \t]+-[A-Za-z]*b)"
 _REGISTRY_LOGIN: Final = (
-    r"(?:docker|podman|buildah|skopeo|nerdctl|oras|helm[ \t]+registry)[ \t]+login"
+    r"(?:docker|podman|buildah|skopeo|nerdctl|oras|helm[ \t]+registry)"
+    r"(?:[ \t]+|[\"']\s*,\s*[\"'])login"
 )
+_TOOL_RE: Final = re.compile(
+    _B
+    + rf"(?:(?P<mysql>{_MYSQL_CLIENTS})|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
+    + rf"|(?P<redis>redis-cli)|(?P<htpasswd>htpasswd)|(?P<login>{_REGISTRY_LOGIN}))"
+    + r"(?:\.exe)?(?![\w.-])"
+)
+_COMMAND_HINTS: Final = (
+    "mysql",
+    "mariadb",
+    "curl",
+    "wget",
+    "sshpass",
+    "redis-cli",
+    "htpasswd",
+    "login",
+)
+_COMMAND_WINDOW: Final = 4096
+# One piece of a shell word, or what lies between words.  Escapes of JSON (the
+# command as a string in a tool call) are read as JSON means them: ``\n`` ends
+# the command, ``\t`` and ``\"`` part words, ``\\\n`` continues the line.
+_SHELL_PIECE: Final = re.compile(
+    r"(?P<plain>[^\s\"'\\|;&()<>`]+)"
+    r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)\""
+    r"|'(?P<sq>[^'\n]*)'"
+    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)[ \t]*)"
+    r"|(?P<end>\\[nr]|[\n\r|;&()`])"
+    r"|(?P<sep>[ \t]+|\\[t\"]|[<>])"
+    r"|\\(?P<escaped>.)"
+    # A quote never closed on its line, a backslash at the very end.
+    r"|(?P<stray>[\"'\\])"
+)
+# A whole word at once, for the words no rule needs to read (most of them).
+_SHELL_WORD: Final = re.compile(
+    r"(?:[^\s\"'\\|;&()<>`]+|\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|\\[^nrt\"\r\n\\])+"
+)
+_DQ_ESCAPE: Final = re.compile(r"\\([\"\\$`])")
+_ARGV_ITEM: Final = re.compile(r"\s*,\s*(?:\"((?:[^\"\\\n]|\\.)*)\"|'((?:[^'\\\n]|\\.)*)')")
+_ARGV_START: Final = re.compile(r"[\"']\s*,")
 
 
-def _command_value(candidate: str) -> bool:
+@dataclass(slots=True)
+class _Word:
+    """One argument as the program gets it, and where each of its characters is."""
+
+    chars: list[str]
+    where: list[int]
+
+    @property
+    def value(self) -> str:
+        return "".join(self.chars)
+
+    def tail(self, offset: int) -> tuple[int, int] | None:
+        """The source span of ``value[offset:]`` when it is a password."""
+        if offset >= len(self.chars) or not _command_value(self.value[offset:]):
+            return None
+        return self.where[offset], self.where[-1] + 1
+
+
+def _command_value(value: str) -> bool:
     """An argument that is a password, not a stand-in for one: ``$DB_PASS``,
-    ``"$(cat pw)"``, ``<password>``, ``****``, ``{{ pw }}``."""
-    value = candidate.strip("\"'")
+    ``$(cat pw)``, ``<password>``, ``****``, ``{{ pw }}``."""
     if len(value) < 3 or value.startswith(("$", "<", "{{", "[REDACTED:", "%(")):
         return False
     return re.fullmatch(r"[*x•.]+", value) is None
 
 
-_COMMAND_RULES: Final[tuple[Rule, ...]] = (
-    # mysql -u root -pS3cr3t db: the password is glued to -p (MySQL's own rule).
-    Rule(
-        "password",
-        _rx(r"\b" + _MYSQL_CLIENTS + r"\b" + _ARGS + r"-p" + _ARG_VALUE),
-        group=1,
-        validate=_command_value,
-        hints=("mysql", "mariadb"),
-    ),
-    # curl -u alice:S3cr3t, --user alice:S3cr3t, --proxy-user / -U the same;
-    # "-u alice" alone prompts for the password.
-    Rule(
-        "password",
-        _rx(
-            r"\bcurl\b" + _ARGS + r"(?:-u|-U|--user|--proxy-user)(?:[ \t]+|=)?[\"']?"
-            r"[^\s:\"'|;&]*:([^\s\"'|;&]{1,200})"
-        ),
-        group=1,
-        validate=_command_value,
-        hints=("curl",),
-    ),
-    # wget --password x (the "=" form is an assignment, found by the rules below).
-    Rule(
-        "password",
-        _rx(r"\bwget\b" + _ARGS + r"--(?:http-|ftp-|proxy-)?password[ \t]+" + _ARG_VALUE),
-        group=1,
-        validate=_command_value,
-        hints=("wget",),
-    ),
-    Rule(
-        "password",
-        _rx(r"\bsshpass\b" + _ARGS + r"-p[ \t]*" + _ARG_VALUE),
-        group=1,
-        validate=_command_value,
-        hints=("sshpass",),
-    ),
-    # docker login -p x / --password x (not --password-stdin).
-    Rule(
-        "password",
-        _rx(
-            r"\b" + _REGISTRY_LOGIN + r"\b" + _ARGS + r"(?:-p|--password)(?:[ \t]+|=)" + _ARG_VALUE
-        ),
-        group=1,
-        validate=_command_value,
-        hints=("login",),
-    ),
-    Rule(
-        "password",
-        _rx(r"\bredis-cli\b" + _ARGS + r"(?:-a|--pass)[ \t]+" + _ARG_VALUE),
-        group=1,
-        validate=_command_value,
-        hints=("redis-cli",),
-    ),
-    # htpasswd -b[c] FILE USER PASSWORD; htpasswd -nb USER PASSWORD (no file).
-    Rule(
-        "password",
-        _rx(
-            r"\bhtpasswd"
-            + _HTPASSWD_BATCH
-            + r"(?!"
-            + _HTPASSWD_OPTION
-            + r"*[ \t]+-[A-Za-z]*n)"
-            + _HTPASSWD_OPTION
-            + r"+[ \t]+[^\s|;&]+[ \t]+[^\s|;&]+[ \t]+"
-            + _ARG_VALUE
-        ),
-        group=1,
-        validate=_command_value,
-        hints=("htpasswd",),
-    ),
-    Rule(
-        "password",
-        _rx(
-            r"\bhtpasswd"
-            + _HTPASSWD_BATCH
-            + r"(?="
-            + _HTPASSWD_OPTION
-            + r"*[ \t]+-[A-Za-z]*n)"
-            + _HTPASSWD_OPTION
-            + r"+[ \t]+[^\s|;&]+[ \t]+"
-            + _ARG_VALUE
-        ),
-        group=1,
-        validate=_command_value,
-        hints=("htpasswd",),
-    ),
-)
+class _ToolArguments:
+    """Reads one tool's arguments, word by word, for the password it was given."""
+
+    def __init__(self, tool: str) -> None:
+        self.tool: str | None = tool
+        self.pending: str | None = None  # the option whose value the next word is
+        self.flags = ""  # htpasswd's options
+        self.positional = 0
+
+    @property
+    def wants_value(self) -> bool:
+        return self.pending is not None
+
+    def feed(self, word: _Word) -> tuple[int, int] | None:
+        value = word.value
+        pending, self.pending = self.pending, None
+        if pending == "user":  # curl -u alice:pw; "-u alice" alone prompts
+            colon = value.find(":")
+            return None if colon < 0 else word.tail(colon + 1)
+        if pending == "value":
+            if self.tool == "sshpass":
+                self.tool = None  # what follows is the command sshpass runs
+            return word.tail(0)
+        if pending == "skip":
+            return None
+        match self.tool:
+            case "mysql":
+                if value.startswith("--password="):
+                    return word.tail(11)
+                if value.startswith("-p") and len(value) > 2:
+                    return word.tail(2)
+            case "curl":
+                if value in ("-u", "-U", "--user", "--proxy-user"):
+                    self.pending = "user"
+                elif value.startswith(("--user=", "--proxy-user=")):
+                    return word.tail(value.index(":") + 1) if ":" in value else None
+                elif value.startswith(("-u", "-U")) and ":" in value:
+                    return word.tail(value.index(":") + 1)
+            case "wget":
+                name, _, _rest = value.partition("=")
+                if re.fullmatch(r"--(?:http-|ftp-|proxy-)?password", name):
+                    if "=" in value:
+                        return word.tail(len(name) + 1)
+                    self.pending = "value"
+            case "sshpass":
+                if value == "-p":
+                    self.pending = "value"
+                elif value.startswith("-p"):
+                    self.tool = None
+                    return word.tail(2)
+                elif value in ("-f", "-d", "-P"):
+                    self.pending = "skip"
+                elif not value.startswith("-"):
+                    self.tool = None
+            case "redis":
+                if value in ("-a", "--pass"):
+                    self.pending = "value"
+                elif value.startswith("--pass="):
+                    return word.tail(7)
+            case "login":
+                if value in ("-p", "--password"):
+                    self.pending = "value"
+                elif value.startswith("--password="):
+                    return word.tail(11)
+                elif value.startswith("-p") and not value.startswith("--"):
+                    return word.tail(2)
+            case "htpasswd":
+                # htpasswd -b[c] FILE USER PASSWORD; htpasswd -nb USER PASSWORD.
+                if self.positional == 0 and value.startswith("-") and len(value) > 1:
+                    self.flags += value[1:]
+                    if value == "-C":
+                        self.pending = "skip"
+                    return None
+                if "b" not in self.flags:
+                    self.tool = None
+                    return None
+                self.positional += 1
+                if self.positional == (2 if "n" in self.flags else 3):
+                    self.tool = None
+                    return word.tail(0)
+        return None
+
+
+def _tool_of(match: re.Match[str]) -> str:
+    return next(name for name, value in match.groupdict().items() if value is not None)
+
+
+class _CommandScanner:
+    """Every password given on a command line in ``text``, as source spans."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tools = list(_TOOL_RE.finditer(text))
+        self.tool_starts = [m.start() for m in self.tools]
+        # A word that ends where a tool name ends names that tool (sudo -u x mysql …).
+        self.tool_ending_at = {m.end(): m for m in self.tools}
+        self.found: list[tuple[int, int]] = []
+        self.skip_to = 0
+        self.skipped_tool: re.Match[str] | None = None
+
+    def scan(self, low: int, high: int) -> None:
+        """Read the commands whose tool name lies in ``text[low:high]``."""
+        position = low
+        index = bisect.bisect_left(self.tool_starts, low)
+        while index < len(self.tools):
+            match = self.tools[index]
+            index += 1
+            if match.end() > high:
+                break
+            if match.start() < position:
+                continue  # read already, as a word of an earlier command
+            arguments = _ToolArguments(_tool_of(match))
+            if _ARGV_START.match(self.text, match.end()):
+                position = self._read_argv(match.end() + 1, high, arguments)
+            else:
+                position = self._read_words(match.end(), high, arguments)
+
+    def _take(self, arguments: _ToolArguments, word: _Word) -> _ToolArguments:
+        if not word.where:
+            return arguments
+        tool = self.tool_ending_at.get(word.where[-1] + 1)
+        if tool is not None and not arguments.wants_value and self._names_tool(word, tool):
+            return _ToolArguments(_tool_of(tool))
+        span = arguments.feed(word)
+        if span is not None:
+            self.found.append(span)
+        return arguments
+
+    def _names_tool(self, word: _Word, tool: re.Match[str]) -> bool:
+        """``mysql``, ``/usr/bin/mysql``, ``"mysql"``, not ``.htpasswd`` or ``my-curl``."""
+        before = tool.start() - 1
+        at = bisect.bisect_left(word.where, before)
+        inside = at < len(word.where) and word.where[at] == before
+        return not inside or self.text[before] in "/\\"
+
+    def _nested(self, start: int, end: int) -> None:
+        """A quoted string may hold a command of its own (bash -c '…', ssh host "…")."""
+        first = bisect.bisect_left(self.tool_starts, start)
+        if first < len(self.tools) and self.tools[first].end() <= end:
+            self.scan(start, end)
+
+    def _read_argv(self, position: int, high: int, arguments: _ToolArguments) -> int:
+        """["mysql", "-uroot", "-pS3cr3t"]: each item is one word."""
+        for _ in range(256):
+            item = _ARGV_ITEM.match(self.text, position, high)
+            if item is None:
+                break
+            group = 1 if item.group(1) is not None else 2
+            start, end = item.span(group)
+            self._nested(start, end)
+            word = _Word(list(self.text[start:end]), list(range(start, end)))
+            arguments = self._take(arguments, word)
+            position = item.end()
+        return position
+
+    def _skippable(self, position: int, high: int, arguments: _ToolArguments) -> bool:
+        """Whether the word at ``position`` cannot matter: no rule reads it (it is
+        no option, no option's value), it names no tool and holds none.  Such a
+        word is passed over with one regex match (``skip_to``) instead of being
+        read piece by piece: a long JSON log is mostly such words."""
+        text = self.text
+        if arguments.wants_value or arguments.tool in ("sshpass", "htpasswd"):
+            return False
+        if text[position] in "-\"'":
+            return False
+        whole = _SHELL_WORD.match(text, position, high)
+        if whole is None:
+            return False
+        end = whole.end()
+        if end < high and text[end] == "\\":
+            return False
+        # A word ending in a tool's name ("command":"curl in a JSON log) names
+        # it when the name starts the word or follows a quote or a path.
+        named = self.tool_ending_at.get(end) or self.tool_ending_at.get(end - 1)
+        if named is not None and not (
+            named.start() == position or text[named.start() - 1] in "\"'/\\"
+        ):
+            return False
+        inside = bisect.bisect_left(self.tool_starts, position)
+        nested = inside < len(self.tools) and self.tools[inside] is not named
+        if nested and self.tool_starts[inside] < end:
+            return False
+        self.skip_to = end
+        self.skipped_tool = named
+        return True
+
+    def _read_words(self, position: int, high: int, arguments: _ToolArguments) -> int:
+        text = self.text
+        limit = min(high, position + _COMMAND_WINDOW)
+        word = _Word([], [])
+        while position < limit:
+            if not word.where and self._skippable(position, high, arguments):
+                position = self.skip_to
+                if self.skipped_tool is not None:
+                    arguments = _ToolArguments(_tool_of(self.skipped_tool))
+                    limit = min(high, position + _COMMAND_WINDOW)
+                continue
+            piece = _SHELL_PIECE.match(text, position, high)
+            if piece is None:
+                break
+            kind = piece.lastgroup
+            if kind in ("plain", "sq"):
+                start, end = piece.span(kind)
+                word.chars.extend(text[start:end])
+                word.where.extend(range(start, end))
+                if kind == "sq":
+                    self._nested(start, end)
+            elif kind == "dq":
+                start, end = piece.span(kind)
+                content = text[start:end]
+                if "\\" in content:
+                    offset = start
+                    for part in re.split(r"(\\.)", content):
+                        if _DQ_ESCAPE.fullmatch(part):
+                            word.chars.append(part[1])
+                            word.where.append(offset + 1)
+                        else:
+                            word.chars.extend(part)
+                            word.where.extend(range(offset, offset + len(part)))
+                        offset += len(part)
+                else:
+                    word.chars.extend(content)
+                    word.where.extend(range(start, end))
+                self._nested(start, end)
+            elif kind == "escaped":
+                word.chars.append(piece.group(kind))
+                word.where.append(piece.start(kind))
+            else:
+                before = arguments
+                arguments = self._take(arguments, word)
+                word = _Word([], [])
+                if arguments is not before:
+                    limit = min(high, piece.end() + _COMMAND_WINDOW)
+                if kind == "end":
+                    return piece.end()
+            position = piece.end()
+        self._take(arguments, word)
+        return position
+
+
+def _command_password_spans(text: str, lowered: str) -> Iterable[Span]:
+    if not any(hint in lowered for hint in _COMMAND_HINTS):
+        return
+    scanner = _CommandScanner(text)
+    scanner.scan(0, len(text))
+    for start, end in scanner.found:
+        yield Span(start, end, "password")
+
 
 _MEMD_RULES: Final[tuple[Rule, ...]] = (
     # Private keys: the whole block or, when unterminated (a cut tool output), its
@@ -517,6 +738,7 @@ def _spans_of(text: str, rules: Iterable[Rule]) -> Iterable[Span]:
             if end - start >= 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
                 start, end = start + 1, end - 1
             yield Span(start, end, rule.kind, rule.category)
+    yield from _command_password_spans(text, lowered)
 
 
 def _without_overlaps(spans: Iterable[Span]) -> list[Span]:
@@ -601,7 +823,6 @@ def find_secrets(
     pairs = tuple(user_patterns.items() if isinstance(user_patterns, Mapping) else user_patterns)
     rules: list[Rule] = [
         *_MEMD_RULES,
-        *_COMMAND_RULES,
         *_detect_secrets_rules(),
         *compile_user_patterns(pairs),
     ]

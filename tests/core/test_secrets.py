@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import pytest
 from hypothesis import given
@@ -277,6 +278,107 @@ def test_a_password_on_a_command_line_is_found(command: str, secret: str) -> Non
     ],
 )
 def test_a_command_line_without_a_password_is_not_flagged(command: str) -> None:
+    assert find_secrets(command) == []
+
+
+def test_command_rules_stay_linear_on_a_long_one_line_log() -> None:
+    # review16b F1: a lazy run over "the arguments after curl", retried from
+    # every curl in a one-line JSON log, was quadratic (1 MB: 190 s).  The
+    # bound is 40x what the scan takes, far below the quadratic time (~10 s).
+    line = (
+        "["
+        + ", ".join(
+            f'{{"tool":"bash","command":"curl -s https://api.example.com/v1/items/{i}"}}'
+            for i in range(3000)
+        )
+        + "]"
+    )  # ~225 KB
+    started = time.perf_counter()
+    find_secrets(line)
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["curl " * 40_000, '"curl curl ' * 20_000, "'curl' " * 30_000, '["curl",' * 25_000],
+)
+def test_repeated_tool_names_are_read_once(text: str) -> None:
+    started = time.perf_counter()
+    assert find_secrets(text) == []
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "curl -sS \\\n  -u alice:S3cr3tPw \\\n  https://api.example.com/x",
+        "mysql -h db -u root \\\n  -pS3cr3tPw app",
+        "curl -sS \\\r\n  -u alice:S3cr3tPw https://x",
+        # The same as a JSON string in a tool call.
+        json.dumps({"command": "curl -sS \\\n  -u alice:S3cr3tPw \\\n  https://x"}),
+    ],
+)
+def test_backslash_continued_command_password_is_found(command: str) -> None:
+    assert "S3cr3tPw" not in _redact(command)
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ('curl -u alice:"S3cr3tPw" https://x', "S3cr3tPw"),
+        ("curl -u alice:'S3cr3t Pw' https://x", "S3cr3t Pw"),
+        ("curl -u 'admin:Ab&cd3fgh' https://x", "Ab&cd3fgh"),
+        ("curl -u 'admin:Ab;cd3fgh' https://x", "Ab;cd3fgh"),
+        ('mysql -u root "-pS3cr3tPw" app', "S3cr3tPw"),
+        ("mysql -u root '-pAb&cd3fgh' app", "Ab&cd3fgh"),
+        ("mysql.exe -uroot -pS3cr3tPw app", "S3cr3tPw"),
+        ("curl.exe -u alice:S3cr3tPw https://x", "S3cr3tPw"),
+        # A command inside a quoted string of another.
+        ('sshpass -p S3cr3t-ssh9 ssh db1 "mysql -uroot -pS3cr3tPw app"', "S3cr3tPw"),
+        ("bash -lc 'curl -fsS -u ci:S3cr3tPw https://x | jq .'", "S3cr3tPw"),
+        ("sudo -u mysql mysql -pS3cr3tPw", "S3cr3tPw"),
+    ],
+)
+def test_quoted_command_password_is_found(command: str, secret: str) -> None:
+    assert secret in [s.value(command) for s in find_secrets(command)]
+
+
+@pytest.mark.parametrize(
+    ("call", "secret"),
+    [
+        ('{"argv": ["mysql", "-uroot", "-pS3cr3tPw", "app"]}', "S3cr3tPw"),
+        ('{"args": ["curl", "-u", "alice:S3cr3tPw", "https://x"]}', "S3cr3tPw"),
+        ("subprocess.run(['docker', 'login', '-p', 'S3cr3tPw', 'reg.example.com'])", "S3cr3tPw"),
+        ('["sshpass", "-p", "S3cr3tPw", "ssh", "-p", "2222", "host"]', "S3cr3tPw"),
+        # Each element of a one-line log is its own command.
+        (
+            '[{"command":"curl -s https://x"}, {"command":"mysql -uroot -pS3cr3tPw app"}]',
+            "S3cr3tPw",
+        ),
+    ],
+)
+def test_argv_array_password_is_found(call: str, secret: str) -> None:
+    assert [s.value(call) for s in find_secrets(call)] == [secret]
+
+
+def test_a_doubly_escaped_command_keeps_its_escapes() -> None:
+    # review16b minor: the span took the trailing backslash of \", which broke
+    # the inner string's escaping in what the summarizer saw.
+    text = '{\\"command\\": \\"mysql -uroot -pS3cr3tPw\\"}'
+    assert [s.value(text) for s in find_secrets(text)] == ["S3cr3tPw"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "cat /etc/nginx/.htpasswd alice S3cr3t-ht9 x",
+        "sshpass -p $PW ssh -p 2222 host",
+        '["ssh", "-p", "2222", "host"]',
+        "curl -sS \\\n  -u alice \\\n  https://x",
+        "mysql -u root \\\n  -p app",
+    ],
+)
+def test_more_command_lines_without_a_password_are_not_flagged(command: str) -> None:
     assert find_secrets(command) == []
 
 
