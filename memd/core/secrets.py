@@ -60,6 +60,8 @@ class Rule:
     category: Category = "credential"
     group: int = 0
     validate: Validator | None = None
+    # Like ``validate``, for a rule that must see the whole match (its shape).
+    validate_match: Callable[[re.Match[str]], bool] | None = None
     # Token-like secrets run on past a fixed-length pattern (Stripe keys are
     # 99 characters, detect-secrets matches 24): the span takes the whole token.
     extend: bool = False
@@ -123,12 +125,35 @@ def _assigned_value(candidate: str) -> bool:
     return not value.isdigit() or len(value) >= 6
 
 
-def _reads_as_code(candidate: str) -> bool:
-    """``tokenize``, ``"shadow"``, ``Pass.FIRST``, ``make_pass(…``, ``64``, ``1.5``,
-    ``yes``: what a constant in code is set to, not what a password looks like
-    (those carry a digit, a symbol or both cases: ``hunter2x``, ``Tr0ub4dor&3``)."""
-    value = candidate.strip("\"'`")
-    return bool(re.fullmatch(r"[A-Za-z_]+(?:\.[A-Za-z_]+)*(?:\(.*)?|[+-]?\d+(?:\.\d+)?", value))
+def _number(candidate: str) -> bool:
+    return re.fullmatch(r"[+-]?\d+(?:\.\d+)?", candidate.strip("\"'`")) is not None
+
+
+def _short_pass_assignment(match: re.Match[str]) -> bool:
+    """Whether ``NAME_PASS``/``NAME_PW`` is given a password here, judged by the
+    shape of the assignment rather than by the value: weak passwords are plain
+    words (``ILO_PASS=changeme``), so the value alone cannot tell.
+
+    A .env or shell line (``NAME=value``, nothing around ``=``), YAML or JSON
+    (``NAME: value``) always counts.  Only in a spaced code assignment
+    (``NAME = value``, ``NAME: Final = value``) does an unquoted name, dotted
+    name or call read as code (``RenderPass.OPAQUE``, ``make_pass(tree, …)``);
+    a quoted string there still counts (``SHADOW_PASS = "shadow"``: a string
+    literal is data, and a password in code is one).  A number reads as a count
+    in every shape (``NUM_PASS=3``); under a name that says whose password it
+    is (``ADMIN_PW=123456``) the account rule finds it all the same.
+    """
+    value = match.group("value")
+    if not _assigned_value(value) or _number(value):
+        return False
+    if match.group("code") is None or value[0] in "\"'`":
+        return True
+    rest = match.string[match.start("value") : match.start("value") + 300]
+    reference = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+    if re.fullmatch(reference, value):
+        return False
+    # A call whose arguments are names, literals, keywords: make_pass(tree, strict=True).
+    return re.match(reference + r"\([\w\s.,=\"'-]*\)", rest) is None
 
 
 def _spoken_password(candidate: str) -> bool:
@@ -155,9 +180,8 @@ _ASSIGN_KEYS: Final = (
 # before PASSWORD/PASSWD).  Upper case only: in prose these are ordinary words.
 _ENV_ASSIGN_KEYS: Final = r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b"
 # SMTP_PASS, ADMIN_PW: PASS/PW only as the last part after a "_".  Code names
-# passes and limits the same way (SHADOW_PASS = "shadow", FIRST_PASS=tokenize),
-# so a value that reads as code (an identifier, a number, a keyword) counts only
-# under a name that also says whose password it is (DB_PASS=postgres).
+# passes and limits the same way (RENDER_PASS = RenderPass.OPAQUE, NUM_PASS =
+# 100000): see _short_pass_assignment for which shapes count.
 _ENV_SHORT_KEY: Final = r"\b(?:[A-Z0-9]+_)+(?:PASS|PW)\b"
 _ACCOUNT_WORDS: Final = (
     r"ADMIN|ROOT|USER|USR|SU|SUPERUSER|OWNER|GUEST|OPERATOR|MASTER|DEFAULT|INITIAL|"
@@ -179,6 +203,17 @@ _ASSIGNED: Final = (
     # clipped by an extract) still is one.
     r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
     r"|[^\s\"'`,;)}\]]{4,200}))"
+)
+# The same for _ENV_SHORT_KEY, with the shape of the assignment kept: "code" is
+# a spaced one (NAME = value) or a typed one (NAME: Final = value).
+_SHORT_KEY_ASSIGNED: Final = (
+    r"(?:(?P<code>:[ \t]*[A-Za-z_][\w.\[\], |]*?[ \t]*:?=[ \t]*"
+    r"|[ \t]+:?=[ \t]*|:?=[ \t]+)"
+    r"|[\"'`*]*\s*(?::=|=>|=|:)\s*(?:\*\*)?)"
+    r"(?P<value>\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
+    # Unquoted: to a space, a quote or what ends a value in code or JSON; a
+    # bracketed part is kept whole (GMAIL_PASS=Summer(2024)!).
+    r"|(?:[^\s\"'`,;()}\]]|\([^\s()\"'`]{0,100}\)?){1,200})"
 )
 
 # Command lines (an agent's tool calls) that carry a password as an argument.
@@ -614,9 +649,9 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     # SMTP_PASS=…, ADMIN_PW: …  (DB_PASS=postgres: see _ENV_SHORT_KEY)
     Rule(
         "password",
-        _rx(_ENV_SHORT_KEY + _ASSIGNED),
-        group=1,
-        validate=lambda value: _assigned_value(value) and not _reads_as_code(value),
+        _rx(_ENV_SHORT_KEY + _SHORT_KEY_ASSIGNED),
+        group=2,  # "value"
+        validate_match=_short_pass_assignment,
         hints=("_pass", "_pw"),
     ),
     Rule(
@@ -731,6 +766,8 @@ def _spans_of(text: str, rules: Iterable[Rule]) -> Iterable[Span]:
                 continue
             value = text[start:end]
             if rule.validate is not None and not rule.validate(value):
+                continue
+            if rule.validate_match is not None and not rule.validate_match(match):
                 continue
             if rule.extend:
                 while end < len(text) and text[end] in _TOKEN_CHARS:
