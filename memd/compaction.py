@@ -123,7 +123,7 @@ from memd.fsutil import (
     share_with_group,
 )
 from memd.redaction_key import process_key
-from memd.retention import PruneResult, list_archives, prune_locked
+from memd.retention import PruneResult, list_archives, local_utc_offset, prune_locked
 from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import ARCHIVE_TEMP, DRAIN_NAME, JOURNAL_NAME, NEW_MEMORY_TEMP, AgentPaths
@@ -796,7 +796,13 @@ class _Transaction:
         # The new archive's final name may differ (a same-second ``_N``): stand
         # in with one that sorts after every real archive.
         stand_in = ArchiveInfo(_NEWEST_ARCHIVE, size, time.time())
-        plan = plan_prune([*existing, stand_in], limits, time.time(), protect=(_NEWEST_ARCHIVE,))
+        plan = plan_prune(
+            [*existing, stand_in],
+            limits,
+            time.time(),
+            protect=(_NEWEST_ARCHIVE,),
+            local_offset=local_utc_offset,
+        )
         return min(earlier, len(plan.keep) - 1)
 
     def summarize(self, snap: _Snapshot, kept_from: int) -> tuple[SummaryResult, float]:

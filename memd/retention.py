@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -47,6 +48,12 @@ class PruneResult:
         return len(self.plan.keep) + len(self.plan.delete) - len(self.deleted)
 
 
+def local_utc_offset(instant: float) -> int:
+    """This process's UTC offset at ``instant`` in seconds (its TZ, DST included):
+    what retention believes an archive's mtime against."""
+    return time.localtime(instant).tm_gmtoff
+
+
 def list_archives(pinned: AgentDir) -> list[ArchiveInfo]:
     """The agent's archives (regular files with an archive name), via the pinned fd."""
     archive_fd, _created = pinned.archive_fd(create=False)
@@ -74,7 +81,7 @@ def prune_locked(
     dry_run: bool = False,
 ) -> PruneResult:
     """Apply ``limits`` to the agent's archives; the caller holds the agent's lock."""
-    plan = plan_prune(list_archives(pinned), limits, now, protect)
+    plan = plan_prune(list_archives(pinned), limits, now, protect, local_utc_offset)
     deleted: list[str] = []
     deleted_bytes = 0
     if not dry_run and plan.delete:

@@ -187,9 +187,13 @@ def set_local_zone(zone: str) -> None:
     time.tzset()
 
 
-def test_a_dst_fall_back_on_disk_prunes_the_oldest_written(ws: AgentWorkspace) -> None:
+def test_a_dst_fall_back_on_disk_prunes_the_oldest_written(
+    ws: AgentWorkspace, local_zone: None
+) -> None:
     """Archives as a New York daemon leaves them across 2026-11-01's repeated 01:00-02:00:
-    the oldest by write time goes, not the one whose name sorts first."""
+    the oldest by write time goes, not the one whose name sorts first. The prune
+    believes each mtime because it is New York's offset at that instant."""
+    set_local_zone("America/New_York")
     paths = ws.create_agent("alpha")
     paths.archive_dir.mkdir()
     zone = ZoneInfo("America/New_York")
@@ -209,19 +213,50 @@ def test_a_dst_fall_back_on_disk_prunes_the_oldest_written(ws: AgentWorkspace) -
 def test_compactions_in_different_time_zones_prune_by_write_time(
     ws: AgentWorkspace, local_zone: None
 ) -> None:
-    """The daemon (TZ=UTC in its unit) and an operator's compact-now (Los Angeles)
-    name archives in their own local time; retention keeps the two written last."""
+    """The daemon (TZ=UTC in its unit) and an operator's compact-now (Los Angeles,
+    twice: archives that agree on an offset confirm it) name archives in their own
+    local time; retention keeps the three written last."""
     paths = ws.create_agent("alpha", entries=6)
     options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, require_shrink=False)
     written = []
-    for zone in ("UTC", "America/Los_Angeles"):
+    for zone in ("UTC", "America/Los_Angeles", "America/Los_Angeles"):
         set_local_zone(zone)
         written.append(compact_agent(paths, ProvidedSummary(SUMMARY), options, manual=True))
         append_entry(paths.memory, "Human", "one more turn " * 30)
     # The Los Angeles name reads hours earlier than the UTC one written before it.
     assert written[1].archive.name < written[0].archive.name
     set_local_zone("UTC")
-    pruning = dataclasses.replace(options, retention=RetentionLimits(max_archives=2))
+    pruning = dataclasses.replace(options, retention=RetentionLimits(max_archives=3))
     last = compact_agent(paths, ProvidedSummary(SUMMARY), pruning, manual=True)
     assert last.pruned is not None and last.pruned.deleted == (written[0].archive.name,)
-    assert remaining(paths) == sorted([written[1].archive.name, last.archive.name])
+    assert remaining(paths) == sorted(
+        [written[1].archive.name, written[2].archive.name, last.archive.name]
+    )
+
+
+def test_an_archive_copied_back_later_is_pruned_by_its_name(
+    ws: AgentWorkspace, local_zone: None
+) -> None:
+    """review16b F4: an archive copied back hours after it was written (cp without
+    -p) has a fresh mtime that reads as another UTC offset; the prune, in the
+    zone it was written in, does not believe it and deletes it as the oldest."""
+    set_local_zone("UTC")
+    paths = ws.create_agent("alpha")
+    paths.archive_dir.mkdir()
+    names = []
+    # Named 10:00, 11:00, 12:00, 13:10; the 10:00 one copied back at 13:02.
+    for clock, mtime_clock in (
+        ("10-00", "13-02"),
+        ("11-00", "11-00"),
+        ("12-00", "12-00"),
+        ("13-10", "13-10"),
+    ):
+        name = f"history_2026-12-02_{clock}-00.md"
+        hour, minute = (int(part) for part in mtime_clock.split("-"))
+        mtime = datetime(2026, 12, 2, hour, minute, tzinfo=UTC).timestamp()
+        (paths.archive_dir / name).write_bytes(b"raw turns\n")
+        os.utime(paths.archive_dir / name, (mtime, mtime))
+        names.append(name)
+    with AgentDir.open(paths) as pinned:
+        result = prune_locked(pinned, RetentionLimits(max_archives=3), NOW, protect=[names[3]])
+    assert result.deleted == (names[0],)

@@ -18,7 +18,12 @@ local hour twice) or with the daemon and ``memd compact-now`` in different time
 zones, name order is not write order. The archive's mtime is an instant (the
 bytes are written the moment the name is read, and nothing rewrites an archive
 but an erasure, which keeps its times), so it tells the offset the name was
-written in. A protected archive is never deleted, but it counts toward the
+written in, when that offset is believable: the pruning process's own zone at
+that instant (``local_offset``, given by the shell), or one another archive
+agrees on. A file copied back without its times (cp without -p, a restore, an
+editor's save) has an mtime hours after its name, which reads as some other
+offset; taken at its word, it would be the newest and a newer archive would go
+in its place. A protected archive is never deleted, but it counts toward the
 count and the bytes: with ``max_archives = 1`` a compaction keeps only the
 archive it just wrote. Anything in ``archive/`` that is not an archive name is not ours to
 judge and is never listed here.
@@ -29,7 +34,8 @@ from __future__ import annotations
 import bisect
 import calendar
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 ARCHIVE_PREFIX = "history_"
@@ -96,36 +102,64 @@ def _anchored_offset(wall: int, mtime: float) -> int | None:
     return None
 
 
-def creation_order(archives: Iterable[ArchiveInfo]) -> list[ArchiveInfo]:
+LocalOffset = Callable[[float], int]
+"""The pruning process's UTC offset in seconds at an instant (its zone, DST included)."""
+
+
+def creation_order(
+    archives: Iterable[ArchiveInfo], local_offset: LocalOffset | None = None
+) -> list[ArchiveInfo]:
     """``archives`` oldest first, by the instant each was written.
 
-    * a name whose mtime matches it up to a UTC offset (the usual case): the
-      name's time at that offset, then the ``_N`` suffix, then the mtime;
-    * a name whose mtime does not (the file was copied or touched since): the
-      name read at the offset of the nearest such archive by name, or as UTC
-      when there is none (plain name order, as memd always sorted);
+    * a name whose mtime matches it up to a believable UTC offset (the usual
+      case): the name's time at that offset, then the ``_N`` suffix, then the
+      mtime. Believable: ``local_offset(mtime)``, the pruning process's zone
+      then (a DST fall-back), or an offset at least one other archive's mtime
+      also matches (``memd compact-now`` run in another zone, twice or more);
+    * a name whose mtime does not (the file was copied or touched since), or
+      matches at an offset nothing confirms (copied back a few hours after its
+      name, its mtime reads as a zone it was never written in): the name read
+      at the offset of the nearest anchored archive by name, or as UTC when
+      there is none (plain name order, as memd always sorted);
     * anything else named ``history_*``: its mtime, the only instant it has.
+
+    Without ``local_offset`` (zone unknown) only offsets two archives agree on
+    anchor. An archive written in another zone, alone of its zone, is read at
+    its neighbours' offset: its mtime cannot be told from a copy's.
     """
     listed = list(archives)
     walls = [_wall_clock(info.name) for info in listed]
-    anchors: list[tuple[int, int]] = []  # (wall clock, offset), sorted
-    for info, wall in zip(listed, walls, strict=True):
-        if wall is not None:
-            offset = _anchored_offset(wall, info.mtime)
-            if offset is not None:
-                anchors.append((wall, offset))
-    anchors.sort()
+    candidates = [
+        None if wall is None else _anchored_offset(wall, info.mtime)
+        for info, wall in zip(listed, walls, strict=True)
+    ]
+    agreeing = Counter(offset for offset in candidates if offset is not None)
 
-    def key(pair: tuple[ArchiveInfo, int | None]) -> tuple[float, int, float, str]:
-        info, wall = pair
+    def believable(info: ArchiveInfo, offset: int | None) -> int | None:
+        if offset is None:
+            return None
+        if agreeing[offset] >= 2:
+            return offset
+        if local_offset is not None and local_offset(info.mtime) == offset:
+            return offset
+        return None
+
+    offsets = [believable(info, offset) for info, offset in zip(listed, candidates, strict=True)]
+    anchors = sorted(
+        (wall, offset)
+        for wall, offset in zip(walls, offsets, strict=True)
+        if wall is not None and offset is not None
+    )
+
+    def key(item: tuple[ArchiveInfo, int | None, int | None]) -> tuple[float, int, float, str]:
+        info, wall, offset = item
         if wall is None:
             return (info.mtime, 0, info.mtime, info.name)
-        offset = _anchored_offset(wall, info.mtime)
         if offset is None:
             offset = _nearest_offset(anchors, wall)
         return (float(wall - offset), _suffix(info.name), info.mtime, info.name)
 
-    return [info for info, _wall in sorted(zip(listed, walls, strict=True), key=key)]
+    return [item[0] for item in sorted(zip(listed, walls, offsets, strict=True), key=key)]
 
 
 def _nearest_offset(anchors: Sequence[tuple[int, int]], wall: int) -> int:
@@ -210,9 +244,12 @@ def plan_prune(
     limits: RetentionLimits,
     now: float,
     protect: Iterable[str] = (),
+    local_offset: LocalOffset | None = None,
 ) -> PrunePlan:
-    """What ``limits`` delete among ``archives`` at time ``now``; ``protect`` stays."""
-    ordered = creation_order(a for a in archives if is_archive_name(a.name))
+    """What ``limits`` delete among ``archives`` at time ``now``; ``protect`` stays.
+
+    ``local_offset``: see :func:`creation_order` (the shell passes its zone's)."""
+    ordered = creation_order((a for a in archives if is_archive_name(a.name)), local_offset)
     protected = frozenset(protect)
     reasons: dict[str, list[str]] = {}
 
@@ -256,6 +293,7 @@ __all__ = [
     "REASON_COUNT",
     "REASON_SIZE",
     "ArchiveInfo",
+    "LocalOffset",
     "PrunePlan",
     "RetentionLimits",
     "archive_order",

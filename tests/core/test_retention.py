@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -69,17 +70,33 @@ def written(at_utc: datetime, zone: ZoneInfo, n: int = 0, write_s: float = 0.4) 
     return ArchiveInfo(name, 100, at_utc.timestamp() - write_s)
 
 
+def zone_offset(zone: ZoneInfo) -> Callable[[float], int]:
+    """The pruning process's UTC offset in ``zone``, as the shell's local_utc_offset."""
+
+    def offset(instant: float) -> int:
+        utcoffset = datetime.fromtimestamp(instant, zone).utcoffset()
+        assert utcoffset is not None
+        return int(utcoffset.total_seconds())
+
+    return offset
+
+
 def test_a_dst_fall_back_hour_is_ordered_by_when_archives_were_written() -> None:
     # America/New_York, 2026-11-01: 01:00-02:00 happens twice (EDT, then EST).
     first = written(datetime(2026, 11, 1, 5, 50, tzinfo=UTC), NEW_YORK)  # 01:50 EDT
     second = written(datetime(2026, 11, 1, 6, 10, tzinfo=UTC), NEW_YORK)  # 01:10 EST
     newest = written(datetime(2026, 11, 1, 6, 40, tzinfo=UTC), NEW_YORK)  # 01:40 EST
     assert first.name.endswith("01-50-00.md") and second.name.endswith("01-10-00.md")
-    assert creation_order([newest, second, first]) == [first, second, newest]
+    in_new_york = zone_offset(NEW_YORK)
+    assert creation_order([newest, second, first], in_new_york) == [first, second, newest]
     # The archive just written is protected; the one to go is the oldest, 01:50 EDT,
     # not the 01:10 EST one that sorts first by name.
     plan = plan_prune(
-        [first, second, newest], RetentionLimits(max_archives=2), NOW, protect=[newest.name]
+        [first, second, newest],
+        RetentionLimits(max_archives=2),
+        NOW,
+        protect=[newest.name],
+        local_offset=in_new_york,
     )
     assert [a.name for a in plan.delete] == [first.name]
     assert [a.name for a in plan.keep] == [second.name, newest.name]
@@ -89,22 +106,58 @@ def test_the_same_local_second_twice_in_a_fall_back() -> None:
     edt = written(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), NEW_YORK)
     est = written(datetime(2026, 11, 1, 6, 30, tzinfo=UTC), NEW_YORK, n=1)
     between = written(datetime(2026, 11, 1, 6, 0, tzinfo=UTC), NEW_YORK)  # 01:00 EST
-    assert creation_order([est, between, edt]) == [edt, between, est]
+    assert creation_order([est, between, edt], zone_offset(NEW_YORK)) == [edt, between, est]
 
 
 def test_daemon_and_compact_now_in_different_time_zones() -> None:
-    # The daemon runs with TZ=UTC (its unit), an operator's compact-now in Los Angeles.
+    # The daemon runs with TZ=UTC (its unit), an operator's compact-now in Los
+    # Angeles, twice: two archives agreeing on an offset confirm it.
     start = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
     daemon_early = written(start, ZoneInfo("UTC"))  # history_…_10-00-00
     operator = written(start + timedelta(minutes=30), LOS_ANGELES)  # history_…_02-30-00
+    again = written(start + timedelta(minutes=40), LOS_ANGELES)  # history_…_02-40-00
     daemon_late = written(start + timedelta(hours=1), ZoneInfo("UTC"))  # history_…_11-00-00
-    archives = [daemon_late, operator, daemon_early]
-    assert creation_order(archives) == [daemon_early, operator, daemon_late]
-    plan = plan_prune(archives, RetentionLimits(max_archives=2), NOW, protect=[daemon_late.name])
+    archives = [daemon_late, again, operator, daemon_early]
+    in_utc = zone_offset(ZoneInfo("UTC"))
+    assert creation_order(archives, in_utc) == [daemon_early, operator, again, daemon_late]
+    plan = plan_prune(
+        archives,
+        RetentionLimits(max_archives=3),
+        NOW,
+        protect=[daemon_late.name],
+        local_offset=in_utc,
+    )
     assert [a.name for a in plan.delete] == [daemon_early.name]
     # The size limit drops the same one first.
-    plan = plan_prune(archives, RetentionLimits(max_total_mb=250 / 1024 / 1024), NOW)
+    limit = RetentionLimits(max_total_mb=350 / 1024 / 1024)
+    plan = plan_prune(archives, limit, NOW, local_offset=in_utc)
     assert [a.name for a in plan.delete] == [daemon_early.name]
+    # The pruning process in Los Angeles believes the operator's archives alone
+    # and the daemon's two because they agree: the same order.
+    assert creation_order(archives, zone_offset(LOS_ANGELES)) == creation_order(archives, in_utc)
+
+
+def test_a_copied_back_archive_is_not_taken_for_the_newest() -> None:
+    # review16b F4: one time zone (UTC) all along; the 10:00 archive was copied
+    # back from a backup at 13:02 (cp without -p), the others keep their times.
+    # Its mtime read against its name looks like an archive written at UTC-3.
+    def at(stamp: str) -> float:
+        return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+
+    a = ArchiveInfo("history_2026-12-02_10-00-00.md", 100, at("2026-12-02 13:02:10"))
+    b = ArchiveInfo("history_2026-12-02_11-00-00.md", 100, at("2026-12-02 11:00:00"))
+    c = ArchiveInfo("history_2026-12-02_12-00-00.md", 100, at("2026-12-02 12:00:00"))
+    d = ArchiveInfo("history_2026-12-02_13-10-00.md", 100, at("2026-12-02 13:10:00"))
+    for local_offset in (None, zone_offset(ZoneInfo("UTC"))):
+        plan = plan_prune(
+            [a, b, c, d],
+            RetentionLimits(max_archives=3),
+            now=at("2026-12-02 13:10:01"),
+            protect=[d.name],
+            local_offset=local_offset,
+        )
+        # Before 0f2ae88 the 10:00 archive went; with it, the 11:00 one did.
+        assert [x.name for x in plan.delete] == [a.name]
 
 
 def test_archives_whose_mtime_no_longer_matches_their_name() -> None:
@@ -122,7 +175,13 @@ def test_archives_whose_mtime_no_longer_matches_their_name() -> None:
     copied = dataclasses.replace(written(start + timedelta(hours=1), LOS_ANGELES), mtime=NOW)
     after = written(start + timedelta(hours=2), LOS_ANGELES)  # 12:00 PST
     daemon = written(start + timedelta(minutes=90), ZoneInfo("UTC"))  # 19:30 UTC
-    assert creation_order([daemon, after, copied, before]) == [before, copied, daemon, after]
+    in_utc = zone_offset(ZoneInfo("UTC"))  # the daemon's zone
+    assert creation_order([daemon, after, copied, before], in_utc) == [
+        before,
+        copied,
+        daemon,
+        after,
+    ]
     # A hand-made name has no time in it: its mtime is the only instant.
     odd = ArchiveInfo("history_notes.md", 100, start.timestamp() + 1)
     assert creation_order([after, odd, before]) == [before, odd, after]
