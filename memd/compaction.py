@@ -1621,6 +1621,21 @@ def recover_agent(
             lock.release()
 
 
+def journal_unfinished(paths: AgentPaths) -> bool:
+    """Whether the agent's compaction journal holds a job (any phase but idle): a
+    compaction or erasure that crashed, is at work, or committed and did not
+    finish. Reads the journal only (no lock, nothing created: a compactor at
+    work shows too, its caller tells them apart by trying the lock); no
+    ``.memd/`` or no journal is idle, a journal whose records are all damaged is
+    a job (recovery's reading, :func:`_recover_locked`). OSError when it cannot
+    be read (the caller judges)."""
+    journal = SlotJournal(paths.journal)
+    payload = journal.read()
+    if payload is None:
+        return journal.exists()  # damaged (recovery calls it corrupt), or none at all
+    return payload.get("phase") != IDLE_PHASE
+
+
 def _recover_locked(
     pinned: AgentDir, quiet_s: float, max_s: float, key_file: Path | None = None
 ) -> str | None:
@@ -1841,6 +1856,7 @@ __all__ = [
     "ThresholdCheck",
     "check_still_over",
     "compact_agent",
+    "journal_unfinished",
     "read_memory",
     "recover_agent",
 ]

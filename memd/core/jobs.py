@@ -22,7 +22,11 @@ with compression off), runs the journal's roll-forward instead of a compaction,
 with its own exponential backoff (never the breaker: no model call is at stake,
 and until it runs the agent's late turns are missing from its memory). A
 restart keeps the drain owed (the restart's own recovery may have failed):
-the first run after it finds nothing left to do, or finishes the drain.
+the first run after it finds nothing left to do, or finishes the drain. So
+does a journal left unfinished outside the daemon's own jobs
+(:func:`on_unfinished_journal`): the recovery of an agent added, or of every
+agent at start-up, that failed; another process's compaction (compact-now)
+that committed but did not finish.
 
 ``disabled`` is an agent with compression off: counted, never compacted.
 
@@ -429,6 +433,34 @@ def on_drain_owed(
     return Decision(owed, wake_at=until)
 
 
+def on_unfinished_journal(
+    job: AgentJob, recovery_error: str | None, *, policy: RetryPolicy, now: float
+) -> AgentJob:
+    """The agent's journal holds a job none of the daemon's own left: the drain is
+    owed (the caller decides on the job returned, :func:`on_count`, which starts
+    the finish when it is due).
+
+    ``recovery_error``: the daemon's own recovery of it just failed (an agent
+    added, a start-up): tried again after the backoff, the reason shown
+    meanwhile. None: another process's compaction left it, and may still be at
+    work (compact-now draining, or retrying): tried at once, and no error shown
+    until a run says one (a lock held reads as busy, a job since finished as
+    nothing left to do). A job pending or running, or a drain already owed, is
+    left as it is (its own run reads the journal)."""
+    if job.state in _BUSY or job.drain_owed:
+        return job
+    if recovery_error is not None:
+        return on_drain_owed(job, drain_owed_error(recovery_error), policy=policy, now=now).job
+    return replace(
+        job,
+        state=JobState.BACKOFF,
+        drain_owed=True,
+        drain_attempts=0,
+        next_attempt_at=now,
+        rerun_requested=False,
+    )
+
+
 def on_drain_finished(
     job: AgentJob,
     *,
@@ -510,6 +542,7 @@ __all__ = [
     "on_nothing_to_compact",
     "on_started",
     "on_success",
+    "on_unfinished_journal",
     "restored_job",
     "stored_state",
 ]

@@ -40,6 +40,19 @@ class Counted(Enum):
     FAILED = "failed"  # unreadable or refused: the entry carries the error, retried later
 
 
+class UnfinishedJournal(NamedTuple):
+    """An agent's compaction journal found holding a job that none of this runner's
+    jobs left (the runner takes it at its next decision and owes the drain: its
+    finish job runs recovery's roll-forward, :mod:`memd.core.jobs`)."""
+
+    # Why this daemon's own recovery of it failed (the agent added, or the daemon
+    # started): retried after the backoff, the reason shown meanwhile. None: another
+    # process's compaction (compact-now) left it, which may still be at work: a
+    # finish is tried at once (a lock held reads as busy, a job done as nothing
+    # left to do), so a compaction that ended well never reads as an error.
+    recovery_error: str | None
+
+
 class CountUpdate(NamedTuple):
     """One count made, as published on :attr:`EntryCounter.updates` (benchmarks read it)."""
 
@@ -74,6 +87,12 @@ class AgentEntry:
     # count_lock. A reload swaps the counter's tokenizer before it resets each
     # entry's count: a job takes the count only when the two still match.
     counted_with: Tokenizer | None = None
+    # A journal left unfinished outside this runner's jobs (the registry's recovery
+    # failed; a count found MEMORY.md replaced by another process while its journal
+    # holds a job), for the runner to take at its next decision. Set by the registry
+    # before the entry is registered, or by a count (under count_lock); taken by the
+    # runner under its lock (the finish job it starts reads the journal afresh).
+    unfinished_journal: UnfinishedJournal | None = None
     # archive/ as last surveyed (memd.daemon.archives); None until then.
     archives: ArchiveStats | None = None
     # The folder as listed at start-up (stored, so the next restart need not list it).
@@ -297,6 +316,7 @@ __all__ = [
     "EntryCounter",
     "RunStats",
     "Tokenizer",
+    "UnfinishedJournal",
     "changed_on_disk",
     "check_contained",
 ]

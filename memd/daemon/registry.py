@@ -1,5 +1,6 @@
 """The agents: scan ``agents/``, refuse bad names (said once), build each agent's
-paths (fast), recover a crashed compaction when an agent is added, keep the table.
+paths (fast), recover a crashed compaction when an agent is added (a recovery that
+fails is noted on the entry, for the runner to finish), keep the table.
 
 The registry owns the agents table, the set of agents removed since the last
 state flush, and the lock guarding both (and each entry's policy). An entry's
@@ -21,11 +22,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from memd.compaction import archive_key_file
+from memd.compaction import archive_key_file, journal_unfinished
 from memd.core.config import AgentPolicy, MemdConfig, matching_overrides, resolve_policy
 from memd.core.descriptor import AgentWindow
 from memd.core.names import validate_agent_name
-from memd.daemon.entries import AgentEntry
+from memd.daemon.entries import AgentEntry, UnfinishedJournal
 from memd.descriptor import Descriptors
 from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
@@ -334,18 +335,39 @@ class AgentRegistry:
             folder=scanned.folder,
         )
 
-    def recover(self, entry: AgentEntry) -> None:
+    def recover(self, entry: AgentEntry) -> bool:
+        """Finish or roll back the agent's interrupted compaction (at start-up, and
+        for an agent added while running: a folder moved in, or restored from a
+        backup, with a journal mid-job). True when it failed and left the journal
+        holding a job: the entry then carries it (:attr:`AgentEntry.unfinished_journal`)
+        and the runner's first decision owes the drain, so its finish job retries
+        with backoff (``memd status`` shows why) instead of the late turns waiting
+        for the agent's next compaction."""
         if not entry.may_need_recovery:
-            return  # no .memd/: never compacted, nothing to finish
+            return False  # no .memd/: never compacted, nothing to finish
         try:
             # The current config's key (reconfigure keeps it): a crash's old file
             # kept as an archive is sealed like any other archive.
             done = self._recover(entry.paths, archive_key_file(self._config))
         except Exception as exc:
-            _log.error("recovery failed", agent=entry.name, error=describe_error(exc))
-            return
+            reason = describe_error(exc)
+            _log.error("recovery failed", agent=entry.name, error=reason)
+            if not _journal_left(entry):
+                return False  # failed around an idle journal (a stale temp): nothing owed
+            entry.unfinished_journal = UnfinishedJournal(reason)
+            return True
         if done:
             _log.warning("recovered an interrupted compaction", agent=entry.name, action=done)
+        return False
+
+
+def _journal_left(entry: AgentEntry) -> bool:
+    """Whether the agent's journal still holds a job after a failed recovery; one
+    that cannot be read counts as holding one (the finish job retries, and says why)."""
+    try:
+        return journal_unfinished(entry.paths)
+    except (OSError, MemdError):
+        return True
 
 
 __all__ = ["AgentRegistry", "ContextLengthOf", "RecoverFn", "Rescans"]

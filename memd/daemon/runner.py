@@ -60,6 +60,7 @@ from memd.core.jobs import (
     on_nothing_to_compact,
     on_started,
     on_success,
+    on_unfinished_journal,
     restored_job,
 )
 from memd.core.spending import Hold
@@ -235,12 +236,36 @@ class Runner:
                     self._apply(entry, self._decide(entry, entry.job))
 
     def _decide(self, entry: AgentEntry, job: AgentJob) -> Decision:
+        now = self._clock()
+        found = entry.unfinished_journal
+        if found is not None and job.state not in (JobState.PENDING, JobState.RUNNING):
+            # Taken once (a job of ours pending or running leaves it for after):
+            # the finish this starts reads the journal afresh, so a note set again
+            # meanwhile is served by it too.
+            entry.unfinished_journal = None
+            owed = on_unfinished_journal(
+                job, found.recovery_error, policy=self.retry_policy, now=now
+            )
+            if owed is not job:
+                if found.recovery_error is None:
+                    _log.info(
+                        "another process's compaction left its journal unfinished; finishing it",
+                        agent=entry.name,
+                    )
+                else:
+                    _log.warning(
+                        "recovery failed; finishing the compaction from its journal later",
+                        agent=entry.name,
+                        error=found.recovery_error,
+                        retry_at=owed.next_attempt_at,
+                    )
+                job = owed
         return on_count(
             job,
             entry.tokens,
             entry.policy.threshold_tokens,
             entry.policy.compress,
-            self._clock(),
+            now,
             min_interval_s=self.retry_policy.min_interval_s,
         )
 

@@ -426,3 +426,25 @@ def test_a_restart_keeps_a_stored_owed_drain_owed_and_due_at_once() -> None:
     # Its first decision runs the finish, whatever the count says.
     decision = on_count(restored, 0, 1000, True, 10.0)
     assert decision.start and decision.job.drain_owed
+
+
+def test_a_journal_left_unfinished_outside_the_daemons_jobs_owes_the_drain() -> None:
+    # The daemon's own recovery failed (an agent added, a start-up): retried after
+    # the backoff, the reason shown. Another process's compaction left it (it may
+    # still be at work): tried at once, no error shown until a run says one.
+    from memd.core.jobs import on_unfinished_journal
+
+    failed = AgentJob(state=JobState.BACKOFF, consecutive_failures=1, last_error="model down")
+    owed = on_unfinished_journal(failed, "ENOSPC", policy=POLICY, now=10.0)
+    assert owed.drain_owed and owed.state is JobState.BACKOFF and owed.drain_attempts == 1
+    assert owed.next_attempt_at == 15.0 and "ENOSPC" in (owed.last_error or "")
+    assert owed.last_error and owed.last_error.startswith("late turns not yet in MEMORY.md")
+    assert owed.consecutive_failures == 1  # the model's failures are kept, not added to
+    assert on_count(owed, 0, 100, False, 14.0).wake_at == 15.0
+    assert on_count(owed, 0, 100, False, 15.0).start  # even with compression off
+    elsewhere = on_unfinished_journal(AgentJob(), None, policy=POLICY, now=10.0)
+    assert elsewhere.drain_owed and elsewhere.last_error is None
+    assert on_count(elsewhere, 0, 100, True, 10.0).start  # at once
+    # A job of its own pending or running, or a drain already owed: left alone.
+    for job in (AgentJob(state=JobState.RUNNING), owed):
+        assert on_unfinished_journal(job, "EIO", policy=POLICY, now=20.0) is job

@@ -154,3 +154,35 @@ def test_the_shared_policies_are_bounded(tmp_path: Path, monkeypatch: pytest.Mon
         seen.append(registry.policy("dora"))
         assert len(registry._policies[1]) <= 3
     assert [policy.context_length for policy in seen] == list(range(2000, 2010))
+
+
+def test_a_recovery_that_fails_notes_the_journal_it_left_unfinished(tmp_path: Path) -> None:
+    """A recovery that fails (an agent added while running, or any at start-up) is
+    noted on the entry when the journal still holds a job (the runner owes the
+    drain); one that fails around an idle journal owes nothing."""
+    from memd.core.plan import IDLE_PHASE
+    from memd.fsutil import SlotJournal
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+
+    def fail(_paths: object, _key: object) -> str | None:
+        raise OSError(28, "No space left on device")
+
+    config, _ = build_config({}, {})
+    registry = AgentRegistry(ws.root, config, recover=fail, context_length_of=None)
+    registry.start(contextlib.ExitStack())
+    paths = ws.paths("alice")
+    paths.private_dir.mkdir()
+    journal = SlotJournal(paths.journal)
+    journal.write({"phase": IDLE_PHASE})
+    entry = registry.make_entry("alice")
+    assert entry is not None and entry.may_need_recovery
+    assert registry.recover(entry) is False and entry.unfinished_journal is None
+    journal.write({"phase": "draining", "version": 2, "copied_to": 10})
+    assert registry.recover(entry) is True
+    assert entry.unfinished_journal is not None
+    assert entry.unfinished_journal.recovery_error == "No space left on device"
+    assert registry.add("alice") is not None
+    added = registry.get("alice")
+    assert added is not None and added.unfinished_journal is not None

@@ -318,3 +318,68 @@ def test_an_owed_drain_whose_finish_meets_a_busy_lock_stays_owed_across_a_restar
     after.scheduler.run_queued()
     assert entry_contents_everywhere(after.ws.paths("alpha"))[LATE_TEXT] == 1
     assert stored_state(after.job("alpha")) == "idle"
+
+
+def test_an_agent_added_with_a_journal_its_recovery_cannot_finish_owes_the_drain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent folder moved into agents/ (or restored from a backup) while the daemon
+    runs, its journal holding a compaction that committed but did not finish, and
+    the recovery run as it is added fails (the disk full). That failure was only
+    logged: the late turn waited for the agent's next compaction. The job owes the
+    drain: `memd status` says why, and the finish job retries after the backoff."""
+    s, compaction, memory, left = compaction_fails_after_its_swap(
+        tmp_path, monkeypatch, "enospc-drain"
+    )
+    folder = memory.parent
+    away = tmp_path / "away"
+    folder.rename(away)  # taken out of the workspace, the drain still owed in its journal
+    running = build_services(s.ws, compaction, extra=FAST, summarizer=ScriptedSummarizer())  # type: ignore[arg-type]
+    running.registry._recover = lambda paths, key: recover_agent(paths, key_file=key)
+    assert running.registry.get("alpha") is None
+    left[0] = 1  # the recovery at add time finds the disk still full
+    away.rename(folder)  # moved back in while the daemon runs
+    running.counter.reconcile_agents()
+    running.counter.tick(running.clock.now)
+    assert LATE.encode() not in memory.read_bytes()  # recovery failed
+    job = running.job("alpha")
+    assert job.drain_owed and job.state is JobState.BACKOFF
+    assert stored_state(job) == "error"
+    assert "late turns not yet in MEMORY.md" in (job.last_error or "")
+    assert "No space left on device" in (job.last_error or "")
+    assert job.next_attempt_at == running.clock.now + RETRY_BASE_S
+
+    run_when_due(running)  # the disk has room again
+
+    assert running.scheduler.submitted == ["finish:alpha"]
+    assert compaction.calls == 1  # finished from the journal, never compacted again
+    counts = entry_contents_everywhere(running.ws.paths("alpha"))
+    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
+    job = running.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+
+
+def test_a_start_up_recovery_that_fails_owes_the_drain_with_no_stored_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up recovery fails and nothing stored says a drain is owed (a new state
+    dir, or the compaction was another process's): the drain is owed all the same."""
+    s, compaction, memory, left = compaction_fails_after_its_swap(
+        tmp_path, monkeypatch, "enospc-drain"
+    )
+    after = build_services(s.ws, compaction, extra=FAST, summarizer=ScriptedSummarizer())  # type: ignore[arg-type]
+    after.registry._recover = lambda paths, key: recover_agent(paths, key_file=key)
+    entry = after.registry.get("alpha")
+    assert entry is not None
+    left[0] = 1
+    after.registry.recover(entry)  # fails: the journal is left holding the job
+    after.runner.restore([])
+    after.runner.evaluate_all([entry])
+    job = after.job("alpha")
+    assert job.drain_owed and "No space left on device" in (job.last_error or "")
+    assert after.scheduler.submitted == []  # after the backoff, not at once
+    run_when_due(after)
+    assert after.scheduler.submitted == ["finish:alpha"]
+    assert entry_contents_everywhere(after.ws.paths("alpha"))[LATE_TEXT] == 1
+    assert memory.read_bytes().endswith(LATE.encode())
+    assert after.job("alpha").state is JobState.IDLE
