@@ -1336,9 +1336,11 @@ def _compact_locked(
             if not txn.committed:
                 txn.rollback()
                 if txn.committed and isinstance(exc, OSError):
+                    # Who finishes it is the caller's to say (the daemon's runner,
+                    # compact-now's retry): not part of what happened.
                     raise CommittedUnfinished(
                         f"agent {paths.agent!r}: compaction committed ({txn.archive}) but "
-                        f"did not finish: {describe_error(exc)}; the next run finishes it"
+                        f"did not finish: {describe_error(exc)}"
                     ) from exc
                 if isinstance(exc, OSError):
                     raise CompactionAborted(
@@ -1365,7 +1367,7 @@ def _compact_locked(
             # keeps the drain offsets and the next run finishes it.
             raise CommittedUnfinished(
                 f"agent {paths.agent!r}: compaction committed ({txn.archive}) but moving "
-                f"late appends failed: {describe_error(exc)}; the next run finishes it"
+                f"late appends failed: {describe_error(exc)}"
             ) from exc
         assert txn.archive is not None
         pruned, prune_error = _prune_after_commit(pinned, opts, txn.archive.name)

@@ -14,7 +14,14 @@ import typer
 from memd.cli.common import load, open_audit, open_state, redaction_key, state_dir_of
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
-from memd.errors import ConfigError, LockTimeout, MemdError, NothingToCompact
+from memd.errors import (
+    CommittedUnfinished,
+    ConfigError,
+    LockTimeout,
+    MemdError,
+    NothingToCompact,
+    describe_error,
+)
 from memd.fsutil import as_invoking_user, as_owner_of
 
 if TYPE_CHECKING:
@@ -26,6 +33,7 @@ if TYPE_CHECKING:
     from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
     from memd.settings import LoadedConfig
     from memd.state import StateStore
+    from memd.workspace import AgentPaths
 
 
 class _SummarizingAsInvoker:
@@ -224,6 +232,33 @@ def compact_now(
                     )
             except NothingToCompact as exc:
                 out.print(f"{name}: {str(exc).split(': ', 1)[-1]}", markup=False, highlight=False)
+            except CommittedUnfinished as exc:
+                # Committed, then a step after the swap failed (the folder's fsync,
+                # moving a late writer's turns): retried once at once, as the
+                # daemon's finish job would (a transient EIO often clears).
+                finished, message = _finish_at_once(paths, cfg, directory, exc)
+                if finished:
+                    # Committed and finished: a compaction like any other (its
+                    # figures went with the transaction's error, so none are kept).
+                    _record(ledger, name, started, None, error=None)
+                    err.print(
+                        f"memd: warning: {message}", markup=False, highlight=False, soft_wrap=True
+                    )
+                    out.print(
+                        f"{name}: compacted; a step after its commit failed, a second try "
+                        f"finished it ({finished})",
+                        markup=False,
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                else:
+                    failures += 1
+                    _record(ledger, name, started, None, error=message)
+                    if not all_agents and len(targets) == 1:
+                        raise CommittedUnfinished(message) from exc
+                    err.print(
+                        f"memd: error: {message}", markup=False, highlight=False, soft_wrap=True
+                    )
             except MemdError as exc:
                 failures += 1
                 if not isinstance(exc, LockTimeout):
@@ -273,6 +308,43 @@ def compact_now(
             progress.advance(task)
     if failures:
         sys.exit(1)
+
+
+# How long the retry of a committed but unfinished compaction waits for the agent's
+# lock: a running daemon that saw the new MEMORY.md may be finishing it already.
+FINISH_LOCK_WAIT_S = 2.0
+
+
+def _finish_at_once(
+    paths: AgentPaths, cfg: MemdConfig, directory: Path, error: CommittedUnfinished
+) -> tuple[str | None, str]:
+    """Run the journal's roll-forward (the recovery a restart runs) once, right after
+    a compaction that committed but did not finish. Returns what finished it (None:
+    not finished) and the line that says what happened."""
+    from memd.compaction import archive_key_file, recover_agent
+
+    try:
+        with as_owner_of(directory):
+            done = recover_agent(
+                paths,
+                wait_s=FINISH_LOCK_WAIT_S,
+                quiet_s=cfg.compaction.drain_quiet_s,
+                max_s=cfg.compaction.drain_max_s,
+                key_file=archive_key_file(cfg),
+                busy_raises=True,
+            )
+    except LockTimeout:
+        return None, (
+            f"{error}; another process holds the agent's lock (a running daemon "
+            "finishing it, which it does as soon as it sees the new MEMORY.md)"
+        )
+    except (MemdError, OSError) as again:
+        return None, (
+            f"{error}; retried at once: {describe_error(again)}; the late turns stay "
+            "in .memd/drain.md until a running daemon finishes it (with backoff), "
+            "or the agent's next compaction or `memd run`'s start does"
+        )
+    return done or "another process finished it first", f"{error}; retried at once: finished"
 
 
 def _open_ledger(loaded: LoadedConfig, state_dir: Path | None) -> StateStore | None:

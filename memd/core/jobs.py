@@ -131,6 +131,10 @@ class AgentJob:
     # (:func:`drain_owed_error`): a restart keeps it owed (:func:`restored_job`).
     drain_owed: bool = False
     drain_attempts: int = 0
+    # An owed drain only suspected: another process's journal found holding a job
+    # (:func:`on_unfinished_journal`), no run has said the late turns are missing
+    # (that process may be finishing it). Not stored: a restart's recovery decides.
+    drain_suspected: bool = False
 
 
 IDLE_JOB = AgentJob()
@@ -326,9 +330,14 @@ def on_busy_elsewhere(job: AgentJob, reason: str, *, policy: RetryPolicy, now: f
     only through the stored marker (:func:`restored_job`), and ``memd status``
     must keep saying the late turns are missing. A "busy" that replaced it hid
     them from the operator and lost the drain at a restart whose recovery failed.
+    A drain only suspected (another process's journal found holding a job,
+    :func:`on_unfinished_journal`, no run has said the late turns are missing)
+    stays owed but reads as the plain busy wait: that process is at work (a
+    compact-now draining), usually finishing the job itself; were it to leave
+    it unfinished, the next try (or a restart's recovery) finds so.
     """
     until = now + policy.retry_base_s
-    if job.drain_owed:
+    if job.drain_owed and not job.drain_suspected:
         return Decision(
             replace(
                 job,
@@ -424,6 +433,7 @@ def on_drain_owed(
         job,
         state=JobState.BACKOFF,
         drain_owed=True,
+        drain_suspected=False,
         drain_attempts=attempts,
         next_attempt_at=until,
         last_error=error,
@@ -444,9 +454,11 @@ def on_unfinished_journal(
     added, a start-up): tried again after the backoff, the reason shown
     meanwhile. None: another process's compaction left it, and may still be at
     work (compact-now draining, or retrying): tried at once, and no error shown
-    until a run says one (a lock held reads as busy, a job since finished as
-    nothing left to do). A job pending or running, or a drain already owed, is
-    left as it is (its own run reads the journal)."""
+    until a run says one (a lock held reads as busy, :func:`on_busy_elsewhere`;
+    a job since finished as nothing left to do). Not stored as owed: a restart
+    in between runs recovery, whose failure owes the drain again. A job pending
+    or running, or a drain already owed, is left as it is (its own run reads the
+    journal)."""
     if job.state in _BUSY or job.drain_owed:
         return job
     if recovery_error is not None:
@@ -455,6 +467,7 @@ def on_unfinished_journal(
         job,
         state=JobState.BACKOFF,
         drain_owed=True,
+        drain_suspected=True,
         drain_attempts=0,
         next_attempt_at=now,
         rerun_requested=False,
@@ -476,6 +489,7 @@ def on_drain_finished(
         job,
         state=JobState.IDLE,
         drain_owed=False,
+        drain_suspected=False,
         drain_attempts=0,
         next_attempt_at=None,
         last_error=None,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from memd.compaction import journal_unfinished
 from memd.core.config import AgentPolicy
 from memd.core.jobs import IDLE_JOB, AgentJob, JobState
 from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, JUNCTION_CUT_ENCODINGS
@@ -153,6 +154,29 @@ def changed_on_disk(entry: AgentEntry) -> bool:
     )
 
 
+def _replaced_elsewhere(entry: AgentEntry, previous: TrackedCount, now: TrackedCount) -> None:
+    """A count found MEMORY.md of another inode than the last, outside this runner's
+    jobs (their file is counted ``after_job``): the agent rewrote it, or another
+    process compacted it (compact-now, forget). A compaction that committed there
+    but did not finish (the late turns still in ``.memd/drain.md``) left its
+    journal holding the job: noted for the runner, which finishes it. Only here,
+    on an inode change, is the journal read: an append keeps the inode and costs
+    no syscall more."""
+    if (previous.state.dev, previous.state.ino) == (now.state.dev, now.state.ino):
+        return
+    try:
+        unfinished = journal_unfinished(entry.paths)
+    except (OSError, MemdError) as exc:
+        # Unreadable: nothing to tell. The agent's next compaction (or a restart)
+        # runs recovery, which reports it.
+        _log.debug(
+            "cannot read the compaction journal", agent=entry.name, error=describe_error(exc)
+        )
+        return
+    if unfinished:
+        entry.unfinished_journal = UnfinishedJournal(None)
+
+
 class EntryCounter:
     """Counts one agent's MEMORY.md into its entry (the counter's and the runner's
     one way to do it); publishes the figure to metrics and, when given a queue,
@@ -244,6 +268,7 @@ class EntryCounter:
         started = entry.burst_started
         entry.burst_started = None
         before = entry.tokens
+        previous_count = entry.tracked
         counted = Counted.COUNTED
         try:
             if precounted is not None:
@@ -290,6 +315,8 @@ class EntryCounter:
             entry.tracked = None
             entry.dirty = True
             return Counted.FAILED
+        if not after_job and tracked is not None and previous_count is not None:
+            _replaced_elsewhere(entry, previous_count, tracked)
         if entry.count_error is not None:
             _log.info("MEMORY.md readable again", agent=entry.name)
         entry.count_error = None

@@ -249,7 +249,8 @@ class Runner:
             if owed is not job:
                 if found.recovery_error is None:
                     _log.info(
-                        "another process's compaction left its journal unfinished; finishing it",
+                        "MEMORY.md replaced by another process's compaction, its journal "
+                        "not done; finishing it from the journal",
                         agent=entry.name,
                     )
                 else:

@@ -560,3 +560,123 @@ def test_root_compact_now_makes_a_litellm_summary_its_owner_could_not_import() -
         # Still acting as the owner for every file: none of them is root's.
         assert [str(p) for p in base.rglob("*") if p.stat().st_uid == 0] == [str(child)]
         assert archive.stat().st_uid == NOBODY
+
+
+LATE = "### AI \u2014 2026-01-01T00:00:00\n\nalpha late turn " + "z" * 120 + "\n\n---\n\n"
+
+
+def _compact_now_in_process(
+    ws: AgentWorkspace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    fsync_eio: bool = False,
+    drain_enospc: int = 0,
+) -> tuple[int, str, str]:
+    """compact-now alpha in this process, a late writer appending one turn to the old
+    MEMORY.md just after the swap, and a fault after the commit: the folder's fsync
+    after the replace fails with EIO once (``fsync_eio``), or the late turn's append
+    to the new file fails with ENOSPC ``drain_enospc`` times. (exit code, out, err)"""
+    import errno
+
+    from memd.cli.app import main
+
+    memory = ws.paths("alpha").memory
+    real_replace, real_fsync, real_write = os.replace, os.fsync, os.write
+    fsync_fails = [False]
+    drain_fails = [drain_enospc]
+
+    def replace(src: object, dst: object, **kwargs: object) -> None:
+        late = open(memory, "a", encoding="utf-8") if dst == "MEMORY.md" else None
+        real_replace(src, dst, **kwargs)  # type: ignore[arg-type]
+        if late is not None:
+            late.write(LATE)  # to the old file: the swap has just happened
+            late.close()
+            fsync_fails[0] = fsync_eio
+
+    def fsync(fd: int) -> None:
+        if fsync_fails[0]:
+            fsync_fails[0] = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    def write(fd: int, data: object) -> int:
+        if drain_fails[0] > 0 and bytes(data) == LATE.encode():  # type: ignore[call-overload]
+            drain_fails[0] -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)  # type: ignore[arg-type]
+
+    monkeypatch.setenv("MEMD_COMPACTION_DRAIN_QUIET_S", "0.05")
+    monkeypatch.setenv("MEMD_SUMMARIZER_KEEP_RECENT_TOKENS", "0")
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "write", write)
+    state = str(tmp_path / "state")
+    args = ["compact-now", "alpha", "--workspace", str(ws.root), "--state-dir", state]
+    try:
+        main([*args, "--summary", "Ada likes tea."])
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        monkeypatch.undo()
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("fault", ["fsync-eio", "drain-enospc"])
+def test_a_compaction_that_committed_but_did_not_finish_is_retried_at_once(
+    ws: AgentWorkspace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fault: str,
+) -> None:
+    """The compaction committed, then a step after the swap failed once (a transient
+    EIO on the folder's fsync, ENOSPC moving the late turn): compact-now said "the
+    next run finishes it" and exited 6, the late turn left in .memd/drain.md. It
+    runs the journal's roll-forward once at once: the late turn is in MEMORY.md,
+    once, and it says what happened."""
+    code, out, err = _compact_now_in_process(
+        ws,
+        tmp_path,
+        monkeypatch,
+        capsys,
+        fsync_eio=fault == "fsync-eio",
+        drain_enospc=1 if fault == "drain-enospc" else 0,
+    )
+    assert code == 0, err
+    assert out.startswith(
+        "alpha: compacted; a step after its commit failed, a second try finished it"
+    )
+    assert err.startswith("memd: warning: agent 'alpha': compaction committed (")
+    assert err.strip().endswith("; retried at once: finished") and err.count("\n") == 1
+    assert "next run" not in out + err
+    paths = ws.paths("alpha")
+    data = paths.memory.read_bytes()
+    assert data.count(LATE.encode()) == 1 and data.endswith(LATE.encode())
+    assert len(list(paths.archive_dir.iterdir())) == 1
+    assert not (paths.private_dir / "drain.md").exists()
+
+
+def test_a_compaction_whose_retry_fails_too_says_who_finishes_it(
+    ws: AgentWorkspace,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The disk stays full for the retry too: one error line that says so and who
+    finishes it; the late turn is kept for that roll-forward (never lost, never twice)."""
+    from memd.compaction import recover_agent
+
+    code, _out, err = _compact_now_in_process(ws, tmp_path, monkeypatch, capsys, drain_enospc=2)
+    assert code == 6
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "committed" in lines[0] and "retried at once: No space left on device" in lines[0]
+    assert "running daemon finishes it" in lines[0]
+    paths = ws.paths("alpha")
+    assert LATE.encode() not in paths.memory.read_bytes()
+    assert recover_agent(paths, quiet_s=0.05) is not None  # the roll-forward, later
+    assert paths.memory.read_bytes().count(LATE.encode()) == 1

@@ -432,7 +432,7 @@ def test_a_journal_left_unfinished_outside_the_daemons_jobs_owes_the_drain() -> 
     # The daemon's own recovery failed (an agent added, a start-up): retried after
     # the backoff, the reason shown. Another process's compaction left it (it may
     # still be at work): tried at once, no error shown until a run says one.
-    from memd.core.jobs import on_unfinished_journal
+    from memd.core.jobs import on_drain_owed, on_unfinished_journal
 
     failed = AgentJob(state=JobState.BACKOFF, consecutive_failures=1, last_error="model down")
     owed = on_unfinished_journal(failed, "ENOSPC", policy=POLICY, now=10.0)
@@ -445,6 +445,18 @@ def test_a_journal_left_unfinished_outside_the_daemons_jobs_owes_the_drain() -> 
     elsewhere = on_unfinished_journal(AgentJob(), None, policy=POLICY, now=10.0)
     assert elsewhere.drain_owed and elsewhere.last_error is None
     assert on_count(elsewhere, 0, 100, True, 10.0).start  # at once
+    # Its finish meeting that process's lock (a compact-now still draining) is a
+    # plain busy wait, never `error`: no run has said the late turns are missing.
+    started = on_started(on_count(elsewhere, 0, 100, True, 10.0).job)
+    busy = on_busy_elsewhere(started, "held", policy=POLICY, now=11.0).job
+    assert busy.state is JobState.COOLDOWN and stored_state(busy) == "cooldown"
+    assert busy.last_error == "busy: held" and busy.drain_owed
+    assert on_count(busy, 0, 100, True, 16.0).start  # tried again after retry_base_s
+    # A try that fails says so: from then on, the owed drain's shape.
+    failed = on_drain_owed(on_started(busy), "ENOSPC", policy=POLICY, now=16.0).job
+    assert not failed.drain_suspected
+    again = on_busy_elsewhere(on_started(failed), "held", policy=POLICY, now=30.0).job
+    assert stored_state(again) == "error"
     # A job of its own pending or running, or a drain already owed: left alone.
     for job in (AgentJob(state=JobState.RUNNING), owed):
         assert on_unfinished_journal(job, "EIO", policy=POLICY, now=20.0) is job

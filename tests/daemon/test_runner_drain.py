@@ -383,3 +383,159 @@ def test_a_start_up_recovery_that_fails_owes_the_drain_with_no_stored_job(
     assert entry_contents_everywhere(after.ws.paths("alpha"))[LATE_TEXT] == 1
     assert memory.read_bytes().endswith(LATE.encode())
     assert after.job("alpha").state is JobState.IDLE
+
+
+def another_process_compacts(
+    s: Services, monkeypatch: pytest.MonkeyPatch, drain_failures: int
+) -> Path:
+    """compact-now (another process: not the runner's job) compacts alpha while a
+    late writer appends to the old file just after the swap; the late turn's append
+    to the new file fails with ENOSPC ``drain_failures`` times (0: it ends well).
+    Returns MEMORY.md."""
+    from memd.compaction import CompactionOptions
+    from memd.errors import CommittedUnfinished
+
+    memory = s.ws.root / "agents" / "alpha" / "MEMORY.md"
+    writer = LateWriter(memory)
+    real_write = os.write
+    left = [drain_failures]
+
+    def write(fd: int, data: Any) -> int:
+        if left[0] > 0 and bytes(data) == LATE.encode():
+            left[0] -= 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    def checkpoint(name: str) -> None:
+        writer.checkpoint(name)
+        if name == "replaced":
+            writer.write()
+
+    monkeypatch.setattr(os, "write", write)
+    entry = s.registry.get("alpha")
+    assert entry is not None
+    options = CompactionOptions.from_config(s.runner.config, entry.policy, agent="alpha")
+    try:
+        compact_agent(s.ws.paths("alpha"), ScriptedSummarizer(), options, checkpoint=checkpoint)
+    except CommittedUnfinished:
+        assert drain_failures > 0
+    else:
+        assert drain_failures == 0
+    return memory
+
+
+def test_a_compact_now_that_committed_but_did_not_finish_is_finished_by_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compact-now committed, then moving the late turn failed: it said "the next run
+    finishes it", and the daemon never learned of it (the late turn stayed in
+    .memd/drain.md until alpha's next compaction or a restart). The daemon's count
+    of the new MEMORY.md (another inode, no job of its own) reads the journal, finds
+    it holding the job, and finishes it at once."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    s = build_services(
+        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
+    )  # type: ignore[arg-type]
+    s.fill("alpha", 6)  # under the threshold: the daemon would not compact it itself
+    s.hint("alpha")
+    s.settle()
+    assert s.job("alpha").state is JobState.IDLE
+    memory = another_process_compacts(s, monkeypatch, drain_failures=2)
+    assert LATE.encode() not in memory.read_bytes()
+
+    s.hint("alpha")  # the watcher saw the new MEMORY.md
+    s.settle()
+    assert s.scheduler.submitted == ["finish:alpha"]  # at once
+    s.scheduler.run_queued()
+    # The disk is still full for this first try: retried after the backoff, and why.
+    job = s.job("alpha")
+    assert job.drain_owed and job.state is JobState.BACKOFF
+    assert "No space left on device" in (job.last_error or "")
+    run_when_due(s)
+    assert s.scheduler.submitted == ["finish:alpha", "finish:alpha"]
+    counts = entry_contents_everywhere(s.ws.paths("alpha"))
+    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
+    assert memory.read_bytes().endswith(LATE.encode())
+    job = s.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+
+
+def test_a_compaction_by_another_process_that_finished_costs_no_job_and_appends_no_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compact-now that ended well: its new MEMORY.md is read as such (an idle
+    journal: no finish, no error shown), and only that inode change reads the
+    journal: the agent's appends after it cost no read."""
+    import memd.daemon.entries as entries
+
+    reads: list[str] = []
+    real = entries.journal_unfinished
+
+    def journal_unfinished(paths: Any) -> bool:
+        reads.append(paths.agent)
+        return real(paths)
+
+    monkeypatch.setattr(entries, "journal_unfinished", journal_unfinished)
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    s = build_services(
+        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
+    )  # type: ignore[arg-type]
+    s.fill("alpha", 6)
+    s.hint("alpha")
+    s.settle()
+    memory = another_process_compacts(s, monkeypatch, drain_failures=0)
+    assert memory.read_bytes().endswith(LATE.encode())  # it moved the late turn itself
+    s.hint("alpha")
+    s.settle()
+    assert reads == ["alpha"]
+    for _ in range(3):
+        s.fill("alpha", 1)
+        s.hint("alpha")
+        s.settle()
+    assert reads == ["alpha"]
+    assert s.scheduler.submitted == []
+    job = s.job("alpha")
+    assert job.state is JobState.IDLE and job.last_error is None and not job.drain_owed
+
+
+def test_a_compact_now_still_at_work_when_the_daemon_counts_its_file_reads_as_busy(
+    tmp_path: Path,
+) -> None:
+    """The daemon counts compact-now's new MEMORY.md while compact-now still drains
+    (its journal holds the job, its lock is held): the finish tried at once meets the
+    lock. That is another process at work, not late turns known to be missing: a
+    busy cooldown, never `error` in `memd status` after a compact-now that ends
+    well; the next try finds nothing left to do."""
+    from memd.compaction import CompactionOptions
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    s = build_services(
+        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
+    )  # type: ignore[arg-type]
+    s.fill("alpha", 6)
+    s.hint("alpha")
+    s.settle()
+    seen: list[Any] = []
+
+    def checkpoint(name: str) -> None:
+        if name == "journal-draining":  # swapped, the lock held, the drain to come
+            s.hint("alpha")
+            s.settle()
+            s.scheduler.run_queued()  # the finish: LockTimeout after the 1 s wait
+            seen.append(s.job("alpha"))
+
+    entry = s.registry.get("alpha")
+    assert entry is not None
+    options = CompactionOptions.from_config(s.runner.config, entry.policy, agent="alpha")
+    compact_agent(s.ws.paths("alpha"), ScriptedSummarizer(), options, checkpoint=checkpoint)
+    assert s.scheduler.submitted == ["finish:alpha"]
+    busy = seen[0]
+    assert stored_state(busy) == "cooldown", busy
+    assert (busy.last_error or "").startswith("busy: ")
+    run_when_due(s)
+    job = s.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+    assert s.scheduler.submitted == ["finish:alpha", "finish:alpha"]
