@@ -209,12 +209,30 @@ def test_every_memd_variable_the_repository_names_is_accepted(tmp_path: Path) ->
     assert {"MEMD_SWARMS_PYTHON", "MEMD_UID", "MEMD_CONFIG", "MEMD_STATE_DIR"} <= named
     named -= _MISSPELLED_ON_PURPOSE
     for name in sorted(named):
-        try:
-            load_settings(environ={name: "1"}, cwd=tmp_path)
-        except ConfigError as exc:
-            # A value the setting refuses is not under test ("invalid setting
-            # NAME (section.key): ..."); an unknown name is "invalid setting NAME: ...".
-            assert not str(exc).startswith(f"invalid setting {name}: "), exc
+        # A setting or memd's own variable takes any value to its name; a link
+        # variable the README names (MEMD_PORT, the MEMD_ENV_ prefix) is one with
+        # a link's value beside its service, or as a prefix.
+        service = name.split("_PORT")[0]
+        tries = (
+            {name: "1"},
+            {name: "tcp://10.96.4.20:9464", f"{service}_SERVICE_HOST": "10.96.4.20"},
+            {f"{name}_LANG": "C.UTF-8"},
+        )
+        refused = [_unknown_name_error(name, environ, tmp_path) for environ in tries]
+        assert None in refused, refused[0]
+
+
+def _unknown_name_error(name: str, environ: dict[str, str], cwd: Path) -> ConfigError | None:
+    """The error naming a variable of ``environ`` as unknown (``name``, or a name it
+    starts), if loading refuses it so."""
+    try:
+        load_settings(environ=environ, cwd=cwd)
+    except ConfigError as exc:
+        # A value the setting refuses is not under test ("invalid setting
+        # NAME (section.key): ..."); an unknown name is "invalid setting NAME: ...".
+        if any(str(exc).startswith(f"invalid setting {var}: ") for var in environ):
+            return exc
+    return None
 
 
 # What Kubernetes injects into every container of a namespace with a Service named
