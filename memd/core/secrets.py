@@ -335,12 +335,12 @@ class _ToolArguments:
                 if value.startswith("-p") and len(value) > 2:
                     return word.tail(2)
             case "curl":
-                if value in ("-u", "-U", "--user", "--proxy-user"):
+                if value in ("--user", "--proxy-user"):
                     self.pending = "user"
                 elif value.startswith(("--user=", "--proxy-user=")):
                     return word.tail(value.index(":") + 1) if ":" in value else None
-                elif value.startswith(("-u", "-U")) and ":" in value:
-                    return word.tail(value.index(":") + 1)
+                elif value.startswith("-") and not value.startswith("--"):
+                    return self._curl_short_options(word)
             case "wget":
                 name, _, _rest = value.partition("=")
                 if re.fullmatch(r"--(?:http-|ftp-|proxy-)?password", name):
@@ -384,6 +384,30 @@ class _ToolArguments:
                     self.tool = None
                     return word.tail(0)
         return None
+
+    def _curl_short_options(self, word: _Word) -> tuple[int, int] | None:
+        """curl's short options, bundled the way agents write them: ``-u alice:pw``,
+        ``-ualice:pw``, ``-su alice:pw``, ``-sSLu alice:pw``, ``-kualice:pw``.  The
+        bundle is read up to the first option that takes a value (``-sHu`` is
+        ``-s`` and the header ``u``): -u/-U's value is the rest of the word or,
+        when nothing follows, the next word."""
+        value = word.value
+        for index in range(1, len(value)):
+            option = value[index]
+            if option in "uU":
+                if index + 1 == len(value):
+                    self.pending = "user"
+                    return None
+                colon = value.find(":", index + 1)
+                return None if colon < 0 else word.tail(colon + 1)
+            if option in _CURL_VALUED_SHORT or not (option.isalnum() or option == "#"):
+                return None
+        return None
+
+
+# curl's short options that take a value: in a bundle (-sSLo FILE, -Hfoo) the
+# rest of the word, or else the next word, is that value, never more options.
+_CURL_VALUED_SHORT: Final = frozenset("abcdeEhmortuwxyzACDFHKPQTUXY")
 
 
 def _tool_of(match: re.Match[str]) -> str:

@@ -387,6 +387,22 @@ def test_argv_array_password_is_found(call: str, secret: str) -> None:
     assert [s.value(call) for s in find_secrets(call)] == [secret]
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        "curl -su alice:S3cr3tPw https://api.example.com/x",
+        "curl -ku elastic:S3cr3tPw https://localhost:9200/_cat/indices",
+        "curl -fsSLu alice:S3cr3tPw https://api.example.com/x",
+        "curl -kualice:S3cr3tPw https://localhost:9200",
+        "curl -sU proxy:S3cr3tPw https://api.example.com/x",
+        json.dumps({"command": "curl -sSu alice:S3cr3tPw https://api.example.com/x"}),
+    ],
+)
+def test_curl_user_option_bundled_with_other_short_options_is_found(command: str) -> None:
+    # review16f F1: only -u/-U alone or first in the word was read.
+    assert [s.value(command) for s in find_secrets(command)] == ["S3cr3tPw"]
+
+
 def test_a_doubly_escaped_command_keeps_its_escapes() -> None:
     # review16b minor: the span took the trailing backslash of \", which broke
     # the inner string's escaping in what the summarizer saw.
@@ -402,6 +418,11 @@ def test_a_doubly_escaped_command_keeps_its_escapes() -> None:
         '["ssh", "-p", "2222", "host"]',
         "curl -sS \\\n  -u alice \\\n  https://x",
         "mysql -u root \\\n  -p app",
+        # A bundle ends at an option taking a value: these are an output file
+        # and a header, and -su with no colon in its value prompts.
+        "curl -sou:tput.json https://x",
+        "curl -sHuser:agent1 https://x",
+        "curl -su alice https://x",
     ],
 )
 def test_more_command_lines_without_a_password_are_not_flagged(command: str) -> None:
