@@ -122,6 +122,10 @@ def _assigned_value(candidate: str) -> bool:
     # "password: ********", "token=<your token>", "secret = ${SECRET}", "key=None".
     if re.fullmatch(r"[*x•.]+|<[^>]*>|\$\{?[A-Za-z_][\w]*\}?|none|null|true|false", value, re.I):
         return False
+    # The escapes before a quoted value deep in JSON (password=\\\\\\\"pw\\\\\\\" three
+    # levels down): the value itself is found with the escapes undone.
+    if re.fullmatch(r"[\\\"']+", value):
+        return False
     return not value.isdigit() or len(value) >= 6
 
 
@@ -300,7 +304,11 @@ def _command_value(value: str) -> bool:
     ``$(cat pw)``, ``<password>``, ``****``, ``{{ pw }}``."""
     if len(value) < 3 or value.startswith(("$", "<", "{{", "[REDACTED:", "%(")):
         return False
-    return re.fullmatch(r"[*x•.]+", value) is None
+    # Only backslashes and quotes: the escapes of a quote in JSON inside JSON
+    # (the \\\ read from -p\\\\\\\"pw\\\\\\\" three levels down, where the raw
+    # text's reading ends the word); the password lies past them, found with the
+    # escapes undone.
+    return re.fullmatch(r"[*x•.]+|[\\\"']+", value) is None
 
 
 class _ToolArguments:
@@ -851,18 +859,32 @@ def _unescaped_view(text: str) -> tuple[str, list[int]] | None:
     return _JSON_ESCAPE.sub(undo, text), escapes
 
 
+# How many times escapes are undone: a tool call's arguments are a JSON string
+# (OpenAI-style calls), held in a JSON log line, held in a JSON tool result.
+_ESCAPE_LEVELS: Final = 3
+
+
 def _spans_with_escapes_undone(text: str, rules: Sequence[Rule]) -> Iterable[Span]:
+    """Spans in ``text`` and in its views with one, two, three levels of JSON
+    escapes undone: ``-p\\\\\\"pw\\\\\\"`` in a JSON string inside a JSON string is
+    ``-p"pw"`` only two levels down."""
     yield from _spans_of(text, rules)
-    unescaped = _unescaped_view(text)
-    if unescaped is None:
-        return
-    view, escapes = unescaped
-    for span in _spans_of(view, rules):
-        # A view character's source starts after one extra character per escape
-        # before it, its backslash included when it is an escape itself.
-        start = span.start + bisect.bisect_left(escapes, span.start)
-        end = span.end + bisect.bisect_left(escapes, span.end)
-        yield Span(start, end, span.kind, span.category)
+    view = text
+    levels: list[list[int]] = []  # each view's undone escapes, shallowest first
+    for _ in range(_ESCAPE_LEVELS):
+        unescaped = _unescaped_view(view)
+        if unescaped is None:
+            return
+        view, escapes = unescaped
+        levels.append(escapes)
+        for span in _spans_of(view, rules):
+            start, end = span.start, span.end
+            for undone in reversed(levels):
+                # A view character's source starts after one extra character per
+                # escape before it, its backslash included when it is an escape itself.
+                start += bisect.bisect_left(undone, start)
+                end += bisect.bisect_left(undone, end)
+            yield Span(start, end, span.kind, span.category)
 
 
 def _placeholder_ranges(text: str) -> list[tuple[int, int]]:

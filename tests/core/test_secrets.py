@@ -403,6 +403,39 @@ def test_curl_user_option_bundled_with_other_short_options_is_found(command: str
     assert [s.value(command) for s in find_secrets(command)] == ["S3cr3tPw"]
 
 
+def _in_json(text: str, levels: int) -> str:
+    """``text`` as a JSON string ``levels`` deep: 2 is an OpenAI-style tool call,
+    whose arguments are a JSON string; 3 is such a call logged as a JSON string."""
+    for _ in range(levels):
+        text = json.dumps({"arguments": text})
+    return text
+
+
+def _out_of_json(text: str, levels: int) -> str:
+    for _ in range(levels):
+        text = json.loads(text)["arguments"]
+    return text
+
+
+@pytest.mark.parametrize("levels", [2, 3])
+@pytest.mark.parametrize(
+    "command",
+    [
+        'mysql -uroot -p"S3cr3tPw" app',
+        'curl -u alice:"S3cr3tPw" https://api.example.com/x',
+        'mysql -uroot --password="S3cr3tPw" app',
+    ],
+)
+def test_quoted_password_in_json_inside_json_is_found_exactly(command: str, levels: int) -> None:
+    # review16f F2: the raw reading and one level of escapes undone both part
+    # words at \", so the password was a word no rule wanted; three levels down
+    # the raw reading took -p's value to be the backslashes before it.
+    text = _in_json(command, levels)
+    assert [s.value(text) for s in find_secrets(text)] == ["S3cr3tPw"]
+    # The placeholder lands on the password: every level of JSON stays valid.
+    assert _out_of_json(_redact(text), levels) == command.replace("S3cr3tPw", "[REDACTED:password]")
+
+
 def test_a_doubly_escaped_command_keeps_its_escapes() -> None:
     # review16b minor: the span took the trailing backslash of \", which broke
     # the inner string's escaping in what the summarizer saw.
