@@ -261,13 +261,16 @@ _COMMAND_WINDOW: Final = 4096
 # One piece of a shell word, or what lies between words.  Escapes of JSON (the
 # command as a string in a tool call) are read as JSON means them: ``\n`` ends
 # the command, ``\t`` and ``\"`` part words, ``\\\n`` continues the line.
+# ``\\\"`` and ``\\\\\\\"`` part words too: a quote escaped once more for each JSON
+# string the command is nested in (read as an escaped backslash and a separator,
+# it glued a backslash to the password before it).
 _SHELL_PIECE: Final = re.compile(
     r"(?P<plain>[^\s\"'\\|;&()<>`]+)"
     r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)\""
     r"|'(?P<sq>[^'\n]*)'"
     r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)[ \t]*)"
     r"|(?P<end>\\[nr]|[\n\r|;&()`])"
-    r"|(?P<sep>[ \t]+|\\[t\"]|[<>])"
+    r"|(?P<sep>[ \t]+|\\t|\\(?:\\\\){0,3}\"|[<>])"
     r"|\\(?P<escaped>.)"
     # A quote never closed on its line, a backslash at the very end.
     r"|(?P<stray>[\"'\\])"
@@ -870,21 +873,48 @@ def _spans_with_escapes_undone(text: str, rules: Sequence[Rule]) -> Iterable[Spa
     ``-p"pw"`` only two levels down."""
     yield from _spans_of(text, rules)
     view = text
-    levels: list[list[int]] = []  # each view's undone escapes, shallowest first
+    # Each view and its undone escapes, shallowest first.
+    levels: list[tuple[str, list[int]]] = []
     for _ in range(_ESCAPE_LEVELS):
         unescaped = _unescaped_view(view)
         if unescaped is None:
             return
-        view, escapes = unescaped
-        levels.append(escapes)
+        view = unescaped[0]
+        levels.append(unescaped)
         for span in _spans_of(view, rules):
             start, end = span.start, span.end
-            for undone in reversed(levels):
+            for level_view, undone in reversed(levels):
+                end = _within_escaped_string(level_view, undone, start, end)
                 # A view character's source starts after one extra character per
                 # escape before it, its backslash included when it is an escape itself.
                 start += bisect.bisect_left(undone, start)
                 end += bisect.bisect_left(undone, end)
-            yield Span(start, end, span.kind, span.category)
+            if start < end:
+                yield Span(start, end, span.kind, span.category)
+
+
+def _within_escaped_string(view: str, undone: list[int], start: int, end: int) -> int:
+    """Where a span found in ``view`` ends so as to stay inside the escaped string
+    it was found in.  A quote that was no escape is that string's own end one
+    level up, so a span over one read on past it: ``bash -c \\"mysql -pS3cr3t\\""}``
+    or ``{\\"a\\": \\"mysql -pS3cr3t\\"}"}`` read ``-pS3cr3t""}`` and
+    ``-pS3cr3t"}"}`` as one word in the view.  Which of its quotes are the
+    password's own cannot be told then, and the first one is where the
+    string's reading went wrong: the span ends there.  Escaped quotes that
+    close the span are left out too (they belong to the JSON around it)."""
+
+    def was_escaped(position: int) -> bool:
+        at = bisect.bisect_left(undone, position)
+        return at < len(undone) and undone[at] == position
+
+    first_quote = quote = view.find('"', start, end)
+    while quote >= 0:
+        if not was_escaped(quote):
+            return first_quote
+        quote = view.find('"', quote + 1, end)
+    while end > start and view[end - 1] == '"' and was_escaped(end - 1):
+        end -= 1
+    return end
 
 
 def _placeholder_ranges(text: str) -> list[tuple[int, int]]:

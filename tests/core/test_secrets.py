@@ -444,6 +444,23 @@ def test_a_doubly_escaped_command_keeps_its_escapes() -> None:
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        json.dumps({"command": 'bash -c "mysql -uroot -pS3cr3tPw"'}),
+        json.dumps([{"command": 'ssh db1 "mysql -uroot -pS3cr3tPw"'}, {"command": 'bash -c "ls"'}]),
+        _in_json('bash -c "mysql -uroot -pS3cr3tPw"', 2),
+        _in_json("mysql -uroot -pS3cr3tPw", 2),
+    ],
+)
+def test_a_nested_command_in_json_keeps_the_closing_escapes(text: str) -> None:
+    # review16f F3: with escapes undone, the closing \"" of the nested command
+    # read as an empty quoted string glued to the password, and the span ran on
+    # over the end of the JSON object.
+    assert [s.value(text) for s in find_secrets(text)] == ["S3cr3tPw"]
+    assert "S3cr3tPw" not in json.dumps(json.loads(_redact(text)))
+
+
+@pytest.mark.parametrize(
     "command",
     [
         "cat /etc/nginx/.htpasswd alice S3cr3t-ht9 x",
