@@ -234,16 +234,19 @@ _SHORT_KEY_ASSIGNED: Final = (
 # _COMMAND_WINDOW characters past the last tool name: every character is read
 # a bounded number of times, however the tool names repeat.
 _MYSQL_CLIENTS: Final = (
-    r"mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mysqlbinlog|mysqlpump"
-    r"|mariadb(?:-dump|-admin|-import|-show|-check|-binlog)?"
+    r"mysql|mysqldump|mysqlimport|mysqlshow|mysqlcheck|mysqlbinlog|mysqlpump"
+    r"|mariadb(?:-dump|-import|-show|-check|-binlog)?"
 )
+# mysqladmin also takes a new password as a command's argument: password NEW.
+_MYSQL_ADMIN: Final = r"mysqladmin|mariadb-admin"
 _REGISTRY_LOGIN: Final = (
     r"(?:docker|podman|buildah|skopeo|nerdctl|oras|helm[ \t]+registry)"
     r"(?:[ \t]+|[\"']\s*,\s*[\"'])login"
 )
 _TOOL_RE: Final = re.compile(
     _B
-    + rf"(?:(?P<mysql>{_MYSQL_CLIENTS})|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
+    + rf"(?:(?P<mysqladmin>{_MYSQL_ADMIN})|(?P<mysql>{_MYSQL_CLIENTS})"
+    + r"|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
     + rf"|(?P<redis>redis-cli)|(?P<htpasswd>htpasswd)|(?P<login>{_REGISTRY_LOGIN}))"
     + r"(?:\.exe)?(?![\w.-])"
 )
@@ -340,10 +343,13 @@ class _ToolArguments:
         if pending == "skip":
             return None
         match self.tool:
-            case "mysql":
-                if value.startswith("--password="):
+            case "mysql" | "mysqladmin":
+                # mysqladmin [-p…] password NEW; old-password NEW on old servers.
+                if self.tool == "mysqladmin" and value in ("password", "old-password"):
+                    self.pending = "value"
+                elif value.startswith("--password="):
                     return word.tail(11)
-                if value.startswith("-p") and len(value) > 2:
+                elif value.startswith("-p") and len(value) > 2:
                     return word.tail(2)
             case "curl":
                 if value in ("--user", "--proxy-user"):
@@ -499,7 +505,7 @@ class _CommandScanner:
         word is passed over with one regex match (``skip_to``) instead of being
         read piece by piece: a long JSON log is mostly such words."""
         text = self.text
-        if arguments.wants_value or arguments.tool in ("sshpass", "htpasswd"):
+        if arguments.wants_value or arguments.tool in ("sshpass", "htpasswd", "mysqladmin"):
             return False
         if text[position] in "-\"'":
             return False

@@ -463,6 +463,24 @@ def test_a_nested_command_in_json_keeps_the_closing_escapes(text: str) -> None:
 @pytest.mark.parametrize(
     "command",
     [
+        "mysqladmin -u root password 'S3cr3tPw'",
+        "mysqladmin -uroot -pOldPw123 password S3cr3tPw",
+        "mariadb-admin --user=root password S3cr3tPw && echo done",
+        "sudo mysqladmin -h db old-password S3cr3tPw",
+        '["mysqladmin", "-uroot", "password", "S3cr3tPw"]',
+        json.dumps({"command": 'mysqladmin -u root password "S3cr3tPw"'}),
+    ],
+)
+def test_mysqladmin_password_command_is_found(command: str) -> None:
+    # review16f F4: mysqladmin's new password is the word after its password
+    # command, the classic way setup transcripts set a root password.
+    assert [s.value(command) for s in find_secrets(command)][-1] == "S3cr3tPw"
+    assert "S3cr3tPw" not in _redact(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
         "cat /etc/nginx/.htpasswd alice S3cr3t-ht9 x",
         "sshpass -p $PW ssh -p 2222 host",
         '["ssh", "-p", "2222", "host"]',
@@ -473,6 +491,11 @@ def test_a_nested_command_in_json_keeps_the_closing_escapes(text: str) -> None:
         "curl -sou:tput.json https://x",
         "curl -sHuser:agent1 https://x",
         "curl -su alice https://x",
+        # mysqladmin's password command with a stand-in or nothing after it
+        # (it prompts); mysql's own positional words are databases.
+        'mysqladmin -u root password "$NEW_ROOT_PW"',
+        "mysqladmin -u root -p password",
+        "mysql -u root password app",
     ],
 )
 def test_more_command_lines_without_a_password_are_not_flagged(command: str) -> None:
