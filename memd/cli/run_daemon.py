@@ -82,6 +82,17 @@ def _leave_pointer(
 
     if not loaded.workspace.is_dir():
         return  # the daemon refuses it with its own one-line reason
+    other = _other_daemon_pid(loaded)
+    if other is not None:
+        # A second daemon on the workspace (DESIGN §4): the pointer stays the
+        # first one's, which keeps serving it; ours would name a pid that is
+        # gone as soon as this one stops.
+        get_logger("memd.daemon").warning(
+            "another memd daemon serves this workspace; its state pointer is left as it is",
+            pid=other,
+            pointer=str(loaded.workspace / ".memd-state"),
+        )
+        return
     try:
         path = write_pointer(loaded.workspace, state_dir, config=loaded.source, settings=settings)
     except OSError as exc:
@@ -99,6 +110,33 @@ def _leave_pointer(
             settings=settings,
             next=f"memd status --workspace {loaded.workspace}",
         )
+
+
+def _other_daemon_pid(loaded: LoadedConfig) -> int | None:
+    """The pid of another daemon running on this workspace, if one is: the process
+    answering its recall socket, else the pointer's pid when that process is alive
+    and is a memd (a pid reused by something else does not count)."""
+    from memd.pointer import PointerRefused, read_pointer
+    from memd.recall.socket_server import serving_peer, socket_path_for
+    from memd.state import pid_alive
+
+    socket_path = socket_path_for(loaded.config.recall.socket, loaded.workspace)
+    if socket_path is not None:
+        peer = serving_peer(socket_path)
+        if peer is not None and peer.pid != os.getpid():
+            return peer.pid
+    try:
+        pointer = read_pointer(loaded.workspace)
+    except (PointerRefused, OSError):
+        return None  # one we do not trust is replaced
+    pid = pointer.pid if pointer is not None else None
+    if pid is None or pid == os.getpid() or not pid_alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid  # alive but hidden from us (hidepid): assume the daemon
+    return pid if b"memd" in cmdline else None
 
 
 __all__ = ["LogFormatChoice", "LogLevelChoice", "run_daemon"]

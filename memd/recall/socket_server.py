@@ -50,6 +50,10 @@ class RecallRefused(MemdError, PermissionError):
     """The caller may not read this agent's history."""
 
 
+class RecallSocketInUse(MemdError, OSError):
+    """Another live process (a second daemon's first) serves the socket path."""
+
+
 @dataclass(frozen=True, slots=True)
 class PeerCredentials:
     pid: int
@@ -68,6 +72,30 @@ def peer_credentials(conn: socket.socket) -> PeerCredentials:
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
     pid, uid, gid = _PEERCRED.unpack(raw)
     return PeerCredentials(pid, uid, gid)
+
+
+def serving_peer(path: Path) -> PeerCredentials | None:
+    """Who serves the socket at ``path``: the listening process's credentials when
+    a connect() is answered; None when nothing does (no file, a stale socket left by
+    a crashed daemon, not a socket at all).
+
+    Connects through the folder's fd, like :meth:`RecallSocketServer.start`, so a
+    deep path never hits the 108-byte limit of a socket address."""
+    try:
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2.0)
+            try:
+                probe.connect(f"/proc/self/fd/{directory}/{path.name}")
+            except OSError:
+                return None  # ECONNREFUSED (stale), ENOENT, ENOTSOCK, a timeout
+            # Linux gives a connected client the listener's credentials.
+            return peer_credentials(probe)
+    finally:
+        os.close(directory)
 
 
 def check_access(workspace: Path, agent: str, uid: int) -> None:
@@ -113,6 +141,15 @@ class RecallSocketServer:
         self._inode: int | None = None
 
     def start(self) -> None:
+        """Serve at ``path``; :class:`RecallSocketInUse` when a live process
+        (another daemon on the workspace, DESIGN §4) already answers there: its
+        socket is left alone, and our stop() would otherwise have removed it."""
+        other = serving_peer(self.path)
+        if other is not None:
+            raise RecallSocketInUse(
+                f"{self.path} is served by another memd daemon (pid {other.pid}); "
+                "this one runs without a recall socket"
+            )
         # Bind under a temporary name, then rename over the final one: a
         # stale socket from a crashed daemon is replaced, never half-served.
         # Both go through the folder's fd (/proc/self/fd/N/...), so a deep
@@ -251,8 +288,10 @@ __all__ = [
     "SOCKET_NAME",
     "PeerCredentials",
     "RecallRefused",
+    "RecallSocketInUse",
     "RecallSocketServer",
     "check_access",
     "peer_credentials",
+    "serving_peer",
     "socket_path_for",
 ]

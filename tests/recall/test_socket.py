@@ -14,9 +14,17 @@ from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.errors import UnknownAgent
+from memd.pointer import read_pointer
 from memd.recall.client import ask
 from memd.recall.index import RecallIndex
-from memd.recall.socket_server import RecallSocketServer, check_access, socket_path_for
+from memd.recall.socket_server import (
+    PeerCredentials,
+    RecallSocketInUse,
+    RecallSocketServer,
+    check_access,
+    serving_peer,
+    socket_path_for,
+)
 
 # The agent-side client memd_swarms ships (stdlib only), run as the agent's uid.
 SWARMS_CLIENT = (
@@ -183,3 +191,67 @@ def test_the_daemons_socket_lets_each_uid_read_only_its_own_agent(tmp_path: Path
         assert not path.exists()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_live_socket_is_left_alone_and_a_stale_one_replaced(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the tangerine vault code is 4417")
+    index = RecallIndex.open(tmp_path / "state", ws.root)
+    path = socket_path_for("", ws.root)
+    first = RecallSocketServer(index, ws.root, path)
+    first.start()
+    try:
+        assert serving_peer(path) == PeerCredentials(os.getpid(), os.getuid(), os.getgid())
+        second = RecallSocketServer(index, ws.root, path)
+        with pytest.raises(
+            RecallSocketInUse, match=rf"{path} is served by .* \(pid {os.getpid()}\)"
+        ):
+            second.start()
+        second.stop()  # never served: it removes nothing
+        assert ask(path, {"v": 1, "agent": "alpha", "query": "tangerine"})["ok"]
+    finally:
+        first.stop()
+    # A crashed daemon's socket: the file stays, nothing listens (ECONNREFUSED).
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()
+    assert path.exists() and serving_peer(path) is None
+    third = RecallSocketServer(index, ws.root, path)
+    third.start()
+    try:
+        assert ask(path, {"v": 1, "agent": "alpha", "query": "tangerine"})["ok"]
+    finally:
+        third.stop()
+        index.close()
+
+
+def test_a_second_daemon_leaves_the_first_ones_socket_and_pointer(tmp_path: Path) -> None:
+    """review16e F2: the second `memd run` replaced the live socket, deleted it when it
+    stopped, and left .memd-state naming its dead pid; the first served no one."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the kalomiren report")
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 100000\n")
+    path = ws.root / ".memd-recall.sock"
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as first:
+        first.wait_ready()
+        first.wait_for("recall socket listening")
+        assert ask(path, {"v": 1, "agent": "alpha", "query": "kalomiren"})["ok"]
+        with DaemonProcess(ws.root, tmp_path / "state2", config=config) as second:
+            second.wait_ready()
+            refused = second.wait_for("recall socket not served")
+            assert f"(pid {first.pid})" in refused["error"], refused
+            kept = second.wait_for(
+                "another memd daemon serves this workspace; its state pointer is left as it is"
+            )
+            assert kept["pid"] == first.pid
+            assert second.stop() == 0
+        assert first.proc is not None and first.proc.poll() is None
+        assert path.exists(), "the running daemon's recall socket is gone"
+        assert ask(path, {"v": 1, "agent": "alpha", "query": "kalomiren"})["ok"]
+        pointer = read_pointer(ws.root)
+        assert pointer is not None and pointer.pid == first.pid
+        assert pointer.state_dir == (tmp_path / "state").absolute()
+        assert first.stop() == 0
