@@ -175,6 +175,14 @@ def check_inotify(agent_count: int, poll: bool, proc_root: Path = Path("/proc"))
 # ------------------------------------------------------------------- workspace
 
 
+def _no_access(name: str, folder: Path) -> Check:
+    return _fail(
+        name,
+        f"{folder} is not readable by uid {os.getuid()}",
+        "run memd as the agents' user or group, or grant it r-x on the folder",
+    )
+
+
 def check_workspace(workspace: Path) -> list[Check]:
     name = "workspace"
     if not workspace.exists():
@@ -187,8 +195,14 @@ def check_workspace(workspace: Path) -> list[Check]:
         ]
     if not workspace.is_dir():
         return [_fail(name, f"{workspace} is not a directory", "point --workspace at a folder")]
+    if not os.access(workspace, os.R_OK | os.X_OK):
+        return [_no_access(name, workspace)]
     agents_dir = workspace / AGENTS_DIR
-    if not agents_dir.is_dir():
+    try:
+        agents_dir_found = agents_dir.is_dir()
+    except PermissionError:
+        return [_no_access(name, agents_dir)]
+    if not agents_dir_found:
         return [
             _warn(
                 name,
@@ -197,15 +211,12 @@ def check_workspace(workspace: Path) -> list[Check]:
             )
         ]
     if not os.access(agents_dir, os.R_OK | os.X_OK):
-        return [
-            _fail(
-                name,
-                f"{agents_dir} is not readable by uid {os.getuid()}",
-                "run memd as the agents' user or group, or grant it r-x on the folder",
-            )
-        ]
+        return [_no_access(name, agents_dir)]
     problems = []
-    agents = list_agents(workspace)
+    try:
+        agents = list_agents(workspace)
+    except PermissionError:
+        return [_no_access(name, agents_dir)]
     for agent in agents:
         folder = agents_dir / agent
         memory = folder / MEMORY_FILE
@@ -672,11 +683,17 @@ def run_checks(
 ) -> list[Check]:
     """Every check; ``offline`` skips the summarizer's real request (no tokens spent)."""
     env = os.environ if environ is None else environ
-    agents = list_agents(workspace) if workspace.is_dir() else []
+    # A workspace this uid cannot enter is check_workspace's `fail`, with its
+    # fix; the checks that need to look inside it are skipped.
+    usable = workspace.is_dir() and os.access(workspace, os.R_OK | os.X_OK)
+    try:
+        agents = list_agents(workspace) if usable else []
+    except PermissionError:
+        agents = []
     results: list[Check] = []
     results += check_workspace(workspace)
     results += check_inotify(len(agents), config.watch.poll)
-    if workspace.is_dir():
+    if usable:
         results += check_filesystem(workspace)
         results += check_flock(workspace)
     results += check_state_dir(state_dir, workspace)

@@ -45,6 +45,7 @@ KeyFileOption = Annotated[
         "--key-file",
         help="Master key file (default: privacy.key_file / MEMD_PRIVACY_KEY_FILE).",
         show_default=False,
+        readable=False,  # memd says it in one line, not a usage box
     ),
 ]
 
@@ -105,6 +106,7 @@ def rekey(
             "--new-key",
             help="The new master key (made by `memd archive keygen`).",
             show_default=False,
+            readable=False,  # memd says it in one line, not a usage box
         ),
     ],
     old_key: Annotated[
@@ -113,6 +115,7 @@ def rekey(
             "--old-key",
             help="The current master key (default: privacy.key_file / MEMD_PRIVACY_KEY_FILE).",
             show_default=False,
+            readable=False,  # memd says it in one line, not a usage box
         ),
     ] = None,
     wait: Annotated[

@@ -298,6 +298,7 @@ def config_check(
         typer.Argument(
             help="Config file to check (default: --config, MEMD_CONFIG, /etc/memd/memd.toml).",
             show_default=False,
+            readable=False,  # memd says it in one line, not a usage box
         ),
     ] = None,
     workspace: WorkspaceOption = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,7 +49,11 @@ def load(
     try:
         pointer = read_pointer(loaded.workspace)
     except PointerRefused as exc:
-        warn(f"ignoring {exc}")
+        # A workspace this user cannot enter at all is the command's own
+        # one-line error (or doctor's `fail workspace`): saying the pointer in
+        # it is unreadable too adds a line and nothing new.
+        if os.access(loaded.workspace, os.X_OK) or not loaded.workspace.is_dir():
+            warn(f"ignoring {exc}")
         return loaded
     if pointer is None:
         return loaded

@@ -18,6 +18,9 @@ WorkspaceOption = Annotated[
         "-w",
         help="Workspace root (default: MEMD_WORKSPACE, WORKSPACE_DIR, config, ./agent_workspace).",
         show_default=False,
+        # memd's own checks say an unreadable path in one line (and doctor
+        # diagnoses it); Click's would be a usage box before any of them runs.
+        readable=False,
     ),
 ]
 ConfigOption = Annotated[
@@ -27,6 +30,9 @@ ConfigOption = Annotated[
         "-c",
         help="TOML config file (default: MEMD_CONFIG, else /etc/memd/memd.toml if present).",
         show_default=False,
+        # memd's own checks say an unreadable path in one line (and doctor
+        # diagnoses it); Click's would be a usage box before any of them runs.
+        readable=False,
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
@@ -37,5 +43,8 @@ StateDirOption = Annotated[
         help="memd's state dir (default: config state_dir, MEMD_STATE_DIR, "
         "$STATE_DIRECTORY, ~/.local/state/memd).",
         show_default=False,
+        # memd's own checks say an unreadable path in one line (and doctor
+        # diagnoses it); Click's would be a usage box before any of them runs.
+        readable=False,
     ),
 ]
