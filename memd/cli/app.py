@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> None:
             from memd.cli.run_argv import run_run
 
             run_run(args[1:])  # the same
-        build_app(only)(args=args, prog_name="memd", standalone_mode=True)
+        # Not standalone: a usage error comes back here, to be said in one line
+        # like memd's own, instead of Click's multi-line usage box. --help and
+        # typer.Exit(code) come back as the exit code (Ctrl-C as 130).
+        code = build_app(only)(args=args, prog_name="memd", standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code or 0)
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         # Ctrl-C before a command took over SIGINT (while its modules load, say,
         # or before the daemon's handler is installed): quiet, as Typer's own.
         sys.exit(130)
+    except _usage_errors() as exc:
+        sys.exit(_say_usage_error(exc))
     except (OSError, ValueError) as exc:
         # The last line of defence: an error the OS or the standard library gave
         # where no command turned it into its own line (a path too long for the
@@ -118,6 +124,46 @@ def main(argv: list[str] | None = None) -> None:
             logging.getLogger("memd.cli").debug("unexpected error", exc_info=True)
         print(f"memd: error: {describe_error(exc)}", file=sys.stderr)
         sys.exit(1)
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """What the argument parser raises out of a non-standalone call: Typer's own
+    exceptions (Typer >= 0.22 carries its own Click) or Click's, and Abort (an
+    EOF at a prompt). Evaluated whenever an exception passes main's handlers (a
+    plain `memd status`'s SystemExit too), so it imports nothing: a module not
+    loaded yet raised nothing."""
+    kinds: list[type[BaseException]] = []
+    for module, names in (
+        ("typer", ("TyperException", "Abort")),
+        ("click.exceptions", ("ClickException", "Abort")),
+    ):
+        imported = sys.modules.get(module)
+        kinds += [kind for name in names if isinstance(kind := getattr(imported, name, None), type)]
+    return tuple(kinds)
+
+
+def _say_usage_error(exc: BaseException) -> int:
+    """One line on stderr, ``memd: error: …``, naming the command's --help; the
+    exit code (2 for a usage error, as Click's)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        # `memd` or `memd config` alone: the help is the answer (it may have been
+        # printed already, by Typer's rich help, while the error was made).
+        format_message = getattr(exc, "format_message", None)
+        help_text = str(format_message()) if callable(format_message) else ""
+        if help_text.strip():
+            print(help_text, file=sys.stderr)
+        return 2
+    format_message = getattr(exc, "format_message", None)
+    if not callable(format_message):  # Abort: no message of its own
+        print("memd: error: aborted", file=sys.stderr)
+        return 1
+    message = " ".join(str(format_message()).split())  # one line, whatever Click wrapped
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None)
+    hint = f" (see '{path} --help')" if path else ""
+    print(f"memd: error: {message}{hint}", file=sys.stderr)
+    code = getattr(exc, "exit_code", 2)
+    return code if isinstance(code, int) else 2
 
 
 def _log_warnings_to_stderr() -> None:

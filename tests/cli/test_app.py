@@ -205,3 +205,36 @@ def test_memd_run_refuses_to_start_with_a_misspelled_memd_variable(tmp_path: Pat
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [TYPO_ERROR]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (("status", "-n", "0"), "'--limit' / '-n'"),
+        (("history", "a", "-n", "0"), "'--limit' / '-n'"),
+        (("compact-now", "a", "--wait", "-1"), "'--wait'"),
+        (("status", "--bogus"), "No such option: --bogus"),
+        (("archive", "keygen", "--workspace", "ws"), "No such option: --workspace"),
+    ],
+    ids=["status-n0", "history-n0", "compact-now-wait-negative", "unknown", "keygen-workspace"],
+)
+def test_a_usage_error_is_one_line_naming_it(
+    tmp_path: Path, argv: tuple[str, ...], named: str
+) -> None:
+    """review16e F5: Click's usage errors were a 5-6 line box (usage, a hint and a
+    panel), while memd's own checks of the same kind (`recall -n 0`) are one line."""
+    make_agent(tmp_path / "ws", "a")
+    proc = memd(*argv, state_dir=tmp_path / "state", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("memd: error: ") and named in line, line
+    assert f"(see 'memd {argv[0]}" in line, line
+
+
+@pytest.mark.parametrize("argv", [(), ("config",), ("--help",), ("doctor", "--help")])
+def test_help_is_still_help(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    proc = memd(*argv, state_dir=tmp_path / "state", cwd=tmp_path)
+    assert "Usage: memd" in proc.stdout and proc.stderr == "", proc
+    # Asked for: 0; a command group run bare: its help, exit 2 (as before).
+    assert proc.returncode == (0 if "--help" in argv else 2)
