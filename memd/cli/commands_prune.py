@@ -57,7 +57,8 @@ def prune_command(
     loaded = load(workspace, config)
     cfg = loaded.config
     ws = require_workspace(loaded.workspace)
-    targets = resolve_agents(ws, [agent] if agent else [], all_agents=agent is None)
+    # "" is a name (refused as empty), not "every agent": only None means every one.
+    targets = resolve_agents(ws, [] if agent is None else [agent], all_agents=agent is None)
     after_prune = prune_follow_up(loaded, state_dir, open_audit(loaded, state_dir), "cli")
     lock_wait = cfg.compaction.lock_wait_s if wait is None else wait
     options = CompactionOptions.from_config(cfg)

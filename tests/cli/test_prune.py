@@ -143,6 +143,8 @@ def test_compact_now_applies_retention_and_says_so(
     [
         (["prune", "nosuch"], "", "unknown agent 'nosuch'", 3),
         (["prune", "../x"], "", "invalid agent name", 2),
+        # An empty name is a bad name, not "every agent" (review16e)
+        (["prune", ""], "[retention]\nmax_archives = 1\n", "invalid agent name '': empty", 2),
         (["prune"], "[retention]\nmax_archives = -1\n", "retention.max_archives", 2),
         (["prune"], '[agents."a*"]\nmax_age_days = "soon"\n', "agents.a*.max_age_days", 2),
     ],
