@@ -812,7 +812,8 @@ class StateStore:
                 f"state DB {path} is unusable ({describe_error(exc, with_file=False)}); "
                 "using a temporary in-memory state (live figures and history unavailable)"
             )
-            _log.warning(message)
+            # Returned, not logged: the caller says it once (the CLI as
+            # `memd: warning:`, the daemon in its log as `state database`).
             warnings.append(message)
             conn = _connect(":memory:")
             _create_schema(conn)
@@ -857,7 +858,7 @@ class StateStore:
             _ensure_private_dir(self.path.parent)
             with _rebuild_lock(self.path):
                 self._marks_stored = None
-                self._conn = _open_checked(self.path, self.warnings)
+                self._conn = self._open_logged()
                 self._identity = _file_identity(self.path)
         except (OSError, sqlite3.Error) as exc:
             self._conn = _connect(":memory:")
@@ -881,8 +882,18 @@ class StateStore:
                 self.warnings.append(message)
             # else another process has rebuilt it already: just reopen.
             self._marks_stored = None
-            self._conn = _open_checked(self.path, self.warnings)
+            self._conn = self._open_logged()
             self._identity = _file_identity(self.path)
+
+    def _open_logged(self) -> sqlite3.Connection:
+        # A reopen while running: no caller reads ``warnings`` any more, so a
+        # rebuild it caused is logged here.
+        assert self.path is not None
+        before = len(self.warnings)
+        conn = _open_checked(self.path, self.warnings)
+        for message in self.warnings[before:]:
+            _log.warning(message)
+        return conn
 
     @contextlib.contextmanager
     def _write(self, conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
@@ -1603,8 +1614,7 @@ def _open_checked(path: Path, warnings: list[str]) -> sqlite3.Connection:
     except _CorruptDatabase as exc:
         moved = _move_aside(path)
         message = f"state DB {path} was corrupt ({exc}); moved to {moved.name}, rebuilt"
-        _log.warning(message)
-        warnings.append(message)
+        warnings.append(message)  # said by whoever reads ``warnings`` (see StateStore.open)
     return _open_db(path)
 
 

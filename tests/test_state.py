@@ -210,6 +210,39 @@ def test_unusable_state_dir_falls_back_to_memory(tmp_path: Path, workspace: Path
         assert store.get_agent("a") == record("a")
 
 
+@pytest.mark.parametrize("command", [("status",), ("history", "a"), ("health",), ("doctor",)])
+def test_an_unusable_state_dir_is_one_warning_line(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """review16e F3: open() both logged the warning and returned it for the CLI to
+    print, so every command said it twice, once as a bare unprefixed line."""
+    ws = tmp_path / "ws"
+    (ws / "agents" / "a").mkdir(parents=True)
+    (ws / "agents" / "a" / "MEMORY.md").write_text("### Human — 2026-01-01 00:00:00\nhi\n\n")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    offline = ["--offline"] if command == ("doctor",) else []
+    args = [*command, "--workspace", str(ws), "--state-dir", str(blocker / "state"), *offline]
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "Traceback" not in proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "is unusable" in line]
+    if command == ("doctor",):
+        # doctor says it as its own `fail state dir` line, on stdout
+        assert said == [] and "fail state dir:" in proc.stdout, proc
+        return
+    assert len(said) == 1, proc.stderr
+    assert said[0].startswith("memd: warning: state DB "), proc.stderr
+
+
 def test_threads_share_one_store(tmp_path: Path, workspace: Path) -> None:
     with StateStore.open(tmp_path / "s", workspace) as store:
 
