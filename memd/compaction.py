@@ -77,6 +77,7 @@ from memd.core.plan import (
     known_consistent,
     landed_prefix,
     may_exceed_cap,
+    nothing_to_compact_reason,
     recovery_action,
     summarized_to,
     summary_does_not_shrink,
@@ -1291,10 +1292,8 @@ def _compact_locked(
                     if kept_from < snap.boundary
                     else ""
                 )
-                raise NothingToCompact(
-                    f"agent {paths.agent!r}: nothing to compact (no raw entries since the "
-                    f"last summary{kept})"
-                )
+                reason = nothing_to_compact_reason(snap.document, kept)
+                raise NothingToCompact(f"agent {paths.agent!r}: {reason}")
             result, llm_s = txn.summarize(snap, kept_from)
             hook("summarized")
             if txn.prefix_unchanged(snap):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from memd.compaction import CompactionOptions, read_memory
 from memd.core.memfile import parse, render_summary_block
 from memd.core.pins import fit_pins
-from memd.core.plan import has_compactable, kept_tail_start
+from memd.core.plan import has_compactable, kept_tail_start, nothing_to_compact_reason
 from memd.core.privacy import Privacy
 from memd.core.summary import Summarizer, SummaryRequest
 from memd.core.summary_block import compose_summary, material_of
@@ -51,10 +51,8 @@ def preview(
             if kept
             else ""
         )
-        raise NothingToCompact(
-            f"agent {paths.agent!r}: nothing to compact (no raw entries since the last "
-            f"summary{beyond})"
-        )
+        reason = nothing_to_compact_reason(document, beyond)
+        raise NothingToCompact(f"agent {paths.agent!r}: {reason}")
     material = material_of(prefix, count_text)
     kinds = Counter(pin.kind for pin in material.pins)
     fitted = fit_pins(list(material.pins), options.pinned_tokens, count_text)

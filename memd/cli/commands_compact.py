@@ -185,7 +185,8 @@ def compact_now(
         from memd.llm import warm_up
 
         warm_up()  # a failure is said by the first summary, as the daemon's is
-    out = Console(emoji=False)
+    # One line per agent, however narrow the terminal: greppable, as doctor's.
+    out = Console(emoji=False, soft_wrap=True)
     err = Console(stderr=True, emoji=False)
     failures = refused
     progress = Progress(

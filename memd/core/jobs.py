@@ -176,10 +176,18 @@ def restored_job(
     return job
 
 
-NOT_COMPACTABLE = (
-    "over its threshold with nothing to compact: the bytes after the last complete "
-    "entry cannot be parsed (they are kept verbatim; fix or remove them)"
-)
+# Why a file holds nothing to compact though its bytes are there: said the
+# same way by the daemon (NOT_COMPACTABLE) and by compact-now.
+def unparsable_tail(size: int | None = None) -> str:
+    """The bytes after the last complete entry do not parse (``size`` of them)."""
+    what = "the bytes" if size is None else f"the {size:,} bytes"
+    return (
+        f"{what} after the last complete entry cannot be parsed "
+        "(they are kept verbatim; fix or remove them)"
+    )
+
+
+NOT_COMPACTABLE = f"over its threshold with nothing to compact: {unparsable_tail()}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from memd.core.chunking import (
     plan_chunks,
     transcript_pieces,
 )
+from memd.core.jobs import unparsable_tail
 from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument
 from memd.core.prompts import previous_summary_body, since_last_summary
 from memd.core.tokens import upper_bound
@@ -75,6 +76,24 @@ def summary_does_not_shrink(block_bytes: int, replaced_bytes: int) -> str | None
             f"({replaced_bytes} bytes)"
         )
     return None
+
+
+def unparsed_tail_bytes(document: MemoryDocument) -> int:
+    """How many bytes after the last complete entry parse as no entry (0 when they
+    are only whitespace): what stays in MEMORY.md verbatim at every compaction."""
+    tail = document.bytes_between(document.boundary, document.size)
+    return len(tail) if tail.strip() else 0
+
+
+def nothing_to_compact_reason(document: MemoryDocument, kept_note: str) -> str:
+    """Why ``has_compactable`` is False, for an operator: the newest turns kept
+    verbatim (``kept_note``), else bytes that do not parse, else a summary
+    with no raw entry after it."""
+    if not kept_note:
+        unparsed = unparsed_tail_bytes(document)
+        if unparsed:
+            return f"nothing to compact: {unparsable_tail(unparsed)}"
+    return f"nothing to compact (no raw entries since the last summary{kept_note})"
 
 
 def has_compactable(document: MemoryDocument) -> bool:
@@ -508,6 +527,7 @@ __all__ = [
     "known_consistent",
     "landed_prefix",
     "may_exceed_cap",
+    "nothing_to_compact_reason",
     "plan_chunks_of",
     "plan_compaction",
     "recovery_action",
@@ -515,4 +535,5 @@ __all__ = [
     "summarized_to",
     "summary_does_not_shrink",
     "summary_over_cap",
+    "unparsed_tail_bytes",
 ]

@@ -680,3 +680,38 @@ def test_a_compaction_whose_retry_fails_too_says_who_finishes_it(
     assert LATE.encode() not in paths.memory.read_bytes()
     assert recover_agent(paths, quiet_s=0.05) is not None  # the roll-forward, later
     assert paths.memory.read_bytes().count(LATE.encode()) == 1
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["compact", "dry-run"])
+def test_compact_now_on_unparsable_memory_says_the_bytes_do_not_parse(
+    tmp_path: Path, dry_run: bool
+) -> None:
+    """review16e F4: near-Swarms turns without the `---` terminators, 10x over the
+    threshold and not one entry: compact-now said "no raw entries since the last
+    summary" for a file with no summary; the daemon's reason says why."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("a", entries=0)
+    turns = "".join(
+        f"### Human — 2026-01-05T09:{i % 60:02d}:00\n\nturn {i} "
+        + "lorem ipsum dolor " * 40
+        + "\n\n"
+        for i in range(200)
+    )
+    paths.memory.write_text(turns)
+    before = paths.memory.read_bytes()
+    proc = memd(
+        "compact-now",
+        "a",
+        *(["--dry-run"] if dry_run else []),
+        "--workspace",
+        str(ws.root),
+        "--state-dir",
+        str(tmp_path / "st"),
+        env={"MEMD_TRIGGER_CONTEXT_LENGTH": "4000"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (
+        f"a: nothing to compact: the {len(before):,} bytes after the last complete entry "
+        "cannot be parsed (they are kept verbatim; fix or remove them)\n"
+    )
+    assert paths.memory.read_bytes() == before

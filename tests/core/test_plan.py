@@ -10,6 +10,7 @@ from memd.core.plan import (
     has_compactable,
     landed_prefix,
     may_exceed_cap,
+    nothing_to_compact_reason,
     recovery_action,
     stored_count_trust,
     summary_does_not_shrink,
@@ -391,3 +392,28 @@ def test_the_newest_turns_are_never_skipped_past_a_summary(
         return count(text.encode("utf-8", "surrogateescape"))
 
     assert kept_tail(doc, end, budget, count_text, known) == kept_tail(doc, end, budget, count_text)
+
+
+def test_nothing_to_compact_names_the_bytes_that_do_not_parse() -> None:
+    """review16e F4: a file of near-Swarms turns (no `---` terminators) holds no
+    entry and no summary; "no raw entries since the last summary" blamed a
+    summary that is not there."""
+    unterminated = "### Human — 2026-01-05T09:00:00\n\nturn 0 lorem ipsum\n\n".encode()
+    document = parse(HEADER + unterminated)
+    assert not has_compactable(document)
+    reason = nothing_to_compact_reason(document, "")
+    size = len(unterminated)
+    assert reason == (
+        f"nothing to compact: the {size} bytes after the last complete entry cannot be "
+        "parsed (they are kept verbatim; fix or remove them)"
+    )
+    # A summary and nothing after it: the summary is the reason.
+    summarized = parse(HEADER + render_summary_block("the gist", "2026-01-01T00:00:02"))
+    assert nothing_to_compact_reason(summarized, "") == (
+        "nothing to compact (no raw entries since the last summary)"
+    )
+    # Turns kept verbatim are the reason, whatever follows them.
+    kept = " beyond the newest 100 tokens kept verbatim"
+    assert nothing_to_compact_reason(document, kept) == (
+        f"nothing to compact (no raw entries since the last summary{kept})"
+    )
