@@ -21,6 +21,7 @@ from memd.cli.common import load, local_time, state_dir_of
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.core.audit import AuditRecord, describe_fields
 from memd.core.names import validate_agent_name
+from memd.workspace import require_workspace
 
 
 def audit_command(
@@ -41,6 +42,9 @@ def audit_command(
     if agent is not None:
         validate_agent_name(agent)
     loaded = load(workspace, config)
+    # A mistyped workspace is said as every other command says it, not as an
+    # empty log (the log's name is derived from the workspace's path).
+    require_workspace(loaded.workspace)
     path = audit_path(state_dir_of(loaded, state_dir), loaded.workspace)
     contents = read_audit(path)
     records = contents.for_agent(agent)

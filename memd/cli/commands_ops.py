@@ -322,6 +322,12 @@ def config_check(
             for problem in exc.problems:
                 print(f"memd: error: {problem}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
+    if workspace is not None:
+        # Named on the command line: a mistyped one is said, as every other
+        # command says it (a config is checked without any workspace otherwise).
+        from memd.workspace import require_workspace
+
+        require_workspace(loaded.workspace)
     # Windows from an agent's model (litellm's map) are known only now.
     from memd.modelinfo import context_length_for_model
     from memd.settings import model_window_problems

@@ -124,3 +124,14 @@ def test_bad_agent_name_is_one_line(
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("memd: error: invalid agent name")
     assert "Traceback" not in err
+
+
+def test_a_mistyped_workspace_is_said_not_an_empty_log(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """review16e: `memd audit --workspace /nonexistent` exited 0 with "no audit
+    records in …"; every other command says the workspace does not exist."""
+    missing = tmp_path / "nonexistent"
+    code, out, err = run(capsys, "audit", "--workspace", str(missing), "--state-dir", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert err == f"memd: error: workspace {missing} does not exist\n"

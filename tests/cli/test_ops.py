@@ -416,3 +416,16 @@ def test_config_check_shows_every_error_and_bounds_integers(
     code, _, err = run(capsys, "status", "--config", str(config), "-w", str(tmp_path))
     assert code == 2 and err.count("\n") == 1
     assert "trigger.context_length" in err and "(+4 more: see memd config check)" in err
+
+
+def test_config_check_on_a_mistyped_workspace_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """review16e: `memd config check --workspace /nonexistent` printed a valid config."""
+    missing = tmp_path / "nonexistent"
+    code, out, err = run(capsys, "config", "check", "--workspace", str(missing))
+    assert (code, out) == (2, "")
+    assert err == f"memd: error: workspace {missing} does not exist\n"
+    # Without --workspace a config is still checked with no workspace at all.
+    code, out, _err = run(capsys, "config", "check")
+    assert code == 0 and out
