@@ -135,6 +135,17 @@ def run_when_due(s: Services) -> None:
     s.scheduler.run_queued()
 
 
+def assert_drain_finished(s: Services, memory: Path | None = None) -> None:
+    """Every entry once, the late turn included (at the end of MEMORY.md when
+    ``memory`` is given), and the agent's job healthy again."""
+    counts = entry_contents_everywhere(s.ws.paths("alpha"))
+    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
+    if memory is not None:
+        assert memory.read_bytes().endswith(LATE.encode())
+    job = s.job("alpha")
+    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+
+
 @pytest.mark.parametrize("fault", ["eio-dir-fsync", "enospc-drain"])
 def test_late_turns_reach_memory_after_a_committed_compaction_fails_to_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
@@ -245,11 +256,7 @@ def test_an_owed_drain_that_start_up_recovery_cannot_finish_is_finished_after_th
 
     assert after.scheduler.submitted == ["finish:alpha", "finish:alpha"]
     assert compaction.calls == 1  # finished, never compacted again
-    counts = entry_contents_everywhere(after.ws.paths("alpha"))
-    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
-    assert memory.read_bytes().endswith(LATE.encode())
-    job = after.job("alpha")
-    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+    assert_drain_finished(after, memory)
 
 
 def test_a_restart_whose_recovery_finished_the_drain_clears_it_at_the_first_run(
@@ -353,10 +360,7 @@ def test_an_agent_added_with_a_journal_its_recovery_cannot_finish_owes_the_drain
 
     assert running.scheduler.submitted == ["finish:alpha"]
     assert compaction.calls == 1  # finished from the journal, never compacted again
-    counts = entry_contents_everywhere(running.ws.paths("alpha"))
-    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
-    job = running.job("alpha")
-    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+    assert_drain_finished(running)
 
 
 def test_a_start_up_recovery_that_fails_owes_the_drain_with_no_stored_job(
@@ -454,11 +458,7 @@ def test_a_compact_now_that_committed_but_did_not_finish_is_finished_by_the_daem
     assert "No space left on device" in (job.last_error or "")
     run_when_due(s)
     assert s.scheduler.submitted == ["finish:alpha", "finish:alpha"]
-    counts = entry_contents_everywhere(s.ws.paths("alpha"))
-    assert counts[LATE_TEXT] == 1 and all(n == 1 for n in counts.values()), counts
-    assert memory.read_bytes().endswith(LATE.encode())
-    job = s.job("alpha")
-    assert job.state is JobState.IDLE and not job.drain_owed and job.last_error is None
+    assert_drain_finished(s, memory)
 
 
 def test_a_compaction_by_another_process_that_finished_costs_no_job_and_appends_no_read(
