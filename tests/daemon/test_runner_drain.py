@@ -135,6 +135,17 @@ def run_when_due(s: Services) -> None:
     s.scheduler.run_queued()
 
 
+def assert_drain_owed_for_a_full_disk(s: Services) -> None:
+    """The late turn not moved: the agent's job owes its drain, says so in `memd
+    status` (error, with why) and retries after the backoff's first step."""
+    job = s.job("alpha")
+    assert job.drain_owed and job.state is JobState.BACKOFF
+    assert stored_state(job) == "error"
+    assert "late turns not yet in MEMORY.md" in (job.last_error or "")
+    assert "No space left on device" in (job.last_error or "")
+    assert job.next_attempt_at == s.clock.now + RETRY_BASE_S
+
+
 def assert_drain_finished(s: Services, memory: Path | None = None) -> None:
     """Every entry once, the late turn included (at the end of MEMORY.md when
     ``memory`` is given), and the agent's job healthy again."""
@@ -244,13 +255,8 @@ def test_an_owed_drain_that_start_up_recovery_cannot_finish_is_finished_after_th
     assert LATE.encode() not in memory.read_bytes()  # recovery failed
     assert after.scheduler.submitted == ["finish:alpha"]  # owed still: tried at once
     after.scheduler.run_queued()
-    job = after.job("alpha")
-    assert job.drain_owed and job.state is JobState.BACKOFF
     # What `memd status` shows meanwhile: the truth.
-    assert stored_state(job) == "error"
-    assert "late turns not yet in MEMORY.md" in (job.last_error or "")
-    assert "No space left on device" in (job.last_error or "")
-    assert job.next_attempt_at == after.clock.now + RETRY_BASE_S
+    assert_drain_owed_for_a_full_disk(after)
 
     run_when_due(after)  # the disk has room again
 
@@ -349,12 +355,7 @@ def test_an_agent_added_with_a_journal_its_recovery_cannot_finish_owes_the_drain
     running.counter.reconcile_agents()
     running.counter.tick(running.clock.now)
     assert LATE.encode() not in memory.read_bytes()  # recovery failed
-    job = running.job("alpha")
-    assert job.drain_owed and job.state is JobState.BACKOFF
-    assert stored_state(job) == "error"
-    assert "late turns not yet in MEMORY.md" in (job.last_error or "")
-    assert "No space left on device" in (job.last_error or "")
-    assert job.next_attempt_at == running.clock.now + RETRY_BASE_S
+    assert_drain_owed_for_a_full_disk(running)
 
     run_when_due(running)  # the disk has room again
 
