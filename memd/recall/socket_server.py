@@ -20,9 +20,11 @@ The socket only searches; nothing a client sends can write or delete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
+import stat
 import struct
 import threading
 from dataclasses import dataclass
@@ -74,28 +76,79 @@ def peer_credentials(conn: socket.socket) -> PeerCredentials:
     return PeerCredentials(pid, uid, gid)
 
 
-def serving_peer(path: Path) -> PeerCredentials | None:
-    """Who serves the socket at ``path``: the listening process's credentials when
-    a connect() is answered; None when nothing does (no file, a stale socket left by
-    a crashed daemon, not a socket at all).
+@dataclass(frozen=True, slots=True)
+class SocketProbe:
+    """What is at a recall socket path (:func:`probe_socket`)."""
 
-    Connects through the folder's fd, like :meth:`RecallSocketServer.start`, so a
-    deep path never hits the 108-byte limit of a socket address."""
+    # Nothing serves there: no file, or a socket nothing listens on (a crashed
+    # daemon's); the path may be bound again.
+    free: bool
+    # The listener that answered (pid 0: it is in another pid namespace).
+    peer: PeerCredentials | None = None
+    # Why the path is not free when no one answered, for the one log line.
+    reason: str = ""
+
+
+# connect() errors that mean nothing listens at the path. Anything else (EAGAIN:
+# a live listener whose accept queue is full, a timeout, EACCES) means something
+# is there that we cannot judge, so it is never replaced.
+_STALE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK, errno.ENOTDIR})
+
+
+def probe_socket(path: Path) -> SocketProbe:
+    """Whether ``path`` may be (re)bound, and who answers there if someone does.
+
+    The file is opened with ``O_PATH | O_NOFOLLOW`` and connected to through that
+    fd, so the probe never follows a symlink to some other service's socket, and
+    what is connected to is what was checked. A symlink or any other non-socket
+    is not free: memd only ever makes a socket there, so such a file is someone
+    else's and is left alone. Both opens go through the folder's fd, like
+    :meth:`RecallSocketServer.start`, so a deep path never hits the 108-byte
+    limit of a socket address."""
     try:
         directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return None
+        return SocketProbe(free=True)  # the bind that follows says why it cannot
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(2.0)
-            try:
-                probe.connect(f"/proc/self/fd/{directory}/{path.name}")
-            except OSError:
-                return None  # ECONNREFUSED (stale), ENOENT, ENOTSOCK, a timeout
-            # Linux gives a connected client the listener's credentials.
-            return peer_credentials(probe)
+        try:
+            target = os.open(path.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        except FileNotFoundError:
+            return SocketProbe(free=True)
+        except OSError as exc:
+            return SocketProbe(free=False, reason=f"{path} cannot be checked: {exc.strerror}")
+        try:
+            mode = os.fstat(target).st_mode
+            if not stat.S_ISSOCK(mode):
+                kind = "a symlink" if stat.S_ISLNK(mode) else "not a socket"
+                return SocketProbe(
+                    free=False,
+                    reason=f"{path} is {kind}, which memd never makes there, so it is "
+                    "left alone (remove it and memd serves recall there)",
+                )
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(2.0)
+                try:
+                    probe.connect(f"/proc/self/fd/{target}")
+                except OSError as exc:
+                    if exc.errno in _STALE_ERRNOS:
+                        return SocketProbe(free=True)  # a crashed daemon's socket
+                    why = exc.strerror or "no answer within 2 s"
+                    return SocketProbe(
+                        free=False,
+                        reason=f"{path} is a live socket that takes no connection now "
+                        f"({why}: a busy or stopped daemon, or not ours), so it is left alone",
+                    )
+                # Linux gives a connected client the listener's credentials.
+                return SocketProbe(free=False, peer=peer_credentials(probe))
+        finally:
+            os.close(target)
     finally:
         os.close(directory)
+
+
+def serving_peer(path: Path) -> PeerCredentials | None:
+    """Who answers at ``path``: the listener's credentials, or None."""
+    return probe_socket(path).peer
 
 
 def check_access(workspace: Path, agent: str, uid: int) -> None:
@@ -144,12 +197,14 @@ class RecallSocketServer:
         """Serve at ``path``; :class:`RecallSocketInUse` when a live process
         (another daemon on the workspace, DESIGN §4) already answers there: its
         socket is left alone, and our stop() would otherwise have removed it."""
-        other = serving_peer(self.path)
-        if other is not None:
+        found = probe_socket(self.path)
+        if found.peer is not None:
             raise RecallSocketInUse(
-                f"{self.path} is served by another memd daemon (pid {other.pid}); "
+                f"{self.path} is served by another memd daemon (pid {found.peer.pid}); "
                 "this one runs without a recall socket"
             )
+        if not found.free:
+            raise RecallSocketInUse(found.reason)
         # Bind under a temporary name, then rename over the final one: a
         # stale socket from a crashed daemon is replaced, never half-served.
         # Both go through the folder's fd (/proc/self/fd/N/...), so a deep
@@ -290,8 +345,10 @@ __all__ = [
     "RecallRefused",
     "RecallSocketInUse",
     "RecallSocketServer",
+    "SocketProbe",
     "check_access",
     "peer_credentials",
+    "probe_socket",
     "serving_peer",
     "socket_path_for",
 ]

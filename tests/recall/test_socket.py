@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -22,6 +23,7 @@ from memd.recall.socket_server import (
     RecallSocketInUse,
     RecallSocketServer,
     check_access,
+    probe_socket,
     serving_peer,
     socket_path_for,
 )
@@ -255,3 +257,87 @@ def test_a_second_daemon_leaves_the_first_ones_socket_and_pointer(tmp_path: Path
         assert pointer is not None and pointer.pid == first.pid
         assert pointer.state_dir == (tmp_path / "state").absolute()
         assert first.stop() == 0
+
+
+def _fill_backlog(path: Path) -> list[socket.socket]:
+    """Connect until the listener's accept queue is full (its owner is stopped)."""
+    held: list[socket.socket] = []
+    for _ in range(200):
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.setblocking(False)
+        try:
+            client.connect(str(path))
+        except BlockingIOError:
+            client.close()
+            return held
+        held.append(client)
+    raise AssertionError("the backlog never filled")
+
+
+def test_a_stopped_daemons_full_backlog_is_not_taken_for_a_stale_socket(
+    tmp_path: Path,
+) -> None:
+    """review16g F2: a live listener whose accept queue is full answers a probe with
+    EAGAIN, which was taken for a stale socket: the second daemon replaced the live
+    one's socket and deleted it when it stopped."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the kalomiren report")
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 100000\n")
+    path = ws.root / ".memd-recall.sock"
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as first:
+        first.wait_ready()
+        first.wait_for("recall socket listening")
+        inode = path.stat().st_ino
+        first.signal(signal.SIGSTOP)  # docker pause, a debugger, Ctrl-Z
+        held = _fill_backlog(path)  # agents' recall calls queue up
+        try:
+            with DaemonProcess(ws.root, tmp_path / "state2", config=config) as second:
+                second.wait_ready(timeout=60)
+                replaced = path.exists() and path.stat().st_ino != inode
+                first.signal(signal.SIGCONT)
+                assert second.stop() == 0
+        finally:
+            first.signal(signal.SIGCONT)
+            for client in held:
+                client.close()
+        problems = []
+        if replaced:
+            problems.append("the second daemon replaced the live daemon's socket")
+        if not path.exists():
+            problems.append("the live daemon's recall socket is gone")
+        assert not problems, problems
+        assert ask(path, {"v": 1, "agent": "alpha", "query": "kalomiren"})["ok"]
+        assert first.stop() == 0
+
+
+def test_a_symlink_or_a_file_at_the_socket_path_is_never_followed_nor_replaced(
+    tmp_path: Path,
+) -> None:
+    """review16g F2/F3: the probe connect()ed through a symlink at the path (to
+    whatever it named), and a non-socket there was replaced. memd only ever makes a
+    socket there: anything else is someone's and is left alone, said in one line."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    index = RecallIndex.open(tmp_path / "state", ws.root)
+    path = socket_path_for("", ws.root)
+    elsewhere = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    elsewhere.bind(str(tmp_path / "other-service.sock"))
+    elsewhere.listen(1)
+    try:
+        path.symlink_to(tmp_path / "other-service.sock")
+        found = probe_socket(path)
+        assert not found.free and found.peer is None
+        assert "is a symlink" in found.reason
+        with pytest.raises(RecallSocketInUse, match="is a symlink, which memd never makes"):
+            RecallSocketServer(index, ws.root, path).start()
+        assert path.is_symlink()
+        path.unlink()
+        path.write_text("not a socket")
+        with pytest.raises(RecallSocketInUse, match="is not a socket, which memd never makes"):
+            RecallSocketServer(index, ws.root, path).start()
+        assert path.read_text() == "not a socket"
+    finally:
+        elsewhere.close()
+        index.close()
