@@ -51,7 +51,8 @@ def run_daemon(
         loaded = dataclasses.replace(loaded, config=transform(loaded.config))
     configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
     state = resolve_state_dir(state_dir, loaded.config.state_dir)
-    _leave_pointer(loaded, state, settings)
+    pointer = _WorkspacePointer(loaded, state, settings)
+    pointer.leave()
     options = DaemonOptions(
         config_file=config,
         workspace_flag=workspace,
@@ -60,6 +61,7 @@ def run_daemon(
         log_format=log_format,
         log_level=log_level,
         config_transform=transform,
+        claim_pointer=pointer.retake,
     )
     name_native_threads()  # `top -H`, `ps -L` and /proc tell the daemon's threads apart
     code = Daemon(loaded, options).run()
@@ -71,45 +73,92 @@ def run_daemon(
     return code
 
 
-def _leave_pointer(
-    loaded: LoadedConfig, state_dir: Path, settings: dict[str, dict[str, Any]]
-) -> None:
-    """Tell later commands on this workspace where this daemon's state is and how it is
-    set (memd.pointer): `memd status -w WS` then needs no --config or --state-dir."""
-    from memd.errors import describe_error
-    from memd.logs import get_logger
-    from memd.pointer import write_pointer
+class _WorkspacePointer:
+    """This daemon's state pointer in its workspace (memd.pointer): left at start
+    unless another live daemon serves the workspace, and taken over later (the
+    daemon's periodic job) once the daemon it names is gone."""
 
-    if not loaded.workspace.is_dir():
-        return  # the daemon refuses it with its own one-line reason
-    other = _other_daemon_pid(loaded)
-    if other is not None:
-        # A second daemon on the workspace (DESIGN §4): the pointer stays the
-        # first one's, which keeps serving it; ours would name a pid that is
-        # gone as soon as this one stops.
-        get_logger("memd.daemon").warning(
-            "another memd daemon serves this workspace; its state pointer is left as it is",
-            pid=other,
-            pointer=str(loaded.workspace / ".memd-state"),
-        )
-        return
-    try:
-        path = write_pointer(loaded.workspace, state_dir, config=loaded.source, settings=settings)
-    except OSError as exc:
-        get_logger("memd.daemon").warning(
-            "cannot leave the state pointer in the workspace; "
-            "commands there need --state-dir (or the daemon's --config)",
-            error=describe_error(exc),
-        )
-        return
-    if settings:
-        # Said where the demo's user looks: the log on the terminal.
-        get_logger("memd.daemon").info(
-            "demo settings saved in the workspace; later commands there use them",
-            pointer=str(path),
-            settings=settings,
-            next=f"memd status --workspace {loaded.workspace}",
-        )
+    def __init__(
+        self, loaded: LoadedConfig, state_dir: Path, settings: dict[str, dict[str, Any]]
+    ) -> None:
+        self._loaded = loaded
+        self._state_dir = state_dir
+        self._settings = settings
+        self._write_failed = False
+
+    def leave(self) -> None:
+        """At start: tell later commands on this workspace where this daemon's state
+        is and how it is set: `memd status -w WS` then needs no --config or --state-dir."""
+        from memd.logs import get_logger
+
+        loaded = self._loaded
+        if not loaded.workspace.is_dir():
+            return  # the daemon refuses it with its own one-line reason
+        other = _other_daemon_pid(loaded)
+        if other is not None:
+            # A second daemon on the workspace (DESIGN §4): the pointer stays the
+            # first one's while it runs; retake() claims it once that one is gone.
+            get_logger("memd.daemon").warning(
+                "another memd daemon serves this workspace; its state pointer is left as it is",
+                pid=other,
+                pointer=str(loaded.workspace / ".memd-state"),
+            )
+            return
+        if self._write() is not None and self._settings:
+            # Said where the demo's user looks: the log on the terminal.
+            get_logger("memd.daemon").info(
+                "demo settings saved in the workspace; later commands there use them",
+                pointer=str(loaded.workspace / ".memd-state"),
+                settings=self._settings,
+                next=f"memd status --workspace {loaded.workspace}",
+            )
+
+    def retake(self) -> None:
+        """The periodic check: when the pointer does not name this daemon and no
+        other live memd daemon serves the workspace (the one it names stopped: a
+        rolling restart), leave ours, so `memd health`/`status -w` read the live
+        daemon. A pointer naming us costs one small read."""
+        from memd.logs import get_logger
+        from memd.pointer import PointerRefused, read_pointer
+
+        try:
+            pointer = read_pointer(self._loaded.workspace)
+        except (PointerRefused, OSError):
+            pointer = None  # one we do not trust is replaced, as at start
+        if pointer is not None and pointer.pid == os.getpid():
+            return
+        other = _other_daemon_pid(self._loaded)
+        if other is not None:
+            return
+        path = self._write()
+        if path is not None:
+            get_logger("memd.daemon").info(
+                "state pointer taken over: the daemon it named is gone",
+                pointer=str(path),
+                was_pid=pointer.pid if pointer is not None else None,
+            )
+
+    def _write(self) -> Path | None:
+        from memd.errors import describe_error
+        from memd.logs import get_logger
+        from memd.pointer import write_pointer
+
+        loaded = self._loaded
+        try:
+            path = write_pointer(
+                loaded.workspace, self._state_dir, config=loaded.source, settings=self._settings
+            )
+        except OSError as exc:
+            if not self._write_failed:  # once, not at every periodic check
+                get_logger("memd.daemon").warning(
+                    "cannot leave the state pointer in the workspace; "
+                    "commands there need --state-dir (or the daemon's --config)",
+                    error=describe_error(exc),
+                )
+            self._write_failed = True
+            return None
+        self._write_failed = False
+        return path
 
 
 def _other_daemon_pid(loaded: LoadedConfig) -> int | None:

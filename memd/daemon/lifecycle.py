@@ -82,6 +82,9 @@ class DaemonOptions:
     install_signal_handlers: bool = True
     # Applied to every loaded config, the first and each reload (``--demo``).
     config_transform: Callable[[MemdConfig], MemdConfig] | None = None
+    # Called periodically: leave the workspace's state pointer again when the
+    # daemon it names is gone (``memd run``; None: no pointer).
+    claim_pointer: Callable[[], None] | None = None
 
 
 @contextlib.contextmanager
@@ -257,6 +260,7 @@ class Daemon:
         # 30,000 agents the recall re-sync (a pass over every agent) and the first
         # archive survey (1 s after scheduling) competed with the start-up's own
         # pass for the interpreter lock and delayed READY by seconds.
+        s.claim_pointer = self.options.claim_pointer
         s.schedule_periodic()
         s.recall.resync()
         checks.warm_tokenizer(s.entry_counter.tokenizer)  # unless a count needed it already

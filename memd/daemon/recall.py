@@ -58,6 +58,11 @@ class RecallStage:
             # The agents as of now, as a list: the re-sync calls no one back.
             self.service.start(self._registry.all_paths())
 
+    def retake_socket(self) -> None:
+        """The periodic job: serve the socket once the daemon that held it at start is gone."""
+        if self.service is not None:
+            self.service.retake_socket()
+
     @staticmethod
     def _stop(recall: RecallService) -> None:
         with contextlib.suppress(Exception):

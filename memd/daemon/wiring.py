@@ -192,6 +192,9 @@ class Services:
         # memd's own replacements of MEMORY.md, for the watch stage to take.
         self.replacements = Replacements()
         self.recall = RecallStage(state_dir, workspace, config, self.registry)
+        # What `memd run` hands in to re-claim the workspace's state pointer when
+        # the daemon it named is gone (None: no pointer, as in tests and embedding).
+        self.claim_pointer: Callable[[], None] | None = None
         self.retention = RetentionService(
             self.registry, self.archives, self.recall, self.audit, config
         )
@@ -290,6 +293,10 @@ class Services:
         # The timer only: the sweep runs on the count thread (its hint, like a watcher's).
         self.scheduler.every("reconcile", watch.reconcile_s, self.counter.sink.reconcile_due)
         self.scheduler.every("state-flush", daemon.state_flush_s, self.runner.flush)
+        # At the heartbeat's pace, cheap when there is nothing to take: a daemon
+        # started beside a live one (a rolling restart) serves the recall socket
+        # and the pointer once that one is gone.
+        self.scheduler.every("workspace-claim", daemon.state_flush_s, self.claim_workspace)
         # Soon after start (agents restored without figures are listed), then
         # with the reconcile: what compact-now, forget and prune did meanwhile.
         self.scheduler.every(
@@ -299,6 +306,13 @@ class Services:
         self.scheduler.every(
             "retention", DAILY_S, self.retention.daily, first_in_s=RETENTION_FIRST_S
         )
+
+    def claim_workspace(self) -> None:
+        """The periodic job: the recall socket first, then the pointer (whose check
+        asks the socket who serves the workspace)."""
+        self.recall.retake_socket()
+        if self.claim_pointer is not None:
+            self.claim_pointer()
 
     def final_flush(self) -> None:
         """Shutdown, after the scheduler stopped: queued jobs will not run now."""

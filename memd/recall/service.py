@@ -20,7 +20,7 @@ from pathlib import Path
 from memd.errors import MemdError
 from memd.logs import get_logger
 from memd.recall.index import RecallIndex, delete_corrupt_copies
-from memd.recall.socket_server import RecallSocketServer
+from memd.recall.socket_server import RecallSocketInUse, RecallSocketServer
 from memd.retention import PruneResult
 from memd.workspace import AgentPaths
 
@@ -31,6 +31,12 @@ class RecallService:
     def __init__(self, index: RecallIndex) -> None:
         self.index = index
         self.server: RecallSocketServer | None = None
+        # The socket path another listener held when we started: retried by
+        # retake_socket (a rolling restart stops the daemon that held it).
+        self._waiting: tuple[Path, Path] | None = None
+        # retake_socket runs on the scheduler's thread: never a server started
+        # after stop() looked for one (its socket file would outlive us).
+        self._server_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.caught_up = threading.Event()
@@ -148,11 +154,37 @@ class RecallService:
             server.start()
         except OSError as exc:
             _log.warning("recall socket not served", path=str(path), error=str(exc))
+            if isinstance(exc, RecallSocketInUse):
+                self._waiting = (workspace, path)
             return
         self.server = server
 
+    def retake_socket(self) -> None:
+        """The periodic job: serve the socket another listener held at start once
+        nothing answers there (its daemon stopped: a rolling restart starts the new
+        daemon, then stops the old one, whose stop removes its socket). Said once,
+        when it is taken; nothing while the other still holds it."""
+        with self._server_lock:
+            if self._waiting is not None and not self._stopping.is_set():
+                self._retake(*self._waiting)
+
+    def _retake(self, workspace: Path, path: Path) -> None:
+        server = RecallSocketServer(self.index, workspace, path)
+        try:
+            server.start()
+        except RecallSocketInUse:
+            return  # still held (or still not ours to replace): try again next time
+        except OSError as exc:
+            _log.warning("recall socket not served", path=str(path), error=str(exc))
+            self._waiting = None
+            return
+        self._waiting = None
+        self.server = server
+        _log.info("recall socket taken over: no other daemon serves it now", path=str(path))
+
     def stop(self) -> None:
-        self._stopping.set()
+        with self._server_lock:
+            self._stopping.set()
         if self.server is not None:
             self.server.stop()
         if self._thread is not None:

@@ -6,6 +6,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -341,3 +342,49 @@ def test_a_symlink_or_a_file_at_the_socket_path_is_never_followed_nor_replaced(
     finally:
         elsewhere.close()
         index.close()
+
+
+def test_the_surviving_daemon_takes_recall_and_the_pointer_over(tmp_path: Path) -> None:
+    """review16g F1, a rolling restart (start the new daemon, then stop the old one):
+    the survivor never served recall (it tried once, at start) and .memd-state kept
+    naming the dead first daemon, so `memd health -w` failed while one ran. Now its
+    periodic job takes both over once the first is gone, and says so once."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the kalomiren report")
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 100000\n")
+    path = ws.root / ".memd-recall.sock"
+    first = DaemonProcess(ws.root, tmp_path / "state", config=config).start()
+    try:
+        first.wait_ready()
+        first.wait_for("recall socket listening")
+        with DaemonProcess(ws.root, tmp_path / "state2", config=config) as second:
+            second.wait_ready()
+            second.wait_for("recall socket not served")
+            assert first.stop() == 0
+            second.wait_for("recall socket taken over: no other daemon serves it now")
+            taken = second.wait_for("state pointer taken over: the daemon it named is gone")
+            assert taken["was_pid"] == first.pid
+            assert ask(path, {"v": 1, "agent": "alpha", "query": "kalomiren"})["ok"]
+            pointer = read_pointer(ws.root)
+            assert pointer is not None and pointer.pid == second.pid
+            assert pointer.state_dir == (tmp_path / "state2").absolute()
+            health = subprocess.run(
+                [sys.executable, "-m", "memd", "health", "--workspace", str(ws.root)],
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert health.returncode == 0, health.stdout + health.stderr
+            # Said once: the later periodic checks find both ours.
+            assert (
+                len(second.events("recall socket taken over: no other daemon serves it now")) == 1
+            )
+            assert len(second.events("state pointer taken over: the daemon it named is gone")) == 1
+            assert second.stop() == 0
+        assert not path.exists()
+    finally:
+        if first.proc is not None and first.proc.poll() is None:
+            first.kill()
