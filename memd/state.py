@@ -750,6 +750,23 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def is_memd_daemon(pid: int) -> bool | None:
+    """Whether ``pid`` is a running ``memd run``: False when no such process is
+    alive or it is another program (a pid reused after a crash, ``memd mcp``,
+    ``tail -f memd.log``), None when we cannot tell (its /proc is hidden from
+    us: hidepid). Its arguments must hold ``run`` after one that names memd
+    (``memd run``, ``python -m memd run``, ``/usr/bin/memd ... run``)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = cmdline.split(b"\0")
+    named = next((i for i, arg in enumerate(args) if b"memd" in arg), None)
+    return named is not None and b"run" in args[named + 1 :]
+
+
 def state_db_path(state_dir: Path, workspace: Path) -> Path:
     digest = hashlib.sha256(str(workspace.resolve()).encode("utf-8", "surrogateescape"))
     return state_dir / f"{digest.hexdigest()[:16]}.sqlite3"
@@ -1739,6 +1756,7 @@ __all__ = [
     "Trigger",
     "corrupt_copies",
     "erase_from_corrupt_copies",
+    "is_memd_daemon",
     "pid_alive",
     "state_db_path",
 ]

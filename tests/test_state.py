@@ -1299,3 +1299,33 @@ def test_the_first_memds_schema_1_db_is_upgraded_with_its_rows(tmp_path: Path) -
         assert [entry.archive for entry in store.history("alpha")] == ["history_10.md"]
     assert memd.state.corrupt_copies(path) == []
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["memd", "run", "--workspace", "/srv/agents"], True),
+        (["/usr/local/bin/memd", "--log-level", "info", "run"], True),
+        (["memd", "mcp", "--agent", "a"], False),  # memd, but not a daemon
+        (["tail", "-f", "/var/log/memd.log"], False),  # a reused pid, say
+        (["vim", "run", "/srv/memd/notes"], False),  # "run" before memd
+    ],
+)
+def test_is_memd_daemon_reads_the_process_arguments(args: list[str], expected: bool) -> None:
+    """review16g F3: the pointer's and the socket listener's pid count as a daemon only
+    when the process is a `memd run` (a loose "memd" anywhere also took `memd mcp`)."""
+    # The arguments after -c's script are what /proc shows for the shell.
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", "echo up; read x", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # exec'd
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[3:-1] == [a.encode() for a in args]
+        assert memd.state.is_memd_daemon(proc.pid) is expected
+    finally:
+        proc.kill()
+        proc.wait()
+    assert memd.state.is_memd_daemon(proc.pid) is False  # gone

@@ -162,30 +162,34 @@ class _WorkspacePointer:
 
 
 def _other_daemon_pid(loaded: LoadedConfig) -> int | None:
-    """The pid of another daemon running on this workspace, if one is: the process
-    answering its recall socket, else the pointer's pid when that process is alive
-    and is a memd (a pid reused by something else does not count)."""
+    """The pid of another memd daemon running on this workspace, if one is: the
+    process answering its recall socket, else the pointer's pid, each only when
+    it is a running `memd run` (state.is_memd_daemon: any other listener at the
+    path, or a pid reused by something else, does not count). A listener in
+    another pid namespace (SO_PEERCRED pid 0) cannot be told apart: it does not
+    count either (its socket is still left alone); a process whose /proc is
+    hidden from us is taken for the daemon."""
     from memd.pointer import PointerRefused, read_pointer
     from memd.recall.socket_server import serving_peer, socket_path_for
-    from memd.state import pid_alive
+    from memd.state import is_memd_daemon
 
     socket_path = socket_path_for(loaded.config.recall.socket, loaded.workspace)
     if socket_path is not None:
         peer = serving_peer(socket_path)
-        if peer is not None and peer.pid != os.getpid():
+        if (
+            peer is not None
+            and peer.pid not in (0, os.getpid())
+            and is_memd_daemon(peer.pid) is not False
+        ):
             return peer.pid
     try:
         pointer = read_pointer(loaded.workspace)
     except (PointerRefused, OSError):
         return None  # one we do not trust is replaced
     pid = pointer.pid if pointer is not None else None
-    if pid is None or pid == os.getpid() or not pid_alive(pid):
+    if pid is None or pid <= 0 or pid == os.getpid():
         return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return pid  # alive but hidden from us (hidepid): assume the daemon
-    return pid if b"memd" in cmdline else None
+    return pid if is_memd_daemon(pid) is not False else None
 
 
 __all__ = ["LogFormatChoice", "LogLevelChoice", "run_daemon"]

@@ -146,6 +146,20 @@ def probe_socket(path: Path) -> SocketProbe:
         os.close(directory)
 
 
+def _listener(pid: int) -> str:
+    """Who a socket's listener is, for the log line."""
+    from memd.state import is_memd_daemon  # the state DB module: only when it is needed
+
+    if pid == 0:
+        return "a process in another pid namespace (a container's memd?)"
+    if pid == os.getpid():
+        return f"this memd process already (pid {pid})"
+    verdict = is_memd_daemon(pid)
+    if verdict is False:
+        return f"pid {pid}, which is not a memd daemon"
+    return f"another memd daemon (pid {pid})"
+
+
 def serving_peer(path: Path) -> PeerCredentials | None:
     """Who answers at ``path``: the listener's credentials, or None."""
     return probe_socket(path).peer
@@ -199,8 +213,10 @@ class RecallSocketServer:
         socket is left alone, and our stop() would otherwise have removed it."""
         found = probe_socket(self.path)
         if found.peer is not None:
+            # Left alone whoever it is: a listener we cannot judge (another pid
+            # namespace, another program) is not ours to take over.
             raise RecallSocketInUse(
-                f"{self.path} is served by another memd daemon (pid {found.peer.pid}); "
+                f"{self.path} is served by {_listener(found.peer.pid)}; "
                 "this one runs without a recall socket"
             )
         if not found.free:

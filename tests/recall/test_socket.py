@@ -388,3 +388,50 @@ def test_the_surviving_daemon_takes_recall_and_the_pointer_over(tmp_path: Path) 
     finally:
         if first.proc is not None and first.proc.poll() is None:
             first.kill()
+
+
+LISTENER = """
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(os.environ["SOCK"])
+s.listen(4)
+print("up", flush=True)
+while True:
+    c, _ = s.accept()
+    c.close()
+"""
+
+
+def test_a_listener_that_is_not_a_daemon_does_not_keep_the_pointer(tmp_path: Path) -> None:
+    """review16g F3: any process listening at .memd-recall.sock was taken for another
+    memd daemon, so the only daemon on the workspace wrote no .memd-state (the
+    pointer's pid was checked for being a memd, the listener's was not). Its socket
+    is still left alone, and the log says what it is."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the kalomiren report")
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 100000\n")
+    path = ws.root / ".memd-recall.sock"
+    other = subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", LISTENER],
+        env={"SOCK": str(path), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "up\n"
+        assert b"memd" not in Path(f"/proc/{other.pid}/cmdline").read_bytes()
+        with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+            daemon.wait_ready()
+            refused = daemon.wait_for("recall socket not served")
+            assert f"pid {other.pid}, which is not a memd daemon" in refused["error"], refused
+            pointer = read_pointer(ws.root)
+            assert pointer is not None and pointer.pid == daemon.pid, daemon.events(
+                "another memd daemon serves this workspace; its state pointer is left as it is"
+            )
+            assert daemon.stop() == 0
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
