@@ -563,7 +563,9 @@ _ACCOUNT_NAMES = ("SMTP", "DB", "ADMIN", "ROOT", "REDIS", "LDAP_BIND", "MYSQL", 
     stage=st.sampled_from(_STAGE_WORDS),
     suffix=st.sampled_from(("PASS", "PW")),
     value=st.one_of(
-        st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{3,19}(\.[A-Z_]{1,10})*", fullmatch=True),
+        # Dotted names of code's length: a value is read to 200 characters at most,
+        # and a longer one is judged on that much (a password, the safe side).
+        st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{3,19}(\.[A-Z_]{1,10}){0,8}", fullmatch=True),
         st.from_regex(r"[a-z_]{4,12}\(([a-z_]{1,8}(, [a-z_]{1,8}=True)?)?\)", fullmatch=True),
         st.sampled_from(("true", "false", "None", "null")),
     ),
