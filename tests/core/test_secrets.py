@@ -612,8 +612,11 @@ def test_any_value_in_a_dotenv_yaml_or_quoted_assignment_is_a_password(
 @given(
     account=st.sampled_from(_ACCOUNT_NAMES),
     suffix=st.sampled_from(("PASS", "PW")),
+    # Not starting with "*": Markdown's emphasis (`**`) before a value is read as
+    # formatting, and what is left may be a short PIN, which is not flagged
+    # (SMTP_PASS=**0000: "0000").
     value=st.from_regex(r"[A-Za-z0-9!@#%^&*_+-]{6,24}", fullmatch=True).filter(
-        lambda v: not set(v) <= set("*x.")
+        lambda v: not set(v) <= set("*x.") and not v.startswith("*")
     ),
     spaced=st.booleans(),
 )
