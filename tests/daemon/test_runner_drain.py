@@ -429,6 +429,16 @@ def another_process_compacts(
     return memory
 
 
+def services_with_real_compaction(tmp_path: Path) -> Services:
+    """A daemon's services over one agent (``alpha``) whose compactions are the real
+    transaction with a scripted summarizer (fast drain settings)."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    return build_services(
+        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
+    )  # type: ignore[arg-type]
+
+
 def test_a_compact_now_that_committed_but_did_not_finish_is_finished_by_the_daemon(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -437,11 +447,7 @@ def test_a_compact_now_that_committed_but_did_not_finish_is_finished_by_the_daem
     .memd/drain.md until alpha's next compaction or a restart). The daemon's count
     of the new MEMORY.md (another inode, no job of its own) reads the journal, finds
     it holding the job, and finishes it at once."""
-    ws = AgentWorkspace(tmp_path / "ws")
-    ws.create_agent("alpha")
-    s = build_services(
-        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
-    )  # type: ignore[arg-type]
+    s = services_with_real_compaction(tmp_path)
     s.fill("alpha", 6)  # under the threshold: the daemon would not compact it itself
     s.hint("alpha")
     s.settle()
@@ -478,11 +484,7 @@ def test_a_compaction_by_another_process_that_finished_costs_no_job_and_appends_
         return real(paths)
 
     monkeypatch.setattr(entries, "journal_unfinished", journal_unfinished)
-    ws = AgentWorkspace(tmp_path / "ws")
-    ws.create_agent("alpha")
-    s = build_services(
-        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
-    )  # type: ignore[arg-type]
+    s = services_with_real_compaction(tmp_path)
     s.fill("alpha", 6)
     s.hint("alpha")
     s.settle()
@@ -511,11 +513,7 @@ def test_a_compact_now_still_at_work_when_the_daemon_counts_its_file_reads_as_bu
     well; the next try finds nothing left to do."""
     from memd.compaction import CompactionOptions
 
-    ws = AgentWorkspace(tmp_path / "ws")
-    ws.create_agent("alpha")
-    s = build_services(
-        ws, RealCompaction(lambda _name: None), extra=FAST, summarizer=ScriptedSummarizer()
-    )  # type: ignore[arg-type]
+    s = services_with_real_compaction(tmp_path)
     s.fill("alpha", 6)
     s.hint("alpha")
     s.settle()

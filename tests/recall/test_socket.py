@@ -229,15 +229,21 @@ def test_a_live_socket_is_left_alone_and_a_stale_one_replaced(tmp_path: Path) ->
         index.close()
 
 
-def test_a_second_daemon_leaves_the_first_ones_socket_and_pointer(tmp_path: Path) -> None:
-    """review16e F2: the second `memd run` replaced the live socket, deleted it when it
-    stopped, and left .memd-state naming its dead pid; the first served no one."""
+def one_agent_workspace(tmp_path: Path) -> tuple[AgentWorkspace, Path, Path]:
+    """A workspace with one agent (``alpha``, a turn about "kalomiren" to recall), a
+    config for daemons run on it, and where its recall socket lives."""
     ws = AgentWorkspace(tmp_path / "ws")
     paths = ws.create_agent("alpha")
     append_entry(paths.memory, "Human", "the kalomiren report")
     config = tmp_path / "memd.toml"
     config.write_text("[trigger]\ncontext_length = 100000\n")
-    path = ws.root / ".memd-recall.sock"
+    return ws, config, ws.root / ".memd-recall.sock"
+
+
+def test_a_second_daemon_leaves_the_first_ones_socket_and_pointer(tmp_path: Path) -> None:
+    """review16e F2: the second `memd run` replaced the live socket, deleted it when it
+    stopped, and left .memd-state naming its dead pid; the first served no one."""
+    ws, config, path = one_agent_workspace(tmp_path)
     with DaemonProcess(ws.root, tmp_path / "state", config=config) as first:
         first.wait_ready()
         first.wait_for("recall socket listening")
@@ -281,12 +287,7 @@ def test_a_stopped_daemons_full_backlog_is_not_taken_for_a_stale_socket(
     """review16g F2: a live listener whose accept queue is full answers a probe with
     EAGAIN, which was taken for a stale socket: the second daemon replaced the live
     one's socket and deleted it when it stopped."""
-    ws = AgentWorkspace(tmp_path / "ws")
-    paths = ws.create_agent("alpha")
-    append_entry(paths.memory, "Human", "the kalomiren report")
-    config = tmp_path / "memd.toml"
-    config.write_text("[trigger]\ncontext_length = 100000\n")
-    path = ws.root / ".memd-recall.sock"
+    ws, config, path = one_agent_workspace(tmp_path)
     with DaemonProcess(ws.root, tmp_path / "state", config=config) as first:
         first.wait_ready()
         first.wait_for("recall socket listening")
@@ -349,12 +350,7 @@ def test_the_surviving_daemon_takes_recall_and_the_pointer_over(tmp_path: Path) 
     the survivor never served recall (it tried once, at start) and .memd-state kept
     naming the dead first daemon, so `memd health -w` failed while one ran. Now its
     periodic job takes both over once the first is gone, and says so once."""
-    ws = AgentWorkspace(tmp_path / "ws")
-    paths = ws.create_agent("alpha")
-    append_entry(paths.memory, "Human", "the kalomiren report")
-    config = tmp_path / "memd.toml"
-    config.write_text("[trigger]\ncontext_length = 100000\n")
-    path = ws.root / ".memd-recall.sock"
+    ws, config, path = one_agent_workspace(tmp_path)
     first = DaemonProcess(ws.root, tmp_path / "state", config=config).start()
     try:
         first.wait_ready()
@@ -407,12 +403,7 @@ def test_a_listener_that_is_not_a_daemon_does_not_keep_the_pointer(tmp_path: Pat
     memd daemon, so the only daemon on the workspace wrote no .memd-state (the
     pointer's pid was checked for being a memd, the listener's was not). Its socket
     is still left alone, and the log says what it is."""
-    ws = AgentWorkspace(tmp_path / "ws")
-    paths = ws.create_agent("alpha")
-    append_entry(paths.memory, "Human", "the kalomiren report")
-    config = tmp_path / "memd.toml"
-    config.write_text("[trigger]\ncontext_length = 100000\n")
-    path = ws.root / ".memd-recall.sock"
+    ws, config, path = one_agent_workspace(tmp_path)
     other = subprocess.Popen(
         [SYSTEM_PYTHON, "-c", LISTENER],
         env={"SOCK": str(path), "PATH": "/usr/bin:/bin"},
