@@ -10,13 +10,17 @@ This prints, on one synthetic corpus (chat, paths, URLs, code, CJK, emoji):
   space for the first thread that used it, and every other thread borrows one from
   a locked pool at each match (the first thread is this process's main thread here;
   in the daemon, whichever thread counted first);
-- for each optional backend that is installed (``rs-bpe``, ``bpe-openai``):
-  MB/s, and whether its token ids equal tiktoken's on the whole corpus.
+- for each optional backend that is installed (``rs-bpe``, ``bpe-openai``,
+  ``kitoken``): MB/s, and whether its token ids equal tiktoken's on the whole
+  corpus; then, on Swarms turns one call each (what the daemon's counting thread
+  does per append), microseconds per turn in a loop and paced (a 2 ms sleep before
+  each call, as appends come: the tables cold in the CPU's caches), against
+  tiktoken's in the same run, and how many turns' ids differ from tiktoken's.
 
     python bench/bench_tokenizer_backends.py [--mb 16]
 
 The alternatives are not memd dependencies: install them beside memd to
-measure them (``pip install rs-bpe bpe-openai``). The README records the
+measure them (``pip install rs-bpe bpe-openai kitoken``). The README records the
 decision and its reasons.
 """
 
@@ -128,7 +132,42 @@ def alternatives() -> list[tuple[str, Callable[[str], Sequence[int]]]]:
         found.append(("bpe-openai", bpe_openai.get_encoding("cl100k_base").encode_ordinary))
     except ImportError:
         print("bpe-openai: not installed")
+    try:
+        import kitoken  # type: ignore[import-not-found]
+
+        from memd.tokenizer import locate_encoding
+
+        ranks = locate_encoding("cl100k_base") / CL100K_FILE
+        encoder = kitoken.Kitoken.from_tiktoken_file(str(ranks))
+        found.append(("kitoken", lambda text: encoder.encode(text, False)))
+    except ImportError:
+        print("kitoken: not installed")
     return found
+
+
+# tiktoken's cache names the cl100k_base file by the sha1 of its URL.
+CL100K_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
+
+
+def per_call_us(
+    encode: Callable[[str], Sequence[int]], turns: Sequence[str]
+) -> tuple[float, float]:
+    """Microseconds per turn, one call each: in a loop (median of 3 passes), and
+    paced with a 2 ms sleep before each call (CPU time of the calls alone)."""
+    passes = []
+    for _ in range(3):
+        started = time.process_time()
+        for turn in turns:
+            encode(turn)
+        passes.append((time.process_time() - started) / len(turns))
+    paced = 0.0
+    few = turns[:500]
+    for turn in few:
+        time.sleep(0.002)
+        started = time.process_time()
+        encode(turn)
+        paced += time.process_time() - started
+    return sorted(passes)[1] * 1e6, paced / len(few) * 1e6
 
 
 def main(argv: list[str]) -> int:
@@ -171,7 +210,8 @@ def main(argv: list[str]) -> int:
         f"tiktoken, 2 threads with an encoding each: {megabytes / owned:6.2f} MB/s "
         f"({one / owned:.2f}x one thread)"
     )
-    for name, encode in alternatives():
+    backends = alternatives()
+    for name, encode in backends:
         try:
             seconds, ids = timed(lambda encode=encode: encode(text))  # type: ignore[misc]
         except Exception as exc:  # a backend that refuses the input is a finding
@@ -181,6 +221,19 @@ def main(argv: list[str]) -> int:
         print(
             f"{name:<11}: {megabytes / seconds:6.2f} MB/s ({one / seconds:.2f}x tiktoken), "
             f"ids identical to tiktoken: {exact}"
+        )
+    base_loop, base_paced = per_call_us(tiktoken.encode_ordinary, turns)
+    print(
+        f"per Swarms turn, one call each ({len(turns)} turns): tiktoken {base_loop:.1f} us "
+        f"in a loop, {base_paced:.1f} us paced"
+    )
+    for name, encode in backends:
+        differ = sum(1 for turn in turns if list(encode(turn)) != tiktoken.encode_ordinary(turn))
+        loop, paced = per_call_us(encode, turns)
+        print(
+            f"  {name:<11}: {loop:.1f} us in a loop ({base_loop / loop:.2f}x tiktoken), "
+            f"{paced:.1f} us paced ({base_paced / paced:.2f}x); turns whose ids differ: "
+            f"{differ} of {len(turns)}"
         )
     return 0
 
