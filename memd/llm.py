@@ -44,7 +44,7 @@ from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import MemdError, SummarizerError
 from memd.llm_guard import AttemptAbandoned, AttemptGuard, guarded_client, run_attempt
-from memd.logs import silence_request_loggers
+from memd.logs import guard_warnings, silence_request_loggers
 from memd.modelinfo import window_for
 from memd.redaction_key import process_key
 from memd.settings import tiktoken_cache_dir_kept
@@ -87,6 +87,8 @@ def import_litellm() -> ModuleType:
             # the query string): neither may reach memd's logs.  The import may
             # come before or after configure_logging, which does the same.
             silence_request_loggers()
+            # A warning's text may quote a reply (memory content): never shown.
+            guard_warnings()
             # Replies are read through a transport that enforces each attempt's
             # wall-clock deadline and size cap (memd.llm_guard).
             if litellm.client_session is None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -28,6 +31,9 @@ _LITELLM_LOGGERS = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm")
 # httpx's request lines carry URLs (some providers put the key in the query).
 _NEVER_BELOW_WARNING = ("httpx",)
 _HANDLER_NAME = "memd"
+# Python's warnings, once routed to logging, go to this logger.
+_WARNINGS_LOGGER = "py.warnings"
+_MEMD_DIR = str(Path(memd.__file__).resolve().parent) + os.sep
 
 
 def resolve_format(fmt: LogFormat, stream: TextIO) -> Literal["json", "console"]:
@@ -77,6 +83,7 @@ def configure_logging(
     for name in _QUIET_AT_INFO:
         logging.getLogger(name).setLevel(numeric if numeric <= logging.DEBUG else logging.WARNING)
     silence_request_loggers()
+    guard_warnings()
 
     structlog.configure(
         processors=[
@@ -99,6 +106,73 @@ def silence_request_loggers() -> None:
     for name in _NEVER_BELOW_WARNING:
         logger = logging.getLogger(name)
         logger.setLevel(max(logger.level, logging.WARNING))
+
+
+def _origin(filename: str) -> str:
+    """The package a warning was raised in (``pydantic``, ``litellm``), from its file."""
+    parts = Path(filename).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            rest = parts[parts.index(marker) + 1 :]
+            if rest:
+                return rest[0].removesuffix(".py")
+    return Path(filename).stem
+
+
+def _log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Replaces :func:`warnings.showwarning`: a warning is one log line naming its
+    category and where it came from. Only memd's own warnings keep their text: a
+    dependency's may quote what it was handed, and pydantic's serializer warning
+    quotes a model's reply (what the model wrote about an agent's memory, before
+    any redaction) into stderr and the journal (review r6leak F1)."""
+    logger = logging.getLogger(_WARNINGS_LOGGER)
+    if str(Path(filename).resolve()).startswith(_MEMD_DIR):
+        logger.warning("%s: %s (%s:%d)", category.__name__, message, Path(filename).name, lineno)
+    else:
+        logger.warning(
+            "%s from %s (its text left out: it may quote memory content)",
+            category.__name__,
+            _origin(filename),
+        )
+
+
+# What logging.captureWarnings writes (``file:line: Category: text``), should a
+# dependency route warnings to logging itself (detect-secrets does, on import).
+_FORMATTED_WARNING = re.compile(r"(?s)^(?P<file>.*?):(?P<line>\d+): (?P<category>\w+): ")
+
+
+class _WarningTextFilter(logging.Filter):
+    """Drops the text of a warning another module's ``showwarning`` logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        found = _FORMATTED_WARNING.match(text)
+        if found is not None and not str(Path(found["file"]).resolve()).startswith(_MEMD_DIR):
+            record.msg = "%s from %s (its text left out: it may quote memory content)"
+            record.args = (found["category"], _origin(found["file"]))
+        return True
+
+
+_TEXT_FILTER = _WarningTextFilter()
+
+
+def guard_warnings() -> None:
+    """Route Python's warnings through :func:`_log_warning` (idempotent; called
+    again after an import that may have replaced it, such as litellm's), and
+    ignore pydantic's serializer warnings, which litellm's response models raise
+    for replies of an unexpected shape (their text is the reply)."""
+    warnings.showwarning = _log_warning
+    warnings.filterwarnings("ignore", message="Pydantic serializer warnings", category=UserWarning)
+    logger = logging.getLogger(_WARNINGS_LOGGER)
+    if _TEXT_FILTER not in logger.filters:
+        logger.addFilter(_TEXT_FILTER)
 
 
 def get_logger(name: str = "memd", **initial: Any) -> structlog.stdlib.BoundLogger:
@@ -134,6 +208,7 @@ __all__ = [
     "configure_logging",
     "debug_check",
     "get_logger",
+    "guard_warnings",
     "log_cli_warnings_to_stderr",
     "resolve_format",
     "silence_request_loggers",

@@ -3,8 +3,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -150,3 +157,158 @@ def test_a_reload_at_debug_level_never_logs_what_the_summarizer_is_sent(
     captured = capfd.readouterr()
     assert "MARKER4242" not in stream.getvalue()
     assert "MARKER4242" not in captured.err + captured.out
+
+
+# --- review r6leak F1: a warning's text never reaches the log ---------------------
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "pw Hunter2Secret!7"
+
+
+class _PartsServer:
+    """An OpenAI-compatible server whose reply's content is a list of parts
+    (as some servers send it), holding what the model wrote: memory content."""
+
+    def __init__(self, reply_text: str) -> None:
+        text = reply_text
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                data = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 1,
+                        "model": "m",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {
+                                    "role": "assistant",
+                                    "content": [{"type": "text", "text": text}],
+                                },
+                                "finish_reason": "stop",
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+
+@pytest.fixture
+def parts_server() -> Iterator[_PartsServer]:
+    server = _PartsServer(f"Summary: the zebra plan; {SECRET}")
+    server.thread.start()
+    try:
+        yield server
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+
+
+def test_reply_content_never_reaches_stderr(
+    tmp_path: Path, ws: AgentWorkspace, parts_server: _PartsServer
+) -> None:
+    ws.create_agent("alpha", entries=20)
+    append_entry(ws.paths().memory, "Human", f"remember: {SECRET}")
+    config = tmp_path / "memd.toml"
+    config.write_text(
+        "[summarizer]\n"
+        'model = "openai/gpt-4o-mini"\n'
+        f'api_base = "{parts_server.api_base}"\n'
+        'api_key = "sk-test"\n'
+        "retries = 0\n"
+        "keep_recent_tokens = 0\n"
+        "timeout_s = 20\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memd",
+            "compact-now",
+            "alpha",
+            "-w",
+            str(ws.root),
+            "-c",
+            str(config),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0  # the reply is not a usable summary
+    assert "Hunter2Secret" not in proc.stderr, proc.stderr
+    assert "Hunter2Secret" not in proc.stdout
+
+
+def test_a_dependencys_warning_is_logged_without_its_text() -> None:
+    buf = io.StringIO()
+    configure_logging("json", "info", buf)
+    with warnings.catch_warnings():
+        configure_logging("json", "info", buf)  # installs the guard inside this block
+        warnings.warn_explicit(
+            f"serializer saw input_value='{SECRET}'",
+            UserWarning,
+            "/opt/venv/lib/python3.11/site-packages/somelib/main.py",
+            42,
+        )
+    [line] = _lines(buf)
+    assert "Hunter2Secret" not in buf.getvalue()
+    assert line["logger"] == "py.warnings" and line["level"] == "warning"
+    assert "UserWarning from somelib" in str(line["event"])
+
+
+def test_memds_own_warning_keeps_its_text() -> None:
+    import memd.core
+
+    buf = io.StringIO()
+    with warnings.catch_warnings():
+        configure_logging("json", "info", buf)
+        warnings.warn_explicit("the window is small", UserWarning, memd.core.__file__, 7)
+    [line] = _lines(buf)
+    assert "the window is small" in str(line["event"])
+
+
+def test_a_warning_another_module_routed_to_logging_loses_its_text() -> None:
+    """detect-secrets turns on logging.captureWarnings at import: logging's own
+    showwarning then writes ``file:line: Category: text`` to py.warnings."""
+    buf = io.StringIO()
+    with warnings.catch_warnings():
+        configure_logging("json", "info", buf)
+        logging.captureWarnings(True)
+        try:
+            warnings.showwarning = logging._showwarning  # type: ignore[attr-defined]
+            warnings.warn_explicit(
+                f"input_value='{SECRET}'", UserWarning, "/x/site-packages/pydantic/main.py", 3
+            )
+        finally:
+            logging.captureWarnings(False)
+    assert "Hunter2Secret" not in buf.getvalue()
+    [line] = _lines(buf)
+    assert "UserWarning from pydantic" in str(line["event"])
