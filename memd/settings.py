@@ -289,6 +289,15 @@ def _env_overrides(
         and var not in NON_SETTING_ENV_VARS
         and var not in links
     )
+    # Environment names are case-sensitive: `memd_log_level=debug` would be
+    # silently ignored. A name that is a setting's once upper-cased was meant as
+    # one; other lower-case memd_* names may be anyone's and are left alone.
+    unknown += sorted(
+        var
+        for var in environ
+        if not var.startswith("MEMD_")
+        and (var.upper() in known or var.upper() in NON_SETTING_ENV_VARS)
+    )
     if unknown:
         problems = tuple(_unknown_env_var(var, known) for var in unknown)
         more = len(problems) - 1

@@ -288,6 +288,28 @@ def test_a_setting_in_the_wrong_case_gets_a_did_you_mean(tmp_path: Path) -> None
     )
 
 
+@pytest.mark.parametrize(
+    ("var", "meant"),
+    [("memd_log_level", "MEMD_LOG_LEVEL"), ("Memd_Config", "MEMD_CONFIG")],
+)
+def test_a_lower_case_setting_is_refused_not_silently_ignored(
+    tmp_path: Path, var: str, meant: str
+) -> None:
+    """Environment names are case-sensitive: `memd_log_level=debug` used to be
+    ignored without a word, and the operator kept looking for debug lines."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={var: "debug"}, cwd=tmp_path)
+    assert str(caught.value) == (
+        f"invalid setting {var}: names are upper case; did you mean {meant}?"
+    )
+
+
+def test_other_lower_case_memd_names_are_left_alone(tmp_path: Path) -> None:
+    # Not a setting in any case: someone else's variable, not memd's to refuse.
+    loaded = load_settings(environ={"memd_home": "/opt/memd", "memdx": "1"}, cwd=tmp_path)
+    assert loaded.env_overrides == ()
+
+
 def test_summary_budgets_that_cannot_fit_the_low_water_mark_are_refused() -> None:
     # 32,000 x 0.9 = 28,800 threshold; low water 0.6 -> 17,280 tokens.
     data = {"trigger": {"context_length": 32_000}, "summarizer": {"summary_tokens": 5_000}}

@@ -51,7 +51,8 @@ def build_app(only: str | None = None) -> typer.Typer:
 
     app = typer.Typer(
         name="memd",
-        help="Memory-compaction daemon for AI agents' MEMORY.md files.",
+        help="Memory-compaction daemon for AI agents' MEMORY.md files. "
+        "(memd --version prints its version.)",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
@@ -82,6 +83,11 @@ def __getattr__(name: str) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("--version", "-V"):
+        # Answered before anything loads: packaging scripts and bug reports ask
+        # it, and it must work whatever the configuration or environment says.
+        print(f"memd {memd.__version__}")
+        sys.exit(0)
     only = args[0] if args and args[0] in COMMANDS else None
     if only != "run":  # the daemon configures its own logging (format, level, reloads)
         _log_warnings_to_stderr()

@@ -238,3 +238,23 @@ def test_help_is_still_help(tmp_path: Path, argv: tuple[str, ...]) -> None:
     assert "Usage: memd" in proc.stdout and proc.stderr == "", proc
     # Asked for: 0; a command group run bare: its help, exit 2 (as before).
     assert proc.returncode == (0 if "--help" in argv else 2)
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_is_printed_whatever_the_environment_says(tmp_path: Path, flag: str) -> None:
+    """Asked by packaging scripts and bug reports: answered before the configuration
+    is read, so even a misspelled MEMD_* variable does not stop it."""
+    import memd as memd_package
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", flag],
+        env={**env, "MEMD_LOG_LEVL": "debug"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == f"memd {memd_package.__version__}\n"
