@@ -12,7 +12,9 @@ import fcntl
 import hashlib
 import json
 import os
+import socket
 import stat
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -155,11 +157,59 @@ def read_to_end(fd: int) -> bytes:
     return b"".join(iter_range(fd, 0))
 
 
+# The lock file's content names its holder (format 1): written by whoever takes
+# the lock, read only by whoever finds it held, so a timeout can say who holds it.
+# An empty file (memd before format 1) or an unknown format names no one.
+LOCK_HOLDER_FORMAT = "memd-lock-holder 1"
+_HOLDER_MAX_BYTES = 512
+
+
+def _holder_command() -> str:
+    """What this process is, as an operator would name it: ``memd run``,
+    ``memd compact-now``; another program by its file name."""
+    argv = sys.argv
+    program = os.path.basename(argv[0]) if argv and argv[0] else "python"
+    if (
+        program in {"memd", "__main__.py", "-m", "-c"}
+        and len(argv) > 1
+        and not argv[1].startswith("-")
+    ):
+        program = f"memd {argv[1]}"
+    elif program in {"__main__.py", "-m", "-c"}:
+        program = "memd"
+    return "".join(ch if ch.isprintable() else "?" for ch in program)[:80]
+
+
+def holder_record(now: float | None = None) -> bytes:
+    """This process as the lock's holder: pid, host, command and since when (UTC)."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    host = "".join(ch if ch.isprintable() and ch != " " else "?" for ch in socket.gethostname())
+    fields = f"pid={os.getpid()}\nhost={host[:64]}\ncommand={_holder_command()}\nsince={since}\n"
+    return f"{LOCK_HOLDER_FORMAT}\n{fields}".encode()
+
+
+def describe_holder(record: bytes) -> str | None:
+    """``memd run, pid 41 on host h since 2026-12-03T06:40:01Z`` from a holder
+    record; None when the record names no one (empty, an older memd, garbled)."""
+    lines = record.decode("utf-8", "replace").splitlines()
+    if not lines or lines[0] != LOCK_HOLDER_FORMAT:
+        return None
+    fields = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+    pid, command = fields.get("pid", ""), fields.get("command", "")
+    if not pid.isdigit() or not command:
+        return None
+    where = f" on host {fields['host']}" if fields.get("host") else ""
+    since = f" since {fields['since']}" if fields.get("since") else ""
+    return f"{command}, pid {pid}{where}{since}"
+
+
 class AgentLock:
     """The per-agent compaction lock: ``flock`` on a file that is never renamed.
 
     It serializes compactors (daemons, ``compact-now``, ``forget``) across
-    processes; writers never take it.
+    processes; writers never take it. The holder writes who it is into the file
+    (:func:`holder_record`), so that a process that finds the lock held can say
+    who holds it: a `compact-now` stuck on a slow model, a second daemon.
     """
 
     def __init__(self, path: Path, agent: str, *, dir_fd: int | None = None) -> None:
@@ -176,10 +226,12 @@ class AgentLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if time.monotonic() >= deadline:
+                    holder = _read_holder(fd)
                     os.close(fd)
+                    held_by = f"{holder}; " if holder else ""
                     raise LockTimeout(
                         f"agent {self.agent!r}: another compaction holds its lock "
-                        f"(waited {wait_s:g}s)"
+                        f"({held_by}waited {wait_s:g}s)"
                     ) from None
                 time.sleep(poll_s)
                 continue
@@ -187,6 +239,7 @@ class AgentLock:
                 os.close(fd)
                 raise
             self._fd = fd
+            _write_holder(fd)
             return
 
     def release(self) -> None:
@@ -202,6 +255,22 @@ class AgentLock:
             yield
         finally:
             self.release()
+
+
+def _write_holder(fd: int) -> None:
+    # Best effort: who holds the lock is for the operator's messages; a full disk
+    # must not stop the compaction that took it.
+    with contextlib.suppress(OSError):
+        record = holder_record()
+        os.pwrite(fd, record, 0)
+        os.ftruncate(fd, len(record))
+
+
+def _read_holder(fd: int) -> str | None:
+    try:
+        return describe_holder(os.pread(fd, _HOLDER_MAX_BYTES, 0))
+    except (OSError, ValueError):
+        return None
 
 
 def _open_private(path: Path, flags: int, dir_fd: int | None) -> int:

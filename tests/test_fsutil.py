@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from memd.errors import LockTimeout
-from memd.fsutil import AgentLock, SlotJournal, create_file_at, read_range
+from memd.fsutil import AgentLock, SlotJournal, create_file_at, describe_holder, read_range
 
 
 def test_slot_journal_keeps_the_latest_record(tmp_path: Path) -> None:
@@ -190,3 +192,70 @@ def test_as_invoking_user_is_root_inside_a_switch_and_gives_the_owner_back(
         "owner again": (65534, 65534),
         "after": (0, 0),
     }
+
+
+def test_a_lock_timeout_names_the_process_that_holds_the_lock(tmp_path: Path) -> None:
+    """An operator whose `compact-now` times out needs to know who holds the agent:
+    a second daemon, a `compact-now` stuck on a slow model. The holder says so in
+    the lock file; the timeout reads it."""
+    lock_path = tmp_path / "lock"
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from memd.fsutil import AgentLock\n"
+        "path = Path(sys.argv[1])\n"
+        "sys.argv = ['/usr/bin/memd', 'compact-now', 'alpha']\n"
+        "AgentLock(path, 'alpha').acquire(1.0)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(lock_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdin is not None
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockTimeout) as caught:
+            AgentLock(lock_path, "alpha").acquire(0.1)
+        message = str(caught.value)
+        assert message.startswith(
+            f"agent 'alpha': another compaction holds its lock (memd compact-now, pid {holder.pid} "
+            f"on host {socket.gethostname()} since 20"
+        ), message
+        assert message.endswith("Z; waited 0.1s)") and "\n" not in message
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=10)
+    # Released, the lock is taken by the next one, which now names itself.
+    lock = AgentLock(lock_path, "alpha")
+    with lock.held(2.0):
+        assert describe_holder(lock_path.read_bytes()) is not None
+        assert f"pid {os.getpid()}" in (describe_holder(lock_path.read_bytes()) or "")
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"",
+        b"memd-lock-holder 2\npid=1\ncommand=x\n",
+        b"memd-lock-holder 1\npid=x\ncommand=y\n",
+        b"\xff\xfe",
+        b"memd-lock-holder 1\n",
+    ],
+    ids=["empty-older-memd", "unknown-format", "bad-pid", "binary", "no-fields"],
+)
+def test_a_lock_held_by_an_older_memd_or_a_garbled_record_names_no_one(
+    tmp_path: Path, record: bytes
+) -> None:
+    # memd before the holder record left the file empty: the message is as before.
+    lock_path = tmp_path / "lock"
+    lock_path.write_bytes(record)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with pytest.raises(LockTimeout) as caught:
+            AgentLock(lock_path, "alpha").acquire(0.0)
+    assert str(caught.value) == "agent 'alpha': another compaction holds its lock (waited 0s)"

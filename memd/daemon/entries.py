@@ -98,6 +98,11 @@ class AgentEntry:
     archives: ArchiveStats | None = None
     # The folder as listed at start-up (stored, so the next restart need not list it).
     folder: FolderFacts | None = None
+    # When another process was first found holding the agent's lock, in the runner's
+    # clock (None: not since the last compaction attempt that got the lock), and
+    # whether that has been said as a warning; written under the runner's lock.
+    busy_since: float | None = None
+    busy_warned: bool = False
     count_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -99,6 +99,11 @@ _log = get_logger("memd.daemon")
 # While the daemon compacts, another compactor (compact-now, a second daemon)
 # holding the lock means "try again later", not "wait minutes holding a slot".
 DAEMON_LOCK_WAIT_S = 1.0
+# Another process holding an agent's lock this long is no longer a compaction
+# running elsewhere but a stuck one (a `compact-now` whose model hangs, a second
+# daemon wedged): said once as a warning naming the holder, since memd cannot
+# compact that agent until it lets go.
+BUSY_WARNING_AFTER_S = 30 * 60.0
 
 
 class CompactFn(Protocol):
@@ -590,6 +595,7 @@ class Runner:
         now = self._clock()
         with self._lock:
             if error is None:
+                self._lock_was_taken(entry)
                 # Nothing left to do is the usual outcome of the first run after a
                 # restart (its recovery finished the drain) or of a `memd` command
                 # that ran it first: not worth a warning.
@@ -611,6 +617,7 @@ class Runner:
                 # Whoever holds the lock finishes the job first; the drain stays
                 # owed (its marker kept in the error: status and a restart see
                 # it) until this runner sees it done.
+                self._busy_elsewhere(entry, error, now)
                 decision = on_busy_elsewhere(
                     entry.job, describe_error(error), policy=self.retry_policy, now=now
                 )
@@ -657,6 +664,7 @@ class Runner:
         policy = self.retry_policy
         with self._lock:  # compaction threads end side by side: no increment lost
             self._stats.compactions_ok += 1
+            self._lock_was_taken(entry)
         # Judge what the compaction produced, not appends made meanwhile.
         achieved = outcome.tokens_produced
         _log.info(
@@ -709,6 +717,37 @@ class Runner:
                 )
             self._apply(entry, decision)
 
+    @staticmethod
+    def _busy_elsewhere(entry: AgentEntry, error: LockTimeout, now: float) -> None:
+        """Another process held the agent's lock (under the runner's lock): retried
+        quietly, until it has been held for :data:`BUSY_WARNING_AFTER_S`."""
+        if entry.busy_since is None:
+            entry.busy_since = now
+        held_for = now - entry.busy_since
+        if held_for >= BUSY_WARNING_AFTER_S and not entry.busy_warned:
+            entry.busy_warned = True
+            _log.warning(
+                "another process has held the agent's lock for a long time; memd cannot "
+                "compact this agent until it lets go (if that process is stuck, stop it)",
+                agent=entry.name,
+                held_for_min=round(held_for / 60),
+                lock=describe_error(error),
+            )
+        else:
+            _log.info(
+                "agent is being compacted by another process; retrying later",
+                agent=entry.name,
+                lock=describe_error(error),
+            )
+
+    @staticmethod
+    def _lock_was_taken(entry: AgentEntry) -> None:
+        if entry.busy_since is not None:
+            if entry.busy_warned:
+                _log.info("the agent's lock was let go; compacting it again", agent=entry.name)
+            entry.busy_since = None
+            entry.busy_warned = False
+
     def _failed(
         self,
         entry: AgentEntry,
@@ -752,10 +791,12 @@ class Runner:
                 self._apply(entry, on_nothing_to_compact(entry.job, policy=policy, now=now))
             return
         if isinstance(error, LockTimeout):
-            _log.info("agent is being compacted by another process; retrying later", agent=name)
             with self._lock:
+                self._busy_elsewhere(entry, error, now)
                 self._apply(entry, on_busy_elsewhere(entry.job, str(error), policy=policy, now=now))
             return
+        with self._lock:
+            self._lock_was_taken(entry)
         if isinstance(error, CompactionAborted) and self.abort.is_set():
             # A forced exit (a second SIGINT) rolled the job back: the operator
             # stopped it, the model did not fail. Counted as a failure, a few

@@ -591,3 +591,43 @@ def test_a_lock_held_by_another_process_shows_as_busy_not_as_an_error(tmp_path: 
     assert s.compact.calls == ["alice", "alice"]
     assert s.job("alice").state is JobState.IDLE and s.job("alice").last_error is None
     store.close()
+
+
+def test_a_lock_held_elsewhere_for_half_an_hour_is_said_once_as_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A `compact-now` whose model hangs (or a wedged second daemon) keeps the agent's
+    lock: the daemon's quiet "retrying later" every few seconds hid that the agent
+    could not be compacted at all. After BUSY_WARNING_AFTER_S it warns, once, naming
+    the holder; once it gets the lock, it says so and the next hold starts afresh."""
+    import structlog
+
+    from memd.daemon.runner import BUSY_WARNING_AFTER_S
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    tries = int(BUSY_WARNING_AFTER_S // 600) + 2  # one try every 10 minutes
+    s = build_services(ws, ScriptedCompaction(*["busy"] * tries, "ok", "busy"))
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.settle()
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(tries + 2):
+            assert s.scheduler.run_queued() == 1
+            s.clock.advance(600)
+            s.counter.tick(s.clock.now)
+            if s.compact.calls.count("alice") == tries + 1:
+                break
+            if s.job("alice").state is JobState.IDLE:
+                s.fill("alice", 20)
+                s.hint("alice")
+                s.settle()
+    warnings = [log for log in logs if log["log_level"] == "warning"]
+    assert [w["event"].split(";")[0] for w in warnings] == [
+        "another process has held the agent's lock for a long time"
+    ], warnings
+    assert warnings[0]["agent"] == "alice" and warnings[0]["lock"] == "agent 'alice': busy"
+    assert warnings[0]["held_for_min"] >= BUSY_WARNING_AFTER_S / 60
+    assert any(log["event"].startswith("the agent's lock was let go") for log in logs)
+    entry = s.registry.get("alice")
+    assert entry is not None and entry.busy_since is None and not entry.busy_warned
