@@ -261,6 +261,13 @@ def compact_now(
                         f"memd: error: {message}", markup=False, highlight=False, soft_wrap=True
                     )
             except MemdError as exc:
+                if all_agents and isinstance(exc, LockTimeout):
+                    # --all asks for the fleet to be compacted: an agent another
+                    # process is compacting right now (the daemon, most often) is
+                    # being done, not failed; said as the other skips are, no exit 1.
+                    out.print(f"{name}: skipped (busy: {exc})", markup=False, highlight=False)
+                    progress.advance(task)
+                    continue
                 failures += 1
                 if not isinstance(exc, LockTimeout):
                     # A lock held elsewhere (the daemon compacting, forget, prune) is

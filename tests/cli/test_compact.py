@@ -215,6 +215,29 @@ def test_wait_gives_up_when_another_compaction_holds_the_lock(ws: AgentWorkspace
     assert result.returncode == 0, result.stderr
 
 
+def test_all_agents_skips_an_agent_being_compacted_elsewhere_without_failing(
+    ws: AgentWorkspace,
+) -> None:
+    """`--all` on a fleet the daemon is working on: the agent it holds is being
+    compacted, not failed; the others are compacted and the exit is 0. Named, the
+    same agent is still exit 4 (the operator asked for that one)."""
+    paths = ws.paths("beta")
+    paths.private_dir.mkdir(mode=0o700)
+    with paths.lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        every = memd(
+            "compact-now", "--all", "--workspace", str(ws.root), "--wait", "0.2", "--summary", "s"
+        )
+        named = memd(
+            "compact-now", "beta", "--workspace", str(ws.root), "--wait", "0.2", "--summary", "s"
+        )
+    assert every.returncode == 0, every.stderr
+    assert "alpha: compacted" in every.stdout and "gamma: compacted" in every.stdout
+    assert "beta: skipped (busy: agent 'beta': another compaction holds its lock" in every.stdout
+    assert not paths.archive_dir.exists()
+    assert named.returncode == 4 and "another compaction holds its lock" in named.stderr
+
+
 def test_a_lock_timeout_is_not_recorded_as_a_failed_compaction(
     ws: AgentWorkspace, tmp_path: Path
 ) -> None:
