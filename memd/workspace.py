@@ -166,6 +166,14 @@ def require_workspace(workspace: Path) -> Path:
         ) from None
     if not stat.S_ISDIR(found.st_mode):
         raise WorkspaceError(f"workspace {workspace} is not a directory")
+    # Said here, as bad input (exit 2), rather than as the bare "Permission denied"
+    # of the first listing deep inside a command (exit 1, naming agents/ only).
+    for folder, what in ((workspace, "the workspace"), (workspace / AGENTS_DIR, "agents/")):
+        if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK, effective_ids=True):
+            raise WorkspaceError(
+                f"workspace {workspace}: memd (uid {os.geteuid()}) may not read {what}; "
+                "give it read and search (r-x) permission, e.g. through the agents' group"
+            )
     return workspace
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,52 @@ def test_version_is_printed_whatever_the_environment_says(tmp_path: Path, flag: 
     )
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout == f"memd {memd_package.__version__}\n"
+
+
+def _without_dac_override() -> list[str]:
+    """A prefix that runs a command as this root but bound by file permissions, as
+    an unprivileged daemon user is (no uid change: the checkout stays reachable)."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to drop the permission-override capabilities")
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+@pytest.mark.parametrize("command", ["run", "status", "doctor"])
+@pytest.mark.parametrize("unreadable", ["workspace", "agents"])
+def test_a_workspace_memd_may_not_read_is_bad_input_named_in_one_line(
+    tmp_path: Path, command: str, unreadable: str
+) -> None:
+    """A workspace (or its agents/) without r-x for memd's user: exit 2 with a line
+    saying whose permission is missing, not exit 1 with a bare "Permission denied"
+    from the first listing deep inside the command."""
+    prefix = _without_dac_override()
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    folder = ws if unreadable == "workspace" else ws / "agents"
+    folder.chmod(0o000)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    try:
+        proc = subprocess.run(
+            [*prefix, sys.executable, "-m", "memd", command, "--workspace", str(ws)],
+            env={**env, "MEMD_STATE_DIR": str(tmp_path / "state")},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        folder.chmod(0o755)
+    what = "the workspace" if unreadable == "workspace" else "agents/"
+    if command == "doctor":  # doctor reports it among its checks, and fails
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last == (
+        f"memd: error: workspace {ws}: memd (uid 0) may not read {what}; give it read and "
+        "search (r-x) permission, e.g. through the agents' group"
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr
