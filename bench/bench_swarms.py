@@ -16,6 +16,7 @@ needs no per-agent config.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from support.swarms import SwarmsAgent, swarms_python
 from memd.tokenizer import TokenCounter
 
 SYSTEM_PROMPT = "You are the benchmark agent. Answer briefly."
+SUMMARY_MARK = "[Compressed Memory Summary]"
 TASK = "turn {i}: the user reports progress on item {i} of the quarterly plan. " * 3
 
 
@@ -85,6 +87,16 @@ def run_situation(
             sum(counter.count_text(str(m.get("content") or "")) for m in request.messages)
             for request in server.requests
         ]
+        texts = [
+            "\n".join(str(m.get("content") or "") for m in r.messages) for r in server.requests
+        ]
+    # The turn before each request must reach the model (verbatim: memd keeps the
+    # newest turns, and one a writer appended to the old file is drained into the new).
+    previous = [
+        re.search(rf"(?:^|\n)turn {index - 1}: ", text) is not None
+        for index, text in enumerate(texts)
+        if index > 0
+    ]
     return {
         "name": name,
         "requests": len(sizes),
@@ -92,6 +104,8 @@ def run_situation(
         "p95": percentile(sizes, 0.95),
         "max": max(sizes),
         "last": sizes[-1],
+        "summary_share": sum(SUMMARY_MARK in text for text in texts) / len(texts),
+        "previous_share": sum(previous) / max(1, len(previous)),
         "compactions": compactions,
         "rebuilds": report["rebuilds"],
         "threshold": threshold,
@@ -121,13 +135,18 @@ def main() -> int:
     )
     columns = ("median", "p95", "max", "last")
     header = f"{'situation':<20} " + " ".join(f"{c:>7}" for c in columns)
-    print(header + f" {'compactions':>12} {'memd threshold':>15}")
+    print(header + f" {'compactions':>12} {'memd threshold':>15} {'summary':>8} {'prev turn':>10}")
     for row in rows:
         threshold = "-" if row["threshold"] is None else str(row["threshold"])
         print(
             f"{row['name']:<20} {row['median']:>7} {row['p95']:>7} {row['max']:>7} "
-            f"{row['last']:>7} {row['compactions']:>12} {threshold:>15}"
+            f"{row['last']:>7} {row['compactions']:>12} {threshold:>15} "
+            f"{row['summary_share']:>8.1%} {row['previous_share']:>10.1%}"
         )
+    print(
+        "summary: requests carrying memd's summary; prev turn: requests carrying the turn "
+        "before them verbatim"
+    )
     return 0
 
 
