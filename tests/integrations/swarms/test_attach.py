@@ -209,19 +209,68 @@ def test_a_reseed_rebuilds_the_context_at_the_next_run_and_nothing_is_sent_twice
     assert [m["content"] for m in agent.sent[-1]].count("turn three") == 1
 
 
-def test_rebuild_waits_while_the_model_owes_an_answer_to_tool_results(seeded: Path) -> None:
+def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:
+    """A run that ended with a tool call: the call and its results are not in MEMORY.md.
+
+    The next run after a re-seed already carries the new memory, and the call,
+    its result (and a failed tool's Tool Executor row) follow it, in order.
+    """
     agent = memd_swarms.attach(FakeAgent(seeded))
-    agent.script = [
-        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
-    ]
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    agent.script = [call]
     agent.run("look it up")
+    agent.short_memory.add("Tool Executor", "Tool execution failed after 3 attempts: boom")
+    exchange = agent.short_memory.conversation_history[-2:]
     reseed(memory_of(seeded), block("System", "[Compressed Memory Summary]\nSUMMARY-T"))
     agent.run("what did it say?")
-    assert carrying(agent.sent[-1], "SUMMARY-T") == []
-    assert [m["role"] for m in agent.sent[-1]].count("tool") == 1
+    sent = agent.sent[-1]
+    # (The fake, like swarms, sends the System-role prompt row as nothing.)
+    assert [m["role"] for m in sent] == ["system", "assistant", "tool", "user"]
+    assert "SUMMARY-T" in sent[0]["content"] and sent[0]["content"].startswith(PRELOAD)
+    assert sent[1]["tool_calls"] == [call]
+    assert (sent[2]["tool_call_id"], sent[2]["content"]) == ("call_1", "42")
+    assert sent[3]["content"] == "what did it say?"
+    history = agent.short_memory.conversation_history
+    assert history[2:4] == exchange  # the same rows, Tool Executor row included
+    assert agent._memd_swarms.rebuilds == 1
+    # Answered: the next re-seed drops the exchange with the rest.
+    reseed(memory_of(seeded), block("System", "[Compressed Memory Summary]\nSUMMARY-U"))
     agent.run("thanks")
-    assert len(carrying(agent.sent[-1], "SUMMARY-T")) == 1
-    assert all(m["role"] != "tool" for m in agent.sent[-1])
+    assert [m["role"] for m in agent.sent[-1]] == ["system", "user"]
+    assert "SUMMARY-U" in agent.sent[-1][0]["content"]
+
+
+def test_runs_that_all_end_with_a_tool_call_still_follow_every_reseed(seeded: Path) -> None:
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    for turn in range(3):
+        agent.script = [
+            {
+                "id": f"call_{turn}",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": "{}"},
+            }
+        ]
+        agent.run(f"look up {turn}")
+        reseed(memory_of(seeded), block("System", f"[Compressed Memory Summary]\nSUMMARY-{turn}"))
+    agent.run("and now?")
+    sent = agent.sent[-1]
+    assert len(carrying(sent, "SUMMARY-2")) == 1 and carrying(sent, "SUMMARY-1") == []
+    # Only the last, open, exchange is carried: the earlier ones were answered by the next task.
+    assert [m.get("tool_call_id") for m in sent if m["role"] == "tool"] == ["call_2"]
+    assert agent._memd_swarms.rebuilds == 3
+
+
+def test_chat_form_tool_rows_count_as_an_open_exchange() -> None:
+    from memd_swarms._wiring import open_tool_exchange
+
+    rows: list[dict[str, Any]] = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "metadata": {"tool_calls": [{"id": "c"}]}},
+        {"role": "tool", "content": "r", "metadata": {"tool_call_id": "c"}},
+    ]
+    assert open_tool_exchange(rows) == 1
+    assert open_tool_exchange([*rows, {"role": "assistant", "content": "done"}]) is None
+    assert open_tool_exchange([{"role": "Tool Executor", "content": "x"}]) is None
 
 
 def test_a_swarms_that_sends_its_preload_is_left_alone_with_a_log_line(

@@ -245,22 +245,44 @@ def test_tool_call_pairing_holds_across_a_rebuild(tmp_path: Path) -> None:
         server.script('tool:lookup_fact:{"topic": "launch"}')
         agent.run("Look up the launch fact.")
         memd("compact-now", "toolsmith", "--workspace", str(workspace), "--summary", "S-ONE")
-        # Re-seeded mid exchange: this run still sends the call and its result.
+        # Re-seeded mid exchange: this run is rebuilt from the summary and still
+        # sends the open call and its result, after the memory, in order.
         agent.run("What did the tool say?")
         answered = server.requests[-1]
-        assert any(m.get("role") == "tool" for m in answered.messages)
-        assert count_in(answered, "S-ONE") == 0
-        # The model has answered the result: the next run rebuilds from the summary.
+        roles = [m["role"] for m in answered.messages]
+        assert roles == ["system", "system", "assistant", "tool", "user"], answered.messages
+        assert str(answered.messages[1]["content"]).startswith(PRELOAD_MARK)
+        assert count_in(answered, "S-ONE") == 1 and "S-ONE" in answered.messages[1]["content"]
+        (call,) = answered.messages[2]["tool_calls"]
+        assert call["function"]["name"] == "lookup_fact"
+        assert answered.messages[3]["tool_call_id"] == call["id"]
+        assert "launch window is Friday" in answered.messages[3]["content"]
+        assert answered.messages[4]["content"] == "What did the tool say?"
+        # The model has answered the result: the exchange is history now.
         agent.run("Thanks.")
-        rebuilt = server.requests[-1]
-        assert count_in(rebuilt, "S-ONE") == 1
-        assert not any(m.get("role") == "tool" for m in rebuilt.messages)
+        later = server.requests[-1]
+        assert count_in(later, "S-ONE") == 1
+        assert [m["role"] for m in later.messages][:2] == ["system", "system"]
+        # Another run that ends with a tool call, then a re-seed: the same again.
+        server.script('tool:lookup_fact:{"topic": "crew"}')
+        agent.run("Look up the crew fact.")
+        memd("compact-now", "toolsmith", "--workspace", str(workspace), "--summary", "S-TWO")
+        agent.run("Who is on the crew?")
+        again = server.requests[-1]
+        assert [m["role"] for m in again.messages] == [
+            "system",
+            "system",
+            "assistant",
+            "tool",
+            "user",
+        ]
+        assert count_in(again, "S-TWO") == 1 and count_in(again, "S-ONE") == 0
         # A tool exchange inside one run (max_loops=1, then the next run) after the rebuild.
         server.script('tool:lookup_fact:{"topic": "budget"}')
         agent.run("Look up the budget fact.")
         agent.run("And?")
         report = agent.finish()
-    assert report["rebuilds"] == 1  # once, after the re-seed
+    assert report["rebuilds"] == 2  # once after each re-seed
     for request in server.requests:
         assert_tool_pairing(request)
     assert PRELOAD_MARK not in paths.memory.read_text(encoding="utf-8")

@@ -29,8 +29,8 @@ def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> A
     - The MEMORY.md Swarms preloaded reaches the model on the next request, as
       system context, exactly once; nothing is written back into MEMORY.md.
     - When memd re-seeds MEMORY.md (a new inode), the working context is rebuilt
-      from the new file at the start of the next ``run`` (never while the model
-      still owes an answer to tool results).
+      from the new file at the start of the next ``run``; a tool call the model
+      has not answered yet stays, with its results, after the memory.
     - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
       its context length and the text sent beside the memory in every request,
       from which memd derives this agent's threshold.

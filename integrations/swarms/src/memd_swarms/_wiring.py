@@ -7,6 +7,11 @@ never reaches the model. The wiring here replaces that row with one in chat form
 each ``run`` checks whether MEMORY.md is still the file it loaded: when memd has
 re-seeded it (a new inode), the conversation is rebuilt from the new file.
 
+A run can end with a tool call whose results the model has not read yet (Swarms
+keeps them in the call's row; a failed tool adds a ``Tool Executor`` row). A
+rebuild keeps that open exchange, in order, after the memory rows, so the next
+request still answers the call and already carries the new memory.
+
 Nothing here writes to MEMORY.md: the preload row is put into the history
 directly, the way Swarms puts its own, never through ``Conversation.add``.
 """
@@ -36,6 +41,8 @@ PRELOAD_MARKER = PRELOAD_PREAMBLE.split("\n", 1)[0]
 ROW_TAG = "memd_swarms"
 #: Roles Swarms records for tool bookkeeping rather than for a speaker.
 TOOL_EXECUTOR_ROLE = "Tool Executor"
+#: Rows that answer a tool call rather than speak.
+RESULT_ROLES = (TOOL_EXECUTOR_ROLE, "tool")
 
 FileIdentity = tuple[int, int]  # (st_dev, st_ino): a re-seed is a new inode
 
@@ -107,19 +114,27 @@ def static_prefix_length(conversation: Any) -> int:
     return count
 
 
-def open_tool_exchange(rows: list[dict[str, Any]]) -> bool:
-    """True when the model made tool calls and has not answered their results yet.
+def open_tool_exchange(rows: list[dict[str, Any]]) -> int | None:
+    """Where the model's open tool exchange starts in ``rows``, or None.
 
-    Swarms keeps a call and its results in one row (``tool_calls`` plus
-    ``tool_results``); a failed tool adds a ``Tool Executor`` row after it. The
-    results are not in MEMORY.md, so rebuilding then would take them from the
-    model before it read them.
+    Open: the last row that is not a tool result made tool calls, so the model
+    has not answered their results yet. Swarms keeps a call and its results in
+    one row (``tool_calls`` plus ``tool_results``); a failed tool adds a ``Tool
+    Executor`` row after it; chat-form rows (``messages=``) carry the calls in
+    ``metadata`` and the results as ``tool`` rows. The results are not in
+    MEMORY.md, so a rebuild keeps these rows: dropping them would take the
+    results from the model before it read them.
     """
-    for row in reversed(rows):
-        if row.get("role") == TOOL_EXECUTOR_ROLE:
+    for index in range(len(rows) - 1, -1, -1):
+        row = rows[index]
+        if row.get("role") in RESULT_ROLES:
             continue
-        return "tool_calls" in row
-    return False
+        metadata = row.get("metadata")
+        calls = row.get("tool_calls") or (
+            metadata.get("tool_calls") if isinstance(metadata, dict) else None
+        )
+        return index if calls else None
+    return None
 
 
 @dataclass
@@ -131,7 +146,6 @@ class Wiring:
     static_rows: int
     loaded: FileIdentity | None = None
     rebuilds: int = 0
-    deferred: bool = False
     warned_messages: bool = False
     # Appended to the preload (attach(recall=True) names the recall tool there).
     notice: str = ""
@@ -140,25 +154,30 @@ class Wiring:
     def rebuild(self) -> int:
         """Replace everything after the static rows with a preload of the current file.
 
-        Returns the number of rows dropped. Every dropped row is in the file
-        (verbatim, or in memd's summary of it), so nothing is sent twice.
+        An open tool exchange (the model's tool calls and their results) stays
+        after the preload, in order. Returns the number of rows dropped. Every
+        dropped row is in the file (verbatim, or in memd's summary of it), so
+        nothing is sent twice.
         """
         with self.lock:
             snapshot = read_memory(self.memory_path)
             history: list[dict[str, Any]] = self.conversation.conversation_history
             kept = history[: self.static_rows]
-            dropped = len(history) - len(kept)
+            tail = history[self.static_rows :]
+            start = open_tool_exchange(tail)
+            exchange = [] if start is None else tail[start:]
+            dropped = len(tail) - len(exchange)
             row = preload_row(snapshot.text)
             if row is not None:
                 if self.notice:
                     row["content"] += "\n\n" + self.notice
                 kept.append(row)
+            kept.extend(exchange)
             # In place: Agent._run holds no reference across runs, but callers may.
             history[:] = kept
             if hasattr(self.conversation, "_str_cache"):
                 self.conversation._str_cache = None  # Swarms' cached rendering of the history
             self.loaded = snapshot.identity
-            self.deferred = False
             return dropped
 
     def before_run(self, kwargs: dict[str, Any]) -> None:
@@ -173,15 +192,6 @@ class Wiring:
                 )
             identity = current_identity(self.memory_path)
             if identity == self.loaded:
-                return
-            history: list[dict[str, Any]] = self.conversation.conversation_history
-            if open_tool_exchange(history[self.static_rows :]):
-                if not self.deferred:
-                    self.deferred = True
-                    log.info(
-                        "memd_swarms: MEMORY.md was re-seeded; rebuild waits until the "
-                        "model has answered its tool results"
-                    )
                 return
             dropped = self.rebuild()
             self.rebuilds += 1
