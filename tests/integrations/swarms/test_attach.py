@@ -273,6 +273,188 @@ def test_chat_form_tool_rows_count_as_an_open_exchange() -> None:
     assert open_tool_exchange([{"role": "Tool Executor", "content": "x"}]) is None
 
 
+class ScriptedMemd:
+    """What memd's compaction does to MEMORY.md, step by step, on real files.
+
+    ``swap`` hard-links the old inode under ``.memd/`` (the drain link) and
+    renames a new file (header, summary, the turns it keeps) over MEMORY.md;
+    ``drain`` appends the old file's turns past what was copied to the new
+    file; ``let_go`` unlinks the drain link (the old file's link count drops to 0).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.link = path.parent / ".memd" / "drain.md"
+        self.link.parent.mkdir(exist_ok=True)
+        self.copied = 0
+
+    def swap(self, summary: str, keep: int) -> None:
+        """Re-seed with ``summary``, keeping the old file's last ``keep`` turns."""
+        data = self.path.read_bytes()
+        starts = [data.index(b"### ")]
+        while (at := data.find(b"\n\n---\n\n### ", starts[-1])) >= 0:
+            starts.append(at + 7)
+        kept = data[starts[-keep] :] if keep else b""
+        self.copied = len(data)
+        os.link(self.path, self.link)
+        fresh = self.path.with_name("MEMORY.md.new")
+        fresh.write_bytes(HEADER.encode() + block("System", summary).encode() + kept)
+        os.replace(fresh, self.path)
+
+    def late_append(self, text: str) -> None:
+        """A writer that opened MEMORY.md just before the swap appends after it."""
+        with open(self.link, "a", encoding="utf-8") as handle:
+            handle.write(text)
+
+    def drain(self) -> None:
+        data = self.link.read_bytes()
+        with open(self.path, "ab") as handle:
+            handle.write(data[self.copied :])
+        self.copied = len(data)
+
+    def let_go(self) -> None:
+        self.link.unlink()
+
+
+class MadeUpTime:
+    """The wiring's clock and sleep: each sleep advances the clock and may act."""
+
+    def __init__(self, on_sleep: Any = None) -> None:
+        self.now = 1000.0
+        self.sleeps = 0
+        self.on_sleep = on_sleep or (lambda count: None)
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.now += seconds
+        self.on_sleep(self.sleeps)
+
+
+def timed(agent: FakeAgent, time: MadeUpTime) -> FakeAgent:
+    agent._memd_swarms.clock = time.clock
+    agent._memd_swarms.sleep = time.sleep
+    return agent
+
+
+LATE = block("ada", "LATE-REPLY written to the old file after the swap")
+
+
+def test_a_turn_the_drain_moves_a_little_later_reaches_the_model_once(seeded: Path) -> None:
+    memd = ScriptedMemd(memory_of(seeded))
+
+    def memd_drains_late(count: int) -> None:
+        if count == 3:  # memd's drain polls too: it moves the turn on its own time
+            memd.drain()
+
+    time = MadeUpTime(memd_drains_late)
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), time)
+    agent.run("turn one")
+    memd.swap("[Compressed Memory Summary]\nSUMMARY-D", keep=1)
+    memd.late_append(LATE)
+    agent.run("turn two")
+    (preload,) = carrying(agent.sent[-1], "SUMMARY-D")
+    assert preload["content"].count("LATE-REPLY") == 1
+    assert preload["content"].index("SUMMARY-D") < preload["content"].index("LATE-REPLY")
+    assert len(carrying(agent.sent[-1], "LATE-REPLY")) == 1
+    # The wait ended when the late turn was in the new file, before memd let go.
+    assert time.sleeps == 3 and memd.link.exists()
+
+
+def test_after_the_drain_lets_the_old_file_go_nothing_more_is_waited_for(seeded: Path) -> None:
+    memd = ScriptedMemd(memory_of(seeded))
+
+    def memd_finishes(count: int) -> None:
+        if count == 2:
+            memd.drain()
+            memd.let_go()
+
+    time = MadeUpTime(memd_finishes)
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), time)
+    agent.run("turn one")
+    # Nothing kept: the old file's last turn is only in the summary, never in the new file.
+    memd.swap("[Compressed Memory Summary]\nSUMMARY-E", keep=0)
+    agent.run("turn two")
+    assert len(carrying(agent.sent[-1], "SUMMARY-E")) == 1
+    assert carrying(agent.sent[-1], "turn one") == []
+    assert time.sleeps == 2  # the old file's link count reached 0
+
+
+def test_a_reseed_whose_drain_is_done_costs_no_wait(seeded: Path) -> None:
+    time = MadeUpTime()
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), time)
+    memd = ScriptedMemd(memory_of(seeded))
+    agent.run("turn one")
+    memd.swap("[Compressed Memory Summary]\nSUMMARY-F", keep=2)  # the last turn kept
+    agent.run("turn two")
+    agent.run("turn three")  # same file: no rebuild, no wait
+    assert len(carrying(agent.sent[-2], "SUMMARY-F")) == 1
+    assert time.sleeps == 0 and agent._memd_swarms.rebuilds == 1
+    assert agent._memd_swarms.drain_waits == 0
+
+
+def test_when_the_drain_does_not_finish_the_late_turns_come_from_the_old_file(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    time = MadeUpTime()
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), time)
+    memd = ScriptedMemd(memory_of(seeded))
+    agent.run("turn one")
+    memd.swap("[Compressed Memory Summary]\nSUMMARY-G", keep=1)
+    memd.late_append(LATE)  # and memd stops (killed): no drain, the link stays
+    agent.run("turn two")
+    (preload,) = carrying(agent.sent[-1], "SUMMARY-G")
+    assert preload["content"].count("LATE-REPLY") == 1
+    assert len(carrying(agent.sent[-1], "LATE-REPLY")) == 1
+    assert len(carrying(agent.sent[-1], "answer to turn one")) == 1  # the kept turn, once
+    assert 2.0 <= time.now - 1000.0 < 2.1  # waited the bound, in polls of 20 ms
+    wiring = agent._memd_swarms
+    assert wiring.drain_waits == 1 and wiring.drain_waited_s == time.now - 1000.0
+    (line,) = [r.getMessage() for r in caplog.records if "not moved" in r.getMessage()]
+    assert "1 turn(s)" in line and "taken from the old file" in line
+    # memd's recovery later drains them: the next re-seed sends them from the file, once.
+    memd.drain()
+    memd.let_go()
+    agent.run("turn three")
+    assert len(carrying(agent.sent[-1], "LATE-REPLY")) == 1
+
+
+def test_late_turns_that_cannot_be_told_from_summarized_ones_are_said_not_guessed(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), MadeUpTime())
+    memd = ScriptedMemd(memory_of(seeded))
+    agent.run("turn one")
+    memd.swap("[Compressed Memory Summary]\nSUMMARY-H", keep=0)
+    memd.late_append(LATE)
+    agent.run("turn two")
+    assert len(carrying(agent.sent[-1], "SUMMARY-H")) == 1
+    assert carrying(agent.sent[-1], "turn one") == []  # summarized: not sent again raw
+    assert any("cannot be told apart" in r.getMessage() for r in caplog.records)
+
+
+def test_the_wiring_holds_one_descriptor_on_the_loaded_file(seeded: Path) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    wiring = agent._memd_swarms
+    assert open_fds() == before + 1
+    for turn in range(3):
+        agent.run(f"turn {turn}")
+        reseed(memory_of(seeded), block("System", f"[Compressed Memory Summary]\nS-{turn}"))
+    agent.run("last")
+    assert open_fds() == before + 1 and wiring.rebuilds == 3
+    assert os.fstat(wiring.held).st_ino == memory_of(seeded).stat().st_ino
+    wiring.close()
+    assert open_fds() == before and wiring.held is None
+
+
 def test_a_swarms_that_sends_its_preload_is_left_alone_with_a_log_line(
     seeded: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,11 +7,13 @@ the local OpenAI-compatible server, so these tests assert what reached the model
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +24,7 @@ from support.memfiles import entry_contents_everywhere
 from support.openai_server import OpenAITestServer, RecordedRequest
 from support.swarms import ROOT, SwarmsAgent, swarms_python
 
-from memd.core.memfile import parse
+from memd.core.memfile import parse, render_summary_block
 from memd.workspace import agent_paths
 
 pytestmark = [
@@ -286,6 +288,83 @@ def test_tool_call_pairing_holds_across_a_rebuild(tmp_path: Path) -> None:
     for request in server.requests:
         assert_tool_pairing(request)
     assert PRELOAD_MARK not in paths.memory.read_text(encoding="utf-8")
+
+
+class ScriptedCompaction:
+    """memd's re-seed and drain of the agent's real MEMORY.md, one step at a time.
+
+    ``swap`` links the old inode under ``.memd/`` and renames a new file over
+    MEMORY.md: the header, a summary and the last turn before the ``late`` ones,
+    which stand for the turns a writer appended to the old file just after the
+    swap; ``drain`` appends those to the new file and lets the old one go (its
+    link count drops to 0), as memd's drain does a little later.
+    """
+
+    def __init__(self, memory: Path) -> None:
+        self.memory = memory
+        self.link = memory.parent / ".memd" / "drain.md"
+        self.link.parent.mkdir(exist_ok=True)
+        self.late = b""
+
+    def swap(self, summary: str, late: int) -> None:
+        data = self.memory.read_bytes()
+        turns = list(parse(data).entries)
+        cut = turns[-late].start
+        header = data[: turns[0].start]
+        fresh = self.memory.with_name("MEMORY.md.memd-new")
+        stamp = datetime.datetime.now().isoformat()
+        fresh.write_bytes(
+            header + render_summary_block(summary, stamp) + data[turns[-late - 1].start : cut]
+        )
+        os.link(self.memory, self.link)
+        os.replace(fresh, self.memory)
+        self.late = data[cut:]
+
+    def drain(self) -> None:
+        with self.memory.open("ab") as handle:
+            handle.write(self.late)
+        self.link.unlink()
+
+
+def test_turns_written_to_the_old_file_at_a_reseed_reach_the_model_once(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "latecomer", "system_prompt": SYSTEM_PROMPT}
+    paths = agent_paths(workspace, "latecomer", must_exist=False)
+    with OpenAITestServer() as server, SwarmsAgent(workspace, server.api_base, spec) as agent:
+        server.script("ok:REPLY-ZERO")
+        agent.run("turn zero: KEEP-ZERO")
+        server.script("ok:REPLY-ONE")
+        agent.run("turn one: LATE-ONE")
+        compaction = ScriptedCompaction(paths.memory)
+        # Turn one's task and reply landed in the old file after the swap; memd's
+        # drain moves them into the new one a little later, while the next run starts.
+        compaction.swap("SUMMARY-A", late=2)
+        drain = threading.Timer(0.5, compaction.drain)
+        drain.start()
+        agent.run("turn two: NEXT-TWO")
+        drain.join()
+        first = server.requests[-1]
+        for needle in ("SUMMARY-A", "REPLY-ZERO", "LATE-ONE", "REPLY-ONE", "NEXT-TWO"):
+            assert count_in(first, needle) == 1, (needle, first.messages)
+        preload = str(first.messages[1]["content"])
+        assert preload.startswith(PRELOAD_MARK)
+        assert preload.index("SUMMARY-A") < preload.index("LATE-ONE") < preload.index("REPLY-ONE")
+        assert "KEEP-ZERO" not in preload  # summarized
+
+        # memd stops before it drains (killed): the late turns come from the old file.
+        server.script("ok:REPLY-THREE")
+        agent.run("turn three: LATE-THREE")
+        stopped = ScriptedCompaction(paths.memory)
+        stopped.swap("SUMMARY-B", late=2)
+        agent.run("turn four: NEXT-FOUR")
+        second = server.requests[-1]
+        for needle in ("SUMMARY-B", "LATE-THREE", "REPLY-THREE", "NEXT-FOUR"):
+            assert count_in(second, needle) == 1, (needle, second.messages)
+        assert count_in(second, "SUMMARY-A") == 0
+        report = agent.finish()
+    assert report["rebuilds"] == 2
+    assert stopped.link.exists()  # nothing the agent did let go of memd's drain link
 
 
 @pytest.mark.slow

@@ -29,8 +29,10 @@ def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> A
     - The MEMORY.md Swarms preloaded reaches the model on the next request, as
       system context, exactly once; nothing is written back into MEMORY.md.
     - When memd re-seeds MEMORY.md (a new inode), the working context is rebuilt
-      from the new file at the start of the next ``run``; a tool call the model
-      has not answered yet stays, with its results, after the memory.
+      from the new file at the start of the next ``run``: with the turns memd's
+      drain moves there from the old file (waited for up to 2 s, else read from
+      the old file), and with a tool call the model has not answered yet, and
+      its results, after the memory.
     - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
       its context length and the text sent beside the memory in every request,
       from which memd derives this agent's threshold.

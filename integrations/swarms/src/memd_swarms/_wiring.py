@@ -7,6 +7,14 @@ never reaches the model. The wiring here replaces that row with one in chat form
 each ``run`` checks whether MEMORY.md is still the file it loaded: when memd has
 re-seeded it (a new inode), the conversation is rebuilt from the new file.
 
+A re-seed is not the end of memd's compaction: a turn the agent appended to the
+old file just before the swap is moved into the new one by memd's drain a
+little later. The wiring keeps a read-only descriptor on the file it loaded, so
+after a swap it can wait (at most ``DRAIN_WAIT_S``) until the old file is let
+go (its link count is 0) or its last turn is in the new file; when the drain
+does not finish in time, the turns the new file lacks are taken from the old
+file itself. Either way the rebuilt context holds every turn on disk.
+
 A run can end with a tool call whose results the model has not read yet (Swarms
 keeps them in the call's row; a failed tool adds a ``Tool Executor`` row). A
 rebuild keeps that open exchange, in order, after the memory rows, so the next
@@ -21,10 +29,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import stat
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 log = logging.getLogger("memd_swarms")
@@ -46,32 +58,52 @@ RESULT_ROLES = (TOOL_EXECUTOR_ROLE, "tool")
 
 FileIdentity = tuple[int, int]  # (st_dev, st_ino): a re-seed is a new inode
 
+#: After a re-seed, how long ``run`` waits at most for memd's drain of the old
+#: file, and how often it looks (memd's drain moves a late turn within ~50 ms
+#: and lets the old file go ``drain_quiet_s`` after its last write, 1 s by default).
+DRAIN_WAIT_S = 2.0
+DRAIN_POLL_S = 0.02
+
+#: An entry header as Swarms and memd write it: ``### {role} — {ISO timestamp}``.
+_ENTRY_HEADER = re.compile(rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*\r?\n\r?\n")
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """MEMORY.md as read once: its identity and its text (None when it is missing)."""
+    """MEMORY.md as read once: its identity, its bytes and the descriptor they came
+    through (None, b"" and None when it is missing). The caller owns ``fd``."""
 
     identity: FileIdentity | None
-    text: str
+    data: bytes
+    fd: int | None = None
 
 
-def read_memory(path: str) -> Snapshot:
-    """Read MEMORY.md through one descriptor, so the identity and the text agree."""
+def read_all(fd: int) -> bytes:
+    """The file's bytes from offset 0 (``pread``: the descriptor's offset is left alone)."""
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def open_memory(path: str) -> Snapshot:
+    """Open and read MEMORY.md through one descriptor, so the identity and the bytes
+    agree; the descriptor stays open (read-only) for the caller."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return Snapshot(None, "")
+        return Snapshot(None, b"")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path}: not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-    finally:
+        data = read_all(fd)
+    except BaseException:
         os.close(fd)
-    # Swarms reads it as UTF-8 too; a stray byte must not cost the agent its memory.
-    return Snapshot((info.st_dev, info.st_ino), b"".join(chunks).decode("utf-8", "replace"))
+        raise
+    return Snapshot((info.st_dev, info.st_ino), data, fd)
 
 
 def current_identity(path: str) -> FileIdentity | None:
@@ -80,6 +112,46 @@ def current_identity(path: str) -> FileIdentity | None:
     except FileNotFoundError:
         return None
     return (info.st_dev, info.st_ino)
+
+
+def entries(data: bytes) -> list[bytes]:
+    """The entry blocks of a MEMORY.md's bytes, in order (the file header left out).
+
+    A line counts as an entry header as memd counts it: ``### {role} — {time}``
+    with a role and an ISO-8601 time, then a blank line.
+    """
+    starts = [
+        match.start()
+        for match in _ENTRY_HEADER.finditer(data)
+        if match.group(1).strip() and _is_timestamp(match.group(2))
+    ]
+    return [data[start:end] for start, end in zip(starts, [*starts[1:], len(data)], strict=True)]
+
+
+def _is_timestamp(raw: bytes) -> bool:
+    try:
+        datetime.fromisoformat(raw.decode("ascii"))
+    except ValueError:
+        return False
+    return len(raw) <= 64
+
+
+def drained(old: bytes, new: bytes) -> bool:
+    """True when the old file's last turn is already in the new file (kept by the
+    compaction or moved there by its drain): nothing of it is still to come."""
+    blocks = entries(old)
+    return not blocks or blocks[-1] in new
+
+
+def late_turns(old: bytes, new: bytes) -> bytes | None:
+    """The old file's turns after the last one the new file holds (what memd's drain
+    would still move); None when the new file holds none of them, so turns memd
+    summarized cannot be told from turns it has not moved yet."""
+    blocks = entries(old)
+    for index in range(len(blocks) - 1, -1, -1):
+        if blocks[index] in new:
+            return b"".join(blocks[index + 1 :])
+    return None if blocks else b""
 
 
 def preload_row(text: str) -> dict[str, Any] | None:
@@ -146,10 +218,24 @@ class Wiring:
     static_rows: int
     loaded: FileIdentity | None = None
     rebuilds: int = 0
+    # Rebuilds that waited for memd's drain, and for how long in all (seconds).
+    drain_waits: int = 0
+    drain_waited_s: float = 0.0
     warned_messages: bool = False
     # Appended to the preload (attach(recall=True) names the recall tool there).
     notice: str = ""
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # How long to wait for memd's drain after a re-seed, and the clock and sleep
+    # it is measured with (tests pass their own).
+    drain_wait_s: float = DRAIN_WAIT_S
+    drain_poll_s: float = DRAIN_POLL_S
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    # A read-only descriptor on the file the history was loaded from: after a
+    # re-seed it tells whether memd's drain of that file is done, and holds the
+    # late turns when it is not.
+    held: int | None = None
+    _closer: weakref.finalize | None = field(default=None, repr=False)  # type: ignore[type-arg]
 
     def rebuild(self) -> int:
         """Replace everything after the static rows with a preload of the current file.
@@ -160,14 +246,16 @@ class Wiring:
         nothing is sent twice.
         """
         with self.lock:
-            snapshot = read_memory(self.memory_path)
+            snapshot, late = self._load()
             history: list[dict[str, Any]] = self.conversation.conversation_history
             kept = history[: self.static_rows]
             tail = history[self.static_rows :]
             start = open_tool_exchange(tail)
             exchange = [] if start is None else tail[start:]
             dropped = len(tail) - len(exchange)
-            row = preload_row(snapshot.text)
+            # Swarms reads it as UTF-8 too; a stray byte must not cost the agent its memory.
+            text = (snapshot.data + late).decode("utf-8", "replace")
+            row = preload_row(text)
             if row is not None:
                 if self.notice:
                     row["content"] += "\n\n" + self.notice
@@ -178,7 +266,72 @@ class Wiring:
             if hasattr(self.conversation, "_str_cache"):
                 self.conversation._str_cache = None  # Swarms' cached rendering of the history
             self.loaded = snapshot.identity
+            self._hold(snapshot.fd)
             return dropped
+
+    def _load(self) -> tuple[Snapshot, bytes]:
+        """The current file (its descriptor open) and the late turns to add to it.
+
+        When the file is not the one loaded before, memd's drain of the old one
+        may still be moving turns into it: wait for it (bounded), and past the
+        bound take the turns the new file lacks from the old file.
+        """
+        snapshot = open_memory(self.memory_path)
+        old, fd = self.held, snapshot.fd
+        if old is None or fd is None or _identity(old) == snapshot.identity:
+            return snapshot, b""
+        started = self.clock()
+        polls = 0
+        try:
+            while True:
+                gone = os.fstat(old).st_nlink == 0  # memd let the old file go: drain done
+                new = read_all(fd)
+                if gone:
+                    return Snapshot(snapshot.identity, new, fd), b""
+                before = read_all(old)
+                if drained(before, new):
+                    return Snapshot(snapshot.identity, new, fd), b""
+                if self.clock() - started >= self.drain_wait_s:
+                    break
+                self.sleep(self.drain_poll_s)
+                polls += 1
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            if polls:
+                self.drain_waits += 1
+                self.drain_waited_s += self.clock() - started
+        snapshot = Snapshot(snapshot.identity, new, fd)
+        late = late_turns(before, new)
+        if late is None:
+            log.warning(
+                "memd_swarms: MEMORY.md was re-seeded and memd has not finished moving the "
+                "turns written to the old file after %.1f s, and they cannot be told apart "
+                "from the turns it summarized: they reach the model after the next "
+                "compaction (they are on disk)",
+                self.drain_wait_s,
+            )
+            return snapshot, b""
+        log.warning(
+            "memd_swarms: MEMORY.md was re-seeded and memd has not moved the %d turn(s) "
+            "written to the old file after %.1f s; they are taken from the old file",
+            len(entries(late)),
+            self.drain_wait_s,
+        )
+        return snapshot, late
+
+    def _hold(self, fd: int | None) -> None:
+        """Keep ``fd`` (the loaded file's) open in place of the one held before."""
+        if self._closer is not None:
+            self._closer()  # closes the previous descriptor, once
+        self.held = fd
+        self._closer = None if fd is None else weakref.finalize(self, os.close, fd)
+
+    def close(self) -> None:
+        """Let the held descriptor go (the agent is done with memd)."""
+        with self.lock:
+            self._hold(None)
 
     def before_run(self, kwargs: dict[str, Any]) -> None:
         """Called at the start of every ``run``: follow a re-seed of MEMORY.md."""
@@ -200,6 +353,11 @@ class Wiring:
                 "new file (%d rows replaced)",
                 dropped,
             )
+
+
+def _identity(fd: int) -> FileIdentity:
+    info = os.fstat(fd)
+    return (info.st_dev, info.st_ino)
 
 
 def wrap_run(agent: Any, wiring: Wiring) -> None:
