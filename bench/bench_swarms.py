@@ -108,6 +108,8 @@ def run_situation(
         "previous_share": sum(previous) / max(1, len(previous)),
         "compactions": compactions,
         "rebuilds": report["rebuilds"],
+        "drain_waits": report.get("drain_waits"),
+        "drain_waited_s": report.get("drain_waited_s"),
         "threshold": threshold,
     }
 
@@ -147,6 +149,14 @@ def main() -> int:
         "summary: requests carrying memd's summary; prev turn: requests carrying the turn "
         "before them verbatim"
     )
+    for row in rows:
+        if row["rebuilds"] is not None:
+            waited = row["drain_waited_s"]
+            print(
+                f"{row['name']}: {row['rebuilds']} rebuilds, {row['drain_waits']} of them "
+                f"waited for memd's drain ({waited if waited is None else round(waited, 2)} s "
+                "in all)"
+            )
     return 0
 
 

@@ -63,7 +63,10 @@ def main() -> int:
             agent.run(line.rstrip("\n"))
             print(f"ok {count}", flush=True)
     wiring = getattr(agent, "_memd_swarms", None)
-    print(json.dumps({"rebuilds": getattr(wiring, "rebuilds", None)}), flush=True)
+    report = {
+        name: getattr(wiring, name, None) for name in ("rebuilds", "drain_waits", "drain_waited_s")
+    }
+    print(json.dumps(report), flush=True)
     return 0
 
 
