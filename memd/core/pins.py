@@ -41,15 +41,25 @@ PINNED_HEADING: Final = (
 UNDATED: Final = "undated"
 _MAX_FACT_CHARS: Final = 300
 
+_MARKER: Final = r"(?:\*\*)?(?:Remember|Note|Important|Preference|NB)(?:\*\*)?[ \t]*:[ \t]*\S"
+# A marked line: the marker opens the line (after list markup); the whole line is kept.
 _MARKED_LINE_RE: Final = re.compile(
-    r"^[ \t]*(?:[-*>+][ \t]*)*(?:\*\*)?(?:Remember|Note|Important|Preference|NB)(?:\*\*)?"
-    r"[ \t]*:[ \t]*\S[^\n]*$",
+    rf"^[ \t]*(?:[-*>+][ \t]*)*(?P<marked>{_MARKER}[^\n]*)$",
     re.IGNORECASE | re.MULTILINE,
 )
+# A marked sentence: the marker opens a sentence inside a line ("Got it. Remember: …",
+# a speaker's "Human: Remember: …"); kept from the marker to the end of its sentence.
+_MARKED_SENTENCE_RE: Final = re.compile(
+    rf"(?<=[.!?;:)\]\u2014\u2013])[ \t]+(?P<marked>{_MARKER}[^\n]*?(?:[.!?](?=[ \t]|$)|$))",
+    re.IGNORECASE | re.MULTILINE,
+)
+# A preference sentence starts a line (after list markup) or follows a sentence or a
+# speaker's colon: "- (2026-03-02T10:00:00) Human: I prefer …" is "I prefer …".
 _PREFERENCE_RE: Final = re.compile(
-    r"(?:^|(?<=[.!?]\s))[^.!?\n]*\bI (?:really )?(?:prefer|always want|never want|would rather)"
-    r"\b[^.!?\n]*[.!?]?",
-    re.IGNORECASE,
+    r"(?:^[ \t]*(?:[-*>+][ \t]*)*|(?<=[.!?:]\s))"
+    r"(?P<marked>[^.!?:\n]*?\bI (?:really )?(?:prefer|always want|never want|would rather)"
+    r"\b[^.!?\n]*[.!?]?)",
+    re.IGNORECASE | re.MULTILINE,
 )
 _URL_RE: Final = re.compile(r"\bhttps?://[^\s<>\"'`)\]}]+")
 _CODE_SPAN_RE: Final = re.compile(r"`([^`\n]{2,200})`")
@@ -185,13 +195,19 @@ def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
     found: list[Fact] = []
     marked: list[str] = []
     if not screen or ":" in text:
-        for match in _MARKED_LINE_RE.finditer(text):
-            line = re.sub(r"^[ \t]*(?:[-*>+][ \t]*)*", "", match.group(0)).strip()
+        lines = [(m.start("marked"), m.end()) for m in _MARKED_LINE_RE.finditer(text)]
+        sentences = [
+            (m.start("marked"), m.end())
+            for m in _MARKED_SENTENCE_RE.finditer(text)
+            if not any(start <= m.start("marked") < end for start, end in lines)
+        ]
+        for start, end in sorted(lines + sentences):
+            line = text[start:end].strip()
             marked.append(line)
             found.append(Fact("marked", _clean(line)))
     if not screen or _preference_possible(text):
         for match in _PREFERENCE_RE.finditer(text):
-            sentence = match.group(0).strip()
+            sentence = match.group("marked").strip()
             if sentence and not any(sentence in line for line in marked):
                 marked.append(sentence)
                 found.append(Fact("marked", _clean(sentence)))

@@ -120,6 +120,30 @@ def test_budget_evicts_lowest_value_kinds_first_then_oldest() -> None:
     assert fit_pins(pins, 0, word_count).evicted == 4
 
 
+def test_a_marker_opening_a_sentence_mid_line_pins_that_sentence() -> None:
+    text = "Got it. Remember: the deploy key lives in /srv/keys/deploy.pem. I will ship it now."
+    assert [(f.kind, f.text) for f in extract_facts(text)] == [
+        ("marked", "Remember: the deploy key lives in /srv/keys/deploy.pem")
+    ]
+    # A speaker's line, as the builtin summary writes it; the other markers too.
+    line = "- (2026-03-02T10:00:00) Human: Remember: the bucket is read-only on Fridays."
+    assert [f.text for f in extract_facts(line)] == ["Remember: the bucket is read-only on Fridays"]
+    assert [f.text for f in extract_facts("Done \u2014 **Important**: back up first!")] == [
+        "**Important**: back up first"
+    ]
+    # Not a marker: a word before the colon that does not open a sentence.
+    assert extract_facts("See the release note: it moved to the wiki.") == []
+
+
+def test_a_preference_sentence_is_the_sentence_not_its_line_markup() -> None:
+    line = "- (2026-03-10T21:48:13) Human: I prefer the weekly report as CSV."
+    assert [f.text for f in extract_facts(line)] == ["I prefer the weekly report as CSV"]
+    # A preference on its own line after one that ends without punctuation.
+    assert [f.text for f in extract_facts("Sure thing\nI prefer CSV over tables.")] == [
+        "I prefer CSV over tables"
+    ]
+
+
 _FACT_FRAGMENTS = st.sampled_from(
     [
         "Remember: ",
