@@ -160,7 +160,7 @@ def extract_facts(text: str) -> list[Fact]:
     """Every fact in ``text``, in order of kind then appearance, without duplicates.
 
     Facts inside a marked line are not pinned again on their own: the line
-    already keeps them.
+    already keeps them, as far as it is kept (a long one is cut short).
     """
     return _extract_facts(text, screen=True)
 
@@ -192,6 +192,29 @@ def _preference_possible(text: str) -> bool:
 def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
     """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
     (the reference the screened run is tested against)."""
+    found, marked = _marked_facts(text, screen=screen)
+    rest = text
+    for line in marked:
+        rest = rest.replace(line, " ")
+    found += _plain_facts(rest, screen=screen)
+    for line in marked:
+        # A marked text longer than a fact may be is cut: what is past the cut
+        # is read on its own (a fact the cut splits too), else it would be lost.
+        kept = _kept_part(line)
+        if kept is not None:
+            found += [f for f in _plain_facts(line, screen=screen) if f.text not in kept]
+    return _unique(found)
+
+
+def _kept_part(line: str) -> str | None:
+    """The part of a marked text its pin keeps, when the pin is cut short; else None."""
+    if len(" ".join(line.split()).rstrip(_TRAILING_PUNCT)) <= _MAX_FACT_CHARS:
+        return None
+    return _clean(line).removesuffix("…")
+
+
+def _marked_facts(text: str, *, screen: bool) -> tuple[list[Fact], list[str]]:
+    """Marked lines, marked sentences and preferences: their facts and their texts."""
     found: list[Fact] = []
     marked: list[str] = []
     if not screen or ":" in text:
@@ -211,9 +234,12 @@ def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
             if sentence and not any(sentence in line for line in marked):
                 marked.append(sentence)
                 found.append(Fact("marked", _clean(sentence)))
-    rest = text
-    for line in marked:
-        rest = rest.replace(line, " ")
+    return found, marked
+
+
+def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
+    """Commands, URLs, paths, dates, versions, identifiers and quantities, by kind."""
+    found: list[Fact] = []
     code = not screen or "`" in rest
     if code:
         for match in _CODE_SPAN_RE.finditer(rest):
@@ -254,6 +280,11 @@ def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
             if blanked != plain:
                 plain = blanked
                 digits = not screen or _DIGIT_RE.search(plain) is not None
+    return found
+
+
+def _unique(found: list[Fact]) -> list[Fact]:
+    """The first fact of each key, credentials and one-character keys dropped."""
     seen: set[str] = set()
     unique: list[Fact] = []
     for fact in found:

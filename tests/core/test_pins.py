@@ -144,6 +144,26 @@ def test_a_preference_sentence_is_the_sentence_not_its_line_markup() -> None:
     ]
 
 
+def test_facts_past_the_kept_part_of_a_long_marked_line_are_pinned_on_their_own() -> None:
+    early = "/srv/early/conf/a.yaml"
+    late = "config at /srv/late/conf/b.yaml on 2027-01-02 with v1.2.3, filed as OPS-1234"
+    line = f"Remember: {early} first, " + "then wait " * 30 + late
+    facts = extract_facts(line)
+    marked = [f for f in facts if f.kind == "marked"]
+    assert len(marked) == 1 and marked[0].text.endswith("…") and early in marked[0].text
+    assert {(f.kind, f.text) for f in facts if f.kind != "marked"} == {
+        ("path", "/srv/late/conf/b.yaml"),
+        ("date", "2027-01-02"),
+        ("version", "v1.2.3"),
+        ("identifier", "OPS-1234"),
+    }
+    # A fact the cut splits is pinned whole.
+    cut_at = len(marked[0].text) - 1
+    split = "/srv/split/across/the/cut/c.yaml"
+    straddling = f"Remember: {'x' * (cut_at - len('Remember: ') - 5)} {split} and more"
+    assert ("path", split) in [(f.kind, f.text) for f in extract_facts(straddling)]
+
+
 _FACT_FRAGMENTS = st.sampled_from(
     [
         "Remember: ",
