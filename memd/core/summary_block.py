@@ -109,15 +109,37 @@ def parse_summary(text: str) -> ParsedSummary:
     )
 
 
+# A line of the builtin summary: "- (2026-03-02T10:30:09) Human: …", stamped with
+# the time of the turn it comes from.
+_STAMPED_LINE_RE: Final = re.compile(r"^[ \t]*- \((\d{4}-\d{2}-\d{2}T[\d:.]+)\) ")
+
+
 def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
     """What the previous summary pinned, plus the facts its body still names.
 
     A fact the last model kept in its own words is no longer in the pinned
     section; reading it back from the body is what keeps it pinned if the next
-    model drops it.
+    model drops it.  Each keeps the date it was last mentioned: a pinned fact
+    its section's, a fact on a stamped line (the builtin summary's) that line's;
+    only a fact the body alone names, on no stamped line, is dated by the
+    previous summary itself (``previous_timestamp``).
     """
-    from_body = [Pin(f.kind, f.text, previous_timestamp) for f in extract_facts(previous.body)]
-    return merge_pins(from_body, list(previous.pins))
+    stamped: list[Pin] = []
+    unstamped: list[str] = []
+    for line in previous.body.split("\n"):
+        match = _STAMPED_LINE_RE.match(line)
+        if match is None:
+            unstamped.append(line)
+        else:
+            stamped += [Pin(f.kind, f.text, match.group(1)) for f in extract_facts(line)]
+    dated = merge_pins(stamped, list(previous.pins))
+    known = {pin.key for pin in dated}
+    from_body = [
+        Pin(f.kind, f.text, previous_timestamp)
+        for f in extract_facts("\n".join(unstamped))
+        if f.key not in known
+    ]
+    return merge_pins(from_body, dated)
 
 
 @dataclass(frozen=True, slots=True)

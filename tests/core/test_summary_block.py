@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 
 from memd.core.memfile import parse, render_header, render_summary_block
-from memd.core.pins import Pin, parse_pinned
+from memd.core.pins import PINNED_HEADING, Pin, parse_pinned
 from memd.core.retention import RetentionLimits
 from memd.core.summary_block import (
     SUMMARY_FORMAT,
@@ -126,3 +126,28 @@ def test_a_block_without_the_note_reads_as_before() -> None:
     parsed = parse_summary(old)
     assert parsed.body == "We ship on Fridays." and parsed.archive_note == ""
     assert parsed.earlier_archives == 2
+
+
+def test_carried_pins_keep_the_date_of_their_last_mention() -> None:
+    # The builtin summary's lines carry the time of their turn; the block is
+    # written months later (the compaction's clock).
+    body = (
+        "Facts:\n"
+        "- (2026-03-02T10:00:00) Agent: To rebuild, run `make reindex` from the root.\n"
+        "- (2026-03-05T09:30:00) Human: Remember: the bucket is read-only on Fridays.\n"
+        "We read from replica7.db.internal."
+    )
+    section = (PINNED_HEADING, "2026-03-01:", "- /srv/a/b.yaml", "- 2027-01-02")
+    pinned = "\n".join(section)
+    previous = parse_summary(f"{body}\nAlso /srv/a/b.yaml.\n\n{pinned}\n\n{version_line('', 0)}")
+    assert len(previous.pins) == 2
+    carried = {pin.text: pin.last_seen for pin in carried_pins(previous, "2026-12-03T06:00:00")}
+    assert carried == {
+        "`make reindex`": "2026-03-02T10:00:00",
+        "Remember: the bucket is read-only on Fridays": "2026-03-05T09:30:00",
+        # Pinned: the section's date, though the body names it too.
+        "/srv/a/b.yaml": "2026-03-01",
+        "2027-01-02": "2026-03-01",
+        # Named by the body alone, on no stamped line: the summary's own time.
+        "replica7.db.internal": "2026-12-03T06:00:00",
+    }
