@@ -23,7 +23,8 @@ from memd.core.secrets import contains_secret as looks_like_credential
 
 CountText = Callable[[str], int]
 
-# Kinds, most valuable first; eviction under the pinned budget starts at the end.
+# Kinds, most valuable first: under the pinned budget, each kind keeps pins in
+# proportion to its value (see :func:`fit_pins`).
 KIND_VALUE: Final = {
     "marked": 9,
     "command": 8,
@@ -296,11 +297,29 @@ def _unique(found: list[Fact]) -> list[Fact]:
     return unique
 
 
+# Facts of one kind one entry may pin, the first ones it names: a listing full of
+# paths (a tool's, or one pasted) would else fill the pinned section with itself.
+MAX_FACTS_PER_KIND: Final = 16
+MAX_TOOL_FACTS_PER_KIND: Final = 4
+
+
 def extract_from_entry(role: str, content: str) -> list[Fact]:
-    """Facts of one transcript entry; tool output is read only where it does not repeat."""
+    """Facts of one transcript entry, at most a few of each kind; tool output is read
+    only where it does not repeat."""
     if is_tool_role(role) or content.lstrip().startswith("Tool Output"):
-        return extract_facts("\n".join(non_repeating_lines(content)))
-    return extract_facts(content)
+        facts = extract_facts("\n".join(non_repeating_lines(content)))
+        return _first_of_each_kind(facts, MAX_TOOL_FACTS_PER_KIND)
+    return _first_of_each_kind(extract_facts(content), MAX_FACTS_PER_KIND)
+
+
+def _first_of_each_kind(facts: list[Fact], limit: int) -> list[Fact]:
+    taken: dict[str, int] = {}
+    kept: list[Fact] = []
+    for fact in facts:
+        taken[fact.kind] = taken.get(fact.kind, 0) + 1
+        if taken[fact.kind] <= limit:
+            kept.append(fact)
+    return kept
 
 
 def pins_of_entries(entries: Iterable[tuple[str, str, str]]) -> list[Pin]:
@@ -377,7 +396,14 @@ class PinnedSection:
 
 
 def fit_pins(pins: Sequence[Pin], max_tokens: int, count_text: CountText) -> PinnedSection:
-    """The pins that fit ``max_tokens``: the least valuable kinds go first, oldest first.
+    """The pins that fit ``max_tokens``, evicted fairly across kinds.
+
+    Each kind keeps a share of the pins by its value (:data:`KIND_VALUE`: a
+    marked line weighs most): over budget, a pin goes from the kind with the
+    most pins for its value, its oldest mention first.  So a flood of one kind
+    (a tool listing full of paths) evicts its own kind's oldest pins, not every
+    date and version.  Deterministic: ties go to the less valuable kind, then
+    to the kind's name, then to the order given.
 
     Evicted facts stay in the archives (``memd recall`` finds them).
     """
@@ -385,26 +411,42 @@ def fit_pins(pins: Sequence[Pin], max_tokens: int, count_text: CountText) -> Pin
     text = render_pinned(kept)
     if max_tokens <= 0:
         return PinnedSection((), "", len(kept))
-    eviction_order = sorted(kept, key=lambda p: (KIND_VALUE.get(p.kind, 0), p.last_seen))
     total = count_text(text) if text else 0
-    evicted = 0
-    if total > max_tokens:
-        # Estimate per-pin costs once, drop until the estimate fits, then verify.
-        costs = {id(p): count_text(f"- {p.text}") + 1 for p in kept}
-        dropped: set[int] = set()
-        excess = total - max_tokens
-        for pin in eviction_order:
-            if excess <= 0:
-                break
-            dropped.add(id(pin))
-            excess -= costs[id(pin)]
-        kept = [p for p in kept if id(p) not in dropped]
-        evicted = len(dropped)
-        text = render_pinned(kept)
-        remaining = [p for p in eviction_order if id(p) not in dropped]
-        while kept and count_text(text) > max_tokens:
-            victim = remaining.pop(0)
-            kept.remove(victim)
-            evicted += 1
-            text = render_pinned(kept)
-    return PinnedSection(tuple(kept), text, evicted)
+    if total <= max_tokens:
+        return PinnedSection(tuple(kept), text, 0)
+    # Each kind's pins, oldest mention first (the order given breaks ties).
+    queues: dict[str, list[int]] = {}
+    for index in sorted(range(len(kept)), key=lambda i: kept[i].last_seen):
+        queues.setdefault(kept[index].kind, []).append(index)
+    heads = dict.fromkeys(queues, 0)
+
+    def next_victim() -> int:
+        kind = max(
+            (kind for kind in queues if heads[kind] < len(queues[kind])),
+            key=lambda kind: (
+                (len(queues[kind]) - heads[kind]) / _kind_weight(kind),
+                -_kind_weight(kind),
+                kind,
+            ),
+        )
+        heads[kind] += 1
+        return queues[kind][heads[kind] - 1]
+
+    # Estimate per-pin costs once, drop until the estimate fits, then verify.
+    costs = [count_text(f"- {p.text}") + 1 for p in kept]
+    dropped: set[int] = set()
+    excess = total - max_tokens
+    while excess > 0 and len(dropped) < len(kept):
+        victim = next_victim()
+        dropped.add(victim)
+        excess -= costs[victim]
+    text = render_pinned([p for i, p in enumerate(kept) if i not in dropped])
+    while len(dropped) < len(kept) and count_text(text) > max_tokens:
+        dropped.add(next_victim())
+        text = render_pinned([p for i, p in enumerate(kept) if i not in dropped])
+    remaining = tuple(p for i, p in enumerate(kept) if i not in dropped)
+    return PinnedSection(remaining, text if remaining else "", len(dropped))
+
+
+def _kind_weight(kind: str) -> int:
+    return max(1, KIND_VALUE.get(kind, 1))

@@ -5,6 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memd.core.pins import (
+    MAX_FACTS_PER_KIND,
+    MAX_TOOL_FACTS_PER_KIND,
     Pin,
     covered_keys,
     extract_facts,
@@ -105,7 +107,7 @@ def test_render_and_parse_round_trip() -> None:
     }
 
 
-def test_budget_evicts_lowest_value_kinds_first_then_oldest() -> None:
+def test_budget_evicts_the_kind_with_most_pins_for_its_value_oldest_first() -> None:
     pins = [
         Pin("quantity", "5 ms", "2026-01-05"),
         Pin("date", "2027-01-01", "2026-01-04"),
@@ -114,10 +116,55 @@ def test_budget_evicts_lowest_value_kinds_first_then_oldest() -> None:
     ]
     full = word_count(render_pinned(pins))
     section = fit_pins(pins, full - 3, word_count)
+    # One pin of each kind: the least valuable kind has the most for its value.
     assert section.evicted == 1
     assert [p.kind for p in section.pins] == ["date", "command", "marked"]
     assert word_count(section.text) <= full - 3
     assert fit_pins(pins, 0, word_count).evicted == 4
+
+
+def test_a_flood_of_one_kind_evicts_its_own_oldest_not_every_other_kind() -> None:
+    # Older dates and versions, then a flood of newer paths (a listing).
+    pins = [
+        Pin("date", f"2027-01-{day:02d}", f"2026-01-01T00:00:{day:02d}") for day in range(1, 11)
+    ]
+    pins += [Pin("version", f"1.{minor}.0", f"2026-01-01T00:01:{minor:02d}") for minor in range(10)]
+    pins += [
+        Pin("marked", f"Remember: bucket {n} is read-only on Fridays", f"2026-01-01T00:02:{n:02d}")
+        for n in range(10)
+    ]
+    pins += [Pin("path", f"/srv/p{n}/conf.yaml", f"2026-01-02T00:00:{n:02d}") for n in range(60)]
+    section = fit_pins(pins, 120, word_count)
+    kept: dict[str, list[Pin]] = {}
+    for pin in section.pins:
+        kept.setdefault(pin.kind, []).append(pin)
+    # Kind-first eviction kept 0 dates and 0 versions here; now each kind keeps
+    # pins in proportion to its value (marked 9, path 7, version 5, date 4) ...
+    assert {kind: len(kept_pins) for kind, kept_pins in kept.items()} == {
+        "marked": 9,
+        "path": 7,
+        "version": 5,
+        "date": 4,
+    }
+    # ... each kind its newest mentions.
+    for kind, kept_pins in kept.items():
+        of_kind = sorted((p for p in pins if p.kind == kind), key=lambda p: p.last_seen)
+        assert kept_pins == of_kind[len(of_kind) - len(kept_pins) :], kind
+    assert word_count(section.text) <= 120
+    assert section.evicted == len(pins) - len(section.pins)
+    # Deterministic, whatever the order the pins come in.
+    assert set(fit_pins(pins[::-1], 120, word_count).pins) == set(section.pins)
+
+
+def test_one_entry_pins_at_most_a_few_facts_of_each_kind() -> None:
+    # Names, not numbers: a tool's lines that differ only in digits are not read.
+    paths = [f"/srv/{a}{b}/conf/settings.yaml" for a in "klmnopq" for b in "rstuvwx"]
+    listing = "\n".join(paths)
+    tool = extract_from_entry("Tool Executor", f"Tool Output:\n{listing}\nv2.3.4 on 2027-05-06")
+    assert [f.text for f in tool if f.kind == "path"] == paths[:MAX_TOOL_FACTS_PER_KIND]
+    assert {f.text for f in tool if f.kind != "path"} == {"v2.3.4", "2027-05-06"}
+    pasted = extract_from_entry("Human", "Here are the configs:\n" + listing)
+    assert len(pasted) == MAX_FACTS_PER_KIND
 
 
 def test_a_marker_opening_a_sentence_mid_line_pins_that_sentence() -> None:

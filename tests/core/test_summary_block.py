@@ -3,7 +3,7 @@ from __future__ import annotations
 import re
 
 from memd.core.memfile import parse, render_header, render_summary_block
-from memd.core.pins import PINNED_HEADING, Pin, parse_pinned
+from memd.core.pins import PINNED_HEADING, Pin, merge_pins, parse_pinned, pins_of_entries
 from memd.core.retention import RetentionLimits
 from memd.core.summary_block import (
     SUMMARY_FORMAT,
@@ -151,3 +151,49 @@ def test_carried_pins_keep_the_date_of_their_last_mention() -> None:
         # Named by the body alone, on no stamped line: the summary's own time.
         "replica7.db.internal": "2026-12-03T06:00:00",
     }
+
+
+def _round_entries(n: int) -> list[tuple[str, str, str]]:
+    day = f"2026-03-{n + 1:02d}"
+    listing = "\n".join(f"/srv/{n}{a}{b}/conf/settings.yaml" for a in "klmn" for b in "rstu")
+    return [
+        ("Tool Executor", f"{day}T10:00:00", f"Tool Output:\n{listing}"),
+        (
+            "Human",
+            f"{day}T10:05:00",
+            f"OK. Remember: the b{n} bucket is read-only. Cutover on 2027-01-{n % 28 + 1:02d}"
+            f" (ticket OPS-{1000 + n}); pin the client to 3.{n}.1 today.",
+        ),
+    ]
+
+
+def test_pinned_facts_of_every_kind_survive_many_compactions() -> None:
+    """30 compactions, each after a tool listing of 16 paths and a turn with a
+    Remember sentence, a date, a version and a ticket; the summarizer names
+    nothing (a lossy model), so only the pinned section keeps the facts."""
+    text = ""
+    rounds = 30
+    for n in range(rounds):
+        previous = parse_summary(text)
+        carried = carried_pins(previous, f"2026-12-03T06:{n:02d}:00") if text else []
+        pins = merge_pins(carried, pins_of_entries(_round_entries(n)))
+        text = compose_summary(
+            "Work continues.", pins, pinned_tokens=400, count_text=word_count
+        ).text
+    kept = parse_summary(text).pins
+    by_kind: dict[str, set[str]] = {}
+    for pin in kept:
+        by_kind.setdefault(pin.kind, set()).add(pin.text)
+    newest = rounds - 1
+    # Every kind keeps its newest facts; before, the listings' paths evicted
+    # every date, version and ticket, and the mid-line Remember was never pinned.
+    assert f"Remember: the b{newest} bucket is read-only" in by_kind["marked"]
+    assert f"2027-01-{newest % 28 + 1:02d}" in by_kind["date"]
+    assert f"3.{newest}.1" in by_kind["version"]
+    assert f"OPS-{1000 + newest}" in by_kind["identifier"]
+    # And each kind keeps more the more it is worth (the listings' paths no more
+    # than their share).
+    counts = [len(by_kind[kind]) for kind in ("marked", "path", "identifier", "version", "date")]
+    assert counts == sorted(counts, reverse=True) and counts[-1] >= 5
+    # Each dated by its turn's day, not by a compaction's.
+    assert all(pin.day.startswith("2026-03") for pin in kept)
