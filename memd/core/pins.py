@@ -14,6 +14,7 @@ shape does not repeat within it are read.  Credentials are never pinned.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -193,14 +194,21 @@ def _preference_possible(text: str) -> bool:
 def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
     """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
     (the reference the screened run is tested against)."""
-    found, marked = _marked_facts(text, screen=screen)
-    rest = text
-    for line in marked:
-        rest = rest.replace(line, " ")
-    found += _plain_facts(rest, screen=screen)
-    for line in marked:
+    found, spans = _marked_facts(text, screen=screen)
+    # The other patterns read the text with the marked ones blanked, cut out by
+    # their places in one pass (a text with a marked line on every line is not
+    # searched once per line).
+    pieces: list[str] = []
+    at = 0
+    for start, end in spans:
+        pieces += [text[at:start], " "] if start >= at else []
+        at = max(at, end)
+    pieces.append(text[at:])
+    found += _plain_facts("".join(pieces), screen=screen)
+    for start, end in spans:
         # A marked text longer than a fact may be is cut: what is past the cut
         # is read on its own (a fact the cut splits too), else it would be lost.
+        line = text[start:end]
         kept = _kept_part(line)
         if kept is not None:
             found += [f for f in _plain_facts(line, screen=screen) if f.text not in kept]
@@ -214,28 +222,46 @@ def _kept_part(line: str) -> str | None:
     return _clean(line).removesuffix("…")
 
 
-def _marked_facts(text: str, *, screen: bool) -> tuple[list[Fact], list[str]]:
-    """Marked lines, marked sentences and preferences: their facts and their texts."""
+def _within(spans: list[tuple[int, int]], at: int) -> bool:
+    """Whether ``at`` falls inside one of ``spans`` (sorted, not overlapping)."""
+    index = bisect.bisect_right(spans, at, key=lambda span: span[0]) - 1
+    return index >= 0 and at < spans[index][1]
+
+
+def _marked_facts(text: str, *, screen: bool) -> tuple[list[Fact], list[tuple[int, int]]]:
+    """Marked lines, marked sentences and preferences: their facts, and where they
+    are in ``text`` (in order)."""
     found: list[Fact] = []
-    marked: list[str] = []
+    spans: list[tuple[int, int]] = []
     if not screen or ":" in text:
-        lines = [(m.start("marked"), m.end()) for m in _MARKED_LINE_RE.finditer(text)]
-        sentences = [
-            (m.start("marked"), m.end())
-            for m in _MARKED_SENTENCE_RE.finditer(text)
-            if not any(start <= m.start("marked") < end for start, end in lines)
+        lines = [
+            _stripped(text, m.start("marked"), m.end()) for m in _MARKED_LINE_RE.finditer(text)
         ]
-        for start, end in sorted(lines + sentences):
-            line = text[start:end].strip()
-            marked.append(line)
-            found.append(Fact("marked", _clean(line)))
+        sentences = [
+            _stripped(text, m.start("marked"), m.end())
+            for m in _MARKED_SENTENCE_RE.finditer(text)
+            if not _within(lines, m.start("marked"))
+        ]
+        spans = sorted(lines + sentences)
+        found += [Fact("marked", _clean(text[start:end])) for start, end in spans]
     if not screen or _preference_possible(text):
+        preferences: list[tuple[int, int]] = []
         for match in _PREFERENCE_RE.finditer(text):
-            sentence = match.group("marked").strip()
-            if sentence and not any(sentence in line for line in marked):
-                marked.append(sentence)
-                found.append(Fact("marked", _clean(sentence)))
-    return found, marked
+            start, end = _stripped(text, *match.span("marked"))
+            if start < end and not _within(spans, start):
+                preferences.append((start, end))
+                found.append(Fact("marked", _clean(text[start:end])))
+        spans = sorted(spans + preferences)
+    return found, spans
+
+
+def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
+    """The span without the whitespace at its ends."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
 
 
 def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:

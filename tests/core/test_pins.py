@@ -215,6 +215,8 @@ _FACT_FRAGMENTS = st.sampled_from(
     [
         "Remember: ",
         "note:",
+        "Got it. ",
+        "Human: ",
         "I prefer ",
         "I always want ",
         "i would rather",
