@@ -13,6 +13,9 @@ Scenarios:
     lossy    a litellm model on a local test server answering a plausible
              300-character summary that names no fact
     ok       the same server answering "ok"
+    vague    the same server answering a plausible ~900-token summary that names
+             no fact: long enough not to be refused, so what is retained is
+             what the pinned section kept
     small    a "perfect" model (it copies every planted fact it sees in its
              prompt) with an 8,192-token window: measures coverage, the share
              of planted facts that reached at least one request, and whether
@@ -61,6 +64,36 @@ LOSSY_REPLY = (
     "Decisions:\n- The team agreed on several configuration changes.\n"
     "Facts:\n- Several services, dashboards and owners were discussed.\n"
     "Open tasks:\n- Follow up on load tests.\nErrors:\n- Some workers had connection issues."
+)
+
+# Long enough to pass the degenerate-reply floor (0.5 % of the input, at most a
+# quarter of the summary budget), and as empty of facts as LOSSY_REPLY.
+VAGUE_REPLY = LOSSY_REPLY + "".join(
+    f"\n- The team reviewed the {topic} and agreed the current approach is reasonable; "
+    "several follow-ups were noted, owners will report back once the checks are done, "
+    "and nothing needs an immediate decision from anyone else on the project right now."
+    for topic in (
+        "ingestion pipeline",
+        "worker pool",
+        "dashboards",
+        "replica setup",
+        "deploy process",
+        "index rebuilds",
+        "vendor contract",
+        "load tests",
+        "export formats",
+        "retry policy",
+        "queue depth",
+        "bucket policies",
+        "release plan",
+        "alerting rules",
+        "runbooks",
+        "cost report",
+        "capacity plan",
+        "schema changes",
+        "access reviews",
+        "backups",
+    )
 )
 
 
@@ -202,7 +235,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument(
-        "--scenario", action="append", choices=("builtin", "lossy", "ok", "small"), default=None
+        "--scenario",
+        action="append",
+        choices=("builtin", "lossy", "ok", "vague", "small"),
+        default=None,
     )
     parser.add_argument(
         "--legacy-config",
@@ -210,7 +246,7 @@ def main() -> int:
         help="omit [summarizer] keys older releases do not know (to measure a baseline)",
     )
     args = parser.parse_args()
-    scenarios = args.scenario or ["builtin", "lossy", "ok", "small"]
+    scenarios = args.scenario or ["builtin", "lossy", "ok", "vague", "small"]
     counter = TokenCounter("cl100k_base")
     all_facts = [f for b in make_batches(args.batches) for f in b.facts]
     results: list[ScenarioResult] = []
@@ -226,6 +262,8 @@ def main() -> int:
             responder = lambda _body: LOSSY_REPLY  # noqa: E731
         elif name == "ok":
             responder = lambda _body: "ok"  # noqa: E731
+        elif name == "vague":
+            responder = lambda _body: VAGUE_REPLY  # noqa: E731
         else:
             responder = _perfect_responder(all_facts, counter)
         with _server(responder) as server:
