@@ -4,8 +4,10 @@
 
 Prints figures, asserts nothing.  The corpus (tests/support/secret_corpus.py)
 plants the 19 formats of issue 12 (plus further well-known ones) in the kind
-of sentences an agent's memory holds, and 16 near misses: hex hashes, UUIDs,
-commit ids, paths, base64, versions, digests, timestamps.  "caught" means the
+of sentences an agent's memory holds, and 26 near misses: hex hashes, UUIDs,
+commit ids, paths, base64, versions, digests, timestamps, prose about passwords,
+and command lines with ports, widths, prompts and stand-ins where a password
+might be.  "caught" means the
 exact secret lies inside a reported span of the right category.  Throughput is
 ``find_secrets`` (PII on) over a synthetic memory file of ``--mb`` megabytes,
 and over one line of as many megabytes of JSON tool calls naming curl/mysql.

@@ -10,7 +10,10 @@ own compiled patterns are used; memd's rules cover the rest (OpenAI project
 keys, Anthropic, fine-grained GitHub PATs, Slack tokens with mixed case,
 Stripe's full-length keys, JWTs, whole PEM blocks, bearer tokens, passwords in
 URLs and ``password=`` style assignments, passwords given to well-known
-command-line tools: ``mysql -p…``, ``curl -u user:…``, ``sshpass -p``…) and,
+command-line tools: ``mysql -p…``, ``curl -u user:…``, ``sshpass -p``,
+``ldapsearch -w``, ``openssl -passin pass:…``, ``smbclient -U user%…``,
+``ConvertTo-SecureString "…" -AsPlainText``, ``SSHPASS=… sshpass -e``…, also
+as JSON strings of tool calls) and,
 on request, PII (emails, phone numbers, card numbers passing the Luhn check,
 US SSNs, UK NI numbers, IBANs).
 
@@ -117,7 +120,8 @@ def _mixed_case(candidate: str) -> bool:
 
 def _assigned_value(candidate: str) -> bool:
     value = candidate.strip("\"'`")
-    if len(value) < 4 or value.startswith(("[REDACTED:", "<", "{{", "%(")):
+    # A stand-in, not a value: a command substitution ($(cat pw)) as well.
+    if len(value) < 4 or value.startswith(("[REDACTED:", "<", "{{", "%(", "$(")):
         return False
     # "password: ********", "token=<your token>", "secret = ${SECRET}", "key=None".
     if re.fullmatch(r"[*x•.]+|<[^>]*>|\$\{?[A-Za-z_][\w]*\}?|none|null|true|false", value, re.I):
@@ -186,7 +190,10 @@ _ENV_ASSIGN_KEYS: Final = r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b"
 # SMTP_PASS, ADMIN_PW: PASS/PW only as the last part after a "_".  Code names
 # passes and limits the same way (RENDER_PASS = RenderPass.OPAQUE, NUM_PASS =
 # 100000): see _short_pass_assignment for which shapes count.
-_ENV_SHORT_KEY: Final = r"\b(?:[A-Z0-9]+_)+(?:PASS|PW)\b"
+# And the variables a tool reads its password from, named neither way:
+# SSHPASS=pw sshpass -e ssh …, REDISCLI_AUTH=pw redis-cli, smbclient's SMBPASS.
+_TOOL_PASSWORD_ENV: Final = r"SSHPASS|REDISCLI_AUTH|SMBPASS|PGPASSWORD|MYSQL_PWD"  # noqa: S105
+_ENV_SHORT_KEY: Final = rf"\b(?:(?:[A-Z0-9]+_)+(?:PASS|PW)|{_TOOL_PASSWORD_ENV})\b"
 _ACCOUNT_WORDS: Final = (
     r"ADMIN|ROOT|USER|USR|SU|SUPERUSER|OWNER|GUEST|OPERATOR|MASTER|DEFAULT|INITIAL|"
     r"AUTH|LOGIN|ACCOUNT|ACCT|SVC|SERVICE|APP|API|BOT|CLIENT|SERVER|WEB|SITE|PORTAL|"
@@ -203,9 +210,11 @@ _ASSIGNED: Final = (
     # Markdown around the key or the value (**Password**: `…`) as a model
     # writes it in a summary.
     r"[\"'`*]*\s*(?::=|=>|=|:)\s*(?:\*\*)?"
-    # A quoted value; one whose closing quote was cut off (a line
+    # A quoted value (a double-quoted one may hold escaped quotes:
+    # "Ab&c\"d3" in JSON); one whose closing quote was cut off (a line
     # clipped by an extract) still is one.
-    r"((?:\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
+    r"((?:\"(?:[^\"\\\n]|\\.){4,200}\"|\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)"
+    r"|`[^`\n]{4,200}(?:`|$)"
     r"|[^\s\"'`,;)}\]]{4,200}))"
 )
 # The same for _ENV_SHORT_KEY, with the shape of the assignment kept: "code" is
@@ -214,7 +223,8 @@ _SHORT_KEY_ASSIGNED: Final = (
     r"(?:(?P<code>:[ \t]*[A-Za-z_][\w.\[\], |]*?[ \t]*:?=[ \t]*"
     r"|[ \t]+:?=[ \t]*|:?=[ \t]+)"
     r"|[\"'`*]*\s*(?::=|=>|=|:)\s*(?:\*\*)?)"
-    r"(?P<value>\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)|`[^`\n]{4,200}(?:`|$)"
+    r"(?P<value>\"(?:[^\"\\\n]|\\.){4,200}\"|\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)"
+    r"|`[^`\n]{4,200}(?:`|$)"
     # Unquoted: to a space, a quote or what ends a value in code or JSON; a
     # bracketed part is kept whole (GMAIL_PASS=Summer(2024)!).
     r"|(?:[^\s\"'`,;()}\]]|\([^\s()\"'`]{0,100}\)?){1,200})"
@@ -243,12 +253,31 @@ _REGISTRY_LOGIN: Final = (
     r"(?:docker|podman|buildah|skopeo|nerdctl|oras|helm[ \t]+registry)"
     r"(?:[ \t]+|[\"']\s*,\s*[\"'])login"
 )
+# OpenLDAP's clients take the bind password as -w (-W prompts).
+_LDAP_CLIENTS: Final = r"ldap(?:search|modify|add|delete|whoami|passwd|compare|modrdn|exop)"
+# MongoDB's shells and tools: -p is the password (the port is --port).
+_MONGO_CLIENTS: Final = (
+    r"mongosh|mongo|mongodump|mongorestore|mongoexport|mongoimport|mongostat|mongotop|mongofiles"
+)
+# Samba's clients take the password after a % in the user: -U alice%pw.
+_SMB_CLIENTS: Final = r"smbclient|rpcclient|smbcacls|smbget"
 _TOOL_RE: Final = re.compile(
-    _B
-    + rf"(?:(?P<mysqladmin>{_MYSQL_ADMIN})|(?P<mysql>{_MYSQL_CLIENTS})"
+    # The first letters of the names below, tested before the boundary's
+    # lookbehinds: twice as fast over text that names no tool.
+    r"(?=[bcdhilmnoprswMPRS])"
+    + _B
+    + rf"(?:(?:(?P<mysqladmin>{_MYSQL_ADMIN})|(?P<mysql>{_MYSQL_CLIENTS})|(?P<mysqlsh>mysqlsh)"
     + r"|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
-    + rf"|(?P<redis>redis-cli)|(?P<htpasswd>htpasswd)|(?P<login>{_REGISTRY_LOGIN}))"
+    + rf"|(?P<redis>redis-cli)|(?P<htpasswd>htpasswd)|(?P<login>{_REGISTRY_LOGIN})"
+    + rf"|(?P<ldap>{_LDAP_CLIENTS})|(?P<openssl>openssl)|(?P<smb>{_SMB_CLIENTS})"
+    + rf"|(?P<mongo>{_MONGO_CLIENTS})|(?P<capital_p>ipmitool|sqlcmd|bcp|osql)"
+    # Windows' net use \\host\share PW /user:x.
+    + r"|(?P<netuse>net(?:\.exe)?(?:[ \t]+|[\"']\s*,\s*[\"'])use))"
     + r"(?:\.exe)?(?![\w.-])"
+    # The variables a tool takes its password from, set before it on its command
+    # line: SSHPASS=pw sshpass -e …, REDISCLI_AUTH=pw redis-cli.  The value is a
+    # shell word (quoted, in parts, in JSON), read as the other tools' are.
+    + rf"|(?P<env>{_TOOL_PASSWORD_ENV})=)"
 )
 _COMMAND_HINTS: Final = (
     "mysql",
@@ -259,6 +288,18 @@ _COMMAND_HINTS: Final = (
     "redis-cli",
     "htpasswd",
     "login",
+    "ldap",
+    "openssl",
+    "smb",
+    "rpcclient",
+    "mongo",
+    "ipmitool",
+    "sqlcmd",
+    "bcp",
+    "osql",
+    "net",
+    "rediscli_auth",
+    "pgpassword",
 )
 _COMMAND_WINDOW: Final = 4096
 # One piece of a shell word, or what lies between words.  Escapes of JSON (the
@@ -267,8 +308,29 @@ _COMMAND_WINDOW: Final = 4096
 # ``\\\"`` and ``\\\\\\\"`` part words too: a quote escaped once more for each JSON
 # string the command is nested in (read as an escaped backslash and a separator,
 # it glued a backslash to the password before it).
+#
+# A command is often a JSON string itself (["mysql -uroot -pS3cr3t", "ls"],
+# {"cmd": "…", "cwd": "…"}): a quote followed by what comes after a string in
+# JSON (or a Python list's repr) ends it there, not a shell quote opening:
+# read as one, it glued the next command to the password.  And a lone ``&``
+# inside a word is no operator but part of it (-pAb&cd3, ?a=1&b=2): a shell
+# would fork there, but the word is what was meant, and its tail a password's.
+_PLAIN: Final = r"[^\s\"'\\|;&()<>`]+(?:&[^\s\"'\\|;&()<>`]+)*"
+# What follows a string's end in JSON or a Python list's repr: the next item
+# (a comma, then a quote or a bracket), or the brackets that close the list or
+# object (and a call: run(['…'])), then a comma, a space or the end.  Not what
+# a shell word's quoted part may open with (-p"ab"'})c': "})c" goes on).  A
+# single quote ends a string only in a command that opens one (['mysql …',
+# …]): a shell's quoted part may well open with "], " (-p"ab"'], c').
+_STRING_END: Final = (
+    r"\"(?=\s*(?:,\s*[\"'\[{]|[\]}]+\)*(?:[\s,]|$)))"
+    r"|'(?=\s*(?:,\s+[\"'\[{]|[\]}]+\)*(?:[\s,]|$)))"
+)
+# What a single quote is where it ends no string: a shell's quoted part.
+_SQ_PART: Final = re.compile(r"'(?P<sq>[^'\n]*)'|(?P<stray>')")
 _SHELL_PIECE: Final = re.compile(
-    r"(?P<plain>[^\s\"'\\|;&()<>`]+)"
+    rf"(?P<plain>{_PLAIN})"
+    rf"|(?P<string_end>{_STRING_END})"
     r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)\""
     r"|'(?P<sq>[^'\n]*)'"
     r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)[ \t]*)"
@@ -280,7 +342,7 @@ _SHELL_PIECE: Final = re.compile(
 )
 # A whole word at once, for the words no rule needs to read (most of them).
 _SHELL_WORD: Final = re.compile(
-    r"(?:[^\s\"'\\|;&()<>`]+|\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|\\[^nrt\"\r\n\\])+"
+    rf"(?:{_PLAIN}|(?!{_STRING_END})(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*')|\\[^nrt\"\r\n\\])+"
 )
 _DQ_ESCAPE: Final = re.compile(r"\\([\"\\$`])")
 _ARGV_ITEM: Final = re.compile(r"\s*,\s*(?:\"((?:[^\"\\\n]|\\.)*)\"|'((?:[^'\\\n]|\\.)*)')")
@@ -304,6 +366,25 @@ class _Word:
             return None
         return self.where[offset], self.where[-1] + 1
 
+    def part(self, start: int, stop: int) -> tuple[int, int] | None:
+        """The source span of ``value[start:stop]`` when it is a password."""
+        if not 0 <= start < stop <= len(self.chars):
+            return None
+        if not _command_value(self.value[start:stop]):
+            return None
+        return self.where[start], self.where[stop - 1] + 1
+
+
+# mysqlsh's connection string, user:password@host (no scheme: a URL's is the
+# url_password rule's).
+_USER_PASSWORD_HOST: Final = re.compile(r"[^\s:@/]+:(.+)@[^@\s]+")
+# net use's device, before the share: Z:, LPT1:, * (the next free letter).
+_NET_DEVICE: Final = re.compile(r"[A-Za-z]:|(?:LPT|COM)\d:|\*", re.I)
+# The share: \\host\share (the shell's reading drops one backslash), //host/share.
+_NET_SHARE: Final = re.compile(r"\\|//")
+# Short options of OpenLDAP's clients that take no value: -xw pw is -x -w pw.
+_LDAP_FLAGS: Final = frozenset("xZnvcLMWAuNI")
+
 
 def _command_value(value: str) -> bool:
     """An argument that is a password, not a stand-in for one: ``$DB_PASS``,
@@ -325,6 +406,8 @@ class _ToolArguments:
         self.pending: str | None = None  # the option whose value the next word is
         self.flags = ""  # htpasswd's options
         self.positional = 0
+        if tool == "env":
+            self.pending = "value"
 
     @property
     def wants_value(self) -> bool:
@@ -336,12 +419,21 @@ class _ToolArguments:
         if pending == "user":  # curl -u alice:pw; "-u alice" alone prompts
             colon = value.find(":")
             return None if colon < 0 else word.tail(colon + 1)
+        if pending == "uri":
+            return self._user_password_host(word, 0)
         if pending == "value":
-            if self.tool == "sshpass":
-                self.tool = None  # what follows is the command sshpass runs
+            if self.tool in ("sshpass", "env"):
+                self.tool = None  # what follows is the command (sshpass) runs
             return word.tail(0)
         if pending == "skip":
             return None
+        if pending == "percent":  # smbclient -U alice%pw; "-U alice" alone prompts
+            percent = value.find("%")
+            return None if percent < 0 else word.tail(percent + 1)
+        if pending == "pass_source":  # openssl -passin pass:pw (env:, file:, fd: are not)
+            return word.tail(5) if value.startswith("pass:") else None
+        if pending == "optional" and not value.startswith("-"):
+            return word.tail(0)  # mongosh -p pw; "-p" before an option prompts
         match self.tool:
             case "mysql" | "mysqladmin":
                 # mysqladmin [-p…] password NEW; old-password NEW on old servers.
@@ -386,6 +478,45 @@ class _ToolArguments:
                     return word.tail(11)
                 elif value.startswith("-p") and not value.startswith("--"):
                     return word.tail(2)
+            case "mysqlsh":
+                if value.startswith("--password="):
+                    return word.tail(11)
+                if value.startswith("-p") and len(value) > 2 and not value.startswith("--"):
+                    return word.tail(2)
+                uri = value.removeprefix("--uri=")
+                if value == "--uri":
+                    self.pending = "uri"
+                elif uri == value and value.startswith("-"):
+                    return None
+                return self._user_password_host(word, len(value) - len(uri))
+            case "ldap":
+                return self._short_option(word, "w", _LDAP_FLAGS)
+            case "openssl":
+                if value in ("-passin", "-passout", "-pass", "-password"):
+                    self.pending = "pass_source"
+            case "smb":
+                if value in ("-U", "--user"):
+                    self.pending = "percent"
+                elif value == "--password":
+                    self.pending = "value"
+                elif value.startswith("--password="):
+                    return word.tail(11)
+                elif value.startswith(("-U", "--user=")) and "%" in value:
+                    return word.tail(value.index("%") + 1)
+            case "mongo":
+                if value in ("-p", "--password"):
+                    self.pending = "optional"
+                elif value.startswith("--password="):
+                    return word.tail(11)
+                elif value.startswith("-p") and not value.startswith("--"):
+                    return word.tail(2)
+            case "capital_p":  # ipmitool, sqlcmd, bcp, osql: -P pw (-p is a port)
+                if value == "-P":
+                    self.pending = "value"
+                elif value.startswith("-P"):
+                    return word.tail(2)
+            case "netuse":
+                return self._net_use(word)
             case "htpasswd":
                 # htpasswd -b[c] FILE USER PASSWORD; htpasswd -nb USER PASSWORD.
                 if self.positional == 0 and value.startswith("-") and len(value) > 1:
@@ -401,6 +532,47 @@ class _ToolArguments:
                     self.tool = None
                     return word.tail(0)
         return None
+
+    def _user_password_host(self, word: _Word, offset: int) -> tuple[int, int] | None:
+        """mysqlsh root:pw@db:3306, its --uri too."""
+        if "://" in word.value:
+            return None
+        found = _USER_PASSWORD_HOST.fullmatch(word.value, offset)
+        return None if found is None else word.part(*found.span(1))
+
+    def _short_option(
+        self, word: _Word, option: str, flags: frozenset[str]
+    ) -> tuple[int, int] | None:
+        """A short option whose value is the rest of the word or the next word,
+        maybe bundled after options that take none: -w pw, -wpw, -xw pw."""
+        value = word.value
+        if not value.startswith("-") or value.startswith("--"):
+            return None
+        for index in range(1, len(value)):
+            if value[index] == option:
+                if index + 1 == len(value):
+                    self.pending = "value"
+                    return None
+                return word.tail(index + 1)
+            if value[index] not in flags:
+                return None
+        return None
+
+    def _net_use(self, word: _Word) -> tuple[int, int] | None:
+        """net use [DEVICE] \\\\host\\share PASSWORD [/user:NAME]: the word after
+        the share is the password (* prompts).  Without a share first (net use
+        Z: /delete, "the net use of …") nothing is."""
+        value = word.value
+        if value.startswith("/") and not value.startswith("//"):
+            return None  # /user:alice, /persistent:no, /savecred
+        if self.positional == 0:
+            if _NET_SHARE.match(value):
+                self.positional = 1
+            elif not _NET_DEVICE.fullmatch(value):
+                self.tool = None
+            return None
+        self.tool = None
+        return word.tail(0)
 
     def _curl_short_options(self, word: _Word) -> tuple[int, int] | None:
         """curl's short options, bundled the way agents write them: ``-u alice:pw``,
@@ -427,6 +599,10 @@ class _ToolArguments:
 _CURL_VALUED_SHORT: Final = frozenset("abcdeEhmortuwxyzACDFHKPQTUXY")
 
 
+# Tools some of whose positional words (no option's) a rule reads.
+_POSITIONAL_TOOLS: Final = frozenset({"sshpass", "htpasswd", "mysqladmin", "mysqlsh", "netuse"})
+
+
 def _tool_of(match: re.Match[str]) -> str:
     return next(name for name, value in match.groupdict().items() if value is not None)
 
@@ -439,7 +615,9 @@ class _CommandScanner:
         self.tools = list(_TOOL_RE.finditer(text))
         self.tool_starts = [m.start() for m in self.tools]
         # A word that ends where a tool name ends names that tool (sudo -u x mysql …).
-        self.tool_ending_at = {m.end(): m for m in self.tools}
+        # An assignment (SSHPASS=…) names no tool: its value is glued to it.
+        self.tool_ending_at = {m.end(): m for m in self.tools if m.lastgroup != "env"}
+        self.env_starting_at = {m.start(): m for m in self.tools if m.lastgroup == "env"}
         self.found: list[tuple[int, int]] = []
         self.skip_to = 0
         self.skipped_tool: re.Match[str] | None = None
@@ -459,7 +637,8 @@ class _CommandScanner:
             if _ARGV_START.match(self.text, match.end()):
                 position = self._read_argv(match.end() + 1, high, arguments)
             else:
-                position = self._read_words(match.end(), high, arguments)
+                in_sq_string = match.start() > 0 and self.text[match.start() - 1] == "'"
+                position = self._read_words(match.end(), high, arguments, in_sq_string)
 
     def _take(self, arguments: _ToolArguments, word: _Word) -> _ToolArguments:
         if not word.where:
@@ -467,6 +646,12 @@ class _CommandScanner:
         tool = self.tool_ending_at.get(word.where[-1] + 1)
         if tool is not None and not arguments.wants_value and self._names_tool(word, tool):
             return _ToolArguments(_tool_of(tool))
+        env = self.env_starting_at.get(word.where[0])
+        if env is not None and not arguments.wants_value:
+            # SSHPASS=pw as a word of a command read already: its value is the rest.
+            arguments = _ToolArguments("env")
+            name = len(env.group())
+            word = _Word(word.chars[name:], word.where[name:])
         span = arguments.feed(word)
         if span is not None:
             self.found.append(span)
@@ -477,7 +662,7 @@ class _CommandScanner:
         before = tool.start() - 1
         at = bisect.bisect_left(word.where, before)
         inside = at < len(word.where) and word.where[at] == before
-        return not inside or self.text[before] in "/\\"
+        return not inside or self.text[before] in "/\\&"
 
     def _nested(self, start: int, end: int) -> None:
         """A quoted string may hold a command of its own (bash -c '…', ssh host "…")."""
@@ -505,7 +690,7 @@ class _CommandScanner:
         word is passed over with one regex match (``skip_to``) instead of being
         read piece by piece: a long JSON log is mostly such words."""
         text = self.text
-        if arguments.wants_value or arguments.tool in ("sshpass", "htpasswd", "mysqladmin"):
+        if arguments.wants_value or arguments.tool in _POSITIONAL_TOOLS:
             return False
         if text[position] in "-\"'":
             return False
@@ -519,7 +704,7 @@ class _CommandScanner:
         # it when the name starts the word or follows a quote or a path.
         named = self.tool_ending_at.get(end) or self.tool_ending_at.get(end - 1)
         if named is not None and not (
-            named.start() == position or text[named.start() - 1] in "\"'/\\"
+            named.start() == position or text[named.start() - 1] in "\"'/\\&"
         ):
             return False
         inside = bisect.bisect_left(self.tool_starts, position)
@@ -530,7 +715,9 @@ class _CommandScanner:
         self.skipped_tool = named
         return True
 
-    def _read_words(self, position: int, high: int, arguments: _ToolArguments) -> int:
+    def _read_words(
+        self, position: int, high: int, arguments: _ToolArguments, in_sq_string: bool
+    ) -> int:
         text = self.text
         limit = min(high, position + _COMMAND_WINDOW)
         word = _Word([], [])
@@ -545,6 +732,10 @@ class _CommandScanner:
             if piece is None:
                 break
             kind = piece.lastgroup
+            if kind == "string_end" and text[position] == "'" and not in_sq_string:
+                piece = _SQ_PART.match(text, position, high)
+                assert piece is not None  # its "stray" takes the quote alone
+                kind = piece.lastgroup
             if kind in ("plain", "sq"):
                 start, end = piece.span(kind)
                 word.chars.extend(text[start:end])
@@ -577,7 +768,7 @@ class _CommandScanner:
                 word = _Word([], [])
                 if arguments is not before:
                     limit = min(high, piece.end() + _COMMAND_WINDOW)
-                if kind == "end":
+                if kind in ("end", "string_end"):
                     return piece.end()
             position = piece.end()
         self._take(arguments, word)
@@ -591,6 +782,27 @@ def _command_password_spans(text: str, lowered: str) -> Iterable[Span]:
     scanner.scan(0, len(text))
     for start, end in scanner.found:
         yield Span(start, end, "password")
+
+
+# PowerShell's string: quoted (a quote JSON escaped, \", is no quote of its own:
+# the value is found where the escapes are undone) or, after the cmdlet, a bare word.
+_PS_QUOTED: Final = r"(?<!\\)\"[^\"\n]{1,200}?(?<!\\)\"|(?<!\\)'[^'\n]{1,200}'"
+_PS_BARE: Final = r"[^\s\"'$|;()`\\-][^\s\"'|;()`\\]{0,199}"
+_SECURE_STRING: Final = r"(?i:\bConvertTo-SecureString)"
+
+
+def _secure_string_value(candidate: str) -> bool:
+    return _command_value(candidate.strip("\"'"))
+
+
+def _as_plain_text(match: re.Match[str]) -> bool:
+    """Only with -AsPlainText is ConvertTo-SecureString's string a password as
+    written (without it, an encrypted standard string): the switch may come
+    before or after the string, within the statement."""
+    if "-asplaintext" in match.group(0).lower():
+        return True
+    rest = match.string[match.end() : match.end() + 300]
+    return re.match(r"[^\n;|]*?-AsPlainText\b", rest, re.I) is not None
 
 
 _MEMD_RULES: Final[tuple[Rule, ...]] = (
@@ -679,6 +891,27 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         validate=lambda value: not value.startswith("[REDACTED"),
         hints=("://",),
     ),
+    # PowerShell's ConvertTo-SecureString "pw" -AsPlainText, "pw" | ConvertTo-SecureString …
+    Rule(
+        "password",
+        _rx(
+            _SECURE_STRING
+            + r"(?:\s+-(?i:AsPlainText|Force)(?::\$?\w+)?)*\s+(?:-(?i:String)\s+)?"
+            + rf"({_PS_QUOTED}|{_PS_BARE})"
+        ),
+        group=1,
+        validate=_secure_string_value,
+        validate_match=_as_plain_text,
+        hints=("convertto-securestring",),
+    ),
+    Rule(
+        "password",
+        _rx(rf"({_PS_QUOTED})\s*\|\s*" + _SECURE_STRING + r"\b"),
+        group=1,
+        validate=_secure_string_value,
+        validate_match=_as_plain_text,
+        hints=("convertto-securestring",),
+    ),
     # password=…, "api_key": "…", SECRET_KEY: …, export GITHUB_TOKEN=…
     Rule(
         "password",
@@ -693,7 +926,7 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         _rx(_ENV_SHORT_KEY + _SHORT_KEY_ASSIGNED),
         group=2,  # "value"
         validate_match=_short_pass_assignment,
-        hints=("_pass", "_pw"),
+        hints=("_pass", "_pw", "sshpass", "rediscli_auth", "smbpass", "pgpassword"),
     ),
     Rule(
         "password",
@@ -813,6 +1046,14 @@ def _spans_of(text: str, rules: Iterable[Rule]) -> Iterable[Span]:
             if rule.extend:
                 while end < len(text) and text[end] in _TOKEN_CHARS:
                     end += 1
+            # A value read up to an escaped quote (password=pw\" in a JSON string,
+            # \\\" a level deeper) stops before the escape: taken, its backslashes
+            # left the quote bare in the redacted text and broke the JSON.
+            if end < len(text) and text[end] in "\"'":
+                while end > start and text[end - 1] == "\\":
+                    end -= 1
+                if end == start:
+                    continue
             if end - start >= 2 and text[start] in "\"'`" and text[end - 1] == text[start]:
                 start, end = start + 1, end - 1
             yield Span(start, end, rule.kind, rule.category)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import string
 from typing import Any
 
 import pytest
@@ -626,3 +627,281 @@ def test_any_value_under_an_account_password_name_is_a_password(
     separator = " = " if spaced else "="
     text = f"{account}_{suffix}{separator}{value}"
     assert [s.value(text) for s in find_secrets(text)] == [value]
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ("ldapsearch -x -D cn=admin,dc=ex -w S3cr3tPw -b dc=ex", "S3cr3tPw"),
+        ("ldapmodify -x -D cn=admin,dc=ex -wS3cr3tPw -f add.ldif", "S3cr3tPw"),
+        ("ldapwhoami -xw S3cr3tPw -D cn=admin,dc=ex", "S3cr3tPw"),
+        ("openssl rsa -in key.pem -passin pass:S3cr3tPw -out plain.pem", "S3cr3tPw"),
+        ("openssl pkcs12 -export -in c.pem -passout 'pass:S3cr3t Pw' -out c.p12", "S3cr3t Pw"),
+        ("openssl enc -aes-256-cbc -pass pass:S3cr3tPw -in f -out f.enc", "S3cr3tPw"),
+        ("smbclient //srv/share -U alice%S3cr3tPw", "S3cr3tPw"),
+        ("smbclient //srv/share -UCORP\\\\alice%S3cr3tPw -c ls", "S3cr3tPw"),
+        ("rpcclient -U 'alice%S3cr3t&Pw' dc1", "S3cr3t&Pw"),
+        ("smbclient //srv/share --user=alice%S3cr3tPw", "S3cr3tPw"),
+        ("mongosh mongodb://db -u admin -p S3cr3tPw", "S3cr3tPw"),
+        ("mongo admin -u admin --password S3cr3tPw", "S3cr3tPw"),
+        ("mongodump --username backup --password=S3cr3tPw --out /tmp/d", "S3cr3tPw"),
+        ("mysqlsh --password=S3cr3tPw root@db", "S3cr3tPw"),
+        ("mysqlsh root:S3cr3tPw@db:3306 --sql", "S3cr3tPw"),
+        ("mysqlsh --uri root:S3cr3tPw@db:3306", "S3cr3tPw"),
+        ("mysqlsh -uroot -pS3cr3tPw -h db", "S3cr3tPw"),
+        ('ConvertTo-SecureString "S3cr3tPw" -AsPlainText -Force', "S3cr3tPw"),
+        ("ConvertTo-SecureString -String 'S3cr3t;Pw' -AsPlainText -Force", "S3cr3t;Pw"),
+        ('ConvertTo-SecureString -AsPlainText -Force "S3cr3tPw"', "S3cr3tPw"),
+        ('$p = "S3cr3tPw" | ConvertTo-SecureString -AsPlainText -Force', "S3cr3tPw"),
+        ("'S3cr3t|Pw' | ConvertTo-SecureString -Force -AsPlainText", "S3cr3t|Pw"),
+        ("SSHPASS=S3cr3tPw sshpass -e ssh deploy@host", "S3cr3tPw"),
+        ("export SSHPASS='S3cr3t Pw'; sshpass -e scp f host:", "S3cr3t Pw"),
+        ("REDISCLI_AUTH=S3cr3tPw redis-cli -h cache ping", "S3cr3tPw"),
+        ("ipmitool -I lanplus -H 10.0.0.5 -U admin -P S3cr3tPw power status", "S3cr3tPw"),
+        ("ipmitool -I lanplus -H 10.0.0.5 -U admin -PS3cr3tPw sel list", "S3cr3tPw"),
+        ("sqlcmd -S db -U sa -P S3cr3tPw -Q 'select 1'", "S3cr3tPw"),
+        ("bcp dbo.t out t.dat -S db -U sa -P S3cr3tPw -c", "S3cr3tPw"),
+        ("net use \\\\host\\share S3cr3tPw /user:alice", "S3cr3tPw"),
+        ("net use Z: \\\\host\\share /user:CORP\\alice S3cr3tPw /persistent:no", "S3cr3tPw"),
+        ("net.exe use * //host/share S3cr3tPw", "S3cr3tPw"),
+        ('["net", "use", "\\\\\\\\host\\\\share", "S3cr3tPw", "/user:alice"]', "S3cr3tPw"),
+    ],
+)
+def test_a_password_given_to_more_tools_is_found(command: str, secret: str) -> None:
+    assert [s.value(command) for s in find_secrets(command)] == [secret]
+    assert all(s.kind == "password" for s in find_secrets(command))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "ldapsearch -x -H ldap://ldap.example.com -p 389 -b dc=example,dc=com",
+        "ldapsearch -x -W -D cn=admin,dc=ex -b dc=ex",  # -W prompts
+        "ldapsearch -x -D cn=admin -y /etc/ldap.secret -b dc=ex",
+        "openssl req -new -key k.pem -passin env:KEY_PW -out r.csr",
+        "openssl rsa -in k.pem -passin file:/run/secrets/pw -out plain.pem",
+        "openssl enc -aes-256-cbc -pass stdin -in f -out f.enc",
+        "openssl s_client -connect example.com:443 -servername example.com",
+        "smbclient -L //fileserver -U alice",  # prompts
+        "smbclient //srv/share -U alice%$SMB_PW",
+        "mongosh --port 27017 -u admin -p",
+        "mongosh -u admin -p --authenticationDatabase admin",
+        "mysqlsh --uri root@localhost:3306 --sql",
+        "mysqlsh root@db:3306 -e 'select 1'",
+        "ConvertTo-SecureString $pw -AsPlainText -Force",
+        "ConvertTo-SecureString -String $env:ADMIN_PW -AsPlainText -Force",
+        "$enc | ConvertTo-SecureString",  # an encrypted standard string
+        "ConvertTo-SecureString '76492d1116743f0423413b16050a5345MgB8AHYAZgBhAA' -Key $key",
+        "SSHPASS=$PW sshpass -e ssh host",
+        "REDISCLI_AUTH=$(cat /run/secrets/redis) redis-cli ping",
+        "export SSHPASS",
+        "ipmitool -I lanplus -H 10.0.0.5 -p 623 -U admin -E sensor",
+        "sqlcmd -S db -E -Q 'select 1'",
+        "sqlcmd -S db -U sa -P $SA_PASSWORD",
+        "net use Z: \\\\fileserver\\projects /persistent:yes",
+        "net use \\\\fileserver\\projects * /user:alice",  # prompts
+        "net use Z: /delete",
+        "The net use of the cache was 80 %; net user growth 5 %.",
+        # Widths, ports and sources that only look like it.
+        "fold -w 80 notes.txt; ping -w 5 -c 3 10.0.0.1; fmt -w 72 README",
+        "curl -w '%{http_code}' -o /dev/null https://example.com",
+        "docker run -p 8080:80 nginx; scp -P 22 f host:/tmp",
+        "The test pass: 212 of 212; openssl takes -passin pass:, env: or file: sources.",
+        "Decrypt with `openssl rsa -passin pass:<password>`.",
+    ],
+)
+def test_those_tools_without_a_password_are_not_flagged(command: str) -> None:
+    assert find_secrets(command) == []
+
+
+@pytest.mark.parametrize(
+    "commands",
+    [
+        ["mysql -u root -pS3cr3tPw", "ls"],
+        ["ls", "curl -u alice:S3cr3tPw https://x", "ls -la"],
+        {"a": "sshpass -p S3cr3tPw ssh h", "b": "ls"},
+        {"cmds": ["ldapsearch -x -w S3cr3tPw", "ls"], "cwd": "/tmp"},
+        ["mysql -u root -p'S3cr3tPw'", 'mysql -u root -p"S3cr3tPw"'],
+        ["echo 'S3cr3tPw' | ConvertTo-SecureString -AsPlainText", "ls"],
+    ],
+)
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_command_in_a_json_array_or_object_ends_with_its_string(
+    commands: Any, compact: bool
+) -> None:
+    # A known leak: the password word ran on over the string's closing quote into
+    # the next command ("S3cr3t\", \"ls"), and its redaction broke the JSON.
+    separators = (",", ":") if compact else None
+    text = json.dumps(commands, separators=separators)
+    assert {s.value(text) for s in find_secrets(text)} == {"S3cr3tPw"}
+    redacted = json.loads(_redact(text))
+    assert redacted == json.loads(text.replace("S3cr3tPw", "[REDACTED:password]"))
+
+
+def test_a_python_list_of_commands_ends_with_each_string() -> None:
+    text = str(["mysql -u root -pS3cr3tPw", "ls -la"])  # ['mysql …', 'ls -la']
+    assert [s.value(text) for s in find_secrets(text)] == ["S3cr3tPw"]
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ("mysql -uroot -pAb&cd3fgh app", "Ab&cd3fgh"),
+        ("sshpass -p Ab&cd3fgh ssh host", "Ab&cd3fgh"),
+        ("curl -u alice:Ab&cd&3fgh https://x", "Ab&cd&3fgh"),
+        ("redis-cli -a Ab&cd3fgh ping && echo ok", "Ab&cd3fgh"),
+        (json.dumps({"command": "mysql -uroot -pAb&cd3fgh app"}), "Ab&cd3fgh"),
+    ],
+)
+def test_an_ampersand_inside_an_unquoted_password_is_part_of_it(command: str, secret: str) -> None:
+    # The word's "&" was read as the shell's: "Ab" was too short to flag and
+    # "cd3fgh" was left as a command of its own.
+    assert [s.value(command) for s in find_secrets(command)] == [secret]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "true&mysql -uroot -pS3cr3tPw",
+        "curl -s https://x?a=1&b=2&&mysql -uroot -pS3cr3tPw",
+        "curl -s 'https://x?a=1'&mysql -uroot -pS3cr3tPw",
+        "mysql -uroot -pS3cr3tPw&",
+        "mysql -uroot -pS3cr3tPw & ls",
+    ],
+)
+def test_a_command_after_an_ampersand_is_still_read(command: str) -> None:
+    assert [s.value(command) for s in find_secrets(command)] == ["S3cr3tPw"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"password": "Ab&c\\"d3;fgh"}',
+        '{"SMTP_PASS": "Ab&c\\"d3;fgh"}',
+        'password="Ab&c\\"d3;fgh"',
+    ],
+)
+def test_an_escaped_quote_inside_a_quoted_password_is_part_of_it(text: str) -> None:
+    assert [s.value(text) for s in find_secrets(text)] == ['Ab&c\\"d3;fgh']
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["SMTP_PASS=$(cat /run/secrets/smtp)", 'password="$(vault kv get -field=pw db)"'],
+)
+def test_a_command_substitution_is_a_stand_in_not_a_password(text: str) -> None:
+    assert find_secrets(text) == []
+
+
+# Command lines that carry a password, as (prefix, suffix) around the password as
+# written, and the quotings each tool's reading takes: "bare" (nothing around
+# it), "sq"/"dq" (a shell's quotes), "parts" (a shell word of adjacent quoted
+# parts: -p"Ab"'c&d').  PowerShell's strings are quoted only.
+_SHELL_QUOTINGS = ("bare", "sq", "dq", "parts")
+_PASSWORD_COMMANDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("mysql -u root -p", " app", _SHELL_QUOTINGS),
+    ("curl -fsS -u alice:", " https://api.example.com/x", _SHELL_QUOTINGS),
+    ("sshpass -p ", " ssh deploy@web1", _SHELL_QUOTINGS),
+    ("redis-cli -h cache -a ", " ping", _SHELL_QUOTINGS),
+    ("docker login -u bot -p ", " registry.example.com", _SHELL_QUOTINGS),
+    ("wget --password=", " ftp://files.example.com/a", _SHELL_QUOTINGS),
+    ("ldapsearch -x -D cn=admin,dc=ex -w ", " -b dc=ex", _SHELL_QUOTINGS),
+    ("openssl rsa -in k.pem -passin pass:", " -out plain.pem", _SHELL_QUOTINGS),
+    ("smbclient //fileserver/finance -U alice%", " -c ls", _SHELL_QUOTINGS),
+    ("mongosh mongodb://db/admin -u admin -p ", " --quiet", _SHELL_QUOTINGS),
+    ("mysqlsh --password=", " root@db", _SHELL_QUOTINGS),
+    ("mysqlsh root:", "@db:3306 --sql", _SHELL_QUOTINGS),
+    ("ipmitool -I lanplus -H 10.0.4.21 -U ADMIN -P ", " power status", _SHELL_QUOTINGS),
+    ("sqlcmd -S db -U sa -P ", " -Q x", _SHELL_QUOTINGS),
+    ("net use \\\\fileserver\\finance ", " /user:alice", _SHELL_QUOTINGS),
+    ("SSHPASS=", " sshpass -e ssh web1", _SHELL_QUOTINGS),
+    ("REDISCLI_AUTH=", " redis-cli ping", _SHELL_QUOTINGS),
+    ("ConvertTo-SecureString ", " -AsPlainText -Force", ("sq", "dq")),
+    ("$c = ", " | ConvertTo-SecureString -AsPlainText -Force", ("sq", "dq")),
+)
+# No quote, backslash, $ or backtick (each needs its own escaping); a letter
+# first and last (a word starting with "-" is an option, "#" a comment).
+_PASSWORD_MIDDLE = string.ascii_letters + string.digits + "&;|<>()!#%^*+=,.?@[]{}~_-/:"
+_BARE_MIDDLE = string.ascii_letters + string.digits + "&!%^*+=.?@~_-/:"
+
+
+def _written(password: str, quoting: str) -> tuple[str, str, str]:
+    """The opening, the password as written (its first to its last character)
+    and the closing."""
+    if quoting == "sq":
+        return "'", password, "'"
+    if quoting == "dq":
+        return '"', password, '"'
+    if quoting == "parts":
+        half = len(password) // 2
+        return '"', f"{password[:half]}\"'{password[half:]}", "'"
+    return "", password, ""
+
+
+@given(
+    command=st.sampled_from(_PASSWORD_COMMANDS),
+    data=st.data(),
+    shape=st.sampled_from(("line", "array", "object", "python")),
+    levels=st.integers(min_value=0, max_value=3),
+)
+def test_a_password_in_any_quoting_and_json_nesting_is_redacted_keeping_the_json(
+    command: tuple[str, str, tuple[str, ...]], data: st.DataObject, shape: str, levels: int
+) -> None:
+    # The brief's matrix: every tool's password, with shell metacharacters inside
+    # quotes (and "&" bare), in a JSON array or object of commands beside
+    # another one, as a tool call's arguments and that call logged, 0-3 levels
+    # of JSON strings deep.  The placeholder lands on the password, nothing
+    # else: every level of JSON still decodes to the command, password replaced.
+    prefix, suffix, quotings = command
+    # A Python list's repr escapes a quote as \' when the string holds both
+    # kinds: Python's escaping, which the shell's reading does not undo.
+    if shape == "python":
+        quotings = tuple(q for q in quotings if q != "parts")
+    quoting = data.draw(st.sampled_from(quotings), label="quoting")
+    middle = _BARE_MIDDLE if quoting == "bare" else _PASSWORD_MIDDLE
+    password = data.draw(
+        st.builds(
+            lambda first, rest, last: first + rest + last,
+            st.sampled_from(string.ascii_letters),
+            st.text(middle, min_size=4, max_size=16).filter(lambda v: "&&" not in v),
+            st.sampled_from(string.ascii_letters + string.digits),
+        ),
+        label="password",
+    )
+    opening, written, closing = _written(password, quoting)
+    before, after = prefix + opening, closing + suffix
+    line = before + written + after
+    expected = before + "[REDACTED:password]" + after
+    if shape == "line":
+        text, redacted_form = line, expected
+    elif shape == "python":
+        text, redacted_form = str([line, "ls -la"]), str([expected, "ls -la"])
+    elif shape == "array":
+        text, redacted_form = json.dumps([line, "ls -la"]), json.dumps([expected, "ls -la"])
+    else:
+        text = json.dumps({"command": line, "cwd": "/srv"})
+        redacted_form = json.dumps({"command": expected, "cwd": "/srv"})
+    # A command at most three JSON strings deep: the views undo three levels.
+    for _ in range(min(levels, 3 - (shape in ("array", "object")))):
+        text, redacted_form = (
+            json.dumps({"arguments": text}),
+            json.dumps({"arguments": redacted_form}),
+        )
+    assert _redact(text) == redacted_form
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'echo "password=S3cr3tPw" done',
+        'ConvertTo-SecureString "a:PASSWORD=S3cr3tPw" -AsPlainText',
+        'SMTP_PASS="S3cr3tPw" ./send',
+    ],
+)
+def test_a_value_before_an_escaped_quote_leaves_the_escape(line: str, levels: int) -> None:
+    # Read unquoted up to JSON's \" (or \\\" a level deeper), a value took the
+    # escape's backslashes, and the redacted text was no JSON any more.
+    text = _in_json(line, levels)
+    assert "S3cr3tPw" not in _redact(text)
+    assert "[REDACTED:password]" in _out_of_json(_redact(text), levels)

@@ -145,6 +145,37 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
     _planted("gitlab_token", "glpat-" + _fake(_URLSAFE, 20), "GitLab CI used {} for the mirror."),
     _planted("google_api_key", "AIza" + _fake(_URLSAFE, 35), "Maps key {} is restricted."),
     _planted("huggingface_token", "hf_" + _fake(_ALNUM, 34), "Downloaded the model with {}."),
+    # Passwords given to command-line tools (literals: the seeded fakes after
+    # them stay as they were), as agents' tool calls hold them.
+    _planted(
+        "password",
+        "Ld4p-b1nd-Q7",
+        "ldapsearch -x -D cn=admin,dc=example,dc=com -w {} -b dc=example,dc=com",
+    ),
+    _planted(
+        "password",
+        "P12-exp0rt!k",
+        "openssl pkcs12 -export -in cert.pem -inkey key.pem -passout pass:{} -out cert.p12",
+    ),
+    _planted("password", "Fin&Sh4re-26", "smbclient //fileserver/finance -U alice%{} -c 'ls'"),
+    _planted(
+        "password", "M0ng0-adm1n", 'mongosh "mongodb://db.internal:27017/admin" -u admin -p {}'
+    ),
+    _planted("password", "Sh3ll-r00t-x", "mysqlsh root:{}@db.internal:3306 --sql"),
+    _planted("password", "Ps-Cr3d;2026", '$cred = ConvertTo-SecureString "{}" -AsPlainText -Force'),
+    _planted("password", "Ps-P1ped|2026", "'{}' | ConvertTo-SecureString -AsPlainText -Force"),
+    _planted("password", "Ssh-3nv-9k2q", "SSHPASS={} sshpass -e ssh deploy@web1 uptime"),
+    _planted("password", "R3d1s-3nv-77", "REDISCLI_AUTH={} redis-cli -h cache ping"),
+    _planted(
+        "password",
+        "Ipm1-B0x-42",
+        "ipmitool -I lanplus -H 10.0.4.21 -U ADMIN -P {} chassis power status",
+    ),
+    _planted("password", "Sq1-Sa-2026!", 'sqlcmd -S db.internal -U sa -P {} -Q "SELECT @@VERSION"'),
+    _planted("password", "N3t-Us3-k8", "net use \\\\fileserver\\finance {} /user:CORP\\alice"),
+    _planted("password", "Tr0ub&4dor9", "mysql -h db -u root -p{} app"),
+    # A tool call's commands as a JSON array: the password ran into "ls -la".
+    _planted("password", "Arr4y-Pw-31", '{{"commands": ["mysql -u root -p{}", "ls -la"]}}'),
     _planted("email", "ops+alerts@mail.example.co.uk", "Alerts go to {}.", pii=True),
     _planted("iban", "GB82 WEST 1234 5698 7654 32", "Wire it to IBAN {}.", pii=True),
 )
@@ -171,4 +202,14 @@ LOOKALIKES: tuple[str, ...] = (
     # Prose about passwords, and test runners' PASS: the .env rules must not fire.
     "The password policy requires 12 characters; pass the salt, and the PW field is optional.",
     "CI summary: TESTS_PASS=true, ALL_PASS: yes, passwords: rotated monthly.",
+    # Command lines near the ones that carry a password: ports, widths, prompts,
+    # stand-ins, password sources that are no password.
+    "docker run -d -p 8080:80 nginx && ipmitool -I lanplus -H 10.0.4.21 -p 623 -U ADMIN -E sensor",
+    'scp -P 22 backup.sql deploy@web1:/tmp; sqlcmd -S db.internal -E -Q "SELECT 1"',
+    "fold -w 80 notes.txt | column -c 120; ldapsearch -x -W -D cn=admin,dc=example,dc=com",
+    "Tests pass: 212, lint pass: clean; openssl reads -passin env:KEY_PW, never pass: on a shared host.",
+    '{"commands": ["mysql -u root -p", "ssh -p 2222 web1", "docker run -p 8080:80 nginx"]}',
+    "net use Z: \\\\fileserver\\finance /persistent:yes; mongosh --port 27017 -u admin -p",
+    "ConvertTo-SecureString $env:ADMIN_PW -AsPlainText -Force; SSHPASS=$DEPLOY_PW sshpass -e ssh web1",
+    "REDISCLI_AUTH=$(cat /run/secrets/redis) redis-cli ping; smbclient -L //fileserver -U alice",
 )
