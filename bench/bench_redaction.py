@@ -1,6 +1,6 @@
 """Redaction benchmark: recall on real-format fake secrets, false positives on look-alikes.
 
-    .venv/bin/python bench/bench_redaction.py [--mb 2]
+    .venv/bin/python bench/bench_redaction.py [--mb 2] [--against OTHER/secrets.py [--runs 7]]
 
 Prints figures, asserts nothing.  The corpus (tests/support/secret_corpus.py)
 plants the 19 formats of issue 12 (plus further well-known ones) in the kind
@@ -19,7 +19,9 @@ copies into a summary.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,8 @@ def caught(planted: Planted) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=float, default=2.0)
+    parser.add_argument("--against", type=Path, help="another secrets.py to time this one against")
+    parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
 
     print("format                   caught")
@@ -63,29 +67,43 @@ def main() -> None:
     for text in flagged:
         print(f"  flagged: {text[:70]}")
 
+    blob = mix(args.mb)
+    started = time.perf_counter()
+    spans = find_secrets(blob, pii=True)
+    elapsed = time.perf_counter() - started
+    megabytes = len(blob) / 1024 / 1024
+    print(
+        f"throughput: {megabytes / elapsed:.2f} MB/s over {megabytes:.1f} MB ({len(spans)} spans)"
+    )
+    line = tool_call_line(args.mb)
+    started = time.perf_counter()
+    spans = find_secrets(line, pii=True)
+    elapsed = time.perf_counter() - started
+    megabytes = len(line) / 1024 / 1024
+    print(
+        f"throughput, one-line tool-call log: {megabytes / elapsed:.2f} MB/s over "
+        f"{megabytes:.1f} MB ({len(spans)} spans)"
+    )
+    end_to_end()
+    if args.against is not None:
+        against(args.against, {"mix": blob, "one-line tool-call log": line}, args.runs)
+
+
+def mix(mb: float) -> str:
+    """Worst case: every other line a look-alike that passes the rules' cheap hints."""
     rng = random.Random(7)
-    # Worst case: every other line a look-alike that passes the rules' cheap hints.
     pieces = [*LOOKALIKES, "The agent decided to retry the build after the flaky test.", "ok"]
     blob_parts: list[str] = []
     size = 0
-    target = int(args.mb * 1024 * 1024)
+    target = int(mb * 1024 * 1024)
     while size < target:
         piece = rng.choice(pieces) if rng.random() > 0.01 else rng.choice(PLANTED).sentence
         blob_parts.append(piece)
         size += len(piece) + 1
-    blob = "\n".join(blob_parts)
-    started = time.perf_counter()
-    spans = find_secrets(blob, pii=True)
-    elapsed = time.perf_counter() - started
-    megabytes = size / 1024 / 1024
-    print(
-        f"throughput: {megabytes / elapsed:.2f} MB/s over {megabytes:.1f} MB ({len(spans)} spans)"
-    )
-    tool_heavy_line(args.mb)
-    end_to_end()
+    return "\n".join(blob_parts)
 
 
-def tool_heavy_line(mb: float) -> None:
+def tool_call_line(mb: float) -> str:
     """One long line of tool calls (a minified JSON log): every element names
     curl or mysql, so the command-line rules read arguments after each one."""
     calls: list[str] = []
@@ -100,15 +118,32 @@ def tool_heavy_line(mb: float) -> None:
         calls.append(f'{{"tool":"bash","command":"{command}"}}')
         size += len(calls[-1]) + 2
         index += 1
-    line = "[" + ", ".join(calls) + "]"
-    started = time.perf_counter()
-    spans = find_secrets(line, pii=True)
-    elapsed = time.perf_counter() - started
-    megabytes = len(line) / 1024 / 1024
-    print(
-        f"throughput, one-line tool-call log: {megabytes / elapsed:.2f} MB/s over "
-        f"{megabytes:.1f} MB ({len(spans)} spans)"
-    )
+    return "[" + ", ".join(calls) + "]"
+
+
+def against(path: Path, texts: dict[str, str], runs: int) -> None:
+    """This detector's throughput against another version's (a secrets.py, say
+    main's: ``git show main:memd/core/secrets.py > /tmp/main_secrets.py``), timed
+    in this process, interleaved, medians of ``runs``: a ratio a loaded machine
+    does not skew the way it skews two separate runs."""
+    spec = importlib.util.spec_from_file_location("other_secrets", path)
+    assert spec is not None and spec.loader is not None
+    other = importlib.util.module_from_spec(spec)
+    sys.modules["other_secrets"] = other  # its dataclasses look their module up
+    spec.loader.exec_module(other)
+    for name, text in texts.items():
+        times: dict[str, list[float]] = {"this": [], "other": []}
+        for _ in range(runs):
+            for label, detect in (("this", find_secrets), ("other", other.find_secrets)):
+                started = time.perf_counter()
+                detect(text, pii=True)
+                times[label].append(time.perf_counter() - started)
+        mine, theirs = statistics.median(times["this"]), statistics.median(times["other"])
+        megabytes = len(text) / 1024 / 1024
+        print(
+            f"against {path.name}, {name}: {megabytes / mine:.2f} MB/s vs "
+            f"{megabytes / theirs:.2f} MB/s, this / other {theirs / mine:.2f} (medians of {runs})"
+        )
 
 
 def end_to_end() -> None:
