@@ -68,6 +68,7 @@ from memd.core.memfile import (
     sanitize_summary,
 )
 from memd.core.ownership import archive_access
+from memd.core.pins import Pin
 from memd.core.plan import (
     CORRUPT_PHASE,
     IDLE_PHASE,
@@ -83,7 +84,7 @@ from memd.core.plan import (
     summary_does_not_shrink,
     summary_over_cap,
 )
-from memd.core.privacy import Privacy
+from memd.core.privacy import Privacy, Redactor
 from memd.core.retention import NO_LIMITS, ArchiveInfo, RetentionLimits, plan_prune
 from memd.core.summary import Summarizer, SummaryRequest, SummaryResult
 from memd.core.summary_block import (
@@ -556,6 +557,21 @@ def read_memory(paths: AgentPaths) -> bytes:
             os.close(fd)
 
 
+def pins_the_scan_keeps(pins: Sequence[Pin], scan: Redactor) -> tuple[Pin, ...]:
+    """The pins in which the reply's ``scan`` finds nothing to redact.
+
+    Credentials are never pinned, but e-mail addresses are, and so is what an
+    operator's ``[privacy] patterns`` name: where the scan redacts them (personal
+    data redacted on the way out, or ``redact_pii = true``), such a pin is left
+    out rather than written as a placeholder, which names nothing, is never kept
+    by a later reply and would be carried on as a marked line. The turn it came
+    from is in the archive.
+    """
+    if not (scan.pii or scan.patterns):
+        return tuple(pins)
+    return tuple(pin for pin in pins if not scan.spans(pin.text))
+
+
 def _now_local_iso() -> str:
     # Swarms writes naive local time; so does memd, to match the file.
     return datetime.now().isoformat()  # noqa: DTZ005
@@ -770,7 +786,7 @@ class _Transaction:
         earlier = self._earlier_kept(material.earlier_archives, cut)
         composed = compose_summary(
             body,
-            material.pins,
+            pins_the_scan_keeps(material.pins, scan),
             pinned_tokens=self.options.pinned_tokens,
             count_text=self.count_text,
             # Same length as the final name: the size checks see the real block.

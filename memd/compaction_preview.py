@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from memd.compaction import CompactionOptions, read_memory
+from memd.compaction import CompactionOptions, pins_the_scan_keeps, read_memory
 from memd.core.memfile import parse, render_summary_block
 from memd.core.pins import fit_pins
 from memd.core.plan import has_compactable, kept_tail_start, nothing_to_compact_reason
@@ -104,9 +104,10 @@ def preview(
     summarized = document.prefix(cut)
     material = material_of(summarized, count_text)
     privacy = options.privacy or Privacy(process_key())
+    scan = privacy.for_reply(pii=result.redacted_pii)
     composed = compose_summary(
-        privacy.for_reply(pii=result.redacted_pii).redact(result.text.strip()).text,
-        material.pins,
+        scan.redact(result.text.strip()).text,
+        pins_the_scan_keeps(material.pins, scan),
         pinned_tokens=options.pinned_tokens,
         count_text=count_text,
         archive="archive/history_(not written).md",

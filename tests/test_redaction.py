@@ -29,6 +29,7 @@ from memd.compaction import CompactionOptions, compact_agent
 from memd.core import memfile
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.core.secrets import PLACEHOLDER_RE
+from memd.core.summary_block import parse_summary
 from memd.llm import LiteLLMSummarizer, import_litellm
 from memd.redaction_key import key_path, load_or_create_key
 from memd.summarizers import BuiltinSummarizer
@@ -236,6 +237,35 @@ def test_user_patterns_are_redacted_on_the_wire(agent_ws: AgentWorkspace) -> Non
         compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
         wire = sent(server)
     assert "VAULT-93810482-QX" not in wire and "[REDACTED:vault#" in wire
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_an_email_address_is_pinned_whole_unless_personal_data_was_redacted(
+    agent_ws: AgentWorkspace, remote: bool
+) -> None:
+    """An address the reply drops is pinned whole for a summarizer that read it
+    as written; when personal data was redacted on the way out (a remote one) it
+    is not pinned at all: not as written, and not as a placeholder, which names
+    nothing and would be carried on as a marked line."""
+    paths = agent_ws.create_agent("iota")
+    address = "ops-lead@example.org"
+    for index in range(6):
+        append_entry(paths.memory, "Human", f"turn {index}: we discussed the weekly report.")
+    append_entry(paths.memory, "Human", f"Send the weekly report to {address} on Mondays.")
+    with OpenAITestServer() as server:
+        config = config_for(server, redact_local=remote)
+        server.script("ok:Facts:\n" + "- the weekly report goes out on Mondays\n" * 8)
+        compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
+        wire = sent(server)
+    block = memfile.parse(paths.memory.read_bytes()).last_summary()
+    assert block is not None
+    pinned = parse_summary(block.summary_text).pins
+    if remote:
+        assert address not in wire
+        assert pinned == ()
+        assert address not in paths.memory.read_text()
+    else:
+        assert [pin.text for pin in pinned] == [address]
 
 
 # ------------------------------------------------------- CLI and daemon, one key

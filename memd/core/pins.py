@@ -63,12 +63,31 @@ _PREFERENCE_RE: Final = re.compile(
     r"\b[^.!?\n]*[.!?]?)",
     re.IGNORECASE | re.MULTILINE,
 )
-_URL_RE: Final = re.compile(r"\bhttps?://[^\s<>\"'`)\]}]+")
+# Any scheme (DSNs, s3://, ssh://, file:///…), a bracketed IPv6 host whole.
+_URL_RE: Final = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://(?:\[[0-9A-Fa-f:.]+\]|[^\s<>\"'`)\]}])+")
+# git's scp-like remotes: git@github.com:org/repo.git (not after "user:").
+_SCP_RE: Final = re.compile(
+    r"(?<![\w.+:-])[\w.-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}:[\w.~-]+/[\w./~-]*\w"
+)
+# A URL's password is not pinned: ``scheme://user:password@host`` pins as
+# ``scheme://user@host`` (what is left is still screened for credentials).
+# The password runs to the authority's last "@" (an unescaped "@" in it too).
+_URL_PASSWORD_RE: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^\s:/?#@\[\]]*):[^\s/?#]*@")
 _CODE_SPAN_RE: Final = re.compile(r"`([^`\n]{2,200})`")
 _SHELL_LINE_RE: Final = re.compile(r"^[ \t]*\$ ([^\n]{2,200})$", re.MULTILINE)
+# Windows: a directory's name may hold single spaces and a "(x86)"; the last
+# name holds none (where a path in prose ends cannot be told otherwise).
+_WIN_DIR: Final = r"[\w.$~@+-]+(?: [\w.$~@+-]+| ?\([\w.$~@+-]+\))*"
+_WIN_NAME: Final = r"[\w.$~@+-]*[\w$~@+-]"
 _PATH_RE: Final = re.compile(
     r"(?<![\w/.:-])(?:~|\.{1,2})?/(?:[\w.@+-]+/)+[\w.@+-]*[\w@+-]"
     r"|(?<![\w/.:-])[\w-]+/(?:[\w.-]+/)*[\w-]+\.[A-Za-z][\w]{0,7}\b"
+)
+_WINDOWS_PATH_RE: Final = re.compile(
+    # C:\Users\me\app.py, D:/data/x.csv (and JSON's C:\\Users\\me)
+    rf"(?<![\w/\\.:-])[A-Za-z]:(?:\\\\?|/)(?:{_WIN_DIR}(?:\\\\?|/))*{_WIN_NAME}"
+    # \\server\share\dir\f.txt
+    rf"|(?<![\w\\])\\\\[\w.-]+\\[\w.$-]+(?:\\(?:{_WIN_DIR}\\)*{_WIN_NAME})?"
 )
 _MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*"
 _DATE_RE: Final = re.compile(
@@ -87,12 +106,44 @@ _QUANTITY_RE: Final = re.compile(
     r"rows|records|users)(?![\w/])"
     r"|[$€£]\d+(?:[.,]\d+)*(?:[kKmM])?\b"
 )
+# Whole before the identifiers' pieces (a hostname, a hex run) are looked for.
+_EMAIL_RE: Final = re.compile(
+    # Not after "user:" (app:hunter2@db.example.com holds a password), but mailto:.
+    r"(?:(?<=mailto:)|(?<![\w.+:-]))[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}\b"
+)
+# What every match of a pattern holds, led by a character (a fast search): a
+# turn without it is not scanned by the pattern itself, which starts anywhere.
+_SCP_HINT: Final = re.compile(r"@[A-Za-z0-9.-]+\.[A-Za-z]{2,24}:[\w.~-]+/")
+_EMAIL_HINT: Final = re.compile(r"@[A-Za-z0-9-]+\.[A-Za-z0-9.-]*[A-Za-z]")
+_UUID_HINT: Final = re.compile(r"-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-")
+_UUID_RE: Final = re.compile(
+    r"(?<![\w-])[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}(?![\w-])"
+)
+_HEX4: Final = r"[0-9A-Fa-f]{1,4}"
+# An IPv6 address: eight groups, or fewer with one "::" (with a digit: Rust's
+# Add::add is no address), optionally /prefix; ending where no group goes on.
+_IPV6: Final = (
+    r"(?=[0-9A-Fa-f:]*\d)(?:"
+    rf"(?:{_HEX4}:){{7}}{_HEX4}"
+    + "".join(rf"|(?:{_HEX4}:){{1,{left}}}(?::{_HEX4}){{1,{7 - left}}}" for left in range(1, 7))
+    + rf"|::(?:{_HEX4}:){{0,6}}{_HEX4}"
+    rf"|(?:{_HEX4}:){{1,7}}:(?=/\d)"
+    r")(?:/\d{1,3})?(?![\w:]|\.\w)"
+)
+_IPV6_RE: Final = re.compile(
+    # Two colons near the start, or no address begins here (most places).
+    rf"(?=\[?[0-9A-Fa-f]{{0,4}}:[0-9A-Fa-f]{{0,4}}:)"
+    rf"(?:\[{_IPV6}\]:\d{{1,5}}(?!\d)"  # [2001:db8::1]:8080
+    rf"|(?<![\w:.]){_IPV6})"  # fe80::1, 2001:db8::/32
+)
+_PORT: Final = r"(?::\d{1,5}(?!\d))?"
 _IDENTIFIER_RE: Final = re.compile(
     r"\b[A-Z][A-Z0-9]{1,9}-\d{1,6}\b"  # ticket ids
     r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"  # commit hashes
     r"|\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
-    r"(?:internal|local|lan|corp|com|net|org|io|dev|cloud|ai|app)\b"  # hostnames
-    r"|\b(?:\d{1,3}\.){3}\d{1,3}\b"  # IPv4
+    rf"(?:internal|local|lan|corp|com|net|org|io|dev|cloud|ai|app)\b{_PORT}"  # hostnames
+    rf"|\b(?:\d{{1,3}}\.){{3}}\d{{1,3}}\b{_PORT}"  # IPv4
+    r"|\blocalhost:\d{1,5}(?!\d)"
 )
 _TRAILING_PUNCT: Final = ".,;:!?)]}'\""
 _TOOL_ROLE_RE: Final = re.compile(r"tool|function|observation", re.IGNORECASE)
@@ -191,6 +242,51 @@ def _preference_possible(text: str) -> bool:
     return False
 
 
+# The patterns run over what URLs and code spans leave, in order; each step's
+# matches but the last two's are blanked before the next step runs. A step
+# named for a detail pins its facts as the kind _FACT_KIND names.
+_STEPS: Final = (
+    ("windows_path", _WINDOWS_PATH_RE),
+    ("path", _PATH_RE),
+    ("date", _DATE_RE),
+    ("version", _VERSION_RE),
+    ("email", _EMAIL_RE),
+    ("uuid", _UUID_RE),
+    ("ipv6", _IPV6_RE),
+    ("identifier", _IDENTIFIER_RE),
+    ("quantity", _QUANTITY_RE),
+)
+_BLANKED: Final = frozenset(kind for kind, _pattern in _STEPS[:-2])
+_FACT_KIND: Final = {
+    "windows_path": "path",
+    "email": "identifier",
+    "uuid": "identifier",
+    "ipv6": "identifier",
+}
+
+
+def _blank(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """``text`` with each of ``spans`` (in order, disjoint) replaced by one space."""
+    pieces: list[str] = []
+    position = 0
+    for start, end in spans:
+        pieces.append(text[position:start])
+        pieces.append(" ")
+        position = end
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+def _without_password(url: str) -> str:
+    """``url`` with the password of its ``user:password@`` taken out."""
+
+    def drop(match: re.Match[str]) -> str:
+        user = match.group(2)
+        return f"{match.group(1)}{user}@" if user else match.group(1)
+
+    return _URL_PASSWORD_RE.sub(drop, url, count=1)
+
+
 def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
     """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
     (the reference the screened run is tested against)."""
@@ -274,39 +370,50 @@ def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
     if not screen or "$ " in rest:
         for match in _SHELL_LINE_RE.finditer(rest):
             found.append(Fact("command", f"`{_clean(match.group(1))}`"))
-    # URLs first, then blank them out so their paths and hosts are not pinned twice.
-    urls = not screen or "://" in rest
-    if urls:
-        for match in _URL_RE.finditer(rest):
-            found.append(Fact("url", _clean(match.group(0))))
+    # URLs first, then blank them out so their paths and hosts are not pinned twice
+    # (a git remote is not looked for inside a URL either).
     plain = _CODE_SPAN_RE.sub(" ", rest) if code else rest
-    plain = _URL_RE.sub(" ", plain) if urls else plain
-    digits = not screen or _DIGIT_RE.search(plain) is not None
-    for kind, pattern in (
-        ("path", _PATH_RE),
-        ("date", _DATE_RE),
-        ("version", _VERSION_RE),
-        ("identifier", _IDENTIFIER_RE),
-        ("quantity", _QUANTITY_RE),
+    for pattern, possible in (
+        (_URL_RE, "://" in rest),
+        (_SCP_RE, "@" in rest and _SCP_HINT.search(rest) is not None),
     ):
-        if kind == "path":
-            possible = not screen or "/" in plain
+        if screen and not possible:
+            continue
+        for match in pattern.finditer(rest):
+            found.append(Fact("url", _clean(_without_password(match.group(0)))))
+        rest = pattern.sub(" ", rest)
+        plain = pattern.sub(" ", plain)
+    digits = not screen or _DIGIT_RE.search(plain) is not None
+    for kind, pattern in _STEPS:
+        if not screen:
+            possible = True
+        elif kind == "windows_path":
+            possible = ":\\" in plain or ":/" in plain or "\\\\" in plain
+        elif kind == "path":
+            possible = "/" in plain
         elif kind == "version":
-            possible = digits and (not screen or "." in plain)
+            possible = digits and "." in plain
+        elif kind == "email":
+            possible = "@" in plain and _EMAIL_HINT.search(plain) is not None
+        elif kind == "uuid":
+            possible = "-" in plain and _UUID_HINT.search(plain) is not None
+        elif kind == "ipv6":
+            possible = digits and ("::" in plain or plain.count(":") >= 7)
         elif kind == "identifier":
-            possible = digits or not screen or "." in plain
+            possible = digits or "." in plain
         else:
             possible = digits  # a date, a quantity: each has a digit
         if not possible:
             continue
+        spans: list[tuple[int, int]] = []
         for match in pattern.finditer(plain):
-            found.append(Fact(kind, _clean(match.group(0))))
-        if kind in {"path", "date", "version"}:
-            # A date is not also a quantity, a version not also a hostname.
-            blanked = pattern.sub(" ", plain)
-            if blanked != plain:
-                plain = blanked
-                digits = not screen or _DIGIT_RE.search(plain) is not None
+            found.append(Fact(_FACT_KIND.get(kind, kind), _clean(match.group(0))))
+            spans.append(match.span())
+        if spans and kind in _BLANKED:
+            # A date is not also a quantity, a version not also a hostname, an
+            # e-mail address's domain not also a hostname, a UUID not a hex run.
+            plain = _blank(plain, spans)
+            digits = not screen or _DIGIT_RE.search(plain) is not None
     return found
 
 

@@ -35,7 +35,11 @@ def ws(tmp_path: Path) -> AgentWorkspace:
 
 
 def config(
-    tmp_path: Path, server: OpenAITestServer, max_calls: int = 8, keep_recent: int = 0
+    tmp_path: Path,
+    server: OpenAITestServer,
+    max_calls: int = 8,
+    keep_recent: int = 0,
+    privacy: str = "",
 ) -> str:
     # keep_recent 0 by default here: the plan's chunks, pins and partial cut are
     # about the whole transcript; the kept tail has its own test.
@@ -44,6 +48,7 @@ def config(
         "[trigger]\ncontext_length = 32000\n[summarizer]\n"
         f'model = "openai/test-model"\napi_key = "k"\napi_base = "{server.api_base}"\n'
         f"context_length = 2048\nmax_calls = {max_calls}\nkeep_recent_tokens = {keep_recent}\n"
+        + (f"[privacy]\n{privacy}\n" if privacy else "")
     )
     return str(path)
 
@@ -116,6 +121,37 @@ def test_dry_run_summarize_shows_the_block_and_its_retention(
     # The model kept the marked line itself; memd pins the path it dropped.
     assert "the reply itself kept 1 of 2 pinned facts (50 %); 1 more are pinned" in out
     assert "[Compressed Memory Summary]" in out and "- /srv/ops/runbook.md" in out
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_dry_run_summarize_pins_an_email_address_as_a_compaction_would(
+    ws: AgentWorkspace,
+    tmp_path: Path,
+    server: OpenAITestServer,
+    capsys: pytest.CaptureFixture[str],
+    remote: bool,
+) -> None:
+    """Whole for a summarizer that read it as written; not at all (nor as a
+    placeholder) when personal data was redacted on the way out."""
+    address = "ops-lead@example.org"
+    append_entry(ws.root / "agents" / "alpha" / "MEMORY.md", "Human", f"Mail {address} weekly.")
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--summarize",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, max_calls=50, privacy="redact_local = true" if remote else ""),
+    )
+    assert code == 0, err
+    block = out.split("[Compressed Memory Summary]", 1)[1]
+    if remote:
+        assert address not in block and "[REDACTED:email#" not in block
+    else:
+        assert f"- {address}" in block
 
 
 def test_summarize_needs_dry_run(ws: AgentWorkspace, capsys: pytest.CaptureFixture[str]) -> None:

@@ -54,6 +54,121 @@ def test_each_kind_is_extracted(text: str, kind: str, fact: str) -> None:
     assert (kind, fact) in [(f.kind, f.text) for f in extract_facts(text)]
 
 
+@pytest.mark.parametrize(
+    ("text", "kind", "fact"),
+    [
+        # Any scheme's URL, whole: not its host or path alone (review s7 F2).
+        (
+            "the DSN is postgresql://app@db.internal:5432/orders now",
+            "url",
+            "postgresql://app@db.internal:5432/orders",
+        ),
+        ("mysql://report@10.0.4.7:3306/sales.", "url", "mysql://report@10.0.4.7:3306/sales"),
+        (
+            "use mongodb+srv://svc@cluster0.ab12c.mongodb.net/prod?retryWrites=true",
+            "url",
+            "mongodb+srv://svc@cluster0.ab12c.mongodb.net/prod?retryWrites=true",
+        ),
+        ("cache at redis://cache.internal:6379/0", "url", "redis://cache.internal:6379/0"),
+        ("queue amqp://guest@mq.internal:5672/", "url", "amqp://guest@mq.internal:5672/"),
+        (
+            "dump to s3://acme-logs/2027/03/events.parquet",
+            "url",
+            "s3://acme-logs/2027/03/events.parquet",
+        ),
+        ("copied to gs://ml-runs/ckpt/step-900", "url", "gs://ml-runs/ckpt/step-900"),
+        (
+            "mirror ftp://files.example.com/pub/x.tar.gz",
+            "url",
+            "ftp://files.example.com/pub/x.tar.gz",
+        ),
+        (
+            "clone ssh://git@git.corp/platform/infra.git",
+            "url",
+            "ssh://git@git.corp/platform/infra.git",
+        ),
+        ("clone git@github.com:acme/infra.git.", "url", "git@github.com:acme/infra.git"),
+        ("ci at https://ci@example.com:8443/job/7", "url", "https://ci@example.com:8443/job/7"),
+        ("open file:///home/me/notes.txt", "url", "file:///home/me/notes.txt"),
+        ("http://[2001:db8::7]:8080/health", "url", "http://[2001:db8::7]:8080/health"),
+        ("connect to db.internal:5432 first", "identifier", "db.internal:5432"),
+        ("the proxy is 10.0.0.1:3128", "identifier", "10.0.0.1:3128"),
+        ("dev server on localhost:3000", "identifier", "localhost:3000"),
+        ("listen on [2001:db8::1]:8080.", "identifier", "[2001:db8::1]:8080"),
+        ("the router is fe80::1, not ::1", "identifier", "fe80::1"),
+        (
+            "full 2001:0db8:0000:0000:0000:ff00:0042:8329 form",
+            "identifier",
+            "2001:0db8:0000:0000:0000:ff00:0042:8329",
+        ),
+        ("route 2001:db8::/32 there", "identifier", "2001:db8::/32"),
+        # E-mail addresses and UUIDs whole, not a hostname or a hex run (F3).
+        ("mail alice.smith+ops@example.co.uk today", "identifier", "alice.smith+ops@example.co.uk"),
+        ("write to mailto:oncall@acme.io", "identifier", "oncall@acme.io"),
+        (
+            "job 123e4567-e89b-12d3-a456-426614174000 failed",
+            "identifier",
+            "123e4567-e89b-12d3-a456-426614174000",
+        ),
+        (
+            "tenant 9F1B2C3D-AAAA-4BBB-8CCC-0123456789AB moved",
+            "identifier",
+            "9F1B2C3D-AAAA-4BBB-8CCC-0123456789AB",
+        ),
+        # Windows and UNC paths (F4).
+        (r"edit C:\Users\me\proj\app.py now", "path", r"C:\Users\me\proj\app.py"),
+        ("read D:/data/x.csv first", "path", "D:/data/x.csv"),
+        (
+            r"installed in C:\Program Files (x86)\Foo Bar\bin\foo.exe today",
+            "path",
+            r"C:\Program Files (x86)\Foo Bar\bin\foo.exe",
+        ),
+        (r'"cwd": "C:\\Users\\me\\proj"', "path", r"C:\\Users\\me\\proj"),
+        (r"on \\fileserver\builds$\nightly\f.txt.", "path", r"\\fileserver\builds$\nightly\f.txt"),
+    ],
+)
+def test_more_kinds_are_pinned_whole_and_once(text: str, kind: str, fact: str) -> None:
+    assert [(f.kind, f.text) for f in extract_facts(text)] == [(kind, fact)]
+
+
+@pytest.mark.parametrize(
+    ("text", "fact"),
+    [
+        (
+            "postgresql://app:hunter2@db.internal:5432/orders",
+            "postgresql://app@db.internal:5432/orders",
+        ),
+        ("redis://:hunter2@cache.internal:6379", "redis://cache.internal:6379"),
+        ("https://deploy:hunter2@ci.example.com/job/7", "https://deploy@ci.example.com/job/7"),
+        # An unescaped "@" in the password: the authority ends at the last one.
+        ("amqp://app:hun@ter2@mq.internal:5672/", "amqp://app@mq.internal:5672/"),
+        # Not a URL: no e-mail address runs from the password to the host.
+        ("psql app:hunter2@db.internal -c 'select 1'", "db.internal"),
+    ],
+)
+def test_a_urls_password_is_never_pinned(text: str, fact: str) -> None:
+    facts = [f.text for f in extract_facts(text)]
+    assert fact in facts
+    assert not any("hunter2" in f or "ter2" in f for f in facts)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "meet at 10:30 or 12:30:45 tomorrow, ratio 16:9 and 3:1",
+        "MAC 00:1a:2b:3c:4d:5e on the switch",
+        "use std::vector, Add::add, Foo::Bar and a::b in the code",
+        "Plan A: ship it. It costs 12 and 3.5 and 1,000 of them.",
+        "e.g. i.e. etc. He said: yes/no, and/or maybe.",
+        "decorate with @pytest.mark.slow and @property; ping @alice",
+        "see section 4.2. and chapter 7, page 12-14",
+        "a backslash \\ alone, C: drive, and \\\\ twice",
+    ],
+)
+def test_prose_numbers_and_times_are_not_pinned(text: str) -> None:
+    assert extract_facts(text) == []
+
+
 def test_credentials_are_never_pinned() -> None:
     text = (
         "Remember: api_key = sk-abcdefghijklmnopqrstuvwx\nuse `export TOKEN=ghp_" + "a" * 36 + "`"
@@ -248,6 +363,18 @@ _FACT_FRAGMENTS = st.sampled_from(
         "\n",
         "turn 7",
         "words",
+        "postgresql://app:pw@db.internal:5432/x",
+        "git@github.com:o/r.git",
+        "alice@example.com",
+        "123e4567-e89b-12d3-a456-426614174000",
+        "fe80::1",
+        "[2001:db8::1]:8080",
+        "db.internal:5432",
+        "C:\\Users\\me\\a.py",
+        "\\\\srv\\share\\f.txt",
+        "@",
+        "\\",
+        "::",
     ]
 )
 
