@@ -949,7 +949,14 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
 _PII_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "email",
-        _rx(r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b"),
+        # Not a URL's user name (postgresql://app@db.internal, ssh://git@host) nor a
+        # git remote's (git@github.com:org/repo.git): service accounts, not a person's
+        # address, and a DSN with a placeholder in its middle is no use to a summary.
+        # A mailto: address is still one.
+        _rx(
+            r"(?<![\w.+-])(?<!://)[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*"
+            r"\.[A-Za-z]{2,24}\b(?!:[\w~./-])"
+        ),
         "pii",
         hints=("@",),
     ),

@@ -63,6 +63,34 @@ def test_all_secrets_in_one_text_are_disjoint_and_ordered() -> None:
 
 @pytest.mark.parametrize(
     "text",
+    [
+        "DATABASE_URL=postgresql://app@db.internal:5432/orders",
+        "cloned ssh://git@git.corp.example.com/team/x.git",
+        "remote: git@github.com:org/repo.git",
+        "fetch https://deploy@example.com/x and https://user@example.com",
+    ],
+)
+def test_a_urls_user_name_is_not_an_email_address(text: str) -> None:
+    """A DSN's or a git remote's user name is a service account, not personal data:
+    redacted as an e-mail address, the DSN went to a remote summarizer with a
+    placeholder in its middle and could not be pinned (review s7kinds)."""
+    assert find_secrets(text, pii=True) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("write to mailto:dana.whitfield@example.org today", "dana.whitfield@example.org"),
+        ("dana.whitfield@example.org: please review", "dana.whitfield@example.org"),
+        ("cc <ops+alerts@mail.example.co.uk>, thanks", "ops+alerts@mail.example.co.uk"),
+    ],
+)
+def test_an_email_address_beside_a_colon_or_a_mailto_is_still_one(text: str, address: str) -> None:
+    assert [(s.kind, s.value(text)) for s in find_secrets(text, pii=True)] == [("email", address)]
+
+
+@pytest.mark.parametrize(
+    "text",
     ["dsn: mysql://svc:Pa55-word@db.example.com/app", "redis://:Pa55-word@cache.example.com:6379"],
 )
 def test_a_password_in_a_url_is_the_password_not_an_email(text: str) -> None:
