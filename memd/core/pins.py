@@ -96,9 +96,11 @@ _DATE_RE: Final = re.compile(
     rf"|\b{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"
     rf"|\b\d{{1,2}} {_MONTH} \d{{4}}\b"
 )
+# A version may end a sentence ("upgraded to 3.29.1."): a dot after it counts only
+# when another character follows it (1.2.3.4 is no version).
 _VERSION_RE: Final = re.compile(
-    r"(?<![\w.-])v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]+)?(?![\w.])"
-    r"|(?<![\w.-])v\d+\.\d+(?![\w.])"
+    r"(?<![\w.-])v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]*[0-9A-Za-z])?(?!\w|\.\w)"
+    r"|(?<![\w.-])v\d+\.\d+(?!\w|\.\w)"
 )
 _QUANTITY_RE: Final = re.compile(
     r"(?<![\w.])\d+(?:[.,]\d+)*\s?(?:ms|µs|us|ns|s|sec|seconds|min|minutes|h|hours|days|"

@@ -394,3 +394,24 @@ def test_screening_the_patterns_never_changes_the_facts(parts: list[str]) -> Non
     # Screened in small pieces: a word across two of them is still seen.
     with mock.patch.object(pins, "_SCREEN_PIECE", 5):
         assert pins._extract_facts(text, screen=True) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        ("We upgraded the client to 3.29.1.", "3.29.1"),
+        ("Pinned the API at v2.1. Then we moved on.", "v2.1"),
+        ("The fix ships in 1.4.0-rc.2.", "1.4.0-rc.2"),
+        ("Is it 2.0.0?", "2.0.0"),
+    ],
+)
+def test_a_version_that_ends_a_sentence_is_pinned(text: str, version: str) -> None:
+    # The full stop after it made it no version at all: the most common way a
+    # version is written in prose was never pinned.
+    assert [(f.kind, f.text) for f in extract_facts(text)] == [("version", version)]
+
+
+def test_a_dotted_quad_is_still_no_version() -> None:
+    assert [(f.kind, f.text) for f in extract_facts("build 1.2.3.4 failed")] != [
+        ("version", "1.2.3")
+    ]
