@@ -3,7 +3,8 @@
 pushed on the exit stack, its re-sync of every agent started after READY
 (:meth:`RecallStage.resync`); handed each archive a compaction commits and each
 prune's result (after the agent's lock is let go), and told of ``[privacy]
-encrypt_archives`` on reload.
+encrypt_archives`` on reload; removed agents' rows are erased by a periodic job
+(:meth:`RecallStage.drop_gone`).
 
 Off without a state dir, or when the index cannot be opened (said once): the
 hooks then do nothing and the daemon runs without recall.
@@ -62,6 +63,12 @@ class RecallStage:
         """The periodic job: serve the socket once the daemon that held it at start is gone."""
         if self.service is not None:
             self.service.retake_socket()
+
+    def drop_gone(self) -> None:
+        """The periodic job: agents removed from the workspace (their folders gone
+        while the daemon ran, or before it started) keep no rows in the index."""
+        if self.service is not None:
+            self.service.drop_gone(self._registry.root, self._registry.names())
 
     @staticmethod
     def _stop(recall: RecallService) -> None:

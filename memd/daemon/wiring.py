@@ -302,6 +302,11 @@ class Services:
         self.scheduler.every(
             "archive-survey", watch.reconcile_s, self.archives.survey, first_in_s=1.0
         )
+        # With the reconcile that removes agents from the registry (the first soon
+        # after start: agents removed while the daemon was down).
+        self.scheduler.every(
+            "recall-gone", watch.reconcile_s, self.recall.drop_gone, first_in_s=1.0
+        )
         # A minute after start (not in the start-up rush), then daily.
         self.scheduler.every(
             "retention", DAILY_S, self.retention.daily, first_in_s=RETENTION_FIRST_S

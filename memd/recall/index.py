@@ -31,7 +31,7 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -479,12 +479,15 @@ class RecallIndex:
         self._replace_source(agent, name, kind, identity, entries, path)
         return len(entries)
 
-    def sync_agent(self, paths: AgentPaths, *, live: bool = True) -> SyncReport:
+    def sync_agent(self, paths: AgentPaths, *, live: bool = True, scrub: bool = True) -> SyncReport:
         """Make the index match the agent's files: new or changed archives in,
         vanished ones out, and (``live``) the current MEMORY.md.
 
         This is the repair after a crash between writing an archive and
         indexing it, and what ``--reindex`` runs after dropping the agent.
+        Rows of a file found gone (pruned, forgotten, deleted by hand) are
+        scrubbed from the index file (:meth:`scrub`) unless ``scrub`` is False:
+        the caller then scrubs once, after a pass over many agents.
         """
         agent = paths.agent
         report = SyncReport(indexed=[], removed=[])
@@ -503,8 +506,14 @@ class RecallIndex:
             self._replace_source(agent, name, "archive", None, [])
             report.removed.append(name)
         if live and self._live_changed(paths, known.get(LIVE_SOURCE)):
-            report.entries += self.index_file(agent, _live_path(paths), kind="live")
-            report.indexed.append(LIVE_SOURCE)
+            live_entries = self.index_file(agent, _live_path(paths), kind="live")
+            if live_entries == 0 and LIVE_SOURCE in known and not _exists(_live_path(paths)):
+                report.removed.append(LIVE_SOURCE)
+            else:
+                report.entries += live_entries
+                report.indexed.append(LIVE_SOURCE)
+        if scrub and report.removed:
+            self.scrub()
         return report
 
     def _seal(self, agent: str, report: SyncReport) -> SyncReport:
@@ -556,6 +565,13 @@ class RecallIndex:
         truncates the WAL. Extension point for retention and erase-by-pattern.
         """
         removed = self._drop_agent_rows(agent)
+        self.scrub()
+        return removed
+
+    def erase_agents(self, agents: Iterable[str]) -> int:
+        """:meth:`erase_agent` for each of ``agents`` (removed from the workspace),
+        with one scrub for all of them; returns the entries removed."""
+        removed = sum(self._drop_agent_rows(agent) for agent in agents)
         self.scrub()
         return removed
 
@@ -736,6 +752,14 @@ def _delete_sources(conn: sqlite3.Connection, where: str, params: tuple[object, 
         removed += conn.execute("DELETE FROM entries WHERE source_id = ?", (source_id,)).rowcount
         conn.execute("DELETE FROM sources WHERE id = ?", (source_id,))
     return removed
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _live_path(paths: AgentPaths) -> Path:

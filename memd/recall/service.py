@@ -22,7 +22,7 @@ from memd.logs import get_logger
 from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.recall.socket_server import RecallSocketInUse, RecallSocketServer
 from memd.retention import PruneResult
-from memd.workspace import AgentPaths
+from memd.workspace import AgentPaths, agent_paths
 
 _log = get_logger("memd.recall")
 
@@ -76,9 +76,7 @@ class RecallService:
     def drop_pruned(self, paths: AgentPaths, pruned: PruneResult) -> None:
         """Retention deleted archives: drop their rows and scrub them from the file."""
         try:
-            report = self.index.sync_agent(paths, live=False)
-            if report.removed:
-                self.index.scrub()
+            self.index.sync_agent(paths, live=False)  # scrubs what it dropped
             # A copy moved aside as corrupt still holds the pruned archives' text.
             path = self.index.path
             for note in delete_corrupt_copies(path)[1] if path is not None else []:
@@ -104,16 +102,20 @@ class RecallService:
         def run() -> None:
             started, cpu_started = time.monotonic(), time.thread_time()
             repaired = checked = files = 0
+            dropped: list[str] = []
             for paths in agents:
                 if self._stopping.is_set():
                     return
                 checked += 1
                 try:
-                    report = self.index.sync_agent(paths)
+                    # One scrub after the pass, not one per agent that lost files.
+                    report = self.index.sync_agent(paths, scrub=False)
                 except (MemdError, OSError) as exc:
                     _log.warning("recall sync failed", agent=paths.agent, error=str(exc))
                     continue
                 files += len(report.indexed)
+                if report.removed and not report.sealed:  # a sealed agent's are scrubbed
+                    dropped.append(paths.agent)
                 if report.sealed:
                     if report.removed:
                         _log.info(
@@ -132,6 +134,11 @@ class RecallService:
                         removed=report.removed,
                         entries=report.entries,
                     )
+            if dropped:
+                try:
+                    self.index.scrub()
+                except (MemdError, OSError) as exc:
+                    _log.warning("recall index not scrubbed", agents=dropped, error=str(exc))
             _log.info(
                 "recall index ready",
                 agents=checked,
@@ -144,6 +151,24 @@ class RecallService:
 
         self._thread = threading.Thread(target=run, name="memd-recall-sync", daemon=True)
         self._thread.start()
+
+    def drop_gone(self, workspace: Path, present: Iterable[str]) -> None:
+        """Agents removed from the workspace keep no rows: every indexed agent
+        not in ``present`` whose folder is gone (or refused, DESIGN §1) is erased
+        and the index file scrubbed. A folder that is there (an agent the
+        registry has not listed yet) is left alone."""
+        try:
+            known = set(present)
+            gone = [
+                agent
+                for agent in self.index.agents()
+                if agent not in known and not _agent_folder_usable(workspace, agent)
+            ]
+            if gone:
+                removed = self.index.erase_agents(gone)
+                _log.info("recall rows erased: agent removed", agents=gone, entries=removed)
+        except (MemdError, OSError) as exc:
+            _log.warning("removed agents' recall rows not erased yet", error=str(exc))
 
     def serve(self, workspace: Path, path: Path | None) -> None:
         """Open the agents' recall socket at ``path`` (None: no socket)."""
@@ -190,6 +215,14 @@ class RecallService:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.index.close()
+
+
+def _agent_folder_usable(workspace: Path, agent: str) -> bool:
+    try:
+        agent_paths(workspace, agent)
+    except MemdError:
+        return False  # gone, refused, or a name memd does not take
+    return True
 
 
 __all__ = ["RecallService"]
