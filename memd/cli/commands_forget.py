@@ -361,8 +361,8 @@ def _forget_matching(
         if recall is None:
             return
         try:
-            index_rows = recall.sync_agent(committed).entries
-            recall.scrub()
+            index_rows = recall.sync_agent(committed, scrub=False).entries
+            recall.scrub()  # once, the rewritten files' old rows too
         except MemdError as exc:
             notes.append(f"recall index not cleaned: {exc}")
 

@@ -69,8 +69,7 @@ def archive_pruner(loaded: LoadedConfig, state_dir: Path | None) -> PruneFollowU
             with as_owner_of(directory):
                 index = RecallIndex.open(directory, loaded.workspace)
                 with index:
-                    if index.sync_agent(paths, live=False).removed:
-                        index.scrub()
+                    index.sync_agent(paths, live=False)  # scrubs the rows it dropped
                 # A copy moved aside as corrupt still holds the pruned archives' text.
                 copies_kept = delete_corrupt_copies(index.path)[1] if index.path else []
                 for note in copies_kept:
