@@ -19,7 +19,7 @@ from memd.cli.common import load
 from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.names import validate_agent_name
-from memd.core.recall import Highlighted, RecallQueryError, excerpt, parse_since
+from memd.core.recall import Highlighted, RecallQueryError, excerpt, since_epoch
 from memd.errors import MemdError, UnknownAgent
 from memd.recall.index import RecallHit
 from memd.settings import LoadedConfig
@@ -97,10 +97,10 @@ def recall_command(
     if agent is None or query is None:
         raise RecallQueryError("usage: memd recall AGENT QUERY (or memd recall --reindex [AGENT])")
     paths = agent_paths(loaded.workspace, agent)
-    since_epoch = parse_since(since).timestamp() if since is not None else None
+    since_at = since_epoch(since) if since is not None else None
     with open_recall_index(loaded, state_dir) as index:
         index.sync_agent(paths)
-        hits = index.search(agent, query, limit=limit, since_epoch=since_epoch, role=role)
+        hits = index.search(agent, query, limit=limit, since_epoch=since_at, role=role)
     if as_json:
         json.dump([hit.as_json() for hit in hits], sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")

@@ -182,6 +182,18 @@ def parse_since(text: str) -> datetime:
     return parsed
 
 
+def since_epoch(text: str) -> float:
+    """``--since`` as seconds since the epoch (naive = local time); a date the
+    clock cannot hold (year 1 in local time, past 9999) is refused in one line."""
+    parsed = parse_since(text)
+    try:
+        return parsed.timestamp()
+    except (OverflowError, OSError, ValueError):
+        raise RecallQueryError(
+            f"--since {text!r} is out of range (use a date between 1970 and 9999)"
+        ) from None
+
+
 __all__ = [
     "MATCH_CLOSE",
     "MATCH_OPEN",
@@ -196,6 +208,7 @@ __all__ = [
     "parse_since",
     "query_terms",
     "raw_entries_for_index",
+    "since_epoch",
     "split_highlight",
     "timestamp_epoch",
 ]

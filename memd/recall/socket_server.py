@@ -14,6 +14,14 @@ agent runs under its own uid in the systemd layout). Any other uid is refused.
 The socket file is world-connectable (0666) on purpose: the check above is
 the access control, so one socket serves every agent uid.
 
+A client slot is scarce (``MAX_CLIENTS``), so it is guarded twice: the peer's
+uid is read right after accept, before a byte is read, and a uid that owns no
+agent folder nor MEMORY.md in the workspace is refused there, without a slot;
+and a client has ``REQUEST_DEADLINE_S`` in all to send its request line (a
+per-``recv`` timeout alone is beaten by a client sending a byte at a time).
+A connection that finds every slot taken waits up to that deadline for one
+(the slot holders' deadlines free them), then is told to retry.
+
 The socket only searches; nothing a client sends can write or delete.
 """
 
@@ -27,22 +35,32 @@ import socket
 import stat
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memd.core.names import validate_agent_name
-from memd.core.recall import parse_since
-from memd.errors import MemdError
+from memd.core.recall import since_epoch
+from memd.errors import MemdError, describe_error
 from memd.logs import get_logger
 from memd.recall.index import MAX_LIMIT, RecallIndex
-from memd.workspace import agent_paths, resolve_own
+from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents, resolve_own
 
 PROTOCOL_VERSION = 1
 SOCKET_NAME = ".memd-recall.sock"
 MAX_REQUEST_BYTES = 64 * 1024
-CLIENT_TIMEOUT_S = 10.0
+# All a client has to send its request line, from when it gets a slot; its
+# reply must be taken within this too. A real client sends at once.
+REQUEST_DEADLINE_S = 5.0
 MAX_CLIENTS = 16
+# Connections waiting in the kernel's queue while every slot is taken.
+LISTEN_BACKLOG = 64
+# An unknown uid re-reads the agents' owners at most this often (a new agent's
+# uid is known within this; a stranger connecting in a loop costs one scan a second).
+OWNERS_RESCAN_S = 1.0
+# Connections answered without a slot and kept until they hang up (the oldest closed first).
+MAX_TURNED_AWAY = 64
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _log = get_logger("memd.recall")
@@ -194,18 +212,56 @@ def _error(message: str) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "ok": False, "error": message}
 
 
+def agent_owner_uids(workspace: Path) -> set[int]:
+    """The uids that own an agent's folder or its MEMORY.md: the only ones besides
+    root that :func:`check_access` can let read anything (a superset: it is
+    the coarse check made at accept, before the request names an agent)."""
+    owners: set[int] = set()
+    agents = workspace / AGENTS_DIR
+    for name in list_agents(workspace):
+        for path in (agents / name, agents / name / MEMORY_FILE):
+            with contextlib.suppress(OSError):
+                owners.add(os.stat(path).st_uid)
+    return owners
+
+
+def _lone_surrogate(**fields: object) -> str | None:
+    """The first field whose string holds a lone surrogate (JSON's ``"\\ud800"``):
+    no file name, log line or SQLite text can carry it."""
+    for name, value in fields.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
 class RecallSocketServer:
     """Accepts connections on ``path`` in a thread; one short thread per client."""
 
-    def __init__(self, index: RecallIndex, workspace: Path, path: Path) -> None:
+    def __init__(
+        self,
+        index: RecallIndex,
+        workspace: Path,
+        path: Path,
+        *,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
+    ) -> None:
         self.index = index
         self.workspace = workspace
         self.path = path
+        self.request_deadline_s = request_deadline_s
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self._inode: int | None = None
+        # agent_owner_uids(), and when it was read (monotonic; accept thread only).
+        self._owners: set[int] = set()
+        self._owners_read_at: float | None = None
+        # Connections answered without a slot, until they hang up (accept thread only).
+        self._turned_away: list[tuple[socket.socket, float]] = []
 
     def start(self) -> None:
         """Serve at ``path``; :class:`RecallSocketInUse` when a live process
@@ -234,7 +290,7 @@ class RecallSocketServer:
             sock.bind(f"/proc/self/fd/{directory}/{temp}")
             # Connectable by every uid: SO_PEERCRED decides, per agent.
             os.chmod(temp, 0o666, dir_fd=directory)  # noqa: S103
-            sock.listen(MAX_CLIENTS)
+            sock.listen(LISTEN_BACKLOG)
             os.replace(temp, self.path.name, src_dir_fd=directory, dst_dir_fd=directory)
             self._inode = os.stat(self.path).st_ino
         except BaseException:
@@ -262,8 +318,16 @@ class RecallSocketServer:
                     self.path.unlink()
 
     def _serve(self) -> None:
+        try:
+            self._accept_loop()
+        finally:
+            for conn, _until in self._turned_away:
+                conn.close()
+
+    def _accept_loop(self) -> None:
         assert self._sock is not None
         while not self._stopping.is_set():
+            self._drain_turned_away()
             try:
                 conn, _addr = self._sock.accept()
             except TimeoutError:
@@ -273,27 +337,98 @@ class RecallSocketServer:
                     return
                 _log.warning("recall socket accept failed", error=str(exc))
                 continue
-            if not self._slots.acquire(blocking=False):
-                self._reply(conn, _error("too many recall clients at once; retry shortly"))
+            conn.settimeout(self.request_deadline_s)  # for the replies sent from here
+            try:
+                peer = peer_credentials(conn)
+            except OSError:
                 conn.close()
                 continue
+            refusal = self._refusal(peer)
+            if refusal is not None:
+                _log.warning("recall refused", uid=peer.uid, pid=peer.pid)
+                self._turn_away(conn, refusal)
+                continue
+            if not self._take_slot():
+                self._turn_away(conn, "too many recall clients at once; retry shortly")
+                continue
             threading.Thread(
-                target=self._handle, args=(conn,), name="memd-recall-client", daemon=True
+                target=self._handle, args=(conn, peer), name="memd-recall-client", daemon=True
             ).start()
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _turn_away(self, conn: socket.socket, message: str) -> None:
+        """Answer ``message`` without a slot and without reading the request. The
+        connection is kept open a moment (a close with its request unread would
+        fail the client's send before it reads the answer) and drained, unread,
+        by this thread between accepts, until the client hangs up or the deadline."""
+        self._reply(conn, _error(message))
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)
+        conn.setblocking(False)
+        self._turned_away.append((conn, time.monotonic() + self.request_deadline_s))
+        if len(self._turned_away) > MAX_TURNED_AWAY:
+            oldest, _until = self._turned_away.pop(0)
+            oldest.close()
+
+    def _drain_turned_away(self) -> None:
+        now = time.monotonic()
+        kept = []
+        for conn, until in self._turned_away:
+            if _drained(conn) or now >= until:
+                conn.close()
+            else:
+                kept.append((conn, until))
+        self._turned_away = kept
+
+    def _take_slot(self) -> bool:
+        """A client slot, waiting up to the request deadline: the holders' own
+        deadlines free theirs (new connections queue in the kernel meanwhile)."""
+        waited = 0.0
+        while not self._slots.acquire(timeout=0.25):
+            waited += 0.25
+            if self._stopping.is_set() or waited >= self.request_deadline_s:
+                return False
+        return True
+
+    def _refusal(self, peer: PeerCredentials) -> str | None:
+        """Why ``peer`` may not ask at all (None: it may ask; :func:`check_access`
+        then decides per agent): checked before a byte of its request is read."""
+        if peer.uid == 0 or peer.uid in self._owners:
+            return None
+        now = time.monotonic()
+        if self._owners_read_at is None or now - self._owners_read_at >= OWNERS_RESCAN_S:
+            self._owners_read_at = now
+            try:
+                self._owners = agent_owner_uids(self.workspace)
+            except (MemdError, OSError) as exc:
+                _log.warning("recall socket cannot list the agents", error=describe_error(exc))
+            if peer.uid in self._owners:
+                return None
+        return (
+            f"uid {peer.uid} may not read any agent's memory in {self.workspace} "
+            "(it owns no agent's folder nor MEMORY.md)"
+        )
+
+    def _handle(self, conn: socket.socket, peer: PeerCredentials) -> None:
         try:
-            conn.settimeout(CLIENT_TIMEOUT_S)
-            peer = peer_credentials(conn)
-            self._reply(conn, self._answer(conn, peer))
-        except OSError:
-            pass  # the client went away or timed out: nothing to answer
+            answer = self._answer(conn, peer)
+            conn.settimeout(self.request_deadline_s)  # the reply must be taken within it too
+            self._reply(conn, answer)
+        except Exception as exc:  # one client's failure never reaches the others
+            _log.warning(
+                "recall request failed", uid=peer.uid, pid=peer.pid, error=describe_error(exc)
+            )
+            self._reply(conn, _error(f"recall failed: {type(exc).__name__}"))
         finally:
             conn.close()
             self._slots.release()
 
     def _answer(self, conn: socket.socket, peer: PeerCredentials) -> dict[str, Any]:
-        line = _read_line(conn)
+        try:
+            line = _read_line(conn, time.monotonic() + self.request_deadline_s)
+        except TimeoutError:
+            return _error(f"request not received in full within {self.request_deadline_s:g} s")
+        except OSError:
+            return _error("request not received: the connection failed")
         if line is None:
             return _error(f"request too long or not one line (max {MAX_REQUEST_BYTES} bytes)")
         try:
@@ -315,18 +450,16 @@ class RecallSocketServer:
             return _error('"since" must be an ISO date string')
         if role is not None and not isinstance(role, str):
             return _error('"role" must be a string')
+        bad = _lone_surrogate(agent=agent, query=query, since=since, role=role)
+        if bad is not None:
+            return _error(f'"{bad}" holds a lone UTF-16 surrogate: not text memd can search')
         try:
             validate_agent_name(agent)
+            since_at = since_epoch(since) if since else None
             check_access(self.workspace, agent, peer.uid)
             paths = agent_paths(self.workspace, agent)
             self.index.sync_agent(paths)
-            hits = self.index.search(
-                agent,
-                query,
-                limit=limit,
-                since_epoch=parse_since(since).timestamp() if since else None,
-                role=role,
-            )
+            hits = self.index.search(agent, query, limit=limit, since_epoch=since_at, role=role)
         except RecallRefused as exc:
             _log.warning("recall refused", agent=agent, uid=peer.uid, pid=peer.pid)
             return _error(str(exc))
@@ -341,9 +474,27 @@ class RecallSocketServer:
             conn.sendall(json.dumps(payload, ensure_ascii=False).encode() + b"\n")
 
 
-def _read_line(conn: socket.socket) -> bytes | None:
+def _drained(conn: socket.socket) -> bool:
+    """Read what a turned-away client sent (never looked at): True once it hung up."""
+    try:
+        for _chunk in range(16):  # a client that keeps sending waits for the next pass
+            if not conn.recv(4096):
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return False
+
+
+def _read_line(conn: socket.socket, deadline: float) -> bytes | None:
+    """The request line, read by ``deadline`` (monotonic) in all, else TimeoutError."""
     data = bytearray()
     while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
         chunk = conn.recv(4096)
         if not chunk:
             break
@@ -362,6 +513,7 @@ __all__ = [
     "RecallSocketInUse",
     "RecallSocketServer",
     "SocketProbe",
+    "agent_owner_uids",
     "check_access",
     "peer_credentials",
     "probe_socket",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from memd.pointer import read_pointer
 from memd.recall.client import ask
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import (
+    MAX_CLIENTS,
     PeerCredentials,
     RecallSocketInUse,
     RecallSocketServer,
@@ -426,3 +429,150 @@ def test_a_listener_that_is_not_a_daemon_does_not_keep_the_pointer(tmp_path: Pat
     finally:
         other.kill()
         other.wait()
+
+
+# --- review s7recall: slots, deadlines, credentials before reading, odd text ---
+
+
+def _connect(path: Path) -> socket.socket:
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(f"/proc/self/fd/{directory}/{path.name}")
+    finally:
+        os.close(directory)
+    return sock
+
+
+def test_clients_trickling_their_request_cannot_lock_the_others_out(tmp_path: Path) -> None:
+    """review s7recall F1: a client sending a byte now and then beat the per-recv
+    timeout, and 16 of them held every slot: everyone else was told "too many
+    recall clients". Each request now has a deadline in all, and a connection
+    finding the slots taken waits for one: the real query is answered."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the tangerine vault code is 4417")
+    index = RecallIndex.open(tmp_path / "state", ws.root)
+    server = RecallSocketServer(
+        index, ws.root, socket_path_for("", ws.root), request_deadline_s=1.0
+    )
+    server.start()
+    tricklers = [_connect(server.path) for _ in range(MAX_CLIENTS + 4)]
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.1):
+            for sock in tricklers:
+                with contextlib.suppress(OSError):
+                    sock.send(b"{", socket.MSG_DONTWAIT)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        reply = ask(server.path, {"v": 1, "agent": "alpha", "query": "tangerine"}, timeout_s=60)
+        assert reply["ok"] is True, reply
+        assert reply["results"][0]["text"] == "the tangerine vault code is 4417"
+        # What a trickler was told when its time was up, before the hang-up.
+        tricklers[0].settimeout(30)
+        told = json.loads(tricklers[0].makefile("rb").readline())
+        assert told["ok"] is False and "not received in full within 1 s" in told["error"]
+    finally:
+        stop.set()
+        thread.join()
+        for sock in tricklers:
+            sock.close()
+        server.stop()
+        index.close()
+
+
+# A stdlib-only client run as another uid: it sends argv[2] as its request line, if
+# given (else nothing), and prints the line it is answered.
+RAW_CLIENT = """
+import socket, sys
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.settimeout(60)
+sock.connect(sys.argv[1])
+if len(sys.argv) > 2:
+    sock.sendall(sys.argv[2].encode() + b"\\n")
+data = b""
+while not data.endswith(b"\\n"):
+    chunk = sock.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+sys.stdout.write(data.decode())
+"""
+
+
+def test_a_uid_owning_no_agent_is_refused_before_it_sends_a_byte(tmp_path: Path) -> None:
+    """review s7recall F1: the peer's uid is judged right after accept: a uid that
+    owns no agent in the workspace takes no slot and is answered without sending
+    anything (before, it held a slot until its request timed out, unanswered)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another uid")
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        paths = ws.create_agent("alpha")
+        os.chown(paths.memory, 1000, 1000)
+        with RecallIndex.open(base / "state", ws.root) as index:
+            server = RecallSocketServer(index, ws.root, socket_path_for("", ws.root))
+            server.start()
+            try:
+                reply = run_raw_client(4242, server.path)  # sends nothing
+                assert reply == {
+                    "v": 1,
+                    "ok": False,
+                    "error": f"uid 4242 may not read any agent's memory in {ws.root} "
+                    "(it owns no agent's folder nor MEMORY.md)",
+                }
+                # The agent's own uid still gets its answer (MEMORY.md is its own).
+                request = json.dumps({"v": 1, "agent": "alpha", "query": "anything"})
+                assert run_raw_client(1000, server.path, request) == {
+                    "v": 1,
+                    "ok": True,
+                    "results": [],
+                }
+            finally:
+                server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run_raw_client(uid: int, path: Path, *request: str) -> object:
+    done = subprocess.run(
+        [SYSTEM_PYTHON, "-c", RAW_CLIENT, str(path), *request],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout or "null")
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        ({"agent": "\ud800", "query": "x"}, '"agent" holds a lone UTF-16 surrogate'),
+        ({"agent": "alpha", "query": "x", "role": "\ud800"}, '"role" holds a lone'),
+        ({"agent": "alpha", "query": "x\udfff"}, '"query" holds a lone'),
+        ({"agent": "alpha", "query": "x", "since": "\ud800"}, '"since" holds a lone'),
+        ({"agent": "alpha", "query": "x", "since": "0001-01-01"}, "--since '0001-01-01' is out"),
+        ({"agent": "alpha", "query": "x", "since": "0001-01-01T00:00"}, "is out of range"),
+    ],
+)
+def test_odd_text_and_dates_out_of_range_get_one_line_errors(
+    served: tuple[AgentWorkspace, Path], request_: dict, needle: str
+) -> None:
+    """review s7recall F4: these got no answer and a traceback in the log."""
+    _ws, path = served
+    reply = ask(path, request_)
+    assert reply["ok"] is False and needle in reply["error"], reply
+    assert "\n" not in reply["error"]
+    assert ask(path, {"agent": "alpha", "query": "tangerine"})["ok"] is True
