@@ -17,7 +17,7 @@ from typing import Final
 # CSI (ESC [ params final), OSC (ESC ] ... BEL or ESC \), and two-byte ESC x.
 _ESCAPE_SEQUENCE: Final = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, terminated or not
+    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)?"  # OSC, terminated or not (never past its line)
     r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
     r"|\x1b[@-_]"  # other two-byte escapes
 )

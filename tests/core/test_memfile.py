@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from memd.core.memfile import (
@@ -534,6 +534,7 @@ def test_the_compaction_path_reads_a_swarms_file_without_splitting_it_whole() ->
 
 @PROPERTY
 @given(summary=summary_texts, stamp=timestamps)
+@example(summary="\x1b]0", stamp="2026-01-01T00:00:00")  # an unterminated OSC ate the last line
 def test_a_clean_block_renders_as_the_whole_text_would(summary: str, stamp: str) -> None:
     from memd.core.memfile import render_clean_summary_block
 

@@ -36,3 +36,13 @@ def test_summary_block_written_to_memory_is_clean() -> None:
     assert "\x1b" not in text and "\u2028" not in text and "\r" not in text
     assert parse(block).entries[0].is_summary
     assert sanitize_summary("a\rb") == "a\nb"  # a lone CR is a line break to readers
+
+
+def test_an_unterminated_osc_ends_with_its_line() -> None:
+    """An OSC never terminated (a reply cut short, `\\x1b]0`) swallowed the rest of
+    the text: in a dry run's whole block, the pinned facts and the provenance line
+    after a reply (found by hypothesis: summary='\\x1b]0'). A terminal ends it no
+    later than the line either, for what an operator would see."""
+    text = "summary\x1b]0;title\nPinned facts:\n- /srv/app\nmemd-summary: v2"
+    assert strip_controls(text) == "summary\nPinned facts:\n- /srv/app\nmemd-summary: v2"
+    assert strip_controls("a\x1b]8;;http://x\x07link\x1b]8;;\x1b\\ b") == "alink b"
