@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from memd.core.config import MemdConfig
+from memd.core.jobs import stored_state
 from memd.daemon.registry import AgentRegistry
 from memd.recall.service import RecallService
 from memd.recall.socket_server import socket_path_for
@@ -48,8 +50,29 @@ class RecallStage:
         self.service = recall
         stack.callback(self._stop, recall)
         recall.serve(
-            self._registry.root, socket_path_for(self._config.recall.socket, self._workspace)
+            self._registry.root,
+            socket_path_for(self._config.recall.socket, self._workspace),
+            self.status,
         )
+
+    def status(self, agent: str) -> dict[str, Any] | None:
+        """Where ``agent``'s memory stands (the socket's "status" request): memd's
+        count and which file and bytes it covers, the threshold, the job's state;
+        None for an agent the daemon does not watch. Read without the runner's
+        lock: each field is one value, replaced whole."""
+        entry = self._registry.get(agent)
+        if entry is None:
+            return None
+        tracked = entry.tracked
+        counted = None if tracked is None else tracked.state
+        return {
+            "tokens": None if counted is None else counted.tokens,
+            "threshold_tokens": entry.policy.threshold_tokens,
+            "state": stored_state(entry.job, count_failed=entry.count_error is not None),
+            "dev": None if counted is None else counted.dev,
+            "ino": None if counted is None else counted.ino,
+            "size": None if counted is None else counted.size,
+        }
 
     def resync(self) -> None:
         """Re-sync every agent's index in the background (the repair after a crash).

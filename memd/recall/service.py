@@ -20,7 +20,7 @@ from pathlib import Path
 from memd.errors import MemdError
 from memd.logs import get_logger
 from memd.recall.index import RecallIndex, delete_corrupt_copies
-from memd.recall.socket_server import RecallSocketInUse, RecallSocketServer
+from memd.recall.socket_server import RecallSocketInUse, RecallSocketServer, StatusSource
 from memd.retention import PruneResult
 from memd.workspace import AgentPaths, agent_paths
 
@@ -40,6 +40,7 @@ class RecallService:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.caught_up = threading.Event()
+        self._status: StatusSource | None = None
 
     @classmethod
     def open(cls, state_dir: Path, workspace: Path) -> RecallService | None:
@@ -170,11 +171,13 @@ class RecallService:
         except (MemdError, OSError) as exc:
             _log.warning("removed agents' recall rows not erased yet", error=str(exc))
 
-    def serve(self, workspace: Path, path: Path | None) -> None:
-        """Open the agents' recall socket at ``path`` (None: no socket)."""
+    def serve(self, workspace: Path, path: Path | None, status: StatusSource | None = None) -> None:
+        """Open the agents' recall socket at ``path`` (None: no socket); ``status``
+        answers an agent's "status" request there."""
         if path is None:
             return
-        server = RecallSocketServer(self.index, workspace, path)
+        self._status = status
+        server = RecallSocketServer(self.index, workspace, path, status=status)
         try:
             server.start()
         except OSError as exc:
@@ -194,7 +197,7 @@ class RecallService:
                 self._retake(*self._waiting)
 
     def _retake(self, workspace: Path, path: Path) -> None:
-        server = RecallSocketServer(self.index, workspace, path)
+        server = RecallSocketServer(self.index, workspace, path, status=self._status)
         try:
             server.start()
         except RecallSocketInUse:

@@ -8,6 +8,18 @@ sends one JSON line and reads one JSON line back:
     ← {"v": 1, "ok": true, "results": [{...}, ...]}      (the --json schema)
     ← {"v": 1, "ok": false, "error": "one line"}
 
+An agent may also ask where its memory stands (``memd_swarms`` does, before a
+run, to hold its requests to memd's threshold while a compaction is coming):
+
+    → {"v": 1, "agent": "alpha", "op": "status"}
+    ← {"v": 1, "ok": true, "status": {"tokens": 2148, "threshold_tokens": 1991,
+       "state": "pending", "dev": 64768, "ino": 131, "size": 9012}}
+
+``tokens`` is memd's count of the file (dev, ino) up to byte ``size`` (null
+when not counted yet), ``state`` the agent's job as ``memd status --json``
+says it. A daemon older than this answers the request with an error (no
+"query"), which a client reads as "no status".
+
 Who may ask is decided by the kernel, not by anything the client says: the
 peer's uid (``SO_PEERCRED``) must be root or own the agent's MEMORY.md (each
 agent runs under its own uid in the systemd layout). Any other uid is refused.
@@ -36,6 +48,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +81,11 @@ _log = get_logger("memd.recall")
 
 class RecallRefused(MemdError, PermissionError):
     """The caller may not read this agent's history."""
+
+
+#: Where an agent's memory stands (the "status" request), or None for an agent
+#: the daemon does not watch.
+StatusSource = Callable[[str], "dict[str, Any] | None"]
 
 
 class RecallSocketInUse(MemdError, OSError):
@@ -247,11 +265,13 @@ class RecallSocketServer:
         path: Path,
         *,
         request_deadline_s: float = REQUEST_DEADLINE_S,
+        status: StatusSource | None = None,
     ) -> None:
         self.index = index
         self.workspace = workspace
         self.path = path
         self.request_deadline_s = request_deadline_s
+        self.status = status
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -438,6 +458,11 @@ class RecallSocketServer:
         if not isinstance(request, dict):
             return _error("request must be a JSON object")
         agent = request.get("agent")
+        op = request.get("op", "recall")
+        if op == "status":
+            return self._status(agent, peer)
+        if op != "recall":
+            return _error('"op" must be "recall" or "status"')
         query = request.get("query")
         limit = request.get("limit", 5)
         since = request.get("since")
@@ -467,6 +492,25 @@ class RecallSocketServer:
             return _error(str(exc))
         _log.debug("recall served", agent=agent, uid=peer.uid, results=len(hits))
         return {"v": PROTOCOL_VERSION, "ok": True, "results": [hit.as_json() for hit in hits]}
+
+    def _status(self, agent: object, peer: PeerCredentials) -> dict[str, Any]:
+        """Where the agent's memory stands, for its own uid (the recall check)."""
+        if not isinstance(agent, str):
+            return _error('request needs an "agent" string')
+        if _lone_surrogate(agent=agent) is not None:
+            return _error('"agent" holds a lone UTF-16 surrogate: not an agent memd watches')
+        try:
+            validate_agent_name(agent)
+            check_access(self.workspace, agent, peer.uid)
+        except RecallRefused as exc:
+            _log.warning("status refused", agent=agent, uid=peer.uid, pid=peer.pid)
+            return _error(str(exc))
+        except (MemdError, OSError) as exc:
+            return _error(str(exc))
+        status = None if self.status is None else self.status(agent)
+        if status is None:
+            return _error(f"memd does not watch agent {agent!r}")
+        return {"v": PROTOCOL_VERSION, "ok": True, "status": status}
 
     @staticmethod
     def _reply(conn: socket.socket, payload: dict[str, Any]) -> None:
@@ -513,6 +557,7 @@ __all__ = [
     "RecallSocketInUse",
     "RecallSocketServer",
     "SocketProbe",
+    "StatusSource",
     "agent_owner_uids",
     "check_access",
     "peer_credentials",

@@ -31,6 +31,7 @@ from memd.recall.socket_server import (
     serving_peer,
     socket_path_for,
 )
+from memd.tokenizer import TokenCounter
 
 # The agent-side client memd_swarms ships (stdlib only), run as the agent's uid.
 SWARMS_CLIENT = (
@@ -82,6 +83,13 @@ def test_socket_answers_with_the_json_schema(served: tuple[AgentWorkspace, Path]
         ({"agent": "../x", "query": "x"}, "agent"),
         ({"agent": "ghost", "query": "x"}, "unknown agent 'ghost'"),
         ({"agent": "alpha", "query": "?!"}, "no word"),
+        ({"agent": "alpha", "op": "erase"}, '"op" must be "recall" or "status"'),
+        ({"op": "status"}, '"agent" string'),
+        ({"agent": "ghost", "op": "status"}, "memd does not watch agent 'ghost'"),
+        # A server without a status source (a recall-only one) says so.
+        ({"agent": "alpha", "op": "status"}, "memd does not watch agent 'alpha'"),
+        # A lone surrogate (JSON's "\ud800") cannot name a folder: one line, no traceback.
+        ({"agent": "a\ud800", "op": "status"}, "lone UTF-16 surrogate"),
         ([1, 2], "JSON object"),
     ],
 )
@@ -197,6 +205,38 @@ def test_the_daemons_socket_lets_each_uid_read_only_its_own_agent(tmp_path: Path
         assert not path.exists()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_daemons_socket_says_where_an_agents_memory_stands(tmp_path: Path) -> None:
+    """memd_swarms holds an agent's next request back while memd's count of its file
+    is over the threshold: the daemon's answer is its own count, of which file and
+    up to which byte, the agent's threshold and its job's state."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the tangerine vault code is 4417")
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 100000\nthreshold = 0.5\n")
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        daemon.wait_ready()
+        path = Path(daemon.wait_for("recall socket listening")["path"])
+        reply = ask(path, {"v": 1, "agent": "alpha", "op": "status"})
+        info = os.stat(paths.memory)
+        text = paths.memory.read_text(encoding="utf-8")
+        assert reply == {
+            "v": 1,
+            "ok": True,
+            "status": {
+                "tokens": TokenCounter("cl100k_base").count_text(text),
+                "threshold_tokens": 50000,
+                "state": "idle",
+                "dev": info.st_dev,
+                "ino": info.st_ino,
+                "size": info.st_size,
+            },
+        }
+        unknown = ask(path, {"v": 1, "agent": "ghost", "op": "status"})
+        assert unknown == {"v": 1, "ok": False, "error": "memd does not watch agent 'ghost'"}
+        assert daemon.stop() == 0
 
 
 def test_a_live_socket_is_left_alone_and_a_stale_one_replaced(tmp_path: Path) -> None:
