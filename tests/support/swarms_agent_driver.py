@@ -64,7 +64,8 @@ def main() -> int:
             print(f"ok {count}", flush=True)
     wiring = getattr(agent, "_memd_swarms", None)
     report = {
-        name: getattr(wiring, name, None) for name in ("rebuilds", "drain_waits", "drain_waited_s")
+        name: getattr(wiring, name, None)
+        for name in ("rebuilds", "drain_waits", "drain_waited_s", "holds", "held_s", "threshold")
     }
     print(json.dumps(report), flush=True)
     return 0

@@ -9,6 +9,7 @@ kept with their results in one row.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import logging
 import os
@@ -441,6 +442,7 @@ def test_the_wiring_holds_one_descriptor_on_the_loaded_file(seeded: Path) -> Non
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
+    gc.collect()  # earlier tests' agents (a cycle through agent.run) let their fds go now
     before = open_fds()
     agent = memd_swarms.attach(FakeAgent(seeded))
     wiring = agent._memd_swarms
@@ -453,6 +455,171 @@ def test_the_wiring_holds_one_descriptor_on_the_loaded_file(seeded: Path) -> Non
     assert os.fstat(wiring.held).st_ino == memory_of(seeded).stat().st_ino
     wiring.close()
     assert open_fds() == before and wiring.held is None
+
+
+class ScriptedStatus:
+    """memd's answer to the "status" request, about the real file: its count
+    (``tokens``), the job's ``state``, and ``unseen`` bytes at the file's end it
+    has not counted yet. ``on_call`` may change them (memd acts on its own time)."""
+
+    def __init__(self, path: Path, threshold: int, tokens: int, state: str = "idle") -> None:
+        self.path = path
+        self.threshold = threshold
+        self.tokens = tokens
+        self.state = state
+        self.unseen = 0
+        self.calls = 0
+
+    def __call__(self) -> dict[str, Any]:
+        self.calls += 1
+        info = self.path.stat()
+        return {
+            "tokens": self.tokens,
+            "threshold_tokens": self.threshold,
+            "state": self.state,
+            "dev": info.st_dev,
+            "ino": info.st_ino,
+            "size": info.st_size - self.unseen,
+        }
+
+
+def answering(agent: FakeAgent, status: Any) -> FakeAgent:
+    agent._memd_swarms.status = status
+    return agent
+
+
+def test_a_run_over_memds_threshold_waits_for_the_reseed_and_starts_from_it(
+    seeded: Path,
+) -> None:
+    """An agent faster than memd's compactions: the turns piled up over the threshold
+    are not sent; the run waits for the re-seed and sends the summary instead."""
+    memd = ScriptedMemd(memory_of(seeded))
+    status = ScriptedStatus(memory_of(seeded), threshold=60, tokens=40)
+
+    def memd_compacts(count: int) -> None:
+        if count == 5:
+            memd.swap("[Compressed Memory Summary]\nSUMMARY-K", keep=1)
+            memd.let_go()
+            status.tokens = 30  # its count of the new file
+
+    time = MadeUpTime(memd_compacts)
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), time), status)
+    agent.run("turn one")  # under the threshold: no wait
+    assert time.sleeps == 0 and status.calls == 1
+    status.tokens, status.state = 75, "pending"  # memd counted turn one: over, queued
+    agent.run("turn two")
+    assert carrying(agent.sent[-1], "I am Ada") == []  # summarized, not sent again raw
+    assert len(carrying(agent.sent[-1], "SUMMARY-K")) == 1
+    assert len(carrying(agent.sent[-1], "answer to turn one")) == 1  # kept, once
+    wiring = agent._memd_swarms
+    assert time.sleeps == 5 and wiring.holds == 1 and wiring.rebuilds == 1
+    assert wiring.held_s == pytest.approx(5 * 0.02)
+    status.state = "idle"
+    agent.run("turn three")  # the new file is under the threshold again
+    assert time.sleeps == 5 and wiring.holds == 1
+
+
+def test_bytes_memd_has_not_counted_yet_are_waited_for_when_they_may_cross(
+    seeded: Path,
+) -> None:
+    status = ScriptedStatus(memory_of(seeded), threshold=60, tokens=40)
+
+    def memd_counts(count: int) -> None:
+        if count == 3:
+            status.unseen, status.tokens = 0, 55  # counted: still under
+
+    time = MadeUpTime(memd_counts)
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), time), status)
+    status.unseen = 19  # 40 + 19 < 60: cannot cross, no wait
+    agent.run("turn one")
+    assert time.sleeps == 0
+    status.unseen = 20  # 40 + 20 may reach 60: wait for memd's count
+    agent.run("turn two")
+    # memd counted at the 3rd poll; it is asked again every 0.1 s (5-6 polls of 20 ms)
+    assert status.calls == 3 and 5 <= time.sleeps <= 6 and agent._memd_swarms.holds == 1
+    assert len(carrying(agent.sent[-1], "I am Ada")) == 1  # no re-seed: all of it sent
+
+
+def test_memd_not_compacting_now_is_not_waited_for_and_said_once(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    status = ScriptedStatus(memory_of(seeded), threshold=60, tokens=90, state="cooldown")
+    time = MadeUpTime()
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), time), status)
+    agent.run("turn one")
+    agent.run("turn two")
+    assert time.sleeps == 0 and agent._memd_swarms.holds == 0
+    (line,) = [r.getMessage() for r in caplog.records if "not compacting" in r.getMessage()]
+    assert "state cooldown" in line
+
+
+def test_a_memd_that_does_not_compact_in_time_costs_one_wait_per_file(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    status = ScriptedStatus(memory_of(seeded), threshold=60, tokens=90, state="pending")
+    time = MadeUpTime()
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded), hold_s=1.0), time), status)
+    agent.run("turn one")
+    assert 1.0 <= time.now - 1000.0 < 1.1  # the bound, in polls of 20 ms
+    assert 8 <= status.calls <= 11  # memd asked again every 0.1 s or so
+    agent.run("turn two")  # the same file: not waited for again
+    waited = time.now
+    assert time.now == waited and agent._memd_swarms.holds == 1
+    (line,) = [r.getMessage() for r in caplog.records if "within 1 s" in r.getMessage()]
+    assert "this run goes ahead over it" in line
+    reseed(memory_of(seeded), block("System", "[Compressed Memory Summary]\nS-1") * 9)
+    agent.run("turn three")  # a new file, still over: waited for again
+    assert time.now - waited >= 1.0 and agent._memd_swarms.holds == 2
+
+
+def test_without_an_answer_from_memd_nothing_waits_and_it_is_said_once(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="memd_swarms")
+    time = MadeUpTime()
+    calls: list[int] = []
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), time), lambda: calls.append(1))
+    agent.run("turn one")
+    agent.run("turn two")
+    assert time.sleeps == 0 and len(calls) == 2
+    said = [r.getMessage() for r in caplog.records if "status is not available" in r.getMessage()]
+    assert len(said) == 1
+    never = ScriptedStatus(memory_of(seeded), threshold=60, tokens=90, state="pending")
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded), hold_s=0), time), never)
+    agent.run("turn three")
+    assert never.calls == 0 and time.sleeps == 0
+
+
+def test_memds_threshold_is_asked_at_every_run_not_kept(seeded: Path) -> None:
+    """memd reads memd-agent.json a little after attach: its first answer may carry
+    the fleet-wide threshold (here 100,000 tokens), the next one the agent's own.
+    A threshold kept from the first answer let a real agent run to 3,500 tokens."""
+    memd = ScriptedMemd(memory_of(seeded))
+    status = ScriptedStatus(memory_of(seeded), threshold=100_000, tokens=90, state="idle")
+
+    def memd_compacts(count: int) -> None:
+        if count == 2:
+            memd.swap("[Compressed Memory Summary]\nSUMMARY-L", keep=0)
+            memd.let_go()
+            status.tokens = 20
+
+    time = MadeUpTime(memd_compacts)
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), time), status)
+    agent.run("turn one")
+    assert time.sleeps == 0
+    status.threshold = 60  # memd has read the descriptor
+    agent.run("turn two")
+    assert time.sleeps == 2 and status.calls == 3 and agent._memd_swarms.threshold == 60
+    assert len(carrying(agent.sent[-1], "SUMMARY-L")) == 1
+
+
+def test_the_status_source_asks_memds_socket_and_says_none_without_one(seeded: Path) -> None:
+    from memd_swarms._attach import status_source
+
+    ask = status_source(str(memory_of(seeded)))
+    assert ask() is None  # no daemon, no socket: no answer, no error
 
 
 def test_a_swarms_that_sends_its_preload_is_left_alone_with_a_log_line(

@@ -203,7 +203,10 @@ def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
         f"{threshold} + system {system}); turns in flight max {max(overflow_turns)}, "
         f"at the largest request {overflow_turns[worst]}"
     )
-    in_flight_allowance = 20  # turns the agent can make before memd's re-seed lands
+    # A run waits while memd's count is over the threshold (before 2026-12-03 the
+    # agent made 15-19 turns before memd's re-seed landed, and this allowed 20):
+    # at most the run's own task is sent beyond it.
+    in_flight_allowance = 1
     assert max(overflow_turns) <= in_flight_allowance, (overflow_turns, daemon.raw)
     turn_tokens = max(cl100k(text) for request in requests for text in contents(request)[-1:])
     reply_tokens = 60  # the test server's echo answer
@@ -234,6 +237,62 @@ def test_a_long_running_agent_stays_within_the_threshold_as_memd_compacts(
     assert len(tasks) == turns and set(tasks.values()) == {1}
     for source in [paths.memory, *paths.archive_dir.glob("history_*.md")]:
         assert PRELOAD_MARK not in source.read_text(encoding="utf-8")
+
+
+def test_an_agent_faster_than_memds_compactions_sends_no_request_over_the_threshold(
+    tmp_path: Path, cl100k: Callable[[str], int]
+) -> None:
+    """The agent writes a turn every few milliseconds and memd compacts at most once a
+    second (``min_interval_s``, as a summarizer's call would take): without waiting,
+    the turns made while memd catches up piled on top of the threshold (2026-12-03's
+    bench: max 3,060 tokens at a threshold of 1,991). With memd_swarms the next run
+    waits while memd's count is over the threshold, so no request carries more than
+    the threshold of memory, whatever the agent's pace; and no turn is lost."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    turns, context = 40, 4000
+    spec = {
+        "agent": "sprinter",
+        "system_prompt": SYSTEM_PROMPT,
+        "turns": turns,
+        "task": "sprint turn {i}: the user reports progress on item {i} of the plan. " * 3,
+        "pause_s": 0,
+        "context_length": context,
+    }
+    config = tmp_path / "m.toml"
+    config.write_text(
+        "[trigger]\nthreshold = 0.5\ndebounce_ms = 50\nmax_wait_ms = 200\n"
+        "[compaction]\ndrain_quiet_s = 0.1\ndrain_max_s = 2\n"
+        "[daemon]\ncooldown_s = 0.5\nmin_interval_s = 1.0\n",
+        encoding="utf-8",
+    )
+    paths = agent_paths(workspace, "sprinter", must_exist=False)
+    with (
+        OpenAITestServer() as server,
+        DaemonProcess(workspace, tmp_path / "state", config=config) as daemon,
+    ):
+        daemon.wait_ready()
+        with SwarmsAgent(workspace, server.api_base, spec) as agent:
+            report = agent.finish()
+        wait_until(
+            lambda: not daemon.events("compaction started")[len(daemon.events("compacted")) :]
+        )
+        assert daemon.stop() == 0
+    requests = server.requests
+    assert len(requests) == turns
+    system = cl100k(SYSTEM_PROMPT)
+    threshold = context // 2 - system
+    assert daemon.events("agent descriptor read")[-1]["reserved_tokens"] == system
+    sizes = [prompt_tokens(request, cl100k) for request in requests]
+    assert max(sizes) <= threshold + system, (report, sizes)
+    assert len(daemon.events("compacted")) >= 3 and report["holds"] >= 2, report
+    # Waiting lost nothing: each request carries the turn before it, and every
+    # turn is once in MEMORY.md or an archive.
+    for index, request in enumerate(requests[1:], start=1):
+        assert count_in(request, f"sprint turn {index - 1}: ") >= 1, index
+    seen = entry_contents_everywhere(paths)
+    tasks = Counter(text for text in seen.elements() if text.startswith("sprint turn "))
+    assert len(tasks) == turns and set(tasks.values()) == {1}
 
 
 def test_tool_call_pairing_holds_across_a_rebuild(tmp_path: Path) -> None:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from memd_swarms._descriptor import descriptor_for, write_descriptor
 from memd_swarms._probe import Delivery, probe_delivery, swarms_version, unsupported
-from memd_swarms._recall import PRELOAD_NOTICE, add_recall_tool
-from memd_swarms._wiring import ROW_TAG, Wiring, static_prefix_length, wrap_run
+from memd_swarms._recall import (
+    PRELOAD_NOTICE,
+    RecallUnavailable,
+    add_recall_tool,
+    socket_path,
+    status,
+)
+from memd_swarms._wiring import HOLD_S, ROW_TAG, Wiring, static_prefix_length, wrap_run
 
 log = logging.getLogger("memd_swarms")
 
@@ -23,7 +31,9 @@ class AttachError(ValueError):
     """The agent is configured in a way memd cannot keep inside its window."""
 
 
-def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> AgentT:
+def attach(
+    agent: AgentT, *, descriptor: bool = True, recall: bool = False, hold_s: float = HOLD_S
+) -> AgentT:
     """Wire ``agent`` (a ``swarms.Agent`` with ``persistent_memory=True``) to memd.
 
     - The MEMORY.md Swarms preloaded reaches the model on the next request, as
@@ -33,6 +43,11 @@ def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> A
       drain moves there from the old file (waited for up to 2 s, else read from
       the old file), and with a tool call the model has not answered yet, and
       its results, after the memory.
+    - Before each ``run``, while memd's count of MEMORY.md is over the agent's
+      threshold and memd is to compact it, the run waits for the re-seed (at
+      most ``hold_s`` seconds; 0: never), so an agent that writes turns faster
+      than memd compacts still sends requests within the threshold. memd says
+      where the file stands over its recall socket; without it, nothing waits.
     - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
       its context length and the text sent beside the memory in every request,
       from which memd derives this agent's threshold.
@@ -87,6 +102,8 @@ def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> A
             memory_path=str(memory_path),
             static_rows=static_prefix_length(conversation),
             notice=PRELOAD_NOTICE if recall else "",
+            status=status_source(str(memory_path)),
+            hold_s=hold_s,
         )
         # Swarms' own preload row (and any rows since, all in the file) give way
         # to one read together with the file's identity.
@@ -100,6 +117,22 @@ def attach(agent: AgentT, *, descriptor: bool = True, recall: bool = False) -> A
         writer = f"memd-swarms {__version__} (swarms {swarms_version()})"
         write_descriptor(os.path.dirname(str(memory_path)), descriptor_for(agent, writer))
     return agent
+
+
+def status_source(memory_path: str) -> Callable[[], dict[str, Any] | None]:
+    """Asks memd's daemon where this MEMORY.md stands (None: it cannot say). The
+    memd agent is the file's folder, the workspace two levels up."""
+    folder = Path(memory_path).parent
+    name, path = folder.name, socket_path(folder.parent.parent)
+
+    def ask_status() -> dict[str, Any] | None:
+        try:
+            return status(name, path=path)
+        except RecallUnavailable as exc:
+            log.debug("memd_swarms: no status from memd: %s", exc)
+            return None
+
+    return ask_status
 
 
 def _enable_recall(agent: Any, wiring: Wiring) -> None:

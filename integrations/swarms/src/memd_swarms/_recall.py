@@ -98,6 +98,23 @@ def recall(
     return results if isinstance(results, list) else []
 
 
+def status(agent: str, *, path: Path | None = None, timeout_s: float = 2.0) -> dict[str, Any]:
+    """Where the agent's memory stands for memd (the socket's "status" request): its
+    count (``tokens``) of the file (``dev``, ``ino``) up to byte ``size``, the
+    agent's ``threshold_tokens`` and its job's ``state``. RecallUnavailable when
+    the daemon cannot say (not running, no socket, a daemon without the request)."""
+    reply = ask(
+        path or socket_path(),
+        {"v": PROTOCOL_VERSION, "agent": agent, "op": "status"},
+        timeout_s,
+    )
+    answer = reply.get("status") if isinstance(reply, dict) else None
+    if not isinstance(reply, dict) or reply.get("ok") is not True or not isinstance(answer, dict):
+        error = reply.get("error") if isinstance(reply, dict) else None
+        raise RecallUnavailable(str(error or "memd sent no status"))
+    return answer
+
+
 def format_hits(hits: list[dict[str, Any]], query: str) -> str:
     if not hits:
         return f"No earlier turn matches {query!r}."
@@ -212,5 +229,6 @@ __all__ = [
     "make_recall_tool",
     "recall",
     "socket_path",
+    "status",
     "tool_schema",
 ]

@@ -15,6 +15,16 @@ go (its link count is 0) or its last turn is in the new file; when the drain
 does not finish in time, the turns the new file lacks are taken from the old
 file itself. Either way the rebuilt context holds every turn on disk.
 
+memd compacts when its count of MEMORY.md crosses the agent's threshold, and the
+compaction takes time (the summarizer's call, memd's least interval between two
+compactions): an agent that writes turns faster than that would keep sending
+the turns piled up since, over the threshold. So before each run the wiring
+asks memd (its socket's "status" request) where the file stands, and while
+memd's count is over the threshold with a compaction coming (or may be, with
+bytes memd has not counted yet), the run waits (at most ``HOLD_S``) for the
+re-seed and starts from the new file. Without an answer from memd (not
+running, no socket) nothing is held back.
+
 A run can end with a tool call whose results the model has not read yet (Swarms
 keeps them in the call's row; a failed tool adds a ``Tool Executor`` row). A
 rebuild keeps that open exchange, in order, after the memory rows, so the next
@@ -63,6 +73,17 @@ FileIdentity = tuple[int, int]  # (st_dev, st_ino): a re-seed is a new inode
 #: and lets the old file go ``drain_quiet_s`` after its last write, 1 s by default).
 DRAIN_WAIT_S = 2.0
 DRAIN_POLL_S = 0.02
+
+#: Before a run, how long it waits at most for memd's compaction while memd's
+#: count of MEMORY.md is over the threshold (a summarizer's call can take a
+#: while; Swarms' own in-process compression blocks the run for it too), how
+#: often it looks at the file, and how often it asks memd again meanwhile.
+HOLD_S = 60.0
+HOLD_POLL_S = 0.02
+STATUS_EVERY_S = 0.1
+#: Job states in which memd compacts a file over its threshold without more
+#: appends (``memd status``' names): waiting is worth it only then.
+COMPACTING_STATES = frozenset({"idle", "pending", "running"})
 
 #: An entry header as Swarms and memd write it: ``### {role} — {ISO timestamp}``.
 _ENTRY_HEADER = re.compile(rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*\r?\n\r?\n")
@@ -231,6 +252,17 @@ class Wiring:
     drain_poll_s: float = DRAIN_POLL_S
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # memd's "status" answer for this agent (None: memd cannot say), how long a
+    # run waits at most for memd's compaction, how often it looks meanwhile;
+    # the runs that waited and how long in all; what it said once.
+    status: Callable[[], dict[str, Any] | None] | None = None
+    hold_s: float = HOLD_S
+    hold_poll_s: float = HOLD_POLL_S
+    status_every_s: float = STATUS_EVERY_S
+    holds: int = 0
+    held_s: float = 0.0
+    threshold: int | None = None
+    said: set[str] = field(default_factory=set)
     # A read-only descriptor on the file the history was loaded from: after a
     # re-seed it tells whether memd's drain of that file is done, and holds the
     # late turns when it is not.
@@ -334,7 +366,8 @@ class Wiring:
             self._hold(None)
 
     def before_run(self, kwargs: dict[str, Any]) -> None:
-        """Called at the start of every ``run``: follow a re-seed of MEMORY.md."""
+        """Called at the start of every ``run``: follow a re-seed of MEMORY.md, and
+        while memd's count of it is over the threshold, wait for the next one."""
         with self.lock:
             if kwargs.get("messages") and not self.warned_messages:
                 self.warned_messages = True
@@ -343,16 +376,111 @@ class Wiring:
                     "and sends them instead of the agent's memory; pass earlier turns "
                     "through MEMORY.md (or the system prompt) instead"
                 )
-            identity = current_identity(self.memory_path)
-            if identity == self.loaded:
-                return
-            dropped = self.rebuild()
-            self.rebuilds += 1
-            log.info(
-                "memd_swarms: MEMORY.md was re-seeded; working context rebuilt from the "
-                "new file (%d rows replaced)",
-                dropped,
+            self._follow()
+            self._wait_under_threshold()
+
+    def _follow(self) -> bool:
+        """Rebuild from MEMORY.md when memd has re-seeded it; True when it did."""
+        if current_identity(self.memory_path) == self.loaded:
+            return False
+        dropped = self.rebuild()
+        self.rebuilds += 1
+        log.info(
+            "memd_swarms: MEMORY.md was re-seeded; working context rebuilt from the "
+            "new file (%d rows replaced)",
+            dropped,
+        )
+        return True
+
+    def _wait_under_threshold(self) -> None:
+        """Wait (at most ``hold_s``) while memd's count of MEMORY.md is over the
+        threshold and memd is to compact it, following the re-seed when it comes."""
+        if self.status is None or self.hold_s <= 0 or f"timeout-{self.loaded}" in self.said:
+            return  # no memd to ask, or it did not compact this file in time once already
+        started = self.clock()
+        asked: float | None = None
+        answer: dict[str, Any] | None = None
+        polls = 0
+        try:
+            while True:
+                if self._follow():
+                    asked = None  # memd's answer was about the old file
+                try:
+                    info = os.stat(self.memory_path)
+                except FileNotFoundError:
+                    return
+                # Asked at every run: memd's threshold for the agent changes (it
+                # reads memd-agent.json a little after attach, a reload).
+                now = self.clock()
+                if asked is None or now - asked >= self.status_every_s:
+                    answer, asked = self._ask(), now
+                if answer is None or not self._over(answer, info):
+                    return
+                if now - started >= self.hold_s:
+                    self._say(
+                        f"timeout-{self.loaded}",
+                        "memd_swarms: MEMORY.md is over memd's threshold and memd has not "
+                        "compacted it within %.0f s; this run goes ahead over it",
+                        self.hold_s,
+                    )
+                    return
+                self.sleep(self.hold_poll_s)
+                polls += 1
+        finally:
+            if polls:
+                self.holds += 1
+                self.held_s += self.clock() - started
+
+    def _ask(self) -> dict[str, Any] | None:
+        """memd's status answer (its threshold kept, for the report); None (said
+        once) when memd cannot answer or its answer is not one this reads."""
+        assert self.status is not None
+        answer = self.status()
+        threshold = None if answer is None else answer.get("threshold_tokens")
+        if answer is None or not _count(threshold):
+            self._say(
+                "no-status",
+                "memd_swarms: memd's status is not available (is the daemon running, with "
+                "its recall socket?); requests are not held to memd's threshold",
+                level=logging.INFO,
             )
+            return None
+        self.said.discard("no-status")
+        self.threshold = threshold
+        return answer
+
+    def _over(self, answer: dict[str, Any], info: os.stat_result) -> bool:
+        """Whether to wait: memd's count of this file is over the threshold and memd
+        is to compact it, or bytes memd has not counted yet may take it over."""
+        threshold: int = answer["threshold_tokens"]
+        if info.st_size < threshold:
+            return False  # a token is at least a byte
+        state = answer.get("state")
+        if state not in COMPACTING_STATES:
+            if _count(answer.get("tokens")) and answer["tokens"] >= threshold:
+                self._say(
+                    f"state-{self.loaded}",
+                    "memd_swarms: MEMORY.md is over memd's threshold and memd is not "
+                    "compacting it now (state %s); runs go ahead over it",
+                    state,
+                )
+            return False
+        if (answer.get("dev"), answer.get("ino")) != (info.st_dev, info.st_ino):
+            return True  # memd has not counted this file yet (it does at once)
+        tokens, size = answer.get("tokens"), answer.get("size")
+        if not isinstance(tokens, int) or not isinstance(size, int):
+            return False
+        unseen = max(0, info.st_size - size)  # at most a token a byte
+        return tokens + unseen >= threshold
+
+    def _say(self, key: str, message: str, *args: object, level: int = logging.WARNING) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            log.log(level, message, *args)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _identity(fd: int) -> FileIdentity:
