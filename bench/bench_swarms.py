@@ -20,6 +20,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,10 @@ def run_situation(
             if daemon is not None:
                 daemon.start()
                 daemon.wait_ready()
+            started = time.monotonic()
             with SwarmsAgent(workspace, server.api_base, spec) as agent:
                 report = agent.finish(timeout=3600)
+            seconds = time.monotonic() - started
             compactions = len(daemon.events("compacted")) if daemon is not None else 0
             threshold = None
             if daemon is not None:
@@ -110,6 +113,9 @@ def run_situation(
         "rebuilds": report["rebuilds"],
         "drain_waits": report.get("drain_waits"),
         "drain_waited_s": report.get("drain_waited_s"),
+        "holds": report.get("holds"),
+        "held_s": report.get("held_s"),
+        "seconds": seconds,
         "threshold": threshold,
     }
 
@@ -150,12 +156,15 @@ def main() -> int:
         "before them verbatim"
     )
     for row in rows:
+        print(f"{row['name']}: the agent's {args.turns} turns took {row['seconds']:.1f} s")
         if row["rebuilds"] is not None:
             waited = row["drain_waited_s"]
             print(
                 f"{row['name']}: {row['rebuilds']} rebuilds, {row['drain_waits']} of them "
                 f"waited for memd's drain ({waited if waited is None else round(waited, 2)} s "
-                "in all)"
+                f"in all); {row['holds']} runs waited while memd's count was over the "
+                f"threshold ({row['held_s'] if row['held_s'] is None else round(row['held_s'], 2)}"
+                " s in all)"
             )
     return 0
 
