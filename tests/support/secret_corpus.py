@@ -176,6 +176,22 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
     _planted("password", "Tr0ub&4dor9", "mysql -h db -u root -p{} app"),
     # A tool call's commands as a JSON array: the password ran into "ls -la".
     _planted("password", "Arr4y-Pw-31", '{{"commands": ["mysql -u root -p{}", "ls -la"]}}'),
+    # Review r7secrets: Basic credentials as JSON, the tools' other password
+    # arguments, Windows tools in capitals, openssl's other spellings.
+    _planted(
+        "basic_auth",
+        "ZGVwbG95OlMzY3JldC1CYXNpYzc=",  # deploy:S3cret-Basic7
+        '{{"headers": {{"Authorization": "Basic {}", "Accept": "application/json"}}}}',
+    ),
+    _planted(
+        "password", "N3w-Ld4p-pw8", "ldappasswd -x -D cn=admin,dc=example,dc=com -W -s {} uid=bob"
+    ),
+    _planted("password", "R3d1s-R3q-55", "redis-cli -h cache CONFIG SET requirepass {}"),
+    _planted("password", "R3d1s-4uth-9", "redis-cli -h cache AUTH {}"),
+    _planted("password", "N3T-CAPS-k8", "NET USE Z: \\\\FS01\\SHARE {} /USER:CORP\\ALICE"),
+    _planted(
+        "password", "P12-3qu4ls!k", "openssl pkcs12 -export -in c.pem -passout=pass:{} -out a.p12"
+    ),
     _planted("email", "ops+alerts@mail.example.co.uk", "Alerts go to {}.", pii=True),
     _planted("iban", "GB82 WEST 1234 5698 7654 32", "Wire it to IBAN {}.", pii=True),
 )
@@ -212,4 +228,9 @@ LOOKALIKES: tuple[str, ...] = (
     "net use Z: \\\\fileserver\\finance /persistent:yes; mongosh --port 27017 -u admin -p",
     "ConvertTo-SecureString $env:ADMIN_PW -AsPlainText -Force; SSHPASS=$DEPLOY_PW sshpass -e ssh web1",
     "REDISCLI_AUTH=$(cat /run/secrets/redis) redis-cli ping; smbclient -L //fileserver -U alice",
+    # A container named like a tool, its port mapping; Basic named, not given;
+    # redis-cli reading a setting; ldappasswd prompting.
+    "docker run -d --name mongo -p 27017:27017 mongo:7 && docker run --link mongo -p 8080:8080 app",
+    'Authorization: Basic authentication is required; {"Authorization": "Basic realm"}',
+    "redis-cli CONFIG GET requirepass; redis-cli SET auth token123; ldappasswd -x -W -A -S uid=bob",
 )
