@@ -126,7 +126,8 @@ def _assigned_value(candidate: str) -> bool:
     if len(value) < 4 or value.startswith(("[REDACTED:", "<", "{{", "%(", "$(")):
         return False
     # "password: ********", "token=<your token>", "secret = ${SECRET}", "key=None".
-    if re.fullmatch(r"[*x•.]+|<[^>]*>|\$\{?[A-Za-z_][\w]*\}?|none|null|true|false", value, re.I):
+    # Maven's ${env.NEXUS_PW} too.
+    if re.fullmatch(r"[*x•.]+|<[^>]*>|\$\{?[A-Za-z_][\w.]*\}?|none|null|true|false", value, re.I):
         return False
     # The escapes before a quoted value deep in JSON (password=\\\\\\\"pw\\\\\\\" three
     # levels down): the value itself is found with the escapes undone.
@@ -217,7 +218,9 @@ _ASSIGNED: Final = (
     # clipped by an extract) still is one.
     r"((?:\"(?:[^\"\\\n]|\\.){4,200}\"|\"[^\"\n]{4,200}(?:\"|$)|'[^'\n]{4,200}(?:'|$)"
     r"|`[^`\n]{4,200}(?:`|$)"
-    r"|[^\s\"'`,;)}\]]{4,200}))"
+    # Unquoted: up to the next parameter of a query string or form
+    # (?password=pw&remember=1: "&remember=1" is no part of it).
+    r"|(?:(?!&[A-Za-z_][\w.-]*=)[^\s\"'`,;)}\]]){4,200}))"
 )
 # The same for _ENV_SHORT_KEY, with the shape of the assignment kept: "code" is
 # a spaced one (NAME = value) or a typed one (NAME: Final = value).
@@ -266,7 +269,7 @@ _SMB_CLIENTS: Final = r"smbclient|rpcclient|smbcacls|smbget"
 _TOOL_RE: Final = re.compile(
     # The first letters of the names below, tested before the boundary's
     # lookbehinds: twice as fast over text that names no tool.
-    r"(?=[bcdhilmnoprswBIMNOPRS])"
+    r"(?=[bcdhilmnoprswxBCIMNOPRSWX])"
     + _B
     + rf"(?:(?:(?P<mysqladmin>{_MYSQL_ADMIN})|(?P<mysql>{_MYSQL_CLIENTS})|(?P<mysqlsh>mysqlsh)"
     + r"|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
@@ -276,6 +279,8 @@ _TOOL_RE: Final = re.compile(
     # Windows' tools in any case (cmd.exe ignores it; batch files write NET USE):
     # net use \\host\share PW /user:x, SQLCMD -P PW.
     + r"|(?P<capital_p>(?i:ipmitool|sqlcmd|bcp|osql))"
+    # FreeRDP's /p:PW, cmdkey's /pass:PW.
+    + r"|(?P<slash_pass>(?i:xfreerdp3?|wlfreerdp3?|sdl-freerdp3?|cmdkey))"
     + r"|(?P<netuse>(?i:net(?:\.exe)?(?:[ \t]+|[\"']\s*,\s*[\"'])use)))"
     + r"(?i:\.exe)?(?![\w.-])"
     # The variables a tool takes its password from, set before it on its command
@@ -302,6 +307,8 @@ _COMMAND_HINTS: Final = (
     "bcp",
     "osql",
     "net",
+    "freerdp",
+    "cmdkey",
     "rediscli_auth",
     "pgpassword",
 )
@@ -555,6 +562,10 @@ class _ToolArguments:
                     return word.tail(2)
             case "netuse":
                 return self._net_use(word)
+            case "slash_pass":
+                option = value[: value.find(":") + 1].lower()
+                if option in ("/p:", "/pass:", "/password:"):
+                    return word.tail(len(option))
             case "htpasswd":
                 # htpasswd -b[c] FILE USER PASSWORD; htpasswd -nb USER PASSWORD.
                 if self.positional == 0 and value.startswith("-") and len(value) > 1:
@@ -734,7 +745,7 @@ _OPENSSL_PASSWD_VALUED: Final = frozenset(
 
 # Tools some of whose positional words (no option's) a rule reads.
 _POSITIONAL_TOOLS: Final = frozenset(
-    {"sshpass", "htpasswd", "mysqladmin", "mysqlsh", "netuse", "redis", "openssl"}
+    {"sshpass", "htpasswd", "mysqladmin", "mysqlsh", "netuse", "redis", "openssl", "slash_pass"}
 )
 
 
@@ -990,6 +1001,32 @@ _PS_BARE: Final = r"[^\s\"'$|;()`\\-][^\s\"'|;()`\\]{0,199}"
 _SECURE_STRING: Final = r"(?i:\bConvertTo-SecureString)"
 
 
+# A SQL string literal ('' is a quote inside it); one whose closing quote was
+# cut off (a line clipped by an extract) still is one.
+_SQL_STRING: Final = r"'(?:[^'\n]|''){1,200}(?:'|(?=\n)|\Z)|\"[^\"\n]{1,200}(?:\"|(?=\n)|\Z)"
+
+
+# What comes before SQL's PASSWORD 'pw': CREATE ROLE app WITH LOGIN PASSWORD,
+# ALTER USER app PASSWORD, IDENTIFIED BY PASSWORD (MySQL's old hash).
+_SQL_BEFORE_PASSWORD: Final = re.compile(
+    r"(?i:\b(?:login|with|encrypted|unencrypted|identified\s+by|(?:user|role)\s+[\w\"'.@-]+)\s+)\Z"
+)
+
+
+def _sql_password(match: re.Match[str]) -> bool:
+    start = match.start()
+    return _SQL_BEFORE_PASSWORD.search(match.string, max(0, start - 120), start) is not None
+
+
+def _starts_a_key(match: re.Match[str]) -> bool:
+    """The key is no tail of a longer word (``_B``, tested after a match: as the
+    pattern's start its lookbehinds ran at every position of the text)."""
+    return _KEY_START.match(match.string, match.start()) is not None
+
+
+_KEY_START: Final = re.compile(_B)
+
+
 def _basic_credentials(candidate: str) -> bool:
     """Basic's value is base64 of ``user:password``: "Authorization: Basic
     authentication is required" names the scheme, it gives no credentials."""
@@ -1127,6 +1164,74 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         validate=_secure_string_value,
         validate_match=_as_plain_text,
         hints=("convertto-securestring",),
+    ),
+    # <password>…</password> (Maven's settings.xml, a SOAP body, app.config).
+    Rule(
+        "password",
+        _rx(rf"<(?:[\w-]+:)?(?i:{_ASSIGN_KEYS}|pass)>([^<>\n]{{4,200}})</"),
+        group=1,
+        validate=_assigned_value,
+        hints=("pass", "pwd", "secret", "token", "key", "credential"),
+    ),
+    # SQL: CREATE USER … IDENTIFIED BY 'pw' (Oracle's bare pw after a user's
+    # name), CREATE ROLE … WITH LOGIN PASSWORD 'pw', ALTER USER … PASSWORD 'pw'.
+    Rule(
+        "password",
+        _rx(rf"(?i:\bidentified\s+by\s+)({_SQL_STRING})"),
+        group=1,
+        validate=_assigned_value,
+        hints=("identified",),
+    ),
+    Rule(
+        "password",
+        _rx(rf"(?i:password)\s+({_SQL_STRING})"),
+        group=1,
+        validate=_assigned_value,
+        validate_match=_sql_password,
+        hints=("password",),
+    ),
+    Rule(
+        "password",
+        _rx(
+            r"(?i:\b(?:create|alter)\s+user\s+[\w\"'.@-]+\s+identified\s+by\s+)"
+            r"(?!(?i:values|password|externally|globally)\b)([^\s;'\"]+)"
+        ),
+        group=1,
+        validate=_assigned_value,
+        hints=("identified",),
+    ),
+    # A password piped into a tool that reads it from its input:
+    # echo PW | sudo -S …, echo PW | docker login --password-stdin.
+    Rule(
+        "password",
+        _rx(
+            r"(?i:\b(?:echo|printf)\s+(?:-[neE]+\s+)?)"
+            r"('[^'\n]{1,200}'|\"[^\"\n]{1,200}\"|[^\s|;&'\"]{1,200})\s*\|\s*"
+            r"(?:sudo\s+(?:-[^\sS]+\s+(?:[^\s-]\S*\s+)?)*-[A-Za-z]*S\b|[^|;\n]*--password-stdin\b)"
+        ),
+        group=1,
+        validate=_assigned_value,
+        hints=("sudo", "password-stdin"),
+    ),
+    # A form or query string's pass=pw (curl -d 'user=a&pass=pw'), and a
+    # password=pw %-encoded (a redirect URL inside another: password%3Dpw).
+    Rule(
+        "password",
+        _rx(
+            r"[?&'\"](?:(?<=[?&])|(?<=-d ['\"])|(?<=--data ['\"]))"
+            r"(?i:pass|passwd|pwd|password)=([^&\s\"'#]{4,200})"
+        ),
+        group=1,
+        validate=_assigned_value,
+        hints=("pass", "pwd"),
+    ),
+    Rule(
+        "password",
+        _rx(rf"(?i:(?:{_ASSIGN_KEYS}|pass)%3D)((?:(?!%26)[^\s\"'&,;)}}\]#]){{4,200}})"),
+        group=1,
+        validate=_assigned_value,
+        validate_match=_starts_a_key,
+        hints=("%3d",),
     ),
     # password=…, "api_key": "…", SECRET_KEY: …, export GITHUB_TOKEN=…
     Rule(

@@ -1200,3 +1200,62 @@ def test_openssl_password_options_in_every_spelling_are_read(command: str, secre
 )
 def test_openssl_without_a_password_is_not_flagged(command: str) -> None:
     assert find_secrets(command) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # XML elements (Maven's settings.xml, SOAP, app.config).
+        ("<server><id>nexus</id><password>S3cretPw9</password></server>", "S3cretPw9"),
+        ("<ns:Password>S3cretPw9</ns:Password>", "S3cretPw9"),
+        # SQL.
+        ("CREATE USER 'app'@'%' IDENTIFIED BY 'S3cretPw9';", "S3cretPw9"),
+        ("ALTER USER app IDENTIFIED BY S3cretPw9;", "S3cretPw9"),  # Oracle
+        ("CREATE ROLE app WITH LOGIN PASSWORD 'S3cretPw9';", "S3cretPw9"),
+        ("ALTER ROLE app PASSWORD 'S3cretPw9'", "S3cretPw9"),
+        ("ALTER USER app WITH ENCRYPTED PASSWORD 'S3cret''Pw9'", "S3cret''Pw9"),
+        # A password piped into a tool that reads its input.
+        ("echo S3cretPw9 | sudo -S apt-get update", "S3cretPw9"),
+        ("echo 'S3cretPw9' | sudo -k -S -u root ls", "S3cretPw9"),
+        ("echo S3cretPw9 | docker login -u bot --password-stdin ghcr.io", "S3cretPw9"),
+        # Form data, a query string, a %-encoded one inside another URL.
+        ("curl -d 'user=alice&pass=S3cretPw9' https://x/login", "S3cretPw9"),
+        ("GET /login?user=alice&password=S3cretPw9&remember=1", "S3cretPw9"),
+        ("https://x/cb?next=%2Flogin%3Fuser%3Da%26password%3DS3cretPw9%26r%3D1", "S3cretPw9"),
+        # FreeRDP's and cmdkey's slash options.
+        ("xfreerdp /u:alice /p:S3cretPw9 /v:10.0.0.5", "S3cretPw9"),
+        ("XFREERDP /U:alice /P:'S3cret Pw9' /V:host", "S3cret Pw9"),
+        ("cmdkey /generic:TERMSRV/host /user:alice /pass:S3cretPw9", "S3cretPw9"),
+    ],
+)
+def test_a_password_in_xml_sql_a_pipe_a_form_or_an_rdp_command_is_found(
+    text: str, secret: str
+) -> None:
+    # The smaller leaks review r7secrets listed besides its findings.
+    assert [s.value(text) for s in find_secrets(text)] == [secret]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<password>${env.NEXUS_PW}</password> <password>********</password>",
+        "<secret>true</secret> <passwordPolicy>strict</passwordPolicy>",
+        "The user is identified by their email address.",
+        "ALTER USER app IDENTIFIED BY VALUES 'S:0a1b2c'; ALTER USER x IDENTIFIED EXTERNALLY",
+        "Type the password 'carefully', the prompt said.",
+        'echo "$PW" | sudo -S ls; echo $CR_PAT | docker login -u bot --password-stdin ghcr.io',
+        "echo hello | sudo tee /etc/motd; echo done | sort -S 1G",
+        "GET /report?tests=212&pass=1234&fail=0",
+        "xfreerdp /u:alice /v:host /p:$RDP_PW; cmdkey /list",
+    ],
+)
+def test_those_shapes_without_a_password_are_not_flagged(text: str) -> None:
+    assert find_secrets(text) == []
+
+
+def test_a_query_strings_password_leaves_the_next_parameters() -> None:
+    # The unquoted value of password= ran on over "&remember=1".
+    text = "POST /login?user=alice&password=S3cretPw9&remember=1&next=/home"
+    assert _redact(text) == (
+        "POST /login?user=alice&password=[REDACTED:password]&remember=1&next=/home"
+    )

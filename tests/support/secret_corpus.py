@@ -192,6 +192,12 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
     _planted(
         "password", "P12-3qu4ls!k", "openssl pkcs12 -export -in c.pem -passout=pass:{} -out a.p12"
     ),
+    # XML, SQL, a piped password, a query string, FreeRDP.
+    _planted("password", "Mvn-Dep10y-4x", "<server><id>nexus</id><password>{}</password></server>"),
+    _planted("password", "Sq1-R0le-2026", "CREATE USER 'app'@'%' IDENTIFIED BY '{}';"),
+    _planted("password", "Sud0-P1pe-77", "echo {} | sudo -S systemctl restart nginx"),
+    _planted("password", "F0rm-P4ss-31", "curl -d 'user=alice&pass={}' https://intranet/login"),
+    _planted("password", "Rdp-Us3r-k9", "xfreerdp /u:alice /p:{} /v:10.0.4.30 /cert:ignore"),
     _planted("email", "ops+alerts@mail.example.co.uk", "Alerts go to {}.", pii=True),
     _planted("iban", "GB82 WEST 1234 5698 7654 32", "Wire it to IBAN {}.", pii=True),
 )
@@ -233,4 +239,6 @@ LOOKALIKES: tuple[str, ...] = (
     "docker run -d --name mongo -p 27017:27017 mongo:7 && docker run --link mongo -p 8080:8080 app",
     'Authorization: Basic authentication is required; {"Authorization": "Basic realm"}',
     "redis-cli CONFIG GET requirepass; redis-cli SET auth token123; ldappasswd -x -W -A -S uid=bob",
+    "<password>${env.NEXUS_PW}</password>; users are identified by their e-mail address",
+    "GET /report?tests=212&pass=1234&fail=0; echo done | sudo tee /etc/motd; cmdkey /list",
 )
