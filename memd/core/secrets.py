@@ -756,7 +756,7 @@ _POSITIONAL_TOOLS: Final = frozenset(
 # (--health-cmd "mysqladmin ping -p…") is a command line, and a wrapper's flags
 # before the program it runs take no value: sudo --preserve-env mysql -p….
 _LONG_OPTION_BEFORE: Final = re.compile(
-    r"(?<![^\s\"'\[,])--(?P<option>[A-Za-z][\w-]*)"
+    r"--(?<![^\s\"'\[,]--)(?P<option>[A-Za-z][\w-]*)"
     r"(?:=|[ \t]+|(?P<item>[\"'])\s*,\s*[\"'])[^\s\"'=]*\Z"
 )
 # The rest of an argv item that is one bare word, to its closing quote.
@@ -1173,11 +1173,13 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         validate=_assigned_value,
         hints=("pass", "pwd", "secret", "token", "key", "credential"),
     ),
+    # (The rules below open with a character class, not (?i:\b…): the regex
+    # engine then skips to the candidates instead of trying every position.)
     # SQL: CREATE USER … IDENTIFIED BY 'pw' (Oracle's bare pw after a user's
     # name), CREATE ROLE … WITH LOGIN PASSWORD 'pw', ALTER USER … PASSWORD 'pw'.
     Rule(
         "password",
-        _rx(rf"(?i:\bidentified\s+by\s+)({_SQL_STRING})"),
+        _rx(r"[Ii](?<![\w][Ii])" + rf"(?i:dentified\s+by\s+)({_SQL_STRING})"),
         group=1,
         validate=_assigned_value,
         hints=("identified",),
@@ -1193,7 +1195,8 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "password",
         _rx(
-            r"(?i:\b(?:create|alter)\s+user\s+[\w\"'.@-]+\s+identified\s+by\s+)"
+            r"[CcAa](?<![\w][CcAa])(?i:(?:(?<=[Cc])reate|(?<=[Aa])lter)\s+user\s+"
+            r"[\w\"'.@-]+\s+identified\s+by\s+)"
             r"(?!(?i:values|password|externally|globally)\b)([^\s;'\"]+)"
         ),
         group=1,
@@ -1205,7 +1208,7 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "password",
         _rx(
-            r"(?i:\b(?:echo|printf)\s+(?:-[neE]+\s+)?)"
+            r"[EePp](?<![\w][EePp])(?i:(?:(?<=[Ee])cho|(?<=[Pp])rintf)\s+(?:-[neE]+\s+)?)"
             r"('[^'\n]{1,200}'|\"[^\"\n]{1,200}\"|[^\s|;&'\"]{1,200})\s*\|\s*"
             r"(?:sudo\s+(?:-[^\sS]+\s+(?:[^\s-]\S*\s+)?)*-[A-Za-z]*S\b|[^|;\n]*--password-stdin\b)"
         ),
