@@ -764,6 +764,9 @@ _BARE_ITEM_REST: Final = re.compile(r"[^\s\"']*[\"']")
 _WRAPPER_FLAGS: Final = frozenset(
     [
         "preserve-env",
+        "ignore-environment",
+        "shell",
+        "background",
         "login",
         "interactive",
         "tty",

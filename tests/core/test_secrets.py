@@ -967,6 +967,7 @@ def test_a_docker_port_mapping_after_a_container_named_like_a_tool_is_no_passwor
         "docker exec --interactive --tty mongo mongosh -u admin -p S3cretPw9",
         "mongosh --host mongo -u admin -p S3cretPw9",
         "sudo --preserve-env mysql -uroot -pS3cretPw9 app",
+        "env --ignore-environment mysql -uroot -pS3cretPw9 app",
         'docker run --health-cmd "mysqladmin ping -uroot -pS3cretPw9" mysql:8',
         "docker run --health-cmd='redis-cli -a S3cretPw9 ping' redis:7",
         '["docker", "run", "--health-cmd", "mysqladmin ping -uroot -pS3cretPw9", "mysql:8"]',
