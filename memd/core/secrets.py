@@ -36,6 +36,14 @@ from typing import Final, Literal
 Category = Literal["credential", "pii"]
 
 PII: Final = "pii"
+# A URL's ``user:password@`` (groups: the user, the password). The password runs
+# to the LAST "@" (one made by base64 or by hand holds "/", "+", "=", "#", "?" or
+# "@" unescaped: the URL's first "/" is no end), within 256 characters (a long run
+# is not scanned to its end from every "://" in it); an "@" in a path after the
+# URL's port is not one ("http://localhost:4873/@scope/pkg"): a ":" followed by a
+# port and "/", "?" or "#" is the host's port. Pins strip the password by it too.
+URL_USERINFO: Final = r"([^\s:/?#@\[\]\"'<>`]*):(?!\d{1,5}[/?#])([^\s\"'<>`]{0,256})@"
+
 # What a redaction leaves behind: ``[REDACTED:kind#3f9a1c]``.  Never re-detected.
 PLACEHOLDER_RE: Final = re.compile(r"\[REDACTED:[a-z0-9_]+(?:#[0-9a-f]{4,16})?\]")
 
@@ -1139,11 +1147,11 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         hints=("basic",),
     ),
     # scheme://user:password@host, and scheme://:password@host (Redis's own
-    # documented form has no user name).
+    # documented form has no user name); see URL_USERINFO.
     Rule(
         "url_password",
-        _rx(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/?#@\[\]]*:([^\s@/?#]+)@[^\s/?#@]+"),
-        group=1,
+        _rx(rf"[a-zA-Z][a-zA-Z0-9+.-]{{0,31}}://{URL_USERINFO}[^\s/?#@\"'<>`]+"),
+        group=2,
         validate=lambda value: not value.startswith("[REDACTED"),
         hints=("://",),
     ),

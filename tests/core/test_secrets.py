@@ -6,6 +6,7 @@ import itertools
 import json
 import re
 import string
+import time
 from typing import Any
 
 import pytest
@@ -101,9 +102,53 @@ def test_a_password_in_a_url_is_the_password_not_an_email(text: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "password"),
+    [
+        ("postgres://app:Xk9+/aQ2=@db.internal:5432/app", "Xk9+/aQ2="),
+        ("postgres://app:Xk9#aQ2@db.internal:5432/app", "Xk9#aQ2"),
+        ("postgres://app:Xk9?aQ2@db.internal:5432/app", "Xk9?aQ2"),
+        ("postgres://app:p@ss/w0rd@db.internal/app", "p@ss/w0rd"),
+        (
+            '{"url": "postgres://app:Xk9+/aQ2=@db.internal/app", "to": "ops@example.com"}',
+            "Xk9+/aQ2=",
+        ),
+    ],
+    ids=["slash", "hash", "question-mark", "at-then-slash", "json"],
+)
+def test_a_url_password_runs_to_the_authoritys_last_at(text: str, password: str) -> None:
+    """A base64-made password holds "/" (and "#", "?", "@" by hand): the rule
+    stopped at the first, and the rest went to a remote summarizer as written
+    (review r7pins F3)."""
+    assert [(s.kind, s.value(text)) for s in find_secrets(text)] == [("url_password", password)]
+
+
+def _find_seconds(text: str, *, under: float | None = None) -> float:
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        find_secrets(text, pii=True)
+        best = min(best, time.perf_counter() - start)
+        if under is not None and not under <= best <= 10 * under:
+            break
+    return best
+
+
+@pytest.mark.parametrize("unit", ["a+", "a.", "a-", "a://b:"])
+def test_a_long_run_beside_a_url_is_scanned_in_linear_time(unit: str) -> None:
+    """A URL's scheme could start at every letter of a long "a+a+…" run and was
+    read to the run's end from each (review r7pins F2): the 8x input takes less
+    than 30x the 1x input's time (linear: ~8x; quadratic: ~64x)."""
+    count = 4096 // len(unit)
+    small = _find_seconds("see https://example.com/x " + unit * count)
+    large = _find_seconds("see https://example.com/x " + unit * 8 * count, under=30 * small)
+    assert large < 30 * small, (small, large)
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "redis://:@localhost:6379",
+        "npm view http://localhost:4873/@acme/payments",
         "redis://:[REDACTED:url_password#abcdef]@cache:6379",
         "see http://[::1]:8080/health and https://example.com:8443/a@b",
     ],
