@@ -429,6 +429,80 @@ def test_a_password_in_a_url_with_no_user_name_never_leaves(agent_ws: AgentWorks
     assert wire_leaks(summary, {"redis": DB_PASSWORD}) == []
 
 
+def compact_remotely(paths: AgentPaths, reply: Any) -> str:
+    """One compaction by a remote summarizer (redaction on) answering ``reply``:
+    what it was sent."""
+    for index in range(6):
+        append_entry(paths.memory, "AI", f"Padding turn {index} about the release checklist.")
+    with OpenAITestServer(reply) as server:
+        config = config_for(server, redact_local=True)
+        compact_agent(paths, LiteLLMSummarizer(config.summarizer), options_for(config, b"k" * 32))
+        return sent(server)
+
+
+VAGUE = "Facts:\n" + "- the team reviewed the deployment and agreed it is fine for now\n" * 10
+
+
+def pinned_after(paths: AgentPaths) -> list[str]:
+    block = memfile.parse(paths.memory.read_bytes()).last_summary()
+    assert block is not None
+    return [pin.text for pin in parse_summary(block.summary_text).pins]
+
+
+def test_a_slashed_url_password_neither_leaves_nor_is_pinned(agent_ws: AgentWorkspace) -> None:
+    """A base64-made password holds "/": it went to the summarizer as written and
+    was pinned whole, carried from summary to summary past the archive's
+    retention (review r7pins F3)."""
+    password = "Xk9+/aQ2="
+    paths = agent_ws.create_agent("slashpw")
+    append_entry(
+        paths.memory, "Human", f"The prod DB is postgres://app:{password}@db.internal:5432/app."
+    )
+    wire = compact_remotely(paths, lambda body: VAGUE)
+    assert wire_leaks(wire, {"url": password}) == []
+    assert pinned_after(paths) == ["postgres://app@db.internal:5432/app"]
+    block = memfile.parse(paths.memory.read_bytes()).last_summary()
+    assert block is not None and password not in block.summary_text
+
+
+def test_a_dsn_and_a_git_remote_are_pinned_for_a_remote_summarizer(
+    agent_ws: AgentWorkspace,
+) -> None:
+    """With personal data redacted (a remote summarizer's default), a URL's user
+    name read as an e-mail address made pins_the_scan_keeps drop every DSN with a
+    user and every git remote (review r7pins F4, fixed by 69d6d34)."""
+    paths = agent_ws.create_agent("remotes")
+    append_entry(
+        paths.memory,
+        "Human",
+        "Deploy from git@github.com:acme/payments.git; its DB is "
+        "postgres://app:hunter2xyz@db.internal:5432/app and the mirror is "
+        "ssh://git@git.acme.dev/acme/payments.git.",
+    )
+    compact_remotely(paths, lambda body: VAGUE)
+    assert sorted(pinned_after(paths)) == [
+        "git@github.com:acme/payments.git",
+        "postgres://app@db.internal:5432/app",
+        "ssh://git@git.acme.dev/acme/payments.git",
+    ]
+
+
+def test_a_redacted_url_is_not_carried_as_pieces(agent_ws: AgentWorkspace) -> None:
+    """A model kept the URL with its password's placeholder; read back from that
+    body the URL was cut at the placeholder's "]", and once the next model dropped
+    it, "postgres://app:[REDACTED:…" and "db.internal:5432" were pinned (review
+    r7pins F5). Now it is the URL without its password."""
+    paths = agent_ws.create_agent("pieces")
+    append_entry(
+        paths.memory, "Human", "The prod DB is postgres://app:hunter2xyz@db.internal:5432/app."
+    )
+    compact_remotely(paths, echo_prompt)  # keeps the URL, its password a placeholder
+    block = memfile.parse(paths.memory.read_bytes()).last_summary()
+    assert block is not None and "postgres://app:[REDACTED:url_password#" in block.summary_text
+    compact_remotely(paths, lambda body: VAGUE)  # drops it
+    assert pinned_after(paths) == ["postgres://app@db.internal:5432/app"]
+
+
 def test_env_file_password_variables_never_leave(agent_ws: AgentWorkspace) -> None:
     env_file = "\n".join(
         [

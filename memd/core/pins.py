@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
+from memd.core.secrets import URL_USERINFO
 from memd.core.secrets import contains_secret as looks_like_credential
 
 CountText = Callable[[str], int]
@@ -44,35 +45,58 @@ UNDATED: Final = "undated"
 _MAX_FACT_CHARS: Final = 300
 
 _MARKER: Final = r"(?:\*\*)?(?:Remember|Note|Important|Preference|NB)(?:\*\*)?[ \t]*:[ \t]*\S"
+# A line's list markup and quoting ("- ", "> > ", "* "), taken whole (possessive):
+# what follows may start with the same characters, and a long line of dashes was
+# else split between the two at every place (quadratic, review r7pins F1).
+_MARKUP: Final = r"[ \t]*+(?:[-*>+][ \t]*+)*+"
 # A marked line: the marker opens the line (after list markup); the whole line is kept.
 _MARKED_LINE_RE: Final = re.compile(
-    rf"^[ \t]*(?:[-*>+][ \t]*)*(?P<marked>{_MARKER}[^\n]*)$",
+    rf"^{_MARKUP}(?P<marked>{_MARKER}[^\n]*)$",
     re.IGNORECASE | re.MULTILINE,
+)
+# Where a sentence ends: at "!" or "?", or at a "." before the line's end or
+# before what opens a sentence (not a lower-case word or a number: "e.g. rg",
+# "Jan. 5"), unless the "." ends a title, a month or an initial ("Dr. Smith",
+# "Sept. Then", "J. Smith"); or at the line's end.
+_ABBREVIATIONS: Final = (
+    *("Mr", "Mrs", "Ms", "Dr", "Prof", "Sr", "Jr", "St", "vs", "cf", "approx", "e.g", "i.e"),
+    *("Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"),
+)
+_SENTENCE_END: Final = (
+    r"(?:[!?](?=[ \t]|$)|\.(?=[ \t]*$|[ \t]+(?-i:[^\sa-z0-9]))"
+    + "".join(rf"(?<!\b{re.escape(word)}\.)" for word in _ABBREVIATIONS)
+    + r"(?-i:(?<!\b[A-Z]\.))|$)"
 )
 # A marked sentence: the marker opens a sentence inside a line ("Got it. Remember: …",
 # a speaker's "Human: Remember: …"); kept from the marker to the end of its sentence.
 _MARKED_SENTENCE_RE: Final = re.compile(
-    rf"(?<=[.!?;:)\]\u2014\u2013])[ \t]+(?P<marked>{_MARKER}[^\n]*?(?:[.!?](?=[ \t]|$)|$))",
+    rf"(?<=[.!?;:)\]\u2014\u2013])[ \t]+(?P<marked>{_MARKER}[^\n]*?{_SENTENCE_END})",
     re.IGNORECASE | re.MULTILINE,
 )
 # A preference sentence starts a line (after list markup) or follows a sentence or a
 # speaker's colon: "- (2026-03-02T10:00:00) Human: I prefer …" is "I prefer …".
 _PREFERENCE_RE: Final = re.compile(
-    r"(?:^[ \t]*(?:[-*>+][ \t]*)*|(?<=[.!?:]\s))"
+    rf"(?:^{_MARKUP}|(?<=[.!?:]\s))"
     r"(?P<marked>[^.!?:\n]*?\bI (?:really )?(?:prefer|always want|never want|would rather)"
-    r"\b[^.!?\n]*[.!?]?)",
+    rf"\b[^\n]*?{_SENTENCE_END})",
     re.IGNORECASE | re.MULTILINE,
 )
-# Any scheme (DSNs, s3://, ssh://, file:///…), a bracketed IPv6 host whole.
-_URL_RE: Final = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://(?:\[[0-9A-Fa-f:.]+\]|[^\s<>\"'`)\]}])+")
+# Any scheme (DSNs, s3://, ssh://, file:///…), a bracketed IPv6 host whole, a
+# user:password@ to the authority's last "@" (a password may hold "/", "#", "]").
+# A scheme is at most 32 characters: one that may be any length was looked for
+# from every word of a long "a-a-a-…" run, each time to the run's end (review
+# r7pins F2).
+_URL_SCHEME: Final = r"[A-Za-z][A-Za-z0-9+.-]{0,31}://"
+_URL_RE: Final = re.compile(
+    rf"\b{_URL_SCHEME}(?:{URL_USERINFO})?(?:\[[0-9A-Fa-f:.]+\]|[^\s<>\"'`)\]}}])+"
+)
 # git's scp-like remotes: git@github.com:org/repo.git (not after "user:").
 _SCP_RE: Final = re.compile(
     r"(?<![\w.+:-])[\w.-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}:[\w.~-]+/[\w./~-]*\w"
 )
 # A URL's password is not pinned: ``scheme://user:password@host`` pins as
 # ``scheme://user@host`` (what is left is still screened for credentials).
-# The password runs to the authority's last "@" (an unescaped "@" in it too).
-_URL_PASSWORD_RE: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^\s:/?#@\[\]]*):[^\s/?#]*@")
+_URL_PASSWORD_RE: Final = re.compile(rf"^({_URL_SCHEME}){URL_USERINFO}")
 _CODE_SPAN_RE: Final = re.compile(r"`([^`\n]{2,200})`")
 _SHELL_LINE_RE: Final = re.compile(r"^[ \t]*\$ ([^\n]{2,200})$", re.MULTILINE)
 # Windows: a directory's name may hold single spaces and a "(x86)"; the last
@@ -102,16 +126,19 @@ _VERSION_RE: Final = re.compile(
     r"(?<![\w.-])v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]*[0-9A-Za-z])?(?!\w|\.\w)"
     r"|(?<![\w.-])v\d+\.\d+(?!\w|\.\w)"
 )
+# Not inside a number ("1,2,3,…": each of its digits was a start, each scanned to
+# the run's end, review r7pins F2).
 _QUANTITY_RE: Final = re.compile(
-    r"(?<![\w.])\d+(?:[.,]\d+)*\s?(?:ms|µs|us|ns|s|sec|seconds|min|minutes|h|hours|days|"
+    r"(?<![\w.])(?<!\d,)\d+(?:[.,]\d+)*\s?(?:ms|µs|us|ns|s|sec|seconds|min|minutes|h|hours|days|"
     r"weeks|KB|MB|GB|TB|KiB|MiB|GiB|TiB|%|USD|EUR|GBP|req/s|rps|qps|tokens|cores|GHz|MHz|"
     r"rows|records|users)(?![\w/])"
     r"|[$€£]\d+(?:[.,]\d+)*(?:[kKmM])?\b"
 )
 # Whole before the identifiers' pieces (a hostname, a hex run) are looked for.
 _EMAIL_RE: Final = re.compile(
-    # Not after "user:" (app:hunter2@db.example.com holds a password), but mailto:.
-    r"(?:(?<=mailto:)|(?<![\w.+:-]))[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}\b"
+    # Not after "user:" (app:hunter2@db.example.com holds a password), but mailto:;
+    # nor inside a local part (after a "%": a long %-encoded run was read from each).
+    r"(?:(?<=mailto:)|(?<![\w.%+:-]))[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}\b"
 )
 # What every match of a pattern holds, led by a character (a fast search): a
 # turn without it is not scanned by the pattern itself, which starts anywhere.
@@ -139,10 +166,13 @@ _IPV6_RE: Final = re.compile(
     rf"|(?<![\w:.]){_IPV6})"  # fe80::1, 2001:db8::/32
 )
 _PORT: Final = r"(?::\d{1,5}(?!\d))?"
+# A hostname starts at its first label, not after a label's "." or "-": from each
+# label of a long "a.a.a.…" or "1.1.1.…" run the rest was scanned (40 KB: > 20 s);
+# a later label matches only where the first one does.
 _IDENTIFIER_RE: Final = re.compile(
     r"\b[A-Z][A-Z0-9]{1,9}-\d{1,6}\b"  # ticket ids
     r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"  # commit hashes
-    r"|\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
+    r"|\b(?<![a-z0-9-][.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
     rf"(?:internal|local|lan|corp|com|net|org|io|dev|cloud|ai|app)\b{_PORT}"  # hostnames
     rf"|\b(?:\d{{1,3}}\.){{3}}\d{{1,3}}\b{_PORT}"  # IPv4
     r"|\blocalhost:\d{1,5}(?!\d)"
@@ -289,10 +319,11 @@ def _without_password(url: str) -> str:
     return _URL_PASSWORD_RE.sub(drop, url, count=1)
 
 
-def _extract_facts(text: str, *, screen: bool) -> list[Fact]:
+def _extract_facts(text: str, *, screen: bool, marked_limit: int | None = None) -> list[Fact]:
     """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
-    (the reference the screened run is tested against)."""
-    found, spans = _marked_facts(text, screen=screen)
+    (the reference the screened run is tested against). Past ``marked_limit``
+    marked texts, a marked text is not pinned but read as any other text."""
+    found, spans = _marked_facts(text, screen=screen, limit=marked_limit)
     # The other patterns read the text with the marked ones blanked, cut out by
     # their places in one pass (a text with a marked line on every line is not
     # searched once per line).
@@ -326,11 +357,18 @@ def _within(spans: list[tuple[int, int]], at: int) -> bool:
     return index >= 0 and at < spans[index][1]
 
 
-def _marked_facts(text: str, *, screen: bool) -> tuple[list[Fact], list[tuple[int, int]]]:
+def _marked_facts(
+    text: str, *, screen: bool, limit: int | None
+) -> tuple[list[Fact], list[tuple[int, int]]]:
     """Marked lines, marked sentences and preferences: their facts, and where they
-    are in ``text`` (in order)."""
-    found: list[Fact] = []
-    spans: list[tuple[int, int]] = []
+    are in ``text`` (in order).
+
+    Only the first ``limit`` marked texts (None: all) are pinned and blanked; the
+    others, and one holding a redaction placeholder (which names nothing), are
+    left in the text, whose facts are then read as any other text's: a turn's
+    17th ``Remember:`` line lost its path with the line (review r7pins F7).
+    """
+    marked: list[tuple[int, int]] = []
     if not screen or ":" in text:
         lines = [
             _stripped(text, m.start("marked"), m.end()) for m in _MARKED_LINE_RE.finditer(text)
@@ -340,17 +378,33 @@ def _marked_facts(text: str, *, screen: bool) -> tuple[list[Fact], list[tuple[in
             for m in _MARKED_SENTENCE_RE.finditer(text)
             if not _within(lines, m.start("marked"))
         ]
-        spans = sorted(lines + sentences)
-        found += [Fact("marked", _clean(text[start:end])) for start, end in spans]
+        marked = sorted(lines + sentences)
     if not screen or _preference_possible(text):
         preferences: list[tuple[int, int]] = []
         for match in _PREFERENCE_RE.finditer(text):
             start, end = _stripped(text, *match.span("marked"))
-            if start < end and not _within(spans, start):
+            if start < end and not _within(marked, start):
                 preferences.append((start, end))
-                found.append(Fact("marked", _clean(text[start:end])))
-        spans = sorted(spans + preferences)
-    return found, spans
+        marked += preferences
+    found: list[Fact] = []
+    spans: list[tuple[int, int]] = []
+    pinned: set[str] = set()
+    for start, end in marked:
+        fact = Fact("marked", _clean(text[start:end]))
+        if _has_placeholder(fact.text):
+            continue
+        if fact.key not in pinned and not looks_like_credential(fact.text):
+            if limit is not None and len(pinned) >= limit:
+                continue
+            pinned.add(fact.key)
+        found.append(fact)
+        spans.append((start, end))
+    return found, sorted(spans)
+
+
+def _has_placeholder(text: str) -> bool:
+    """Whether ``text`` holds a redaction placeholder, or a piece of one."""
+    return "[REDACTED:" in text
 
 
 def _stripped(text: str, start: int, end: int) -> tuple[int, int]:
@@ -420,12 +474,13 @@ def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
 
 
 def _unique(found: list[Fact]) -> list[Fact]:
-    """The first fact of each key, credentials and one-character keys dropped."""
+    """The first fact of each key; credentials, one-character keys and redaction
+    placeholders (a URL cut at one, a command holding one: review r7pins F5) dropped."""
     seen: set[str] = set()
     unique: list[Fact] = []
     for fact in found:
         key = fact.key
-        if len(key) < 2 or key in seen or looks_like_credential(fact.text):
+        if len(key) < 2 or key in seen or _has_placeholder(key) or looks_like_credential(fact.text):
             continue
         seen.add(key)
         unique.append(fact)
@@ -442,9 +497,12 @@ def extract_from_entry(role: str, content: str) -> list[Fact]:
     """Facts of one transcript entry, at most a few of each kind; tool output is read
     only where it does not repeat."""
     if is_tool_role(role) or content.lstrip().startswith("Tool Output"):
-        facts = extract_facts("\n".join(non_repeating_lines(content)))
-        return _first_of_each_kind(facts, MAX_TOOL_FACTS_PER_KIND)
-    return _first_of_each_kind(extract_facts(content), MAX_FACTS_PER_KIND)
+        limit = MAX_TOOL_FACTS_PER_KIND
+        content = "\n".join(non_repeating_lines(content))
+    else:
+        limit = MAX_FACTS_PER_KIND
+    # The marked texts past the limit are read for their facts (each kind capped).
+    return _first_of_each_kind(_extract_facts(content, screen=True, marked_limit=limit), limit)
 
 
 def _first_of_each_kind(facts: list[Fact], limit: int) -> list[Fact]:
@@ -515,6 +573,10 @@ def parse_pinned(section: str) -> list[Pin]:
         if not line.startswith("- "):
             continue
         text = line[2:].strip()
+        if _has_placeholder(text):
+            # Written by a version that pinned a URL cut at a placeholder's "]"
+            # (review r7pins F5): a placeholder names nothing, it is not carried.
+            continue
         facts = extract_facts(text)
         whole = next((f for f in facts if f.key == fact_key(text)), None)
         kind = whole.kind if whole is not None else "marked"

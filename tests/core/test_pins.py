@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import base64
+import random
+import time
+import urllib.parse
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -375,6 +380,11 @@ _FACT_FRAGMENTS = st.sampled_from(
         "@",
         "\\",
         "::",
+        "Dr. ",
+        "Jan. 5, 2027",
+        "e.g. ",
+        "[REDACTED:url_password#70782a]",
+        "postgres://app:p@ss/w0rd@db.internal/x",
     ]
 )
 
@@ -414,4 +424,198 @@ def test_a_version_that_ends_a_sentence_is_pinned(text: str, version: str) -> No
 def test_a_dotted_quad_is_still_no_version() -> None:
     assert [(f.kind, f.text) for f in extract_facts("build 1.2.3.4 failed")] != [
         ("version", "1.2.3")
+    ]
+
+
+# Extraction time grows linearly with the text on the inputs where a pattern
+# once backtracked quadratically (review r7pins F1, F2): the 8x input takes less
+# than 30x the 1x input's time (linear: ~8x; quadratic: ~64x), in one run.
+_EVERY_PATTERN_ON = (
+    "I prefer tabs. See https://example.com/x, bob@example.com, git@github.com:a/b.git. "
+    "Remember: ship it. C:\\a\\b.txt /a/b 1.2.3 2024-01-01 fe80::1 `make` 5 ms\n$ ls\n"
+)
+
+
+def _extraction_seconds(text: str, *, under: float | None = None) -> float:
+    """The best of a few timings of extract_facts(text): stop once one is under
+    ``under`` (or far over it: a quadratic pattern is not timed three times)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        extract_facts(text)
+        best = min(best, time.perf_counter() - start)
+        if under is not None and not under <= best <= 10 * under:
+            break
+    return best
+
+
+@pytest.mark.parametrize(
+    "unit",
+    [
+        "-",  # F1: a line of dashes, "> " quoting, a table's border, spaces
+        "> ",
+        "-----+",
+        " ",
+        "a-",  # F2: runs a URL's scheme could start anywhere in
+        "a+",
+        "aA.",
+        "%",  # F2: a local part after every "%"
+        "a%2F",
+        "a.",  # hostnames: each label scanned the rest of the run
+        "1.",
+        "a--a.",
+        "v1.",
+        "1.1-",
+        "1,",  # a quantity from each digit of "1,2,3,…"
+    ],
+)
+def test_extraction_time_grows_linearly_on_long_runs(unit: str) -> None:
+    count = 4096 // len(unit)
+    small = _extraction_seconds(_EVERY_PATTERN_ON + unit * count)
+    large = _extraction_seconds(_EVERY_PATTERN_ON + unit * (8 * count), under=30 * small)
+    assert large < 30 * small, (unit, small, large)
+
+
+def test_a_urlencoded_blob_beside_an_address_is_read_in_linear_time() -> None:
+    # A SAML POST logged url-encoded, beside an address (review r7pins F2).
+    blob = urllib.parse.quote(
+        base64.b64encode(random.Random(1).randbytes(24_000)).decode(), safe=""
+    )
+    small = _extraction_seconds("from alice@example.com: SAMLResponse=" + blob)
+    large = _extraction_seconds(
+        "from alice@example.com: SAMLResponse=" + blob * 8, under=30 * small
+    )
+    assert large < 30 * small, (small, large)
+
+
+@pytest.mark.parametrize(
+    ("text", "password", "url"),
+    [
+        (
+            "The prod DB is postgres://app:Xk9+/aQ2=@db.internal:5432/app for now.",
+            "Xk9+/aQ2=",
+            "postgres://app@db.internal:5432/app",
+        ),
+        (
+            "The prod DB is postgres://app:Xk9#aQ2@db.internal:5432/app for now.",
+            "Xk9#aQ2",
+            "postgres://app@db.internal:5432/app",
+        ),
+        (
+            "The prod DB is postgres://app:Xk9?aQ2@db.internal:5432/app for now.",
+            "Xk9?aQ2",
+            "postgres://app@db.internal:5432/app",
+        ),
+        (
+            "The prod DB is postgres://app:p@ss/w0rd@db.internal/app for now.",
+            "ss/w0rd",
+            "postgres://app@db.internal/app",
+        ),
+        ("(at postgres://app:ab)cd]ef@db.internal/app)", "cd]ef", "postgres://app@db.internal/app"),
+    ],
+    ids=["slash", "hash", "question-mark", "at-then-slash", "brackets"],
+)
+def test_no_part_of_a_url_password_is_pinned(text: str, password: str, url: str) -> None:
+    """The userinfo runs to the authority's last "@": a base64-made password holds
+    "/" (review r7pins F3), and no piece of it is pinned on its own either."""
+    facts = [f.text for f in extract_facts(text)]
+    assert [fact for fact in facts if password in fact or password[:2] in fact] == []
+    assert url in facts
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://localhost:4873/@acme/payments",  # a registry's scoped package
+        "https://example.com:8443/a@b",
+        "https://medium.com/@alice/notes",
+    ],
+)
+def test_an_at_in_a_path_after_a_port_is_no_password(url: str) -> None:
+    assert [(f.kind, f.text) for f in extract_facts(f"see {url} now")] == [("url", url)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # The model kept the URL, its password a placeholder: the URL without it.
+        (
+            "The prod DB is postgres://app:[REDACTED:url_password#70782a]@db.internal:5432/app.",
+            [("url", "postgres://app@db.internal:5432/app")],
+        ),
+        # A placeholder elsewhere in a URL: not the URL, nor its host.
+        ("callback https://hooks.example.com/in?t=[REDACTED:bearer_token#0be2d4] ok", []),
+        ("run `deploy --token [REDACTED:github_token#0be2d4]` now", []),
+        # A marked text holding one is no pin; its other facts are.
+        (
+            "Remember: the key [REDACTED:ssh_private_key#3f9a1c] is on build.internal",
+            [("identifier", "build.internal")],
+        ),
+    ],
+)
+def test_a_redaction_placeholder_is_never_pinned(
+    text: str, expected: list[tuple[str, str]]
+) -> None:
+    """Read back from a model's reply, a URL was cut at the placeholder's "]" and
+    pinned in pieces, placeholder included (review r7pins F5)."""
+    assert [(f.kind, f.text) for f in extract_facts(text)] == expected
+
+
+def test_a_pin_holding_a_placeholder_written_before_is_not_carried() -> None:
+    # What an older memd pinned from a reply that kept a redacted URL.
+    section = (
+        "Pinned facts (verbatim, newest mention last; older ones are in the archives):\n"
+        "2026-03-02:\n"
+        "- postgres://app:[REDACTED:url_password#70782a\n"
+        "- db.internal:5432\n"
+    )
+    assert [(p.kind, p.text) for p in parse_pinned(section)] == [("identifier", "db.internal:5432")]
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("Got it. Remember: the launch is on Jan. 5, 2027 at noon.", "Jan. 5, 2027"),
+        (
+            "- (2026-03-02T10:30:09) Human: Remember: the launch is on Jan. 5, 2027 at noon.",
+            "Jan. 5, 2027",
+        ),
+        ("OK. Remember: ask Dr. Smith about the rollback before Friday.", "Smith"),
+        ("OK. Remember: use a fast grep, e.g. ripgrep, in CI.", "ripgrep"),
+        ("Sure. I prefer a fast grep, e.g. ripgrep, in CI.", "ripgrep"),
+    ],
+    ids=["month", "builtin-summary-line", "title", "e.g.", "preference"],
+)
+def test_a_marked_sentence_is_not_cut_at_an_abbreviation(text: str, kept: str) -> None:
+    """It ended at any "." before a space: the pin was "Remember: the launch is on
+    Jan" and the date in it was lost (review r7pins F6)."""
+    marked = [f.text for f in extract_facts(text) if f.kind == "marked"]
+    assert len(marked) == 1 and kept in marked[0], marked
+    assert marked[0].endswith(("noon", "Friday", "CI"))
+
+
+def test_a_marked_sentence_still_ends_before_the_next_one() -> None:
+    text = "Ok. Remember: the key is at /srv/k.pem. Then call J. Smith. Remember: v2. Done."
+    assert [f.text for f in extract_facts(text) if f.kind == "marked"] == [
+        "Remember: the key is at /srv/k.pem",
+        "Remember: v2",
+    ]
+
+
+def test_every_marked_lines_path_is_pinned() -> None:
+    """Past the per-entry cap a marked line is not pinned, but its facts are: they
+    were blanked as kept by the line, then the cap dropped it (review r7pins F7)."""
+    text = "\n".join(f"- Remember: service {i} reads /etc/svc{i}/config.yaml" for i in range(20))
+    facts = extract_from_entry("Human", text)
+    missing = [i for i in range(20) if not any(f"/etc/svc{i}/" in f.text for f in facts)]
+    assert missing == []
+    assert len([f for f in facts if f.kind == "marked"]) == MAX_FACTS_PER_KIND
+    # A tool's: its first few notes, and the paths of the others.
+    notes = "\n".join(f"note: {name} reads /etc/{name}/config.yaml" for name in "abcdefg")
+    tool = extract_from_entry("Tool Executor", "Tool Output:\n" + notes)
+    assert [f.text for f in tool if f.kind == "marked"] == [
+        f"note: {name} reads /etc/{name}/config.yaml" for name in "abcd"
+    ]
+    assert [f.text for f in tool if f.kind == "path"] == [
+        f"/etc/{name}/config.yaml" for name in "efg"
     ]
