@@ -107,7 +107,10 @@ class SwarmsAgent:
         self.proc.wait(timeout)
         drain.join(timeout)
         assert self.proc.returncode == 0, "".join(errors)[-3000:]
-        report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        # The report is the driver's last JSON line: swarms may log to stdout after it
+        # (a failed append to a MEMORY.md that is not a file, as the process ends).
+        (last, *_) = [line for line in reversed(out.splitlines()) if line.startswith("{")]
+        report: dict[str, Any] = json.loads(last)
         return report
 
     def __enter__(self) -> SwarmsAgent:

@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -396,7 +397,7 @@ def test_a_reseed_whose_drain_is_done_costs_no_wait(seeded: Path) -> None:
     assert agent._memd_swarms.drain_waits == 0
 
 
-def test_when_the_drain_does_not_finish_the_late_turns_come_from_the_old_file(
+def test_when_the_drain_does_not_finish_the_run_goes_on_and_the_run_after_it_has_the_turns(
     seeded: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="memd_swarms")
@@ -407,35 +408,54 @@ def test_when_the_drain_does_not_finish_the_late_turns_come_from_the_old_file(
     memd.swap("[Compressed Memory Summary]\nSUMMARY-G", keep=1)
     memd.late_append(LATE)  # and memd stops (killed): no drain, the link stays
     agent.run("turn two")
-    (preload,) = carrying(agent.sent[-1], "SUMMARY-G")
-    assert preload["content"].count("LATE-REPLY") == 1
-    assert len(carrying(agent.sent[-1], "LATE-REPLY")) == 1
+    assert len(carrying(agent.sent[-1], "SUMMARY-G")) == 1
+    # Nothing is taken from the old file (it also holds what memd removed on purpose).
+    assert carrying(agent.sent[-1], "LATE-REPLY") == []
     assert len(carrying(agent.sent[-1], "answer to turn one")) == 1  # the kept turn, once
     assert 2.0 <= time.now - 1000.0 < 2.1  # waited the bound, in polls of 20 ms
     wiring = agent._memd_swarms
     assert wiring.drain_waits == 1 and wiring.drain_waited_s == time.now - 1000.0
-    (line,) = [r.getMessage() for r in caplog.records if "not moved" in r.getMessage()]
-    assert "1 turn(s)" in line and "taken from the old file" in line
-    # memd's recovery later drains them: the next re-seed sends them from the file, once.
+    (line,) = [r.getMessage() for r in caplog.records if "not finished moving" in r.getMessage()]
+    assert "goes on without them" in line
+    agent.run("turn three")  # memd has not let the old file go yet: no rebuild
+    assert wiring.rebuilds == 1 and len(wiring.draining) == 1
+    # memd's recovery drains them later, into the same file (no new inode): the
+    # next run sees the old file let go and rebuilds, the late turn once.
     memd.drain()
     memd.let_go()
-    agent.run("turn three")
+    agent.run("turn four")
+    assert wiring.rebuilds == 2 and wiring.draining == []
     assert len(carrying(agent.sent[-1], "LATE-REPLY")) == 1
+    for turn in ("turn two", "turn three", "turn four"):
+        assert len(carrying(agent.sent[-1], turn)) == 1
+    assert len(carrying(agent.sent[-1], "SUMMARY-G")) == 1
 
 
-def test_late_turns_that_cannot_be_told_from_summarized_ones_are_said_not_guessed(
-    seeded: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="memd_swarms")
-    agent = timed(memd_swarms.attach(FakeAgent(seeded)), MadeUpTime())
+def test_turns_memd_erased_are_never_sent_back_from_the_old_file(seeded: Path) -> None:
+    """Review r7swarms F1: ``memd forget --match`` drops the old file's last entries;
+    its drain link lives past the wait (a long drain_quiet_s, or memd stopped
+    mid-drain): what the new file lacks is not taken from the old one."""
+    time = MadeUpTime()
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), time)
     memd = ScriptedMemd(memory_of(seeded))
-    agent.run("turn one")
-    memd.swap("[Compressed Memory Summary]\nSUMMARY-H", keep=0)
-    memd.late_append(LATE)
-    agent.run("turn two")
-    assert len(carrying(agent.sent[-1], "SUMMARY-H")) == 1
-    assert carrying(agent.sent[-1], "turn one") == []  # summarized: not sent again raw
-    assert any("cannot be told apart" in r.getMessage() for r in caplog.records)
+    agent.script = ["Noted, your card is 4111-SECRET-CARD"]
+    agent.run("my card is 4111-SECRET-CARD")
+    # The erasure: the same file less the two matching entries, swapped in.
+    data = memory_of(seeded).read_bytes()
+    kept = data[: data.index(b"### Human", data.index(b"Hello Ada"))]
+    os.link(memory_of(seeded), memd.link)
+    fresh = memory_of(seeded).with_name("MEMORY.md.new")
+    fresh.write_bytes(kept)
+    os.replace(fresh, memory_of(seeded))
+    agent.run("What next?")
+    assert carrying(agent.sent[-1], "SECRET-CARD") == []
+    assert len(carrying(agent.sent[-1], "Hello Ada")) == 1
+    assert time.now - 1000.0 >= 2.0  # it waited for the drain, then went on
+    memd.let_go()  # the drain ends: the rebuild that follows sends the file as it is
+    agent.run("And now?")
+    assert agent._memd_swarms.rebuilds == 2
+    assert carrying(agent.sent[-1], "SECRET-CARD") == []
+    assert "SECRET-CARD" not in memory_of(seeded).read_text(encoding="utf-8")
 
 
 def test_the_wiring_holds_one_descriptor_on_the_loaded_file(seeded: Path) -> None:
@@ -716,3 +736,103 @@ def test_importing_memd_swarms_loads_nothing_heavy() -> None:
         check=True,
     )
     assert loaded.stdout.strip() == "[]"
+
+
+def test_a_fifo_at_memory_md_does_not_hang_the_run(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review r7swarms F5: a blocking open of a FIFO waits for a writer forever."""
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    wiring = agent._memd_swarms
+    memory = memory_of(seeded)
+    memory.unlink()
+    os.mkfifo(memory)
+    finished = threading.Event()
+
+    def before_run() -> None:
+        wiring.before_run({})  # what agent.run does first (the fake's append would block)
+        finished.set()
+
+    worker = threading.Thread(target=before_run, daemon=True)
+    worker.start()
+    try:
+        assert finished.wait(30.0), "before_run is blocked opening the FIFO"
+    finally:
+        if not finished.is_set():  # let the blocked open go
+            os.close(os.open(memory, os.O_WRONLY | os.O_NONBLOCK))
+            worker.join(5.0)
+        wiring.close()
+    assert wiring.rebuilds == 0
+    (line,) = [r.getMessage() for r in caplog.records if "MEMORY.md" in r.getMessage()]
+    assert "not a regular file" in line and "goes on" in line
+
+
+@pytest.mark.parametrize("replacement", ["directory", "symlink loop", "fifo"])
+def test_an_odd_memory_md_leaves_the_conversation_as_it_is_and_is_said_once(
+    seeded: Path, replacement: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review r7swarms F4: the agent runs on as Swarms alone would, with one warning;
+    a regular file there again is followed."""
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    agent.run("turn one")
+    memory = memory_of(seeded)
+    memory.unlink()
+    if replacement == "directory":
+        memory.mkdir()
+    elif replacement == "fifo":
+        os.mkfifo(memory)
+    else:
+        memory.symlink_to(memory.name)
+    history = agent.short_memory.conversation_history
+    for _ in range(3):
+        before = list(history)
+        agent._memd_swarms.before_run({})  # the fake's own append cannot run on it
+        assert history == before
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "MEMORY.md" in warnings[0], warnings
+    assert "\n" not in warnings[0]
+    # Attaching another agent to it is no error either.
+    other = FakeAgent(seeded, "bob")
+    os.unlink(memory_of(seeded, "bob"))
+    os.symlink("MEMORY.md", memory_of(seeded, "bob"))  # a loop
+    assert memd_swarms.attach(other) is other
+    # A regular file again: memd's re-seed is followed.
+    if replacement == "directory":
+        memory.rmdir()
+    else:
+        memory.unlink()
+    memory.write_text(HEADER + block("System", "SUMMARY-BACK"), encoding="utf-8")
+    agent.run("turn two")
+    assert len(carrying(agent.sent[-1], "SUMMARY-BACK")) == 1
+    assert agent._memd_swarms.rebuilds == 1
+
+
+def test_a_memory_md_symlink_out_of_the_agent_folder_is_not_sent(seeded: Path) -> None:
+    """Review r7swarms F6: MEMORY.md is followed only inside its agent's folder
+    (DESIGN §1); one inside it is followed."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    wiring = agent._memd_swarms
+    other = memory_of(seeded, "bob")
+    other.parent.mkdir(parents=True)
+    other.write_text(HEADER + block("Human", "BOB-PRIVATE: my PIN is 4321"), encoding="utf-8")
+    memory = memory_of(seeded)
+    memory.unlink()
+    memory.symlink_to(other)
+    wiring.before_run({})
+    assert not any(
+        "BOB-PRIVATE" in str(row.get("content")) for row in wiring.conversation.conversation_history
+    )
+    assert wiring.rebuilds == 0
+    inside = memory.parent / "notes" / "memory.md"
+    inside.parent.mkdir()
+    inside.write_text(HEADER + block("Human", "ADA-OWN: inside the folder"), encoding="utf-8")
+    memory.unlink()
+    memory.symlink_to(Path("notes") / "memory.md")
+    wiring.before_run({})
+    assert wiring.rebuilds == 1
+    assert any(
+        "ADA-OWN" in str(row.get("content")) for row in wiring.conversation.conversation_history
+    )
+    wiring.close()

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -53,15 +54,16 @@ def daemon_config(path: Path) -> Path:
     return path
 
 
-def memd(*args: str) -> None:
+def memd(*args: str, env: dict[str, str] | None = None) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "memd", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1"},
+        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1", **(env or {})},
     )
     assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def contents(request: RecordedRequest) -> list[str]:
@@ -365,16 +367,16 @@ class ScriptedCompaction:
         self.link.parent.mkdir(exist_ok=True)
         self.late = b""
 
-    def swap(self, summary: str, late: int) -> None:
+    def swap(self, summary: str, late: int, keep: int = 1) -> None:
+        """``keep`` turns before the ``late`` ones stay verbatim in the new file."""
         data = self.memory.read_bytes()
         turns = list(parse(data).entries)
-        cut = turns[-late].start
+        cut = turns[-late].start if late else len(data)
+        kept_from = turns[-late - keep].start if keep else cut
         header = data[: turns[0].start]
         fresh = self.memory.with_name("MEMORY.md.memd-new")
         stamp = datetime.datetime.now().isoformat()
-        fresh.write_bytes(
-            header + render_summary_block(summary, stamp) + data[turns[-late - 1].start : cut]
-        )
+        fresh.write_bytes(header + render_summary_block(summary, stamp) + data[kept_from:cut])
         os.link(self.memory, self.link)
         os.replace(fresh, self.memory)
         self.late = data[cut:]
@@ -411,19 +413,181 @@ def test_turns_written_to_the_old_file_at_a_reseed_reach_the_model_once(tmp_path
         assert preload.index("SUMMARY-A") < preload.index("LATE-ONE") < preload.index("REPLY-ONE")
         assert "KEEP-ZERO" not in preload  # summarized
 
-        # memd stops before it drains (killed): the late turns come from the old file.
+        # memd stops before it drains (killed): the run goes on (after the bounded
+        # wait) without the late turns, never taking them from the old file (which
+        # also holds what memd removed on purpose, review r7swarms F1).
         server.script("ok:REPLY-THREE")
         agent.run("turn three: LATE-THREE")
         stopped = ScriptedCompaction(paths.memory)
         stopped.swap("SUMMARY-B", late=2)
+        server.script("ok:REPLY-FOUR")
         agent.run("turn four: NEXT-FOUR")
         second = server.requests[-1]
-        for needle in ("SUMMARY-B", "LATE-THREE", "REPLY-THREE", "NEXT-FOUR"):
+        for needle in ("SUMMARY-B", "NEXT-FOUR"):
             assert count_in(second, needle) == 1, (needle, second.messages)
-        assert count_in(second, "SUMMARY-A") == 0
+        for needle in ("SUMMARY-A", "LATE-THREE", "REPLY-THREE"):
+            assert count_in(second, needle) == 0, (needle, second.messages)
+        assert stopped.link.exists()  # nothing the agent did let go of memd's drain link
+        # memd's recovery drains them later: the next run rebuilds, each turn once.
+        stopped.drain()
+        agent.run("turn five: NEXT-FIVE")
+        third = server.requests[-1]
+        for needle in (
+            "SUMMARY-B",
+            "LATE-THREE",
+            "REPLY-THREE",
+            "NEXT-FOUR",
+            "REPLY-FOUR",
+            "NEXT-FIVE",
+        ):
+            assert count_in(third, needle) == 1, (needle, third.messages)
+        report = agent.finish()
+    assert report["rebuilds"] == 3
+
+
+def wait_for_new_inode(path: Path, old: int, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while path.stat().st_ino == old:
+        assert time.monotonic() < deadline, "memd never re-seeded the file"
+        time.sleep(0.01)
+
+
+def test_entries_memd_forget_erased_are_not_sent_back_as_late_turns(tmp_path: Path) -> None:
+    """Review r7swarms F1: the erasure's drain outlasts the wiring's wait (a valid
+    drain_quiet_s of 3 s): the erased entries must not come back from the old file."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "forgetful", "system_prompt": SYSTEM_PROMPT}
+    paths = agent_paths(workspace, "forgetful", must_exist=False)
+    with OpenAITestServer() as server, SwarmsAgent(workspace, server.api_base, spec) as agent:
+        server.script("ok:REPLY-ZERO")
+        agent.run("turn zero: hello")
+        server.script("ok:Noted, your card is 4111-SECRET-CARD")
+        agent.run("my card is 4111-SECRET-CARD")
+        done: list[str] = []
+        forget = threading.Thread(
+            target=lambda: done.append(
+                memd(
+                    "forget",
+                    "forgetful",
+                    "--workspace",
+                    str(workspace),
+                    "--state-dir",
+                    str(tmp_path / "state"),
+                    "--match",
+                    "SECRET-CARD",
+                    "--yes",
+                    env={"MEMD_COMPACTION_DRAIN_QUIET_S": "3"},
+                )
+            )
+        )
+        old = paths.memory.stat().st_ino
+        forget.start()
+        wait_for_new_inode(paths.memory, old)
+        agent.run("What next?")
+        forget.join()
+        assert "erased 2 matching entries" in done[0]
+        assert "SECRET-CARD" not in paths.memory.read_text(encoding="utf-8")
+        assert count_in(server.requests[-1], "SECRET-CARD") == 0
+        assert count_in(server.requests[-1], "REPLY-ZERO") == 1
+        # The drain is done now: the rebuild that follows sends none of it either.
+        agent.run("And then?")
+        assert count_in(server.requests[-1], "SECRET-CARD") == 0
         report = agent.finish()
     assert report["rebuilds"] == 2
-    assert stopped.link.exists()  # nothing the agent did let go of memd's drain link
+
+
+def test_late_turns_of_the_second_of_two_reseeds_reach_the_model(tmp_path: Path) -> None:
+    """Review r7swarms F2: one run spans two compactions; the second one's drain
+    (memd's drain link, not the file the agent loaded) is waited for."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "twice", "system_prompt": SYSTEM_PROMPT}
+    paths = agent_paths(workspace, "twice", must_exist=False)
+    with OpenAITestServer() as server, SwarmsAgent(workspace, server.api_base, spec) as agent:
+        server.script("ok:REPLY-ZERO")
+        agent.run("turn zero: KEEP-ZERO")
+        server.script("ok:REPLY-ONE")
+        agent.run("turn one: LATE-ONE")
+        # The first compaction (done, its link gone) kept turn one; the second
+        # swapped just before turn one's task and reply landed, and its drain
+        # moves them half a second later, as the next run starts.
+        first = ScriptedCompaction(paths.memory)
+        first.swap("SUMMARY-A", late=0, keep=2)
+        first.drain()
+        second = ScriptedCompaction(paths.memory)
+        second.swap("SUMMARY-B", late=2, keep=0)
+        drain = threading.Timer(0.5, second.drain)
+        drain.start()
+        agent.run("turn two: NEXT-TWO")
+        drain.join()
+        request = server.requests[-1]
+        assert count_in(request, "SUMMARY-B") == 1 and count_in(request, "SUMMARY-A") == 0
+        for needle in ("LATE-ONE", "REPLY-ONE", "NEXT-TWO"):
+            assert count_in(request, needle) == 1, (needle, request.messages)
+        report = agent.finish()
+    assert report["rebuilds"] == 1 and report["drain_waits"] == 1
+
+
+def test_a_kept_tool_exchange_is_sent_once(tmp_path: Path) -> None:
+    """Review r7swarms F3: memd keeps the newest turns verbatim (its default), so the
+    open tool call and its result are in the file as well as in the kept rows."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "toolsmith", "system_prompt": SYSTEM_PROMPT, "tools": True}
+    with OpenAITestServer() as server, SwarmsAgent(workspace, server.api_base, spec) as agent:
+        agent.run("Hello, toolsmith.")
+        server.script('tool:lookup_fact:{"topic": "launch"}')
+        agent.run("Look up the launch fact.")
+        # memd's own summarizer (here the test server) with the newest turns kept verbatim.
+        memd(
+            "compact-now",
+            "toolsmith",
+            "--workspace",
+            str(workspace),
+            "--state-dir",
+            str(tmp_path / "state"),
+            env={
+                "MEMD_SUMMARIZER_MODEL": "openai/gpt-4o-mini",
+                "MEMD_SUMMARIZER_API_BASE": server.api_base,
+                "MEMD_SUMMARIZER_API_KEY": "test-key",
+                "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "200",
+            },
+        )
+        agent.run("What did the tool say?")
+        request = server.requests[-1]
+        roles = [m["role"] for m in request.messages]
+        assert roles == ["system", "system", "assistant", "tool", "user"], request.messages
+        assert count_in(request, "the launch window is Friday") == 1, request.messages
+        assert "lookup_fact" not in str(request.messages[1]["content"])  # not in the preload
+        # The turn before the exchange, kept verbatim too, is still in the preload.
+        assert count_in(request, "Look up the launch fact.") == 1
+        assert_tool_pairing(request)
+        agent.finish()
+
+
+@pytest.mark.parametrize("replacement", ["directory", "symlink loop"])
+def test_an_odd_memory_md_does_not_crash_the_agents_run(tmp_path: Path, replacement: str) -> None:
+    """Review r7swarms F4: the agent runs on as Swarms alone would. (A FIFO is
+    tests/integrations/swarms/test_attach.py's: Swarms' own append to it blocks.)"""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = {"agent": "odd", "system_prompt": SYSTEM_PROMPT}
+    paths = agent_paths(workspace, "odd", must_exist=False)
+    with OpenAITestServer() as server, SwarmsAgent(workspace, server.api_base, spec) as agent:
+        server.script("ok:REPLY-ZERO")
+        agent.run("turn zero")
+        paths.memory.unlink()
+        if replacement == "directory":
+            paths.memory.mkdir()
+        else:
+            paths.memory.symlink_to(paths.memory.name)
+        agent.run("turn one")  # the driver dies if run() raises, and times out if it hangs
+        assert server.requests[-1].messages[-1]["content"] == "turn one"
+        assert count_in(server.requests[-1], "REPLY-ZERO") == 1  # the conversation goes on
+        agent.run("turn two")
+        assert server.requests[-1].messages[-1]["content"] == "turn two"
+        agent.finish()
 
 
 @pytest.mark.slow

@@ -40,9 +40,11 @@ def attach(
       system context, exactly once; nothing is written back into MEMORY.md.
     - When memd re-seeds MEMORY.md (a new inode), the working context is rebuilt
       from the new file at the start of the next ``run``: with the turns memd's
-      drain moves there from the old file (waited for up to 2 s, else read from
-      the old file), and with a tool call the model has not answered yet, and
-      its results, after the memory.
+      drain moves there from the old file (waited for up to 2 s, else the first
+      run after the drain is rebuilt again; never read from the old file), and
+      with a tool call the model has not answered yet, and its results, after
+      the memory. A MEMORY.md that is not a regular file in the agent's folder
+      is not loaded: the agent runs on as Swarms alone would (one warning).
     - Before each ``run``, while memd's count of MEMORY.md is over the agent's
       threshold and memd is to compact it, the run waits for the re-seed (at
       most ``hold_s`` seconds; 0: never), so an agent that writes turns faster
@@ -107,7 +109,10 @@ def attach(
         )
         # Swarms' own preload row (and any rows since, all in the file) give way
         # to one read together with the file's identity.
-        wiring.rebuild()
+        try:
+            wiring.rebuild()
+        except OSError as exc:  # the agent goes on as Swarms alone would; retried each run
+            wiring.refused(exc)
         _check_delivered(conversation, name)
         wrap_run(agent, wiring)
         setattr(agent, WIRING_ATTRIBUTE, wiring)
@@ -139,7 +144,10 @@ def _enable_recall(agent: Any, wiring: Wiring) -> None:
     """``attach(agent, recall=True)`` on an agent attached without recall."""
     if add_recall_tool(agent, wiring.memory_path) and not wiring.notice:
         wiring.notice = PRELOAD_NOTICE
-        wiring.rebuild()
+        try:
+            wiring.rebuild()
+        except OSError as exc:
+            wiring.refused(exc)
 
 
 def _conversation_of(agent: Any) -> Any:

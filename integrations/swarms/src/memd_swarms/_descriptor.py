@@ -74,7 +74,7 @@ def write_descriptor(folder: str, descriptor: dict[str, Any]) -> str:
     # Same permissions as the memory it describes: whoever may read MEMORY.md.
     try:
         mode = os.stat(os.path.join(folder, "MEMORY.md")).st_mode & 0o666
-    except FileNotFoundError:
+    except OSError:  # missing, or a symlink loop (attach goes on; the run says why)
         mode = 0o644
     fd, temporary = tempfile.mkstemp(prefix=".memd-agent.", suffix=".tmp", dir=folder)
     try:

@@ -9,11 +9,20 @@ re-seeded it (a new inode), the conversation is rebuilt from the new file.
 
 A re-seed is not the end of memd's compaction: a turn the agent appended to the
 old file just before the swap is moved into the new one by memd's drain a
-little later. The wiring keeps a read-only descriptor on the file it loaded, so
+little later. The wiring keeps a read-only descriptor on the file it loaded
+(and opens memd's drain link, the file memd is draining after two re-seeds), so
 after a swap it can wait (at most ``DRAIN_WAIT_S``) until the old file is let
-go (its link count is 0) or its last turn is in the new file; when the drain
-does not finish in time, the turns the new file lacks are taken from the old
-file itself. Either way the rebuilt context holds every turn on disk.
+go (its link count is 0) or its last turn is in the new file. Nothing is ever
+taken from an old file: besides late turns it holds what memd removed from the
+new one on purpose (summarized, or erased by ``memd forget --match``), and
+the two cannot be told apart. When the drain does not finish in time, the run
+goes on from the new file, and the first run after memd lets the old file go
+is rebuilt again, from the file that now holds the late turns.
+
+MEMORY.md is loaded only when it is a regular file inside the agent's folder
+(a symlink is followed only there, as memd does, DESIGN §1), opened without
+blocking (a FIFO would wait for a writer); otherwise the agent runs on with
+the conversation it has, as Swarms alone would, and a warning says so once.
 
 memd compacts when its count of MEMORY.md crosses the agent's threshold, and the
 compaction takes time (the summarizer's call, memd's least interval between two
@@ -28,7 +37,8 @@ running, no socket) nothing is held back.
 A run can end with a tool call whose results the model has not read yet (Swarms
 keeps them in the call's row; a failed tool adds a ``Tool Executor`` row). A
 rebuild keeps that open exchange, in order, after the memory rows, so the next
-request still answers the call and already carries the new memory.
+request still answers the call and already carries the new memory; when memd
+kept those turns verbatim at the file's end, the preload leaves them out.
 
 Nothing here writes to MEMORY.md: the preload row is put into the history
 directly, the way Swarms puts its own, never through ``Conversation.add``.
@@ -36,6 +46,8 @@ directly, the way Swarms puts its own, never through ``Conversation.add``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import logging
 import os
@@ -67,6 +79,9 @@ TOOL_EXECUTOR_ROLE = "Tool Executor"
 RESULT_ROLES = (TOOL_EXECUTOR_ROLE, "tool")
 
 FileIdentity = tuple[int, int]  # (st_dev, st_ino): a re-seed is a new inode
+#: memd's hard link to the old file while it drains it into the new one, beside
+#: MEMORY.md (memd's ``.memd/drain.md``; a compaction's and an erasure's alike).
+DRAIN_LINK = os.path.join(".memd", "drain.md")
 
 #: After a re-seed, how long ``run`` waits at most for memd's drain of the old
 #: file, and how often it looks (memd's drain moves a late turn within ~50 ms
@@ -109,27 +124,54 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def memory_target(path: str) -> str:
+    """The path MEMORY.md resolves to. A symlink is followed only inside the agent's
+    own folder (DESIGN §1, as memd follows it); one that leaves it is refused (OSError)."""
+    folder = os.path.realpath(os.path.dirname(path) or ".")
+    target = os.path.realpath(path)
+    if target == folder or os.path.commonpath((folder, target)) != folder:
+        raise OSError(errno.EXDEV, "a symlink out of the agent's own folder", path)
+    return target
+
+
+def open_regular(path: str) -> int | None:
+    """A read-only descriptor on the regular file at ``path`` (None when it is
+    missing). Never follows a last symlink (``path`` is resolved already) and never
+    blocks (a FIFO there would wait for a writer); anything but a regular file
+    is refused (OSError)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_memory(path: str) -> Snapshot:
     """Open and read MEMORY.md through one descriptor, so the identity and the bytes
-    agree; the descriptor stays open (read-only) for the caller."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    agree; the descriptor stays open (read-only) for the caller. OSError when
+    MEMORY.md is not a regular file inside the agent's folder, or cannot be read."""
+    fd = open_regular(memory_target(path))
+    if fd is None:
         return Snapshot(None, b"")
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path}: not a regular file")
         data = read_all(fd)
     except BaseException:
         os.close(fd)
         raise
-    return Snapshot((info.st_dev, info.st_ino), data, fd)
+    return Snapshot(_identity(fd), data, fd)
 
 
 def current_identity(path: str) -> FileIdentity | None:
+    """MEMORY.md's identity now (None: missing); OSError as for ``open_memory``."""
     try:
-        info = os.stat(path)
+        info = os.stat(memory_target(path), follow_symlinks=False)
     except FileNotFoundError:
         return None
     return (info.st_dev, info.st_ino)
@@ -164,15 +206,52 @@ def drained(old: bytes, new: bytes) -> bool:
     return not blocks or blocks[-1] in new
 
 
-def late_turns(old: bytes, new: bytes) -> bytes | None:
-    """The old file's turns after the last one the new file holds (what memd's drain
-    would still move); None when the new file holds none of them, so turns memd
-    summarized cannot be told from turns it has not moved yet."""
-    blocks = entries(old)
-    for index in range(len(blocks) - 1, -1, -1):
-        if blocks[index] in new:
-            return b"".join(blocks[index + 1 :])
-    return None if blocks else b""
+def _drained_into(old: int, new: bytes) -> bool:
+    """True when memd's drain of the file open at ``old`` into ``new`` is done: memd
+    let it go (its link count is 0), or its last turn is in ``new`` already."""
+    if os.fstat(old).st_nlink == 0:
+        return True
+    return drained(read_all(old), new)
+
+
+def _written(row: dict[str, Any]) -> bytes | None:
+    """The entry block's role and text as Swarms wrote ``row`` into MEMORY.md
+    (``Conversation._append_to_memory_md``), None for a row it does not write."""
+    content = row.get("content")
+    if content is None:
+        return None
+    text = (content if isinstance(content, str) else str(content)).strip()
+    if not text:
+        return None
+    return f"{row.get('role')}\n{text}".encode()
+
+
+def _block_text(block: bytes) -> bytes:
+    """An entry block's role and text, in the form ``_written`` gives."""
+    match = _ENTRY_HEADER.match(block)
+    assert match is not None  # entries() cut the block at such a header
+    body = block[match.end() :].rstrip()
+    if body.endswith(b"---"):
+        body = body[:-3]
+    return match.group(1) + b"\n" + body.strip()
+
+
+def without_rows(data: bytes, rows: list[dict[str, Any]]) -> bytes:
+    """``data`` less its last entry blocks when they are ``rows`` as Swarms wrote them.
+
+    A rebuild keeps the open tool exchange as rows; memd may have kept the same
+    turns verbatim at the file's end (all of them, or the newest ones when its
+    keep boundary fell inside the exchange), so they are cut from the preload.
+    """
+    written = [text for text in map(_written, rows) if text is not None]
+    if not written:
+        return data
+    blocks = entries(data)
+    for count in range(min(len(written), len(blocks)), 0, -1):
+        tail = blocks[-count:]
+        if [_block_text(block) for block in tail] == written[-count:]:
+            return data[: len(data) - sum(map(len, tail))]
+    return data
 
 
 def preload_row(text: str) -> dict[str, Any] | None:
@@ -264,21 +343,29 @@ class Wiring:
     threshold: int | None = None
     said: set[str] = field(default_factory=set)
     # A read-only descriptor on the file the history was loaded from: after a
-    # re-seed it tells whether memd's drain of that file is done, and holds the
-    # late turns when it is not.
+    # re-seed it tells whether memd's drain of that file is done.
     held: int | None = None
+    # Descriptors on old files whose drain into MEMORY.md was not done when the
+    # history was loaded (memd stopped mid-drain, or a drain longer than
+    # ``drain_wait_s``): once memd lets one go, the next run rebuilds again.
+    draining: list[int] = field(default_factory=list)
+    # Every descriptor above, closed when the wiring goes (the list, not the
+    # wiring, is what the finalizer keeps).
+    _fds: list[int] = field(default_factory=list, repr=False)
     _closer: weakref.finalize | None = field(default=None, repr=False)  # type: ignore[type-arg]
 
     def rebuild(self) -> int:
         """Replace everything after the static rows with a preload of the current file.
 
         An open tool exchange (the model's tool calls and their results) stays
-        after the preload, in order. Returns the number of rows dropped. Every
-        dropped row is in the file (verbatim, or in memd's summary of it), so
-        nothing is sent twice.
+        after the preload, in order, and its rows are left out of the preload's
+        text (memd may have kept them verbatim in the file). Returns the number
+        of rows dropped. Every dropped row is in the file (verbatim, or in memd's
+        summary of it), so nothing is sent twice. OSError (nothing changed) when
+        MEMORY.md cannot be loaded.
         """
         with self.lock:
-            snapshot, late = self._load()
+            snapshot, draining = self._load()
             history: list[dict[str, Any]] = self.conversation.conversation_history
             kept = history[: self.static_rows]
             tail = history[self.static_rows :]
@@ -286,7 +373,7 @@ class Wiring:
             exchange = [] if start is None else tail[start:]
             dropped = len(tail) - len(exchange)
             # Swarms reads it as UTF-8 too; a stray byte must not cost the agent its memory.
-            text = (snapshot.data + late).decode("utf-8", "replace")
+            text = without_rows(snapshot.data, exchange).decode("utf-8", "replace")
             row = preload_row(text)
             if row is not None:
                 if self.notice:
@@ -298,76 +385,117 @@ class Wiring:
             if hasattr(self.conversation, "_str_cache"):
                 self.conversation._str_cache = None  # Swarms' cached rendering of the history
             self.loaded = snapshot.identity
-            self._hold(snapshot.fd)
+            self._keep(snapshot.fd, draining)
+            self.said.discard("unreadable")
             return dropped
 
-    def _load(self) -> tuple[Snapshot, bytes]:
-        """The current file (its descriptor open) and the late turns to add to it.
+    def _load(self) -> tuple[Snapshot, list[int]]:
+        """The current file (its descriptor open), and descriptors on the old files
+        whose drain into it is not done yet (see ``draining``).
 
         When the file is not the one loaded before, memd's drain of the old one
-        may still be moving turns into it: wait for it (bounded), and past the
-        bound take the turns the new file lacks from the old file.
+        (or of the file in between, after two re-seeds: memd's drain link) may
+        still be moving turns into it: wait for it, at most ``drain_wait_s``.
+        Past that the new file is taken as it is; nothing is ever taken from an
+        old file, which holds what memd removed from the new one on purpose
+        (summarized, or erased by ``memd forget --match``) as well as late turns.
         """
         snapshot = open_memory(self.memory_path)
-        old, fd = self.held, snapshot.fd
-        if old is None or fd is None or _identity(old) == snapshot.identity:
-            return snapshot, b""
+        fd = snapshot.fd
+        if fd is None:
+            return snapshot, []
         started = self.clock()
         polls = 0
+        olds: list[int] = []
         try:
+            olds = self._old_files(snapshot.identity)
+            if not olds:
+                return snapshot, []
             while True:
-                gone = os.fstat(old).st_nlink == 0  # memd let the old file go: drain done
                 new = read_all(fd)
-                if gone:
-                    return Snapshot(snapshot.identity, new, fd), b""
-                before = read_all(old)
-                if drained(before, new):
-                    return Snapshot(snapshot.identity, new, fd), b""
-                if self.clock() - started >= self.drain_wait_s:
+                olds = [old for old in olds if not _drained_into(old, new)]
+                if not olds or self.clock() - started >= self.drain_wait_s:
                     break
                 self.sleep(self.drain_poll_s)
                 polls += 1
         except BaseException:
-            os.close(fd)
+            os.close(fd)  # the old files' descriptors are the wiring's (closed by _keep or close)
             raise
         finally:
             if polls:
                 self.drain_waits += 1
                 self.drain_waited_s += self.clock() - started
-        snapshot = Snapshot(snapshot.identity, new, fd)
-        late = late_turns(before, new)
-        if late is None:
+        if olds:
             log.warning(
                 "memd_swarms: MEMORY.md was re-seeded and memd has not finished moving the "
-                "turns written to the old file after %.1f s, and they cannot be told apart "
-                "from the turns it summarized: they reach the model after the next "
-                "compaction (they are on disk)",
+                "turns written to the old file after %.1f s; this run goes on without them "
+                "and the next run after memd's drain is done sends them",
                 self.drain_wait_s,
             )
-            return snapshot, b""
-        log.warning(
-            "memd_swarms: MEMORY.md was re-seeded and memd has not moved the %d turn(s) "
-            "written to the old file after %.1f s; they are taken from the old file",
-            len(entries(late)),
-            self.drain_wait_s,
-        )
-        return snapshot, late
+        return Snapshot(snapshot.identity, new, fd), olds
 
-    def _hold(self, fd: int | None) -> None:
-        """Keep ``fd`` (the loaded file's) open in place of the one held before."""
-        if self._closer is not None:
-            self._closer()  # closes the previous descriptor, once
-        self.held = fd
-        self._closer = None if fd is None else weakref.finalize(self, os.close, fd)
+    def _old_files(self, current: FileIdentity | None) -> list[int]:
+        """Descriptors on the files memd may still drain into the current one: the one
+        loaded before, those still draining, and memd's drain link (``.memd/drain.md``,
+        opened here when it is none of those). Files let go already are left out."""
+        olds: list[int] = []
+        seen = {current}
+        link = self._drain_link()
+        for fd in [*self.draining, self.held, link]:
+            if fd is None:
+                continue
+            info = os.fstat(fd)
+            identity = (info.st_dev, info.st_ino)
+            if identity in seen or info.st_nlink == 0:
+                if fd == link:
+                    os.close(fd)
+                continue
+            seen.add(identity)
+            if fd == link:
+                self._fds.append(fd)  # owned from here on, like the others
+            olds.append(fd)
+        return olds
+
+    def _drain_link(self) -> int | None:
+        """A descriptor on memd's drain link beside MEMORY.md (None when there is none,
+        or it cannot be read: another uid's memd keeps ``.memd/`` to itself)."""
+        try:
+            folder = os.path.realpath(os.path.dirname(self.memory_path) or ".")
+            target = os.path.realpath(os.path.join(folder, DRAIN_LINK))
+            if os.path.commonpath((folder, target)) != folder:
+                return None
+            return open_regular(target)
+        except OSError:
+            return None
+
+    def _keep(self, fd: int | None, draining: list[int]) -> None:
+        """Hold ``fd`` (the loaded file's) and ``draining``; close every other descriptor."""
+        keep = {fd, *draining}
+        self._release([old for old in self._fds if old not in keep])
+        self.held, self.draining = fd, list(draining)
+        for new in (fd, *draining):
+            if new is not None and new not in self._fds:
+                self._fds.append(new)
+        if self._closer is None and self._fds:
+            self._closer = weakref.finalize(self, _close_all, self._fds)
+
+    def _release(self, fds: list[int]) -> None:
+        for fd in list(fds):
+            if fd in self._fds:
+                self._fds.remove(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def close(self) -> None:
-        """Let the held descriptor go (the agent is done with memd)."""
+        """Let the held descriptors go (the agent is done with memd)."""
         with self.lock:
-            self._hold(None)
+            self._release(list(self._fds))
+            self.held, self.draining = None, []
 
     def before_run(self, kwargs: dict[str, Any]) -> None:
         """Called at the start of every ``run``: follow a re-seed of MEMORY.md, and
-        while memd's count of it is over the threshold, wait for the next one."""
+        while memd's count of it is over the threshold, wait for the next one.
+        A MEMORY.md that cannot be loaded leaves the conversation as it is."""
         with self.lock:
             if kwargs.get("messages") and not self.warned_messages:
                 self.warned_messages = True
@@ -376,18 +504,34 @@ class Wiring:
                     "and sends them instead of the agent's memory; pass earlier turns "
                     "through MEMORY.md (or the system prompt) instead"
                 )
-            self._follow()
-            self._wait_under_threshold()
+            try:
+                self._follow()
+                self._wait_under_threshold()
+            except OSError as exc:
+                self.refused(exc)
+
+    def refused(self, exc: OSError) -> None:
+        """Say (once) that MEMORY.md cannot be loaded: the agent runs on as Swarms alone would."""
+        self._say(
+            "unreadable",
+            "memd_swarms: %s: %s; the agent goes on with the conversation it has, without "
+            "memd's re-seeds",
+            exc.filename or self.memory_path,
+            exc.strerror or exc,
+        )
 
     def _follow(self) -> bool:
-        """Rebuild from MEMORY.md when memd has re-seeded it; True when it did."""
-        if current_identity(self.memory_path) == self.loaded:
+        """Rebuild from MEMORY.md when memd has re-seeded it, or has let go of an old
+        file whose drain was not done at the last rebuild; True when it did."""
+        finished = any(os.fstat(fd).st_nlink == 0 for fd in self.draining)
+        if not finished and current_identity(self.memory_path) == self.loaded:
             return False
         dropped = self.rebuild()
         self.rebuilds += 1
         log.info(
-            "memd_swarms: MEMORY.md was re-seeded; working context rebuilt from the "
-            "new file (%d rows replaced)",
+            "memd_swarms: MEMORY.md was %s; working context rebuilt from the file "
+            "(%d rows replaced)",
+            "re-seeded" if not finished else "drained by memd",
             dropped,
         )
         return True
@@ -406,7 +550,7 @@ class Wiring:
                 if self._follow():
                     asked = None  # memd's answer was about the old file
                 try:
-                    info = os.stat(self.memory_path)
+                    info = os.stat(memory_target(self.memory_path))
                 except FileNotFoundError:
                     return
                 # Asked at every run: memd's threshold for the agent changes (it
@@ -481,6 +625,13 @@ class Wiring:
 
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    fds.clear()
 
 
 def _identity(fd: int) -> FileIdentity:
