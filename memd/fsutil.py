@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pwd
 import socket
 import stat
 import sys
@@ -428,6 +429,10 @@ def as_owner_of(directory: Path) -> Iterator[None]:
     that the daemon's user then cannot open: files SQLite creates while the DB is
     opened belong to the state dir's owner. The effective ids are put back after.
     Here, not in the CLI, so that :mod:`memd.doctor` uses the same one.
+
+    The supplementary groups are the owner's too (root's are put back after):
+    in the systemd layout an agent's 0770 folder opens to memd only through
+    the agent's group, of which memd is a member and root is not.
     """
     try:
         owner = os.stat(directory)
@@ -436,6 +441,8 @@ def as_owner_of(directory: Path) -> Iterator[None]:
     if os.geteuid() != 0 or owner is None or owner.st_uid == 0:
         yield
         return
+    root_groups = os.getgroups()
+    switched_groups = _set_groups_of(owner.st_uid, owner.st_gid)
     os.setegid(owner.st_gid)
     os.seteuid(owner.st_uid)
     try:
@@ -443,6 +450,25 @@ def as_owner_of(directory: Path) -> Iterator[None]:
     finally:
         os.seteuid(0)
         os.setegid(0)
+        if switched_groups:
+            os.setgroups(root_groups)
+
+
+def _set_groups_of(uid: int, gid: int) -> bool:
+    """Take ``uid``'s supplementary groups (its user database entry's; only ``gid``
+    when it has none there); False when they cannot be set (a user namespace
+    that denies setgroups), leaving root's."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        groups = [gid]
+    else:
+        groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    try:
+        os.setgroups(groups)
+    except OSError:
+        return False
+    return True
 
 
 @contextlib.contextmanager

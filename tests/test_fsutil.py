@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import socket
 import stat
 import subprocess
@@ -164,7 +165,9 @@ with as_owner_of(Path(sys.argv[1])):
     except KeyError:
         pass
     seen["owner again"] = (os.geteuid(), os.getegid())
+    seen["owner's groups"] = sorted(os.getgroups())
 seen["after"] = (os.geteuid(), os.getegid())
+seen["groups after"] = sorted(os.getgroups())
 print(json.dumps(seen))
 """
 
@@ -184,6 +187,11 @@ def test_as_invoking_user_is_root_inside_a_switch_and_gives_the_owner_back(
         timeout=60,
     )
     seen = {name: tuple(ids) for name, ids in json.loads(result.stdout).items()}
+    # The owner's supplementary groups (its user database's), root's put back after:
+    # root's kept would open what only the owner's groups should (review r7ops, F2).
+    owner_groups = tuple(sorted(os.getgrouplist(pwd.getpwuid(65534).pw_name, 65534)))
+    assert seen.pop("owner's groups") == owner_groups
+    assert seen.pop("groups after") == tuple(sorted(os.getgroups()))
     assert seen == {
         "outside": (0, 0),
         "invoker, no switch": (0, 0),

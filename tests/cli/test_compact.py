@@ -11,9 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
+from support.memfiles import AgentWorkspace, append_entry, snapshot_tree, swarms_block
 from support.openai_server import OpenAITestServer
 from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
+from support.systemd_layout import as_alice, memd_as_root, systemd_layout
+from support.systemd_layout import unavailable as systemd_layout_unavailable
 
 from memd.core.memfile import parse
 from memd.core.summary_block import parse_summary
@@ -411,6 +413,40 @@ def test_root_compact_now_leaves_no_root_owned_file_that_locks_the_daemon_out() 
         assert probe.returncode == 0, probe.stderr
         root_owned = [str(p) for p in paths.dir.rglob("*") if p.stat().st_uid == 0]
         assert root_owned == []
+
+
+_NO_SYSTEMD_LAYOUT = systemd_layout_unavailable()
+
+
+@pytest.mark.skipif(_NO_SYSTEMD_LAYOUT is not None, reason=str(_NO_SYSTEMD_LAYOUT))
+def test_root_compact_now_and_forget_with_the_daemons_state_dir_in_the_systemd_layout() -> None:
+    """docs/operations.md: "As root ... name the state dir"; `sudo memd compact-now`,
+    `forget` and `prune` act as the state dir's owner. In the README's layout an
+    agent's 0770 folder opens to memd only through the agent's group: the switch
+    must take memd's supplementary groups, not keep root's (review r7ops, F2:
+    Permission denied on every agent)."""
+    with systemd_layout() as layout:
+        folder = layout.workspace / "agents" / "alice"
+        made = as_alice("/bin/mkdir", str(folder))
+        assert made.returncode == 0, made.stderr
+        chatter = " ".join(["we talked about the build at some length"] * 10)
+        text = "".join(swarms_block("user", f"turn {n}: {chatter}") for n in range(8))
+        text += swarms_block("user", "my card is kept in drawer 7")
+        wrote = as_alice("/bin/sh", "-c", 'printf %s "$0" >> "$1"', text, str(folder / "MEMORY.md"))
+        assert wrote.returncode == 0, wrote.stderr
+        where = ("--workspace", str(layout.workspace), "--state-dir", str(layout.state))
+
+        done = memd_as_root(
+            layout, "compact-now", "alice", *where,
+            "--summary", "The user talked about the build.", "--wait", "5",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        forgot = memd_as_root(layout, "forget", "alice", "--match", "drawer 7", "--yes", *where)
+        assert forgot.returncode == 0, forgot.stderr
+        files = [*folder.rglob("*"), *layout.state.rglob("*")]
+        assert not [str(path) for path in files if path.lstat().st_uid == 0]
+        archived = "".join(p.read_text() for p in folder.rglob("*.md"))
+        assert "drawer 7" not in archived
 
 
 # Review 15b, F1: a root compact-now loads what it imports lazily before it acts as
