@@ -31,6 +31,7 @@ from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
 
 if TYPE_CHECKING:
     from memd.archive_crypto import MasterKey
+    from memd.pointer import StatePointer
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -413,8 +414,13 @@ def check_summarizer(
     environ: Mapping[str, str],
     connect: Connector = _tcp_connect,
     probe: Prober | None = None,
+    daemon_key_vars: tuple[str, ...] = (),
 ) -> list[Check]:
-    """Key, endpoint reachability and, with ``probe``, a real 1-token request."""
+    """Key, endpoint reachability and, with ``probe``, a real 1-token request.
+
+    ``daemon_key_vars``: the key variables the running daemon's environment
+    holds (its pointer's, names only): a key there and not here is the daemon's
+    (systemd's EnvironmentFile=), and this process cannot make the request."""
     name = "summarizer"
     model = summarizer.model
     if model == "builtin":
@@ -424,10 +430,15 @@ def check_summarizer(
     has_key = bool(summarizer.api_key.get_secret_value())
     key_vars = PROVIDER_KEY_VARS.get(provider, ())
     env_key = next((var for var in key_vars if environ.get(var)), None)
+    daemon_key = next(
+        (var for var in (*key_vars, "MEMD_SUMMARIZER_API_KEY") if var in daemon_key_vars), None
+    )
     if has_key:
         checks.append(_ok(f"{name} key", f"{model}: api_key set in the config"))
     elif env_key:
         checks.append(_ok(f"{name} key", f"{model}: key from ${env_key}"))
+    elif daemon_key:
+        checks.append(_ok(f"{name} key", f"{model}: key from ${daemon_key} of the daemon"))
     elif provider in KEYLESS_PROVIDERS:
         checks.append(_ok(f"{name} key", f"{model}: local provider {provider!r}, no key needed"))
     elif summarizer.api_base:
@@ -484,7 +495,17 @@ def check_summarizer(
         return checks
     elapsed = (time.perf_counter() - started) * 1000
     checks.append(_ok(f"{name} endpoint", f"{base} reachable (TCP connect {elapsed:.0f} ms)"))
-    if probe is not None:
+    if probe is not None and daemon_key and not has_key and not env_key:
+        checks.append(
+            _warn(
+                "summarizer request",
+                f"{model}: not tried: the key is in the running daemon's environment, "
+                "not in this command's",
+                "run doctor with the daemon's environment (systemd: sudo sh -c 'set -a; "
+                ". /etc/memd/memd.env; exec memd doctor -w WORKSPACE'), or --offline",
+            )
+        )
+    elif probe is not None:
         checks.append(_request_check(summarizer, probe))
     return checks
 
@@ -680,8 +701,13 @@ def run_checks(
     environ: Mapping[str, str] | None = None,
     *,
     offline: bool = False,
+    pointer: StatePointer | None = None,
+    own_overrides: tuple[str, ...] = (),
 ) -> list[Check]:
-    """Every check; ``offline`` skips the summarizer's real request (no tokens spent)."""
+    """Every check; ``offline`` skips the summarizer's real request (no tokens spent).
+
+    ``config`` is the running daemon's when ``pointer`` (its pointer, which the
+    command followed) names one: what is checked is what the daemon uses."""
     env = os.environ if environ is None else environ
     # A workspace this uid cannot enter is check_workspace's `fail`, with its
     # fix; the checks that need to look inside it are skipped.
@@ -691,6 +717,8 @@ def run_checks(
     except PermissionError:
         agents = []
     results: list[Check] = []
+    if pointer is not None:
+        results += check_daemon_settings(pointer, own_overrides)
     results += check_workspace(workspace)
     results += check_inotify(len(agents), config.watch.poll)
     if usable:
@@ -705,8 +733,31 @@ def run_checks(
         from memd.llm import probe as real_probe
 
         probe = real_probe
-    results += check_summarizer(config.summarizer, env, probe=probe)
+    daemon_keys = pointer.key_vars if pointer is not None else ()
+    results += check_summarizer(config.summarizer, env, probe=probe, daemon_key_vars=daemon_keys)
     return results
+
+
+def check_daemon_settings(
+    pointer: StatePointer, own_overrides: tuple[str, ...] = ()
+) -> list[Check]:
+    """Which settings are checked: the daemon's, as its pointer names them (and
+    this command's own ``MEMD_*`` variables, which win)."""
+    config = f"config {pointer.config}" if pointer.config else "no config file"
+    applied = sorted(
+        f"{section}.{key}" for section, keys in pointer.settings.items() for key in keys
+    )
+    extra = f", with {', '.join(applied)} as it set them" if applied else ""
+    message = f"the daemon's (its pointer {pointer.path}): {config}{extra}"
+    if own_overrides:
+        return [
+            _warn(
+                "settings",
+                f"{message}; but this command's {', '.join(own_overrides)} win",
+                "unset them to check exactly the daemon's settings",
+            )
+        ]
+    return [_ok("settings", message)]
 
 
 def worst(checks: Iterable[Check]) -> Status:
@@ -719,6 +770,7 @@ def worst(checks: Iterable[Check]) -> Status:
 __all__ = [
     "Check",
     "check_archive_key",
+    "check_daemon_settings",
     "check_filesystem",
     "check_flock",
     "check_inotify",

@@ -8,7 +8,16 @@ the daemon's state dir (and config file, and the settings of ``memd run
     {"format": "memd-state-pointer", "version": 1,
      "state_dir": "/var/lib/memd", "config": "/etc/memd/memd.toml",
      "settings": {"trigger": {"context_length": 4000}}, "pid": 1234,
-     "written_at": "2026-12-02T04:00:00+00:00"}
+     "key_vars": ["OPENAI_API_KEY"], "written_at": "2026-12-02T04:00:00+00:00"}
+
+``settings`` are those the daemon applied over its config file: ``memd run
+--demo``'s, and the ``MEMD_*`` settings of its environment (a systemd
+``EnvironmentFile=``, ``docker run --env-file``), which a command beside it
+never sees otherwise; never a secret (``summarizer.api_key`` stays out).
+``key_vars`` names the API-key variables the daemon's environment holds (the
+names only), so ``memd doctor`` can tell a key the daemon has from none. Both
+came after version 1's first release and are optional: a reader takes a
+pointer without them as having none, and an older reader ignores them.
 
 The workspace is writable by agents, so the pointer counts only when it is a
 regular file (never followed through a symlink) owned by this process's uid
@@ -50,6 +59,8 @@ class StatePointer:
     # Settings the daemon applied over its config (``memd run --demo``).
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     pid: int | None = None
+    # Names of the API-key variables in the daemon's environment (never a value).
+    key_vars: tuple[str, ...] = ()
 
 
 def pointer_path(workspace: Path) -> Path:
@@ -63,6 +74,7 @@ def write_pointer(
     config: Path | None,
     settings: Mapping[str, Mapping[str, Any]] | None = None,
     pid: int | None = None,
+    key_vars: tuple[str, ...] = (),
 ) -> Path:
     """Leave (replace) the pointer, atomically; 0644, owned by whoever runs the daemon.
 
@@ -76,6 +88,7 @@ def write_pointer(
         "config": str(config.absolute()) if config is not None else None,
         "settings": dict(settings or {}),
         "pid": os.getpid() if pid is None else pid,
+        "key_vars": list(key_vars),
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     data = (json.dumps(payload, indent=2) + "\n").encode()
@@ -163,12 +176,16 @@ def _parse(path: Path, raw: bytes) -> StatePointer:
     ):
         raise PointerRefused(f"{path}: settings must map sections to tables")
     pid = data.get("pid")
+    key_vars = data.get("key_vars") or []
+    if not isinstance(key_vars, list) or not all(isinstance(var, str) for var in key_vars):
+        raise PointerRefused(f"{path}: key_vars must be a list of variable names")
     return StatePointer(
         path=path,
         state_dir=Path(state_dir),
         config=Path(config) if config else None,
         settings=settings,
         pid=pid if isinstance(pid, int) else None,
+        key_vars=tuple(key_vars),
     )
 
 

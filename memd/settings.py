@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -115,6 +116,50 @@ def apply_settings(
         return MemdConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(exc, source, {}) from None
+
+
+# What a daemon's environment set that a command beside it must not be told:
+# secrets, and an api_base carrying credentials (user:password@, ?key=) — the
+# pointer they would go into is readable by every agent of the workspace.
+_NEVER_RECORDED: Final = frozenset({("summarizer", "api_key")})
+
+
+def environment_settings(
+    loaded: LoadedConfig,
+) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """The settings ``loaded``'s ``MEMD_*`` variables set, by section, with their
+    validated values, for the daemon's pointer (:mod:`memd.pointer`); and the
+    names of the variables left out (secrets, an api_base with credentials)."""
+    variables = setting_env_vars()
+    values = loaded.config.model_dump(mode="json")
+    recorded: dict[str, dict[str, Any]] = {}
+    withheld: list[str] = []
+    for var in loaded.env_overrides:
+        path = variables.get(var)
+        if path is None or len(path) != 2:
+            continue  # workspace and state_dir: the pointer's place and its state_dir
+        section, key = path
+        value = values[section][key]
+        if path in _NEVER_RECORDED or (key == "api_base" and _carries_credentials(value)):
+            withheld.append(var)
+            continue
+        recorded.setdefault(section, {})[key] = value
+    return recorded, tuple(withheld)
+
+
+def _carries_credentials(url: str) -> bool:
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+    except ValueError:
+        return True
+    return bool(parts.username or parts.password or parts.query or parts.fragment)
+
+
+def api_key_vars(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Names of the set ``*_API_KEY`` variables (every provider's key variable
+    litellm reads ends so, as does ``MEMD_SUMMARIZER_API_KEY``): names only."""
+    env = os.environ if environ is None else environ
+    return tuple(sorted(var for var, value in env.items() if var.endswith("_API_KEY") and value))
 
 
 def resolve_cache_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -7,6 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run
+from support.daemon_proc import DaemonProcess
+from support.memfiles import AgentWorkspace
 from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
@@ -409,3 +413,59 @@ def test_redaction_check_warns_when_the_provider_may_ignore_api_base(tmp_path: P
     local = SummarizerConfig(model="gpt-4o-mini", api_base="http://127.0.0.1:8000")
     [check] = check_redaction(MemdConfig(summarizer=local), state, ws)
     assert check.name == "redaction" and "is local" in check.message
+
+
+def test_doctor_beside_a_daemon_checks_the_settings_of_its_environment(
+    ws: AgentWorkspace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The systemd layout: the daemon takes MEMD_* from /etc/memd/memd.env
+    (EnvironmentFile=), which the operator's shell never sees; the operator runs
+    `sudo -u memd memd doctor --workspace /srv/agents` (docs/operations.md). The
+    daemon sends turns unredacted to openai: doctor must not call that ok
+    (review r7ops, F1: it said "summarizer 'builtin' is local"). The key itself
+    never leaves the daemon's environment: not in the workspace's pointer."""
+    ws.create_agent("alice")
+    state = tmp_path / "state"
+    env = {
+        "MEMD_SUMMARIZER_MODEL": "openai/gpt-4o-mini",
+        "MEMD_PRIVACY_REDACT": "false",
+        "MEMD_SUMMARIZER_API_KEY": "sk-memd-test-not-a-real-key",
+        "OPENAI_API_KEY": "sk-test-not-a-real-key",
+    }
+    with DaemonProcess(ws.root, state, env=env) as daemon:
+        daemon.wait_for("privacy: remote summarizer without redaction", timeout=60)
+        daemon.wait_ready(timeout=60)
+        _code, out, _ = run(capsys, "doctor", "--workspace", str(ws.root), "--json", "--offline")
+        _, checked, _ = run(capsys, "config", "check", "--workspace", str(ws.root))
+        daemon.stop()
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["redaction"]["status"] == "warn", checks["redaction"]
+    assert "openai/gpt-4o-mini" in checks["redaction"]["message"]
+    assert checks["settings"]["status"] == "ok"
+    assert "privacy.redact, summarizer.model" in checks["settings"]["message"]
+    # The key is the daemon's: known by its name, not missing (a false `fail`).
+    assert checks["summarizer key"]["status"] == "ok", checks["summarizer key"]
+    assert "$OPENAI_API_KEY of the daemon" in checks["summarizer key"]["message"]
+    # `memd config check` checks the file, and says what the daemon sets over it.
+    assert 'privacy.redact = false, summarizer.model = "openai/gpt-4o-mini"' in checked
+    pointer = (ws.root / ".memd-state").read_text()
+    assert "sk-" not in pointer and "api_key" not in pointer
+    assert json.loads(pointer)["key_vars"] == ["MEMD_SUMMARIZER_API_KEY", "OPENAI_API_KEY"]
+
+
+def test_a_key_only_in_the_daemons_environment_is_the_daemons(listener: socket.socket) -> None:
+    port = listener.getsockname()[1]
+    config = SummarizerConfig(model="openai/gpt-4o-mini", api_base=f"http://127.0.0.1:{port}/v1")
+
+    def probe(_: SummarizerConfig) -> float:
+        raise AssertionError("no request without the key")
+
+    key, endpoint, request = check_summarizer(
+        config, {}, probe=probe, daemon_key_vars=("OPENAI_API_KEY",)
+    )
+    assert key.status == "ok" and "$OPENAI_API_KEY of the daemon" in key.message
+    assert endpoint.status == "ok"
+    assert request.status == "warn" and "daemon's environment" in request.message
+    # A key of another provider is no key for this one.
+    [key, _] = check_summarizer(config, {}, daemon_key_vars=("ANTHROPIC_API_KEY",))
+    assert key.status == "warn" and "no api_key" in key.message

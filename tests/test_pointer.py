@@ -109,6 +109,31 @@ def test_a_newer_format_or_garbage_is_refused_with_the_reason(workspace: Path) -
         read_pointer(workspace)
 
 
+def test_a_pointer_an_older_memd_left_has_no_key_variables(workspace: Path) -> None:
+    """Version 1 as memd wrote it before ``key_vars`` (review r7ops F1) reads as
+    naming none; the names come back as written; anything else is refused."""
+    path = workspace / POINTER_NAME
+    older = {
+        "format": "memd-state-pointer",
+        "version": 1,
+        "state_dir": "/var/lib/memd",
+        "config": None,
+        "settings": {},
+        "pid": 1234,
+        "written_at": "2026-12-02T04:00:00+00:00",
+    }
+    path.write_text(json.dumps(older))
+    path.chmod(0o644)
+    pointer = read_pointer(workspace)
+    assert pointer is not None and pointer.key_vars == () and pointer.pid == 1234
+    write_pointer(workspace, Path("/var/lib/memd"), config=None, key_vars=("OPENAI_API_KEY",))
+    pointer = read_pointer(workspace)
+    assert pointer is not None and pointer.key_vars == ("OPENAI_API_KEY",)
+    path.write_text(json.dumps({**older, "key_vars": "OPENAI_API_KEY"}))
+    with pytest.raises(PointerRefused, match="key_vars must be a list"):
+        read_pointer(workspace)
+
+
 def test_writing_replaces_a_planted_symlink_not_its_target(workspace: Path, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

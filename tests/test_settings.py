@@ -10,8 +10,10 @@ import pytest
 
 from memd.errors import ConfigError
 from memd.settings import (
+    api_key_vars,
     build_config,
     default_state_dir,
+    environment_settings,
     load_settings,
     resolve_cache_dir,
     resolve_state_dir,
@@ -528,3 +530,35 @@ def test_a_value_set_by_another_thread_during_a_load_wins(monkeypatch: pytest.Mo
     with tiktoken_cache_dir_kept(Path("/bundled")):
         os.environ["TIKTOKEN_CACHE_DIR"] = "/other"
     assert os.environ["TIKTOKEN_CACHE_DIR"] == "/other"
+
+
+def test_environment_settings_are_what_the_environment_set_and_never_a_secret(
+    tmp_path: Path,
+) -> None:
+    """What a daemon tells the commands beside it (its workspace's pointer, which
+    every agent may read) of its environment (review r7ops F1): the values as
+    validated, but never the key nor an api_base that carries credentials."""
+    config = tmp_path / "memd.toml"
+    config.write_text('[summarizer]\nmodel = "builtin"\ntemperature = 0.5\n')
+    env = {
+        "MEMD_SUMMARIZER_MODEL": "openai/gpt-4o-mini",
+        "MEMD_PRIVACY_REDACT": "false",
+        "MEMD_TRIGGER_THRESHOLD": "0.8",
+        "MEMD_SUMMARIZER_API_KEY": "sk-not-a-real-key",
+        "MEMD_SUMMARIZER_API_BASE": "https://user:hunter2@llm.internal/v1",
+        "MEMD_STATE_DIR": str(tmp_path / "state"),
+        "OPENAI_API_KEY": "sk-other",
+        "EMPTY_API_KEY": "",
+    }
+    loaded = load_settings(config_file=config, workspace=tmp_path, environ=env)
+    settings, withheld = environment_settings(loaded)
+    assert settings == {
+        "summarizer": {"model": "openai/gpt-4o-mini"},
+        "privacy": {"redact": False},
+        "trigger": {"threshold": 0.8},
+    }
+    assert withheld == ("MEMD_SUMMARIZER_API_BASE", "MEMD_SUMMARIZER_API_KEY")
+    assert api_key_vars(env) == ("MEMD_SUMMARIZER_API_KEY", "OPENAI_API_KEY")
+    plain = {**env, "MEMD_SUMMARIZER_API_BASE": "http://127.0.0.1:8000/v1"}
+    loaded = load_settings(config_file=config, workspace=tmp_path, environ=plain)
+    assert environment_settings(loaded)[0]["summarizer"]["api_base"] == "http://127.0.0.1:8000/v1"

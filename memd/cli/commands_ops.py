@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from memd.errors import ConfigError, MemdError, UnknownAgent
 from memd.settings import LoadedConfig, resolve_state_dir
 from memd.state import LedgerEntry
 from memd.workspace import agent_paths, require_workspace
+
+if TYPE_CHECKING:
+    from memd.pointer import StatePointer
 
 
 class Unhealthy(MemdError, RuntimeError):
@@ -218,7 +221,16 @@ def doctor(
 
     loaded = load(workspace, config)
     directory = state_dir_of(loaded, state_dir)
-    checks = run_checks(loaded.config, loaded.workspace, directory, offline=offline)
+    # The daemon's settings are checked when the command took them (no --config).
+    followed = None if loaded.config_explicit else loaded.pointer
+    checks = run_checks(
+        loaded.config,
+        loaded.workspace,
+        directory,
+        offline=offline,
+        pointer=followed,
+        own_overrides=loaded.env_overrides,
+    )
     overall = worst(checks)
     if as_json:
         print(json.dumps({"result": overall, "checks": [c.to_json() for c in checks]}, indent=2))
@@ -291,6 +303,21 @@ def render_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _daemon_settings(loaded: LoadedConfig) -> StatePointer | None:
+    """The workspace's daemon pointer when it applies settings over its config
+    (its environment's, e.g. systemd's EnvironmentFile=): what this file's
+    check does not show, and what every other command there uses."""
+    from memd.pointer import PointerRefused, read_pointer
+
+    try:
+        pointer = read_pointer(loaded.workspace)
+    except (PointerRefused, OSError):
+        return None
+    if pointer is None or not pointer.settings:
+        return None
+    return pointer
+
+
 @config_app.command("check")
 def config_check(
     file: Annotated[
@@ -342,6 +369,7 @@ def config_check(
         raise typer.Exit(2)
     data = effective_config(loaded)
     source = str(loaded.source) if loaded.source else "(no file: defaults)"
+    daemons = None if loaded.config_explicit else _daemon_settings(loaded)
     if as_json:
         payload: dict[str, Any] = {
             "valid": True,
@@ -349,11 +377,24 @@ def config_check(
             "env_overrides": list(loaded.env_overrides),
             "config": data,
         }
+        if daemons is not None:
+            payload["daemon_pointer"] = str(daemons.path)
+            payload["daemon_settings"] = dict(daemons.settings)
         print(json.dumps(payload, indent=2))
         return
     print(f"# valid: {source}")
     if loaded.env_overrides:
         print(f"# overridden by environment: {', '.join(loaded.env_overrides)}")
+    if daemons is not None:
+        shown = ", ".join(
+            f"{section}.{key} = {_toml_value(value)}"
+            for section, values in daemons.settings.items()
+            for key, value in values.items()
+        )
+        print(
+            f"# the running daemon also applies (its pointer {daemons.path}): {shown}; "
+            "commands on its workspace use them"
+        )
     state_dir = resolve_state_dir(None, loaded.config.state_dir, os.environ)
     print(f"# state dir: {state_dir}")
     print(render_toml(data), end="")

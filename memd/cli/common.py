@@ -11,8 +11,9 @@ import dataclasses
 import datetime
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memd.errors import ConfigError
 from memd.fsutil import as_owner_of
@@ -39,9 +40,11 @@ def load(
     """The config, and the running daemon's settings for this workspace.
 
     A daemon leaves a pointer in its workspace (:mod:`memd.pointer`): its state
-    dir, its config file and the settings it applied (``memd run --demo``).
+    dir, its config file and the settings it applied (``memd run --demo``'s, and
+    the ``MEMD_*`` settings of its environment, a systemd ``EnvironmentFile=``).
     Unless a config was named here (``--config``, ``MEMD_CONFIG``), this command
-    uses the same config and settings, so its thresholds are the daemon's.
+    uses the same config and settings, so its thresholds, summarizer and
+    redaction are the daemon's; a ``MEMD_*`` variable set for this command wins.
     """
     loaded = load_settings(config_file=config, workspace=workspace)
     if not follow_pointer:
@@ -59,14 +62,31 @@ def load(
         return loaded
     if not loaded.config_explicit:
         try:
+            daemons = _without(pointer.settings, loaded.env_overrides)
             if pointer.config is not None and pointer.config != loaded.source:
                 loaded = load_settings(config_file=pointer.config, workspace=loaded.workspace)
-            if pointer.settings:
-                settings = apply_settings(loaded.config, pointer.settings, str(pointer.path))
+            if daemons:
+                settings = apply_settings(loaded.config, daemons, str(pointer.path))
                 loaded = dataclasses.replace(loaded, config=settings)
         except ConfigError as exc:
             warn(f"the daemon's settings named by {pointer.path} are not used: {exc}")
     return dataclasses.replace(loaded, pointer=pointer)
+
+
+def _without(
+    settings: Mapping[str, Mapping[str, Any]], variables: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """``settings`` less the keys ``variables`` (``MEMD_*`` names) set."""
+    from memd.settings import setting_env_vars
+
+    known = setting_env_vars()
+    own = {known[var] for var in variables if var in known}
+    kept: dict[str, dict[str, Any]] = {}
+    for section, values in settings.items():
+        for key, value in values.items():
+            if (section, key) not in own:
+                kept.setdefault(section, {})[key] = value
+    return kept
 
 
 def state_dir_of(loaded: LoadedConfig, flag: Path | None) -> Path:

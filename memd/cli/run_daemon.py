@@ -51,7 +51,7 @@ def run_daemon(
         loaded = dataclasses.replace(loaded, config=transform(loaded.config))
     configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
     state = resolve_state_dir(state_dir, loaded.config.state_dir)
-    pointer = _WorkspacePointer(loaded, state, settings)
+    pointer = _WorkspacePointer(loaded, state, _pointer_settings(loaded, settings), demo=demo)
     pointer.leave()
     options = DaemonOptions(
         config_file=config,
@@ -73,17 +73,45 @@ def run_daemon(
     return code
 
 
+def _pointer_settings(
+    loaded: LoadedConfig, demo: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """What the pointer tells commands beside this daemon, over its config file:
+    the settings of its environment (systemd's EnvironmentFile=, which those
+    commands never see: else `memd doctor` judged a redaction the daemon does
+    not use), then the demo's."""
+    from memd.logs import get_logger
+    from memd.settings import environment_settings
+
+    settings, withheld = environment_settings(loaded)
+    if withheld:
+        get_logger("memd.daemon").info(
+            "settings of the environment kept out of the workspace's state pointer "
+            "(secrets): commands beside the daemon need them in their own environment",
+            variables=list(withheld),
+        )
+    for section, values in demo.items():
+        settings[section] = {**settings.get(section, {}), **values}
+    return settings
+
+
 class _WorkspacePointer:
     """This daemon's state pointer in its workspace (memd.pointer): left at start
     unless another live daemon serves the workspace, and taken over later (the
     daemon's periodic job) once the daemon it names is gone."""
 
     def __init__(
-        self, loaded: LoadedConfig, state_dir: Path, settings: dict[str, dict[str, Any]]
+        self,
+        loaded: LoadedConfig,
+        state_dir: Path,
+        settings: dict[str, dict[str, Any]],
+        *,
+        demo: bool = False,
     ) -> None:
         self._loaded = loaded
         self._state_dir = state_dir
         self._settings = settings
+        self._demo = demo
         self._write_failed = False
 
     def leave(self) -> None:
@@ -104,7 +132,7 @@ class _WorkspacePointer:
                 pointer=str(loaded.workspace / ".memd-state"),
             )
             return
-        if self._write() is not None and self._settings:
+        if self._write() is not None and self._demo:
             # Said where the demo's user looks: the log on the terminal.
             get_logger("memd.daemon").info(
                 "demo settings saved in the workspace; later commands there use them",
@@ -142,11 +170,16 @@ class _WorkspacePointer:
         from memd.errors import describe_error
         from memd.logs import get_logger
         from memd.pointer import write_pointer
+        from memd.settings import api_key_vars
 
         loaded = self._loaded
         try:
             path = write_pointer(
-                loaded.workspace, self._state_dir, config=loaded.source, settings=self._settings
+                loaded.workspace,
+                self._state_dir,
+                config=loaded.source,
+                settings=self._settings,
+                key_vars=api_key_vars(),
             )
         except OSError as exc:
             if not self._write_failed:  # once, not at every periodic check

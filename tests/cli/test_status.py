@@ -518,6 +518,7 @@ def test_the_daemons_config_and_settings_come_with_the_pointer(
     state_dir: Path,
     elsewhere_home: Path,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from memd.pointer import write_pointer
 
@@ -529,6 +530,12 @@ def test_the_daemons_config_and_settings_come_with_the_pointer(
     write_pointer(ws.root, state_dir, config=config, settings={"trigger": {"context_length": 4000}})
     row = json.loads(run(capsys, "status", "alpha", "--json", "-w", str(ws.root))[1])
     assert row["threshold_tokens"] == 3600  # settings over the config, as the daemon ran
+    # A MEMD_* variable set for this command wins over the daemon's setting (the
+    # daemon's environment's, review r7ops F1), and over its config file.
+    monkeypatch.setenv("MEMD_TRIGGER_CONTEXT_LENGTH", "5000")
+    row = json.loads(run(capsys, "status", "alpha", "--json", "-w", str(ws.root))[1])
+    assert row["threshold_tokens"] == 4500
+    monkeypatch.delenv("MEMD_TRIGGER_CONTEXT_LENGTH")
     # A config named here wins over the daemon's.
     mine = tmp_path / "mine.toml"
     mine.write_text("[trigger]\ncontext_length = 20000\n")
