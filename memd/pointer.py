@@ -22,7 +22,11 @@ pointer without them as having none, and an older reader ignores them.
 The workspace is writable by agents, so the pointer counts only when it is a
 regular file (never followed through a symlink) owned by this process's uid
 or root and not writable by group or others (DESIGN §1); anything else is
-refused with a one-line reason. It stays after the daemon stops, so ``memd
+refused with a one-line reason. Root also takes the pointer of the
+workspace's owner (memd's user: ``/srv/agents`` is memd's under systemd, the
+image's ``/workspace`` too) when the workspace is writable by that owner
+alone: no one else could have put it there, and ``sudo memd health`` beside
+the service must not say no daemon runs. It stays after the daemon stops, so ``memd
 health`` can still say when it stopped.
 """
 
@@ -130,7 +134,9 @@ def read_pointer(workspace: Path, *, euid: int | None = None) -> StatePointer | 
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise PointerRefused(f"{path} is not a regular file")
-        if info.st_uid not in (uid, 0):
+        if info.st_uid not in (uid, 0) and not (
+            uid == 0 and _owns_workspace_alone(workspace, info.st_uid)
+        ):
             raise PointerRefused(
                 f"{path} is owned by uid {info.st_uid}, not by this user ({uid}) or root; "
                 "not trusted (pass --state-dir, or run as the daemon's user)"
@@ -146,6 +152,15 @@ def read_pointer(workspace: Path, *, euid: int | None = None) -> StatePointer | 
     finally:
         os.close(fd)
     return _parse(path, raw)
+
+
+def _owns_workspace_alone(workspace: Path, uid: int) -> bool:
+    """``uid`` owns the workspace folder, which neither group nor others may write."""
+    try:
+        info = os.stat(workspace)
+    except OSError:
+        return False
+    return info.st_uid == uid and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _parse(path: Path, raw: bytes) -> StatePointer:

@@ -205,3 +205,32 @@ def test_ownership_rule_with_real_other_uids(tmp_path: Path) -> None:
             read_pointer(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to other uids")
+def test_root_takes_the_pointer_of_the_workspaces_owner_when_no_one_else_can_write_there(
+    tmp_path: Path,
+) -> None:
+    """`sudo memd health` beside the service: the pointer is memd's, in memd's
+    /srv/agents (0750). Root takes it there (review r7ops F4), and only there:
+    not the pointer of a uid that does not own the workspace, nor the owner's in
+    a workspace its group or others may write (anyone could have put it there)."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    os.chown(workspace, AGENT, AGENT)
+    workspace.chmod(0o750)
+    path = write_pointer(workspace, tmp_path / "state", config=None)
+    os.chown(path, AGENT, AGENT)
+    assert read_pointer(workspace) is not None
+    for mode in (0o770, 0o757, 0o1777):
+        workspace.chmod(mode)
+        with pytest.raises(PointerRefused, match=f"owned by uid {AGENT}"):
+            read_pointer(workspace)
+    workspace.chmod(0o750)
+    os.chown(path, OTHER_AGENT, OTHER_AGENT)
+    with pytest.raises(PointerRefused, match=f"owned by uid {OTHER_AGENT}"):
+        read_pointer(workspace)
+    # Only root: another uid still takes only its own pointer, or root's.
+    os.chown(path, AGENT, AGENT)
+    with pytest.raises(PointerRefused, match=f"owned by uid {AGENT}"):
+        read_pointer(workspace, euid=OTHER_AGENT)

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 from support.cli import run
+from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace, append_entry
+from support.other_uid import reachable_tmp
+from support.systemd_layout import MEMD
 
 from memd.state import AgentRecord, FileKey, LedgerEntry, StateStore
 from memd.tokenizer import TokenCounter
@@ -498,6 +501,33 @@ def test_status_and_health_find_the_daemon_through_its_pointer(
     # --state-dir still wins (and says so).
     code, out, _ = run(capsys, "status", *base, "--state-dir", str(elsewhere_home / "s"))
     assert "no daemon running" in out and "(from --state-dir)" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the daemon as another uid")
+def test_root_health_and_status_beside_a_daemon_of_memds_user_find_it(
+    capsys: pytest.CaptureFixture[str], elsewhere_home: Path
+) -> None:
+    """`sudo memd health` / `sudo memd status` beside the service, as a root
+    monitoring check runs them: the pointer is memd's, in memd's workspace that
+    no one else writes. They said "no daemon has run" (exit 1) and "no daemon
+    running", and made a second, empty state DB in root's home (review r7ops F4)."""
+    with reachable_tmp("memd-status-root-") as base:
+        workspace = AgentWorkspace(base / "srv-agents")
+        workspace.create_agent("alice", entries=2)
+        state = base / "var-lib-memd"
+        state.mkdir(mode=0o700)
+        for root, dirs, files in os.walk(base):
+            for name in [*dirs, *files]:
+                os.chown(os.path.join(root, name), MEMD, MEMD)
+        with DaemonProcess(workspace.root, state, user=MEMD) as daemon:
+            daemon.wait_ready(timeout=60)
+            health = run(capsys, "health", "--workspace", str(workspace.root))
+            status = run(capsys, "status", "--workspace", str(workspace.root))
+            daemon.stop()
+    assert health[0] == 0 and "healthy" in health[1], health
+    assert "the daemon's pointer" in health[1]
+    assert f"live from daemon pid {daemon.pid}" in status[1], status
+    assert not (elsewhere_home / ".local").exists()  # no state DB of root's own
 
 
 def test_an_untrusted_pointer_is_ignored_with_a_warning(
