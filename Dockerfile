@@ -30,6 +30,11 @@ FROM python:${PYTHON_VERSION}-slim
 
 ARG MEMD_UID=1000
 ARG MEMD_GID=1000
+# Agents under uids of their own (docs/operations.md): the group they share,
+# like systemd's "agents". /workspace gets it, and memd then makes agents/
+# sticky and writable by it (1770), so each agent makes its own folder there.
+# Empty: memd's own group (memd and its agents share a uid).
+ARG AGENTS_GID=
 
 LABEL org.opencontainers.image.title="memd" \
       org.opencontainers.image.description="Memory-compaction daemon for AI agents (docker sidecar)" \
@@ -41,7 +46,8 @@ RUN groupadd --gid "${MEMD_GID}" --non-unique memd \
     && useradd --uid "${MEMD_UID}" --gid "${MEMD_GID}" --non-unique \
         --home-dir /var/lib/memd --no-create-home --shell /usr/sbin/nologin memd \
     && mkdir -p /workspace /var/lib/memd /etc/memd \
-    && chown "${MEMD_UID}:${MEMD_GID}" /workspace /var/lib/memd \
+    && chown "${MEMD_UID}:${MEMD_GID}" /var/lib/memd \
+    && chown "${MEMD_UID}:${AGENTS_GID:-${MEMD_GID}}" /workspace \
     && chmod 0700 /var/lib/memd
 
 COPY --from=build /opt/memd /opt/memd

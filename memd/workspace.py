@@ -177,6 +177,48 @@ def require_workspace(workspace: Path) -> Path:
     return workspace
 
 
+# agents/ as memd.tmpfiles.conf makes it: sticky, and writable by the agents' group.
+SHARED_AGENTS_DIR_MODE = 0o1770
+
+
+def make_agents_folder(workspace: Path) -> str | None:
+    """Create the workspace's ``agents/`` when it is missing; None, or why it is
+    not open to the agents' group.
+
+    When the workspace belongs to a group other than memd's own (the agents'
+    group: ``/srv/agents`` is ``memd:agents`` under systemd, the image's
+    ``/workspace`` is the ``AGENTS_GID`` build argument's), agents/ is made
+    like the shipped tmpfiles snippet makes it: that group's and sticky, 1770,
+    so each agent, under its own uid, makes its own folder there and cannot
+    remove or rename another's. Not setgid: an agent's folder keeps the agent's
+    own group, which memd shares and no other agent does (DESIGN §1). A
+    workspace of memd's own group (memd and its agents share a uid) gets a
+    plain folder, as before.
+    """
+    folder = workspace / AGENTS_DIR
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return None
+    group = os.stat(workspace).st_gid
+    if group == os.getegid():
+        return None
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        try:
+            os.fchown(fd, -1, group)
+        except PermissionError:
+            return (
+                f"{folder} is not open to the workspace's group (gid {group}): memd is "
+                "not a member of it, so agents of other uids cannot make their folders "
+                "there (add memd to that group: docker group_add, systemd sysusers)"
+            )
+        os.fchmod(fd, SHARED_AGENTS_DIR_MODE)
+    finally:
+        os.close(fd)
+    return None
+
+
 def is_within(path: str, root: str) -> bool:
     """``path`` is ``root`` or below it (both absolute, normalized)."""
     return path == root or path.startswith(root.rstrip("/") + "/")

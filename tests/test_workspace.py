@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.memfiles import AgentWorkspace
+from support.other_uid import reachable_tmp
+from support.systemd_layout import AGENTS_GID, MEMD
 
 import memd.workspace
 from memd.errors import UnknownAgent
@@ -156,3 +162,56 @@ def test_open_memory_opens_only_what_stays_in_the_agents_own_folder(tmp_path: Pa
         open_memory(paths)
     os.mkfifo(memory)  # never hangs the counting thread (non-blocking)
     os.close(open_memory(paths))
+
+
+_MAKE_AS = """
+import json, os, stat, sys
+from pathlib import Path
+from memd.workspace import make_agents_folder
+uid, *groups = (int(n) for n in sys.argv[2].split(","))
+os.setgroups(groups)
+os.setgid(uid)
+os.setuid(uid)
+os.umask(0o022)  # a container's default
+problem = make_agents_folder(Path(sys.argv[1]))
+info = os.stat(Path(sys.argv[1]) / "agents")
+print(json.dumps([problem, stat.S_IMODE(info.st_mode), info.st_gid]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+@pytest.mark.parametrize(
+    ("workspace_gid", "memd_groups", "made"),
+    [
+        (AGENTS_GID, (AGENTS_GID,), (None, 0o1770, AGENTS_GID)),  # the agents' group
+        (MEMD, (), (None, 0o755, MEMD)),  # memd's own group: memd and agents share a uid
+        (AGENTS_GID, (), ("not a member", 0o755, MEMD)),  # said, and left as it was
+    ],
+    ids=["agents-group", "memds-own-group", "not-a-member"],
+)
+def test_agents_folder_is_made_for_the_workspaces_group(
+    workspace_gid: int, memd_groups: tuple[int, ...], made: tuple[str | None, int, int]
+) -> None:
+    """Review r7ops F3: the sidecar's agents, each under its own uid, make their
+    folders in agents/, which memd makes when the volume is new: as the tmpfiles
+    snippet makes it under systemd (sticky, the agents' group, 1770; not setgid,
+    so each folder keeps its agent's group)."""
+    with reachable_tmp("memd-agents-folder-") as base:
+        workspace = base / "workspace"
+        workspace.mkdir()
+        os.chown(workspace, MEMD, workspace_gid)
+        ids = ",".join(str(n) for n in (MEMD, *memd_groups))
+        result = subprocess.run(
+            [sys.executable, "-c", _MAKE_AS, str(workspace), ids],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        problem, mode, gid = json.loads(result.stdout)
+        assert (mode, gid) == made[1:]
+        if made[0] is None:
+            assert problem is None
+        else:
+            assert made[0] in problem and f"gid {AGENTS_GID}" in problem
+        # Made once: an existing agents/ is never changed.
+        os.chmod(workspace / "agents", 0o750)
+        subprocess.run([sys.executable, "-c", _MAKE_AS, str(workspace), ids], check=True)
+        assert stat.S_IMODE((workspace / "agents").stat().st_mode) == 0o750

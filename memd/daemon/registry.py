@@ -35,6 +35,7 @@ from memd.workspace import (
     AgentPaths,
     FolderFacts,
     agent_paths_scanned,
+    make_agents_folder,
     scan_agents,
 )
 
@@ -122,8 +123,12 @@ class AgentRegistry:
         self._agents_root = self._root / AGENTS_DIR
         self._agents_base = os.fspath(self._agents_root)
         self._agents_dir_plain = not self._agents_root.is_symlink()
-        with contextlib.suppress(OSError):
-            self._agents_root.mkdir(exist_ok=True)
+        try:
+            problem = make_agents_folder(self._root)
+        except OSError:
+            return  # the workspace's own check says what is wrong with it
+        if problem is not None:
+            _log.warning("agents folder not open to the agents' group", error=problem)
 
     def reconfigure(
         self, config: MemdConfig, count_text: Callable[[str], int] | None = None

@@ -4,12 +4,16 @@ published (the watch service waits for it; the registry calls no one)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace
+from support.systemd_layout import AGENTS_GID, ALICE, MEMD, as_alice
 
 from memd.daemon.registry import AgentRegistry, Rescans
 from memd.settings import build_config
@@ -186,3 +190,33 @@ def test_a_recovery_that_fails_notes_the_journal_it_left_unfinished(tmp_path: Pa
     assert registry.add("alice") is not None
     added = registry.get("alice")
     assert added is not None and added.unfinished_journal is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_sidecar_agent_of_another_uid_can_make_its_folder() -> None:
+    """The docker sidecar's isolated layout (docs/operations.md): the image built
+    with AGENTS_GID (its /workspace memd's and that group's), memd with group_add
+    of it, each agent container with its own uid:gid, group_add AGENTS_GID and
+    umask 0007, on a new volume. memd made agents/ 0755, its own: no agent could
+    make its folder (review r7ops F3)."""
+    base = Path(tempfile.mkdtemp(prefix="memd-sidecar-", dir="/tmp"))
+    old_umask = os.umask(0o022)  # a container's default umask
+    try:
+        base.chmod(0o755)
+        workspace = base / "workspace"  # mkdir /workspace; chown MEMD_UID:AGENTS_GID
+        workspace.mkdir()
+        os.chown(workspace, MEMD, AGENTS_GID)
+        state = base / "state"
+        state.mkdir()
+        os.chown(state, MEMD, MEMD)
+        state.chmod(0o700)
+        with DaemonProcess(workspace, state, user=MEMD, groups=(AGENTS_GID, ALICE)) as daemon:
+            daemon.wait_ready(timeout=60)
+            made = as_alice("/bin/mkdir", "-p", str(workspace / "agents" / "alice"))
+            daemon.stop()
+        assert made.returncode == 0, made.stderr
+        folder = (workspace / "agents" / "alice").stat()
+        assert (folder.st_uid, folder.st_gid) == (ALICE, ALICE)  # its own group: not setgid
+    finally:
+        os.umask(old_umask)
+        shutil.rmtree(base, ignore_errors=True)

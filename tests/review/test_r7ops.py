@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.daemon_proc import DaemonProcess
 
 # The shipped systemd layout (memd.sysusers.conf, memd.tmpfiles.conf, the
 # README's per-agent snippet), with ids of their own.
@@ -105,36 +104,6 @@ def memd_as_root_on_this_host(etc: Path, *args: str) -> subprocess.CompletedProc
         env=env,
         cwd="/",
     )
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
-@pytest.mark.xfail(
-    strict=True,
-    reason="r7ops F3: the docker sidecar's isolated layout (docs/operations.md: each agent "
-    "container its own uid:gid, memd with group_add) cannot start: memd makes the volume's "
-    "agents/ 0755 owned by memd's uid, so an agent of another uid cannot make its own folder",
-)
-def test_sidecar_agent_of_another_uid_can_make_its_folder() -> None:
-    base = Path(tempfile.mkdtemp(prefix="memd-r7ops-sidecar-", dir="/tmp"))
-    old_umask = os.umask(0o022)  # a container's default umask
-    try:
-        base.chmod(0o755)
-        workspace = base / "workspace"  # the image: mkdir /workspace; chown MEMD_UID:MEMD_GID
-        workspace.mkdir()
-        os.chown(workspace, MEMD, MEMD)
-        state = base / "state"
-        state.mkdir()
-        os.chown(state, MEMD, MEMD)
-        state.chmod(0o700)
-        with DaemonProcess(workspace, state, user=MEMD) as daemon:
-            daemon.wait_ready(timeout=60)
-            # The agent container: `user: 31001:31001`, umask 0007, the same volume.
-            made = as_alice("/bin/mkdir", "-p", str(workspace / "agents" / "alice"))
-            daemon.stop()
-    finally:
-        os.umask(old_umask)
-        shutil.rmtree(base, ignore_errors=True)
-    assert made.returncode == 0, made.stderr
 
 
 @pytest.mark.xfail(

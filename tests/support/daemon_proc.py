@@ -25,8 +25,8 @@ memd.tokenizer.load_encoding("cl100k_base")
 import memd.core.secrets
 memd.core.secrets.find_secrets("warm up")  # detect-secrets' rules, imported lazily
 memd.cli.app.build_app()  # imports every command module (main() imports only its own)
-uid = int(sys.argv[1])
-os.setgroups([])
+uid, *groups = (int(n) for n in sys.argv[1].split(","))
+os.setgroups(groups)
 os.setgid(uid)
 os.setuid(uid)
 memd.cli.app.main(sys.argv[2:])
@@ -46,7 +46,10 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         log_level: str = "info",
         user: int | None = None,
+        groups: tuple[int, ...] = (),
     ) -> None:
+        """``user``: run as that uid (and its gid of the same number), with the
+        supplementary ``groups`` (docker's group_add, systemd's sysusers ``m``)."""
         self.user = user
         args = [
             sys.executable,
@@ -68,7 +71,8 @@ class DaemonProcess:
         if user is not None:
             # Drop to ``user`` after the imports: this machine's Python may live
             # where that user cannot read (e.g. under /root).
-            args = [sys.executable, "-c", _AS_USER, str(user), *args[3:]]
+            ids = ",".join(str(n) for n in (user, *groups))
+            args = [sys.executable, "-c", _AS_USER, ids, *args[3:]]
         full_env = {
             k: v
             for k, v in os.environ.items()
