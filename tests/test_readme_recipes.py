@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import grp
 import importlib.util
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -25,7 +28,7 @@ def systemd_recipe() -> list[list[str]]:
     block = hostcheck_common().readme_block(ROOT / "README.md", "### systemd")
     commands = []
     for line in block.splitlines():
-        for part in re.split(r"&&", line.split("#", 1)[0]):
+        for part in re.split(r"&&|\|\|", line.split("#", 1)[0]):
             if part.strip():
                 commands.append(shlex.split(part))
     return commands
@@ -63,3 +66,41 @@ def test_readme_block_reads_the_first_sh_block_under_a_heading(tmp_path: Path) -
     readme = tmp_path / "README.md"
     readme.write_text("# t\n\n### a\n\ntext\n\n```sh\necho one\necho two\n```\n\n### b\n")
     assert hostcheck_common().readme_block(readme, "### a") == "echo one\necho two\n"
+
+
+def test_running_the_recipe_again_keeps_the_config_and_the_api_key(tmp_path: Path) -> None:
+    """Review r7ops F5: re-running the recipe (the way to upgrade) replaced
+    /etc/memd/memd.env (the API key) and memd.toml with the examples. Its
+    /etc/memd lines run twice here, in a folder standing in for /etc/memd."""
+    block = hostcheck_common().readme_block(ROOT / "README.md", "### systemd")
+    etc = tmp_path / "etc-memd"
+    etc.mkdir()
+    group = grp.getgrgid(os.getegid()).gr_name
+    lines = [
+        line.replace("/etc/memd/", f"{etc}/").replace("-g memd", f"-g {group}")
+        for line in block.splitlines()
+        if "/etc/memd/" in line
+    ]
+    assert len(lines) == 2, lines
+    script = "set -eu\n" + "\n".join(lines) + "\n"
+    subprocess.run(["sh", "-c", script], cwd=ROOT, check=True, timeout=30)
+    assert (etc / "memd.toml").read_text() == (ROOT / "config/memd.toml").read_text()
+    (etc / "memd.toml").write_text("[trigger]\ncontext_length = 1000\n")
+    (etc / "memd.env").write_text("OPENAI_API_KEY=sk-the-operators-key\n")
+    subprocess.run(["sh", "-c", script], cwd=ROOT, check=True, timeout=30)
+    assert (etc / "memd.toml").read_text() == "[trigger]\ncontext_length = 1000\n"
+    assert (etc / "memd.env").read_text() == "OPENAI_API_KEY=sk-the-operators-key\n"
+
+
+def test_the_upgrade_recipe_installs_the_new_code_and_restarts() -> None:
+    """Review r7ops F5: no upgrade procedure; `enable --now` does not restart a
+    running daemon, so the old code kept running."""
+    upgrade = hostcheck_common().readme_block(ROOT / "README.md", "### Upgrading")
+    install = hostcheck_common().readme_block(ROOT / "README.md", "### systemd")
+    venv_pip = next(line for line in install.splitlines() if "bin/pip install ." in line)
+    assert venv_pip.split("&& ")[-1] in upgrade.splitlines()
+    for line in install.splitlines():  # the unit and snippets again, never the config
+        if line.startswith("install ") and "/etc/memd/" not in line:
+            assert line in upgrade.splitlines(), line
+    assert "/etc/memd/" not in upgrade
+    assert upgrade.splitlines()[-2] == "systemctl daemon-reload && systemctl restart memd"

@@ -10,6 +10,8 @@ copy of this checkout), then the checks:
 - ``systemd-analyze security memd`` on the live unit scores <= 1.5;
 - a reload is applied (a lower threshold from memd.toml), and the sandboxed
   service compacts an agent whose own user appends again afterwards;
+- the recipe run again and the README's upgrade keep memd.toml and memd.env
+  and restart the service;
 - the watchdog restarts a service that stops answering (SIGSTOP);
 - a clean stop (exit 0, "stopped" logged);
 - the filesystem and inotify checks work inside the unit's sandbox
@@ -317,6 +319,27 @@ def run_checks(box: Container, checks: Checks) -> None:
         if box.run(f"runuser -u {OTHER_AGENT} -- cat {path}", check=False).returncode == 0
     ]
     checks.record("another agent reads nothing of it", not leaks, f"readable: {leaks}")
+
+    # An upgrade as the README says (its "Upgrading" block, after the install
+    # recipe again, both literally): the tuned memd.toml (the reload above) and
+    # the operator's memd.env stay, and the daemon restarts on the new code.
+    box.run("echo '# the operator line' >> /etc/memd/memd.env")
+    before_upgrade = main_pid(box)
+    box.run("set -euo pipefail\n" + recipe, cwd=GUEST_SRC, timeout=900)
+    upgrade = readme_block(CHECKOUT / "README.md", "### Upgrading")
+    box.run("set -euo pipefail\n" + upgrade, cwd=GUEST_SRC, timeout=900)
+    wait_until(active, 180, "memd active after the upgrade")
+    kept = box.run(
+        "grep -q '^context_length = 1000$' /etc/memd/memd.toml "
+        "&& grep -q '^# the operator line$' /etc/memd/memd.env",
+        check=False,
+    )
+    after_upgrade = main_pid(box)
+    checks.record(
+        "the recipe again and the upgrade keep memd.toml and memd.env, and restart memd",
+        kept.returncode == 0 and after_upgrade not in (0, before_upgrade),
+        f"config kept: {kept.returncode == 0}; pid {before_upgrade} -> {after_upgrade}",
+    )
 
     # Filesystem and inotify checks inside the unit's /proc sandbox.
     journal = box.journal_text()
