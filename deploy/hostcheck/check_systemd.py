@@ -12,6 +12,8 @@ copy of this checkout), then the checks:
   service compacts an agent whose own user appends again afterwards;
 - the recipe run again and the README's upgrade keep memd.toml and memd.env
   and restart the service;
+- as root beside it, ``memd health`` finds the daemon and ``memd compact-now``
+  compacts an agent as memd, leaving no root-owned file;
 - the watchdog restarts a service that stops answering (SIGSTOP);
 - a clean stop (exit 0, "stopped" logged);
 - the filesystem and inotify checks work inside the unit's sandbox
@@ -339,6 +341,28 @@ def run_checks(box: Container, checks: Checks) -> None:
         "the recipe again and the upgrade keep memd.toml and memd.env, and restart memd",
         kept.returncode == 0 and after_upgrade not in (0, before_upgrade),
         f"config kept: {kept.returncode == 0}; pid {before_upgrade} -> {after_upgrade}",
+    )
+
+    # Root beside the service (docs/operations.md): `memd health` finds the
+    # daemon through memd's pointer, and `compact-now` acts as memd, with memd's
+    # groups (an agent's folder opens to memd only through the agent's group).
+    memd_cli = "LITELLM_LOCAL_MODEL_COST_MAP=True /opt/memd/venv/bin/memd"
+    health = box.run(f"{memd_cli} health --workspace /srv/agents", check=False, timeout=120)
+    checks.record(
+        "root's memd health finds the running daemon",
+        health.returncode == 0,
+        (health.stdout + health.stderr).strip()[-300:],
+    )
+    compact = box.run(
+        f"{memd_cli} compact-now {AGENT} --workspace /srv/agents --summary 'the summary'",
+        check=False,
+        timeout=120,
+    )
+    root_owned = box.run(f"find {AGENT_DIR} /var/lib/memd -user root", check=False).stdout.split()
+    checks.record(
+        "root's memd compact-now acts as memd and leaves no root-owned file",
+        compact.returncode == 0 and not root_owned,
+        (compact.stdout + compact.stderr).strip()[-300:] + f"; root-owned: {root_owned}",
     )
 
     # Filesystem and inotify checks inside the unit's /proc sandbox.
