@@ -6,7 +6,9 @@ refuses hosts with hybrid cgroups), then checks: the image runs as non-root;
 the tokenizer loads with no network; `memd health` answers for a running
 daemon; memd compacts an agent that another container appends to on a shared
 volume (same uid, as in deploy/docker-compose.yml) and the agent keeps
-appending; SIGTERM stops memd cleanly (exit 0).
+appending; SIGTERM stops memd cleanly (exit 0); built with AGENTS_GID, an
+agent container of its own uid makes its folder in the agents/ memd made on
+a new volume, and reads the archive of its compaction.
 
 When no container registry is reachable, the base image
 (`python:3.11-slim`) is replaced by a stand-in made from Debian packages with
@@ -54,6 +56,10 @@ PODMAN = (
 # container set ("error setting rlimit type 6").
 ULIMIT = ("--ulimit", "nofile=8192:8192", "--ulimit", "nproc=8192:8192")
 UID = "1000"
+# The isolated sidecar (docs/operations.md): the agents' group, an agent's own uid.
+ISOLATED_IMAGE = "localhost/memd-ci:isolated"
+AGENTS_GID = "2000"
+AGENT_UID = "2001"
 
 
 def podman(
@@ -109,7 +115,7 @@ def ensure_base_image() -> str:
     return "stand-in from Debian packages"
 
 
-def build_image() -> None:
+def build_image(image: str = IMAGE, *extra: str) -> None:
     podman(
         "build",
         "--runtime",
@@ -122,8 +128,9 @@ def build_image() -> None:
         f"MEMD_UID={UID}",
         "--build-arg",
         f"MEMD_GID={UID}",
+        *extra,
         "-t",
-        IMAGE,
+        image,
         str(CHECKOUT),
         timeout=1200,
     )
@@ -250,6 +257,64 @@ def run_checks(checks: Checks, tag: str) -> None:
         podman("volume", "rm", "-f", volume, state, check=False)
 
 
+def check_isolated_agents(checks: Checks, tag: str) -> None:
+    """docs/operations.md's isolated sidecar: the image built with AGENTS_GID,
+    memd with group_add of it and of the agent's gid, the agent under a uid of
+    its own with group_add AGENTS_GID and umask 0007, on a new volume that memd
+    starts first (it makes agents/): the agent makes its own folder, memd
+    compacts it, the agent reads its archive."""
+    build_image(ISOLATED_IMAGE, "--build-arg", f"AGENTS_GID={AGENTS_GID}")
+    volume, state, name = f"memd-ci-iws-{tag}", f"memd-ci-istate-{tag}", f"memd-ci-i{tag}"
+    podman("volume", "create", volume)
+    podman("volume", "create", state)
+    agent_dir = "/workspace/agents/alice"
+
+    def as_agent(script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return podman(
+            "run", "--rm", *ULIMIT, "--user", f"{AGENT_UID}:{AGENT_UID}",
+            "--group-add", AGENTS_GID, "-v", f"{volume}:/workspace",
+            "--entrypoint", "sh", ISOLATED_IMAGE, "-c", f"umask 0007; {script}",
+            check=check,
+        )  # fmt: skip
+
+    try:
+        podman(
+            "run", "-d", "--init", *ULIMIT, "--name", name,
+            "--group-add", AGENTS_GID, "--group-add", AGENT_UID,
+            "-v", f"{volume}:/workspace", "-v", f"{state}:/var/lib/memd",
+            "-e", "MEMD_TRIGGER_CONTEXT_LENGTH=1000", ISOLATED_IMAGE,
+        )  # fmt: skip
+        wait_until(
+            lambda: podman("exec", name, "memd", "health", check=False).returncode == 0 or None,
+            120,
+            "memd health to pass (isolated agents)",
+        )
+        made = as_agent(f"mkdir -p {agent_dir}", check=False)
+        checks.record(
+            "an agent of its own uid makes its folder in agents/ memd made",
+            made.returncode == 0,
+            made.stderr.strip()[-300:] or "made",
+        )
+        filler = " ".join(f"word{n}" for n in range(60))
+        turns = "".join(entry(f"turn {n}: {filler}") for n in range(40))
+        as_agent(f"printf %s '{turns}' >> {agent_dir}/MEMORY.md")
+
+        def archived() -> list[str] | None:
+            listing = podman("exec", name, "ls", f"{agent_dir}/archive", check=False).stdout.split()
+            return listing or None
+
+        archives = wait_until(archived, 90, "a compaction of the isolated agent")
+        read = as_agent(f"cat {agent_dir}/archive/{archives[0]} >/dev/null", check=False)
+        checks.record(
+            "memd compacts it; the agent reads its archive",
+            read.returncode == 0,
+            f"archives {archives}; read exit {read.returncode}",
+        )
+    finally:
+        podman("rm", "-f", name, check=False)
+        podman("volume", "rm", "-f", volume, state, check=False)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
@@ -271,6 +336,7 @@ def main(argv: list[str]) -> int:
             f"{time.monotonic() - started:.0f} s",
         )
         run_checks(checks, str(os.getpid()))
+        check_isolated_agents(checks, str(os.getpid()))
     except (RuntimeError, subprocess.SubprocessError, OSError, TimeoutError) as exc:
         checks.record("run to the end", False, str(exc).strip()[-2000:])
     return checks.report()
