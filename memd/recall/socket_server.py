@@ -74,6 +74,9 @@ LISTEN_BACKLOG = 64
 OWNERS_RESCAN_S = 1.0
 # Connections answered without a slot and kept until they hang up (the oldest closed first).
 MAX_TURNED_AWAY = 64
+# A refused uid is logged at most once in this many seconds (the rest are counted).
+REFUSAL_LOG_EVERY_S = 60.0
+MAX_REFUSAL_UIDS = 4096
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _log = get_logger("memd.recall")
@@ -266,6 +269,7 @@ class RecallSocketServer:
         *,
         request_deadline_s: float = REQUEST_DEADLINE_S,
         status: StatusSource | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = index
         self.workspace = workspace
@@ -282,6 +286,10 @@ class RecallSocketServer:
         self._owners_read_at: float | None = None
         # Connections answered without a slot, until they hang up (accept thread only).
         self._turned_away: list[tuple[socket.socket, float]] = []
+        # Per uid: when its last refusal was logged, and the refusals since (any thread).
+        self._clock = clock
+        self._refusal_lock = threading.Lock()
+        self._refusals_logged: dict[int, tuple[float | None, int]] = {}
 
     def start(self) -> None:
         """Serve at ``path``; :class:`RecallSocketInUse` when a live process
@@ -365,7 +373,7 @@ class RecallSocketServer:
                 continue
             refusal = self._refusal(peer)
             if refusal is not None:
-                _log.warning("recall refused", uid=peer.uid, pid=peer.pid)
+                self._log_refusal(peer)
                 self._turn_away(conn, refusal)
                 continue
             if not self._take_slot():
@@ -457,60 +465,83 @@ class RecallSocketServer:
             return _error("request is not JSON")
         if not isinstance(request, dict):
             return _error("request must be a JSON object")
-        agent = request.get("agent")
         op = request.get("op", "recall")
-        if op == "status":
-            return self._status(agent, peer)
-        if op != "recall":
+        if op not in ("recall", "status"):
             return _error('"op" must be "recall" or "status"')
+        agent = request.get("agent")
+        if not isinstance(agent, str):
+            return _error('request needs an "agent" string')
+        refused = self._admit(agent, peer, op)
+        if refused is not None:
+            return refused
+        if op == "status":
+            return self._status(agent)
+        return self._recall(agent, request)
+
+    def _admit(self, agent: str, peer: PeerCredentials, op: str) -> dict[str, Any] | None:
+        """The one check every request passes before its op runs: a name memd
+        accepts, and a peer that may read that agent (None: admitted; else the
+        error to answer). Kept in one place so no op can skip a part of it."""
+        if _lone_surrogate(agent=agent) is not None:
+            return _error('"agent" holds a lone UTF-16 surrogate: not text memd can search')
+        try:
+            validate_agent_name(agent)
+            check_access(self.workspace, agent, peer.uid)
+        except RecallRefused as exc:
+            self._log_refusal(peer, agent=agent, op=op)
+            return _error(str(exc))
+        except (MemdError, OSError) as exc:
+            return _error(str(exc))
+        return None
+
+    def _recall(self, agent: str, request: dict[str, Any]) -> dict[str, Any]:
         query = request.get("query")
         limit = request.get("limit", 5)
         since = request.get("since")
         role = request.get("role")
-        if not isinstance(agent, str) or not isinstance(query, str):
-            return _error('request needs "agent" and "query" strings')
+        if not isinstance(query, str):
+            return _error('request needs a "query" string')
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
             return _error(f'"limit" must be an integer in 1..{MAX_LIMIT}')
         if since is not None and not isinstance(since, str):
             return _error('"since" must be an ISO date string')
         if role is not None and not isinstance(role, str):
             return _error('"role" must be a string')
-        bad = _lone_surrogate(agent=agent, query=query, since=since, role=role)
+        bad = _lone_surrogate(query=query, since=since, role=role)
         if bad is not None:
             return _error(f'"{bad}" holds a lone UTF-16 surrogate: not text memd can search')
         try:
-            validate_agent_name(agent)
             since_at = since_epoch(since) if since else None
-            check_access(self.workspace, agent, peer.uid)
             paths = agent_paths(self.workspace, agent)
             self.index.sync_agent(paths)
             hits = self.index.search(agent, query, limit=limit, since_epoch=since_at, role=role)
-        except RecallRefused as exc:
-            _log.warning("recall refused", agent=agent, uid=peer.uid, pid=peer.pid)
-            return _error(str(exc))
         except (MemdError, OSError) as exc:
             return _error(str(exc))
-        _log.debug("recall served", agent=agent, uid=peer.uid, results=len(hits))
+        _log.debug("recall served", agent=agent, results=len(hits))
         return {"v": PROTOCOL_VERSION, "ok": True, "results": [hit.as_json() for hit in hits]}
 
-    def _status(self, agent: object, peer: PeerCredentials) -> dict[str, Any]:
-        """Where the agent's memory stands, for its own uid (the recall check)."""
-        if not isinstance(agent, str):
-            return _error('request needs an "agent" string')
-        if _lone_surrogate(agent=agent) is not None:
-            return _error('"agent" holds a lone UTF-16 surrogate: not an agent memd watches')
-        try:
-            validate_agent_name(agent)
-            check_access(self.workspace, agent, peer.uid)
-        except RecallRefused as exc:
-            _log.warning("status refused", agent=agent, uid=peer.uid, pid=peer.pid)
-            return _error(str(exc))
-        except (MemdError, OSError) as exc:
-            return _error(str(exc))
+    def _status(self, agent: str) -> dict[str, Any]:
+        """Where the agent's memory stands (the caller was admitted for it)."""
         status = None if self.status is None else self.status(agent)
         if status is None:
             return _error(f"memd does not watch agent {agent!r}")
         return {"v": PROTOCOL_VERSION, "ok": True, "status": status}
+
+    def _log_refusal(self, peer: PeerCredentials, **fields: str) -> None:
+        """One warning per uid per ``REFUSAL_LOG_EVERY_S``: a stranger connecting
+        in a loop must not flood the log (the refusals in between are counted
+        and told with the next warning)."""
+        now = self._clock()
+        with self._refusal_lock:
+            last_at, skipped = self._refusals_logged.get(peer.uid, (None, 0))
+            if last_at is not None and now - last_at < REFUSAL_LOG_EVERY_S:
+                self._refusals_logged[peer.uid] = (last_at, skipped + 1)
+                return
+            if len(self._refusals_logged) >= MAX_REFUSAL_UIDS:
+                self._refusals_logged.clear()  # bounded memory; worst case one extra line each
+            self._refusals_logged[peer.uid] = (now, 0)
+        extra: dict[str, Any] = {"refused_since_last": skipped} if skipped else {}
+        _log.warning("recall refused", uid=peer.uid, pid=peer.pid, **fields, **extra)
 
     @staticmethod
     def _reply(conn: socket.socket, payload: dict[str, Any]) -> None:

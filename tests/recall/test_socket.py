@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace, append_entry
 
@@ -76,7 +77,8 @@ def test_socket_answers_with_the_json_schema(served: tuple[AgentWorkspace, Path]
 @pytest.mark.parametrize(
     ("request_", "needle"),
     [
-        ({"agent": "alpha"}, '"agent" and "query"'),
+        ({"agent": "alpha"}, 'request needs a "query" string'),
+        ({"query": "x"}, 'request needs an "agent" string'),
         ({"agent": "alpha", "query": "x", "limit": 0}, '"limit"'),
         ({"agent": "alpha", "query": "x", "limit": True}, '"limit"'),
         ({"agent": "alpha", "query": "x", "since": "soon"}, "--since 'soon'"),
@@ -616,3 +618,36 @@ def test_odd_text_and_dates_out_of_range_get_one_line_errors(
     assert reply["ok"] is False and needle in reply["error"], reply
     assert "\n" not in reply["error"]
     assert ask(path, {"agent": "alpha", "query": "tangerine"})["ok"] is True
+
+
+def test_a_stranger_connecting_in_a_loop_is_logged_once_a_minute(tmp_path: Path) -> None:
+    """A uid that owns no agent, connecting again and again, gets its refusal each
+    time but one log line a minute (before: a warning per connection, a flood any
+    local user could cause); the next line counts the refusals in between."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another uid")
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    now = [1000.0]
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        os.chown(ws.create_agent("alpha").memory, 1000, 1000)
+        with RecallIndex.open(base / "state", ws.root) as index:
+            server = RecallSocketServer(
+                index, ws.root, socket_path_for("", ws.root), clock=lambda: now[0]
+            )
+            server.start()
+            try:
+                with structlog.testing.capture_logs() as logs:
+                    for _ in range(5):
+                        reply = run_raw_client(4242, server.path)
+                        assert isinstance(reply, dict) and reply["ok"] is False
+                    now[0] += 61
+                    run_raw_client(4242, server.path)
+            finally:
+                server.stop()
+        refused = [entry for entry in logs if entry["event"] == "recall refused"]
+        assert [entry.get("refused_since_last") for entry in refused] == [None, 4], refused
+        assert all(entry["uid"] == 4242 for entry in refused)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
