@@ -168,12 +168,20 @@ def require_workspace(workspace: Path) -> Path:
         raise WorkspaceError(f"workspace {workspace} is not a directory")
     # Said here, as bad input (exit 2), rather than as the bare "Permission denied"
     # of the first listing deep inside a command (exit 1, naming agents/ only).
-    for folder, what in ((workspace, "the workspace"), (workspace / AGENTS_DIR, "agents/")):
-        if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK, effective_ids=True):
-            raise WorkspaceError(
-                f"workspace {workspace}: memd (uid {os.geteuid()}) may not read {what}; "
-                "give it read and search (r-x) permission, e.g. through the agents' group"
-            )
+    # memd lists agents/, never the workspace itself: the workspace needs only
+    # search (x), as a 0711 home folder gives (read too would refuse that layout).
+    uid = os.geteuid()
+    if not os.access(workspace, os.X_OK, effective_ids=True):
+        raise WorkspaceError(
+            f"workspace {workspace}: memd (uid {uid}) may not enter it; give it search (x) "
+            "permission, e.g. through the agents' group"
+        )
+    agents = workspace / AGENTS_DIR
+    if agents.is_dir() and not os.access(agents, os.R_OK | os.X_OK, effective_ids=True):
+        raise WorkspaceError(
+            f"workspace {workspace}: memd (uid {uid}) may not read agents/; "
+            "give it read and search (r-x) permission, e.g. through the agents' group"
+        )
     return workspace
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -297,14 +299,45 @@ def test_a_workspace_memd_may_not_read_is_bad_input_named_in_one_line(
         )
     finally:
         folder.chmod(0o755)
-    what = "the workspace" if unreadable == "workspace" else "agents/"
+    said = (
+        "may not enter it; give it search (x) permission"
+        if unreadable == "workspace"
+        else "may not read agents/; give it read and search (r-x) permission"
+    )
     if command == "doctor":  # doctor reports it among its checks, and fails
         assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
         return
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.splitlines()[-1]
     assert last == (
-        f"memd: error: workspace {ws}: memd (uid 0) may not read {what}; give it read and "
-        "search (r-x) permission, e.g. through the agents' group"
+        f"memd: error: workspace {ws}: memd (uid 0) {said}, e.g. through the agents' group"
     ), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "run"])
+def test_a_workspace_memd_may_only_search_is_not_refused(tmp_path: Path, command: str) -> None:
+    """review r8cli F1: memd lists agents/, never the workspace: a workspace it may
+    only pass through (0711, a home folder) is no bad input (it was refused, exit 2,
+    daemon included, since the check for an unreadable workspace)."""
+    prefix = _without_dac_override()
+    ws = tmp_path / "ws"
+    agent = ws / "agents" / "alpha"
+    agent.mkdir(parents=True)
+    (agent / "MEMORY.md").write_text("# Memory\n")
+    # The workspace belongs to someone else and lets others only through (0711, as a
+    # home folder often does); agents/ and everything below it memd may read.
+    os.chown(ws, 65534, 65534)
+    ws.chmod(0o711)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    env.update(MEMD_STATE_DIR=str(tmp_path / "state"))
+    argv = [*prefix, sys.executable, "-m", "memd", command, "--workspace", str(ws)]
+    proc = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    if command == "run":
+        time.sleep(6)  # refused at once today; a daemon that starts is stopped by SIGINT
+        proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert "may not read the workspace" not in err, err
+    assert proc.returncode == 0, err
