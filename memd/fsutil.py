@@ -181,27 +181,54 @@ def _holder_command() -> str:
     return "".join(ch if ch.isprintable() else "?" for ch in program)[:80]
 
 
+def _this_host() -> str:
+    host = "".join(ch if ch.isprintable() and ch != " " else "?" for ch in socket.gethostname())
+    return host[:64]
+
+
 def holder_record(now: float | None = None) -> bytes:
     """This process as the lock's holder: pid, host, command and since when (UTC)."""
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
-    host = "".join(ch if ch.isprintable() and ch != " " else "?" for ch in socket.gethostname())
-    fields = f"pid={os.getpid()}\nhost={host[:64]}\ncommand={_holder_command()}\nsince={since}\n"
+    fields = f"pid={os.getpid()}\nhost={_this_host()}\ncommand={_holder_command()}\nsince={since}\n"
     return f"{LOCK_HOLDER_FORMAT}\n{fields}".encode()
+
+
+def _holder_fields(record: bytes) -> dict[str, str] | None:
+    lines = record.decode("utf-8", "replace").splitlines()
+    if not lines or lines[0] != LOCK_HOLDER_FORMAT:
+        return None
+    fields = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
+    if not fields.get("pid", "").isdigit() or not fields.get("command"):
+        return None
+    return fields
 
 
 def describe_holder(record: bytes) -> str | None:
     """``memd run, pid 41 on host h since 2026-12-03T06:40:01Z`` from a holder
     record; None when the record names no one (empty, an older memd, garbled)."""
-    lines = record.decode("utf-8", "replace").splitlines()
-    if not lines or lines[0] != LOCK_HOLDER_FORMAT:
-        return None
-    fields = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
-    pid, command = fields.get("pid", ""), fields.get("command", "")
-    if not pid.isdigit() or not command:
+    fields = _holder_fields(record)
+    if fields is None:
         return None
     where = f" on host {fields['host']}" if fields.get("host") else ""
     since = f" since {fields['since']}" if fields.get("since") else ""
-    return f"{command}, pid {pid}{where}{since}"
+    return f"{fields['command']}, pid {fields['pid']}{where}{since}"
+
+
+def _gone_from_this_host(record: bytes) -> bool:
+    """Whether the record's holder was on this host and runs no more: a holder
+    killed before it let go left its record, and the lock is now held by one that
+    wrote none (an older memd, a failed write). Naming the dead pid would send an
+    operator to stop whatever has that pid now."""
+    fields = _holder_fields(record)
+    if fields is None or fields.get("host") != _this_host():
+        return False
+    try:
+        os.kill(int(fields["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, ValueError):
+        return False
+    return False
 
 
 class AgentLock:
@@ -245,6 +272,10 @@ class AgentLock:
 
     def release(self) -> None:
         if self._fd >= 0:
+            # The record goes with the hold: left behind, it would name this process
+            # as the holder to whoever meets the lock held by one that writes none.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = -1
@@ -261,17 +292,20 @@ class AgentLock:
 def _write_holder(fd: int) -> None:
     # Best effort: who holds the lock is for the operator's messages; a full disk
     # must not stop the compaction that took it.
+    # Emptied first: a write that fails must not leave an earlier holder's record.
     with contextlib.suppress(OSError):
-        record = holder_record()
-        os.pwrite(fd, record, 0)
-        os.ftruncate(fd, len(record))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder_record(), 0)
 
 
 def _read_holder(fd: int) -> str | None:
     try:
-        return describe_holder(os.pread(fd, _HOLDER_MAX_BYTES, 0))
-    except (OSError, ValueError):
+        record = os.pread(fd, _HOLDER_MAX_BYTES, 0)
+    except OSError:
         return None
+    if _gone_from_this_host(record):
+        return None
+    return describe_holder(record)
 
 
 def _open_private(path: Path, flags: int, dir_fd: int | None) -> int:

@@ -267,3 +267,48 @@ def test_a_lock_held_by_an_older_memd_or_a_garbled_record_names_no_one(
         with pytest.raises(LockTimeout) as caught:
             AgentLock(lock_path, "alpha").acquire(0.0)
     assert str(caught.value) == "agent 'alpha': another compaction holds its lock (waited 0s)"
+
+
+_TAKE_AND_LET_GO = """
+import os, signal, sys
+from pathlib import Path
+from memd.fsutil import AgentLock
+lock = AgentLock(Path(sys.argv[1]), "alpha")
+lock.acquire(0)
+if sys.argv[2] == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)  # dies holding it: its record stays
+lock.release()
+"""
+# A holder that takes the flock and writes nothing: a memd older than the holder
+# record (a rolling upgrade, a second host on the same share), or one whose write failed.
+_HOLD_WITHOUT_A_RECORD = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("ending", ["released", "killed"])
+def test_a_lock_timeout_never_names_a_holder_that_has_let_go(tmp_path: Path, ending: str) -> None:
+    """review r8cli F2: a released lock left its holder's record, so a lock then held by
+    a memd that writes none was blamed on the gone pid (an operator told to stop a
+    stuck holder would signal whatever has that pid now). Released, the record is
+    emptied; killed holding it, the record names a process this host runs no more."""
+    path = tmp_path / "lock"
+    gone = subprocess.Popen([sys.executable, "-c", _TAKE_AND_LET_GO, str(path), ending])
+    gone.wait(timeout=60)
+    if ending == "killed":
+        assert describe_holder(path.read_bytes()) is not None  # its record is still there
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_WITHOUT_A_RECORD, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(LockTimeout) as caught:
+            AgentLock(path, "alpha").acquire(0.1)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(caught.value) == "agent 'alpha': another compaction holds its lock (waited 0.1s)"
