@@ -56,7 +56,7 @@ from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
 from memd.core.erasure import compile_pattern
 from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
-from memd.errors import MemdError, UnknownAgent, WorkspaceError, describe_error
+from memd.errors import LockTimeout, MemdError, UnknownAgent, WorkspaceError, describe_error
 from memd.fsutil import AgentLock, as_owner_of
 from memd.recall.index import RecallIndex, delete_corrupt_copies
 from memd.settings import LoadedConfig
@@ -245,10 +245,19 @@ def forget(
             # taken even for an agent memd has never compacted. Either can fail
             # (.memd a file, a folder memd's user may not write, a read-only fs):
             # one line, and nothing was erased yet.
-            paths.private_dir.mkdir(mode=0o700, exist_ok=True)
-            locked.enter_context(AgentLock(paths.lock, paths.agent).held(wait_s))
-        except MemdError:  # a lock timeout (exit 4) says its own line
+            # Pinned, as compaction takes it: the lock file is written (its holder's
+            # record), so a .memd/ the agent swapped for a symlink must not lead it
+            # to a file named "lock" elsewhere.
+            pinned = locked.enter_context(AgentDir.open(paths))
+            locked.enter_context(
+                AgentLock(paths.lock, paths.agent, dir_fd=pinned.private_fd).held(wait_s)
+            )
+        except LockTimeout:  # says its own line (exit 4)
             raise
+        except MemdError as exc:
+            raise WorkspaceError(
+                f"agent {paths.agent!r}: cannot take its lock: {exc}; nothing was erased"
+            ) from None
         except OSError as exc:
             raise WorkspaceError(
                 f"agent {paths.agent!r}: cannot take its lock: {describe_error(exc)}; "

@@ -163,6 +163,26 @@ def test_refuses_symlink_out_of_workspace(
     assert snapshot_tree(ws.root) == before
 
 
+def test_a_private_folder_swapped_for_a_symlink_leads_the_lock_nowhere(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
+) -> None:
+    """review r8cli: the lock holder writes its record into the lock file, so forget
+    takes the lock in the pinned .memd/, as compaction does (the folder check before
+    it refuses the link; the pinned open closes the window between the two)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "lock").write_text("precious")
+    paths = ws.paths("alpha")
+    for name in os.listdir(paths.private_dir):
+        (paths.private_dir / name).unlink()
+    paths.private_dir.rmdir()
+    paths.private_dir.symlink_to(elsewhere)
+    code, _, err = run(capsys, "forget", "alpha", "--yes", *base_args(ws, state_dir))
+    assert code == 2 and err.count("\n") == 1 and "outside the agent's own folder" in err, err
+    assert (elsewhere / "lock").read_text() == "precious"
+    assert paths.memory.exists()
+
+
 def test_symlink_inside_workspace_removed_as_link(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:
