@@ -102,6 +102,7 @@ class AgentEntry:
     # clock (None: not since the last compaction attempt that got the lock), and
     # whether that has been said as a warning; written under the runner's lock.
     busy_since: float | None = None
+    busy_seen_at: float = 0.0  # the last busy retry (a long gap starts a new run of them)
     busy_warned: bool = False
     count_lock: threading.Lock = field(default_factory=threading.Lock)
 

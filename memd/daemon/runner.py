@@ -104,6 +104,9 @@ DAEMON_LOCK_WAIT_S = 1.0
 # daemon wedged): said once as a warning naming the holder, since memd cannot
 # compact that agent until it lets go.
 BUSY_WARNING_AFTER_S = 30 * 60.0
+# Busy retries of one holder come every retry_base_s plus the lock wait: a gap this
+# long between two means the first holder let go and the next is a new one.
+BUSY_EPISODE_GAP_S = 15 * 60.0
 
 
 class CompactFn(Protocol):
@@ -721,8 +724,9 @@ class Runner:
     def _busy_elsewhere(entry: AgentEntry, error: LockTimeout, now: float) -> None:
         """Another process held the agent's lock (under the runner's lock): retried
         quietly, until it has been held for :data:`BUSY_WARNING_AFTER_S`."""
-        if entry.busy_since is None:
-            entry.busy_since = now
+        if entry.busy_since is None or now - entry.busy_seen_at > BUSY_EPISODE_GAP_S:
+            entry.busy_since, entry.busy_warned = now, False
+        entry.busy_seen_at = now
         held_for = now - entry.busy_since
         if held_for >= BUSY_WARNING_AFTER_S and not entry.busy_warned:
             entry.busy_warned = True
@@ -759,6 +763,11 @@ class Runner:
         name = entry.name
         policy = self.retry_policy
         now = self._clock()
+        if not isinstance(error, LockTimeout):
+            # Any other outcome ends a run of busy retries: the holder let go (this
+            # job may have stopped before taking the lock: under threshold, requeued).
+            with self._lock:
+                self._lock_was_taken(entry)
         if isinstance(error, SummaryRequeued):
             if isinstance(error, SummarySettingsChanged):
                 _log.info("summarizer settings changed while waiting; queued again", agent=name)
@@ -795,8 +804,6 @@ class Runner:
                 self._busy_elsewhere(entry, error, now)
                 self._apply(entry, on_busy_elsewhere(entry.job, str(error), policy=policy, now=now))
             return
-        with self._lock:
-            self._lock_was_taken(entry)
         if isinstance(error, CompactionAborted) and self.abort.is_set():
             # A forced exit (a second SIGINT) rolled the job back: the operator
             # stopped it, the model did not fail. Counted as a failure, a few
