@@ -74,9 +74,11 @@ LISTEN_BACKLOG = 64
 OWNERS_RESCAN_S = 1.0
 # Connections answered without a slot and kept until they hang up (the oldest closed first).
 MAX_TURNED_AWAY = 64
-# A refused uid is logged at most once in this many seconds (the rest are counted).
+# A refused uid is logged at most once in this many seconds per agent it asked
+# for, and at most REFUSAL_LOG_BURST refusals in all per interval (the rest counted).
 REFUSAL_LOG_EVERY_S = 60.0
-MAX_REFUSAL_UIDS = 4096
+REFUSAL_LOG_BURST = 20
+MAX_REFUSAL_KEYS = 4096
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _log = get_logger("memd.recall")
@@ -286,10 +288,15 @@ class RecallSocketServer:
         self._owners_read_at: float | None = None
         # Connections answered without a slot, until they hang up (accept thread only).
         self._turned_away: list[tuple[socket.socket, float]] = []
-        # Per uid: when its last refusal was logged, and the refusals since (any thread).
+        # Per (uid, agent asked for): when its last refusal was logged, and the
+        # refusals since; the lines logged in the current interval, and the refusals
+        # over that burst not logged yet (any thread, under the lock).
         self._clock = clock
         self._refusal_lock = threading.Lock()
-        self._refusals_logged: dict[int, tuple[float | None, int]] = {}
+        self._refusals_logged: dict[tuple[int, str | None], tuple[float | None, int]] = {}
+        self._refusal_window_at = float("-inf")
+        self._refusal_window_lines = 0
+        self._refusals_unlogged = 0
 
     def start(self) -> None:
         """Serve at ``path``; :class:`RecallSocketInUse` when a live process
@@ -488,7 +495,7 @@ class RecallSocketServer:
             validate_agent_name(agent)
             check_access(self.workspace, agent, peer.uid)
         except RecallRefused as exc:
-            self._log_refusal(peer, agent=agent, op=op)
+            self._log_refusal(peer, agent, op)
             return _error(str(exc))
         except (MemdError, OSError) as exc:
             return _error(str(exc))
@@ -527,21 +534,39 @@ class RecallSocketServer:
             return _error(f"memd does not watch agent {agent!r}")
         return {"v": PROTOCOL_VERSION, "ok": True, "status": status}
 
-    def _log_refusal(self, peer: PeerCredentials, **fields: str) -> None:
-        """One warning per uid per ``REFUSAL_LOG_EVERY_S``: a stranger connecting
-        in a loop must not flood the log (the refusals in between are counted
-        and told with the next warning)."""
+    def _log_refusal(self, peer: PeerCredentials, agent: str | None = None, op: str = "") -> None:
+        """Log a refusal, bounded: one line per uid and agent asked for per
+        ``REFUSAL_LOG_EVERY_S`` (a stranger connecting in a loop must not flood the
+        log, yet an agent refused once for nothing (it asked before its folder was
+        handed to it) and then trying another agent's memory is still said), and at
+        most ``REFUSAL_LOG_BURST`` lines per that interval in all (many uids: a
+        rootless container's subuid range). What is left out is counted and told
+        with the next line logged."""
         now = self._clock()
+        key = (peer.uid, agent)
         with self._refusal_lock:
-            last_at, skipped = self._refusals_logged.get(peer.uid, (None, 0))
+            last_at, skipped = self._refusals_logged.get(key, (None, 0))
             if last_at is not None and now - last_at < REFUSAL_LOG_EVERY_S:
-                self._refusals_logged[peer.uid] = (last_at, skipped + 1)
+                self._refusals_logged[key] = (last_at, skipped + 1)
                 return
-            if len(self._refusals_logged) >= MAX_REFUSAL_UIDS:
+            if now - self._refusal_window_at >= REFUSAL_LOG_EVERY_S:
+                self._refusal_window_at, self._refusal_window_lines = now, 0
+            if self._refusal_window_lines >= REFUSAL_LOG_BURST:
+                self._refusals_unlogged += 1
+                return
+            self._refusal_window_lines += 1
+            if len(self._refusals_logged) >= MAX_REFUSAL_KEYS:
                 self._refusals_logged.clear()  # bounded memory; worst case one extra line each
-            self._refusals_logged[peer.uid] = (now, 0)
-        extra: dict[str, Any] = {"refused_since_last": skipped} if skipped else {}
-        _log.warning("recall refused", uid=peer.uid, pid=peer.pid, **fields, **extra)
+            self._refusals_logged[key] = (now, 0)
+            unlogged, self._refusals_unlogged = self._refusals_unlogged, 0
+        fields: dict[str, Any] = {"uid": peer.uid, "pid": peer.pid}
+        if agent is not None:
+            fields.update(agent=agent, op=op)
+        if skipped:
+            fields["refused_since_last"] = skipped
+        if unlogged:
+            fields["refusals_not_logged"] = unlogged  # over the burst, any uid
+        _log.warning("recall refused", **fields)
 
     @staticmethod
     def _reply(conn: socket.socket, payload: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from support.daemon_proc import DaemonProcess
+from support.daemon_proc import DaemonProcess, wait_until
 from support.memfiles import AgentWorkspace, append_entry
 
 from memd.errors import UnknownAgent
@@ -24,6 +24,7 @@ from memd.recall.client import ask
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import (
     MAX_CLIENTS,
+    REFUSAL_LOG_BURST,
     PeerCredentials,
     RecallSocketInUse,
     RecallSocketServer,
@@ -649,5 +650,105 @@ def test_a_stranger_connecting_in_a_loop_is_logged_once_a_minute(tmp_path: Path)
         refused = [entry for entry in logs if entry["event"] == "recall refused"]
         assert [entry.get("refused_since_last") for entry in refused] == [None, 4], refused
         assert all(entry["uid"] == 4242 for entry in refused)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_agent_reading_another_agents_memory_is_logged_after_an_early_refusal(
+    tmp_path: Path,
+) -> None:
+    """review r8cli F4: refusals were throttled per uid alone, so an agent refused once
+    for nothing (it asked before its folder was handed to it) then asking for another
+    agent's memory within the minute was in no log line: each agent asked for is its own."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run clients as other uids")
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    now = [1000.0]
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        alpha = ws.create_agent("alpha")
+        beta = ws.create_agent("beta")
+        os.chown(beta.memory, 65534, 65534)
+        with RecallIndex.open(base / "state", ws.root) as index:
+            server = RecallSocketServer(
+                index, ws.root, socket_path_for("", ws.root), clock=lambda: now[0]
+            )
+            server.start()
+            try:
+                with structlog.testing.capture_logs() as logs:
+                    request = json.dumps({"v": 1, "agent": "beta", "query": "key"})
+                    early = run_raw_client(1000, server.path, request)
+                    assert isinstance(early, dict) and "owns no agent" in early["error"]
+                    os.chown(alpha.dir, 1000, 1000)
+                    os.chown(alpha.memory, 1000, 1000)
+                    assert wait_until(
+                        lambda: (
+                            "may not read agent 'beta'"
+                            in str(run_raw_client(1000, server.path, request))
+                        ),
+                        timeout=10,
+                    )  # once the server's owners rescan (real time) knows uid 1000
+                    now[0] += 5
+            finally:
+                server.stop()
+        refused = [entry for entry in logs if entry["event"] == "recall refused"]
+        assert [(entry["uid"], entry.get("agent")) for entry in refused] == [
+            (1000, None),
+            (1000, "beta"),
+        ], refused
+        assert refused[1]["op"] == "recall"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+_MANY_UIDS = """
+import os, socket, sys
+path, first, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for uid in range(first, first + count):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([]); os.setgid(uid); os.setuid(uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            s.recv(65536)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_strangers_connecting_as_many_uids_cannot_flood_the_log(tmp_path: Path) -> None:
+    """review r8cli F5: a user with a subuid range (rootless podman) connecting as 300
+    uids wrote 300 warnings: the lines are capped per minute in all, and the next line
+    logged says how many were left out."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run clients as other uids")
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    now = [1000.0]
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        os.chown(ws.create_agent("alpha").memory, 1000, 1000)
+        with RecallIndex.open(base / "state", ws.root) as index:
+            server = RecallSocketServer(
+                index, ws.root, socket_path_for("", ws.root), clock=lambda: now[0]
+            )
+            server.start()
+            try:
+                with structlog.testing.capture_logs() as logs:
+                    for first in (100000, 200000):
+                        subprocess.run(
+                            [SYSTEM_PYTHON, "-c", _MANY_UIDS, str(server.path), str(first), "150"],
+                            check=True,
+                            timeout=120,
+                        )
+                        now[0] += 61  # the next minute
+            finally:
+                server.stop()
+        refused = [entry for entry in logs if entry["event"] == "recall refused"]
+        assert len(refused) == 2 * REFUSAL_LOG_BURST, len(refused)
+        assert refused[REFUSAL_LOG_BURST]["refusals_not_logged"] == 150 - REFUSAL_LOG_BURST
     finally:
         shutil.rmtree(base, ignore_errors=True)
