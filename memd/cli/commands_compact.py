@@ -189,6 +189,7 @@ def compact_now(
     out = Console(emoji=False, soft_wrap=True)
     err = Console(stderr=True, emoji=False)
     failures = refused
+    busy = 0
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -268,11 +269,14 @@ def compact_now(
                     out.print(f"{name}: skipped (busy: {exc})", markup=False, highlight=False)
                     progress.advance(task)
                     continue
-                failures += 1
-                if not isinstance(exc, LockTimeout):
+                if isinstance(exc, LockTimeout):
                     # A lock held elsewhere (the daemon compacting, forget, prune) is
                     # no failed compaction: nothing was tried. Recorded, it would
-                    # show as the agent's last error in `memd status` and `history`.
+                    # show as the agent's last error in `memd status` and `history`;
+                    # named, it is exit 4 (busy), as for one agent, unless another failed.
+                    busy += 1
+                else:
+                    failures += 1
                     _record(ledger, name, started, None, error=str(exc))
                 if not all_agents and len(targets) == 1:
                     raise
@@ -316,6 +320,8 @@ def compact_now(
             progress.advance(task)
     if failures:
         sys.exit(1)
+    if busy:
+        sys.exit(LockTimeout.exit_code)
 
 
 # How long the retry of a committed but unfinished compaction waits for the agent's

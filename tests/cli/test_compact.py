@@ -222,7 +222,7 @@ def test_all_agents_skips_an_agent_being_compacted_elsewhere_without_failing(
 ) -> None:
     """`--all` on a fleet the daemon is working on: the agent it holds is being
     compacted, not failed; the others are compacted and the exit is 0. Named, the
-    same agent is still exit 4 (the operator asked for that one)."""
+    same agent is still exit 4 (the operator asked for that one), also among others."""
     paths = ws.paths("beta")
     paths.private_dir.mkdir(mode=0o700)
     with paths.lock.open("a") as handle:
@@ -233,6 +233,15 @@ def test_all_agents_skips_an_agent_being_compacted_elsewhere_without_failing(
         named = memd(
             "compact-now", "beta", "--workspace", str(ws.root), "--wait", "0.2", "--summary", "s"
         )
+        # Named among others (review r8cli F6: exit 1, a failure): the others are
+        # compacted, and the exit says busy.
+        among = memd(
+            "compact-now", "gamma", "beta", "--workspace", str(ws.root), "--wait", "0.2",
+            "--summary", "s",
+        )  # fmt: skip
+    assert among.returncode == 4, among.stderr
+    assert among.stdout.startswith("gamma: ")  # compacted by --all above: nothing left
+    assert among.stderr.count("another compaction holds its lock") == 1
     assert every.returncode == 0, every.stderr
     assert "alpha: compacted" in every.stdout and "gamma: compacted" in every.stdout
     assert "beta: skipped (busy: agent 'beta': another compaction holds its lock" in every.stdout
