@@ -1422,7 +1422,9 @@ def _compact_locked(
             llm_duration_s=llm_s,
             pinned=composed.pinned,
             evicted=composed.evicted,
-            partial=cut < snap.boundary,
+            # Short of what was meant to be summarized (the newest turns kept verbatim
+            # by design are no shortfall): the summarizer stopped at its call budget.
+            partial=cut < kept_from,
             calls=txn.model_calls,
             tokens_appended=tokens_appended,
             pruned=pruned,

@@ -17,6 +17,7 @@ from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 from support.systemd_layout import as_alice, memd_as_root, systemd_layout
 from support.systemd_layout import unavailable as systemd_layout_unavailable
 
+from memd.audit import audit_path
 from memd.core.memfile import parse
 from memd.core.summary_block import parse_summary
 
@@ -783,3 +784,33 @@ def test_compact_now_on_unparsable_memory_says_the_bytes_do_not_parse(
         "cannot be parsed (they are kept verbatim; fix or remove them)\n"
     )
     assert paths.memory.read_bytes() == before
+
+
+def test_a_whole_compaction_that_keeps_the_newest_turns_is_not_reported_partial(
+    tmp_path: Path,
+) -> None:
+    """review r8docs F1: every compaction keeping the newest turns verbatim (the
+    default) said "partial: newer turns stay raw for the next compaction", in its
+    line and the audit log, though the summarizer read every turn it was given:
+    partial is a summarizer stopped short, not the kept tail."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    memory = ws.create_agent("alpha").memory
+    for index in range(200):
+        words = " ".join(f"w{index}x{k}" for k in range(40))
+        append_entry(memory, "Human" if index % 2 == 0 else "AI", f"Turn {index}. {words}")
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ncontext_length = 16000\n")
+    args = ("-w", str(ws.root), "-c", str(config), "--state-dir", str(tmp_path / "state"))
+    kept = {"MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "-1"}  # the default: a tenth kept
+    done = memd("compact-now", "alpha", *args, env=kept)
+    assert done.returncode == 0 and "compacted" in done.stdout, done.stderr
+    assert "partial" not in done.stdout, done.stdout
+    # The newest turns were kept verbatim: the file still ends with the last turn.
+    assert memory.read_text(encoding="utf-8").rstrip().endswith("---")
+    assert "Turn 199." in memory.read_text(encoding="utf-8")
+    records = [
+        json.loads(line)
+        for line in audit_path(tmp_path / "state", ws.root).read_text().splitlines()
+    ]
+    compacted = [record for record in records if record.get("event") == "compaction"]
+    assert compacted and compacted[-1]["partial"] is False, records
