@@ -560,10 +560,21 @@ AGENT_COLUMNS: tuple[str, ...] = AgentRecord._fields[:-1]
 # where it is (INSERT OR REPLACE deleted it and inserted it again under a new
 # rowid: its old page, the table's last page and the primary key's index were all
 # rewritten, each live flush about twice the pages).
+# The last compaction's time only moves forward: a `memd compact-now` beside the
+# daemon records its compaction in the row too (record_compaction), and the
+# daemon's next flush, which knows only its own, must not take it back.
+_LATEST_COMPACTION = (
+    "last_compaction_at = CASE WHEN typeof(agents.last_compaction_at) NOT IN ('integer', 'real')"
+    " OR excluded.last_compaction_at >= agents.last_compaction_at"
+    " THEN excluded.last_compaction_at ELSE agents.last_compaction_at END"
+)
 _UPSERT_AGENT = (
     f"INSERT INTO agents ({', '.join(AGENT_COLUMNS)}) "  # noqa: S608
     f"VALUES ({', '.join('?' * len(AGENT_COLUMNS))}) ON CONFLICT(agent) DO UPDATE SET "
-    + ", ".join(f"{column} = excluded.{column}" for column in AGENT_COLUMNS[1:])
+    + ", ".join(
+        _LATEST_COMPACTION if column == "last_compaction_at" else f"{column} = excluded.{column}"
+        for column in AGENT_COLUMNS[1:]
+    )
 )
 # What each column may hold, as Python reads it. SQLite keeps any type in any
 # column: a row holding anything else (a damaged or hand-edited DB) is not
@@ -1203,6 +1214,15 @@ class StateStore:
                         entry.calls,
                     ),
                 )
+                if entry.error is None and entry.archive is not None:
+                    # A compaction of another process (compact-now beside the daemon)
+                    # is the agent's last one too: `memd status` reads it from the row.
+                    ended = entry.started_at + entry.duration_s
+                    conn.execute(
+                        "UPDATE agents SET last_compaction_at = ? WHERE agent = ?"
+                        " AND (last_compaction_at IS NULL OR last_compaction_at < ?)",
+                        (ended, entry.agent, ended),
+                    )
                 conn.execute(
                     "DELETE FROM ledger WHERE agent = ? AND id <= ("
                     " SELECT id FROM ledger WHERE agent = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",

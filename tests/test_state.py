@@ -83,8 +83,11 @@ def test_roundtrip_agents_ledger_heartbeat(tmp_path: Path, workspace: Path) -> N
         store.record_compaction(entry("a", 20.0, error="summarizer: timeout"))
         store.record_compaction(entry("b", 15.0))
         store.write_heartbeat(pid=123, started_at=1.0, healthy=True, detail="ok", agents=2, ts=50)
-    # Reopen: everything persisted.
+    # Reopen: everything persisted. A compaction recorded in the ledger is the
+    # agent's last one in its row too (a compact-now beside the daemon: status).
     with StateStore.open(state_dir, workspace) as store:
+        a = a._replace(last_compaction_at=10.0 + entry("a", 10.0).duration_s)
+        b = b._replace(last_compaction_at=15.0 + entry("b", 15.0).duration_s)
         assert store.agents() == [a, b]
         assert store.get_agent("b") == b
         history = store.history("a")
@@ -95,8 +98,9 @@ def test_roundtrip_agents_ledger_heartbeat(tmp_path: Path, workspace: Path) -> N
         beat = store.read_heartbeat()
         assert beat is not None and (beat.pid, beat.healthy, beat.agents) == (123, True, 2)
         assert beat.is_fresh(now=55, max_age_s=15) and not beat.is_fresh(now=70, max_age_s=15)
-        store.upsert_agents([record("a", tokens=999)])  # replaces
-        assert store.get_agent("a") == record("a", tokens=999)
+        store.upsert_agents([record("a", tokens=999)])  # replaces, but the last
+        # compaction's time never goes back (the writer may know only its own)
+        assert store.get_agent("a") == record("a", tokens=999, last_compaction_at=11.25)
         store.clear_heartbeat(pid=999)  # someone else's pid: kept
         assert store.read_heartbeat() is not None
         store.clear_heartbeat(pid=123, now=60)

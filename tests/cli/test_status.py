@@ -649,3 +649,48 @@ def test_a_wrongly_typed_row_in_the_daemons_db_is_a_note_not_a_traceback(
     assert "alpha" in out
     # Nor counted over its threshold in the totals (SQLite orders TEXT after numbers).
     assert "0 over threshold" in out, out
+
+
+def _memd_cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "memd", *args],
+        env={**env, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_status_beside_a_daemon_shows_a_compact_now_compaction(tmp_path: Path) -> None:
+    """review r8docs F2: beside a running daemon `memd status` reads the daemon's row,
+    which knew only the daemon's own compactions: an agent `memd compact-now`
+    compacted showed 'last compaction: never' while `memd history` had it. The
+    ledger write sets the row's time, and the daemon's flushes never take it back."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    memory = ws.create_agent("alpha").memory
+    for index in range(40):
+        words = " ".join(f"w{index}x{k}" for k in range(40))
+        append_entry(memory, "Human" if index % 2 == 0 else "AI", f"Turn {index}. {words}")
+    config = tmp_path / "memd.toml"
+    config.write_text("[summarizer]\nkeep_recent_tokens = 0\n[daemon]\nstate_flush_s = 0.5\n")
+    state = tmp_path / "state"
+    args = ("-w", str(ws.root), "-c", str(config), "--state-dir", str(state))
+    with DaemonProcess(ws.root, state, config=config) as daemon:
+        daemon.wait_ready()
+        done = _memd_cli("compact-now", "alpha", *args, home=tmp_path)
+        assert done.returncode == 0 and "compacted" in done.stdout, done.stderr
+        row: dict[str, object] = {}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the daemon's flushes of the new file come and go
+            shown = _memd_cli("status", "alpha", "--json", *args, home=tmp_path)
+            row = json.loads(shown.stdout)
+            if row["source"] == "daemon" and row["last_compaction_at"] is not None:
+                break
+            time.sleep(0.3)
+        assert row["source"] == "daemon" and row["last_compaction_at"] is not None, row
+        time.sleep(2.0)  # the daemon counts the new file and flushes its own row
+        again = json.loads(_memd_cli("status", "alpha", "--json", *args, home=tmp_path).stdout)
+        assert again["last_compaction_at"] == row["last_compaction_at"], again
+        assert daemon.stop() == 0
