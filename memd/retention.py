@@ -45,6 +45,9 @@ class PruneResult:
 
     @property
     def kept(self) -> int:
+        """Archives left after it (on a dry run: that the prune would leave)."""
+        if self.dry_run:
+            return len(self.plan.keep)
         return len(self.plan.keep) + len(self.plan.delete) - len(self.deleted)
 
 

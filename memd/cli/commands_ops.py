@@ -52,6 +52,10 @@ def health(
 ) -> None:
     """Exit 0 when a daemon runs on the workspace and is healthy, else 1 with the reason."""
     loaded = load(workspace, config)
+    from memd.workspace import require_workspace
+
+    # A mistyped workspace is said (exit 2), and leaves no empty state DB behind.
+    require_workspace(loaded.workspace)
     limit = heartbeat_max_age(loaded.config) if max_age is None else max_age
     now = time.time()
     with open_state(loaded, state_dir) as store:
@@ -303,19 +307,16 @@ def render_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _daemon_settings(loaded: LoadedConfig) -> StatePointer | None:
-    """The workspace's daemon pointer when it applies settings over its config
-    (its environment's, e.g. systemd's EnvironmentFile=): what this file's
-    check does not show, and what every other command there uses."""
+def _daemon_pointer(loaded: LoadedConfig) -> StatePointer | None:
+    """The workspace's running daemon's pointer: its config file and the settings
+    it applies over it (its environment's, e.g. systemd's EnvironmentFile=), what
+    every other command there uses when no config is named."""
     from memd.pointer import PointerRefused, read_pointer
 
     try:
-        pointer = read_pointer(loaded.workspace)
+        return read_pointer(loaded.workspace)
     except (PointerRefused, OSError):
         return None
-    if pointer is None or not pointer.settings:
-        return None
-    return pointer
 
 
 @config_app.command("check")
@@ -336,6 +337,13 @@ def config_check(
     chosen = file if file is not None else config
     try:
         loaded = load(workspace, chosen, follow_pointer=False)
+        pointer = None if loaded.config_explicit else _daemon_pointer(loaded)
+        if pointer is not None and pointer.config is not None and pointer.config != loaded.source:
+            # No file named: the one the running daemon applies is the one that
+            # matters (started with --config or MEMD_CONFIG in its environment),
+            # as every other command on its workspace takes it.
+            chosen = pointer.config
+            loaded = load(loaded.workspace, chosen, follow_pointer=False)
     except ConfigError as exc:
         # Every error at once (not only the first), in both forms.
         if as_json:
@@ -369,7 +377,9 @@ def config_check(
         raise typer.Exit(2)
     data = effective_config(loaded)
     source = str(loaded.source) if loaded.source else "(no file: defaults)"
-    daemons = None if loaded.config_explicit else _daemon_settings(loaded)
+    if pointer is not None and pointer.config is not None and loaded.source == pointer.config:
+        source += f" (the running daemon's, named by its pointer {pointer.path})"
+    daemons = pointer if pointer is not None and pointer.settings else None
     if as_json:
         payload: dict[str, Any] = {
             "valid": True,

@@ -55,7 +55,8 @@ def load(
         # A workspace this user cannot enter at all is the command's own
         # one-line error (or doctor's `fail workspace`): saying the pointer in
         # it is unreadable too adds a line and nothing new.
-        if os.access(loaded.workspace, os.X_OK) or not loaded.workspace.is_dir():
+        # So is a workspace that is no folder (a file named by mistake).
+        if loaded.workspace.is_dir() and os.access(loaded.workspace, os.X_OK):
             warn(f"ignoring {exc}")
         return loaded
     if pointer is None:

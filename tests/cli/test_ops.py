@@ -52,6 +52,24 @@ def test_health_without_daemon(
     assert err.count("\n") == 1 and "no heartbeat" in err
 
 
+def test_health_and_status_on_a_mistyped_workspace_say_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    """review r8docs F6: health on a workspace that does not exist left an empty state
+    DB for it, and a file named as the workspace took two lines (a pointer warning)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    before = sorted(state_dir.iterdir())
+    missing = tmp_path / "no-such-ws"
+    code, out, err = run(capsys, "health", "-w", str(missing), "--state-dir", str(state_dir))
+    assert code == 2 and out == "" and err == f"memd: error: workspace {missing} does not exist\n"
+    assert sorted(state_dir.iterdir()) == before
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for command in ("health", "status"):
+        code, out, err = run(capsys, command, "-w", str(afile), "--state-dir", str(state_dir))
+        assert code == 2 and err == f"memd: error: workspace {afile} is not a directory\n", err
+
+
 def test_health_fresh_heartbeat(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:
@@ -429,3 +447,45 @@ def test_config_check_on_a_mistyped_workspace_says_so(
     # Without --workspace a config is still checked with no workspace at all.
     code, out, _err = run(capsys, "config", "check")
     assert code == 0 and out
+
+
+def test_config_check_beside_a_daemon_checks_the_config_the_daemon_applies(
+    tmp_path: Path,
+) -> None:
+    """review r8docs F5: beside a daemon started with --config (or MEMD_CONFIG in its
+    environment), `memd config check -w WS` checked the default file ('(no file:
+    defaults)': builtin, redact = true) while the daemon sent unredacted text to a
+    remote model; doctor, status and history already took the daemon's file."""
+    from support.daemon_proc import DaemonProcess
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha", entries=2)
+    config = tmp_path / "daemon.toml"
+    config.write_text(
+        '[summarizer]\nmodel = "openai/gpt-4o-mini"\n[privacy]\nredact = false\n'
+        "[daemon]\nstate_flush_s = 0.5\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+    env.update(HOME=str(tmp_path / "home"), LITELLM_LOCAL_MODEL_COST_MAP="True")
+
+    def config_check(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "memd", "config", "check", "-w", str(ws.root), *args]
+        return subprocess.run(
+            argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        daemon.wait_ready(timeout=60)
+        checked = config_check()
+        as_json = config_check("--json")
+        own = tmp_path / "other.toml"
+        own.write_text("[privacy]\nredact = true\n")
+        named = config_check(str(own))  # a file named is the file checked
+        assert daemon.stop() == 0
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith(f"# valid: {config} (the running daemon's, named by its")
+    assert 'model = "openai/gpt-4o-mini"' in checked.stdout and "redact = false" in checked.stdout
+    payload = json.loads(as_json.stdout)
+    assert payload["source"].startswith(str(config)), payload
+    assert payload["config"]["privacy"]["redact"] is False
+    assert named.stdout.startswith(f"# valid: {own}\n"), named.stdout

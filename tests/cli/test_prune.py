@@ -73,6 +73,9 @@ def test_prune_deletes_audits_and_drops_recall_rows(
     assert code == 0, err
     assert "alpha: would delete 1 archive(s)" in out and old.name in out and "max_age_days" in out
     assert old.exists()
+    # What it would keep, not what is there now (review r8docs F6: "2 kept").
+    code, out, err = run(capsys, "prune", "alpha", "--dry-run", "--json", *common)
+    assert code == 0 and json.loads(out)["agents"][0]["kept"] == 1, out
 
     code, out, err = run(capsys, "prune", "alpha", *common)
     assert code == 0, err
