@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from memd.core.secrets import URL_USERINFO
+from memd.core.secrets import URL_USERINFO, find_secrets
 from memd.core.secrets import contains_secret as looks_like_credential
 
 CountText = Callable[[str], int]
@@ -323,7 +323,7 @@ def _extract_facts(text: str, *, screen: bool, marked_limit: int | None = None) 
     """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
     (the reference the screened run is tested against). Past ``marked_limit``
     marked texts, a marked text is not pinned but read as any other text."""
-    found, spans = _marked_facts(text, screen=screen, limit=marked_limit)
+    found, spans, secrets = _marked_facts(text, screen=screen, limit=marked_limit)
     # The other patterns read the text with the marked ones blanked, cut out by
     # their places in one pass (a text with a marked line on every line is not
     # searched once per line).
@@ -341,6 +341,10 @@ def _extract_facts(text: str, *, screen: bool, marked_limit: int | None = None) 
         kept = _kept_part(line)
         if kept is not None:
             found += [f for f in _plain_facts(line, screen=screen) if f.text not in kept]
+    if secrets:
+        # A marked line left in the text for holding a credential: none of its
+        # facts is the credential ("Remember: api_key = 3fa9…" is no commit hash).
+        found = [f for f in found if not any(s in f.text or f.text in s for s in secrets)]
     return _unique(found)
 
 
@@ -359,14 +363,16 @@ def _within(spans: list[tuple[int, int]], at: int) -> bool:
 
 def _marked_facts(
     text: str, *, screen: bool, limit: int | None
-) -> tuple[list[Fact], list[tuple[int, int]]]:
-    """Marked lines, marked sentences and preferences: their facts, and where they
-    are in ``text`` (in order).
+) -> tuple[list[Fact], list[tuple[int, int]], set[str]]:
+    """Marked lines, marked sentences and preferences: their facts, where they
+    are in ``text`` (in order), and the credentials the ones not pinned for
+    holding one hold.
 
     Only the first ``limit`` marked texts (None: all) are pinned and blanked; the
-    others, and one holding a redaction placeholder (which names nothing), are
-    left in the text, whose facts are then read as any other text's: a turn's
-    17th ``Remember:`` line lost its path with the line (review r7pins F7).
+    others, one holding a redaction placeholder (which names nothing) and one
+    holding a credential (never pinned), are left in the text, whose facts are
+    then read as any other text's: a turn's 17th ``Remember:`` line lost its path
+    with the line (review r7pins F7).
     """
     marked: list[tuple[int, int]] = []
     if not screen or ":" in text:
@@ -389,17 +395,26 @@ def _marked_facts(
     found: list[Fact] = []
     spans: list[tuple[int, int]] = []
     pinned: set[str] = set()
+    secrets: set[str] = set()
     for start, end in marked:
         fact = Fact("marked", _clean(text[start:end]))
         if _has_placeholder(fact.text):
             continue
-        if fact.key not in pinned and not looks_like_credential(fact.text):
+        credentials = {span.value(fact.text) for span in find_secrets(fact.text)}
+        if credentials:
+            # Not pinned, and not blanked: its other facts are read as any
+            # text's but the credential ("Remember: the DB is
+            # postgres://app:pw@db/x" pins the URL without its password; the
+            # line was dropped with the URL).
+            secrets |= credentials
+            continue
+        if fact.key not in pinned:
             if limit is not None and len(pinned) >= limit:
                 continue
             pinned.add(fact.key)
         found.append(fact)
         spans.append((start, end))
-    return found, sorted(spans)
+    return found, sorted(spans), secrets
 
 
 def _has_placeholder(text: str) -> bool:

@@ -42,7 +42,21 @@ PII: Final = "pii"
 # is not scanned to its end from every "://" in it); an "@" in a path after the
 # URL's port is not one ("http://localhost:4873/@scope/pkg"): a ":" followed by a
 # port and "/", "?" or "#" is the host's port. Pins strip the password by it too.
-URL_USERINFO: Final = r"([^\s:/?#@\[\]\"'<>`]*):(?!\d{1,5}[/?#])([^\s\"'<>`]{0,256})@"
+# Not a port: after no name (``redis://:2024/x@cache``: no host is empty), a
+# number over 65535, and outside the web's schemes (whose paths hold "@": npm's
+# ``/@scope/pkg``, ``/@alice``) digits, "/" and a name without "/", "?" or "#"
+# up to an "@": ``postgres://app:2024/x@db/x`` holds the password ``2024/x``
+# (it was read as the host "app" on port 2024, and pinned and sent whole).
+_URL_NAME: Final = r"[^\s:/?#@\[\]\"'<>`]"
+_URL_PORT: Final = r"(?:\d{1,4}|[0-5]\d{4}|6[0-4]\d{3}|65[0-4]\d\d|655[0-2]\d|6553[0-5])"
+_WEB_SCHEME: Final = (
+    r"(?i:(?<=http://)|(?<=https://)|(?<=ws://)|(?<=wss://)|(?<=ftp://)|(?<=ftps://))"
+)
+URL_USERINFO: Final = (
+    rf"(?!{_WEB_SCHEME}{_URL_NAME}++:{_URL_PORT}[/?#]"
+    rf"|{_URL_NAME}++:{_URL_PORT}(?:[?#]|/(?![^\s/?#\"'<>`]*@)))"
+    rf"({_URL_NAME}*):([^\s\"'<>`]{{0,256}})@"
+)
 
 # What a redaction leaves behind: ``[REDACTED:kind#3f9a1c]``.  Never re-detected.
 PLACEHOLDER_RE: Final = re.compile(r"\[REDACTED:[a-z0-9_]+(?:#[0-9a-f]{4,16})?\]")

@@ -467,6 +467,8 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         "v1.",
         "1.1-",
         "1,",  # a quantity from each digit of "1,2,3,…"
+        "a://b:1/",  # a URL password of digits and a slash, or a port
+        "a://:1/b",
     ],
 )
 def test_extraction_time_grows_linearly_on_long_runs(unit: str) -> None:
@@ -618,4 +620,43 @@ def test_every_marked_lines_path_is_pinned() -> None:
     ]
     assert [f.text for f in tool if f.kind == "path"] == [
         f"/etc/{name}/config.yaml" for name in "efg"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "url", "password"),
+    [
+        ("The DB is postgres://app:2024/x@db/x now.", "postgres://app@db/x", "2024/x"),
+        ("cache at redis://:2024/x@cache:6379/0 now", "redis://cache:6379/0", "2024/x"),
+        ("The DB is postgres://app:123456@db/x now.", "postgres://app@db/x", "123456"),
+        ("cache at redis://:987654@cache:6379/0 now", "redis://cache:6379/0", "987654"),
+        # Marked: the line holds a credential, so it is not pinned; its URL is.
+        ("Remember: the DB is postgres://app:123456@db/x", "postgres://app@db/x", "123456"),
+        ("Note: redis://:987654@cache:6379/0 is the cache.", "redis://cache:6379/0", "987654"),
+        ("Remember: the DB is postgres://app:2024/x@db/x", "postgres://app@db/x", "2024/x"),
+    ],
+)
+def test_a_digits_only_url_password_is_never_pinned_but_its_url_is(
+    text: str, url: str, password: str
+) -> None:
+    """``app:2024/x@db`` was read as the host "app" on port 2024 and pinned whole;
+    a marked line holding a URL's password was dropped with the URL."""
+    facts = [f.text for f in extract_from_entry("Human", text)]
+    assert url in facts
+    assert [fact for fact in facts if password in fact] == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Remember: api_key = 3fa9b2c01d4e5f60718293a4b5c6d7e8f9a0b1c2 on build.internal",
+        "Remember: password: 123e4567-e89b-12d3-a456-426614174000 on build.internal",
+        "Remember: export DB_PASSWORD=db.internal for build.internal",
+    ],
+)
+def test_a_marked_line_with_a_credential_pins_its_other_facts_not_the_credential(
+    text: str,
+) -> None:
+    assert [(f.kind, f.text) for f in extract_from_entry("Human", text)] == [
+        ("identifier", "build.internal")
     ]

@@ -122,6 +122,38 @@ def test_a_url_password_runs_to_the_authoritys_last_at(text: str, password: str)
     assert [(s.kind, s.value(text)) for s in find_secrets(text)] == [("url_password", password)]
 
 
+@pytest.mark.parametrize(
+    ("text", "password"),
+    [
+        ("postgres://app:2024/x@db/x", "2024/x"),
+        ("postgres://app:12/ab+Q=@db.internal:5432/app", "12/ab+Q="),
+        ("redis://:2024/x@cache:6379/0", "2024/x"),
+        ("https://app:70000/x@db/x", "70000/x"),
+        ("postgres://app:123456@db/x", "123456"),
+        ("redis://:987654@cache:6379/0", "987654"),
+    ],
+    ids=["dsn", "dsn-base64", "no-user", "over-65535", "six-digits", "six-digits-no-user"],
+)
+def test_a_url_password_of_digits_and_a_slash_is_no_port(text: str, password: str) -> None:
+    """``user:2024/x@`` was read as the host "user" on port 2024, and the password
+    went out as written: outside the web's schemes (whose paths hold "@"), after
+    no user name, or past 65535, it is the password."""
+    assert [(s.kind, s.value(text)) for s in find_secrets(text)] == [("url_password", password)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://example.com:8443/a@b",
+        "https://app:2024/x@db/x",  # the web's: a port, and an "@" in the path
+        "smtp://mail.example.com:587/?from=alerts@example.com",
+        "postgres://db:5432/app?user=ops@example.com",
+    ],
+)
+def test_a_port_before_an_at_in_the_path_or_query_is_still_a_port(text: str) -> None:
+    assert [s for s in find_secrets(text) if s.kind == "url_password"] == []
+
+
 def _find_seconds(text: str, *, under: float | None = None) -> float:
     best = float("inf")
     for _ in range(3):
@@ -133,7 +165,7 @@ def _find_seconds(text: str, *, under: float | None = None) -> float:
     return best
 
 
-@pytest.mark.parametrize("unit", ["a+", "a.", "a-", "a://b:"])
+@pytest.mark.parametrize("unit", ["a+", "a.", "a-", "a://b:", "a://b:1/", "a://:1/b"])
 def test_a_long_run_beside_a_url_is_scanned_in_linear_time(unit: str) -> None:
     """A URL's scheme could start at every letter of a long "a+a+…" run and was
     read to the run's end from each (review r7pins F2): the 8x input takes less
