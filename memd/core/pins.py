@@ -149,11 +149,19 @@ _UUID_RE: Final = re.compile(
     r"(?<![\w-])[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}(?![\w-])"
 )
 _HEX4: Final = r"[0-9A-Fa-f]{1,4}"
+_IPV4_TAIL: Final = r"(?:\d{1,3}\.){3}\d{1,3}"
 # An IPv6 address: eight groups, or fewer with one "::" (with a digit: Rust's
 # Add::add is no address), optionally /prefix; ending where no group goes on.
+# The last two groups may be written as an IPv4 address: ::ffff:10.0.0.1,
+# 64:ff9b::192.0.2.1 (they were pinned as their IPv4 part alone).
 _IPV6: Final = (
     r"(?=[0-9A-Fa-f:]*\d)(?:"
-    rf"(?:{_HEX4}:){{7}}{_HEX4}"
+    rf"(?:{_HEX4}:){{6}}{_IPV4_TAIL}"
+    rf"|::(?:{_HEX4}:){{0,5}}{_IPV4_TAIL}"
+    + "".join(
+        rf"|(?:{_HEX4}:){{{left}}}:(?:{_HEX4}:){{0,{5 - left}}}{_IPV4_TAIL}" for left in range(1, 6)
+    )
+    + rf"|(?:{_HEX4}:){{7}}{_HEX4}"
     + "".join(rf"|(?:{_HEX4}:){{1,{left}}}(?::{_HEX4}){{1,{7 - left}}}" for left in range(1, 7))
     + rf"|::(?:{_HEX4}:){{0,6}}{_HEX4}"
     rf"|(?:{_HEX4}:){{1,7}}:(?=/\d)"
@@ -469,7 +477,7 @@ def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
         elif kind == "uuid":
             possible = "-" in plain and _UUID_HINT.search(plain) is not None
         elif kind == "ipv6":
-            possible = digits and ("::" in plain or plain.count(":") >= 7)
+            possible = digits and ("::" in plain or plain.count(":") >= 6)
         elif kind == "identifier":
             possible = digits or "." in plain
         else:

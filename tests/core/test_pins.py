@@ -107,6 +107,12 @@ def test_each_kind_is_extracted(text: str, kind: str, fact: str) -> None:
             "2001:0db8:0000:0000:0000:ff00:0042:8329",
         ),
         ("route 2001:db8::/32 there", "identifier", "2001:db8::/32"),
+        # IPv4-mapped and -embedded IPv6, whole (its IPv4 part alone was pinned).
+        ("listen on ::ffff:10.0.0.1 now", "identifier", "::ffff:10.0.0.1"),
+        ("listen on [::ffff:192.168.1.5]:8080.", "identifier", "[::ffff:192.168.1.5]:8080"),
+        ("nat64 64:ff9b::192.0.2.1.", "identifier", "64:ff9b::192.0.2.1"),
+        ("full 0:0:0:0:0:ffff:10.0.0.1 form", "identifier", "0:0:0:0:0:ffff:10.0.0.1"),
+        ("route ::ffff:10.0.0.0/104 there", "identifier", "::ffff:10.0.0.0/104"),
         # E-mail addresses and UUIDs whole, not a hostname or a hex run (F3).
         ("mail alice.smith+ops@example.co.uk today", "identifier", "alice.smith+ops@example.co.uk"),
         ("write to mailto:oncall@acme.io", "identifier", "oncall@acme.io"),
@@ -385,6 +391,24 @@ _FACT_FRAGMENTS = st.sampled_from(
         "e.g. ",
         "[REDACTED:url_password#70782a]",
         "postgres://app:p@ss/w0rd@db.internal/x",
+        "0:0:0:0:0:ffff:",
+        ":ffff:",
+        ".\\",
+        "..\\",
+        "%APPDATA%\\",
+        '"C:\\Program Files\\',
+        "' ",
+        '"',
+        "my app.exe",
+        "ghcr.io/",
+        "acme/api:1.2.3",
+        "@sha256:" + "ab" * 32,
+        "^",
+        ">=",
+        "deploy/",
+        "./run.sh",
+        ":120:5",
+        "pod-7d9f8c6b5-x2k4p",
     ]
 )
 
@@ -469,6 +493,8 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         "1,",  # a quantity from each digit of "1,2,3,…"
         "a://b:1/",  # a URL password of digits and a slash, or a port
         "a://:1/b",
+        "::ffff:1.",  # IPv4-mapped IPv6
+        "1:1:1:1:1:1:1.",
     ],
 )
 def test_extraction_time_grows_linearly_on_long_runs(unit: str) -> None:
