@@ -107,11 +107,20 @@ _PATH_RE: Final = re.compile(
     r"(?<![\w/.:-])(?:~|\.{1,2})?/(?:[\w.@+-]+/)+[\w.@+-]*[\w@+-]"
     r"|(?<![\w/.:-])[\w-]+/(?:[\w.-]+/)*[\w-]+\.[A-Za-z][\w]{0,7}\b"
 )
+# Quoted, a path runs to its quote: its last name may hold spaces too
+# ("C:\Program Files\My App\my app.exe"), a trailing separator left out.
+_WIN_SEP: Final = r"(?:\\\\?|/)"
+_WIN_QUOTED: Final = "|".join(
+    rf"(?<={quote})[A-Za-z]:{_WIN_SEP}(?:{name}++{_WIN_SEP})*{name}++(?={_WIN_SEP}?{quote})"
+    for quote, name in (('"', r"[^\n\r\t\"<>|?*:\\/]"), ("'", r"[^\n\r\t'\"<>|?*:\\/]"))
+)
 _WINDOWS_PATH_RE: Final = re.compile(
     # C:\Users\me\app.py, D:/data/x.csv (and JSON's C:\\Users\\me)
-    rf"(?<![\w/\\.:-])[A-Za-z]:(?:\\\\?|/)(?:{_WIN_DIR}(?:\\\\?|/))*{_WIN_NAME}"
+    rf"{_WIN_QUOTED}|(?<![\w/\\.:-])[A-Za-z]:(?:\\\\?|/)(?:{_WIN_DIR}(?:\\\\?|/))*{_WIN_NAME}"
     # \\server\share\dir\f.txt
     rf"|(?<![\w\\])\\\\[\w.-]+\\[\w.$-]+(?:\\(?:{_WIN_DIR}\\)*{_WIN_NAME})?"
+    # .\scripts\run.ps1, ..\build\out.dll, ~\AppData\x.txt, %APPDATA%\Code\settings.json
+    rf"|(?<![\w\\/.:~%$-])(?:\.{{1,2}}|~|%[A-Za-z_][\w()]*%)\\\\?(?:{_WIN_DIR}\\\\?)*{_WIN_NAME}"
 )
 _MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*"
 _DATE_RE: Final = re.compile(
@@ -468,6 +477,7 @@ def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
             possible = True
         elif kind == "windows_path":
             possible = ":\\" in plain or ":/" in plain or "\\\\" in plain
+            possible = possible or ".\\" in plain or "~\\" in plain or "%\\" in plain
         elif kind == "path":
             possible = "/" in plain
         elif kind == "version":

@@ -136,6 +136,26 @@ def test_each_kind_is_extracted(text: str, kind: str, fact: str) -> None:
         ),
         (r'"cwd": "C:\\Users\\me\\proj"', "path", r"C:\\Users\\me\\proj"),
         (r"on \\fileserver\builds$\nightly\f.txt.", "path", r"\\fileserver\builds$\nightly\f.txt"),
+        # Quoted, a path runs to its quote (its last name was cut at a space);
+        # relative Windows paths were not pinned at all.
+        (
+            r"run 'C:\Program Files\My App\my app.exe' now",
+            "path",
+            r"C:\Program Files\My App\my app.exe",
+        ),
+        (r'cd "C:\Program Files\My App\" first', "path", r"C:\Program Files\My App"),
+        (
+            r'{"path": "C:\\Users\\John Smith\\read me.txt"}',
+            "path",
+            r"C:\\Users\\John Smith\\read me.txt",
+        ),
+        (r"it is in C:\Program Files\App\app.exe", "path", r"C:\Program Files\App\app.exe"),
+        (r"run .\scripts\run.ps1 -Verbose", "path", r".\scripts\run.ps1"),
+        (r"copy ..\build\out.dll there.", "path", r"..\build\out.dll"),
+        (r"link ..\..\lib\x.dll", "path", r"..\..\lib\x.dll"),
+        (r'"cwd": ".\\src\\app"', "path", r".\\src\\app"),
+        (r"edit %APPDATA%\Code\User\settings.json", "path", r"%APPDATA%\Code\User\settings.json"),
+        (r"see ~\AppData\Local\x.txt", "path", r"~\AppData\Local\x.txt"),
     ],
 )
 def test_more_kinds_are_pinned_whole_and_once(text: str, kind: str, fact: str) -> None:
@@ -174,6 +194,7 @@ def test_a_urls_password_is_never_pinned(text: str, fact: str) -> None:
         "decorate with @pytest.mark.slow and @property; ping @alice",
         "see section 4.2. and chapter 7, page 12-14",
         "a backslash \\ alone, C: drive, and \\\\ twice",
+        'regex a.\\d and \\.\\w, "done.\\nNext" and wait...\\nok',
     ],
 )
 def test_prose_numbers_and_times_are_not_pinned(text: str) -> None:
@@ -495,6 +516,11 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         "a://:1/b",
         "::ffff:1.",  # IPv4-mapped IPv6
         "1:1:1:1:1:1:1.",
+        ".\\a ",  # relative and quoted Windows paths
+        "..\\a a ",
+        "%a%\\",
+        "'C:\\a ",
+        '"C:\\a\\',
     ],
 )
 def test_extraction_time_grows_linearly_on_long_runs(unit: str) -> None:
