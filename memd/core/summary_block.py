@@ -112,6 +112,12 @@ def parse_summary(text: str) -> ParsedSummary:
 # A line of the builtin summary: "- (2026-03-02T10:30:09) Human: …", stamped with
 # the time of the turn it comes from.
 _STAMPED_LINE_RE: Final = re.compile(r"^[ \t]*- \((\d{4}-\d{2}-\d{2}T[\d:.]+)\) ")
+# A model's timeline line opens with its day: "- 2026-03-02: …", "* **2026-03-02** — …",
+# "1. [2026-03-02 10:30] …".
+_DAY_LINE_RE: Final = re.compile(
+    r"^[ \t]*+(?:[-*+][ \t]++|\d{1,3}\.[ \t]++)?[(\[*]{0,2}(\d{4}-\d{2}-\d{2})"
+    r"(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?[)\]*]{0,2}[ \t]*(?:[:\u2014\u2013-]|$)"
+)
 
 
 def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
@@ -120,24 +126,31 @@ def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
     A fact the last model kept in its own words is no longer in the pinned
     section; reading it back from the body is what keeps it pinned if the next
     model drops it.  Each keeps the date it was last mentioned: a pinned fact
-    its section's, a fact on a stamped line (the builtin summary's) that line's;
-    only a fact the body alone names, on no stamped line, is dated by the
-    previous summary itself (``previous_timestamp``).
+    its section's, a fact on a stamped line (the builtin summary's) that line's,
+    one on a line a day opens (a model's timeline) that day unless it is after
+    the previous summary's (``previous_timestamp``: a date to come is no
+    mention); a fact the body alone names on no dated line is undated: it was
+    dated by the previous summary itself, as if mentioned the day of the
+    compaction, and so outlived the facts really mentioned since.
     """
     stamped: list[Pin] = []
     unstamped: list[str] = []
+    written = previous_timestamp[:10]
     for line in previous.body.split("\n"):
-        match = _STAMPED_LINE_RE.match(line)
-        if match is None:
-            unstamped.append(line)
+        stamp = _STAMPED_LINE_RE.match(line)
+        day = None if stamp is not None else _DAY_LINE_RE.match(line)
+        if stamp is not None:
+            when = stamp.group(1)
+        elif day is not None and not (written and day.group(1) > written):
+            when = day.group(1)
         else:
-            stamped += [Pin(f.kind, f.text, match.group(1)) for f in extract_facts(line)]
+            unstamped.append(line)
+            continue
+        stamped += [Pin(f.kind, f.text, when) for f in extract_facts(line)]
     dated = merge_pins(stamped, list(previous.pins))
     known = {pin.key for pin in dated}
     from_body = [
-        Pin(f.kind, f.text, previous_timestamp)
-        for f in extract_facts("\n".join(unstamped))
-        if f.key not in known
+        Pin(f.kind, f.text, "") for f in extract_facts("\n".join(unstamped)) if f.key not in known
     ]
     return merge_pins(from_body, dated)
 

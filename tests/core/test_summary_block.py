@@ -148,8 +148,44 @@ def test_carried_pins_keep_the_date_of_their_last_mention() -> None:
         # Pinned: the section's date, though the body names it too.
         "/srv/a/b.yaml": "2026-03-01",
         "2027-01-02": "2026-03-01",
-        # Named by the body alone, on no stamped line: the summary's own time.
-        "replica7.db.internal": "2026-12-03T06:00:00",
+        # Named by the body alone, on no dated line: undated (it was dated by
+        # the summary's own time, the compaction's day).
+        "replica7.db.internal": "",
+    }
+
+
+def test_facts_an_llm_summary_names_on_no_dated_line_are_carried_undated() -> None:
+    """A model's summary names facts in its own words on lines of no day: they
+    were re-dated to the compaction's day at each carry, so the least recently
+    mentioned looked newest and outlived the facts really mentioned since. A
+    line of the model's timeline dates its facts by its day (not one to come)."""
+    body = (
+        "## Decisions\n"
+        "- Config lives at /srv/app/config.yaml; the client is pinned to 3.29.1.\n"
+        "## Timeline\n"
+        "- 2026-03-02: moved the cache to redis.internal:6379.\n"
+        "* **2026-03-04** \u2014 ticket OPS-4412 opened.\n"
+        "- 2027-04-02: cutover to db2.internal (planned).\n"
+    )
+    previous = parse_summary(f"{body}\n{version_line('', 0)}")
+    carried = carried_pins(previous, "2026-12-03T06:00:00")
+    assert {pin.text: pin.last_seen for pin in carried} == {
+        "/srv/app/config.yaml": "",
+        "3.29.1": "",
+        "redis.internal:6379": "2026-03-02",
+        "2026-03-02": "2026-03-02",
+        "2026-03-04": "2026-03-04",
+        "OPS-4412": "2026-03-04",
+        "2027-04-02": "",
+        "db2.internal": "",
+    }
+    # Rendered under "undated", and read back so at the next carry.
+    composed = compose_summary("Work continues.", carried, pinned_tokens=400, count_text=word_count)
+    section = composed.text.split(PINNED_HEADING, 1)[1]
+    assert section.lstrip("\n").startswith("undated:\n")
+    again = carried_pins(parse_summary(composed.text), "2026-12-04T06:00:00")
+    assert {pin.text: pin.last_seen for pin in again} == {
+        pin.text: pin.last_seen[:10] for pin in carried
     }
 
 
