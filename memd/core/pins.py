@@ -103,9 +103,41 @@ _SHELL_LINE_RE: Final = re.compile(r"^[ \t]*\$ ([^\n]{2,200})$", re.MULTILINE)
 # name holds none (where a path in prose ends cannot be told otherwise).
 _WIN_DIR: Final = r"[\w.$~@+-]+(?: [\w.$~@+-]+| ?\([\w.$~@+-]+\))*"
 _WIN_NAME: Final = r"[\w.$~@+-]*[\w$~@+-]"
+# A relative ./deploy.sh or ~/notes.txt needs no directory; a path may end with
+# a line (and column) reference: src/a.py:120:5.
+_LINE_REF: Final = r"(?::\d{1,7}(?::\d{1,4})?(?!\d))?"
 _PATH_RE: Final = re.compile(
-    r"(?<![\w/.:-])(?:~|\.{1,2})?/(?:[\w.@+-]+/)+[\w.@+-]*[\w@+-]"
-    r"|(?<![\w/.:-])[\w-]+/(?:[\w.-]+/)*[\w-]+\.[A-Za-z][\w]{0,7}\b"
+    r"(?<![\w/.:-])(?:(?:~|\.{1,2})/(?:[\w.@+-]+/)*|/(?:[\w.@+-]+/)+)[\w.@+-]*[\w@+-]"
+    + _LINE_REF
+    + r"|(?<![\w/.:-])[\w-]+/(?:[\w.-]+/)*[\w-]+\.[A-Za-z][\w]{0,7}\b"
+    + _LINE_REF
+)
+# Kubernetes resources (deploy/api, deployment.apps/api, pod/api-7d9f-x2k4p): a
+# word of prose ("pod/container", "job/task") only with a "-" or digit in its name.
+_K8S_KIND: Final = (
+    r"(?:deploy(?:ments?)?|svc|sts|statefulsets?|ds|daemonsets?|cm|configmaps?|cronjobs?"
+    r"|ing|ingress(?:es)?|pvc|hpa|rs|replicasets?|sa|serviceaccounts?|crd)"
+)
+_K8S_NAME: Final = r"[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?"
+_K8S_RE: Final = re.compile(
+    rf"(?<![\w/.-])(?:{_K8S_KIND}(?:\.[a-z0-9-]+)*/{_K8S_NAME}"
+    r"|(?:pods?|services?|jobs?|secrets?|nodes?|namespaces?)(?:\.[a-z0-9-]+)*/"
+    r"(?=[a-z0-9.]*[-\d])" + _K8S_NAME + r")(?![\w/-]|\.\w)"
+)
+# Container images: registry/repo[:tag][@sha256:…] (ghcr.io/org/img:1.2.3@sha256:…),
+# a repo with a digest, or org/name:tag with a version or "latest" as its tag (a
+# file's line, src/a.py:120, is none, nor prose's "yes/no:maybe").
+_IMAGE_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+_IMAGE_PART: Final = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_TAG: Final = r":\w[\w.-]{0,127}"
+_IMAGE_DIGEST: Final = r"@sha256:[0-9a-f]{64}"
+_IMAGE_RE: Final = re.compile(
+    rf"(?<![\w./:@-])(?:(?:{_IMAGE_LABEL}(?:\.{_IMAGE_LABEL})+(?::\d{{1,5}})?|localhost:\d{{1,5}})"
+    rf"/{_IMAGE_PART}(?:/{_IMAGE_PART})*(?:{_IMAGE_TAG}(?:{_IMAGE_DIGEST})?|{_IMAGE_DIGEST})"
+    rf"|{_IMAGE_PART}(?:/{_IMAGE_PART})*(?:{_IMAGE_TAG})?{_IMAGE_DIGEST}"
+    r"|[a-z0-9]+(?:[_-]+[a-z0-9]+)*/[a-z0-9]+(?:[_-]+[a-z0-9]+)*"
+    r":(?:\d[\w.-]{0,127}|(?:latest|stable|edge|nightly)(?:-[\w.-]{1,64})?))"
+    r"(?![\w/:@-]|\.\w)"
 )
 # Quoted, a path runs to its quote: its last name may hold spaces too
 # ("C:\Program Files\My App\my app.exe"), a trailing separator left out.
@@ -131,9 +163,11 @@ _DATE_RE: Final = re.compile(
 )
 # A version may end a sentence ("upgraded to 3.29.1."): a dot after it counts only
 # when another character follows it (1.2.3.4 is no version).
+# With a range's operator: ^1.2.0, ~4.17.21, >=1.2.0 (the bare version is another fact).
+_VERSION_OPERATOR: Final = r"(?:(?<![\w.<>=!~^-])(?:\^|~>?|[<>]=?|[=!~]=)(?=v?\d)|(?<![\w.-]))"
 _VERSION_RE: Final = re.compile(
-    r"(?<![\w.-])v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]*[0-9A-Za-z])?(?!\w|\.\w)"
-    r"|(?<![\w.-])v\d+\.\d+(?!\w|\.\w)"
+    rf"{_VERSION_OPERATOR}v?\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.]*[0-9A-Za-z])?(?!\w|\.\w)"
+    rf"|{_VERSION_OPERATOR}v\d+\.\d+(?!\w|\.\w)"
 )
 # Not inside a number ("1,2,3,…": each of its digits was a start, each scanned to
 # the run's end, review r7pins F2).
@@ -188,7 +222,8 @@ _PORT: Final = r"(?::\d{1,5}(?!\d))?"
 # a later label matches only where the first one does.
 _IDENTIFIER_RE: Final = re.compile(
     r"\b[A-Z][A-Z0-9]{1,9}-\d{1,6}\b"  # ticket ids
-    r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"  # commit hashes
+    # commit hashes, not a piece of a name (pod api-7d9f8c6b5-x2k4p)
+    r"|(?<![\w-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])"
     r"|\b(?<![a-z0-9-][.-])(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+"
     rf"(?:internal|local|lan|corp|com|net|org|io|dev|cloud|ai|app)\b{_PORT}"  # hostnames
     rf"|\b(?:\d{{1,3}}\.){{3}}\d{{1,3}}\b{_PORT}"  # IPv4
@@ -296,6 +331,8 @@ def _preference_possible(text: str) -> bool:
 # named for a detail pins its facts as the kind _FACT_KIND names.
 _STEPS: Final = (
     ("windows_path", _WINDOWS_PATH_RE),
+    ("image", _IMAGE_RE),
+    ("k8s", _K8S_RE),
     ("path", _PATH_RE),
     ("date", _DATE_RE),
     ("version", _VERSION_RE),
@@ -308,6 +345,8 @@ _STEPS: Final = (
 _BLANKED: Final = frozenset(kind for kind, _pattern in _STEPS[:-2])
 _FACT_KIND: Final = {
     "windows_path": "path",
+    "image": "identifier",
+    "k8s": "identifier",
     "email": "identifier",
     "uuid": "identifier",
     "ipv6": "identifier",
@@ -478,8 +517,10 @@ def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
         elif kind == "windows_path":
             possible = ":\\" in plain or ":/" in plain or "\\\\" in plain
             possible = possible or ".\\" in plain or "~\\" in plain or "%\\" in plain
-        elif kind == "path":
+        elif kind in ("path", "k8s"):
             possible = "/" in plain
+        elif kind == "image":
+            possible = "/" in plain or "@sha256:" in plain
         elif kind == "version":
             possible = digits and "." in plain
         elif kind == "email":

@@ -156,10 +156,33 @@ def test_each_kind_is_extracted(text: str, kind: str, fact: str) -> None:
         (r'"cwd": ".\\src\\app"', "path", r".\\src\\app"),
         (r"edit %APPDATA%\Code\User\settings.json", "path", r"%APPDATA%\Code\User\settings.json"),
         (r"see ~\AppData\Local\x.txt", "path", r"~\AppData\Local\x.txt"),
+        # Other forms an agent's turn has, whole (each was missed or pinned in pieces).
+        ("kubectl get deploy/api-server -n prod", "identifier", "deploy/api-server"),
+        ("deployment.apps/api-server created", "identifier", "deployment.apps/api-server"),
+        ("delete pod/api-7d9f8c6b5-x2k4p now", "identifier", "pod/api-7d9f8c6b5-x2k4p"),
+        ("pod api-server-7d9f8c6b5-x2k4p crashed", None, None),
+        (
+            "pull ghcr.io/acme/api:1.2.3@sha256:" + "ab" * 32 + " now",
+            "identifier",
+            "ghcr.io/acme/api:1.2.3@sha256:" + "ab" * 32,
+        ),
+        ("push localhost:5000/team/img:dev", "identifier", "localhost:5000/team/img:dev"),
+        ("pull bitnami/redis:7.2.", "identifier", "bitnami/redis:7.2"),
+        ("nginx@sha256:" + "ab" * 32, "identifier", "nginx@sha256:" + "ab" * 32),
+        ('"react": "^18.2.0"', "version", "^18.2.0"),
+        ("lodash ~4.17.21 and", "version", "~4.17.21"),
+        ("needs >=1.2.0,<2", "version", ">=1.2.0"),
+        ("then ./deploy.sh --env=prod", "path", "./deploy.sh"),
+        ("see ~/notes.txt", "path", "~/notes.txt"),
+        ("error at src/a.py:120:5: bad", "path", "src/a.py:120:5"),
+        ("see /srv/app/main.go:42.", "path", "/srv/app/main.go:42"),
     ],
 )
-def test_more_kinds_are_pinned_whole_and_once(text: str, kind: str, fact: str) -> None:
-    assert [(f.kind, f.text) for f in extract_facts(text)] == [(kind, fact)]
+def test_more_kinds_are_pinned_whole_and_once(
+    text: str, kind: str | None, fact: str | None
+) -> None:
+    expected = [(kind, fact)] if fact is not None else []
+    assert [(f.kind, f.text) for f in extract_facts(text)] == expected
 
 
 @pytest.mark.parametrize(
@@ -194,6 +217,7 @@ def test_a_urls_password_is_never_pinned(text: str, fact: str) -> None:
         "decorate with @pytest.mark.slow and @property; ping @alice",
         "see section 4.2. and chapter 7, page 12-14",
         "a backslash \\ alone, C: drive, and \\\\ twice",
+        "1234 ns/op, a pod/container split, the job/task queue, yes/no:maybe",
         'regex a.\\d and \\.\\w, "done.\\nNext" and wait...\\nok',
     ],
 )
@@ -521,6 +545,15 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         "%a%\\",
         "'C:\\a ",
         '"C:\\a\\',
+        "a.a/",  # images, kubernetes resources, versions with an operator
+        "a/a:1",
+        "a-a.a/a",
+        "a@sha256:",
+        "deploy/a-",
+        "pod/a.",
+        ">=1.",
+        "~/a/",
+        "a/b.py:1:",
     ],
 )
 def test_extraction_time_grows_linearly_on_long_runs(unit: str) -> None:
