@@ -8,13 +8,26 @@ between "archive written" and "archive indexed" left behind.
 
 Tables (schema ``SCHEMA_VERSION``):
 
+* ``agents``: one row per agent with rows: its number, and its own entry and
+  token counts (what its searches rank with, see below);
 * ``sources``: one row per indexed file (an archive, or ``MEMORY.md``) with
   the identity it had when indexed (dev, ino, size, mtime): a file whose
   identity changed (rewritten by ``forget --match``, replaced) is re-indexed;
-* ``entries``: one row per raw entry: agent, source, byte offset and length
-  in that file, role, timestamp (as written, and as epoch seconds);
+* ``entries``: one row per raw entry: source, byte offset and length in that
+  file, role, timestamp (as written, and as epoch seconds), and its length in
+  tokens as FTS5 counted them. Its id is the agent's number shifted left by
+  ``SEQ_BITS``, plus a sequence number: each agent's rows are one range of ids;
 * ``entries_fts``: the entry text, FTS5 (porter stemming over unicode61),
   rowid = ``entries.id``.
+
+Every agent's text is in the one FTS5 table (a table per agent makes SQLite's
+schema grow with each: 10,000 agents took minutes to index, seconds to open),
+but nothing an agent is told depends on another agent's rows: a search reads
+only its agent's id range (FTS5 applies the rowid range inside the MATCH), and
+ranks with BM25 computed here from that agent's own entry count, average
+length and document frequencies, never with FTS5's ``bm25()``, whose
+statistics are over the whole table (schema 1 used it: an agent's scores and
+order told it which words other agents' memories held).
 
 Erasure (:meth:`RecallIndex.erase_agent`) deletes the rows with
 ``secure_delete`` on, merges the FTS segments (deleted terms otherwise linger
@@ -26,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -52,7 +66,9 @@ from memd.errors import MemdError, WorkspaceError
 from memd.fsutil import read_to_end
 from memd.workspace import MEMORY_FILE, AgentPaths, resolve_own
 
-SCHEMA_VERSION = 1
+# 2: rows numbered per agent, an agents table with each agent's counts, the
+# entries' token lengths (1 ranked with FTS5's bm25() over every agent's rows).
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 10.0
 LIVE_SOURCE = MEMORY_FILE
 ARCHIVE_PREFIX = "history_"
@@ -77,12 +93,14 @@ _SCHEMA = (
     " id INTEGER PRIMARY KEY, agent TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,"
     " dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL,"
     " mtime_ns INTEGER NOT NULL, indexed_at REAL NOT NULL, UNIQUE (agent, name))",
+    "CREATE TABLE agents ("
+    " id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE,"
+    " entries INTEGER NOT NULL, tokens INTEGER NOT NULL)",
     "CREATE TABLE entries ("
-    " id INTEGER PRIMARY KEY, source_id INTEGER NOT NULL, agent TEXT NOT NULL,"
+    " id INTEGER PRIMARY KEY, source_id INTEGER NOT NULL,"
     " offset INTEGER NOT NULL, length INTEGER NOT NULL, role TEXT NOT NULL,"
-    " ts TEXT NOT NULL, epoch REAL)",
+    " ts TEXT NOT NULL, epoch REAL, words INTEGER NOT NULL)",
     "CREATE INDEX entries_by_source ON entries (source_id)",
-    "CREATE INDEX entries_by_agent ON entries (agent)",
     "CREATE VIRTUAL TABLE entries_fts USING fts5("
     " text, tokenize = 'porter unicode61 remove_diacritics 2')",
 )
@@ -115,7 +133,7 @@ class RecallHit:
     length: int
     role: str
     timestamp: str
-    score: float  # bm25: lower is better
+    score: float  # BM25 over the agent's own entries, negated: lower is better
     text: str
     matches: tuple[tuple[int, int], ...]  # [start, end) character spans in text
 
@@ -316,16 +334,18 @@ class RecallIndex:
                 "and run `memd recall --reindex`"
             )
         conn.execute("BEGIN IMMEDIATE")
+        rebuilt = False
         try:
             if _schema_version(conn) != SCHEMA_VERSION:  # another process may have won
                 if version is not None:
                     # Older schema: the index is derived data, so rebuild it
-                    # (sync_agent re-reads every archive).
+                    # (sync_agent re-reads every archive and MEMORY.md).
                     self.notes.append(
                         f"recall index {self.path}: schema version {version} replaced by "
                         f"{SCHEMA_VERSION}; archives are re-indexed"
                     )
                     _drop_everything(conn)
+                    rebuilt = True
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.execute(
@@ -335,6 +355,12 @@ class RecallIndex:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        if rebuilt:
+            # The old rows' pages are free now: give them back (the file is
+            # rewritten without them). Best effort: another process reading the
+            # file only delays it to the next scrub.
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute("VACUUM")
 
     def close(self) -> None:
         with self._lock:
@@ -414,24 +440,8 @@ class RecallIndex:
                         time.time(),
                     ),
                 ).lastrowid
-                for entry in entries:
-                    entry_id = conn.execute(
-                        "INSERT INTO entries (source_id, agent, offset, length, role, ts, epoch)"
-                        " VALUES (?,?,?,?,?,?,?)",
-                        (
-                            source_id,
-                            agent,
-                            entry.offset,
-                            entry.length,
-                            entry.role,
-                            entry.timestamp,
-                            entry.epoch,
-                        ),
-                    ).lastrowid
-                    conn.execute(
-                        "INSERT INTO entries_fts (rowid, text) VALUES (?, ?)",
-                        (entry_id, entry.text),
-                    )
+                if entries and source_id is not None:
+                    _insert_entries(conn, agent, source_id, entries)
                 return True
 
         written = self._run(operation)
@@ -552,7 +562,10 @@ class RecallIndex:
     def _drop_agent_rows(self, agent: str) -> int:
         def operation(conn: sqlite3.Connection) -> int:
             with self._write(conn):
-                return _delete_sources(conn, "agent = ?", (agent,))
+                removed = _delete_sources(conn, "agent = ?", (agent,))
+                # Its name and counts go too (a new agent of that name starts afresh).
+                conn.execute("DELETE FROM agents WHERE name = ?", (agent,))
+                return removed
 
         return self._run(operation)
 
@@ -619,29 +632,37 @@ class RecallIndex:
     ) -> list[RecallHit]:
         """The agent's raw entries best matching ``question`` (plain text), best first.
 
-        Ranked by bm25 over the OR of the question's words (so rare shared
-        words weigh most), then the newest first among equal scores. Entries
-        sharing the question's rare words come first: when some of its words
-        are common (in more than ``COMMON_TERM_SHARE`` of the entries) and the
-        others match, only the entries matching the others are returned (fewer
-        than ``limit`` if that is all there is); the common words count only
-        when nothing else matches. Scoring every entry holding a common word
-        is what makes a query slow on a large index (seconds at 1 GB), and
-        such words barely move bm25 anyway.
+        Ranked by BM25 over the OR of the question's words (so rare shared
+        words weigh most), then the newest first among equal scores. Every
+        figure the ranking uses is the agent's own (its entry count, average
+        entry length, how many of its entries hold each word): other agents'
+        rows change nothing in its scores, order or results. Entries sharing
+        the question's rare words come first: when some of its words are
+        common (in more than ``COMMON_TERM_SHARE`` of the agent's entries and
+        more than ``COMMON_TERM_FLOOR``) and the others match, only the
+        entries matching the others are returned (fewer than ``limit`` if that
+        is all there is); the common words count only when nothing else
+        matches, and then only among the newest ``COMMON_CANDIDATES`` entries
+        holding them. Scoring every entry holding a common word is what makes
+        a query slow on a large index (seconds at 1 GB), and such words barely
+        move BM25 anyway.
         """
         if agent in self._sealed:
             raise RecallSealed(agent)
         if not 1 <= limit <= MAX_LIMIT:
             raise RecallQueryError(f"limit {limit} is out of range (1..{MAX_LIMIT})")
         terms = query_terms(question)
-        filters = _Filters(agent, since_epoch, role)
+        filters = _Filters(since_epoch, role)
 
         def operation(conn: sqlite3.Connection) -> list[RecallHit]:
-            rare = _rare_terms(conn, terms)
-            ranked = _ranked_ids(conn, fts_expression(rare), filters, limit) if rare else []
-            if not ranked and len(rare) < len(terms):
-                ranked = _ranked_ids(conn, fts_expression(terms), filters, limit)
-            return _hits(conn, agent, fts_expression(terms), ranked)
+            # One read transaction: the counts, candidates and texts are one snapshot.
+            conn.execute("BEGIN")
+            try:
+                ranker = _Ranker.of(conn, agent, filters)
+                ranked = ranker.ranked(terms, limit) if ranker is not None else []
+                return _hits(conn, agent, fts_expression(terms), ranked)
+            finally:
+                conn.execute("COMMIT")
 
         return self._run(operation)
 
@@ -656,56 +677,305 @@ class RecallIndex:
 
 @dataclass(frozen=True, slots=True)
 class _Filters:
-    agent: str
     since_epoch: float | None
     role: str | None
 
 
-# A word in more than this share of the entries is "common" (see search()).
+# A word in more than this share of the agent's entries is "common" (see search()).
 COMMON_TERM_SHARE = 0.005
 # ... but never below this many entries: on a small index every word is rare.
 COMMON_TERM_FLOOR = 1000
+# A question of common words only is ranked among the newest this many entries
+# holding them (and passing the filters), not all of them (100,000s at 1 GB).
+COMMON_CANDIDATES = 1000
+# BM25's parameters, FTS5's own.
+BM25_K1 = 1.2
+BM25_B = 0.75
+# A word held by at most this many of the agent's entries in the candidates'
+# range has its counts read with highlight() (which reads those entries' text);
+# above, they are worked out from FTS5's bm25() (which reads only the index).
+HIGHLIGHT_TF_MAX = 64
+# Each agent's entry ids: (agent number << SEQ_BITS) | sequence number.
+SEQ_BITS = 40
+_SEQ_MASK = (1 << SEQ_BITS) - 1
+MAX_AGENT_NUMBER = (1 << (63 - SEQ_BITS)) - 1
+# FTS5's record of the table's row and token totals (its "averages" row).
+_FTS_AVERAGES_ID = 1
 
 
-def _rare_terms(conn: sqlite3.Connection, terms: list[str]) -> list[str]:
-    """The terms found in at most the common-term cap of entries (counted up to it)."""
-    if len(terms) < 2:
-        return terms
-    newest = conn.execute("SELECT max(id) FROM entries").fetchone()[0] or 0
-    cap = max(COMMON_TERM_FLOOR, int(newest * COMMON_TERM_SHARE))
-    rare = []
-    for term in terms:
-        found = conn.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? LIMIT ?)",
-            (fts_expression([term]), cap + 1),
-        ).fetchone()[0]
-        if 0 < found <= cap:
-            rare.append(term)
-    return rare
+def _varint(data: bytes, offset: int = 0) -> tuple[int, int]:
+    """SQLite's (and FTS5's) varint at ``offset``: (value, offset after it)."""
+    value = 0
+    for index in range(offset, min(offset + 8, len(data))):
+        byte = data[index]
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, index + 1
+    if offset + 8 >= len(data):
+        raise ValueError("truncated varint")
+    return (value << 8) | data[offset + 8], offset + 9
 
 
-def _ranked_ids(
-    conn: sqlite3.Connection, expression: str, filters: _Filters, limit: int
-) -> list[tuple[int, float]]:
-    """(entry id, bm25) of the best ``limit`` matches; no text is touched here."""
-    clauses = ["entries_fts MATCH ?", "e.agent = ?"]
-    params: list[object] = [expression, filters.agent]
-    if filters.since_epoch is not None:
-        clauses.append("e.epoch >= ?")
-        params.append(filters.since_epoch)
-    if filters.role:
-        clauses.append("e.role = ? COLLATE NOCASE")
-        params.append(filters.role)
-    params.append(limit)
-    sql = (
-        "SELECT e.id, bm25(entries_fts) AS score"  # noqa: S608  # values are bound
-        " FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid"
-        f" WHERE {' AND '.join(clauses)}"
-        # bm25 floats differ in the last bits for equal matches; round so
-        # equal matches tie and the newer entry wins.
-        " ORDER BY round(score, 6), e.epoch DESC, e.id DESC LIMIT ?"
+def _agent_range(number: int) -> tuple[int, int]:
+    low = number << SEQ_BITS
+    return low, low | _SEQ_MASK
+
+
+def _agent_number(conn: sqlite3.Connection, agent: str) -> int:
+    """The agent's number, a new one (its row made) if it has none."""
+    row = conn.execute("SELECT id FROM agents WHERE name = ?", (agent,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    number = int(conn.execute("SELECT coalesce(max(id), 0) + 1 FROM agents").fetchone()[0])
+    if number > MAX_AGENT_NUMBER:  # the highest was taken: the lowest free one
+        if conn.execute("SELECT 1 FROM agents WHERE id = 1").fetchone() is None:
+            number = 1
+        else:
+            number = int(
+                conn.execute(
+                    "SELECT min(a.id) + 1 FROM agents a"
+                    " WHERE NOT EXISTS (SELECT 1 FROM agents b WHERE b.id = a.id + 1)"
+                ).fetchone()[0]
+            )
+        if number > MAX_AGENT_NUMBER:
+            raise RecallIndexError(f"recall index: no agent number left for {agent!r}")
+    conn.execute("INSERT INTO agents VALUES (?, ?, 0, 0)", (number, agent))
+    return number
+
+
+def _insert_entries(
+    conn: sqlite3.Connection, agent: str, source_id: int, entries: list[IndexedEntry]
+) -> None:
+    """Write one file's entries in the agent's id range and count them in its totals."""
+    number = _agent_number(conn, agent)
+    low, high = _agent_range(number)
+    newest = conn.execute(
+        "SELECT max(id) FROM entries WHERE id BETWEEN ? AND ?", (low, high)
+    ).fetchone()[0]
+    first = low if newest is None else newest + 1
+    last = first + len(entries) - 1
+    if last > high:
+        raise RecallIndexError(
+            f"recall index: agent {agent!r} used up its entry numbers; "
+            f"run `memd recall --reindex {agent}`"
+        )
+    conn.executemany(
+        "INSERT INTO entries_fts (rowid, text) VALUES (?, ?)",
+        ((first + index, entry.text) for index, entry in enumerate(entries)),
     )
-    return [(int(row[0]), float(row[1])) for row in conn.execute(sql, params)]
+    # The entries' lengths in tokens, as FTS5 counted them (its docsize rows).
+    sizes = dict(
+        conn.execute(
+            "SELECT id, sz FROM entries_fts_docsize WHERE id BETWEEN ? AND ?", (first, last)
+        ).fetchall()
+    )
+    words = [_varint(sizes[first + index])[0] for index in range(len(entries))]
+    conn.executemany(
+        "INSERT INTO entries (id, source_id, offset, length, role, ts, epoch, words)"
+        " VALUES (?,?,?,?,?,?,?,?)",
+        (
+            (
+                first + index,
+                source_id,
+                entry.offset,
+                entry.length,
+                entry.role,
+                entry.timestamp,
+                entry.epoch,
+                words[index],
+            )
+            for index, entry in enumerate(entries)
+        ),
+    )
+    conn.execute(
+        "UPDATE agents SET entries = entries + ?, tokens = tokens + ? WHERE id = ?",
+        (len(entries), sum(words), number),
+    )
+
+
+@dataclass(slots=True)
+class _Candidate:
+    epoch: float | None
+    words: int
+    counts: list[int]  # occurrences of each ranked term
+
+
+class _Ranker:
+    """BM25 over one agent's entries, from that agent's own figures only."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        number: int,
+        entries: int,
+        tokens: int,
+        filters: _Filters,
+    ) -> None:
+        self.conn = conn
+        self.low, self.high = _agent_range(number)
+        self.entries = entries
+        self.average = tokens / entries if tokens > 0 else 1.0
+        self.filters = filters
+        self.cap = max(COMMON_TERM_FLOOR, int(entries * COMMON_TERM_SHARE))
+        self._table_average: float | None = None
+
+    @classmethod
+    def of(cls, conn: sqlite3.Connection, agent: str, filters: _Filters) -> _Ranker | None:
+        row = conn.execute(
+            "SELECT id, entries, tokens FROM agents WHERE name = ?", (agent,)
+        ).fetchone()
+        if row is None or row[1] <= 0:
+            return None
+        return cls(conn, int(row[0]), int(row[1]), int(row[2]), filters)
+
+    def ranked(self, terms: list[str], limit: int) -> list[tuple[int, float]]:
+        """(entry id, score) of the best ``limit`` entries, best first."""
+        found = {term: self._count(term, self.cap + 1) for term in terms}
+        rare = [term for term in terms if 0 < found[term] <= self.cap]
+        ranked = self._rank(rare, found, limit, capped=False) if rare else []
+        present = [term for term in terms if found[term] > 0]
+        if not ranked and len(present) > len(rare):
+            ranked = self._rank(present, found, limit, capped=True)
+        return ranked
+
+    def _count(self, term: str, at_most: int | None) -> int:
+        """How many of the agent's entries hold ``term`` (counted up to ``at_most``)."""
+        sql = "SELECT 1 FROM entries_fts WHERE entries_fts MATCH ? AND rowid BETWEEN ? AND ?"
+        params: list[object] = [fts_expression([term]), self.low, self.high]
+        if at_most is not None:
+            sql += " LIMIT ?"
+            params.append(at_most)
+        return int(self.conn.execute(f"SELECT count(*) FROM ({sql})", params).fetchone()[0])  # noqa: S608
+
+    def _rank(
+        self, terms: list[str], found: dict[str, int], limit: int, *, capped: bool
+    ) -> list[tuple[int, float]]:
+        candidates = self._candidates(terms, capped=capped)
+        if not candidates:
+            return []
+        first, last = min(candidates), max(candidates)
+        for position, term in enumerate(terms):
+            for entry_id, count in self._term_counts(term, found[term], first, last):
+                candidate = candidates.get(entry_id)
+                if candidate is not None:
+                    candidate.counts[position] = count
+        weights = []
+        for term in terms:
+            held = found[term] if found[term] <= self.cap else self._count(term, None)
+            weights.append(math.log(1 + (self.entries - held + 0.5) / (held + 0.5)))
+        scored = []
+        for entry_id, candidate in candidates.items():
+            norm = BM25_K1 * (1 - BM25_B + BM25_B * candidate.words / self.average)
+            score = 0.0
+            for weight, count in zip(weights, candidate.counts, strict=True):
+                if count:
+                    score += weight * count * (BM25_K1 + 1) / (count + norm)
+            epoch = candidate.epoch
+            # Best score first, then the newest (a missing timestamp last), then
+            # the later entry. Equal matches have bit-equal scores: one formula,
+            # one order of terms.
+            key = (-score, epoch is None, -(epoch or 0.0), -entry_id)
+            scored.append((key, entry_id, -score))
+        scored.sort()
+        return [(entry_id, score) for _key, entry_id, score in scored[:limit]]
+
+    def _candidates(self, terms: list[str], *, capped: bool) -> dict[int, _Candidate]:
+        """The agent's entries holding any of ``terms`` and passing the filters
+        (``capped``: the newest ``COMMON_CANDIDATES`` of them)."""
+        clauses = ["entries_fts MATCH ?", "entries_fts.rowid BETWEEN ? AND ?"]
+        params: list[object] = [fts_expression(terms), self.low, self.high]
+        if self.filters.since_epoch is not None:
+            clauses.append("e.epoch >= ?")
+            params.append(self.filters.since_epoch)
+        if self.filters.role:
+            clauses.append("e.role = ? COLLATE NOCASE")
+            params.append(self.filters.role)
+        sql = (
+            "SELECT e.id, e.epoch, e.words"  # noqa: S608  # values are bound
+            # CROSS JOIN: FTS5 drives (the MATCH within the agent's range).
+            " FROM entries_fts CROSS JOIN entries e ON e.id = entries_fts.rowid"
+            f" WHERE {' AND '.join(clauses)}"
+        )
+        if capped:
+            sql += " ORDER BY entries_fts.rowid DESC LIMIT ?"
+            params.append(COMMON_CANDIDATES)
+        width = len(terms)
+        return {
+            int(entry_id): _Candidate(epoch, int(words), [0] * width)
+            for entry_id, epoch, words in self.conn.execute(sql, params)
+        }
+
+    def _term_counts(
+        self, term: str, held: int, first: int, last: int
+    ) -> Iterable[tuple[int, int]]:
+        """(entry id, occurrences of ``term``) for the entries in [first, last] holding it."""
+        expression = fts_expression([term])
+        if held <= HIGHLIGHT_TF_MAX:
+            return self._highlighted_counts(expression, first, last)
+        return self._bm25_counts(expression, first, last)
+
+    def _highlighted_counts(self, expression: str, first: int, last: int) -> list[tuple[int, int]]:
+        # highlight() adds one mark before and one after each occurrence (the
+        # stored text holds no mark: index_text), so the length grows by two each.
+        rows = self.conn.execute(
+            "SELECT rowid, (length(highlight(entries_fts, 0, ?, ?)) - length(text)) / 2"
+            " FROM entries_fts WHERE entries_fts MATCH ? AND rowid BETWEEN ? AND ?",
+            (MATCH_OPEN, MATCH_CLOSE, expression, first, last),
+        ).fetchall()
+        return [(int(entry_id), int(count)) for entry_id, count in rows]
+
+    def _bm25_counts(self, expression: str, first: int, last: int) -> list[tuple[int, int]]:
+        """Occurrences worked out from FTS5's bm25() of the one-word query, at two
+        weights: bm25 = -idf·f·w·(k1+1) / (f·w + K) for f occurrences, weight w,
+        K = k1·(1-b+b·D/avgdl) over the whole table; 1/bm25 is linear in 1/w, so
+        two weights give idf and K/f, and the table's own totals give K. Only
+        the index is read. A count that does not come out a whole number (an
+        FTS5 whose bm25 differs) is read with highlight() instead."""
+        average = self._whole_table_average()
+        rows = self.conn.execute(
+            "SELECT entries_fts.rowid, bm25(entries_fts, 1.0), bm25(entries_fts, 2.0), e.words"
+            " FROM entries_fts CROSS JOIN entries e ON e.id = entries_fts.rowid"
+            " WHERE entries_fts MATCH ? AND entries_fts.rowid BETWEEN ? AND ?",
+            (expression, first, last),
+        ).fetchall()
+        counts = []
+        for entry_id, once, twice, words in rows:
+            count = None
+            if average is not None and once < 0 and twice < 0:
+                inverse_once, inverse_twice = -1.0 / once, -1.0 / twice
+                constant = inverse_once - inverse_twice  # K / (2.2·idf·f) / 2
+                level = 2 * inverse_twice - inverse_once  # 1 / (2.2·idf)
+                if constant > 0 and level > 0:
+                    k = BM25_K1 * (1 - BM25_B + BM25_B * words / average)
+                    solved = k * level / (2 * constant)
+                    whole = round(solved)
+                    if whole >= 1 and abs(solved - whole) <= 1e-6 * solved:
+                        count = whole
+            if count is None:
+                count = self._highlighted_count(expression, int(entry_id))
+            counts.append((int(entry_id), count))
+        return counts
+
+    def _highlighted_count(self, expression: str, entry_id: int) -> int:
+        found = self._highlighted_counts(expression, entry_id, entry_id)
+        return found[0][1] if found else 0
+
+    def _whole_table_average(self) -> float | None:
+        """FTS5's average entry length over the whole table (its "averages" row),
+        which its bm25() uses; None when it cannot be read."""
+        if self._table_average is None:
+            row = self.conn.execute(
+                "SELECT block FROM entries_fts_data WHERE id = ?", (_FTS_AVERAGES_ID,)
+            ).fetchone()
+            try:
+                rows, offset = _varint(bytes(row[0]))
+                tokens, _ = _varint(bytes(row[0]), offset)
+            except (TypeError, ValueError, IndexError):
+                return None
+            if rows <= 0:
+                return None
+            self._table_average = tokens / rows
+        return self._table_average
 
 
 def _hits(
@@ -745,11 +1015,20 @@ def _delete_sources(conn: sqlite3.Connection, where: str, params: tuple[object, 
     ids = [row[0] for row in conn.execute(f"SELECT id FROM sources WHERE {where}", params)]  # noqa: S608
     removed = 0
     for source_id in ids:
+        entries, words = conn.execute(
+            "SELECT count(*), coalesce(sum(words), 0) FROM entries WHERE source_id = ?",
+            (source_id,),
+        ).fetchone()
         conn.execute(
             "DELETE FROM entries_fts WHERE rowid IN (SELECT id FROM entries WHERE source_id = ?)",
             (source_id,),
         )
         removed += conn.execute("DELETE FROM entries WHERE source_id = ?", (source_id,)).rowcount
+        conn.execute(
+            "UPDATE agents SET entries = entries - ?, tokens = tokens - ?"
+            " WHERE name = (SELECT agent FROM sources WHERE id = ?)",
+            (entries, words, source_id),
+        )
         conn.execute("DELETE FROM sources WHERE id = ?", (source_id,))
     return removed
 
@@ -818,6 +1097,7 @@ __all__ = [
     "LIVE_SOURCE",
     "MAX_LIMIT",
     "SCHEMA_VERSION",
+    "SEQ_BITS",
     "RecallHit",
     "RecallIndex",
     "RecallIndexError",
