@@ -687,6 +687,8 @@ COMMON_TERM_SHARE = 0.005
 COMMON_TERM_FLOOR = 1000
 # A question of common words only is ranked among the newest this many entries
 # holding them (and passing the filters), not all of them (100,000s at 1 GB).
+# Newest by id, the order they were indexed in: archives oldest first, then
+# MEMORY.md (an archive rewritten by ``forget --match`` counts as new).
 COMMON_CANDIDATES = 1000
 # BM25's parameters, FTS5's own.
 BM25_K1 = 1.2
