@@ -20,6 +20,14 @@ recall@5: the entry holding the fact is among the first five results of
 printed: index size vs archive size, index time per MB (``sync_agent``, the
 path ``--reindex`` and the daemon's start-up repair take), and query latency
 p50/p99 over all questions, measured on the full corpus in one run.
+
+    python bench/bench_recall.py --agents 10000
+
+Many agents instead: one small MEMORY.md each (3 entries, words shared by
+every agent beside a word of its own), all in the one index: the first
+indexing of every agent (``sync_agent``, what the daemon's start-up pass does
+on an empty index), opening the index, the file's size, a query per agent and
+one agent's erasure.
 """
 
 from __future__ import annotations
@@ -183,6 +191,79 @@ def query(workspace: Path, evaluated: list[Batch]) -> None:
         print(f"  missed ({miss.style}, {miss.fact.kind}): {miss.text}")
 
 
+def many_agents(count: int) -> int:
+    """``--agents N``: N agents with a small MEMORY.md each, in one index."""
+    import shutil
+
+    base = Path(tempfile.mkdtemp(prefix="memd-bench-recall-agents-"))
+    workspace = base / "ws"
+    state_dir = base / "state"
+    names = [f"agent-{number:05d}" for number in range(count)]
+    for number, name in enumerate(names):
+        folder = workspace / "agents" / name
+        folder.mkdir(parents=True)
+        entries = "".join(
+            f"### {role} — 2026-03-02T09:0{turn}:00\n\n{text}\n\n---\n\n"
+            for turn, (role, text) in enumerate(
+                [
+                    ("Human", f"Where is the weekly report for the kalomir{number} project?"),
+                    ("AI", "The weekly report is in the shared folder, next to the budget."),
+                    ("Human", f"Thanks; file the kalomir{number} budget under finance too."),
+                ]
+            )
+        )
+        (folder / "MEMORY.md").write_text(header(name) + entries)
+    paths = [agent_paths(workspace, name) for name in names]
+    try:
+        with RecallIndex.open(state_dir, workspace) as index:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            indexed = sum(index.sync_agent(agent).entries for agent in paths)
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            wall0 = time.perf_counter()
+            for agent in paths:
+                index.sync_agent(agent)
+            again = time.perf_counter() - wall0
+        print(
+            f"{count:,} agents, {indexed:,} entries: first indexing {wall:.1f} s wall, "
+            f"{cpu:.1f} s CPU; again, files unchanged: {again:.1f} s"
+        )
+        opening = []
+        for _ in range(5):
+            wall0 = time.perf_counter()
+            with RecallIndex.open(state_dir, workspace):
+                opening.append(time.perf_counter() - wall0)
+        db = recall_db_path(state_dir, workspace)
+        size = sum(
+            os.path.getsize(f"{db}{suffix}")
+            for suffix in ("", "-wal")
+            if os.path.exists(f"{db}{suffix}")
+        )
+        print(
+            f"open: median {1000 * statistics.median(opening):.1f} ms of 5; "
+            f"index file {size / 1e6:.1f} MB"
+        )
+        with RecallIndex.open(state_dir, workspace) as index:
+            latencies = []
+            cpu0 = time.process_time()
+            for number, name in enumerate(names):
+                wall0 = time.perf_counter()
+                hits = index.search(name, f"weekly report of kalomir{number}?")
+                latencies.append(time.perf_counter() - wall0)
+                assert hits and f"kalomir{number} " in hits[0].text, (name, hits)
+            cpu = time.process_time() - cpu0
+            wall0 = time.perf_counter()
+            index.erase_agent(names[count // 2])
+            erased = time.perf_counter() - wall0
+        print(
+            f"query, one per agent: p50 {1000 * statistics.median(latencies):.2f} ms, "
+            f"p99 {1000 * percentile(latencies, 0.99):.2f} ms "
+            f"(CPU {1000 * cpu / count:.2f} ms/query); erasing one agent {erased:.2f} s"
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=256, help="archive megabytes (1 GB = 1000)")
@@ -193,7 +274,14 @@ def main() -> int:
         help="build in this folder and keep it; when it already holds a built corpus, "
         "only ask the questions again",
     )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        help="measure this many agents with one small MEMORY.md each instead of one large one",
+    )
     args = parser.parse_args()
+    if args.agents:
+        return many_agents(args.agents)
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="memd-bench-recall-"))
     workspace = base / "ws"
