@@ -160,10 +160,43 @@ class Redaction:
 
 
 def _canonical(kind: str, value: str) -> str:
-    """The value a placeholder hashes: one secret, however it was quoted or spaced."""
+    """The value a placeholder hashes: one secret, however it was quoted, spaced
+    or escaped (``p"w\\d`` as written and ``p\\"w\\\\d`` in a JSON string are one)."""
     if kind in _DIGITS_ONLY:
         return "".join(char for char in value if char.isalnum())
-    return _WHITESPACE_RE.sub("", _QUOTE_PREFIX_RE.sub("", value))
+    return _WHITESPACE_RE.sub("", _QUOTE_PREFIX_RE.sub("", _json_unescaped(value)))
+
+
+# A JSON string's escapes a secret's value may hold: \", \\, \/ and \uXXXX.
+_JSON_STRING_ESCAPE_RE: Final = re.compile(r'\\(?:u([0-9A-Fa-f]{4})|(["\\/]))')
+# How many times escapes are undone: the detector reads JSON three strings deep.
+_ESCAPE_PASSES: Final = 8
+
+
+def _json_unescape_one(match: re.Match[str]) -> str:
+    code = match.group(1)
+    return chr(int(code, 16)) if code is not None else match.group(2)
+
+
+def _json_unescaped(value: str) -> str:
+    """``value`` with JSON's escapes undone at every level it holds them (a secret
+    found in JSON inside JSON is written ``\\\\\\"``): the same secret as
+    written elsewhere."""
+    return _json_unescape_levels(value)[-1]
+
+
+def _json_unescape_levels(value: str) -> list[str]:
+    """``value``, then with one level of JSON's escapes undone, two…, while any
+    is left (at most _ESCAPE_PASSES).  A character JSON wrote as a surrogate
+    pair is one again."""
+    levels = [value]
+    while "\\" in value and len(levels) <= _ESCAPE_PASSES:
+        undone = _JSON_STRING_ESCAPE_RE.sub(_json_unescape_one, value)
+        if undone == value:
+            break
+        value = undone.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+        levels.append(value)
+    return levels
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,16 +260,12 @@ class Redactor:
         found: dict[tuple[str, str], None] = {}
         for span in self.spans(text):
             value = span.value(text)
-            # Found inside escaped JSON, a value holds its escapes; a model writes
-            # it plainly: both forms are searched for.
-            for form in dict.fromkeys((value, _unescaped(value))):
+            # Found inside escaped JSON, a value holds its escapes (\\u00c4 too);
+            # a model writes it plainly or less deep: each form is searched for.
+            for form in dict.fromkeys(_json_unescape_levels(value)):
                 if _worth_searching(form):
                     found[(span.kind, form)] = None
         return tuple(found)
-
-
-def _unescaped(value: str) -> str:
-    return value.replace("\\/", "/").replace('\\"', '"').replace("\\\\", "\\")
 
 
 def _worth_searching(value: str) -> bool:

@@ -297,3 +297,21 @@ def test_a_value_found_in_escaped_json_is_searched_for_as_the_model_writes_it() 
     material = json.dumps({"output": inner}).replace("/", "\\/")
     reply = f"| item | value |\n|---|---|\n| AWS secret | {secret} |"
     assert secret not in scan.redact(reply, scan.values_in(material)).text
+
+
+@pytest.mark.parametrize("password", ['p"w\\d-9x', "\u00c4bc-9x-Q\U0001f600", "a/b\\\\c-9x"])
+@pytest.mark.parametrize("template", ["export DB_PASSWORD='{}'", "mysql -uroot -p'{}' app"])
+def test_a_secret_written_raw_and_json_escaped_gets_one_placeholder(
+    password: str, template: str
+) -> None:
+    # The placeholder hashed the value as found: p"w\d as written and p\"w\\d
+    # in a tool call's JSON (or \u00c4 for Ä) were two secrets to the summary.
+    raw = template.format(password)
+    once = json.dumps({"cmd": raw})
+    twice = json.dumps({"arguments": once})
+    redactor = Redactor(KEY, pii=False)
+    found = [PLACEHOLDER_RE.findall(redactor.redact(text).text) for text in (raw, once, twice)]
+    assert len(found[0]) == 1 and found[0] == found[1] == found[2], found
+    # A reply that repeats the value (found in the turns) gets the same placeholder.
+    known = redactor.values_in(once)
+    assert PLACEHOLDER_RE.findall(redactor.redact(f"use {password} now", known).text) == found[0]
