@@ -13,6 +13,9 @@ URLs and ``password=`` style assignments, passwords given to well-known
 command-line tools: ``mysql -p…``, ``curl -u user:…``, ``sshpass -p``,
 ``ldapsearch -w``, ``ldappasswd -s``, ``redis-cli AUTH …``,
 ``openssl -passin pass:…``, ``smbclient -U user%…``, ``NET USE … PW``,
+``net user NAME PW``, ``psexec``/``evil-winrm``/``az login``/``oc login -p``,
+``helm … --password``, ``keytool -storepass``, ``sqlplus user/pw@db``,
+``curl --data-urlencode "password=a b"``, redis-cli's ``host:port> AUTH PW``,
 ``ConvertTo-SecureString "…" -AsPlainText``, ``SSHPASS=… sshpass -e``…, also
 as JSON strings of tool calls) and,
 on request, PII (emails, phone numbers, card numbers passing the Luhn check,
@@ -27,10 +30,10 @@ from __future__ import annotations
 
 import base64
 import bisect
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Final, Literal
 
 Category = Literal["credential", "pii"]
@@ -288,28 +291,168 @@ _MONGO_CLIENTS: Final = (
 )
 # Samba's clients take the password after a % in the user: -U alice%pw.
 _SMB_CLIENTS: Final = r"smbclient|rpcclient|smbcacls|smbget"
-_TOOL_RE: Final = re.compile(
-    # The first letters of the names below, tested before the boundary's
-    # lookbehinds: twice as fast over text that names no tool.
-    r"(?=[bcdhilmnoprswxBCIMNOPRSWX])"
-    + _B
-    + rf"(?:(?:(?P<mysqladmin>{_MYSQL_ADMIN})|(?P<mysql>{_MYSQL_CLIENTS})|(?P<mysqlsh>mysqlsh)"
-    + r"|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
-    + rf"|(?P<redis>redis-cli)|(?P<htpasswd>htpasswd)|(?P<login>{_REGISTRY_LOGIN})"
-    + rf"|(?P<ldappasswd>ldappasswd)|(?P<ldap>{_LDAP_CLIENTS})|(?P<openssl>openssl)"
-    + rf"|(?P<smb>{_SMB_CLIENTS})|(?P<mongo>{_MONGO_CLIENTS})"
-    # Windows' tools in any case (cmd.exe ignores it; batch files write NET USE):
-    # net use \\host\share PW /user:x, SQLCMD -P PW.
-    + r"|(?P<capital_p>(?i:ipmitool|sqlcmd|bcp|osql))"
-    # FreeRDP's /p:PW, cmdkey's /pass:PW.
-    + r"|(?P<slash_pass>(?i:xfreerdp3?|wlfreerdp3?|sdl-freerdp3?|cmdkey))"
-    + r"|(?P<netuse>(?i:net(?:\.exe)?(?:[ \t]+|[\"']\s*,\s*[\"'])use)))"
-    + r"(?i:\.exe)?(?![\w.-])"
-    # The variables a tool takes its password from, set before it on its command
-    # line: SSHPASS=pw sshpass -e …, REDISCLI_AUTH=pw redis-cli.  The value is a
-    # shell word (quoted, in parts, in JSON), read as the other tools' are.
-    + rf"|(?P<env>{_TOOL_PASSWORD_ENV})=)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """A tool's options that take a password: ``valued`` the next word (or,
+    for a ``--`` option, what follows its "="), ``glued`` the rest of the word
+    (7z -pPW), ``long`` every long option whose name it matches."""
+
+    valued: frozenset[str] = frozenset()
+    glued: tuple[str, ...] = ()
+    long: re.Pattern[str] | None = None
+
+
+_PENTEST_OPTIONS: Final = _Options(frozenset(["-p", "--password", "-H", "--hash"]))
+_KEYTOOL_OPTIONS: Final = _Options(
+    frozenset(
+        [
+            "-storepass",
+            "-keypass",
+            "-srcstorepass",
+            "-deststorepass",
+            "-srckeypass",
+            "-destkeypass",
+            "-new",
+        ]
+    )
 )
+_ZIP_OPTIONS: Final = _Options(frozenset(["-P", "--password"]))
+_SEVEN_ZIP_OPTIONS: Final = _Options(glued=("-p",))
+_MOSQUITTO_OPTIONS: Final = _Options(frozenset(["-P", "--pw"]))
+_DASH_P_OPTIONS: Final = _Options(frozenset(["-p", "--password"]))
+# Tools (by name as run, lower case) some of whose options take a password.
+_OPTION_TOOLS: Final[Mapping[str, _Options]] = {
+    "psexec": _Options(frozenset(["-p"])),
+    "psexec64": _Options(frozenset(["-p"])),
+    "paexec": _Options(frozenset(["-p"])),
+    "evil-winrm": _PENTEST_OPTIONS,
+    "nxc": _PENTEST_OPTIONS,
+    "netexec": _PENTEST_OPTIONS,
+    "crackmapexec": _PENTEST_OPTIONS,
+    "smbmap": _DASH_P_OPTIONS,
+    "rdesktop": _DASH_P_OPTIONS,
+    "hydra": _Options(frozenset(["-p"])),
+    "keytool": _KEYTOOL_OPTIONS,
+    "jarsigner": _KEYTOOL_OPTIONS,
+    "gpg": _Options(frozenset(["--passphrase"])),
+    "gpg2": _Options(frozenset(["--passphrase"])),
+    "zip": _ZIP_OPTIONS,
+    "unzip": _ZIP_OPTIONS,
+    "zipcloak": _ZIP_OPTIONS,
+    "7z": _SEVEN_ZIP_OPTIONS,
+    "7za": _SEVEN_ZIP_OPTIONS,
+    "7zr": _SEVEN_ZIP_OPTIONS,
+    "7zz": _SEVEN_ZIP_OPTIONS,
+    "rar": _SEVEN_ZIP_OPTIONS,
+    "unrar": _SEVEN_ZIP_OPTIONS,
+    "mosquitto_pub": _MOSQUITTO_OPTIONS,
+    "mosquitto_sub": _MOSQUITTO_OPTIONS,
+    "mosquitto_rr": _MOSQUITTO_OPTIONS,
+    # ssh-keygen -p -P OLD -N NEW.
+    "ssh-keygen": _Options(frozenset(["-P", "-N"])),
+    "helm": _Options(frozenset(["--password"])),
+    "kubectl": _Options(frozenset(["--token", "--password"])),
+    "influx": _Options(frozenset(["-password", "--password", "-p", "--token", "-t"])),
+    "cqlsh": _DASH_P_OPTIONS,
+    "clickhouse-client": _Options(frozenset(["--password"])),
+    "rabbitmqadmin": _DASH_P_OPTIONS,
+    "ncftp": _Options(frozenset(["-p"])),
+    "ncftpget": _Options(frozenset(["-p"])),
+    "ncftpput": _Options(frozenset(["-p"])),
+    # rclone --sftp-pass PW, --webdav-password=PW, --s3-secret-access-key KEY.
+    "rclone": _Options(
+        long=re.compile(r"--(?!ask-)[a-z0-9-]+-(?:pass|password|secret-access-key|client-secret)")
+    ),
+}
+_IMPACKET: Final = (
+    r"psexec|smbexec|wmiexec|atexec|dcomexec|secretsdump|mssqlclient|smbclient|getTGT"
+    r"|GetUserSPNs|GetNPUsers|lookupsid|rpcdump"
+)
+_SEP: Final = r"(?:[ \t]+|[\"']\s*,\s*[\"'])"  # between words, also of an argv array
+# Tools read only in a text that holds one of their hints (lower case): each
+# one's first letters tested at every position of every text cost the scan of
+# a tool-call log that names none of them ~15 %.  (group, names, first letters, hints)
+_EXTRA_TOOLS: Final[tuple[tuple[str, str, str, tuple[str, ...]], ...]] = (
+    # net user NAME PW [/add].
+    (
+        "netuser",
+        rf"(?i:net1?(?:\.exe)?{_SEP}user)",
+        "nN",
+        ("net user", "net1 user", '"net"', "'net'"),
+    ),
+    # Azure's and OpenShift's CLIs: -p/--password after "login", as docker's.
+    ("cloud_login", rf"(?:az|oc){_SEP}login", "ao", ("az login", "oc login", '"az"', '"oc"')),
+    # Oracle's clients: the logon user/pw[@db] is a word of its own.
+    ("oracle", r"sqlplus|sqlldr|expdp|impdp|rman", "seir", ("sqlplus", "sqlldr", "pdp", "rman")),
+    # impacket's [domain/]user:password@target, -hashes LM:NT.
+    (
+        "impacket",
+        rf"impacket-(?:{_IMPACKET})|(?:{_IMPACKET})\.py",
+        "ipswadmgGlr",
+        ("impacket-", "exec.py", "dump.py", "client.py", "tgt.py", "users.py", "spns.py", "sid.py"),
+    ),
+    ("lftp", r"lftp", "l", ("lftp",)),
+    ("rabbitmqctl", r"rabbitmqctl", "r", ("rabbitmqctl",)),
+    ("vault", rf"vault{_SEP}login", "v", ("vault login", '"vault"', "'vault'")),
+)
+# The first letters of the names _tool_re always reads.
+_TOOL_LETTERS: Final = "bcdhilmnoprswxBCIMNOPRSWX"
+
+
+def _tool_re_for(lowered: str) -> re.Pattern[str]:
+    """The tool names' regex for a text (``lowered``): the tools always read, and
+    those of _EXTRA_TOOLS and _OPTION_TOOLS it names."""
+    extras = tuple(group for group, _, _, hints in _EXTRA_TOOLS if any(h in lowered for h in hints))
+    options = tuple(name for name in _OPTION_TOOLS if name in lowered)
+    return _tool_re(extras, options)
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_re(extras: tuple[str, ...], options: tuple[str, ...]) -> re.Pattern[str]:
+    letters = set(_TOOL_LETTERS)
+    alternatives = ""
+    for group, names, first, _hints in _EXTRA_TOOLS:
+        if group in extras:
+            alternatives += f"|(?P<{group}>{names})"
+            letters.update(first)
+    if options:
+        # Longest first; PsExec and PAExec in any case (Windows).
+        names = "|".join(
+            f"(?i:{re.escape(name)})" if name.startswith(("psexec", "paexec")) else re.escape(name)
+            for name in sorted(options, key=len, reverse=True)
+        )
+        alternatives += f"|(?P<options>{names})"
+        letters.update(name[0] for name in options)
+        letters.update(name[0].upper() for name in options if name.startswith("p"))
+    return re.compile(
+        # The first letters of the names below, tested before the boundary's
+        # lookbehinds: twice as fast over text that names no tool.
+        "(?=["
+        + re.escape("".join(sorted(letters)))
+        + "])"
+        + _B
+        + rf"(?:(?:(?P<mysqladmin>{_MYSQL_ADMIN})|(?P<mysql>{_MYSQL_CLIENTS})|(?P<mysqlsh>mysqlsh)"
+        + r"|(?P<curl>curl)|(?P<wget>wget)|(?P<sshpass>sshpass)"
+        + rf"|(?P<redis>redis-cli)|(?P<htpasswd>htpasswd)|(?P<login>{_REGISTRY_LOGIN})"
+        + rf"|(?P<ldappasswd>ldappasswd)|(?P<ldap>{_LDAP_CLIENTS})|(?P<openssl>openssl)"
+        + rf"|(?P<smb>{_SMB_CLIENTS})|(?P<mongo>{_MONGO_CLIENTS})"
+        # Windows' tools in any case (cmd.exe ignores it; batch files write NET USE):
+        # net use \\host\share PW /user:x, SQLCMD -P PW.
+        + r"|(?P<capital_p>(?i:ipmitool|sqlcmd|bcp|osql))"
+        # FreeRDP's /p:PW, cmdkey's /pass:PW.
+        + r"|(?P<slash_pass>(?i:xfreerdp3?|wlfreerdp3?|sdl-freerdp3?|cmdkey))"
+        + rf"|(?P<netuse>(?i:net(?:\.exe)?{_SEP}use))"
+        + alternatives
+        + r")(?i:\.exe)?(?![\w.-])"
+        # The variables a tool takes its password from, set before it on its command
+        # line: SSHPASS=pw sshpass -e …, REDISCLI_AUTH=pw redis-cli.  The value is a
+        # shell word (quoted, in parts, in JSON), read as the other tools' are.
+        + rf"|(?P<env>{_TOOL_PASSWORD_ENV})=)"
+    )
+
+
 _COMMAND_HINTS: Final = (
     "mysql",
     "mariadb",
@@ -333,6 +476,8 @@ _COMMAND_HINTS: Final = (
     "cmdkey",
     "rediscli_auth",
     "pgpassword",
+    *(hint for _, _, _, hints in _EXTRA_TOOLS for hint in hints),
+    *_OPTION_TOOLS,
 )
 _COMMAND_WINDOW: Final = 4096
 # One piece of a shell word, or what lies between words.  Escapes of JSON (the
@@ -452,8 +597,9 @@ def _command_value(value: str) -> bool:
 class _ToolArguments:
     """Reads one tool's arguments, word by word, for the password it was given."""
 
-    def __init__(self, tool: str) -> None:
+    def __init__(self, tool: str, program: str = "") -> None:
         self.tool: str | None = tool
+        self.program = program  # the name as run, for an option table's tool
         self.pending: str | None = None  # the option whose value the next word is
         self.flags = ""  # htpasswd's options
         self.positional = 0
@@ -486,6 +632,11 @@ class _ToolArguments:
         if pending == "percent":  # smbclient -U alice%pw; "-U alice" alone prompts
             percent = value.find("%")
             return None if percent < 0 else word.tail(percent + 1)
+        if pending == "comma":  # lftp -u alice,pw
+            comma = value.find(",")
+            return None if comma < 0 else word.tail(comma + 1)
+        if pending in ("form", "urlencode", "multipart"):
+            return _form_password(word, 0, pending)
         if pending == "pass_source":  # openssl -passin pass:pw (env:, file:, fd: are not)
             return word.tail(5) if value.startswith("pass:") else None
         if pending == "optional" and not value.startswith("-"):
@@ -507,18 +658,29 @@ class _ToolArguments:
                 elif value.startswith("-p") and len(value) > 2:
                     return word.tail(2)
             case "curl":
+                name, equals, _rest = value.partition("=")
                 if value in ("--user", "--proxy-user"):
                     self.pending = "user"
                 elif value.startswith(("--user=", "--proxy-user=")):
                     return word.tail(value.index(":") + 1) if ":" in value else None
+                elif name in _CURL_FORM_OPTIONS:
+                    if not equals:
+                        self.pending = _CURL_FORM_OPTIONS[name]
+                        return None
+                    return _form_password(word, len(name) + 1, _CURL_FORM_OPTIONS[name])
                 elif value.startswith("-") and not value.startswith("--"):
                     return self._curl_short_options(word)
             case "wget":
-                name, _, _rest = value.partition("=")
+                name, equals, _rest = value.partition("=")
                 if re.fullmatch(r"--(?:http-|ftp-|proxy-)?password", name):
                     if "=" in value:
                         return word.tail(len(name) + 1)
                     self.pending = "value"
+                elif name in ("--post-data", "--body-data"):
+                    if not equals:
+                        self.pending = "form"
+                        return None
+                    return _form_password(word, len(name) + 1, "form")
             case "sshpass":
                 if value == "-p":
                     self.pending = "value"
@@ -536,7 +698,7 @@ class _ToolArguments:
                     return word.tail(7)
                 else:
                     return self._redis_command(word)
-            case "login":
+            case "login" | "cloud_login":
                 if value in ("-p", "--password"):
                     self.pending = "value"
                 elif value.startswith("--password="):
@@ -584,6 +746,29 @@ class _ToolArguments:
                     return word.tail(2)
             case "netuse":
                 return self._net_use(word)
+            case "netuser":
+                return self._net_user(word)
+            case "options":
+                return self._table_option(word)
+            case "oracle":
+                if value.startswith(("-", "@")):
+                    return None
+                found = _ORACLE_LOGON.fullmatch(value)
+                return None if found is None else word.part(*found.span(1))
+            case "impacket":
+                if value in ("-hashes", "-aesKey"):
+                    self.pending = "value"
+                elif not value.startswith("-"):
+                    return _impacket_password(word)
+            case "lftp":
+                if value == "-u":
+                    self.pending = "comma"
+                elif value.startswith("-u") and "," in value:
+                    return word.tail(value.index(",") + 1)
+            case "rabbitmqctl":
+                return self._rabbitmqctl(word)
+            case "vault":
+                return self._vault_login(word)
             case "slash_pass":
                 option = value[: value.find(":") + 1].lower()
                 if option in ("/p:", "/pass:", "/password:"):
@@ -697,6 +882,67 @@ class _ToolArguments:
         self.tool = None
         return word.tail(0)
 
+    def _net_user(self, word: _Word) -> tuple[int, int] | None:
+        """net user NAME PW [/add]: the second word is the password (* prompts)
+        when no third follows it ("net user alice" shows the account; prose
+        that names the command goes on with more words)."""
+        if word.value.startswith("/") and not word.value.startswith("//"):
+            return None  # /add, /domain, /active:yes
+        self.positional += 1
+        if self.positional == 2:
+            self.held = word.tail(0)
+        elif self.positional > 2:
+            self.held = None
+            self.tool = None
+        return None
+
+    def _table_option(self, word: _Word) -> tuple[int, int] | None:
+        """An option of ``_OPTION_TOOLS``' entry for the program that takes a password."""
+        options = _OPTION_TOOLS[self.program]
+        value = word.value
+        if not value.startswith("-"):
+            return None
+        name, equals, _given = value.partition("=") if value.startswith("--") else (value, "", "")
+        if name in options.valued or (options.long is not None and options.long.fullmatch(name)):
+            if equals:
+                return word.tail(len(name) + 1)
+            self.pending = "optional"  # a value; an option right after it is none
+            return None
+        for prefix in options.glued:
+            if value.startswith(prefix) and len(value) > len(prefix):
+                return word.tail(len(prefix))
+        return None
+
+    def _rabbitmqctl(self, word: _Word) -> tuple[int, int] | None:
+        """rabbitmqctl add_user NAME PW, change_password NAME PW."""
+        value = word.value
+        if value.startswith("-"):
+            if value in ("-n", "--node", "-t", "--timeout", "-p", "--vhost"):
+                self.pending = "skip"
+            return None
+        if self.command is None:
+            self.command = value
+            return None
+        if self.command in ("add_user", "change_password"):
+            self.positional += 1
+            if self.positional == 2:
+                self.tool = None
+                return word.tail(0)
+        return None
+
+    def _vault_login(self, word: _Word) -> tuple[int, int] | None:
+        """vault login [-flags] TOKEN: the first word that is no flag nor an auth
+        method's key=value (password=… is the assignment rule's) is the token."""
+        value = word.value
+        if value.startswith("-"):
+            if "=" not in value and value.lstrip("-") not in _VAULT_BOOLEAN_FLAGS:
+                self.pending = "skip"
+            return None
+        if "=" in value:
+            return None
+        self.tool = None
+        return word.tail(0)
+
     def _curl_short_options(self, word: _Word) -> tuple[int, int] | None:
         """curl's short options, bundled the way agents write them: ``-u alice:pw``,
         ``-ualice:pw``, ``-su alice:pw``, ``-sSLu alice:pw``, ``-kualice:pw``.  The
@@ -712,9 +958,80 @@ class _ToolArguments:
                     return None
                 colon = value.find(":", index + 1)
                 return None if colon < 0 else word.tail(colon + 1)
+            if option in "dF":  # -d 'user=a&password=pw', -F password=pw
+                kind = "form" if option == "d" else "multipart"
+                if index + 1 == len(value):
+                    self.pending = kind
+                    return None
+                return _form_password(word, index + 1, kind)
             if option in _CURL_VALUED_SHORT or not (option.isalnum() or option == "#"):
                 return None
         return None
+
+
+# curl's options whose value is form data: name=value&… (-d), one name=value
+# taken whole (--data-urlencode "password=a b": its value is encoded, spaces,
+# "&" and all), a multipart field (-F password=pw; @file and <file read one).
+_CURL_FORM_OPTIONS: Final[Mapping[str, str]] = {
+    "--data": "form",
+    "--data-raw": "form",
+    "--data-binary": "form",
+    "--data-ascii": "form",
+    "--data-urlencode": "urlencode",
+    "--form": "multipart",
+    "--form-string": "multipart",
+}
+# A form field's name that says its value is a credential: password, user[password],
+# db_pass, api_key, token.
+_FORM_KEY: Final = re.compile(rf"(?:[\w-]*\[)?(?i:(?:[A-Za-z0-9]+[_-])*(?:{_ASSIGN_KEYS}|pass))\]?")
+
+
+def _form_password(word: _Word, offset: int, kind: str) -> tuple[int, int] | None:
+    """The credential in form data ``word.value[offset:]``: the value of the
+    first field named like one, to the next "&" (urlencode's and a multipart
+    field's to the word's end)."""
+    value = word.value
+    fields: list[tuple[int, int]] = []
+    start = offset
+    while kind == "form" and (end := value.find("&", start)) >= 0:
+        fields.append((start, end))
+        start = end + 1
+    fields.append((start, len(value)))
+    for start, end in fields:
+        equals = value.find("=", start, end)
+        if equals < 0 or not _FORM_KEY.fullmatch(value, start, equals):
+            continue
+        given = value[equals + 1 : end]
+        if kind == "multipart" and given.startswith(("@", "<")):
+            continue  # a file's content
+        if _assigned_value(given):
+            return word.part(equals + 1, end)
+    return None
+
+
+# Oracle's logon: user/pw, user/pw@db, userid=user/pw (not / alone, the OS's account).
+_ORACLE_LOGON: Final = re.compile(r"(?i:userid=)?[A-Za-z_][\w$#]*/([^\s/@]+)(?:@\S*)?")
+# impacket's target, [[domain/]user[:password]@]host: what comes before the
+# password (which runs to the last "@": found with rfind, not by backtracking).
+_IMPACKET_USER: Final = re.compile(r"(?:(?P<domain>[^\s/:@]+)/)?[^\s/:@]+:")
+
+
+def _impacket_password(word: _Word) -> tuple[int, int] | None:
+    """The password in impacket's target: domain/user:pw@host, user:pw@host, and
+    domain/user:pw alone (GetUserSPNs.py)."""
+    value = word.value
+    at = value.rfind("@")
+    head = value if at < 0 else value[:at]
+    user = _IMPACKET_USER.match(head)
+    if user is None or at == len(value) - 1 or (at < 0 and user.group("domain") is None):
+        return None
+    return word.part(user.end(), len(head))
+
+
+# vault login's flags that take no value.
+_VAULT_BOOLEAN_FLAGS: Final = frozenset(
+    ["no-print", "no-store", "non-interactive", "token-only", "tls-skip-verify", "no-color"]
+)
 
 
 # curl's short options that take a value: in a bundle (-sSLo FILE, -Hfoo) the
@@ -767,7 +1084,21 @@ _OPENSSL_PASSWD_VALUED: Final = frozenset(
 
 # Tools some of whose positional words (no option's) a rule reads.
 _POSITIONAL_TOOLS: Final = frozenset(
-    {"sshpass", "htpasswd", "mysqladmin", "mysqlsh", "netuse", "redis", "openssl", "slash_pass"}
+    {
+        "sshpass",
+        "htpasswd",
+        "mysqladmin",
+        "mysqlsh",
+        "netuse",
+        "netuser",
+        "redis",
+        "openssl",
+        "slash_pass",
+        "oracle",
+        "rabbitmqctl",
+        "vault",
+        "impacket",
+    }
 )
 
 
@@ -775,35 +1106,25 @@ _POSITIONAL_TOOLS: Final = frozenset(
 # image, a host, not the program run: docker run --name mongo -p 27017:27017
 # mongo:7 (read as the mongo shell, its port mapping was a password), --link
 # mongo:db, --name=sqlcmd, "--name", "mongo" in an argv array.  A quoted value
-# (--health-cmd "mysqladmin ping -p…") is a command line, and a wrapper's flags
-# before the program it runs take no value: sudo --preserve-env mysql -p….
+# (--health-cmd "mysqladmin ping -p…") is a command line.  After a space, only
+# an option whose name says it names something (_NAMING_OPTION) takes the tool's
+# name as its value: any other is a flag before the program it runs (sudo
+# --reset-timestamp mysql -p…, env --debug, strace --follow-forks: a list of
+# such flags always missed one, and the password was no longer read).
 _LONG_OPTION_BEFORE: Final = re.compile(
     r"--(?<![^\s\"'\[,]--)(?P<option>[A-Za-z][\w-]*)"
-    r"(?:=|[ \t]+|(?P<item>[\"'])\s*,\s*[\"'])[^\s\"'=]*\Z"
+    r"(?:(?P<equals>=)|[ \t]+|(?P<item>[\"'])\s*,\s*[\"'])[^\s\"'=]*\Z"
 )
 # The rest of an argv item that is one bare word, to its closing quote.
 _BARE_ITEM_REST: Final = re.compile(r"[^\s\"']*[\"']")
-_WRAPPER_FLAGS: Final = frozenset(
-    [
-        "preserve-env",
-        "ignore-environment",
-        "shell",
-        "background",
-        "login",
-        "interactive",
-        "tty",
-        "stdin",
-        "rm",
-        "privileged",
-        "init",
-        "detach",
-        "null",
-        "verbose",
-        "quiet",
-        "foreground",
-        "non-interactive",
-        "no-run-if-empty",
-    ]
+# Long options whose value names a container, a host, an image, a service, a
+# database… (docker's, podman's, kubectl's, compose's): --name, --link,
+# --hostname, --network-alias, --volumes-from, --container-name, --entrypoint.
+_NAMING_OPTION: Final = re.compile(
+    r"(?:[a-z0-9-]*-)?(?:name|hostname|host|image|container|service|alias|network|net|link|"
+    r"links|tag|target|pod|app|database|db|dbname|namespace|context|cluster|project|from|"
+    r"entrypoint|label|user|platform)",
+    re.I,
 )
 
 
@@ -813,7 +1134,9 @@ def _names_an_option_value(text: str, match: re.Match[str]) -> bool:
     if text.find("--", window, match.start()) < 0:
         return False  # most tool names: no long option before them at all
     before = _LONG_OPTION_BEFORE.search(text, window, match.start())
-    if before is None or before.group("option") in _WRAPPER_FLAGS:
+    if before is None:
+        return False
+    if before.group("equals") is None and not _NAMING_OPTION.fullmatch(before.group("option")):
         return False
     return before.group("item") is None or _BARE_ITEM_REST.match(text, match.end()) is not None
 
@@ -822,14 +1145,19 @@ def _tool_of(match: re.Match[str]) -> str:
     return next(name for name, value in match.groupdict().items() if value is not None)
 
 
+def _arguments_for(match: re.Match[str]) -> _ToolArguments:
+    tool = _tool_of(match)
+    return _ToolArguments(tool, match.group(tool).lower() if tool == "options" else "")
+
+
 class _CommandScanner:
     """Every password given on a command line in ``text``, as source spans."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, lowered: str) -> None:
         self.text = text
         self.tools = [
             match
-            for match in _TOOL_RE.finditer(text)
+            for match in _tool_re_for(lowered).finditer(text)
             if match.lastgroup == "env" or not _names_an_option_value(text, match)
         ]
         self.tool_starts = [m.start() for m in self.tools]
@@ -852,7 +1180,7 @@ class _CommandScanner:
                 break
             if match.start() < position:
                 continue  # read already, as a word of an earlier command
-            arguments = _ToolArguments(_tool_of(match))
+            arguments = _arguments_for(match)
             if _ARGV_START.match(self.text, match.end()):
                 position = self._read_argv(match.end() + 1, high, arguments)
             else:
@@ -865,7 +1193,7 @@ class _CommandScanner:
         tool = self.tool_ending_at.get(word.ends[-1])
         if tool is not None and not arguments.wants_value and self._names_tool(word, tool):
             self._finish(arguments)
-            return _ToolArguments(_tool_of(tool))
+            return _arguments_for(tool)
         env = self.env_starting_at.get(word.where[0])
         if env is not None and not arguments.wants_value:
             # SSHPASS=pw as a word of a command read already: its value is the rest.
@@ -960,7 +1288,7 @@ class _CommandScanner:
                 redirect = False
                 if self.skipped_tool is not None:
                     self._finish(arguments)
-                    arguments = _ToolArguments(_tool_of(self.skipped_tool))
+                    arguments = _arguments_for(self.skipped_tool)
                     limit = min(high, position + _COMMAND_WINDOW)
                 continue
             piece = _SHELL_PIECE.match(text, position, high)
@@ -1013,7 +1341,7 @@ class _CommandScanner:
 def _command_password_spans(text: str, lowered: str) -> Iterable[Span]:
     if not any(hint in lowered for hint in _COMMAND_HINTS):
         return
-    scanner = _CommandScanner(text)
+    scanner = _CommandScanner(text, lowered)
     scanner.scan(0, len(text))
     for start, end in scanner.found:
         yield Span(start, end, "password")
@@ -1041,6 +1369,18 @@ _SQL_BEFORE_PASSWORD: Final = re.compile(
 def _sql_password(match: re.Match[str]) -> bool:
     start = match.start()
     return _SQL_BEFORE_PASSWORD.search(match.string, max(0, start - 120), start) is not None
+
+
+# What stands before redis-cli's ">": host:port, [ipv6]:port, a database's
+# [n], and old versions' "redis " before it.
+_REDIS_PROMPT: Final = re.compile(
+    r"(?<![\w.:\[\]-])(?:redis[ \t]+)?(?:[\w.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}(?:\[\d{1,5}\])?\Z"
+)
+
+
+def _after_redis_prompt(match: re.Match[str]) -> bool:
+    start = match.start()
+    return _REDIS_PROMPT.search(match.string, max(0, start - 80), start) is not None
 
 
 def _starts_a_key(match: re.Match[str]) -> bool:
@@ -1228,6 +1568,43 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         validate=_assigned_value,
         hints=("identified",),
     ),
+    # redis-cli's interactive prompt in a transcript: 127.0.0.1:6379> AUTH [USER] PW
+    # (also [::1]:6379[2]>, "redis host:port>"), and CONFIG SET requirepass PW.
+    Rule(
+        "password",
+        _rx(
+            r">(?:(?<=\d>)|(?<=\]>))[ \t]*"
+            r"(?i:auth[ \t]+(?:[^\s\"'>]{1,200}[ \t]+)?"
+            r"|config[ \t]+set[ \t]+(?:requirepass|masterauth)[ \t]+)"
+            # (A bare one does not run into a JSON string's escaped newline.)
+            r"(\"(?:[^\"\\\n]|\\.){1,200}\"|'[^'\n]{1,200}'|(?:[^\s\"'\\]|\\[^nr]){1,200})"
+            r"[ \t]*(?=[\r\n]|\\[nr]|\Z)"
+        ),
+        group=1,
+        validate=_secure_string_value,
+        validate_match=_after_redis_prompt,
+        hints=("auth", "requirepass", "masterauth"),
+    ),
+    # npm's registry credentials: //registry/:_authToken=X (.npmrc) or, given to
+    # npm config set, after a space; _auth and _password are base64.
+    Rule(
+        "password",
+        _rx(r":_(?:authToken|auth|password)(?:[ \t]*=[ \t]*|[ \t]+)([^\s\"'`]{4,400})"),
+        group=1,
+        validate=_assigned_value,
+        hints=(":_auth", ":_password"),
+    ),
+    # aws configure set aws_secret_access_key KEY (no "=" nor ":").
+    Rule(
+        "aws_secret_key",
+        _rx(
+            r"[Aa](?i:ws_secret_access_key|ws_session_token)[ \t]+"
+            r"([A-Za-z0-9/+]{20,1024}=*)(?![A-Za-z0-9/+=])"
+        ),
+        group=1,
+        validate=_mixed_case,
+        hints=("aws_s",),
+    ),
     # A password piped into a tool that reads it from its input:
     # echo PW | sudo -S …, echo PW | docker login --password-stdin.
     Rule(
@@ -1358,7 +1735,7 @@ _DETECT_SECRETS_PLUGINS: Final = (
 )
 
 
-@cache
+@functools.cache
 def _detect_secrets_rules() -> tuple[Rule, ...]:
     """The chosen detect-secrets plugins' compiled patterns (imported once, lazily)."""
     import importlib
@@ -1375,7 +1752,7 @@ def _detect_secrets_rules() -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-@cache
+@functools.cache
 def compile_user_patterns(patterns: tuple[tuple[str, str], ...]) -> tuple[Rule, ...]:
     """``[privacy] patterns`` (name -> regex) as rules; the whole match is the secret."""
     rules = []

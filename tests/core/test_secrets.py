@@ -1337,3 +1337,187 @@ def test_a_query_strings_password_leaves_the_next_parameters() -> None:
     assert _redact(text) == (
         "POST /login?user=alice&password=[REDACTED:password]&remember=1&next=/home"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("127.0.0.1:6379> AUTH S3cretPw9\nOK", "S3cretPw9"),
+        ("127.0.0.1:6379> AUTH alice S3cretPw9\nOK", "S3cretPw9"),
+        ("cache.internal:6379[2]> auth S3cretPw9", "S3cretPw9"),
+        ("redis 127.0.0.1:6379> AUTH S3cretPw9", "S3cretPw9"),
+        ('[::1]:6379> AUTH "S3cret Pw9"', "S3cret Pw9"),
+        ("127.0.0.1:6379> CONFIG SET requirepass S3cretPw9", "S3cretPw9"),
+        # A transcript as a JSON string.
+        ('{"output": "127.0.0.1:6379> AUTH S3cretPw9\\nOK\\n"}', "S3cretPw9"),
+    ],
+)
+def test_auth_at_a_redis_cli_prompt_in_a_transcript_is_found(text: str, secret: str) -> None:
+    # Only redis-cli's command line was read (redis-cli AUTH PW); its
+    # interactive prompt's AUTH PW went out as written.
+    assert [s.value(text) for s in find_secrets(text)] == [secret]
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ('curl --data-urlencode "password=S3cret Pw9" https://x/login', "S3cret Pw9"),
+        ("curl --data-urlencode 'user[password]=S3cret & Pw9' https://x", "S3cret & Pw9"),
+        ("curl -sd 'user=alice&password=S3cret Pw9&remember=1' https://x", "S3cret Pw9"),
+        ("curl --data 'user=alice&pass=S3cret Pw9' https://x", "S3cret Pw9"),
+        ('curl -F "password=S3cret Pw9" -F file=@a.txt https://x', "S3cret Pw9"),
+        ("wget --post-data 'user=alice&password=S3cret Pw9' https://x", "S3cret Pw9"),
+        (
+            json.dumps({"cmd": 'curl --data-urlencode "password=S3cret Pw9" https://x'}),
+            "S3cret Pw9",
+        ),
+    ],
+)
+def test_a_form_fields_password_with_a_space_is_found_whole(command: str, secret: str) -> None:
+    # Only "S3cret" was redacted (the assignment rules end a bare value at a
+    # space); " Pw9" reached a remote summarizer.
+    assert [s.value(command) for s in find_secrets(command)] == [secret]
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ("psexec \\\\web1 -u CORP\\admin -p S3cretPw9 cmd.exe", "S3cretPw9"),
+        ("PsExec64.exe \\\\web1 -s -u admin -p S3cretPw9 ipconfig", "S3cretPw9"),
+        ("evil-winrm -i 10.0.0.5 -u admin -p S3cretPw9", "S3cretPw9"),
+        ("evil-winrm -i 10.0.0.5 -u admin -H 32ed87bdb5fdc5e9cba88547376818d4", None),
+        ("az login -u alice@example.com -p S3cretPw9", "S3cretPw9"),
+        ("az login --service-principal -u app-id --password S3cretPw9 --tenant t", "S3cretPw9"),
+        ("az login --service-principal -u app-id --password=S3cretPw9 --tenant t", "S3cretPw9"),
+        ("oc login -u developer -p S3cretPw9 https://api.ocp:6443", "S3cretPw9"),
+        ('["oc", "login", "-u", "dev", "-p", "S3cretPw9"]', "S3cretPw9"),
+        ("helm repo add priv https://charts.x --username bot --password S3cretPw9", "S3cretPw9"),
+        ("helm repo add priv https://charts.x --username bot --password=S3cretPw9", "S3cretPw9"),
+        ("net user alice S3cretPw9", "S3cretPw9"),
+        ("net user alice S3cretPw9 /add /domain", "S3cretPw9"),
+        ("NET USER svc_backup S3cretPw9 /ADD", "S3cretPw9"),
+    ],
+)
+def test_a_password_given_to_remote_admin_and_cloud_tools_is_found(
+    command: str, secret: str | None
+) -> None:
+    expected = secret or "32ed87bdb5fdc5e9cba88547376818d4"  # evil-winrm's NTLM hash
+    assert [s.value(command) for s in find_secrets(command)] == [expected]
+
+
+@pytest.mark.parametrize(
+    ("command", "secret"),
+    [
+        ("keytool -importcert -keystore k.jks -storepass S3cretPw9 -file c.pem", "S3cretPw9"),
+        ("jarsigner -keystore k.jks -storepass S3cretPw9 app.jar signer", "S3cretPw9"),
+        ("gpg --batch --pinentry-mode loopback --passphrase S3cretPw9 -d f.gpg", "S3cretPw9"),
+        ("zip -P S3cretPw9 -r out.zip dir", "S3cretPw9"),
+        ("unzip -P S3cretPw9 out.zip", "S3cretPw9"),
+        ("7z a -pS3cretPw9 -mhe=on out.7z dir", "S3cretPw9"),
+        ("sqlplus scott/S3cretPw9@//db.internal:1521/orcl", "S3cretPw9"),
+        ("expdp system/S3cretPw9 DIRECTORY=dp FULL=y", "S3cretPw9"),
+        ("rman target sys/S3cretPw9@prod", "S3cretPw9"),
+        ("lftp -u alice,S3cretPw9 sftp://files.example.com", "S3cretPw9"),
+        ("rabbitmqctl add_user alice S3cretPw9", "S3cretPw9"),
+        ("rabbitmqctl -n rabbit@mq1 change_password alice S3cretPw9", "S3cretPw9"),
+        ("mosquitto_pub -h broker -u iot -P S3cretPw9 -t t -m on", "S3cretPw9"),
+        ("nxc smb 10.0.0.5 -u admin -p S3cretPw9 --shares", "S3cretPw9"),
+        ("crackmapexec winrm 10.0.0.5 -u admin -p S3cretPw9", "S3cretPw9"),
+        ("smbmap -H 10.0.0.5 -u admin -p S3cretPw9", "S3cretPw9"),
+        ("rdesktop -u admin -p S3cretPw9 10.0.0.5", "S3cretPw9"),
+        ("ssh-keygen -p -N S3cretPw9 -f ~/.ssh/id_ed25519", "S3cretPw9"),
+        ("rclone copy a remote: --sftp-pass S3cretPw9", "S3cretPw9"),
+        ("vault login S3cretPw9tok", "S3cretPw9tok"),
+        ("vault login -no-print -address https://vault:8200 S3cretPw9tok", "S3cretPw9tok"),
+        ("kubectl --token S3cretPw9tok get pods", "S3cretPw9tok"),
+        ("influx setup --username admin --password S3cretPw9 --org acme", "S3cretPw9"),
+        ("cqlsh -u cassandra -p S3cretPw9 db1", "S3cretPw9"),
+        ("clickhouse-client --user default --password S3cretPw9", "S3cretPw9"),
+        ("impacket-psexec admin:S3cretPw9@10.0.0.5", "S3cretPw9"),
+        ("psexec.py corp/admin:S3cr@tPw9@10.0.0.5 -dc-ip 10.0.0.1", "S3cr@tPw9"),
+        ("python3 GetUserSPNs.py corp.local/svc:S3cretPw9 -request", "S3cretPw9"),
+        (
+            "aws configure set aws_secret_access_key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        ),
+        ("npm config set //registry.npmjs.org/:_authToken S3cretPw9tok", "S3cretPw9tok"),
+        ("echo '//registry.npmjs.org/:_authToken=S3cretPw9tok' >> .npmrc", "S3cretPw9tok"),
+    ],
+)
+def test_a_password_given_to_more_command_line_tools_is_found(command: str, secret: str) -> None:
+    assert [s.value(command) for s in find_secrets(command)] == [secret]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sudo --reset-timestamp mysql -uroot -pS3cretPw9 app",
+        "env --debug mysql -uroot -pS3cretPw9 app",
+        "strace --follow-forks mysql -uroot -pS3cretPw9 app",
+        "unshare --fork --pid mysql -uroot -pS3cretPw9 app",
+        "setsid --wait mysql -uroot -pS3cretPw9 app",
+        "nohup --whatever mongosh -u admin -p S3cretPw9",
+        '["sudo", "--reset-timestamp", "mysql", "-pS3cretPw9"]',
+    ],
+)
+def test_a_tool_after_an_unlisted_boolean_long_flag_is_still_read(command: str) -> None:
+    # Any --flag before a tool's name was taken for an option whose value the
+    # name was, unless the flag was on a list of wrappers' flags.
+    assert [s.value(command) for s in find_secrets(command)] == ["S3cretPw9"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # redis-cli's prompt without a password, or not a prompt at all.
+        "127.0.0.1:6379> AUTH\n(error) ERR wrong number of arguments",
+        "127.0.0.1:6379> GET auth\n127.0.0.1:6379> AUTH $REDIS_PASSWORD",
+        "127.0.0.1:6379> CONFIG GET requirepass\n127.0.0.1:6379> AUTH a b c",
+        "x> AUTH abcdef; <td>AUTH</td> hunter; 3 > auth token",
+        # Form data without a password, or with a stand-in or a file.
+        'curl --data-urlencode "q=select a b" -d @body.json https://x',
+        "curl -d 'password=$PW' -sd 'user=alice&remember=1' --data 'passes=3&fails=0' https://x",
+        # The tools' other options, prompts and stand-ins.
+        "psexec -s -i cmd.exe; evil-winrm -i host -u admin -P 5986 -S",
+        "az login --use-device-code; oc login --web https://api; helm repo add x https://c",
+        "net user alice /domain; net user; the net user count grew by twelve percent today",
+        "zip -r out.zip dir; unzip -P $ZIP_PW a.zip; 7z x -p archive.7z",
+        "keytool -list -keystore k.jks -storepass:env KS_PW; gpg --passphrase-file pw.txt -d f",
+        'ssh-keygen -t ed25519 -N "" -f key; kubectl get pods -o wide',
+        "sqlplus / as sysdba; sqlplus /nolog; sqlplus -s @scripts/run.sql; rman target /",
+        "lftp -u alice sftp://host; rabbitmqctl list_users; rabbitmqctl add_user alice",
+        "vault login -method=oidc; vault login -; vault login -method userpass username=bob",
+        "rclone config --ask-password=false; wmiexec.py corp/admin@10.0.0.5 -k -no-pass",
+        "the zip file, the helm chart and the vault itself; I used kubectl --help",
+        "aws configure set region eu-west-1; //registry.npmjs.org/:_authToken=${NPM_TOKEN}",
+        # A tool's name as a naming option's value, then a port mapping.
+        "docker run -d --hostname mysql -p3306:3306 mysql:8",
+        "docker run --network-alias mongo -p 27017:27017 mongo:7; kubectl logs --container mongo -p",
+    ],
+)
+def test_those_tools_and_prompts_without_a_password_are_not_flagged(text: str) -> None:
+    assert find_secrets(text) == []
+
+
+@pytest.mark.parametrize(
+    "text_of",
+    [
+        lambda n: "127.0.0.1:6379> AUTH a b\n" * n,
+        lambda n: "1> auth " * n,
+        lambda n: "npm :_authToken " * n,
+        lambda n: "aws_session_token " + "Ab" * (8 * n),
+        lambda n: "curl -d '" + "password=&" * n + "'",
+        lambda n: "curl --data-urlencode '" + "a_" * (4 * n) + "password=x'",
+        lambda n: "psexec.py a:" + "@a" * (4 * n) + "@",
+        lambda n: "sqlplus a/" + "b@" * (4 * n),
+        lambda n: "net user " * n,
+        lambda n: "vault login -x " * n,
+        lambda n: "sudo --reset-timestamp " * n + "mysql -pS3cretPw9",
+        lambda n: "psexec -p " * n,
+    ],
+)
+def test_the_new_command_and_prompt_rules_stay_linear(text_of: Any) -> None:
+    # As the URL rule's: the 8x input takes less than 30x the 1x input's time.
+    small = _find_seconds(text_of(1000))
+    large = _find_seconds(text_of(8000), under=30 * small)
+    assert large < 30 * small, (small, large)

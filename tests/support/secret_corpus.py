@@ -198,6 +198,30 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
     _planted("password", "Sud0-P1pe-77", "echo {} | sudo -S systemctl restart nginx"),
     _planted("password", "F0rm-P4ss-31", "curl -d 'user=alice&pass={}' https://intranet/login"),
     _planted("password", "Rdp-Us3r-k9", "xfreerdp /u:alice /p:{} /v:10.0.4.30 /cert:ignore"),
+    # Session 8: redis-cli's prompt, a form value with a space, remote admin and
+    # cloud CLIs, net user, a tool after an unlisted --flag, and more tools.
+    _planted("password", "R3d1s-Pr0mpt-4", "127.0.0.1:6379> AUTH {}\nOK\n127.0.0.1:6379> KEYS *"),
+    _planted("password", "Url3nc S3cret", 'curl --data-urlencode "password={}" https://sso/login'),
+    _planted("password", "Ps3x3c-Adm!n", "psexec \\\\web1 -u CORP\\admin -p {} cmd /c ipconfig"),
+    _planted("password", "Ev1l-W1nrm-7", "evil-winrm -i 10.0.4.40 -u administrator -p {}"),
+    _planted(
+        "password", "Az-L0gin-S3c", "az login --service-principal -u app-id -p {} --tenant t1"
+    ),
+    _planted("password", "0c-L0gin-D3v", "oc login -u developer -p {} https://api.ocp:6443"),
+    _planted(
+        "password",
+        "H3lm-R3po-99",
+        "helm repo add priv https://charts.acme --username ci --password {}",
+    ),
+    _planted("password", "N3t-Us3r-Add1", "net user svc_backup {} /add"),
+    _planted("password", "Sud0-Fl4g-Pw", "sudo --reset-timestamp mysql -uroot -p{} -e 'select 1'"),
+    _planted(
+        "password",
+        "K3yt00l-St0re",
+        "keytool -importcert -keystore app.jks -storepass {} -file ca.pem",
+    ),
+    _planted("password", "0r4cle-T1ger", "sqlplus scott/{}@//db.internal:1521/orcl"),
+    _planted("password", "Imp4ck3t-pw1", "impacket-psexec corp/admin:{}@10.0.4.41"),
     _planted("email", "ops+alerts@mail.example.co.uk", "Alerts go to {}.", pii=True),
     _planted("iban", "GB82 WEST 1234 5698 7654 32", "Wire it to IBAN {}.", pii=True),
 )
@@ -241,4 +265,11 @@ LOOKALIKES: tuple[str, ...] = (
     "redis-cli CONFIG GET requirepass; redis-cli SET auth token123; ldappasswd -x -W -A -S uid=bob",
     "<password>${env.NEXUS_PW}</password>; users are identified by their e-mail address",
     "GET /report?tests=212&pass=1234&fail=0; echo done | sudo tee /etc/motd; cmdkey /list",
+    # Session 8: redis-cli's prompt with no password, form data without one, the
+    # new tools' other options and prompts, a tool's name as a naming option's value.
+    "127.0.0.1:6379> AUTH\n(error) ERR wrong number of arguments for 'auth' command",
+    'curl --data-urlencode "q=select a b" -d @body.json https://x; psexec -s -i cmd.exe',
+    "net user alice /domain; az login --use-device-code; oc login --web https://api.ocp:6443",
+    "docker run -d --hostname mysql -p3306:3306 mysql:8; sqlplus / as sysdba; 7z x -p a.7z",
+    "keytool -list -keystore app.jks -storepass:env KS_PW; vault login -method=oidc",
 )
