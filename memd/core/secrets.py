@@ -366,66 +366,96 @@ _OPTION_TOOLS: Final[Mapping[str, _Options]] = {
         long=re.compile(r"--(?!ask-)[a-z0-9-]+-(?:pass|password|secret-access-key|client-secret)")
     ),
 }
-_IMPACKET: Final = (
-    r"psexec|smbexec|wmiexec|atexec|dcomexec|secretsdump|mssqlclient|smbclient|getTGT"
-    r"|GetUserSPNs|GetNPUsers|lookupsid|rpcdump"
-)
 _SEP: Final = r"(?:[ \t]+|[\"']\s*,\s*[\"'])"  # between words, also of an argv array
-# Tools read only in a text that holds one of their hints (lower case): each
-# one's first letters tested at every position of every text cost the scan of
-# a tool-call log that names none of them ~15 %.  (group, names, first letters, hints)
+_OPTION_HINTS: Final[Mapping[str, str]] = {
+    "unzip": "zip",
+    "zipcloak": "zip",
+    "unrar": "rar",
+    "gpg2": "gpg",
+    "7za": "7z",
+    "7zr": "7z",
+    "7zz": "7z",
+}
+# The first letters of the names the tool regex always reads.
+_TOOL_LETTERS: Final = frozenset("bcdhilmnoprswxBCIMNOPRSWX")
+# More tools: (group, name, its possible first letters, hints).  One whose first
+# letters are all in _TOOL_LETTERS is always read; any other only in a text
+# holding one of its hints (lower case): its first letter tested at every
+# position of every text cost a tool-call log naming none of them ~15 %.
 _EXTRA_TOOLS: Final[tuple[tuple[str, str, str, tuple[str, ...]], ...]] = (
     # net user NAME PW [/add].
-    (
-        "netuser",
-        rf"(?i:net1?(?:\.exe)?{_SEP}user)",
-        "nN",
-        ("net user", "net1 user", '"net"', "'net'"),
-    ),
+    ("netuser", rf"(?i:net1?(?:\.exe)?{_SEP}user)", "nN", ()),
     # Azure's and OpenShift's CLIs: -p/--password after "login", as docker's.
-    ("cloud_login", rf"(?:az|oc){_SEP}login", "ao", ("az login", "oc login", '"az"', '"oc"')),
+    ("cloud_login", rf"az{_SEP}login", "a", ("login",)),
+    ("cloud_login", rf"oc{_SEP}login", "o", ()),
     # Oracle's clients: the logon user/pw[@db] is a word of its own.
-    ("oracle", r"sqlplus|sqlldr|expdp|impdp|rman", "seir", ("sqlplus", "sqlldr", "pdp", "rman")),
+    ("oracle", r"sqlplus|sqlldr|impdp|rman", "sir", ()),
+    ("oracle", r"expdp", "e", ("expdp",)),
     # impacket's [domain/]user:password@target, -hashes LM:NT.
     (
         "impacket",
-        rf"impacket-(?:{_IMPACKET})|(?:{_IMPACKET})\.py",
-        "ipswadmgGlr",
-        ("impacket-", "exec.py", "dump.py", "client.py", "tgt.py", "users.py", "spns.py", "sid.py"),
+        r"impacket-(?:psexec|smbexec|wmiexec|atexec|dcomexec|secretsdump|mssqlclient|smbclient"
+        r"|getTGT|GetUserSPNs|GetNPUsers|lookupsid|rpcdump)"
+        r"|(?:psexec|smbexec|wmiexec|dcomexec|secretsdump|mssqlclient|smbclient|lookupsid"
+        r"|rpcdump)\.py",
+        "ipswdmlr",
+        (),
     ),
-    ("lftp", r"lftp", "l", ("lftp",)),
-    ("rabbitmqctl", r"rabbitmqctl", "r", ("rabbitmqctl",)),
-    ("vault", rf"vault{_SEP}login", "v", ("vault login", '"vault"', "'vault'")),
+    (
+        "impacket",
+        r"(?:atexec|getTGT|GetUserSPNs|GetNPUsers)\.py",
+        "agG",
+        ("atexec.py", "tgt.py", "spns.py", "npusers.py"),
+    ),
+    ("lftp", r"lftp", "l", ()),
+    ("rabbitmqctl", r"rabbitmqctl", "r", ()),
+    ("vault", rf"vault{_SEP}login", "v", ("vault",)),
+    # Tools whose options (_OPTION_TOOLS) take a password, longest first: PsExec
+    # in any case.  A name's hint is itself or the part it shares with others.
+    *(
+        ("options", f"(?i:{name})", name[0] + name[0].upper(), ())
+        if name.startswith(("psexec", "paexec"))
+        else ("options", re.escape(name), name[0], (_OPTION_HINTS.get(name, name),))
+        for name in sorted(_OPTION_TOOLS, key=len, reverse=True)
+    ),
 )
-# The first letters of the names _tool_re always reads.
-_TOOL_LETTERS: Final = "bcdhilmnoprswxBCIMNOPRSWX"
+# The entries always read.
+_ALWAYS_READ: Final = frozenset(
+    index
+    for index, (_group, _names, first, _hints) in enumerate(_EXTRA_TOOLS)
+    if set(first) <= _TOOL_LETTERS
+)
 
 
 def _tool_re_for(lowered: str) -> re.Pattern[str]:
     """The tool names' regex for a text (``lowered``): the tools always read, and
-    those of _EXTRA_TOOLS and _OPTION_TOOLS it names."""
-    extras = tuple(group for group, _, _, hints in _EXTRA_TOOLS if any(h in lowered for h in hints))
-    options = tuple(name for name in _OPTION_TOOLS if name in lowered)
-    return _tool_re(extras, options)
+    those of _EXTRA_TOOLS it names."""
+    present: dict[str, bool] = {}
+
+    def holds(hint: str) -> bool:
+        if hint not in present:
+            present[hint] = hint in lowered
+        return present[hint]
+
+    return _tool_re(
+        tuple(
+            index
+            for index, (_group, _names, _first, hints) in enumerate(_EXTRA_TOOLS)
+            if index in _ALWAYS_READ or any(holds(hint) for hint in hints)
+        )
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _tool_re(extras: tuple[str, ...], options: tuple[str, ...]) -> re.Pattern[str]:
+def _tool_re(entries: tuple[int, ...]) -> re.Pattern[str]:
+    """The tool names' regex with the entries ``entries`` of _EXTRA_TOOLS."""
     letters = set(_TOOL_LETTERS)
-    alternatives = ""
-    for group, names, first, _hints in _EXTRA_TOOLS:
-        if group in extras:
-            alternatives += f"|(?P<{group}>{names})"
-            letters.update(first)
-    if options:
-        # Longest first; PsExec and PAExec in any case (Windows).
-        names = "|".join(
-            f"(?i:{re.escape(name)})" if name.startswith(("psexec", "paexec")) else re.escape(name)
-            for name in sorted(options, key=len, reverse=True)
-        )
-        alternatives += f"|(?P<options>{names})"
-        letters.update(name[0] for name in options)
-        letters.update(name[0].upper() for name in options if name.startswith("p"))
+    groups: dict[str, list[str]] = {}
+    for index in entries:
+        group, names, first, _hints = _EXTRA_TOOLS[index]
+        groups.setdefault(group, []).append(names)
+        letters.update(first)
+    alternatives = "".join(f"|(?P<{group}>{'|'.join(names)})" for group, names in groups.items())
     return re.compile(
         # The first letters of the names below, tested before the boundary's
         # lookbehinds: twice as fast over text that names no tool.
@@ -476,7 +506,16 @@ _COMMAND_HINTS: Final = (
     "cmdkey",
     "rediscli_auth",
     "pgpassword",
-    *(hint for _, _, _, hints in _EXTRA_TOOLS for hint in hints),
+    "user",
+    "login",
+    "sqlplus",
+    "sqlldr",
+    "pdp",
+    "rman",
+    ".py",
+    "impacket-",
+    "lftp",
+    "rabbitmqctl",
     *_OPTION_TOOLS,
 )
 _COMMAND_WINDOW: Final = 4096
