@@ -621,10 +621,40 @@ _NET_SHARE: Final = re.compile(r"\\|//")
 _LDAP_FLAGS: Final = frozenset("xZnvcLMWAuNI")
 
 
+# What prose about an option puts after it: "the zip -P option is…", "-storepass
+# and -keypass", "gpg --passphrase can…".  (No password is one of these words.)
+_PROSE_AFTER_OPTION: Final = frozenset(
+    [
+        "option",
+        "options",
+        "flag",
+        "flags",
+        "switch",
+        "argument",
+        "arguments",
+        "parameter",
+        "value",
+        "and",
+        "are",
+        "can",
+        "with",
+        "must",
+        "for",
+        "the",
+        "then",
+        "when",
+        "how",
+    ]
+)
+
+
 def _command_value(value: str) -> bool:
     """An argument that is a password, not a stand-in for one: ``$DB_PASS``,
-    ``$(cat pw)``, ``<password>``, ``****``, ``{{ pw }}``."""
+    ``$(cat pw)``, ``<password>``, ``****``, ``{{ pw }}``, nor a word of prose
+    about the option (``the sshpass -p option``)."""
     if len(value) < 3 or value.startswith(("$", "<", "{{", "[REDACTED:", "%(")):
+        return False
+    if value.rstrip(".,:;!?") in _PROSE_AFTER_OPTION:
         return False
     # Only backslashes and quotes: the escapes of a quote in JSON inside JSON
     # (the \\\ read from -p\\\\\\\"pw\\\\\\\" three levels down, where the raw

@@ -1521,3 +1521,18 @@ def test_the_new_command_and_prompt_rules_stay_linear(text_of: Any) -> None:
     small = _find_seconds(text_of(1000))
     large = _find_seconds(text_of(8000), under=30 * small)
     assert large < 30 * small, (small, large)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the sshpass -p option is insecure; docker login -p flag is deprecated",
+        "the zip -P option is insecure; evil-winrm -H option expects an NTLM hash",
+        "keytool -storepass and -keypass must match; gpg --passphrase can read a file",
+        "the helm --password flag: use --password-stdin; vault login with the -method flag",
+        "rabbitmqctl add_user is how you create users",
+    ],
+)
+def test_prose_about_a_password_option_is_not_flagged(text: str) -> None:
+    # The word after the option is prose ("option", "and", "can"), no password.
+    assert find_secrets(text) == []
