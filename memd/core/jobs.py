@@ -389,6 +389,19 @@ def on_held(job: AgentJob, reason: str, *, until: float) -> Decision:
 _HELD_BACK = "held back: "
 
 
+def cooldown_left(job: AgentJob, now: float) -> float | None:
+    """How long the job's cooldown still lasts, when memd compacts the file again
+    as it ends (a count over the threshold then starts one): after a compaction
+    that ended above the low-water mark, while another process holds the lock,
+    while a spending cap holds it back. None otherwise: no cooldown, or one after
+    nothing to compact (the next try finds nothing either)."""
+    if job.state is not JobState.COOLDOWN or job.next_attempt_at is None:
+        return None
+    if job.last_error == NOT_COMPACTABLE:
+        return None
+    return max(0.0, job.next_attempt_at - now)
+
+
 def held_back(job: AgentJob) -> bool:
     """Whether a spending cap holds this job back (:func:`on_held`)."""
     return job.state is JobState.COOLDOWN and (job.last_error or "").startswith(_HELD_BACK)

@@ -13,11 +13,13 @@ hooks then do nothing and the daemon runs without recall.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from memd.core.config import MemdConfig
-from memd.core.jobs import stored_state
+from memd.core.jobs import cooldown_left, stored_state
 from memd.daemon.registry import AgentRegistry
 from memd.recall.service import RecallService
 from memd.recall.socket_server import socket_path_for
@@ -32,8 +34,11 @@ class RecallStage:
         workspace: Path,
         config: MemdConfig,
         registry: AgentRegistry,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._state_dir = state_dir
+        # The runner's clock (its jobs' cooldowns end on it).
+        self._clock = clock
         self._workspace = workspace
         self._config = config
         self._registry = registry
@@ -57,18 +62,22 @@ class RecallStage:
 
     def status(self, agent: str) -> dict[str, Any] | None:
         """Where ``agent``'s memory stands (the socket's "status" request): memd's
-        count and which file and bytes it covers, the threshold, the job's state;
-        None for an agent the daemon does not watch. Read without the runner's
-        lock: each field is one value, replaced whole."""
+        count and which file and bytes it covers, the threshold, the job's state
+        and, in a cooldown after which memd compacts again, how long it still
+        lasts; None for an agent the daemon does not watch. Read without the
+        runner's lock: each field is one value, replaced whole."""
         entry = self._registry.get(agent)
         if entry is None:
             return None
         tracked = entry.tracked
         counted = None if tracked is None else tracked.state
+        job = entry.job
+        left = cooldown_left(job, self._clock())
         return {
             "tokens": None if counted is None else counted.tokens,
             "threshold_tokens": entry.policy.threshold_tokens,
-            "state": stored_state(entry.job, count_failed=entry.count_error is not None),
+            "state": stored_state(job, count_failed=entry.count_error is not None),
+            "cooldown_left_s": None if left is None else round(left, 3),
             "dev": None if counted is None else counted.dev,
             "ino": None if counted is None else counted.ino,
             "size": None if counted is None else counted.size,

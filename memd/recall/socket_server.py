@@ -13,12 +13,15 @@ run, to hold its requests to memd's threshold while a compaction is coming):
 
     → {"v": 1, "agent": "alpha", "op": "status"}
     ← {"v": 1, "ok": true, "status": {"tokens": 2148, "threshold_tokens": 1991,
-       "state": "pending", "dev": 64768, "ino": 131, "size": 9012}}
+       "state": "pending", "cooldown_left_s": null, "dev": 64768, "ino": 131,
+       "size": 9012}}
 
 ``tokens`` is memd's count of the file (dev, ino) up to byte ``size`` (null
 when not counted yet), ``state`` the agent's job as ``memd status --json``
-says it. A daemon older than this answers the request with an error (no
-"query"), which a client reads as "no status".
+says it; ``cooldown_left_s`` how long a cooldown after which memd compacts
+the file again still lasts (null otherwise, and from a daemon before it). A
+daemon older than this answers the request with an error (no "query"), which
+a client reads as "no status".
 
 Who may ask is decided by the kernel, not by anything the client says: the
 peer's uid (``SO_PEERCRED``) must be root or own the agent's MEMORY.md (each

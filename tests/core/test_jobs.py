@@ -10,6 +10,7 @@ from memd.core.jobs import (
     JobState,
     RetryPolicy,
     Wakes,
+    cooldown_left,
     held_back,
     on_busy_elsewhere,
     on_count,
@@ -105,6 +106,27 @@ def test_hysteresis_cooldown_instead_of_retrigger() -> None:
     assert not held.start and held.wake_at == 40
     # after it, a still-large file is tried again
     assert on_count(d.job, 200, 100, True, 40).start
+
+
+def test_cooldown_left_is_told_only_for_a_cooldown_memd_compacts_after() -> None:
+    """What the socket's status says an agent (memd_swarms) may wait for: the rest of
+    a cooldown memd ends with a compaction; none for one after nothing to compact."""
+    job = on_started(on_count(AgentJob(), 150, 100, True, 0).job)
+    cooled = on_success(
+        job,
+        achieved_tokens=70,
+        current_tokens=70,
+        threshold_tokens=100,
+        low_water_tokens=60,
+        compress=True,
+        policy=POLICY,
+        now=10,
+    ).job
+    assert cooldown_left(cooled, 25) == 15 and cooldown_left(cooled, 41) == 0
+    assert cooldown_left(on_busy_elsewhere(job, "compact-now", policy=POLICY, now=10).job, 12) == 3
+    assert cooldown_left(on_held(job, "max_calls_per_hour", until=100).job, 40) == 60
+    assert cooldown_left(on_nothing_to_compact(job, policy=POLICY, now=10).job, 20) is None
+    assert cooldown_left(job, 20) is None and cooldown_left(AgentJob(), 20) is None
 
 
 def test_backoff_is_exponential_and_capped_then_breaker_opens() -> None:

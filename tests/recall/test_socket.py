@@ -232,6 +232,7 @@ def test_the_daemons_socket_says_where_an_agents_memory_stands(tmp_path: Path) -
                 "tokens": TokenCounter("cl100k_base").count_text(text),
                 "threshold_tokens": 50000,
                 "state": "idle",
+                "cooldown_left_s": None,
                 "dev": info.st_dev,
                 "ino": info.st_ino,
                 "size": info.st_size,
