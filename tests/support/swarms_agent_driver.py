@@ -65,7 +65,17 @@ def main() -> int:
     wiring = getattr(agent, "_memd_swarms", None)
     report = {
         name: getattr(wiring, name, None)
-        for name in ("rebuilds", "drain_waits", "drain_waited_s", "holds", "held_s", "threshold")
+        for name in (
+            "rebuilds",
+            "drain_waits",
+            "drain_waited_s",
+            "drain_reads",
+            "holds",
+            "held_s",
+            "call_holds",
+            "call_rebuilds",
+            "threshold",
+        )
     }
     print(json.dumps(report), flush=True)
     return 0

@@ -431,6 +431,44 @@ def test_when_the_drain_does_not_finish_the_run_goes_on_and_the_run_after_it_has
     assert len(carrying(agent.sent[-1], "SUMMARY-G")) == 1
 
 
+def test_the_drain_wait_reads_the_files_only_when_they_change(
+    seeded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait polls every 20 ms for up to 2 s: each look stats the files and reads
+    one only when it changed since (it read both in full at every look: 100 looks
+    while memd is slow to drain are 200 reads of two whole files)."""
+    from memd_swarms import _wiring
+
+    reads: list[int] = []
+    read_all = _wiring.read_all
+
+    def counted(fd: int) -> bytes:
+        reads.append(fd)
+        return read_all(fd)
+
+    memd = ScriptedMemd(memory_of(seeded))
+
+    def memd_drains_late(count: int) -> None:
+        if count == 60:  # 1.2 s into the wait: the late turn moves, and memd lets go
+            memd.drain()
+        if count == 80:
+            memd.let_go()
+
+    time = MadeUpTime(memd_drains_late)
+    agent = timed(memd_swarms.attach(FakeAgent(seeded)), time)
+    agent.run("turn one")
+    memd.swap("[Compressed Memory Summary]\nSUMMARY-R", keep=1)
+    memd.late_append(LATE)
+    monkeypatch.setattr(_wiring, "read_all", counted)
+    agent.run("turn two")
+    (preload,) = carrying(agent.sent[-1], "SUMMARY-R")
+    assert preload["content"].count("LATE-REPLY") == 1
+    assert time.sleeps == 60  # done when the late turn was in the new file
+    # The snapshot, then each file once, then both again after the drain's append.
+    assert len(reads) <= 5, len(reads)
+    assert agent._memd_swarms.drain_reads == len(reads) - 1  # the snapshot is no wait's
+
+
 def test_turns_memd_erased_are_never_sent_back_from_the_old_file(seeded: Path) -> None:
     """Review r7swarms F1: ``memd forget --match`` drops the old file's last entries;
     its drain link lives past the wait (a long drain_quiet_s, or memd stopped
@@ -489,6 +527,7 @@ class ScriptedStatus:
         self.state = state
         self.unseen = 0
         self.calls = 0
+        self.cooldown_left_s: float | None = None
 
     def __call__(self) -> dict[str, Any]:
         self.calls += 1
@@ -497,6 +536,7 @@ class ScriptedStatus:
             "tokens": self.tokens,
             "threshold_tokens": self.threshold,
             "state": self.state,
+            "cooldown_left_s": self.cooldown_left_s,
             "dev": info.st_dev,
             "ino": info.st_ino,
             "size": info.st_size - self.unseen,
@@ -572,6 +612,52 @@ def test_memd_not_compacting_now_is_not_waited_for_and_said_once(
     assert time.sleeps == 0 and agent._memd_swarms.holds == 0
     (line,) = [r.getMessage() for r in caplog.records if "not compacting" in r.getMessage()]
     assert "state cooldown" in line
+
+
+def test_a_cooldown_memd_ends_with_a_compaction_is_waited_out_within_hold_s(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """memd says how long its cooldown lasts (``cooldown_left_s``): one that ends
+    within the run's wait is waited out, then the compaction; one past it, one
+    memd gives no end for (an older daemon, nothing to compact) and one on a file
+    memd left over the threshold itself are not (said once per file)."""
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    memd = ScriptedMemd(memory_of(seeded))
+    status = ScriptedStatus(memory_of(seeded), threshold=60, tokens=40)
+    time = MadeUpTime()
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), time), status)
+    agent.run("turn zero")
+    status.tokens, status.state = 90, "cooldown"  # memd counted turn zero
+    status.cooldown_left_s = 120.0  # past hold_s
+    agent.run("turn one")
+    assert time.sleeps == 0
+    status.cooldown_left_s = None  # an older daemon, or nothing to compact
+    agent.run("turn two")
+    assert time.sleeps == 0
+
+    def memd_cools_then_compacts(count: int) -> None:
+        status.cooldown_left_s = max(0.0, 1.0 - count * 0.02)
+        if count == 60:  # the cooldown is over: memd compacts
+            status.state = "running"
+        if count == 70:
+            memd.swap("[Compressed Memory Summary]\nSUMMARY-C", keep=1)
+            memd.let_go()
+            status.tokens, status.state = 30, "idle"
+
+    time.on_sleep = memd_cools_then_compacts
+    status.cooldown_left_s = 1.0
+    agent.run("turn three")
+    assert time.sleeps == 70 and agent._memd_swarms.holds == 1
+    assert len(carrying(agent.sent[-1], "SUMMARY-C")) == 1
+    # memd's compaction left the file over the threshold (an oversized summary):
+    # its next one would not bring it under, so its cooldown is not waited out.
+    time.on_sleep = lambda count: None
+    reseed(memory_of(seeded), block("System", "[Compressed Memory Summary]\nS-BIG " * 30))
+    status.tokens, status.state, status.cooldown_left_s = 95, "cooldown", 1.0
+    agent.run("turn four")
+    assert time.sleeps == 70 and agent._memd_swarms.holds == 1
+    said = [r.getMessage() for r in caplog.records if "not compacting" in r.getMessage()]
+    assert said and all("state cooldown" in line for line in said)  # once per file
 
 
 def test_a_memd_that_does_not_compact_in_time_costs_one_wait_per_file(

@@ -297,6 +297,136 @@ def test_an_agent_faster_than_memds_compactions_sends_no_request_over_the_thresh
     assert len(tasks) == turns and set(tasks.values()) == {1}
 
 
+def fast_memd_config(path: Path, *, retry_base_s: float = 5.0) -> Path:
+    """memd as the sprinter test runs it: a compaction at most once a second."""
+    path.write_text(
+        "[trigger]\nthreshold = 0.5\ndebounce_ms = 50\nmax_wait_ms = 200\n"
+        "[compaction]\ndrain_quiet_s = 0.1\ndrain_max_s = 2\n"
+        "[daemon]\ncooldown_s = 0.5\nmin_interval_s = 1.0\n"
+        f"retry_base_s = {retry_base_s}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_model_calls_inside_one_run_stay_within_the_threshold(
+    tmp_path: Path, cl100k: Callable[[str], int]
+) -> None:
+    """``max_loops=6``: one run makes six requests, each with the replies before it,
+    and the file crosses memd's threshold inside a run. Only the start of a run
+    waited: the run's later requests carried its replies on top of the threshold.
+    Each request after a run's first now waits for memd's re-seed as a run's
+    start does and goes on from the new file: the run's replies memd kept
+    verbatim as turns (each once), the rest in memd's summary; no reply lost."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    turns, loops, context = 6, 6, 4000
+    spec = {
+        "agent": "looper",
+        "system_prompt": SYSTEM_PROMPT,
+        "turns": turns,
+        "task": "loop task {i}: work through the plan one step per reply. ",
+        "pause_s": 0,
+        "context_length": context,
+        "max_loops": loops,
+    }
+    replies = iter(range(10_000))
+
+    def reply(body: dict[str, object]) -> str:
+        return f"LOOP-REPLY-{next(replies)}: " + "the step is done and noted in the log. " * 14
+
+    paths = agent_paths(workspace, "looper", must_exist=False)
+    with (
+        OpenAITestServer(responder=reply) as server,
+        DaemonProcess(
+            workspace, tmp_path / "state", config=fast_memd_config(tmp_path / "m.toml")
+        ) as daemon,
+    ):
+        daemon.wait_ready()
+        with SwarmsAgent(workspace, server.api_base, spec) as agent:
+            report = agent.finish()
+        wait_until(
+            lambda: not daemon.events("compaction started")[len(daemon.events("compacted")) :]
+        )
+        assert daemon.stop() == 0
+    requests = server.requests
+    assert len(requests) == turns * loops
+    system = cl100k(SYSTEM_PROMPT)
+    threshold = context // 2 - system
+    sizes = [prompt_tokens(request, cl100k) for request in requests]
+    assert max(sizes) <= threshold + system, (report, sizes)
+    assert report["call_holds"] >= 1 and report["call_rebuilds"] >= 1, report
+    for index, request in enumerate(requests):
+        for earlier in range(index):  # each reply at most once in a request
+            assert count_in(request, f"LOOP-REPLY-{earlier}: ") <= 1, (index, earlier)
+        if index % loops:  # inside a run: its task and replies go on, as turns or summary
+            assert count_in(request, f"LOOP-REPLY-{index - 1}: ") == 1, index
+        for message in request.messages[2:]:
+            assert not str(message.get("content")).startswith(PRELOAD_MARK)
+    seen = entry_contents_everywhere(paths)
+    sent = Counter(text.split(":")[0] for text in seen.elements() if text.startswith("LOOP-"))
+    assert len(sent) == turns * loops and set(sent.values()) == {1}
+    tasks = Counter(text for text in seen.elements() if text.startswith("loop task "))
+    assert len(tasks) == turns and set(tasks.values()) == {1}
+
+
+def test_a_run_waits_out_memds_cooldown_when_a_compaction_ends_it(
+    tmp_path: Path, cl100k: Callable[[str], int]
+) -> None:
+    """Another process holds the agent's lock (an operator's ``memd compact-now``,
+    ``forget``): memd cools down and tries again when the cooldown ends (1 s here),
+    until the lock is let go. Its status said "cooldown" and the runs went ahead,
+    piling turns on top of the threshold for each cooldown. The daemon now says
+    how long the cooldown lasts and a run waits it out (within hold_s) as it
+    waits for a compaction, so no request is over the threshold."""
+    from memd.fsutil import AgentLock
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    turns, context = 40, 4000
+    spec = {"agent": "cooler", "system_prompt": SYSTEM_PROMPT, "context_length": context}
+    config = fast_memd_config(tmp_path / "m.toml", retry_base_s=1.0)
+    paths = agent_paths(workspace, "cooler", must_exist=False)
+    with (
+        OpenAITestServer() as server,
+        DaemonProcess(workspace, tmp_path / "state", config=config) as daemon,
+        SwarmsAgent(workspace, server.api_base, spec) as agent,
+    ):
+        daemon.wait_ready()
+        paths.private_dir.mkdir(mode=0o700, exist_ok=True)
+        holder = AgentLock(paths.lock, "cooler")
+        holder.acquire(0)
+        busy = "agent is being compacted by another process; retrying later"
+
+        def let_go() -> None:  # after memd found it held twice (two cooldowns)
+            wait_until(lambda: len(daemon.events(busy)) >= 2, timeout=120)
+            holder.release()
+
+        releaser = threading.Thread(target=let_go)
+        releaser.start()
+        try:
+            for turn in range(turns):
+                agent.run(f"cool turn {turn}: the user reports progress on item {turn}. " * 3)
+        finally:
+            releaser.join()
+        report = agent.finish()
+        wait_until(
+            lambda: not daemon.events("compaction started")[len(daemon.events("compacted")) :]
+        )
+        assert daemon.stop() == 0
+    assert len(daemon.events(busy)) >= 2 and daemon.events("compacted")
+    requests = server.requests
+    assert len(requests) == turns
+    sizes = [prompt_tokens(request, cl100k) for request in requests]
+    assert max(sizes) <= context // 2, (report, sizes)
+    assert report["holds"] >= 1, report
+    for index, request in enumerate(requests[1:], start=1):
+        assert count_in(request, f"cool turn {index - 1}: ") >= 1, index
+    seen = entry_contents_everywhere(paths)
+    tasks = Counter(text for text in seen.elements() if text.startswith("cool turn "))
+    assert len(tasks) == turns and set(tasks.values()) == {1}
+
+
 def test_tool_call_pairing_holds_across_a_rebuild(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -443,6 +573,9 @@ def test_turns_written_to_the_old_file_at_a_reseed_reach_the_model_once(tmp_path
             assert count_in(third, needle) == 1, (needle, third.messages)
         report = agent.finish()
     assert report["rebuilds"] == 3
+    # The waits (0.5 s, then the whole 2 s) looked every 20 ms, reading a file only
+    # when it had changed: ~125 looks, each read both files in full before.
+    assert report["drain_reads"] <= 12, report
 
 
 def wait_for_new_inode(path: Path, old: int, limit_s: float = 30.0) -> None:

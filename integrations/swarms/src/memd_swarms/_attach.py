@@ -45,11 +45,15 @@ def attach(
       with a tool call the model has not answered yet, and its results, after
       the memory. A MEMORY.md that is not a regular file in the agent's folder
       is not loaded: the agent runs on as Swarms alone would (one warning).
-    - Before each ``run``, while memd's count of MEMORY.md is over the agent's
-      threshold and memd is to compact it, the run waits for the re-seed (at
-      most ``hold_s`` seconds; 0: never), so an agent that writes turns faster
-      than memd compacts still sends requests within the threshold. memd says
-      where the file stands over its recall socket; without it, nothing waits.
+    - Before each ``run``, and before each model request of a run after its
+      first (``max_loops`` over 1, a tool loop), while memd's count of MEMORY.md
+      is over the agent's threshold and memd is to compact it (also when a
+      cooldown of memd's ends with a compaction within the wait), the run waits
+      for the re-seed (at most ``hold_s`` seconds; 0: never), so an agent that
+      writes turns faster than memd compacts still sends requests within the
+      threshold; a re-seed inside a run keeps the run's turns memd kept verbatim
+      as turns. memd says where the file stands over its recall socket; without
+      it, nothing waits.
     - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
       its context length and the text sent beside the memory in every request,
       from which memd derives this agent's threshold.

@@ -101,7 +101,9 @@ def recall(
 def status(agent: str, *, path: Path | None = None, timeout_s: float = 2.0) -> dict[str, Any]:
     """Where the agent's memory stands for memd (the socket's "status" request): its
     count (``tokens``) of the file (``dev``, ``ino``) up to byte ``size``, the
-    agent's ``threshold_tokens`` and its job's ``state``. RecallUnavailable when
+    agent's ``threshold_tokens``, its job's ``state`` and how long a cooldown
+    memd ends with a compaction still lasts (``cooldown_left_s``, null
+    otherwise; absent from a daemon before it). RecallUnavailable when
     the daemon cannot say (not running, no socket, a daemon without the request)."""
     reply = ask(
         path or socket_path(),

@@ -12,7 +12,8 @@ old file just before the swap is moved into the new one by memd's drain a
 little later. The wiring keeps a read-only descriptor on the file it loaded
 (and opens memd's drain link, the file memd is draining after two re-seeds), so
 after a swap it can wait (at most ``DRAIN_WAIT_S``) until the old file is let
-go (its link count is 0) or its last turn is in the new file. Nothing is ever
+go (its link count is 0) or its last turn is in the new file (each look stats
+the files and reads one only when it changed since the last). Nothing is ever
 taken from an old file: besides late turns it holds what memd removed from the
 new one on purpose (summarized, or erased by ``memd forget --match``), and
 the two cannot be told apart. When the drain does not finish in time, the run
@@ -31,8 +32,16 @@ the turns piled up since, over the threshold. So before each run the wiring
 asks memd (its socket's "status" request) where the file stands, and while
 memd's count is over the threshold with a compaction coming (or may be, with
 bytes memd has not counted yet), the run waits (at most ``HOLD_S``) for the
-re-seed and starts from the new file. Without an answer from memd (not
-running, no socket) nothing is held back.
+re-seed and starts from the new file. A compaction is coming while memd's job
+is idle (memd's least interval between two compactions reads as idle),
+pending or running, and in a cooldown memd ends with a compaction (another
+process held the agent's lock, a compaction ended above the low-water mark,
+a spending cap) when it says the cooldown ends within the wait's bound. The
+same holds before each model request of a run after its first (``max_loops``
+over 1, a tool loop: the run's own turns grow the file), and a re-seed then
+is followed as at a run's start, the run's turns memd kept verbatim going on
+as turns. Without an answer from memd (not running, no socket) nothing is
+held back.
 
 A run can end with a tool call whose results the model has not read yet (Swarms
 keeps them in the call's row; a failed tool adds a ``Tool Executor`` row). A
@@ -59,7 +68,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 log = logging.getLogger("memd_swarms")
 
@@ -206,12 +215,10 @@ def drained(old: bytes, new: bytes) -> bool:
     return not blocks or blocks[-1] in new
 
 
-def _drained_into(old: int, new: bytes) -> bool:
-    """True when memd's drain of the file open at ``old`` into ``new`` is done: memd
-    let it go (its link count is 0), or its last turn is in ``new`` already."""
-    if os.fstat(old).st_nlink == 0:
-        return True
-    return drained(read_all(old), new)
+def _version(info: os.stat_result) -> tuple[int, int, int]:
+    """What changes when a file's bytes do (memd's drain appends; a rewrite in place
+    changes the times): a file whose version is the same need not be read again."""
+    return (info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def _written(row: dict[str, Any]) -> bytes | None:
@@ -234,6 +241,22 @@ def _block_text(block: bytes) -> bytes:
     if body.endswith(b"---"):
         body = body[:-3]
     return match.group(1) + b"\n" + body.strip()
+
+
+def kept_verbatim(data: bytes, rows: list[dict[str, Any]]) -> int:
+    """How many of ``rows``' last rows memd kept verbatim at the end of ``data``: the
+    most whose entry blocks, as Swarms wrote them, are the file's last ones (rows
+    Swarms does not write go along with the rows around them)."""
+    blocks = entries(data)
+    for count in range(len(rows), 0, -1):
+        if _written(rows[-count]) is None:
+            continue
+        written = [text for text in map(_written, rows[-count:]) if text is not None]
+        if len(written) > len(blocks):
+            continue
+        if [_block_text(block) for block in blocks[-len(written) :]] == written:
+            return count
+    return 0
 
 
 def without_rows(data: bytes, rows: list[dict[str, Any]]) -> bytes:
@@ -321,6 +344,9 @@ class Wiring:
     # Rebuilds that waited for memd's drain, and for how long in all (seconds).
     drain_waits: int = 0
     drain_waited_s: float = 0.0
+    # How often the drain checks after a re-seed read a file (a file is read
+    # again only when it changed since the last look).
+    drain_reads: int = 0
     warned_messages: bool = False
     # Appended to the preload (attach(recall=True) names the recall tool there).
     notice: str = ""
@@ -340,8 +366,23 @@ class Wiring:
     status_every_s: float = STATUS_EVERY_S
     holds: int = 0
     held_s: float = 0.0
+    # Of those, the waits before a model call inside a run (max_loops > 1, tool
+    # loops), and the rebuilds there.
+    call_holds: int = 0
+    call_rebuilds: int = 0
     threshold: int | None = None
     said: set[str] = field(default_factory=set)
+    # Where the running run's rows start in the history (None between runs), how
+    # many model requests it has built, and how deep runs are nested (a tool that
+    # runs the agent again).
+    run_start: int | None = None
+    run_calls: int = 0
+    run_depth: int = 0
+    # The loaded file's size as read (memd's count up to that size is of the file
+    # as memd left it, with its drain), and the file memd's count said was over
+    # the threshold as loaded (see ``_cooldown_ends``).
+    loaded_size: int = 0
+    over_as_loaded: FileIdentity | None = None
     # A read-only descriptor on the file the history was loaded from: after a
     # re-seed it tells whether memd's drain of that file is done.
     held: int | None = None
@@ -359,18 +400,26 @@ class Wiring:
 
         An open tool exchange (the model's tool calls and their results) stays
         after the preload, in order, and its rows are left out of the preload's
-        text (memd may have kept them verbatim in the file). Returns the number
-        of rows dropped. Every dropped row is in the file (verbatim, or in memd's
-        summary of it), so nothing is sent twice. OSError (nothing changed) when
-        MEMORY.md cannot be loaded.
+        text (memd may have kept them verbatim in the file). Inside a run (a
+        re-seed between two of its model calls), so do the run's last rows
+        memd kept verbatim at the file's end: its task and replies go on as
+        turns after the memory, as they would in a run started from the new
+        file, unless memd summarized them. Returns the number of rows dropped.
+        Every dropped row is in the file (verbatim, or in memd's summary of it),
+        so nothing is sent twice. OSError (nothing changed) when MEMORY.md
+        cannot be loaded.
         """
         with self.lock:
             snapshot, draining = self._load()
             history: list[dict[str, Any]] = self.conversation.conversation_history
             kept = history[: self.static_rows]
             tail = history[self.static_rows :]
-            start = open_tool_exchange(tail)
-            exchange = [] if start is None else tail[start:]
+            open_at = open_tool_exchange(tail)
+            start = len(tail) if open_at is None else open_at
+            if self.run_start is not None:
+                run = tail[max(0, self.run_start - self.static_rows) :]
+                start = min(start, len(tail) - kept_verbatim(snapshot.data, run))
+            exchange = tail[start:]
             dropped = len(tail) - len(exchange)
             # Swarms reads it as UTF-8 too; a stray byte must not cost the agent its memory.
             text = without_rows(snapshot.data, exchange).decode("utf-8", "replace")
@@ -379,12 +428,15 @@ class Wiring:
                 if self.notice:
                     row["content"] += "\n\n" + self.notice
                 kept.append(row)
+            if self.run_start is not None:
+                self.run_start = len(kept)
             kept.extend(exchange)
             # In place: Agent._run holds no reference across runs, but callers may.
             history[:] = kept
             if hasattr(self.conversation, "_str_cache"):
                 self.conversation._str_cache = None  # Swarms' cached rendering of the history
             self.loaded = snapshot.identity
+            self.loaded_size = len(snapshot.data)
             self._keep(snapshot.fd, draining)
             self.said.discard("unreadable")
             return dropped
@@ -407,17 +459,27 @@ class Wiring:
         started = self.clock()
         polls = 0
         olds: list[int] = []
+        new = snapshot.data
         try:
             olds = self._old_files(snapshot.identity)
             if not olds:
                 return snapshot, []
+            # Each look stats the files and reads one only when it changed since the
+            # last (memd's drain appends; a wait is mostly looks at files at rest).
+            seen = {fd: _version(os.fstat(fd))}
+            new = read_all(fd)
+            self.drain_reads += 1
             while True:
-                new = read_all(fd)
-                olds = [old for old in olds if not _drained_into(old, new)]
+                olds = self._undrained(olds, new, seen)
                 if not olds or self.clock() - started >= self.drain_wait_s:
                     break
                 self.sleep(self.drain_poll_s)
                 polls += 1
+                version = _version(os.fstat(fd))
+                if version != seen[fd]:
+                    seen = {fd: version}  # every old file is read against the new bytes
+                    new = read_all(fd)
+                    self.drain_reads += 1
         except BaseException:
             os.close(fd)  # the old files' descriptors are the wiring's (closed by _keep or close)
             raise
@@ -433,6 +495,28 @@ class Wiring:
                 self.drain_wait_s,
             )
         return Snapshot(snapshot.identity, new, fd), olds
+
+    def _undrained(
+        self, olds: list[int], new: bytes, seen: dict[int, tuple[int, int, int]]
+    ) -> list[int]:
+        """The old files whose drain into ``new`` is not done: memd has not let them
+        go (link count 0) and their last turn is not in ``new`` yet. One that was
+        read already against the same ``new`` (in ``seen``) is not read again
+        until it changes."""
+        left = []
+        for old in olds:
+            info = os.fstat(old)
+            if info.st_nlink == 0:
+                continue
+            version = _version(info)
+            if seen.get(old) == version:
+                left.append(old)  # neither file changed: still not drained
+                continue
+            seen[old] = version
+            self.drain_reads += 1
+            if not drained(read_all(old), new):
+                left.append(old)
+        return left
 
     def _old_files(self, current: FileIdentity | None) -> list[int]:
         """Descriptors on the files memd may still drain into the current one: the one
@@ -510,6 +594,21 @@ class Wiring:
             except OSError as exc:
                 self.refused(exc)
 
+    def before_call(self) -> None:
+        """Called before each model request a run builds after its first (``max_loops``
+        over 1, a tool loop): the file grows with the run's own turns, so the same
+        as before a run, with the run's rows that memd keeps verbatim kept as rows.
+        The first request was seen to by ``before_run``."""
+        with self.lock:
+            holds, rebuilds = self.holds, self.rebuilds
+            try:
+                self._follow()
+                self._wait_under_threshold()
+            except OSError as exc:
+                self.refused(exc)
+            self.call_holds += self.holds - holds
+            self.call_rebuilds += self.rebuilds - rebuilds
+
     def refused(self, exc: OSError) -> None:
         """Say (once) that MEMORY.md cannot be loaded: the agent runs on as Swarms alone would."""
         self._say(
@@ -558,9 +657,10 @@ class Wiring:
                 now = self.clock()
                 if asked is None or now - asked >= self.status_every_s:
                     answer, asked = self._ask(), now
-                if answer is None or not self._over(answer, info):
+                left = self.hold_s - (now - started)
+                if answer is None or not self._over(answer, info, left):
                     return
-                if now - started >= self.hold_s:
+                if left <= 0:
                     self._say(
                         f"timeout-{self.loaded}",
                         "memd_swarms: MEMORY.md is over memd's threshold and memd has not "
@@ -593,14 +693,24 @@ class Wiring:
         self.threshold = threshold
         return answer
 
-    def _over(self, answer: dict[str, Any], info: os.stat_result) -> bool:
+    def _over(self, answer: dict[str, Any], info: os.stat_result, left: float) -> bool:
         """Whether to wait: memd's count of this file is over the threshold and memd
-        is to compact it, or bytes memd has not counted yet may take it over."""
+        is to compact it (now, or when a cooldown ends within the ``left`` seconds
+        of this hold), or bytes memd has not counted yet may take it over."""
         threshold: int = answer["threshold_tokens"]
+        tokens, size = answer.get("tokens"), answer.get("size")
+        if (
+            (answer.get("dev"), answer.get("ino")) == self.loaded
+            and _count(tokens)
+            and _count(size)
+            and size <= self.loaded_size
+            and tokens >= threshold
+        ):
+            self.over_as_loaded = self.loaded
         if info.st_size < threshold:
             return False  # a token is at least a byte
         state = answer.get("state")
-        if state not in COMPACTING_STATES:
+        if state not in COMPACTING_STATES and not self._cooldown_ends(answer, left):
             if _count(answer.get("tokens")) and answer["tokens"] >= threshold:
                 self._say(
                     f"state-{self.loaded}",
@@ -611,11 +721,25 @@ class Wiring:
             return False
         if (answer.get("dev"), answer.get("ino")) != (info.st_dev, info.st_ino):
             return True  # memd has not counted this file yet (it does at once)
-        tokens, size = answer.get("tokens"), answer.get("size")
         if not isinstance(tokens, int) or not isinstance(size, int):
             return False
         unseen = max(0, info.st_size - size)  # at most a token a byte
         return tokens + unseen >= threshold
+
+    def _cooldown_ends(self, answer: dict[str, Any], left: float) -> bool:
+        """Whether memd is cooling down and compacts the file again within ``left``
+        seconds. memd cools down after a compaction that ended above its low-water
+        mark (another writer's turns copied in while it ran), while another process holds the
+        agent's lock, while a spending cap holds it back (``cooldown_left_s``;
+        none after a compaction that found nothing to compact). Not when the file
+        memd left was itself over the threshold: its next compaction would not
+        bring it under either, and each run would wait out a cooldown for nothing."""
+        remaining = answer.get("cooldown_left_s")
+        if answer.get("state") != "cooldown" or isinstance(remaining, bool):
+            return False
+        if not isinstance(remaining, int | float) or not 0 <= remaining <= left:
+            return False
+        return self.over_as_loaded is None or self.over_as_loaded != self.loaded
 
     def _say(self, key: str, message: str, *args: object, level: int = logging.WARNING) -> None:
         if key not in self.said:
@@ -623,7 +747,7 @@ class Wiring:
             log.log(level, message, *args)
 
 
-def _count(value: object) -> bool:
+def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -640,12 +764,42 @@ def _identity(fd: int) -> FileIdentity:
 
 
 def wrap_run(agent: Any, wiring: Wiring) -> None:
-    """Make ``agent.run`` follow re-seeds first (an instance attribute over the method)."""
+    """Make ``agent.run`` follow re-seeds first, and each model request after a run's
+    first too (instance attributes over ``run`` and the conversation's ``to_messages``).
+
+    swarms 16.0.3's ``Agent._run`` builds every request of its loop with
+    ``short_memory.to_messages(name, start, prefix)`` right before the model call,
+    so that is where a request after the first is held: when the run sends the
+    whole history (``start`` 0, no prefix; ``run(messages=...)`` and the n
+    samples of one run send their own rows, not the memory).
+    """
     original: Callable[..., Any] = agent.run
+    conversation = wiring.conversation
+    build: Callable[..., Any] = conversation.to_messages
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
         wiring.before_run(kwargs)
-        return original(*args, **kwargs)
+        with wiring.lock:
+            if not wiring.run_depth:  # a run inside a run (a tool's) goes on with it
+                wiring.run_start = len(conversation.conversation_history)
+                wiring.run_calls = 0
+            wiring.run_depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            with wiring.lock:
+                wiring.run_depth -= 1
+                if not wiring.run_depth:
+                    wiring.run_start, wiring.run_calls = None, 0
+
+    @functools.wraps(build)
+    def to_messages(agent_name: Any = None, start: int = 0, prefix: Any = ()) -> Any:
+        if wiring.run_depth and start == 0 and not prefix:
+            if wiring.run_calls:
+                wiring.before_call()
+            wiring.run_calls += 1
+        return build(agent_name, start, prefix)
 
     agent.run = run
+    conversation.to_messages = to_messages
