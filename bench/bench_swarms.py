@@ -7,10 +7,11 @@ records every request; prompt tokens are the request's message contents counted
 with cl100k_base. memd runs as a real ``memd run`` beside it with a fleet-wide
 window of CONTEXT tokens and threshold 0.5; with memd_swarms the agent declares
 that same window (Agent(context_length=CONTEXT)) in memd-agent.json, so memd
-needs no per-agent config.
+needs no per-agent config. With ``--max-loops N`` each run makes N requests (swarms'
+``max_loops``), each with the run's replies so far.
 
     MEMD_SWARMS_PYTHON=/path/to/swarms-venv/bin/python \\
-        .venv/bin/python bench/bench_swarms.py [--turns 300] [--context 4000]
+        .venv/bin/python bench/bench_swarms.py [--turns 300] [--context 4000] [--max-loops 1]
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ def percentile(values: list[int], share: float) -> int:
 
 
 def run_situation(
-    root: Path, name: str, turns: int, context: int, *, memd: bool, attach: bool
+    root: Path,
+    name: str,
+    turns: int,
+    context: int,
+    *,
+    memd: bool,
+    attach: bool,
+    max_loops: int = 1,
 ) -> dict[str, Any]:
     workspace = root / name / "ws"
     workspace.mkdir(parents=True)
@@ -64,6 +72,7 @@ def run_situation(
         "pause_s": 0.05,
         "context_length": context,
         "attach": attach,
+        "max_loops": max_loops,
     }
     counter = TokenCounter("cl100k_base")
     with OpenAITestServer() as server:
@@ -93,12 +102,13 @@ def run_situation(
         texts = [
             "\n".join(str(m.get("content") or "") for m in r.messages) for r in server.requests
         ]
-    # The turn before each request must reach the model (verbatim: memd keeps the
-    # newest turns, and one a writer appended to the old file is drained into the new).
+    # The turn before each run's first request must reach the model (verbatim: memd
+    # keeps the newest turns, and one a writer appended to the old file is drained
+    # into the new).
     previous = [
-        re.search(rf"(?:^|\n)turn {index - 1}: ", text) is not None
+        re.search(rf"(?:^|\n)turn {index // max_loops - 1}: ", text) is not None
         for index, text in enumerate(texts)
-        if index > 0
+        if index >= max_loops and index % max_loops == 0
     ]
     return {
         "name": name,
@@ -115,6 +125,8 @@ def run_situation(
         "drain_waited_s": report.get("drain_waited_s"),
         "holds": report.get("holds"),
         "held_s": report.get("held_s"),
+        "call_holds": report.get("call_holds"),
+        "call_rebuilds": report.get("call_rebuilds"),
         "seconds": seconds,
         "threshold": threshold,
     }
@@ -124,22 +136,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--context", type=int, default=4000, help="the agent's context length")
+    parser.add_argument("--max-loops", type=int, default=1, help="requests per run (max_loops)")
     args = parser.parse_args()
     if swarms_python() is None:
         print("swarms is not installed: set MEMD_SWARMS_PYTHON", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="bench-swarms-") as scratch:
         root = Path(scratch)
+        situations = (
+            ("no memd", False, False),
+            ("memd alone", True, False),
+            ("memd + memd_swarms", True, True),
+        )
         rows = [
-            run_situation(root, "no memd", args.turns, args.context, memd=False, attach=False),
-            run_situation(root, "memd alone", args.turns, args.context, memd=True, attach=False),
             run_situation(
-                root, "memd + memd_swarms", args.turns, args.context, memd=True, attach=True
-            ),
+                root,
+                name,
+                args.turns,
+                args.context,
+                memd=memd,
+                attach=attach,
+                max_loops=args.max_loops,
+            )
+            for name, memd, attach in situations
         ]
     print(
-        f"\n{args.turns} turns in one process, context {args.context}, threshold 0.5; "
-        "prompt tokens per request (cl100k_base)"
+        f"\n{args.turns} turns in one process, {args.max_loops} request(s) per run, context "
+        f"{args.context}, threshold 0.5; prompt tokens per request (cl100k_base)"
     )
     columns = ("median", "p95", "max", "last")
     header = f"{'situation':<20} " + " ".join(f"{c:>7}" for c in columns)
@@ -153,7 +176,7 @@ def main() -> int:
         )
     print(
         "summary: requests carrying memd's summary; prev turn: requests carrying the turn "
-        "before them verbatim"
+        "before them verbatim (a run's first request: the turn before the run)"
     )
     for row in rows:
         print(f"{row['name']}: the agent's {args.turns} turns took {row['seconds']:.1f} s")
@@ -164,7 +187,8 @@ def main() -> int:
                 f"waited for memd's drain ({waited if waited is None else round(waited, 2)} s "
                 f"in all); {row['holds']} runs waited while memd's count was over the "
                 f"threshold ({row['held_s'] if row['held_s'] is None else round(row['held_s'], 2)}"
-                " s in all)"
+                f" s in all), {row['call_holds']} of the waits and {row['call_rebuilds']} "
+                "rebuilds before a request inside a run"
             )
     return 0
 
