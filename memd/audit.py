@@ -39,7 +39,7 @@ from memd.core.audit import (
 )
 from memd.core.privacy import is_local_summarizer
 from memd.errors import MemdError, NotARegularFile, describe_error
-from memd.fsutil import read_to_end
+from memd.fsutil import iter_range
 from memd.logs import get_logger
 from memd.state import state_db_path
 
@@ -276,22 +276,38 @@ def read_audit(path: Path) -> AuditContents:
     A log that cannot be read (a state dir that is a file, or one this user
     may not enter: memd's is 0700) is a MemdError, one line for the operator.
     """
+    return parse_log(_read_log(path, 0)[0])
+
+
+def read_audit_from(path: Path, offset: int) -> tuple[AuditContents, int]:
+    """The records appended past ``offset`` and where the next read starts: the
+    end of the last whole line (a line being written is read next time). A log
+    shorter than ``offset`` (replaced) is read from its start; a missing one has
+    no records. The same errors as :func:`read_audit`."""
+    data, start = _read_log(path, offset)
+    whole = data[: data.rfind(b"\n") + 1]
+    return parse_log(whole), start + len(whole)
+
+
+def _read_log(path: Path, offset: int) -> tuple[bytes, int]:
+    """The log's bytes from ``offset`` (from 0 when it is shorter), and that start."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
-        return AuditContents(())
+        return b"", 0
     except OSError as exc:
         raise MemdError(f"audit log {path}: {describe_error(exc, with_file=False)}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(errno.EINVAL, "not a regular file", str(path))
+        start = offset if 0 < offset <= info.st_size else 0
         try:
-            data = read_to_end(fd)
+            return b"".join(iter_range(fd, start)), start
         except OSError as exc:
             raise MemdError(f"audit log {path}: {describe_error(exc, with_file=False)}") from None
     finally:
         os.close(fd)
-    return parse_log(data)
 
 
 __all__ = [
@@ -300,6 +316,7 @@ __all__ = [
     "append_line",
     "audit_path",
     "read_audit",
+    "read_audit_from",
     "record_compaction",
     "record_prune",
     "summarizer_is_remote",

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from memd.audit import AuditLog, audit_path, read_audit, record_compaction, summarizer_is_remote
+from memd.audit import (
+    AuditLog,
+    audit_path,
+    read_audit,
+    read_audit_from,
+    record_compaction,
+    summarizer_is_remote,
+)
 from memd.compaction import CompactionOutcome
 from memd.core.audit import AuditEvent
 from memd.state import state_db_path
@@ -44,6 +51,27 @@ def test_appends_never_rewrite(tmp_path: Path) -> None:
     assert log.path is not None
     assert log.path.read_bytes().startswith(first)
     assert [r.agent for r in read_audit(log.path).records] == ["alpha", "beta"]
+
+
+def test_reading_from_an_offset_takes_whole_lines_only(tmp_path: Path) -> None:
+    # `memd reload` follows the log for the daemon's answer: a line still being
+    # written is read next time, whole; a log shorter than the offset from its start.
+    log = AuditLog(tmp_path / "a.audit.jsonl", "daemon", clock=lambda: 1000.0)
+    assert log.path is not None
+    assert read_audit_from(log.path, 0) == (read_audit(log.path), 0)  # none yet
+    log.record(AuditEvent.CONFIG_RELOAD, ok=True, started_ns=5)
+    offset = log.path.stat().st_size
+    log.record(AuditEvent.CONFIG_RELOAD, ok=False, errors=1, started_ns=7)
+    whole = log.path.read_bytes()
+    with log.path.open("ab") as handle:
+        handle.write(b'{"v":1,"ts":"2026-')  # torn: a writer mid-line
+    contents, after = read_audit_from(log.path, offset)
+    assert [r.fields["started_ns"] for r in contents.records] == [7]
+    assert after == len(whole) and contents.unreadable == 0
+    assert read_audit_from(log.path, after)[0].records == ()
+    log.path.write_bytes(whole[:offset])  # replaced by a shorter one
+    contents, after = read_audit_from(log.path, len(whole))
+    assert [r.fields["started_ns"] for r in contents.records] == [5] and after == offset
 
 
 def test_loosened_mode_is_tightened_on_append(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mcp": ("commands_mcp", "mcp_command"),
     "prune": ("commands_prune", "prune_command"),
     "recall": ("commands_recall", "recall_command"),
+    "reload": ("commands_reload", "reload_command"),
     "run": ("commands_run", "run_command"),
     "status": ("commands_status", "status"),
 }

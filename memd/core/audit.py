@@ -97,6 +97,10 @@ _FIELDS: dict[AuditEvent, dict[str, Kind]] = {
         "ok": Kind.FLAG,
         "changed": Kind.WORDS,
         "errors": Kind.COUNT,
+        # When the daemon began this reload, before reading the file
+        # (CLOCK_MONOTONIC, ns; absent in records of an older memd): `memd
+        # reload` tells the reload that answers its SIGHUP by it.
+        "started_ns": Kind.COUNT,
     },
     # Key ids are truncated hashes of the keys (memd.archive_crypto), never key bytes.
     AuditEvent.REKEY: {

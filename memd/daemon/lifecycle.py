@@ -304,6 +304,12 @@ class Daemon:
         """Load the config again and hand it to every service (the fan-out)."""
         s = self.services
         assert s is not None  # reloads are taken by the main loop, after start-up
+        # Taken before the file is read: `memd reload` (ExecReload=) accepts this
+        # reload's audit record as the answer to its SIGHUP only when it began
+        # after the signal was sent (CLOCK_MONOTONIC, one clock for the host's
+        # processes, as sd_notify's MONOTONIC_USEC), so a reload already under
+        # way, which may have read the file before its edit, is never taken for it.
+        started_ns = time.monotonic_ns()
         self.notifier.reloading()
         _log.info("reloading configuration")
         try:
@@ -314,7 +320,7 @@ class Daemon:
             )
         except ConfigError as exc:
             _log.error("reload failed; keeping the previous configuration", error=str(exc))
-            _audit_reload(s.audit, ok=False, errors=len(exc.problems))
+            _audit_reload(s.audit, ok=False, errors=len(exc.problems), started_ns=started_ns)
             self.notifier.ready(s.flusher.status_text())
             return
         if loaded.workspace != self.workspace:
@@ -372,7 +378,9 @@ class Daemon:
             # lands: judged on "0 tokens" now, a breaker would look healed.
             s.runner.evaluate_all(s.registry.agents().values())
         self.notifier.ready(s.flusher.status_text())
-        _audit_reload(s.audit, ok=True, changed=checks.changed_sections(old, new))
+        _audit_reload(
+            s.audit, ok=True, changed=checks.changed_sections(old, new), started_ns=started_ns
+        )
         _log.info(
             "reloaded",
             config=str(loaded.source) if loaded.source else None,

@@ -126,6 +126,76 @@ def test_a_reload_hands_the_new_config_to_every_service(tmp_path: Path) -> None:
     assert codes == [0]
 
 
+def test_each_reload_records_when_it_began_before_it_read_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`memd reload` takes a reload's audit record as the answer to its SIGHUP when
+    ``started_ns`` >= the signal's send: that must mean the file was read after
+    it, for a reload applied and for one refused."""
+    import time
+
+    import memd.daemon.lifecycle
+    from memd.audit import read_audit
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=1)
+    config_file = tmp_path / "memd.toml"
+    config_file.write_text("[daemon]\ncooldown_s = 60\n")
+    loaded = load_settings(config_file=config_file, workspace=ws.root, environ={})
+    options = DaemonOptions(
+        config_file=config_file,
+        workspace_flag=ws.root,
+        state_dir=tmp_path / "state",
+        install_signal_handlers=False,
+    )
+    reads: list[int] = []
+    real_load = memd.daemon.lifecycle.load_settings
+
+    def load(*args: Any, **kwargs: Any) -> LoadedConfig:
+        reads.append(time.monotonic_ns())  # the file is read after this
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(memd.daemon.lifecycle, "load_settings", load)
+    daemon = Daemon(
+        loaded,
+        options,
+        compact=ScriptedCompaction(),  # type: ignore[arg-type]
+        counter_factory=lambda _encoding: CL100K,
+        environ={},
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(30)
+        s = daemon.services
+        assert s is not None and s.audit.path is not None
+        log = s.audit.path
+        sent: list[int] = []
+        for text in ("[daemon]\ncooldown_s = 7\n", "[trigger]\nthreshold = 7\n"):
+            config_file.write_text(text)
+            sent.append(time.monotonic_ns())
+            daemon.handle_exit(signal.SIGHUP, None)
+            count = len(sent)
+            assert wait_until(
+                lambda: (
+                    len([r for r in read_audit(log).records if r.event == "config_reload"]) == count
+                ),
+                timeout=30,
+            )
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]
+    records = [r for r in read_audit(log).records if r.event == "config_reload"]
+    assert [r.fields["ok"] for r in records] == [True, False]
+    for record, signalled, read in zip(records, sent, reads, strict=True):
+        started = record.fields["started_ns"]
+        assert isinstance(started, int)
+        assert signalled <= started <= read
+        assert (record.actor, record.pid) == ("daemon", os.getpid())
+
+
 @pytest.mark.usefixtures("restore_logging")
 def test_a_failed_tokenizer_reload_never_labels_counts_with_the_new_encoding(
     tmp_path: Path,
