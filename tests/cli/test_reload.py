@@ -225,3 +225,15 @@ def test_waiting_ends_at_the_timeout_or_when_the_daemon_is_gone() -> None:
         lambda: [], 10, 100, 60.0, alive=lambda _pid: False, clock=clock, sleep=clock.sleep
     )
     assert gone is None and clock.now == 0.0
+
+
+def test_an_older_memds_reload_record_is_read_and_answers_no_reload() -> None:
+    # As memd before started_ns wrote it (format v1 all the same).
+    from memd.core.audit import decode
+
+    old = decode(
+        b'{"v":1,"ts":"2026-12-02T17:40:00.000Z","event":"config_reload","agent":null,'
+        b'"actor":"daemon","pid":10,"uid":998,"trigger":"sighup","ok":true,"changed":[]}'
+    )
+    assert (old.event, old.fields["ok"], old.fields["changed"]) == ("config_reload", True, ())
+    assert not is_answer(old, 10, 0)
