@@ -1353,6 +1353,17 @@ def test_run_refuses_a_missing_workspace_or_bad_config_with_one_line(tmp_path: P
     assert refused.returncode == 2
     [line] = refused.stderr.strip().splitlines()
     assert "daemon.max_concurrent_llm" in line and str(bad) in line
+    # A bad value in systemd's EnvironmentFile= (memd.env): the same exit 2, which
+    # the unit's RestartPreventExitStatus= keeps from restarting it forever.
+    env_refused = subprocess.run(
+        [*base, "--workspace", str(tmp_path / "ws")],
+        capture_output=True,
+        text=True,
+        env={**env, "MEMD_TRIGGER_CONTEXT_LENGTH": "lots"},
+    )
+    assert env_refused.returncode == 2
+    [line] = env_refused.stderr.strip().splitlines()
+    assert line.startswith("memd: error: ") and "MEMD_TRIGGER_CONTEXT_LENGTH" in line
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ skipped where those are not installed. None of them needs a running systemd.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from support.sandbox import expand, syscall_groups
 
 from memd import poller
 from memd.core.config import MemdConfig
+from memd.errors import ConfigError, InvalidAgentName, TokenizerError, WorkspaceError
 
 SYSTEMD_DIR = Path(__file__).resolve().parents[1] / "systemd"
 UNIT = SYSTEMD_DIR / "memd.service"
@@ -131,17 +133,38 @@ def environment(unit: list[tuple[str, str, str]]) -> dict[str, str]:
 
 
 def test_lifecycle_keys(unit: list[tuple[str, str, str]]) -> None:
-    service_type = single(unit, "Type")
-    assert service_type in {"notify", "notify-reload"}
-    if service_type == "notify":
-        # notify-reload sends SIGHUP itself; plain notify needs the ExecReload.
-        assert re.fullmatch(r"/bin/kill -HUP \$MAINPID", single(unit, "ExecReload"))
+    # notify-reload's own SIGHUP cannot fail: a refused config must fail the reload.
+    assert single(unit, "Type") == "notify"
     assert single(unit, "NotifyAccess") == "main"
     assert 10 <= seconds(single(unit, "WatchdogSec")) <= 300
     assert single(unit, "Restart") == "on-failure"
     assert single(unit, "ExecStart").split()[-1] == "run"
     assert single(unit, "ExecStart").split()[0].endswith("/memd")
     assert single(unit, "WantedBy", section="Install") == "multi-user.target"
+
+
+def test_reload_waits_for_the_daemons_answer(unit: list[tuple[str, str, str]]) -> None:
+    # `kill -HUP` exits 0 whatever the daemon makes of the config: `systemctl
+    # reload` said nothing of a refused memd.toml.
+    memd = single(unit, "ExecStart").split()[0]
+    assert single(unit, "ExecReload").split() == [memd, "reload", "--pid", "$MAINPID"]
+    # Within the reload job's timeout (TimeoutStartSec=, 90 s by default).
+    assert "TimeoutStartSec" not in {key for _, key, _ in unit}
+    from memd.cli.commands_reload import reload_command
+
+    timeout = inspect.signature(reload_command).parameters["timeout"].default
+    assert timeout < 90
+
+
+def test_bad_config_stops_the_restart_loop(unit: list[tuple[str, str, str]]) -> None:
+    # Bad config, a bad MEMD_* in memd.env, a missing workspace, a bad flag: exit
+    # 2, which no retry mends; Restart=on-failure restarted it every 5 s forever.
+    prevented = " ".join(values(unit, "RestartPreventExitStatus")).split()
+    for error in (ConfigError, WorkspaceError, InvalidAgentName, TokenizerError):
+        assert str(error.exit_code) in prevented, error.__name__
+    # ... and only that: a crash, an I/O error (exit 1) or a forced stop (130)
+    # is restarted as before.
+    assert prevented == ["2"]
 
 
 def test_stop_timeout_outlasts_the_llm_timeout(unit: list[tuple[str, str, str]]) -> None:
@@ -234,12 +257,13 @@ def an_existing_memd() -> str:
 
 @pytest.fixture()
 def verifiable_unit(tmp_path: Path) -> Path:
-    """The unit with ExecStart= pointing at a binary that exists on this machine."""
+    """The unit with ExecStart= and ExecReload= pointing at a binary that exists
+    on this machine."""
     text = UNIT.read_text(encoding="utf-8")
     text, count = re.subn(
-        r"^ExecStart=\S+", f"ExecStart={an_existing_memd()}", text, flags=re.MULTILINE
+        r"^(ExecStart|ExecReload)=\S+", rf"\1={an_existing_memd()}", text, flags=re.MULTILINE
     )
-    assert count == 1
+    assert count == 2
     copy = tmp_path / "memd.service"
     copy.write_text(text, encoding="utf-8")
     return copy
