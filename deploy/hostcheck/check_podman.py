@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Build memd's image with podman and check the sidecar for real.
 
-Builds the repository's Dockerfile (podman/buildah, runc as the runtime: crun
-refuses hosts with hybrid cgroups), then checks: the image runs as non-root;
-the tokenizer loads with no network; `memd health` answers for a running
-daemon; memd compacts an agent that another container appends to on a shared
+Builds the repository's Dockerfile (podman/buildah in the docker format, as
+the README says: the OCI format, podman's default, drops HEALTHCHECK; runc as
+the runtime: crun refuses hosts with hybrid cgroups), then checks: the image
+keeps its health check; it runs as non-root; the tokenizer loads with no
+network; `podman healthcheck run` passes for a running daemon and fails once
+it stops answering; `memd reload` in the container applies a good config and
+refuses a bad one; memd compacts an agent that another container appends to on a shared
 volume (same uid, as in deploy/docker-compose.yml) and the agent keeps
 appending; SIGTERM stops memd cleanly (exit 0); built with AGENTS_GID, an
 agent container of its own uid makes its folder in the agents/ memd made on
@@ -56,6 +59,9 @@ PODMAN = (
 # container set ("error setting rlimit type 6").
 ULIMIT = ("--ulimit", "nofile=8192:8192", "--ulimit", "nproc=8192:8192")
 UID = "1000"
+# A one-off container of the image (an agent, a probe) is no memd sidecar: no
+# health check (podman would try to start a systemd timer for it).
+ONE_OFF = ("--rm", "--no-healthcheck")
 # The isolated sidecar (docs/operations.md): the agents' group, an agent's own uid.
 ISOLATED_IMAGE = "localhost/memd-ci:isolated"
 AGENTS_GID = "2000"
@@ -118,6 +124,9 @@ def ensure_base_image() -> str:
 def build_image(image: str = IMAGE, *extra: str) -> None:
     podman(
         "build",
+        # The README's podman build: the OCI format has no health check field.
+        "--format",
+        "docker",
         "--runtime",
         "runc",
         "--pull=never",
@@ -140,13 +149,27 @@ def entry(text: str) -> str:
     return f"### user — {time.strftime('%Y-%m-%dT%H:%M:%S')}\n\n{text}\n\n---\n\n"
 
 
+def image_health_check(image: str) -> list[str]:
+    """The image's health check command ([] when it has none)."""
+    shown = podman("image", "inspect", image, "--format", "{{json .Config.Healthcheck}}").stdout
+    found = json.loads(shown or "null") or {}
+    return list(found.get("Test") or [])
+
+
 def run_checks(checks: Checks, tag: str) -> None:
-    user = podman("run", "--rm", *ULIMIT, "--entrypoint", "id", IMAGE, "-u").stdout.strip()
+    test = image_health_check(IMAGE)
+    checks.record(
+        "the image keeps its HEALTHCHECK (docker format)",
+        test[1:] == ["memd", "health"],
+        f"health check {test}",
+    )
+
+    user = podman("run", *ONE_OFF, *ULIMIT, "--entrypoint", "id", IMAGE, "-u").stdout.strip()
     checks.record("runs as non-root", user not in {"", "0"}, f"uid {user}")
 
     offline = podman(
         "run",
-        "--rm",
+        *ONE_OFF,
         *ULIMIT,
         "--network=none",
         "--entrypoint",
@@ -172,7 +195,7 @@ def run_checks(checks: Checks, tag: str) -> None:
         """A one-off container as the agent: its uid, the shared volume."""
         return podman(
             "run",
-            "--rm",
+            *ONE_OFF,
             *ULIMIT,
             "--user",
             f"{UID}:{UID}",
@@ -202,15 +225,32 @@ def run_checks(checks: Checks, tag: str) -> None:
             f"{state}:/var/lib/memd",
             "-e",
             "MEMD_TRIGGER_CONTEXT_LENGTH=1000",
+            # A heartbeat stale after 3 s: the failing health check below.
+            "-e",
+            "MEMD_DAEMON_STATE_FLUSH_S=1",
             IMAGE,
         )
 
         def healthy() -> bool | None:
-            result = podman("exec", name, "memd", "health", check=False)
+            result = podman("healthcheck", "run", name, check=False)
             return True if result.returncode == 0 else None
 
-        wait_until(healthy, 120, "memd health to pass")
-        checks.record("memd health passes for the running daemon", True)
+        wait_until(healthy, 120, "podman healthcheck run to pass")
+        checks.record("podman healthcheck run passes for the running daemon", True)
+
+        # A config change in the running container: `memd reload` says whether
+        # the daemon took it (`kill -s HUP` cannot).
+        edit = "sed -i 's/^threshold = {}$/threshold = {}/' /etc/memd/memd.toml"
+        good = podman("exec", name, "memd", "reload", check=False)
+        podman("exec", "-u", "0", name, "sh", "-c", edit.format("0.9", "7"))
+        bad = podman("exec", name, "memd", "reload", check=False)
+        podman("exec", "-u", "0", name, "sh", "-c", edit.format("7", "0.9"))
+        checks.record(
+            "memd reload in the container: applied 0, a bad memd.toml refused 2",
+            good.returncode == 0 and bad.returncode == 2 and "trigger.threshold" in bad.stderr,
+            f"exit {good.returncode} ({good.stdout.strip()[-120:]}), then {bad.returncode} "
+            f"({bad.stderr.strip()[-160:]})",
+        )
 
         filler = " ".join(f"word{n}" for n in range(60))
         script = (
@@ -238,6 +278,25 @@ def run_checks(checks: Checks, tag: str) -> None:
             "compaction on a shared volume; the agent keeps appending",
             appended.returncode == 0 and "still here" in tail,
             f"archives {archives}",
+        )
+
+        # memd stopped (SIGSTOP): its heartbeat goes stale, the health check fails.
+        beat = json.loads(podman("exec", name, "memd", "health", "--json").stdout)
+        pid = int(beat["pid"])
+        podman("exec", name, "sh", "-c", f"kill -STOP {pid}")
+        try:
+            unhealthy = wait_until(
+                lambda: podman("healthcheck", "run", name, check=False).returncode or None,
+                60,
+                "podman healthcheck run to fail",
+            )
+        finally:
+            podman("exec", name, "sh", "-c", f"kill -CONT {pid}")
+        wait_until(healthy, 60, "podman healthcheck run to pass again")
+        checks.record(
+            "podman healthcheck run fails while memd does not answer",
+            unhealthy != 0,
+            f"exit {unhealthy} while stopped, 0 again after SIGCONT",
         )
 
         podman("stop", "-t", "60", name, timeout=120)
@@ -271,7 +330,7 @@ def check_isolated_agents(checks: Checks, tag: str) -> None:
 
     def as_agent(script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return podman(
-            "run", "--rm", *ULIMIT, "--user", f"{AGENT_UID}:{AGENT_UID}",
+            "run", *ONE_OFF, *ULIMIT, "--user", f"{AGENT_UID}:{AGENT_UID}",
             "--group-add", AGENTS_GID, "-v", f"{volume}:/workspace",
             "--entrypoint", "sh", ISOLATED_IMAGE, "-c", f"umask 0007; {script}",
             check=check,

@@ -9,12 +9,14 @@ copy of this checkout), then the checks:
 - the service is active after READY=1;
 - ``systemd-analyze security memd`` on the live unit scores <= 1.5;
 - a reload is applied (a lower threshold from memd.toml), and the sandboxed
-  service compacts an agent whose own user appends again afterwards;
+  service compacts an agent whose own user appends again afterwards; a
+  reload of a memd.toml with a problem fails, the reason in the journal;
 - the recipe run again and the README's upgrade keep memd.toml and memd.env
   and restart the service;
 - as root beside it, ``memd health`` finds the daemon and ``memd compact-now``
   compacts an agent as memd, leaving no root-owned file;
 - the watchdog restarts a service that stops answering (SIGSTOP);
+- a bad memd.env leaves the unit failed after one start, not restarting;
 - a clean stop (exit 0, "stopped" logged);
 - the filesystem and inotify checks work inside the unit's sandbox
   (ProcSubset=pid hides /proc/mounts and /proc/sys).
@@ -300,6 +302,27 @@ def run_checks(box: Container, checks: Checks) -> None:
         bool(events) and bool(archives),
         f"archives {archives}",
     )
+    # A memd.toml with a problem: `systemctl reload` fails (it exited 0 with
+    # `kill -HUP`), the journal names the key, the daemon runs on with its config.
+    pid_before = main_pid(box)
+    box.run("sed -i 's/^threshold = 0.9$/threshold = 7/' /etc/memd/memd.toml")
+    box.run("grep -q '^threshold = 7$' /etc/memd/memd.toml")
+    refused = box.run("systemctl reload memd", check=False)
+    refusal = [line for line in box.journal_text().splitlines() if "trigger.threshold" in line]
+    still = box.run("systemctl is-active memd", check=False).stdout.strip()
+    box.run("sed -i 's/^threshold = 7$/threshold = 0.9/' /etc/memd/memd.toml")
+    applied = box.run("systemctl reload memd", check=False)
+    checks.record(
+        "systemctl reload fails on a bad memd.toml, the reason in the journal, memd runs on",
+        refused.returncode != 0
+        and bool(refusal)
+        and still == "active"
+        and main_pid(box) == pid_before
+        and applied.returncode == 0,
+        f"reload exit {refused.returncode} then {applied.returncode}, {still}; "
+        + (refusal[-1][-200:] if refusal else "no journal line names trigger.threshold"),
+    )
+
     after = append_as_agent(box, [memory_entry("user", "after the compaction: still appending")])
     tail = box.run(f"tail -c 200 {AGENT_DIR}/MEMORY.md", check=False).stdout
     checks.record(
@@ -410,6 +433,38 @@ def run_checks(box: Container, checks: Checks) -> None:
         "Watchdog timeout" in box.journal_text() or "watchdog timeout" in box.journal_text(),
         f"pid {stopped_pid} -> {new_pid}, NRestarts={restarts}",
     )
+
+    # A bad memd.env (read at start): memd exits 2 and the unit is `failed`, not
+    # `activating (auto-restart)` again every RestartSec= forever (1 s in this
+    # drop-in); the error is in the journal once, and the restart counter (reset
+    # by this manual restart) stays at 0.
+    box.run("cp /etc/memd/memd.env /root/memd.env.good")
+    box.run("echo MEMD_TRIGGER_CONTEXT_LENGTH=lots >> /etc/memd/memd.env")
+    box.run("systemctl restart memd", check=False, timeout=200)
+
+    def settled() -> str | None:
+        state = box.run("systemctl is-active memd", check=False).stdout.strip()
+        return state if state in {"failed", "active"} else None
+
+    try:
+        ended = wait_until(settled, 60, "memd to fail on a bad memd.env")
+    except TimeoutError:
+        ended = box.run("systemctl is-active memd", check=False).stdout.strip()
+    shown = box.run("systemctl show memd -p NRestarts -p ExecMainStatus -p SubState").stdout
+    fields = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    said = box.journal_text().count("MEMD_TRIGGER_CONTEXT_LENGTH (trigger.context_length)")
+    checks.record(
+        "a bad memd.env leaves the unit failed after one start (no restart loop)",
+        ended == "failed"
+        and fields.get("ExecMainStatus") == "2"
+        and fields.get("NRestarts") == "0"
+        and said == 1,
+        f"{ended} ({fields.get('SubState')}), exit {fields.get('ExecMainStatus')}, "
+        f"NRestarts={fields.get('NRestarts')}, error lines {said}",
+    )
+    box.run("cp /root/memd.env.good /etc/memd/memd.env && systemctl reset-failed memd")
+    box.run("systemctl start memd", timeout=200)
+    wait_until(active, 180, "memd active after the bad memd.env")
 
     stopped_before = len([e for e in box.journal() if e.get("event") == "stopped"])
     box.run("systemctl stop memd", timeout=200)
