@@ -104,3 +104,43 @@ def test_the_upgrade_recipe_installs_the_new_code_and_restarts() -> None:
             assert line in upgrade.splitlines(), line
     assert "/etc/memd/" not in upgrade
     assert upgrade.splitlines()[-2] == "systemctl daemon-reload && systemctl restart memd"
+
+
+def _etc_memd_installs(text: str) -> list[str]:
+    return [
+        line.split("#", 1)[0].strip()
+        for line in text.splitlines()
+        if re.search(r"\binstall\b.*\s/etc/memd/memd\.(toml|env)\b", line.split("#", 1)[0])
+    ]
+
+
+def test_the_operations_guide_and_the_unit_install_the_config_as_the_readme_does() -> None:
+    """Review r8docs F4: docs/operations.md (the page the unit's Documentation=
+    names) and the unit's own comment installed /etc/memd/memd.toml and memd.env
+    unconditionally: run again to upgrade, they replaced the tuned config and the
+    API key, as the README's recipe did before review r7ops F5."""
+    readme = _etc_memd_installs(hostcheck_common().readme_block(ROOT / "README.md", "### systemd"))
+    assert len(readme) == 2 and all(line.startswith("test -e /etc/memd/") for line in readme)
+    operations = hostcheck_common().readme_block(ROOT / "docs/operations.md", "### Install")
+    assert _etc_memd_installs(operations) == readme
+    unit = "\n".join(
+        line.lstrip("#").strip()
+        for line in (ROOT / "systemd/memd.service").read_text().splitlines()
+        if line.startswith("#")
+    )
+    assert _etc_memd_installs(unit) == readme
+
+
+def _python_block(path: Path, heading: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    match = re.compile(r"```python\n(.*?)```", re.DOTALL).search(text, text.index(f"\n{heading}\n"))
+    assert match is not None, (path, heading)
+    return match.group(1)
+
+
+def test_the_operations_guide_wires_swarms_agents_as_the_readme_does() -> None:
+    """Review r8docs F3: docs/operations.md wired a bare swarms Agent (no
+    memd_swarms.attach), with which the model never sees MEMORY.md."""
+    readme = _python_block(ROOT / "README.md", "## Wiring a Swarms agent")
+    assert "memd_swarms.attach(" in readme
+    assert _python_block(ROOT / "docs/operations.md", "## Wiring a Swarms agent") == readme
