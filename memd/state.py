@@ -372,7 +372,11 @@ class StateError(MemdError, RuntimeError):
 
 class NewerStateDB(StateError):
     """The state DB was written by a newer memd (a later schema): refused, never
-    moved aside or rebuilt, so the newer memd finds it as it left it."""
+    moved aside or rebuilt, so the newer memd finds it as it left it. Bad input
+    (exit 2), as a bad config is: no retry mends it, so a service stops at once
+    (RestartPreventExitStatus=2) instead of restarting every few seconds."""
+
+    exit_code = 2
 
     def __init__(self, path: Path, version: int) -> None:
         super().__init__(
