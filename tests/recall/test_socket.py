@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 import structlog
@@ -622,55 +623,29 @@ def test_odd_text_and_dates_out_of_range_get_one_line_errors(
     assert ask(path, {"agent": "alpha", "query": "tangerine"})["ok"] is True
 
 
-def test_a_stranger_connecting_in_a_loop_is_logged_once_a_minute(tmp_path: Path) -> None:
-    """A uid that owns no agent, connecting again and again, gets its refusal each
-    time but one log line a minute (before: a warning per connection, a flood any
-    local user could cause); the next line counts the refusals in between."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run a client as another uid")
-    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
-    now = [1000.0]
-    try:
-        base.chmod(0o755)
-        ws = AgentWorkspace(base / "ws")
-        os.chown(ws.create_agent("alpha").memory, 1000, 1000)
-        with RecallIndex.open(base / "state", ws.root) as index:
-            server = RecallSocketServer(
-                index, ws.root, socket_path_for("", ws.root), clock=lambda: now[0]
-            )
-            server.start()
-            try:
-                with structlog.testing.capture_logs() as logs:
-                    for _ in range(5):
-                        reply = run_raw_client(4242, server.path)
-                        assert isinstance(reply, dict) and reply["ok"] is False
-                    now[0] += 61
-                    run_raw_client(4242, server.path)
-            finally:
-                server.stop()
-        refused = [entry for entry in logs if entry["event"] == "recall refused"]
-        assert [entry.get("refused_since_last") for entry in refused] == [None, 4], refused
-        assert all(entry["uid"] == 4242 for entry in refused)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+class _ClockedServer(NamedTuple):
+    ws: AgentWorkspace
+    server: RecallSocketServer
+    now: list[float]  # the server's made-up clock (the refusal log's minutes)
+    logs: list[dict[str, Any]]
+
+    def refused(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.logs if entry["event"] == "recall refused"]
 
 
-def test_an_agent_reading_another_agents_memory_is_logged_after_an_early_refusal(
-    tmp_path: Path,
-) -> None:
-    """review r8cli F4: refusals were throttled per uid alone, so an agent refused once
-    for nothing (it asked before its folder was handed to it) then asking for another
-    agent's memory within the minute was in no log line: each agent asked for is its own."""
+@contextlib.contextmanager
+def _clocked_server(owners: dict[str, int]) -> Iterator[_ClockedServer]:
+    """A server in a /tmp folder other uids can reach, with agents whose MEMORY.md
+    belongs to the uids given, a made-up clock and its log captured (root only)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run clients as other uids")
     base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
-    now = [1000.0]
     try:
         base.chmod(0o755)
         ws = AgentWorkspace(base / "ws")
-        alpha = ws.create_agent("alpha")
-        beta = ws.create_agent("beta")
-        os.chown(beta.memory, 65534, 65534)
+        for agent, uid in owners.items():
+            os.chown(ws.create_agent(agent).memory, uid, uid)
+        now = [1000.0]
         with RecallIndex.open(base / "state", ws.root) as index:
             server = RecallSocketServer(
                 index, ws.root, socket_path_for("", ws.root), clock=lambda: now[0]
@@ -678,29 +653,50 @@ def test_an_agent_reading_another_agents_memory_is_logged_after_an_early_refusal
             server.start()
             try:
                 with structlog.testing.capture_logs() as logs:
-                    request = json.dumps({"v": 1, "agent": "beta", "query": "key"})
-                    early = run_raw_client(1000, server.path, request)
-                    assert isinstance(early, dict) and "owns no agent" in early["error"]
-                    os.chown(alpha.dir, 1000, 1000)
-                    os.chown(alpha.memory, 1000, 1000)
-                    assert wait_until(
-                        lambda: (
-                            "may not read agent 'beta'"
-                            in str(run_raw_client(1000, server.path, request))
-                        ),
-                        timeout=10,
-                    )  # once the server's owners rescan (real time) knows uid 1000
-                    now[0] += 5
+                    yield _ClockedServer(ws, server, now, logs)
             finally:
                 server.stop()
-        refused = [entry for entry in logs if entry["event"] == "recall refused"]
-        assert [(entry["uid"], entry.get("agent")) for entry in refused] == [
-            (1000, None),
-            (1000, "beta"),
-        ], refused
-        assert refused[1]["op"] == "recall"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_stranger_connecting_in_a_loop_is_logged_once_a_minute() -> None:
+    """A uid that owns no agent, connecting again and again, gets its refusal each
+    time but one log line a minute (before: a warning per connection, a flood any
+    local user could cause); the next line counts the refusals in between."""
+    with _clocked_server({"alpha": 1000}) as served:
+        for _ in range(5):
+            reply = run_raw_client(4242, served.server.path)
+            assert isinstance(reply, dict) and reply["ok"] is False
+        served.now[0] += 61
+        run_raw_client(4242, served.server.path)
+    refused = served.refused()
+    assert [entry.get("refused_since_last") for entry in refused] == [None, 4], refused
+    assert all(entry["uid"] == 4242 for entry in refused)
+
+
+def test_an_agent_reading_another_agents_memory_is_logged_after_an_early_refusal() -> None:
+    """review r8cli F4: refusals were throttled per uid alone, so an agent refused once
+    for nothing (it asked before its folder was handed to it) then asking for another
+    agent's memory within the minute was in no log line: each agent asked for is its own."""
+    with _clocked_server({"alpha": 0, "beta": 65534}) as served:
+        path = served.server.path
+        request = json.dumps({"v": 1, "agent": "beta", "query": "key"})
+        early = run_raw_client(1000, path, request)
+        assert isinstance(early, dict) and "owns no agent" in early["error"]
+        alpha = served.ws.paths("alpha")
+        os.chown(alpha.dir, 1000, 1000)
+        os.chown(alpha.memory, 1000, 1000)
+        assert wait_until(
+            lambda: "may not read agent 'beta'" in str(run_raw_client(1000, path, request)),
+            timeout=10,
+        )  # once the server's owners rescan (real time) knows uid 1000
+    refused = served.refused()
+    assert [(entry["uid"], entry.get("agent")) for entry in refused] == [
+        (1000, None),
+        (1000, "beta"),
+    ], refused
+    assert refused[1]["op"] == "recall"
 
 
 _MANY_UIDS = """
@@ -720,36 +716,15 @@ for uid in range(first, first + count):
 """
 
 
-def test_strangers_connecting_as_many_uids_cannot_flood_the_log(tmp_path: Path) -> None:
+def test_strangers_connecting_as_many_uids_cannot_flood_the_log() -> None:
     """review r8cli F5: a user with a subuid range (rootless podman) connecting as 300
     uids wrote 300 warnings: the lines are capped per minute in all, and the next line
     logged says how many were left out."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run clients as other uids")
-    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
-    now = [1000.0]
-    try:
-        base.chmod(0o755)
-        ws = AgentWorkspace(base / "ws")
-        os.chown(ws.create_agent("alpha").memory, 1000, 1000)
-        with RecallIndex.open(base / "state", ws.root) as index:
-            server = RecallSocketServer(
-                index, ws.root, socket_path_for("", ws.root), clock=lambda: now[0]
-            )
-            server.start()
-            try:
-                with structlog.testing.capture_logs() as logs:
-                    for first in (100000, 200000):
-                        subprocess.run(
-                            [SYSTEM_PYTHON, "-c", _MANY_UIDS, str(server.path), str(first), "150"],
-                            check=True,
-                            timeout=120,
-                        )
-                        now[0] += 61  # the next minute
-            finally:
-                server.stop()
-        refused = [entry for entry in logs if entry["event"] == "recall refused"]
-        assert len(refused) == 2 * REFUSAL_LOG_BURST, len(refused)
-        assert refused[REFUSAL_LOG_BURST]["refusals_not_logged"] == 150 - REFUSAL_LOG_BURST
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with _clocked_server({"alpha": 1000}) as served:
+        for first in (100000, 200000):
+            argv = [SYSTEM_PYTHON, "-c", _MANY_UIDS, str(served.server.path), str(first), "150"]
+            subprocess.run(argv, check=True, timeout=120)
+            served.now[0] += 61  # the next minute
+    refused = served.refused()
+    assert len(refused) == 2 * REFUSAL_LOG_BURST, len(refused)
+    assert refused[REFUSAL_LOG_BURST]["refusals_not_logged"] == 150 - REFUSAL_LOG_BURST
