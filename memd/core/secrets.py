@@ -2026,6 +2026,124 @@ def find_secrets(
     return _without_overlaps(found)
 
 
+# Where a value is a credential by what stands near it, not by its shape (a
+# value found by its shape, sk-ant-…, ghp_…, a JWT, is one wherever it stands):
+# the rules' keys (_ASSIGN_KEYS; "pass" holds _ENV_ASSIGN_KEYS' and the short
+# keys' PASS, PASSWORD and PASSWD, "pwd" MYSQL_PWD) before a separator, an XML
+# tag's end, %3D or a HAR header's ","; the words read before a space (Bearer …,
+# token …, PASSWORD '…', the password is …, IDENTIFIED BY …, AWS … is …, secret
+# access key …); echo … | sudo -S, --password-stdin and "…" |
+# ConvertTo-SecureString, whose value comes before; a private key's header (its
+# block follows).  Tools given a password are _TOOL_RE's.
+_CONTEXT_RE: Final = re.compile(
+    rf"(?i:(?:{_ASSIGN_KEYS}|pass|pwd|_pw|aws|authorization|rediscli_auth)"
+    r"[\w.-]{0,40}?[\\\"'`*\]]*\s*(?::|=|%3d|>|,)"
+    r"|(?:bearer|token|pass(?:word|phrase)?|identified|aws|secret)\s"
+    r"|sudo|securestring|password-stdin|(?P<block>private key|putty-user-key-file))"
+)
+# What every match of _CONTEXT_RE holds, lower-cased: found by a plain search
+# (most text holds none), and only around them is the pattern run.
+_CONTEXT_LITERALS: Final = (
+    *("pass", "pwd", "_pw", "secret", "token", "api_key", "api-key", "apikey", "private_key"),
+    *("private-key", "credential", "aws", "authorization", "rediscli_auth", "bearer"),
+    *("identified", "sudo", "securestring", "private key", "putty-user-key-file"),
+)
+# How far a match may reach from the literal inside it.
+_CONTEXT_REACH: Final = 64
+# How far from such a word its value may be: a key, its separator and a value of
+# up to 200 characters after it; echo's value before "| sudo -S" and SQL's
+# "CREATE USER x" before PASSWORD; a tool's password up to _COMMAND_WINDOW after
+# its name; a private key's block (8192-bit RSA: ~6.4 KB) after its header.
+_CONTEXT_BEFORE: Final = 256
+_CONTEXT_AFTER: Final = 320
+_BLOCK_AFTER: Final = 16_384
+
+
+def _literals_re(literals: Iterable[str]) -> re.Pattern[str]:
+    return re.compile("|".join(map(re.escape, sorted(literals, key=len, reverse=True))))
+
+
+_CONTEXT_LITERALS_RE: Final = _literals_re(_CONTEXT_LITERALS)
+_COMMAND_HINTS_RE: Final = _literals_re(_COMMAND_HINTS)
+# Either: one search tells most text apart.
+_ANY_LITERAL_RE: Final = _literals_re({*_CONTEXT_LITERALS, *_COMMAND_HINTS})
+
+
+def _literal_ranges(lowered: str, literals: re.Pattern[str], reach: int) -> list[tuple[int, int]]:
+    """Where in ``lowered`` the ``literals`` stand, ``reach`` characters either
+    side, joined where they overlap (in order, disjoint)."""
+    first = literals.search(lowered)
+    if first is None:
+        return []
+    starts: list[int] = []
+    ends: list[int] = []
+    for match in literals.finditer(lowered, first.start()):
+        start, end = max(0, match.start() - reach), match.end() + reach
+        if ends and start <= ends[-1]:
+            ends[-1] = end
+        else:
+            starts.append(start)
+            ends.append(end)
+    return list(zip(starts, ends, strict=True))
+
+
+def context_windows(text: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The parts of ``text`` around what makes a value near it a credential (each
+    list in order, disjoint): a key or word of :data:`_CONTEXT_RE`, where
+    :func:`find_secrets` is to be run, and a tool given a password, where its
+    command scanner is.  Found by a plain search for literals (most text holds
+    none), the patterns run only around them: linear in ``text``."""
+    lowered = text.lower()
+    if _ANY_LITERAL_RE.search(lowered) is None:
+        return [], []
+    if len(lowered) != len(text):
+        # A letter whose lower case is longer ("İ"): places in the lower-cased
+        # text are not the text's.  Rare: all of it.
+        whole = [(0, len(text))]
+        return whole, whole
+    keys: list[tuple[int, int]] = []
+    for start, end in _literal_ranges(lowered, _CONTEXT_LITERALS_RE, _CONTEXT_REACH):
+        for match in _CONTEXT_RE.finditer(text, start, end):
+            after = _BLOCK_AFTER if match.group("block") else _CONTEXT_AFTER
+            keys.append((max(0, match.start() - _CONTEXT_BEFORE), match.end() + after))
+    tools: list[tuple[int, int]] = []
+    for start, end in _literal_ranges(lowered, _COMMAND_HINTS_RE, _CONTEXT_REACH):
+        for match in _TOOL_RE.finditer(text, start, end):
+            tools.append((max(0, match.start() - _CONTEXT_BEFORE), match.end() + _COMMAND_WINDOW))
+    return _clipped(keys, len(text)), _clipped(tools, len(text))
+
+
+def _clipped(ranges: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    if not ranges:
+        return ranges
+    starts, ends = _merged(sorted(ranges))
+    return [(start, min(end, size)) for start, end in zip(starts, ends, strict=True)]
+
+
+def find_secrets_by_context(text: str) -> list[Span]:
+    """The credentials :func:`find_secrets` finds in ``text`` by a value's context
+    (``api_key = 3fa9…``, whose value alone is a commit hash), placed in ``text``
+    (in order, disjoint), at a fraction of its cost: only the
+    :func:`context_windows` are scanned."""
+    keys, tools = context_windows(text)
+    if not keys and not tools:
+        return []
+    found: list[Span] = []
+    for start, end in keys:
+        found += [
+            Span(span.start + start, span.end + start, span.kind, span.category)
+            for span in find_secrets(text[start:end])
+        ]
+    for start, end in tools:
+        # The command scanner alone (with JSON's escapes undone, as find_secrets
+        # reads them): a log of curl calls is read once, not by every rule.
+        found += [
+            Span(span.start + start, span.end + start, span.kind, span.category)
+            for span in _spans_with_escapes_undone(text[start:end], ())
+        ]
+    return _without_overlaps(found)
+
+
 def contains_secret(text: str, *, pii: bool = False) -> bool:
     return bool(find_secrets(text, pii=pii))
 
@@ -2048,7 +2166,9 @@ __all__ = [
     "Span",
     "compile_user_patterns",
     "contains_secret",
+    "context_windows",
     "find_secrets",
+    "find_secrets_by_context",
     "luhn_valid",
     "replace_spans",
 ]
