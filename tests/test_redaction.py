@@ -607,3 +607,84 @@ def test_the_material_is_searched_for_credential_values_only_when_the_summarizer
         paths, Summarizer(), CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2)
     )
     assert bool(searched) == given_as_written
+
+
+# Credentials the detector knows only by their context (review s8pins, "left
+# undone"): alone, each value is a commit hash, a UUID, a path. The pins were
+# extracted from the raw turns, so the bare value was pinned, written to
+# MEMORY.md, and sent as written to a remote summarizer at every later compaction.
+_PEM_BODY = (
+    "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
+    "/BMZnYJZFgBOERnhoChyCA/6lBVPPlw3d0QV1cZeZ2ul5hBDj9XV/GMSgXRMRYXQ\n"
+    "VaK4MsVPEYQ/yGxI3/TXeZvXhdM3NFMEEbUmnmsP8NXc95sRTQKBgCeYxUbGtmNr"
+)
+KNOWN_BY_CONTEXT = {
+    "api_key": (
+        "The mirror needs api_key = {} from now on.",
+        "eee65f53e9421ce50211670eae679f02e8d28a79",
+    ),
+    "password": ("The staging DB password: {}", "7d1e2f30-4a5b-4c6d-8e9f-0a1b2c3d4e5f"),
+    "token": ("CI pulls with token={} from the registry.", "b7e3c9a1d5f2"),
+    "secret": ("Webhook secret: {} (rotated monthly).", "/Xk9aQ2bR7/cT1dE5fG3hJ8kL0mN4pQ6rS2tU9v+"),
+    "bearer": (
+        "Called it with Authorization: Bearer {} and got a 200.",
+        "e4d909c290d0fb1ca068ffaddf22cbd0",
+    ),
+    "sshpass": ("Deployed with sshpass -p {} ssh deploy@build.internal", "c0ffee1234ab"),
+    "private_key": (
+        "Here is the deploy key:\n-----BEGIN RSA PRIVATE KEY-----\n{}\n-----END RSA PRIVATE KEY-----",
+        _PEM_BODY,
+    ),
+}
+LOOK_ALIKES = (
+    "Fixed in commit 023c39c200661fccd268a29a0d347301ef56e64d yesterday.",
+    "The failing request id 0f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a is in the log.",
+)
+
+
+def parts(value: str, size: int = 8) -> set[str]:
+    """Every run of ``size`` characters of ``value`` (its lines' for a block)."""
+    return {
+        line[at : at + size]
+        for line in value.split("\n")
+        for at in range(max(1, len(line) - size + 1))
+    }
+
+
+def compact_with_the_builtin_summarizer(paths: AgentPaths) -> str:
+    for index in range(6):
+        append_entry(paths.memory, "AI", f"Padding turn {index} about the release checklist.")
+    compact_agent(
+        paths, BuiltinSummarizer(lambda text: len(text) // 4), options_for(MemdConfig(), b"k" * 32)
+    )
+    return paths.memory.read_text()
+
+
+@pytest.mark.parametrize("form", sorted(KNOWN_BY_CONTEXT))
+def test_a_credential_known_by_its_context_is_never_pinned(
+    agent_ws: AgentWorkspace, form: str
+) -> None:
+    sentence, value = KNOWN_BY_CONTEXT[form]
+    paths = agent_ws.create_agent("ctx" + form.replace("_", ""))
+    append_entry(paths.memory, "Human", sentence.format(value))
+    for index, look_alike in enumerate(LOOK_ALIKES):
+        append_entry(paths.memory, "AI" if index else "Human", look_alike)
+    memory = compact_with_the_builtin_summarizer(paths)
+    pins = " ".join(pinned_after(paths))
+    assert [part for part in parts(value) if part in pins] == []
+    assert [part for part in parts(value) if part in memory] == []
+    # Look-alikes beside no credential are kept (in the summary or pinned).
+    assert "023c39c200661fccd268a29a0d347301ef56e64d" in memory
+    assert "0f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a" in memory
+
+
+def test_a_credential_known_by_its_context_is_not_sent_on_by_later_compactions(
+    agent_ws: AgentWorkspace,
+) -> None:
+    sentence, value = KNOWN_BY_CONTEXT["api_key"]
+    paths = agent_ws.create_agent("ctxlater")
+    append_entry(paths.memory, "Human", sentence.format(value))
+    compact_with_the_builtin_summarizer(paths)
+    append_entry(paths.memory, "Human", "Next: the release notes.")
+    wire = compact_remotely(paths, lambda body: VAGUE)
+    assert value not in wire and value not in paths.memory.read_text()

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from memd.core.secrets import URL_USERINFO, find_secrets
+from memd.core.secrets import URL_USERINFO, find_secrets, find_secrets_by_context, replace_spans
 from memd.core.secrets import contains_secret as looks_like_credential
 
 CountText = Callable[[str], int]
@@ -378,7 +378,32 @@ def _without_password(url: str) -> str:
 def _extract_facts(text: str, *, screen: bool, marked_limit: int | None = None) -> list[Fact]:
     """:func:`extract_facts`; ``screen=False`` runs every pattern over everything
     (the reference the screened run is tested against). Past ``marked_limit``
-    marked texts, a marked text is not pinned but read as any other text."""
+    marked texts, a marked text is not pinned but read as any other text.
+
+    No fact is a credential known by its context, nor a piece of one
+    (:func:`_credentials_replaced`).  A short text is searched for them only
+    when it has facts (most turns have none), and read again with each replaced
+    when it holds one (seldom); a long one is searched first, not read twice.
+    """
+    found: list[Fact] = []
+    if len(text) < _READ_TWICE_UNDER:
+        found = _facts_of(text, screen=screen, marked_limit=marked_limit)
+        if not found:
+            return found
+    replaced, credentials = _credentials_replaced(text)
+    if not credentials:
+        return found or _facts_of(text, screen=screen, marked_limit=marked_limit)
+    # Nor is a credential named again elsewhere ("commit 3fa9…" after
+    # "token=3fa9…").
+    found = _facts_of(replaced, screen=screen, marked_limit=marked_limit)
+    return [f for f in found if f.key not in credentials]
+
+
+_READ_TWICE_UNDER: Final = 8192
+
+
+def _facts_of(text: str, *, screen: bool, marked_limit: int | None) -> list[Fact]:
+    """:func:`_extract_facts` before credentials known by their context are left out."""
     found, spans, secrets = _marked_facts(text, screen=screen, limit=marked_limit)
     # The other patterns read the text with the marked ones blanked, cut out by
     # their places in one pass (a text with a marked line on every line is not
@@ -402,6 +427,32 @@ def _extract_facts(text: str, *, screen: bool, marked_limit: int | None = None) 
         # facts is the credential ("Remember: api_key = 3fa9…" is no commit hash).
         found = [f for f in found if not any(s in f.text or f.text in s for s in secrets)]
     return _unique(found)
+
+
+def _credentials_replaced(text: str) -> tuple[str, set[str]]:
+    """``text`` with each credential known by its context replaced by a placeholder,
+    and the keys of those credentials and of the facts inside them.
+
+    Unmarked ``api_key = 3fa9…`` (40 hex digits), ``password: <a UUID>`` or
+    ``Authorization: Bearer <hex>`` pinned the bare value as a commit hash, a
+    UUID: alone, it no longer reads as a credential, so it was carried in
+    MEMORY.md and sent to a remote summarizer at every later compaction.  A
+    placeholder names nothing: what holds one is not pinned (a marked line with
+    a credential is read for its other facts, as before).  Only the text around
+    the words a credential's context opens with is scanned (on transcripts, a
+    few per cent of the extraction's time; the whole detector was ~75 %).
+    No credential: the text as given and an empty set.
+    """
+    spans = find_secrets_by_context(text)
+    if not spans:
+        return text, set()
+    credentials: set[str] = set()
+    for span in spans:
+        value = span.value(text)
+        credentials.add(fact_key(value))
+        credentials.update(fact.key for fact in _plain_facts(value, screen=True))
+    replaced = replace_spans(text, spans, lambda span, _value: f"[REDACTED:{span.kind}]")
+    return replaced, credentials
 
 
 def _kept_part(line: str) -> str | None:

@@ -21,6 +21,7 @@ from memd.core.pins import (
     parse_pinned,
     render_pinned,
 )
+from memd.core.secrets import find_secrets
 
 
 def word_count(text: str) -> int:
@@ -554,6 +555,12 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         ">=1.",
         "~/a/",
         "a/b.py:1:",
+        "token ",  # credentials known by their context: each key's window
+        "api_key=a",
+        "pass:",
+        "private key ",
+        "curl -u a:b ",
+        "sudo ",
     ],
 )
 def test_extraction_time_grows_linearly_on_long_runs(unit: str) -> None:
@@ -745,3 +752,103 @@ def test_a_marked_line_with_a_credential_pins_its_other_facts_not_the_credential
     assert [(f.kind, f.text) for f in extract_from_entry("Human", text)] == [
         ("identifier", "build.internal")
     ]
+
+
+# Credentials known by their context (review s8pins, "left undone"): alone, the
+# value is a commit hash, a UUID, a path, a date; it was pinned bare, so carried
+# in MEMORY.md where the detector no longer knows it, and sent on.
+_HEX40 = "3fa9b2c01d4e5f60718293a4b5c6d7e8f9a0b1c2"
+_UUID = "123e4567-e89b-42d3-a456-426614174000"
+_SECRET_VALUES = {
+    "hex40": _HEX40,
+    "hex12": "3fa9b2c01d4e",
+    "uuid": _UUID,
+    "base64": "/Xk9aQ2bR7/cT1dE5fG3hJ8kL0mN4pQ6rS2tU9v+",  # 40: an AWS secret key
+    "date": "2024-05-01",
+    "version": "1.2.3",
+    "ipv4": "10.20.30.40",
+    "hostname": "hunter2.example.com",
+    "ticket": "ABC-1234",
+    "quantity": "5000ms",
+    "path": "/tmp/pw/x.txt",
+}
+_SECRET_CONTEXTS = (
+    "api_key = {}",
+    "password: {}",
+    "token={}",
+    "secret: {}",
+    "Authorization: Bearer {}",
+    "export GITHUB_TOKEN={}",
+    '{{"api_key": "{}"}}',
+    '{{\\"token\\": \\"{}\\"}}',
+    "DB_PASS={}",
+    "ADMIN_PW: {}",
+    "<password>{}</password>",
+    "the password is {}",
+    "client_secret='{}'",
+    'password: "my old key {}"',
+    "**Password**: `{}`",
+    "aws_secret_access_key = {}",
+    "sshpass -p {} ssh deploy@build.internal",
+    "curl -u admin:{} https://api.example.com/v1",
+    "redis-cli -a {} ping",
+    "echo {} | sudo -S systemctl restart api",
+    "CREATE USER bob IDENTIFIED BY '{}';",
+    "https://api.example.com/login?password={}",
+)
+
+
+@pytest.mark.parametrize("context", _SECRET_CONTEXTS)
+@pytest.mark.parametrize("role", ["Human", "Tool"])
+def test_no_fact_is_a_credential_the_detector_knows_by_its_context(context: str, role: str) -> None:
+    """Every value the detector redacts in its context pins no fact holding it or
+    a piece of it; the facts around it are still pinned."""
+    checked = 0
+    for name, value in _SECRET_VALUES.items():
+        text = "Set it up on build.internal. " + context.format(value) + " Then run it.\n"
+        if not any(value in s.value(text) or s.value(text) in value for s in find_secrets(text)):
+            continue  # not redacted there ("Bearer 1.2.3" is none): no concern of pins
+        checked += 1
+        facts = [f.text for f in extract_from_entry(role, text)]
+        leaked = [f for f in facts if value in f or f.strip("`") in value]
+        assert leaked == [], (name, text, facts)
+        assert "build.internal" in facts or "build.internal" in " ".join(facts), (name, facts)
+    assert checked >= 1
+
+
+@pytest.mark.parametrize(
+    ("text", "fact"),
+    [
+        (f"Fixed in commit {_HEX40} yesterday.", _HEX40),
+        (f"The failing request id {_UUID} is in the log.", _UUID),
+        (f"api_key rotated in {_HEX40[:12]}, see the token budget of 5000 tokens", _HEX40[:12]),
+        ("the token budget is 5000 tokens per call", "5000 tokens"),
+        ("password policy changed on 2024-05-01 for everyone", "2024-05-01"),
+        ("sudo apt install nginx=1.24.0 on build.internal", "1.24.0"),
+    ],
+)
+def test_look_alikes_beside_no_credential_are_still_pinned(text: str, fact: str) -> None:
+    assert fact in [f.text for f in extract_from_entry("Human", text)]
+
+
+def test_a_value_named_again_elsewhere_is_not_pinned_there_either() -> None:
+    """The detector redacts the value where its key is; the redactor then knows
+    it: "commit <it>" further on pins no credential."""
+    text = f"token={_HEX40}\nand later: commit {_HEX40} on build.internal"
+    facts = [f.text for f in extract_from_entry("Human", text)]
+    assert _HEX40 not in " ".join(facts) and "build.internal" in facts
+
+
+def test_a_private_key_block_pins_no_piece_of_it() -> None:
+    """A PEM line that starts with "/" and holds another was pinned as a path."""
+    body = "\n".join(
+        [
+            "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
+            "/BMZnYJZFgBOERnhoChyCA/6lBVPPlw3d0QV1cZeZ2ul5hBDj9XV/GMSgXRMRYXQ",
+            "VaK4MsVPEYQ/yGxI3/TXeZvXhdM3NFMEEbUmnmsP8NXc95sRTQKBgCeYxUbGtmNr",
+        ]
+    )
+    pem = f"-----BEGIN RSA PRIVATE KEY-----\n{body}\n-----END RSA PRIVATE KEY-----"
+    for role, text in (("Human", f"here is the key:\n{pem}"), ("Tool", f"$ cat id_rsa\n{pem}")):
+        facts = [f.text for f in extract_from_entry(role, text)]
+        assert [f for f in facts if f in body] == [], facts
