@@ -2039,7 +2039,7 @@ _CONTEXT_RE: Final = re.compile(
     rf"(?i:(?:{_ASSIGN_KEYS}|pass|pwd|_pw|aws|authorization|rediscli_auth)"
     r"[\w.-]{0,40}?[\\\"'`*\]]*\s*(?::|=|%3d|>|,)"
     r"|(?:bearer|token|pass(?:word|phrase)?|identified|aws|secret)\s"
-    r"|sudo|securestring|password-stdin|(?P<block>private key|putty-user-key-file))"
+    r"|sudo|securestring|password-stdin|>\s*auth\s|(?P<block>private key|putty-user-key-file))"
 )
 # What every match of _CONTEXT_RE holds, lower-cased: found by a plain search
 # (most text holds none), and only around them is the pattern run.
@@ -2047,6 +2047,7 @@ _CONTEXT_LITERALS: Final = (
     *("pass", "pwd", "_pw", "secret", "token", "api_key", "api-key", "apikey", "private_key"),
     *("private-key", "credential", "aws", "authorization", "rediscli_auth", "bearer"),
     *("identified", "sudo", "securestring", "private key", "putty-user-key-file"),
+    "> auth",  # redis-cli's prompt: 127.0.0.1:6379> AUTH [USER] PW
 )
 # How far a match may reach from the literal inside it.
 _CONTEXT_REACH: Final = 64
@@ -2107,8 +2108,9 @@ def context_windows(text: str) -> tuple[list[tuple[int, int]], list[tuple[int, i
             after = _BLOCK_AFTER if match.group("block") else _CONTEXT_AFTER
             keys.append((max(0, match.start() - _CONTEXT_BEFORE), match.end() + after))
     tools: list[tuple[int, int]] = []
+    tool_re = _tool_re_for(lowered)
     for start, end in _literal_ranges(lowered, _COMMAND_HINTS_RE, _CONTEXT_REACH):
-        for match in _TOOL_RE.finditer(text, start, end):
+        for match in tool_re.finditer(text, start, end):
             tools.append((max(0, match.start() - _CONTEXT_BEFORE), match.end() + _COMMAND_WINDOW))
     return _clipped(keys, len(text)), _clipped(tools, len(text))
 
