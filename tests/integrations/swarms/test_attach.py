@@ -772,6 +772,11 @@ def test_agents_memd_cannot_serve_are_refused_by_name(tmp_path: Path) -> None:
         memd_swarms.attach(FakeAgent(tmp_path, persistent_memory=False))
     with pytest.raises(AttachError, match="context_compression=False"):
         memd_swarms.attach(FakeAgent(tmp_path, context_compression=True))
+    autonomous = FakeAgent(tmp_path)
+    autonomous.max_loops = "auto"  # swarms' autonomous loop never sends the memory
+    with pytest.raises(AttachError, match=r"^agent 'ada' has max_loops='auto': .*\bloops$"):
+        memd_swarms.attach(autonomous)
+    assert not hasattr(autonomous, "_memd_swarms")
 
 
 def test_attach_twice_wires_once(seeded: Path) -> None:

@@ -10,20 +10,25 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import textwrap
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.daemon_proc import DaemonProcess, wait_until
 from support.memfiles import entry_contents_everywhere
 from support.openai_server import OpenAITestServer, RecordedRequest
-from support.swarms import ROOT, SwarmsAgent, swarms_python
+from support.swarms import INTEGRATION_SRC, ROOT, SWARMS_ENV, SwarmsAgent, swarms_python
 
 from memd.core.memfile import parse, render_summary_block
 from memd.workspace import agent_paths
@@ -721,6 +726,315 @@ def test_an_odd_memory_md_does_not_crash_the_agents_run(tmp_path: Path, replacem
         agent.run("turn two")
         assert server.requests[-1].messages[-1]["content"] == "turn two"
         agent.finish()
+
+
+# Scripted swarms agents (review r8swarms): the real Agent._run loop and Conversation in
+# the swarms virtualenv, a call_llm that records every request's messages, and memd's
+# re-seed done as memd does it (a new file renamed over MEMORY.md).
+
+SCRIPT_PRELUDE = textwrap.dedent(
+    """
+    import datetime, json, os, re, sys
+    import memd_swarms
+    from swarms import Agent
+
+    WS = os.environ["WORKSPACE_DIR"]
+    os.chdir(WS)
+
+    def make(max_loops=1, tools=None, **kw):
+        return Agent(agent_name="ada", model_name="openai/gpt-4o-mini", system_prompt="SYS",
+                     persistent_memory=True, context_compression=False, max_loops=max_loops,
+                     tools=tools, print_on=False, **kw)
+
+    SENT = []
+
+    def script(agent, replies):
+        def call_llm(task=None, img=None, imgs=None, current_loop=0, streaming_callback=None,
+                     *a, **kw):
+            SENT.append([dict(m) for m in kw["messages"]])
+            reply = replies.pop(0) if replies else f"reply {len(SENT)}"
+            return reply() if callable(reply) else reply
+        agent.call_llm = call_llm
+
+    def block(role, text):
+        return f"### {role} \\u2014 {datetime.datetime.now().isoformat()}\\n\\n{text}\\n\\n---\\n\\n"
+
+    def reseed(path, summary, keep_last):
+        # What memd does: a new inode renamed over MEMORY.md holding the file's
+        # header, a summary block, then its newest ``keep_last`` entries verbatim.
+        data = open(path, encoding="utf-8").read()
+        head, *entries = re.split(r"(?m)^(?=### )", data)
+        kept = "".join(entries[-keep_last:]) if keep_last else ""
+        new = head + block("memd", "[Compressed Memory Summary]\\n" + summary) + kept
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write(new)
+        os.replace(path + ".tmp", path)
+
+    def report(**extra):
+        with open(os.environ["REVIEW_REPORT"], "w", encoding="utf-8") as handle:
+            json.dump({"sent": SENT, **extra}, handle)
+    """
+)
+
+
+def run_script(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    python = swarms_python()
+    assert python is not None
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    script = tmp_path / "agent_script.py"
+    script.write_text(SCRIPT_PRELUDE + textwrap.dedent(body), encoding="utf-8")
+    result = subprocess.run(
+        [python, "-P", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **SWARMS_ENV,
+            "WORKSPACE_DIR": str(workspace),
+            "HOME": str(tmp_path),
+            "PYTHONPATH": str(INTEGRATION_SRC),
+            "OPENAI_API_KEY": "test-key",
+            "REVIEW_REPORT": str(tmp_path / "report.json"),
+            **(env or {}),
+        },
+        cwd=tmp_path,
+    )
+    out = tmp_path / "report.json"
+    assert out.exists(), (result.stdout + result.stderr)[-3000:]
+    report: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return report
+
+
+def text_of(request: list[dict[str, Any]]) -> str:
+    return json.dumps(request)
+
+
+def test_a_model_error_after_a_rebuild_inside_a_run_keeps_the_memory(tmp_path: Path) -> None:
+    """Review r8swarms F1: swarms' cleanup after a failed model call cuts the
+    history back to its row count at the attempt's start, which a rebuild inside the
+    run moved: memd's preload went with it, for the fallback model and later runs."""
+    report = run_script(
+        tmp_path,
+        """
+        from swarms.structs.agent import AgentLLMError
+        agent = make(max_loops=2, fallback_models=["openai/gpt-4o-mini", "openai/gpt-4o"])
+        path = agent.short_memory.memory_md_path
+
+        def first():
+            # memd compacts while the first request is out (a new agent's first long
+            # run): the summary holds what the agent must know; its task kept verbatim.
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(block("Human", "background: the launch code is ORCHID-7"))
+            reseed(path, "The launch code is ORCHID-7.", keep_last=0)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(block("Human", "the task"))
+            return "reply one"
+
+        def provider_down():
+            raise AgentLLMError("provider down")
+
+        script(agent, [first, provider_down, "fallback reply", "fallback loop 2", "next run"])
+        memd_swarms.attach(agent)
+        agent.run("the task")
+        agent.run("the next task")
+        report()
+        """,
+    )
+    sent = report["sent"]
+    # The rebuild before request 2 put memd's summary in: the model had it then.
+    assert "ORCHID-7" in text_of(sent[1])
+    # The fallback model's requests, and the next run's, must carry it as well.
+    assert all("ORCHID-7" in text_of(request) for request in sent[2:]), [
+        [m.get("content") for m in request] for request in sent[2:]
+    ]
+
+
+def test_a_model_error_after_a_rebuild_sends_the_fallback_its_task_once(tmp_path: Path) -> None:
+    """Review r8swarms F1, the other half: an agent with a longer history than the
+    rebuild left has its failed attempt's rows left in place by swarms' cleanup,
+    and the fallback model would be sent its task twice."""
+    report = run_script(
+        tmp_path,
+        """
+        from swarms.structs.agent import AgentLLMError
+        agent = make(max_loops=2, fallback_models=["openai/gpt-4o-mini", "openai/gpt-4o"])
+        path = agent.short_memory.memory_md_path
+
+        def first():
+            reseed(path, "The launch code is ORCHID-7.", keep_last=0)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(block("Human", "the task"))
+            return "reply one"
+
+        def provider_down():
+            raise AgentLLMError("provider down")
+
+        script(agent, ["warm one", "warm one b", "warm two", "warm two b",
+                       first, provider_down, "fallback reply", "fallback loop 2"])
+        memd_swarms.attach(agent)
+        agent.run("warm-up one")
+        agent.run("warm-up two")
+        agent.run("the task")
+        report()
+        """,
+    )
+    sent = report["sent"]
+    assert len(sent) == 8
+    for request in sent[6:]:  # the fallback model's two requests
+        assert "ORCHID-7" in text_of(request)
+        tasks = [m for m in request if m.get("content") == "the task"]
+        assert len(tasks) == 1, [m.get("content") for m in request]
+    assert "reply one" not in text_of(sent[6])  # the failed attempt's rows are gone
+
+
+def test_a_tool_result_memd_kept_verbatim_still_reaches_the_model(tmp_path: Path) -> None:
+    """Review r8swarms F2: memd's kept tail starting at a tool's result row (which
+    swarms never sends) must not cut that result from the preload."""
+    report = run_script(
+        tmp_path,
+        '''
+        def lookup_fact(topic: str) -> str:
+            """Look up the stored fact about a topic.
+
+            Args:
+                topic (str): What to look up.
+
+            Returns:
+                str: The fact.
+            """
+            return f"RESULT-{topic}: the launch window is Friday 14:00 UTC"
+
+        agent = make(max_loops=4, tools=[lookup_fact])
+        path = agent.short_memory.memory_md_path
+        call = [{"id": "call1", "type": "function",
+                 "function": {"name": "lookup_fact", "arguments": json.dumps({"topic": "launch"})}}]
+
+        def third():
+            # memd compacts now: its newest-turns tail (keep_recent_tokens) holds the
+            # tool's result and the reply after it; the call itself is summarized.
+            reseed(path, "The user asked for research; ada called lookup_fact.", keep_last=2)
+            return "reply three"
+
+        script(agent, [call, "reply two", third, "done"])
+        memd_swarms.attach(agent)
+        agent.run("research task")
+        report(file=open(path, encoding="utf-8").read())
+        ''',
+    )
+    sent = report["sent"]
+    assert "RESULT-launch" in report["file"]  # memd kept the result verbatim
+    assert "RESULT-launch" in text_of(sent[2])  # the model had read it
+    # After the rebuild before request 4 the result must still be in the request
+    # (as the kept turn, or in the preload), not dropped from both.
+    assert "RESULT-launch" in text_of(sent[3]), [m.get("content") for m in sent[3]]
+
+
+def test_an_autonomous_agent_is_sent_its_memory_or_refused(tmp_path: Path) -> None:
+    """Review r8swarms F3: swarms' autonomous loop (max_loops="auto") sends requests
+    from a transcript of its own, without the memory: attach refuses such an agent."""
+    report = run_script(
+        tmp_path,
+        """
+        first = make()
+        with open(first.short_memory.memory_md_path, "a", encoding="utf-8") as handle:
+            handle.write(block("memd", "[Compressed Memory Summary]\\nThe launch code is ORCHID-7."))
+        agent = make(max_loops="auto")
+        try:
+            memd_swarms.attach(agent)
+        except memd_swarms.AttachError as exc:
+            report(refused=str(exc))
+            sys.exit(0)
+
+        def stop():
+            raise KeyboardInterrupt
+
+        script(agent, ["no plan", stop])
+        try:
+            agent.run("what is the launch code?")
+        except BaseException:
+            pass
+        report(refused=None)
+        """,
+    )
+    assert report["refused"] is not None, report["sent"]
+    assert report["refused"].startswith("agent 'ada' has max_loops='auto': ")
+    assert "\n" not in report["refused"]
+
+
+class StuckSocket:
+    """A unix socket that accepts every connection and never answers (a memd that
+    is stopped or stuck), counting the connections."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(64)
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_stuck_daemon_costs_one_status_timeout_per_run_at_most(tmp_path: Path) -> None:
+    """Review r8swarms F4: a daemon that accepts but never answers is asked once per
+    run, not before every model request (each ask waits out the 2 s timeout)."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="r8s", dir="/tmp"))
+    stuck = StuckSocket(sock_dir / "memd.sock")
+    try:
+        report = run_script(
+            tmp_path,
+            """
+            agent = make(max_loops=5)
+            script(agent, [])
+            memd_swarms.attach(agent)
+            agent.run("one run of five model requests")
+            wiring = agent._memd_swarms
+            report(holds=wiring.holds, call_holds=wiring.call_holds)
+            """,
+            env={"MEMD_RECALL_SOCKET": str(sock_dir / "memd.sock")},
+        )
+    finally:
+        stuck.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+    assert len(report["sent"]) == 5
+    # The file is a few hundred bytes: no threshold could be crossed. One
+    # unanswered status per run is the most a run should pay.
+    assert len(stuck.accepted) <= 1, f"{len(stuck.accepted)} status requests hung for 2 s each"
+
+
+def test_an_odd_status_answer_does_not_reach_agent_run(tmp_path: Path) -> None:
+    """Review r8swarms F5: a status answer this cannot read counts as no answer."""
+    report = run_script(
+        tmp_path,
+        """
+        agent = make(max_loops=2)
+        script(agent, [])
+        memd_swarms.attach(agent)
+        wiring = agent._memd_swarms
+        wiring.status = lambda: {"threshold_tokens": 1, "tokens": 5, "size": 5,
+                                 "dev": 0, "ino": 0, "state": ["running"]}
+        try:
+            agent.run("a task")
+            error = None
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        report(error=error)
+        """,
+    )
+    assert report["error"] is None, report["error"]
 
 
 @pytest.mark.slow

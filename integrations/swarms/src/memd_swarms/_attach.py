@@ -64,7 +64,8 @@ def attach(
 
     Returns the same agent. Attaching twice is harmless. Raises AttachError for
     an agent memd cannot serve (no persistent memory, Swarms' own compression
-    on) and UnsupportedSwarms when the installed swarms is not one it knows.
+    on, ``transforms=``, ``max_loops="auto"``) and UnsupportedSwarms when the
+    installed swarms is not one it knows.
     """
     attached = getattr(agent, WIRING_ATTRIBUTE, None)
     if attached is not None:
@@ -82,6 +83,12 @@ def attach(
         raise AttachError(
             f"agent {name!r} has context_compression=True: Swarms would rewrite MEMORY.md "
             "itself; construct it with context_compression=False and let memd compact"
+        )
+    if getattr(agent, "max_loops", None) == "auto":
+        raise AttachError(
+            f"agent {name!r} has max_loops='auto': Swarms' autonomous loop builds its "
+            "requests from a transcript of its own, without the agent's memory; give it "
+            "a number of loops"
         )
     if getattr(agent, "transforms", None) is not None:
         raise AttachError(

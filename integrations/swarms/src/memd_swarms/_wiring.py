@@ -40,8 +40,12 @@ a spending cap) when it says the cooldown ends within the wait's bound. The
 same holds before each model request of a run after its first (``max_loops``
 over 1, a tool loop: the run's own turns grow the file), and a re-seed then
 is followed as at a run's start, the run's turns memd kept verbatim going on
-as turns. Without an answer from memd (not running, no socket) nothing is
-held back.
+as turns. Without an answer from memd (not running, no socket; a memd that
+does not answer is asked once per run, an answer this cannot read counts as
+none) nothing is held back. When a model call fails after such a re-seed,
+Swarms cuts the history back to where the attempt began (for its fallback
+model); the wiring puts back the rows the re-seed left before the run's own
+(the new preload), which that cut counts by a row number from before it.
 
 A run can end with a tool call whose results the model has not read yet (Swarms
 keeps them in the call's row; a failed tool adds a ``Tool Executor`` row). A
@@ -378,6 +382,13 @@ class Wiring:
     run_start: int | None = None
     run_calls: int = 0
     run_depth: int = 0
+    # After a rebuild inside the running run: the rows before the run's own
+    # (static rows, the preload, rows kept from before the run), which a failed
+    # model attempt goes back to (see ``attempt_failed``).
+    run_base: list[dict[str, Any]] | None = None
+    # A status ask that went unanswered during the running run: not asked
+    # again before the run ends (each ask may wait out the socket's timeout).
+    run_unanswered: bool = False
     # The loaded file's size as read (memd's count up to that size is of the file
     # as memd left it, with its drain), and the file memd's count said was over
     # the threshold as loaded (see ``_cooldown_ends``).
@@ -416,9 +427,18 @@ class Wiring:
             tail = history[self.static_rows :]
             open_at = open_tool_exchange(tail)
             start = len(tail) if open_at is None else open_at
+            before = len(tail)  # the tail's rows from before the run
             if self.run_start is not None:
-                run = tail[max(0, self.run_start - self.static_rows) :]
-                start = min(start, len(tail) - kept_verbatim(snapshot.data, run))
+                before = max(0, self.run_start - self.static_rows)
+                run = tail[before:]
+                count = kept_verbatim(snapshot.data, run)
+                # Swarms never sends a tool's result row (its text reaches the model
+                # through the call's row): kept as a row without its call, whose
+                # text memd summarized, it would be cut from the preload and the
+                # result sent nowhere. It stays in the preload's text instead.
+                while count and run[-count].get("role") in RESULT_ROLES:
+                    count -= 1
+                start = min(start, len(tail) - count)
             exchange = tail[start:]
             dropped = len(tail) - len(exchange)
             # Swarms reads it as UTF-8 too; a stray byte must not cost the agent its memory.
@@ -429,7 +449,8 @@ class Wiring:
                     row["content"] += "\n\n" + self.notice
                 kept.append(row)
             if self.run_start is not None:
-                self.run_start = len(kept)
+                self.run_base = kept + exchange[: max(0, before - start)]
+                self.run_start = len(self.run_base)
             kept.extend(exchange)
             # In place: Agent._run holds no reference across runs, but callers may.
             history[:] = kept
@@ -581,6 +602,8 @@ class Wiring:
         while memd's count of it is over the threshold, wait for the next one.
         A MEMORY.md that cannot be loaded leaves the conversation as it is."""
         with self.lock:
+            if not self.run_depth:
+                self.run_unanswered = False  # a new run asks memd again
             if kwargs.get("messages") and not self.warned_messages:
                 self.warned_messages = True
                 log.warning(
@@ -608,6 +631,21 @@ class Wiring:
                 self.refused(exc)
             self.call_holds += self.holds - holds
             self.call_rebuilds += self.rebuilds - rebuilds
+
+    def attempt_failed(self) -> None:
+        """Called when a model attempt of a run (swarms' ``_run``) raised after a
+        rebuild inside it. Swarms then cuts the history back to the row count it
+        had when the attempt began, so that a fallback model starts clean; the
+        rebuild moved the rows under that count (the preload among them), so
+        the cut would take memd's memory with it, or leave the attempt's rows.
+        The history goes back to the rows before the run's own, as rebuilt."""
+        with self.lock:
+            if self.run_base is None:
+                return
+            self.conversation.conversation_history[:] = self.run_base
+            if hasattr(self.conversation, "_str_cache"):
+                self.conversation._str_cache = None
+            self.run_start = len(self.run_base)
 
     def refused(self, exc: OSError) -> None:
         """Say (once) that MEMORY.md cannot be loaded: the agent runs on as Swarms alone would."""
@@ -638,8 +676,15 @@ class Wiring:
     def _wait_under_threshold(self) -> None:
         """Wait (at most ``hold_s``) while memd's count of MEMORY.md is over the
         threshold and memd is to compact it, following the re-seed when it comes."""
-        if self.status is None or self.hold_s <= 0 or f"timeout-{self.loaded}" in self.said:
-            return  # no memd to ask, or it did not compact this file in time once already
+        if (
+            self.status is None
+            or self.hold_s <= 0
+            or self.run_unanswered
+            or f"timeout-{self.loaded}" in self.said
+        ):
+            # No memd to ask, memd did not answer once already in this run, or it
+            # did not compact this file in time once already.
+            return
         started = self.clock()
         asked: float | None = None
         answer: dict[str, Any] | None = None
@@ -677,11 +722,13 @@ class Wiring:
 
     def _ask(self) -> dict[str, Any] | None:
         """memd's status answer (its threshold kept, for the report); None (said
-        once) when memd cannot answer or its answer is not one this reads."""
+        once) when memd cannot answer or its answer is not one this reads. A
+        run that got no answer does not ask again (a memd stopped or stuck costs
+        the socket's timeout at each ask)."""
         assert self.status is not None
         answer = self.status()
-        threshold = None if answer is None else answer.get("threshold_tokens")
-        if answer is None or not _count(threshold):
+        if not _readable(answer):
+            self.run_unanswered = True
             self._say(
                 "no-status",
                 "memd_swarms: memd's status is not available (is the daemon running, with "
@@ -690,7 +737,7 @@ class Wiring:
             )
             return None
         self.said.discard("no-status")
-        self.threshold = threshold
+        self.threshold = answer["threshold_tokens"]
         return answer
 
     def _over(self, answer: dict[str, Any], info: os.stat_result, left: float) -> bool:
@@ -747,6 +794,15 @@ class Wiring:
             log.log(level, message, *args)
 
 
+def _readable(answer: object) -> TypeGuard[dict[str, Any]]:
+    """Whether a status answer is one this reads: a threshold, and a job state
+    that is a name (an odd answer, a newer or a foreign daemon's, counts as none)."""
+    if not isinstance(answer, dict) or not _count(answer.get("threshold_tokens")):
+        return False
+    state = answer.get("state")
+    return state is None or isinstance(state, str)  # none: a daemon that does not say
+
+
 def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -776,6 +832,7 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
     original: Callable[..., Any] = agent.run
     conversation = wiring.conversation
     build: Callable[..., Any] = conversation.to_messages
+    attempt_run: Callable[..., Any] | None = getattr(agent, "_run", None)
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -783,7 +840,7 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
         with wiring.lock:
             if not wiring.run_depth:  # a run inside a run (a tool's) goes on with it
                 wiring.run_start = len(conversation.conversation_history)
-                wiring.run_calls = 0
+                wiring.run_calls, wiring.run_base = 0, None
             wiring.run_depth += 1
         try:
             return original(*args, **kwargs)
@@ -791,7 +848,21 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
             with wiring.lock:
                 wiring.run_depth -= 1
                 if not wiring.run_depth:
-                    wiring.run_start, wiring.run_calls = None, 0
+                    wiring.run_start, wiring.run_calls, wiring.run_base = None, 0, None
+                    wiring.run_unanswered = False
+
+    def attempt(*args: Any, **kwargs: Any) -> Any:
+        # One model's attempt at the run (``run`` moves on to a fallback model
+        # when it raises); a nested run's attempt is left as Swarms has it.
+        with wiring.lock:
+            outer, rebuilds = wiring.run_depth == 1, wiring.rebuilds
+        assert attempt_run is not None
+        try:
+            return attempt_run(*args, **kwargs)
+        except Exception:
+            if outer and wiring.rebuilds != rebuilds:
+                wiring.attempt_failed()
+            raise
 
     @functools.wraps(build)
     def to_messages(agent_name: Any = None, start: int = 0, prefix: Any = ()) -> Any:
@@ -803,3 +874,5 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
 
     agent.run = run
     conversation.to_messages = to_messages
+    if callable(attempt_run):
+        agent._run = functools.wraps(attempt_run)(attempt)
