@@ -41,6 +41,7 @@ import errno
 import logging
 import math
 import os
+import re
 import sqlite3
 import stat
 import threading
@@ -55,6 +56,7 @@ from memd.core.memfile import parse
 from memd.core.recall import (
     MATCH_CLOSE,
     MATCH_OPEN,
+    Highlighted,
     IndexedEntry,
     RecallQueryError,
     fts_expression,
@@ -87,6 +89,9 @@ _T = TypeVar("_T")
 # opened without waiting, it is refused by the S_ISREG check in _read_file.
 _READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
+# How FTS5 splits and stems the entries' text (and _Matcher the matched words).
+TOKENIZE = "porter unicode61 remove_diacritics 2"
+
 _SCHEMA = (
     "CREATE TABLE recall_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE sources ("
@@ -101,8 +106,7 @@ _SCHEMA = (
     " offset INTEGER NOT NULL, length INTEGER NOT NULL, role TEXT NOT NULL,"
     " ts TEXT NOT NULL, epoch REAL, words INTEGER NOT NULL)",
     "CREATE INDEX entries_by_source ON entries (source_id)",
-    "CREATE VIRTUAL TABLE entries_fts USING fts5("
-    " text, tokenize = 'porter unicode61 remove_diacritics 2')",
+    f"CREATE VIRTUAL TABLE entries_fts USING fts5(text, tokenize = '{TOKENIZE}')",
 )
 
 
@@ -278,6 +282,7 @@ class RecallIndex:
         # [privacy] encrypt_archives: set by whoever opens the index from a config.
         self.encrypting = False
         self._sealed: set[str] = set()
+        self._matcher = _Matcher()
 
     # ------------------------------------------------------------------ opening
 
@@ -365,6 +370,7 @@ class RecallIndex:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            self._matcher.close()
 
     def __enter__(self) -> RecallIndex:
         return self
@@ -658,9 +664,9 @@ class RecallIndex:
             # One read transaction: the counts, candidates and texts are one snapshot.
             conn.execute("BEGIN")
             try:
-                ranker = _Ranker.of(conn, agent, filters)
+                ranker = _Ranker.of(conn, agent, filters, self._matcher)
                 ranked = ranker.ranked(terms, limit) if ranker is not None else []
-                return _hits(conn, agent, fts_expression(terms), ranked)
+                return _hits(conn, self._matcher, agent, fts_expression(terms), ranked)
             finally:
                 conn.execute("COMMIT")
 
@@ -812,8 +818,10 @@ class _Ranker:
         entries: int,
         tokens: int,
         filters: _Filters,
+        matcher: _Matcher,
     ) -> None:
         self.conn = conn
+        self.matcher = matcher
         self.low, self.high = _agent_range(number)
         self.entries = entries
         self.average = tokens / entries if tokens > 0 else 1.0
@@ -822,13 +830,15 @@ class _Ranker:
         self._table_average: float | None = None
 
     @classmethod
-    def of(cls, conn: sqlite3.Connection, agent: str, filters: _Filters) -> _Ranker | None:
+    def of(
+        cls, conn: sqlite3.Connection, agent: str, filters: _Filters, matcher: _Matcher
+    ) -> _Ranker | None:
         row = conn.execute(
             "SELECT id, entries, tokens FROM agents WHERE name = ?", (agent,)
         ).fetchone()
         if row is None or row[1] <= 0:
             return None
-        return cls(conn, int(row[0]), int(row[1]), int(row[2]), filters)
+        return cls(conn, int(row[0]), int(row[1]), int(row[2]), filters, matcher)
 
     def ranked(self, terms: list[str], limit: int) -> list[tuple[int, float]]:
         """(entry id, score) of the best ``limit`` entries, best first."""
@@ -856,8 +866,20 @@ class _Ranker:
         if not candidates:
             return []
         first, last = min(candidates), max(candidates)
+        # A term held by few of the agent's entries: counted in their text, all
+        # such terms in one pass over each entry; by many: from FTS5's bm25().
+        few = [position for position, term in enumerate(terms) if found[term] <= HIGHLIGHT_TF_MAX]
+        if few:
+            highlighted = self._highlighted_counts([terms[p] for p in few], first, last)
+            for entry_id, counts in highlighted:
+                candidate = candidates.get(entry_id)
+                if candidate is not None:
+                    for position, count in zip(few, counts, strict=True):
+                        candidate.counts[position] = count
         for position, term in enumerate(terms):
-            for entry_id, count in self._term_counts(term, found[term], first, last):
+            if found[term] <= HIGHLIGHT_TF_MAX:
+                continue
+            for entry_id, count in self._bm25_counts(term, first, last):
                 candidate = candidates.get(entry_id)
                 if candidate is not None:
                     candidate.counts[position] = count
@@ -907,26 +929,37 @@ class _Ranker:
             for entry_id, epoch, words in self.conn.execute(sql, params)
         }
 
-    def _term_counts(
-        self, term: str, held: int, first: int, last: int
-    ) -> Iterable[tuple[int, int]]:
-        """(entry id, occurrences of ``term``) for the entries in [first, last] holding it."""
-        expression = fts_expression([term])
-        if held <= HIGHLIGHT_TF_MAX:
-            return self._highlighted_counts(expression, first, last)
-        return self._bm25_counts(expression, first, last)
+    def _highlighted_counts(
+        self, terms: list[str], first: int, last: int
+    ) -> list[tuple[int, list[int]]]:
+        """(entry id, occurrences of each of ``terms``) for the entries in
+        [first, last] holding any of them: one highlight() of each entry, however
+        many terms (each entry's text is read once, not once per term).
 
-    def _highlighted_counts(self, expression: str, first: int, last: int) -> list[tuple[int, int]]:
-        # highlight() adds one mark before and one after each occurrence (the
-        # stored text holds no mark: index_text), so the length grows by two each.
+        Each occurrence is one marked word in highlight()'s output (the stored
+        text holds no mark: index_text); which terms a marked word is, the
+        matcher says (FTS5 stems "filing" and "filed" alike). Only the marks
+        and marked words are read: highlight() prints the text between two
+        matches only up to a NUL byte, never a mark or a matched word."""
         rows = self.conn.execute(
-            "SELECT rowid, (length(highlight(entries_fts, 0, ?, ?)) - length(text)) / 2"
+            "SELECT rowid, highlight(entries_fts, 0, ?, ?)"
             " FROM entries_fts WHERE entries_fts MATCH ? AND rowid BETWEEN ? AND ?",
-            (MATCH_OPEN, MATCH_CLOSE, expression, first, last),
-        ).fetchall()
-        return [(int(entry_id), int(count)) for entry_id, count in rows]
+            (MATCH_OPEN, MATCH_CLOSE, fts_expression(terms), first, last),
+        )
+        marked = [(int(entry_id), _MARKED_WORD.findall(text or "")) for entry_id, text in rows]
+        if len(terms) == 1:
+            return [(entry_id, [len(words)]) for entry_id, words in marked]
+        which = self.matcher.terms_of({word for _, words in marked for word in words}, terms)
+        counted = []
+        for entry_id, words in marked:
+            counts = [0] * len(terms)
+            for word in words:
+                for position in which[word]:
+                    counts[position] += 1
+            counted.append((entry_id, counts))
+        return counted
 
-    def _bm25_counts(self, expression: str, first: int, last: int) -> list[tuple[int, int]]:
+    def _bm25_counts(self, term: str, first: int, last: int) -> list[tuple[int, int]]:
         """Occurrences worked out from FTS5's bm25() of the one-word query, at two
         weights: bm25 = -idf·f·w·(k1+1) / (f·w + K) for f occurrences, weight w,
         K = k1·(1-b+b·D/avgdl) over the whole table; 1/bm25 is linear in 1/w, so
@@ -934,6 +967,7 @@ class _Ranker:
         the index is read. A count that does not come out a whole number (an
         FTS5 whose bm25 differs) is read with highlight() instead."""
         average = self._whole_table_average()
+        expression = fts_expression([term])
         rows = self.conn.execute(
             "SELECT entries_fts.rowid, bm25(entries_fts, 1.0), bm25(entries_fts, 2.0), e.words"
             " FROM entries_fts CROSS JOIN entries e ON e.id = entries_fts.rowid"
@@ -954,13 +988,13 @@ class _Ranker:
                     if whole >= 1 and abs(solved - whole) <= 1e-6 * solved:
                         count = whole
             if count is None:
-                count = self._highlighted_count(expression, int(entry_id))
+                count = self._highlighted_count(term, int(entry_id))
             counts.append((int(entry_id), count))
         return counts
 
-    def _highlighted_count(self, expression: str, entry_id: int) -> int:
-        found = self._highlighted_counts(expression, entry_id, entry_id)
-        return found[0][1] if found else 0
+    def _highlighted_count(self, term: str, entry_id: int) -> int:
+        found = self._highlighted_counts([term], entry_id, entry_id)
+        return found[0][1][0] if found else 0
 
     def _whole_table_average(self) -> float | None:
         """FTS5's average entry length over the whole table (its "averages" row),
@@ -980,14 +1014,71 @@ class _Ranker:
         return self._table_average
 
 
+# A word highlight() marked (index_text keeps the marks out of the stored text).
+_MARKED_WORD = re.compile(f"{MATCH_OPEN}([^{MATCH_CLOSE}]*){MATCH_CLOSE}")
+
+
+class _Matcher:
+    """FTS5's tokenizer (TOKENIZE) on a private in-memory table: which of a
+    question's terms a word matches, and the highlight of a text holding a NUL
+    byte. It holds only what one search puts in it, and only for that search;
+    its callers hold the index's lock."""
+
+    def __init__(self) -> None:
+        self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._conn.execute(f"CREATE VIRTUAL TABLE words USING fts5(text, tokenize = '{TOKENIZE}')")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _hold(self, texts: list[str]) -> None:
+        self._conn.execute("DELETE FROM words")
+        self._conn.executemany("INSERT INTO words (rowid, text) VALUES (?, ?)", enumerate(texts))
+
+    def terms_of(self, words: Iterable[str], terms: list[str]) -> dict[str, list[int]]:
+        """For each of ``words``, the positions in ``terms`` of the terms it matches."""
+        listed = sorted(words)
+        which: dict[str, list[int]] = {word: [] for word in listed}
+        self._hold(listed)
+        try:
+            for position, term in enumerate(terms):
+                for (row,) in self._conn.execute(
+                    "SELECT rowid FROM words WHERE words MATCH ?", (fts_expression([term]),)
+                ):
+                    which[listed[row]].append(position)
+        finally:
+            self._hold([])
+        return which
+
+    def highlight(self, text: str, expression: str) -> Highlighted:
+        """``text`` with the matches of ``expression`` marked, as FTS5 marks the
+        stored entry; a NUL byte (which FTS5 reads as a separator but cannot
+        print) is read as the separator it is, and kept in the text."""
+        self._hold([text.replace("\x00", " ")])
+        try:
+            row = self._conn.execute(
+                "SELECT highlight(words, 0, ?, ?) FROM words WHERE words MATCH ?",
+                (MATCH_OPEN, MATCH_CLOSE, expression),
+            ).fetchone()
+        finally:
+            self._hold([])
+        spans = split_highlight(row[0]).spans if row is not None else ()
+        return Highlighted(text, spans)
+
+
 def _hits(
-    conn: sqlite3.Connection, agent: str, expression: str, ranked: list[tuple[int, float]]
+    conn: sqlite3.Connection,
+    matcher: _Matcher,
+    agent: str,
+    expression: str,
+    ranked: list[tuple[int, float]],
 ) -> list[RecallHit]:
-    """The ranked entries with their text, the question's words highlighted."""
+    """The ranked entries with their whole text, the question's words highlighted."""
     hits = []
     for entry_id, score in ranked:
         row = conn.execute(
-            "SELECT s.name, e.offset, e.length, e.role, e.ts, highlight(entries_fts, 0, ?, ?)"
+            "SELECT s.name, e.offset, e.length, e.role, e.ts, entries_fts.text,"
+            " highlight(entries_fts, 0, ?, ?)"
             " FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid"
             " JOIN sources s ON s.id = e.source_id"
             " WHERE entries_fts MATCH ? AND entries_fts.rowid = ?",
@@ -995,8 +1086,11 @@ def _hits(
         ).fetchone()
         if row is None:
             continue
-        name, offset, length, role, ts, marked = row
-        highlighted = split_highlight(marked)
+        name, offset, length, role, ts, text, marked = row
+        # highlight() leaves out the text from a NUL byte to the next match.
+        highlighted = (
+            matcher.highlight(text, expression) if "\x00" in text else split_highlight(marked)
+        )
         hits.append(
             RecallHit(
                 agent=agent,

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -467,11 +469,15 @@ def test_an_agents_scores_and_order_do_not_depend_on_other_agents(
         assert _scored(index, "alpha", question) == alone
 
 
+_WORDS = re.compile(r"[^\W_]+")
+
+
 def _bm25(texts: list[str], terms: list[str], text: str) -> float:
-    """Reference BM25 (Lucene's idf, FTS5's k1 and b) over ``texts``, plain words."""
-    docs = [t.lower().split() for t in texts]
+    """Reference BM25 (Lucene's idf, FTS5's k1 and b) over ``texts``, counting
+    words as FTS5's unicode61 does (a NUL byte is a separator, not a word)."""
+    docs = [[w.lower() for w in _WORDS.findall(t)] for t in texts]
     average = sum(len(d) for d in docs) / len(docs)
-    words = text.lower().split()
+    words = [w.lower() for w in _WORDS.findall(text)]
     score = 0.0
     for term in terms:
         held = sum(1 for d in docs if term in d)
@@ -786,3 +792,88 @@ def test_the_daemon_erases_the_rows_of_an_agent_removed_while_it_was_down(
     with RecallIndex.open(state_dir, ws.root) as index:
         assert index.agents() == ["alpha"]
     assert b"tellurium" not in _db_bytes(state_dir, ws)
+
+
+# A tool dump with a NUL byte near its start, then a base64 blob, naming the word
+# once, at its end; and a short entry naming it three times.
+_DUMP = "binary header \x00 " + "QUJD" * 1000 + " filler zorblat"
+_SHORT = "zorblat zorblat zorblat noted"
+_TEXTS = [_DUMP, _SHORT, "a zorblat here", "nothing else"]
+
+
+def test_an_entry_holding_a_nul_byte_is_scored_with_its_real_word_count(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    """review r8recall F1: a word's count was read as (length(highlight) -
+    length(text)) / 2, but SQLite's length() stops at a NUL and highlight()
+    leaves out the text from a NUL to the next match: the dump got a count of
+    hundreds for one occurrence and outranked the entry holding the word most."""
+    alpha = ws.create_agent("alpha")
+    for text in _TEXTS:
+        append_entry(alpha.memory, "Human", text)
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(alpha)
+        hits = index.search("alpha", "zorblat", limit=10)
+        # Beside a second rare word (counts for both from one highlight per entry).
+        both = index.search("alpha", "zorblat filler", limit=10)
+    assert len(hits) == 3
+    expected = {text: _bm25(_TEXTS, ["zorblat"], text) for text in _TEXTS[:3]}
+    assert hits[0].text == _SHORT
+    for hit in hits:
+        assert hit.score == pytest.approx(expected[hit.text], rel=1e-9)
+    assert len(both) == 3
+    for hit in both:
+        assert hit.score == pytest.approx(_bm25(_TEXTS, ["zorblat", "filler"], hit.text), rel=1e-9)
+
+
+def test_a_hits_text_is_the_whole_entry_even_with_a_nul_byte(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    """review r8recall F2: a hit's text was rebuilt from highlight(), which leaves
+    out everything from a NUL byte to the next match (memd recall, --json, the
+    socket); it is the entry's whole content, its matches marked where they are."""
+    alpha = ws.create_agent("alpha")
+    for text in _TEXTS:
+        append_entry(alpha.memory, "Human", text)
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(alpha)
+        hits = index.search("alpha", "Zorblat filler", limit=10)
+    data = alpha.memory.read_bytes()
+    assert len(hits) == 3
+    for hit in hits:
+        (entry,) = parse(data[hit.offset : hit.offset + hit.length]).entries
+        assert hit.text == entry.text
+        assert [hit.text[start:end] for start, end in hit.matches] == [
+            word for word in _WORDS.findall(hit.text) if word in ("zorblat", "filler")
+        ]
+    dump = next(hit for hit in hits if hit.text.startswith("binary header"))
+    assert dump.text == _DUMP and len(dump.matches) == 2
+
+
+def test_many_rare_words_in_large_entries_do_not_multiply_the_query_cost(
+    ws: AgentWorkspace, state_dir: Path
+) -> None:
+    """review r8recall F3: each rare word's counts were read with a highlight() of
+    every entry holding it: 32 such words over 64 large tool dumps cost 28x the
+    code before, under the index lock. Each entry's text is read once per question
+    (a ratio of CPU times, best of 3, not a time)."""
+    alpha = ws.create_agent("alpha")
+    rare = [f"zq{k:02d}" for k in range(32)]
+    dump = " ".join(f"tok{(k * 7919) % 5000}" for k in range(15000))  # ~120 KB
+    with alpha.memory.open("a", encoding="utf-8") as handle:
+        for _ in range(64):
+            handle.write(f"### AI — 2026-01-01T10:00:00\n\n{' '.join(rare)} {dump}\n\n---\n\n")
+    with RecallIndex.open(state_dir, ws.root) as index:
+        index.sync_agent(alpha)
+
+        def cpu(question: str) -> float:
+            best = math.inf
+            for _ in range(3):
+                started = time.process_time()
+                assert len(index.search("alpha", question, limit=5)) == 5
+                best = min(best, time.process_time() - started)
+            return best
+
+        one_word = cpu("zq01")
+        all_words = cpu(" ".join(rare))
+    assert all_words <= 4 * one_word, (all_words, one_word)
