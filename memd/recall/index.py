@@ -431,6 +431,7 @@ class RecallIndex:
                     return False  # whoever changed it indexes it (or the next sync does)
                 _delete_sources(conn, "agent = ? AND name = ?", (agent, name))
                 if identity is None:
+                    _forget_if_empty(conn, agent)
                     return False
                 source_id = conn.execute(
                     "INSERT INTO sources (agent, name, kind, dev, ino, size, mtime_ns,"
@@ -448,6 +449,7 @@ class RecallIndex:
                 ).lastrowid
                 if entries and source_id is not None:
                     _insert_entries(conn, agent, source_id, entries)
+                _forget_if_empty(conn, agent)
                 return True
 
         written = self._run(operation)
@@ -472,11 +474,13 @@ class RecallIndex:
 
         def operation(conn: sqlite3.Connection) -> int:
             with self._write(conn):
-                return _delete_sources(
+                removed = _delete_sources(
                     conn,
                     "agent = ? AND name = ? AND dev = ? AND ino = ? AND size = ? AND mtime_ns = ?",
                     (agent, name, identity.dev, identity.ino, identity.size, identity.mtime_ns),
                 )
+                _forget_if_empty(conn, agent)
+                return removed
 
         if self._run(operation):
             self.scrub()
@@ -557,8 +561,13 @@ class RecallIndex:
         return self.sync_agent(paths)
 
     def agents(self) -> list[str]:
+        """Every agent the index holds anything of: rows, or only a name (an
+        index written before empty agents lost their row in ``agents``)."""
+
         def operation(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute("SELECT DISTINCT agent FROM sources ORDER BY agent").fetchall()
+            rows = conn.execute(
+                "SELECT agent FROM sources UNION SELECT name FROM agents ORDER BY 1"
+            ).fetchall()
             return [row[0] for row in rows]
 
         return self._run(operation)
@@ -1127,6 +1136,13 @@ def _delete_sources(conn: sqlite3.Connection, where: str, params: tuple[object, 
         )
         conn.execute("DELETE FROM sources WHERE id = ?", (source_id,))
     return removed
+
+
+def _forget_if_empty(conn: sqlite3.Connection, agent: str) -> None:
+    """An agent left with no entry loses its row in ``agents`` (its name and
+    counts): a removed agent leaves no name behind. Called once its rows are
+    written, so re-indexing a file keeps the agent's number."""
+    conn.execute("DELETE FROM agents WHERE name = ? AND entries <= 0", (agent,))
 
 
 def _exists(path: Path) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -877,3 +878,39 @@ def test_many_rare_words_in_large_entries_do_not_multiply_the_query_cost(
         one_word = cpu("zq01")
         all_words = cpu(" ".join(rare))
     assert all_words <= 4 * one_word, (all_words, one_word)
+
+
+def test_a_removed_agent_leaves_no_name_in_the_index(ws: AgentWorkspace, state_dir: Path) -> None:
+    """review r8recall F4: an agent whose files went before its folder kept its row in
+    ``agents`` (name and counts) for good, and the daemon's removed-agent erasure and
+    `memd recall --reindex` looked for agents in ``sources`` only: an agent left with
+    no entry loses its row, and a name left by an earlier index is erased too."""
+    gone = ws.create_agent("zeldafrobnicate")
+    beta = ws.create_agent("beta")
+    append_entry(gone.memory, "Human", "the quorlax ledger")
+    append_entry(beta.memory, "Human", "beta words")
+    service = RecallService.open(state_dir, ws.root)
+    assert service is not None
+    index = service.index
+
+    def names(conn: sqlite3.Connection) -> list[str]:
+        return [row[0] for row in conn.execute("SELECT name FROM agents ORDER BY name")]
+
+    try:
+        index.sync_agent(gone)
+        index.sync_agent(beta)
+        gone.memory.unlink()  # its files removed first (by hand, a script) ...
+        assert index.sync_agent(gone).removed == ["MEMORY.md"]  # a query or the start-up pass
+        assert index._run(names) == ["beta"]
+        shutil.rmtree(gone.dir)  # ... then its folder
+        service.drop_gone(ws.root, ["beta"])  # the daemon's periodic job
+        assert index._run(names) == ["beta"]
+        # A name only in `agents`, as the index before this fix left it.
+        index._run(lambda conn: conn.execute("INSERT INTO agents VALUES (99, 'oldorphan', 0, 0)"))
+        assert index.agents() == ["beta", "oldorphan"]
+        service.drop_gone(ws.root, ["beta"])
+        assert index._run(names) == ["beta"] and index.agents() == ["beta"]
+    finally:
+        service.stop()
+    data = _db_bytes(state_dir, ws)
+    assert b"zeldafrobnicate" not in data and b"oldorphan" not in data
