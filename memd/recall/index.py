@@ -712,6 +712,11 @@ BM25_B = 0.75
 # range has its counts read with highlight() (which reads those entries' text);
 # above, they are worked out from FTS5's bm25() (which reads only the index).
 HIGHLIGHT_TF_MAX = 64
+# Those words are counted in one highlight() of each entry holding any of them
+# (their matched words sorted out by _Matcher, about 40 µs a question), or with
+# one highlight() per word when that re-reads at most this many tokens (about
+# 40 ns each): no more than the matcher costs.
+ONE_PASS_TOKENS = 1000
 # Each agent's entry ids: (agent number << SEQ_BITS) | sequence number.
 SEQ_BITS = 40
 _SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -878,12 +883,20 @@ class _Ranker:
         # A term held by few of the agent's entries: counted in their text, all
         # such terms in one pass over each entry; by many: from FTS5's bm25().
         few = [position for position, term in enumerate(terms) if found[term] <= HIGHLIGHT_TF_MAX]
-        if few:
-            highlighted = self._highlighted_counts([terms[p] for p in few], first, last)
+        # Small entries, no filter (the candidates are then every entry in the
+        # range holding the terms): a pass per term re-reads fewer tokens than
+        # asking the matcher costs. Otherwise one pass for all of them.
+        rereads = (len(few) - 1) * sum(candidate.words for candidate in candidates.values())
+        unfiltered = self.filters.since_epoch is None and not self.filters.role
+        groups = [[p] for p in few] if unfiltered and rereads <= ONE_PASS_TOKENS else [few]
+        for group in groups:
+            if not group:
+                continue
+            highlighted = self._highlighted_counts([terms[p] for p in group], first, last)
             for entry_id, counts in highlighted:
                 candidate = candidates.get(entry_id)
                 if candidate is not None:
-                    for position, count in zip(few, counts, strict=True):
+                    for position, count in zip(group, counts, strict=True):
                         candidate.counts[position] = count
         for position, term in enumerate(terms):
             if found[term] <= HIGHLIGHT_TF_MAX:
@@ -1030,8 +1043,8 @@ _MARKED_WORD = re.compile(f"{MATCH_OPEN}([^{MATCH_CLOSE}]*){MATCH_CLOSE}")
 class _Matcher:
     """FTS5's tokenizer (TOKENIZE) on a private in-memory table: which of a
     question's terms a word matches, and the highlight of a text holding a NUL
-    byte. It holds only what one search puts in it, and only for that search;
-    its callers hold the index's lock."""
+    byte. What a search puts in it is never committed (rolled back when read),
+    so it is empty between searches; its callers hold the index's lock."""
 
     def __init__(self) -> None:
         self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
@@ -1040,37 +1053,40 @@ class _Matcher:
     def close(self) -> None:
         self._conn.close()
 
-    def _hold(self, texts: list[str]) -> None:
-        self._conn.execute("DELETE FROM words")
-        self._conn.executemany("INSERT INTO words (rowid, text) VALUES (?, ?)", enumerate(texts))
+    @contextlib.contextmanager
+    def _holding(self, texts: list[str]) -> Iterator[sqlite3.Connection]:
+        # One transaction, rolled back: no segment is written (a commit per
+        # search cost three times as much), and nothing stays.
+        self._conn.execute("BEGIN")
+        try:
+            self._conn.executemany(
+                "INSERT INTO words (rowid, text) VALUES (?, ?)", enumerate(texts)
+            )
+            yield self._conn
+        finally:
+            self._conn.execute("ROLLBACK")
 
     def terms_of(self, words: Iterable[str], terms: list[str]) -> dict[str, list[int]]:
         """For each of ``words``, the positions in ``terms`` of the terms it matches."""
         listed = sorted(words)
         which: dict[str, list[int]] = {word: [] for word in listed}
-        self._hold(listed)
-        try:
+        with self._holding(listed) as conn:
             for position, term in enumerate(terms):
-                for (row,) in self._conn.execute(
+                for (row,) in conn.execute(
                     "SELECT rowid FROM words WHERE words MATCH ?", (fts_expression([term]),)
                 ):
                     which[listed[row]].append(position)
-        finally:
-            self._hold([])
         return which
 
     def highlight(self, text: str, expression: str) -> Highlighted:
         """``text`` with the matches of ``expression`` marked, as FTS5 marks the
         stored entry; a NUL byte (which FTS5 reads as a separator but cannot
         print) is read as the separator it is, and kept in the text."""
-        self._hold([text.replace("\x00", " ")])
-        try:
-            row = self._conn.execute(
+        with self._holding([text.replace("\x00", " ")]) as conn:
+            row = conn.execute(
                 "SELECT highlight(words, 0, ?, ?) FROM words WHERE words MATCH ?",
                 (MATCH_OPEN, MATCH_CLOSE, expression),
             ).fetchone()
-        finally:
-            self._hold([])
         spans = split_highlight(row[0]).spans if row is not None else ()
         return Highlighted(text, spans)
 

@@ -802,13 +802,19 @@ _SHORT = "zorblat zorblat zorblat noted"
 _TEXTS = [_DUMP, _SHORT, "a zorblat here", "nothing else"]
 
 
+@pytest.mark.parametrize("passes", ["one for all words", "one per word"])
 def test_an_entry_holding_a_nul_byte_is_scored_with_its_real_word_count(
-    ws: AgentWorkspace, state_dir: Path
+    ws: AgentWorkspace, state_dir: Path, monkeypatch: pytest.MonkeyPatch, passes: str
 ) -> None:
     """review r8recall F1: a word's count was read as (length(highlight) -
     length(text)) / 2, but SQLite's length() stops at a NUL and highlight()
     leaves out the text from a NUL to the next match: the dump got a count of
-    hundreds for one occurrence and outranked the entry holding the word most."""
+    hundreds for one occurrence and outranked the entry holding the word most.
+    Both ways of counting a question's rare words are forced."""
+    import memd.recall.index as index_module
+
+    one_pass = 0 if passes == "one for all words" else 10**9
+    monkeypatch.setattr(index_module, "ONE_PASS_TOKENS", one_pass, raising=False)
     alpha = ws.create_agent("alpha")
     for text in _TEXTS:
         append_entry(alpha.memory, "Human", text)
@@ -914,3 +920,33 @@ def test_a_removed_agent_leaves_no_name_in_the_index(ws: AgentWorkspace, state_d
         service.stop()
     data = _db_bytes(state_dir, ws)
     assert b"zeldafrobnicate" not in data and b"oldorphan" not in data
+
+
+def test_rare_words_counted_in_one_pass_score_as_counted_one_by_one(
+    ws: AgentWorkspace, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review r8recall F3: counted in one highlight() per entry, each matched word
+    counts for every question word FTS5 stems alike ("filed", "filing", "files"),
+    case and accents folded, as when each word is counted on its own."""
+    import memd.recall.index as index_module
+
+    alpha = ws.create_agent("alpha")
+    for text in (
+        "Filed the report, filing it twice; files FILED",
+        "the café report was filed",
+        "cafe cafés Café naïve naive",
+        "nothing here",
+    ):
+        append_entry(alpha.memory, "Human", text)
+    question = "filed filing files café cafe naive report"
+
+    def scored(one_pass: int) -> list[tuple[str, float, tuple[tuple[int, int], ...]]]:
+        monkeypatch.setattr(index_module, "ONE_PASS_TOKENS", one_pass)
+        with RecallIndex.open(state_dir, ws.root) as index:
+            index.sync_agent(alpha)
+            hits = index.search("alpha", question, limit=10)
+        return [(hit.text, hit.score, hit.matches) for hit in hits]
+
+    one_by_one = scored(10**9)
+    assert len(one_by_one) == 3
+    assert scored(0) == one_by_one
