@@ -927,3 +927,10 @@ def test_a_memory_md_symlink_out_of_the_agent_folder_is_not_sent(seeded: Path) -
         "ADA-OWN" in str(row.get("content")) for row in wiring.conversation.conversation_history
     )
     wiring.close()
+
+
+@pytest.mark.parametrize("hold_s", [float("nan"), -1.0, float("inf"), "60", True])
+def test_a_hold_that_is_no_number_of_seconds_is_refused(tmp_path: Path, hold_s: object) -> None:
+    """NaN compares false with every deadline: a hold bounded by it never ends."""
+    with pytest.raises(AttachError, match=r"^hold_s=.*: give a number of seconds, 0 or more"):
+        memd_swarms.attach(FakeAgent(tmp_path), hold_s=hold_s)  # type: ignore[arg-type]

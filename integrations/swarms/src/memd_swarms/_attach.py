@@ -74,6 +74,9 @@ def attach(
         return agent
     conversation = _conversation_of(agent)
     name = str(getattr(agent, "agent_name", "agent"))
+    if isinstance(hold_s, bool) or not isinstance(hold_s, (int, float)) or not 0 <= hold_s < 1e9:
+        # NaN compares false with everything: a wait bounded by it is unbounded.
+        raise AttachError(f"hold_s={hold_s!r}: give a number of seconds, 0 or more (0: never)")
     memory_path = getattr(conversation, "memory_md_path", None)
     if not memory_path:
         raise AttachError(
