@@ -690,7 +690,16 @@ def test_status_beside_a_daemon_shows_a_compact_now_compaction(tmp_path: Path) -
                 break
             time.sleep(0.3)
         assert row["source"] == "daemon" and row["last_compaction_at"] is not None, row
-        time.sleep(2.0)  # the daemon counts the new file and flushes its own row
-        again = json.loads(_memd_cli("status", "alpha", "--json", *args, home=tmp_path).stdout)
+        # A turn after the compaction: the daemon counts it and flushes its own row,
+        # which knows no compaction of its own; the row must keep compact-now's.
+        append_entry(memory, "Human", "one more turn after the compaction")
+        expected = TokenCounter("cl100k_base").count_text(memory.read_text(encoding="utf-8"))
+        again: dict[str, object] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and again.get("tokens") != expected:
+            time.sleep(0.3)
+            shown = _memd_cli("status", "alpha", "--json", *args, home=tmp_path)
+            again = json.loads(shown.stdout)
+        assert again["tokens"] == expected, again
         assert again["last_compaction_at"] == row["last_compaction_at"], again
         assert daemon.stop() == 0
