@@ -207,20 +207,21 @@ def describe_holder(record: bytes) -> str | None:
     """``memd run, pid 41 on host h since 2026-12-03T06:40:01Z`` from a holder
     record; None when the record names no one (empty, an older memd, garbled)."""
     fields = _holder_fields(record)
-    if fields is None:
-        return None
+    return None if fields is None else _described(fields)
+
+
+def _described(fields: dict[str, str]) -> str:
     where = f" on host {fields['host']}" if fields.get("host") else ""
     since = f" since {fields['since']}" if fields.get("since") else ""
     return f"{fields['command']}, pid {fields['pid']}{where}{since}"
 
 
-def _gone_from_this_host(record: bytes) -> bool:
+def _gone_from_this_host(fields: dict[str, str]) -> bool:
     """Whether the record's holder was on this host and runs no more: a holder
     killed before it let go left its record, and the lock is now held by one that
     wrote none (an older memd, a failed write). Naming the dead pid would send an
     operator to stop whatever has that pid now."""
-    fields = _holder_fields(record)
-    if fields is None or fields.get("host") != _this_host():
+    if fields.get("host") != _this_host():
         return False
     try:
         os.kill(int(fields["pid"]), 0)
@@ -300,12 +301,12 @@ def _write_holder(fd: int) -> None:
 
 def _read_holder(fd: int) -> str | None:
     try:
-        record = os.pread(fd, _HOLDER_MAX_BYTES, 0)
+        fields = _holder_fields(os.pread(fd, _HOLDER_MAX_BYTES, 0))
     except OSError:
         return None
-    if _gone_from_this_host(record):
+    if fields is None or _gone_from_this_host(fields):
         return None
-    return describe_holder(record)
+    return _described(fields)
 
 
 def _open_private(path: Path, flags: int, dir_fd: int | None) -> int:
