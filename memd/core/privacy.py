@@ -164,7 +164,12 @@ def _canonical(kind: str, value: str) -> str:
     or escaped (``p"w\\d`` as written and ``p\\"w\\\\d`` in a JSON string are one)."""
     if kind in _DIGITS_ONLY:
         return "".join(char for char in value if char.isalnum())
-    return _WHITESPACE_RE.sub("", _QUOTE_PREFIX_RE.sub("", _json_unescaped(value)))
+    value = _json_unescaped(value)
+    if kind != "private_key":
+        # A space is part of a password ("Winter 2024!" is not Winter2024!); only a
+        # key block is re-wrapped (and quoted with "> ") from one copy to the next.
+        return value
+    return _WHITESPACE_RE.sub("", _QUOTE_PREFIX_RE.sub("", value))
 
 
 # A JSON string's escapes a secret's value may hold: \", \\, \/ and \uXXXX.
@@ -228,7 +233,7 @@ class Redactor:
         kinds = Counter(span.kind for span in spans)
         if spans:
             text = replace_spans(
-                text, spans, lambda span, value: self.placeholder(span.kind, value)
+                text, spans, lambda span, value: self.placeholder(span.kind, span.shown or value)
             )
         if known:
             kind_of = {value: kind for kind, value in known}
@@ -262,7 +267,11 @@ class Redactor:
             value = span.value(text)
             # Found inside escaped JSON, a value holds its escapes (\\u00c4 too);
             # a model writes it plainly or less deep: each form is searched for.
-            for form in dict.fromkeys(_json_unescape_levels(value)):
+            # A shell-escaped password (-p"Pa\\$word1") as its program got it too.
+            forms = _json_unescape_levels(value)
+            if span.shown is not None:
+                forms += _json_unescape_levels(span.shown)
+            for form in dict.fromkeys(forms):
                 if _worth_searching(form):
                     found[(span.kind, form)] = None
         return tuple(found)

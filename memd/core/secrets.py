@@ -33,7 +33,7 @@ import bisect
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 Category = Literal["credential", "pii"]
@@ -73,9 +73,17 @@ class Span:
     end: int
     kind: str
     category: Category = "credential"
+    # The secret as its program gets it, when that differs from how it is written:
+    # a shell-escaped command-line password (-p"Pa\\$word1" is Pa$word1).  The
+    # placeholder and the search of a reply key on this form.
+    shown: str | None = field(default=None, compare=False)
 
     def value(self, text: str) -> str:
         return text[self.start : self.end]
+
+    def secret(self, text: str) -> str:
+        """The secret itself: ``shown`` if set, else as written."""
+        return self.shown if self.shown is not None else self.value(text)
 
 
 Validator = Callable[[str], bool]
@@ -215,6 +223,10 @@ _ASSIGN_KEYS: Final = (
 # .env names for passwords the keys above miss: PGPASSWORD, HTPASSWD (no "_"
 # before PASSWORD/PASSWD).  Upper case only: in prose these are ordinary words.
 _ENV_ASSIGN_KEYS: Final = r"\b(?:[A-Z0-9]+_)*[A-Z0-9]+PASS(?:WORD|WD)\b"
+# camelCase keys: rootPassword (Helm's --set auth.rootPassword=…), adminPassword,
+# webhookSecret, botToken.  The capital after a lower-case letter or digit is
+# where the key word starts: no "\b" nor "_" stands there.
+_CAMEL_ASSIGN_KEYS: Final = r"(?<=[a-z0-9])(?:Pass(?:word|wd|phrase)|Secret|Token)\b"
 # SMTP_PASS, ADMIN_PW: PASS/PW only as the last part after a "_".  Code names
 # passes and limits the same way (RENDER_PASS = RenderPass.OPAQUE, NUM_PASS =
 # 100000): see _short_pass_assignment for which shapes count.
@@ -361,6 +373,8 @@ _OPTION_TOOLS: Final[Mapping[str, _Options]] = {
     "ncftp": _Options(frozenset(["-p"])),
     "ncftpget": _Options(frozenset(["-p"])),
     "ncftpput": _Options(frozenset(["-p"])),
+    # redis-server --requirepass PW (a compose file's command:), --masterauth PW.
+    "redis-server": _Options(frozenset(["--requirepass", "--masterauth"])),
     # rclone --sftp-pass PW, --webdav-password=PW, --s3-secret-access-key KEY.
     "rclone": _Options(
         long=re.compile(r"--(?!ask-)[a-z0-9-]+-(?:pass|password|secret-access-key|client-secret)")
@@ -552,7 +566,8 @@ _SHELL_PIECE: Final = re.compile(
     rf"|(?P<string_end>{_STRING_END})"
     r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)\""
     r"|'(?P<sq>[^'\n]*)'"
-    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)[ \t]*)"
+    # A line continued: bash's backslash, PowerShell's backtick, before a newline.
+    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n|`\r?\n|`\\n|`\\r\\n)[ \t]*)"
     r"|(?P<end>\\[nr]|[\n\r|;&()`])"
     r"|(?P<sep>[ \t]+|\\t|\\(?:\\\\){0,3}\"|[<>])"
     r"|\\(?P<escaped>.)"
@@ -563,9 +578,19 @@ _SHELL_PIECE: Final = re.compile(
 _SHELL_WORD: Final = re.compile(
     rf"(?:{_PLAIN}|(?!{_STRING_END})(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*')|\\[^nrt\"\r\n\\])+"
 )
+# A word that is an option's name, not a password starting with "-": -keystore,
+# --batch, -c (a password has a digit or a sign too).
+_OPTION_WORD: Final = re.compile(r"--?[A-Za-z][A-Za-z-]*(?:=.*)?", re.DOTALL)
+# A redirection's file descriptor, glued to its "<" or ">".
+_FD: Final = re.compile(r"\d{1,2}")
 _DQ_ESCAPE: Final = re.compile(r"\\([\"\\$`])")
 _ARGV_ITEM: Final = re.compile(r"\s*,\s*(?:\"((?:[^\"\\\n]|\\.)*)\"|'((?:[^'\\\n]|\\.)*)')")
 _ARGV_START: Final = re.compile(r"[\"']\s*,")
+
+
+# A password found on a command line: its source span, and its value as the
+# program gets it (mysql -p"Pa\\$word1" gives it Pa$word1).
+_Found = tuple[int, int, str]
 
 
 @dataclass(slots=True)
@@ -595,19 +620,23 @@ class _Word:
         self.where.append(start)
         self.ends.append(end)
 
-    def tail(self, offset: int) -> tuple[int, int] | None:
-        """The source span of ``value[offset:]`` when it is a password."""
-        if offset >= len(self.chars) or not _command_value(self.value[offset:]):
+    def tail(self, offset: int) -> _Found | None:
+        """The source span of ``value[offset:]`` when it is a password, and the
+        password as the program gets it (its quotes and escapes undone)."""
+        # A value glued to its option (-pflag, -p'then!') is no word of prose.
+        value = self.value[offset:]
+        if offset >= len(self.chars) or not _command_value(value, prose=offset == 0):
             return None
-        return self.where[offset], self.ends[-1]
+        return self.where[offset], self.ends[-1], value
 
-    def part(self, start: int, stop: int) -> tuple[int, int] | None:
-        """The source span of ``value[start:stop]`` when it is a password."""
+    def part(self, start: int, stop: int) -> _Found | None:
+        """The source span of ``value[start:stop]`` when it is a password, and the
+        password as the program gets it."""
         if not 0 <= start < stop <= len(self.chars):
             return None
-        if not _command_value(self.value[start:stop]):
+        if not _command_value(self.value[start:stop], prose=start == 0):
             return None
-        return self.where[start], self.ends[stop - 1]
+        return self.where[start], self.ends[stop - 1], self.value[start:stop]
 
 
 # mysqlsh's connection string, user:password@host (no scheme: a URL's is the
@@ -648,13 +677,56 @@ _PROSE_AFTER_OPTION: Final = frozenset(
 )
 
 
-def _command_value(value: str) -> bool:
+# What prose that names a command without its password puts where a positional
+# password would stand ("checked it with net user svc_backup today", "the CI
+# asks for vault login please"): net user's and vault login's are read by
+# position alone, no option before them says a password follows.
+_PROSE_AT_COMMAND_END: Final = frozenset(
+    [
+        "today",
+        "yesterday",
+        "tomorrow",
+        "now",
+        "again",
+        "once",
+        "twice",
+        "too",
+        "also",
+        "please",
+        "first",
+        "later",
+        "earlier",
+        "instead",
+        "here",
+        "there",
+        "manually",
+        "successfully",
+        "before",
+        "after",
+        "anyway",
+        "already",
+        "yet",
+        "works",
+        "worked",
+        "fails",
+        "failed",
+    ]
+)
+
+
+def _prose_word(value: str) -> bool:
+    """Whether a positional password ``value`` is a word of prose instead."""
+    return value.rstrip(".,:;!?") in _PROSE_AT_COMMAND_END
+
+
+def _command_value(value: str, *, prose: bool = True) -> bool:
     """An argument that is a password, not a stand-in for one: ``$DB_PASS``,
-    ``$(cat pw)``, ``<password>``, ``****``, ``{{ pw }}``, nor a word of prose
-    about the option (``the sshpass -p option``)."""
+    ``$(cat pw)``, ``<password>``, ``****``, ``{{ pw }}``, nor (when it is a
+    word of its own, ``prose``) a word of prose about the option (``the
+    sshpass -p option``)."""
     if len(value) < 3 or value.startswith(("$", "<", "{{", "[REDACTED:", "%(")):
         return False
-    if value.rstrip(".,:;!?") in _PROSE_AFTER_OPTION:
+    if prose and value.rstrip(".,:;!?") in _PROSE_AFTER_OPTION:
         return False
     # Only backslashes and quotes: the escapes of a quote in JSON inside JSON
     # (the \\\ read from -p\\\\\\\"pw\\\\\\\" three levels down, where the raw
@@ -676,7 +748,7 @@ class _ToolArguments:
         self.command: str | None = None
         # A word that is the password unless another word follows it in the
         # command (redis-cli AUTH PW, AUTH USER PW): found when the command ends.
-        self.held: tuple[int, int] | None = None
+        self.held: _Found | None = None
         if tool == "env":
             self.pending = "value"
 
@@ -684,7 +756,7 @@ class _ToolArguments:
     def wants_value(self) -> bool:
         return self.pending is not None
 
-    def feed(self, word: _Word) -> tuple[int, int] | None:
+    def feed(self, word: _Word) -> _Found | None:
         value = word.value
         pending, self.pending = self.pending, None
         if pending == "user":  # curl -u alice:pw; "-u alice" alone prompts
@@ -710,6 +782,12 @@ class _ToolArguments:
             return word.tail(5) if value.startswith("pass:") else None
         if pending == "optional" and not value.startswith("-"):
             return word.tail(0)  # mongosh -p pw; "-p" before an option prompts
+        if pending == "table":
+            # keytool -storepass -keypass (prose naming both) takes no password, but
+            # these options always take one: -Xq7#vLp2 is a password, not an option.
+            if value in _OPTION_TOOLS[self.program].valued or _OPTION_WORD.fullmatch(value):
+                return None
+            return word.tail(0)
         if pending == "auth":  # redis-cli AUTH [USER] PW
             self.held = word.tail(0)
             self.pending = "auth_password"
@@ -858,14 +936,14 @@ class _ToolArguments:
                     return word.tail(0)
         return None
 
-    def _user_password_host(self, word: _Word, offset: int) -> tuple[int, int] | None:
+    def _user_password_host(self, word: _Word, offset: int) -> _Found | None:
         """mysqlsh root:pw@db:3306, its --uri too."""
         if "://" in word.value:
             return None
         found = _USER_PASSWORD_HOST.fullmatch(word.value, offset)
         return None if found is None else word.part(*found.span(1))
 
-    def _redis_command(self, word: _Word) -> tuple[int, int] | None:
+    def _redis_command(self, word: _Word) -> _Found | None:
         """redis-cli's command, after its options: AUTH [USER] PW, CONFIG SET
         requirepass PW (or masterauth), ACL SETUSER NAME on '>PW'."""
         value = word.value
@@ -891,7 +969,7 @@ class _ToolArguments:
                 return word.tail(1)  # a password given to (or taken from) a user
         return None
 
-    def _openssl(self, word: _Word) -> tuple[int, int] | None:
+    def _openssl(self, word: _Word) -> _Found | None:
         """openssl's password options, as its parser reads them: one or two
         dashes, the value after a space or an "=" (-passout=pass:pw, --passin
         pass:pw); enc's -k PW; and passwd's own arguments (openssl passwd -6 PW)."""
@@ -917,9 +995,7 @@ class _ToolArguments:
             return None
         return word.tail(0) if self.command == "passwd" else None
 
-    def _short_option(
-        self, word: _Word, options: str, flags: frozenset[str]
-    ) -> tuple[int, int] | None:
+    def _short_option(self, word: _Word, options: str, flags: frozenset[str]) -> _Found | None:
         """A short option whose value is the rest of the word or the next word,
         maybe bundled after options that take none: -w pw, -wpw, -xw pw."""
         value = word.value
@@ -935,7 +1011,7 @@ class _ToolArguments:
                 return None
         return None
 
-    def _net_use(self, word: _Word) -> tuple[int, int] | None:
+    def _net_use(self, word: _Word) -> _Found | None:
         """net use [DEVICE] \\\\host\\share PASSWORD [/user:NAME]: the word after
         the share is the password (* prompts).  Without a share first (net use
         Z: /delete, "the net use of …") nothing is."""
@@ -951,21 +1027,24 @@ class _ToolArguments:
         self.tool = None
         return word.tail(0)
 
-    def _net_user(self, word: _Word) -> tuple[int, int] | None:
+    def _net_user(self, word: _Word) -> _Found | None:
         """net user NAME PW [/add]: the second word is the password (* prompts)
         when no third follows it ("net user alice" shows the account; prose
         that names the command goes on with more words)."""
         if word.value.startswith("/") and not word.value.startswith("//"):
             return None  # /add, /domain, /active:yes
+        if word.value == "}":
+            self.tool = None  # a PowerShell script block's end: { net user NAME PW }
+            return None
         self.positional += 1
         if self.positional == 2:
-            self.held = word.tail(0)
+            self.held = None if _prose_word(word.value) else word.tail(0)
         elif self.positional > 2:
             self.held = None
             self.tool = None
         return None
 
-    def _table_option(self, word: _Word) -> tuple[int, int] | None:
+    def _table_option(self, word: _Word) -> _Found | None:
         """An option of ``_OPTION_TOOLS``' entry for the program that takes a password."""
         options = _OPTION_TOOLS[self.program]
         value = word.value
@@ -975,14 +1054,14 @@ class _ToolArguments:
         if name in options.valued or (options.long is not None and options.long.fullmatch(name)):
             if equals:
                 return word.tail(len(name) + 1)
-            self.pending = "optional"  # a value; an option right after it is none
+            self.pending = "table"  # a value; the tool's own option right after it is none
             return None
         for prefix in options.glued:
             if value.startswith(prefix) and len(value) > len(prefix):
                 return word.tail(len(prefix))
         return None
 
-    def _rabbitmqctl(self, word: _Word) -> tuple[int, int] | None:
+    def _rabbitmqctl(self, word: _Word) -> _Found | None:
         """rabbitmqctl add_user NAME PW, change_password NAME PW."""
         value = word.value
         if value.startswith("-"):
@@ -999,7 +1078,7 @@ class _ToolArguments:
                 return word.tail(0)
         return None
 
-    def _vault_login(self, word: _Word) -> tuple[int, int] | None:
+    def _vault_login(self, word: _Word) -> _Found | None:
         """vault login [-flags] TOKEN: the first word that is no flag nor an auth
         method's key=value (password=… is the assignment rule's) is the token."""
         value = word.value
@@ -1010,9 +1089,9 @@ class _ToolArguments:
         if "=" in value:
             return None
         self.tool = None
-        return word.tail(0)
+        return None if _prose_word(value) else word.tail(0)
 
-    def _curl_short_options(self, word: _Word) -> tuple[int, int] | None:
+    def _curl_short_options(self, word: _Word) -> _Found | None:
         """curl's short options, bundled the way agents write them: ``-u alice:pw``,
         ``-ualice:pw``, ``-su alice:pw``, ``-sSLu alice:pw``, ``-kualice:pw``.  The
         bundle is read up to the first option that takes a value (``-sHu`` is
@@ -1052,10 +1131,13 @@ _CURL_FORM_OPTIONS: Final[Mapping[str, str]] = {
 }
 # A form field's name that says its value is a credential: password, user[password],
 # db_pass, api_key, token.
-_FORM_KEY: Final = re.compile(rf"(?:[\w-]*\[)?(?i:(?:[A-Za-z0-9]+[_-])*(?:{_ASSIGN_KEYS}|pass))\]?")
+_FORM_KEY: Final = re.compile(
+    rf"(?:[\w-]*\[)?(?:(?i:(?:[A-Za-z0-9]+[_-])*(?:{_ASSIGN_KEYS}|pass))"
+    rf"|[A-Za-z0-9]*{_CAMEL_ASSIGN_KEYS})\]?"
+)
 
 
-def _form_password(word: _Word, offset: int, kind: str) -> tuple[int, int] | None:
+def _form_password(word: _Word, offset: int, kind: str) -> _Found | None:
     """The credential in form data ``word.value[offset:]``: the value of the
     first field named like one, to the next "&" (urlencode's and a multipart
     field's to the word's end)."""
@@ -1085,7 +1167,7 @@ _ORACLE_LOGON: Final = re.compile(r"(?i:userid=)?[A-Za-z_][\w$#]*/([^\s/@]+)(?:@
 _IMPACKET_USER: Final = re.compile(r"(?:(?P<domain>[^\s/:@]+)/)?[^\s/:@]+:")
 
 
-def _impacket_password(word: _Word) -> tuple[int, int] | None:
+def _impacket_password(word: _Word) -> _Found | None:
     """The password in impacket's target: domain/user:pw@host, user:pw@host, and
     domain/user:pw alone (GetUserSPNs.py)."""
     value = word.value
@@ -1197,6 +1279,15 @@ _NAMING_OPTION: Final = re.compile(
 )
 
 
+# Wrappers that run a program (the tool after their flags), and their boolean
+# flags named like naming options: flatpak-spawn --host, unshare --net, nsenter
+# --net (--net=FILE takes one), bwrap --unshare-net, systemd-run --user.
+_WRAPPER: Final = re.compile(
+    r"(?<![\w.-])(?:flatpak-spawn|unshare|nsenter|bwrap|systemd-run|firejail)[\"']?[\s,]"
+)
+_WRAPPER_BOOLEAN: Final = re.compile(r"host|net|user|(?:unshare|share)-[a-z]+|net-[a-z]+", re.I)
+
+
 def _names_an_option_value(text: str, match: re.Match[str]) -> bool:
     """Whether the tool's name ``match`` is in the value of the long option before it."""
     window = max(0, match.start() - 120)
@@ -1205,8 +1296,13 @@ def _names_an_option_value(text: str, match: re.Match[str]) -> bool:
     before = _LONG_OPTION_BEFORE.search(text, window, match.start())
     if before is None:
         return False
-    if before.group("equals") is None and not _NAMING_OPTION.fullmatch(before.group("option")):
-        return False
+    if before.group("equals") is None:
+        option = before.group("option")
+        if not _NAMING_OPTION.fullmatch(option):
+            return False
+        if _WRAPPER_BOOLEAN.fullmatch(option) and _WRAPPER.search(text, window, before.start()):
+            return False  # flatpak-spawn --host mysql …: a flag, then the program
+
     return before.group("item") is None or _BARE_ITEM_REST.match(text, match.end()) is not None
 
 
@@ -1234,7 +1330,7 @@ class _CommandScanner:
         # An assignment (SSHPASS=…) names no tool: its value is glued to it.
         self.tool_ending_at = {m.end(): m for m in self.tools if m.lastgroup != "env"}
         self.env_starting_at = {m.start(): m for m in self.tools if m.lastgroup == "env"}
-        self.found: list[tuple[int, int]] = []
+        self.found: list[_Found] = []
         self.skip_to = 0
         self.skipped_tool: re.Match[str] | None = None
 
@@ -1393,6 +1489,8 @@ class _CommandScanner:
                 before = arguments
                 if redirect and word.where:
                     redirect = False
+                elif kind == "sep" and text[position] in "<>" and _FD.fullmatch(word.value):
+                    pass  # 2>&1, 1>nul: the digits are the redirection's descriptor
                 else:
                     arguments = self._take(arguments, word)
                 redirect = redirect or (kind == "sep" and text[position] in "<>")
@@ -1412,8 +1510,8 @@ def _command_password_spans(text: str, lowered: str) -> Iterable[Span]:
         return
     scanner = _CommandScanner(text, lowered)
     scanner.scan(0, len(text))
-    for start, end in scanner.found:
-        yield Span(start, end, "password")
+    for start, end, value in scanner.found:
+        yield Span(start, end, "password", shown=None if value == text[start:end] else value)
 
 
 # PowerShell's string: quoted (a quote JSON escaped, \", is no quote of its own:
@@ -1440,16 +1538,19 @@ def _sql_password(match: re.Match[str]) -> bool:
     return _SQL_BEFORE_PASSWORD.search(match.string, max(0, start - 120), start) is not None
 
 
-# What stands before redis-cli's ">": host:port, [ipv6]:port, a database's
-# [n], and old versions' "redis " before it.
+# What stands before redis-cli's ">" (cliRefreshPrompt in redis-cli.c): host:port,
+# [ipv6]:port, or "redis /path.sock" when connected over a unix socket (-s), and
+# old versions' "redis " before host:port; then a database's [n] and, in MULTI,
+# "(TX)".
 _REDIS_PROMPT: Final = re.compile(
-    r"(?<![\w.:\[\]-])(?:redis[ \t]+)?(?:[\w.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}(?:\[\d{1,5}\])?\Z"
+    r"(?<![\w.:\[\]-])(?:(?:redis[ \t]+)?(?:[\w.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}"
+    r"|redis[ \t]+/[^\s>]{1,200})(?:\[\d{1,5}\])?(?:\(TX\))?\Z"
 )
 
 
 def _after_redis_prompt(match: re.Match[str]) -> bool:
     start = match.start()
-    return _REDIS_PROMPT.search(match.string, max(0, start - 80), start) is not None
+    return _REDIS_PROMPT.search(match.string, max(0, start - 240), start) is not None
 
 
 def _starts_a_key(match: re.Match[str]) -> bool:
@@ -1638,11 +1739,12 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
         hints=("identified",),
     ),
     # redis-cli's interactive prompt in a transcript: 127.0.0.1:6379> AUTH [USER] PW
-    # (also [::1]:6379[2]>, "redis host:port>"), and CONFIG SET requirepass PW.
+    # (also [::1]:6379[2]>, "redis host:port>", "redis /tmp/redis.sock>", a
+    # MULTI's "(TX)>"), and CONFIG SET requirepass PW.
     Rule(
         "password",
         _rx(
-            r">(?:(?<=\d>)|(?<=\]>))[ \t]*"
+            r">(?:(?<=\w>)|(?<=\]>)|(?<=\)>))[ \t]*"
             r"(?i:auth[ \t]+(?:[^\s\"'>]{1,200}[ \t]+)?"
             r"|config[ \t]+set[ \t]+(?:requirepass|masterauth)[ \t]+)"
             # (A bare one does not run into a JSON string's escaped newline.)
@@ -1710,7 +1812,10 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     # password=…, "api_key": "…", SECRET_KEY: …, export GITHUB_TOKEN=…
     Rule(
         "password",
-        _rx(rf"(?:(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)|{_ENV_ASSIGN_KEYS})" + _ASSIGNED),
+        _rx(
+            rf"(?:(?i:\b(?:[A-Z0-9]+_)*(?:{_ASSIGN_KEYS})\b)|{_ENV_ASSIGN_KEYS}|{_CAMEL_ASSIGN_KEYS})"
+            + _ASSIGNED
+        ),
         group=1,
         validate=_assigned_value,
         hints=("pass", "pwd", "secret", "token", "key", "credential"),
@@ -1960,14 +2065,18 @@ def _spans_with_escapes_undone(text: str, rules: Sequence[Rule]) -> Iterable[Spa
         levels.append(unescaped)
         for span in _spans_of(view, rules):
             start, end = span.start, span.end
+            shown = span.shown
             for level_view, undone in reversed(levels):
-                end = _within_escaped_string(level_view, undone, start, end)
+                cut = _within_escaped_string(level_view, undone, start, end)
+                if cut != end:
+                    shown = None  # what was read on past the string is no password
+                end = cut
                 # A view character's source starts after one extra character per
                 # escape before it, its backslash included when it is an escape itself.
                 start += bisect.bisect_left(undone, start)
                 end += bisect.bisect_left(undone, end)
             if start < end:
-                yield Span(start, end, span.kind, span.category)
+                yield Span(start, end, span.kind, span.category, shown)
 
 
 def _within_escaped_string(view: str, undone: list[int], start: int, end: int) -> int:

@@ -315,3 +315,46 @@ def test_a_secret_written_raw_and_json_escaped_gets_one_placeholder(
     # A reply that repeats the value (found in the turns) gets the same placeholder.
     known = redactor.values_in(once)
     assert PLACEHOLDER_RE.findall(redactor.redact(f"use {password} now", known).text) == found[0]
+
+
+# Session 8 review (r8secrets): shell-escaped passwords and spaced ones.
+# r8secrets F7.
+@pytest.mark.parametrize(
+    ("turns", "reply"),
+    [
+        ('ran: mysql -uroot -p"Pa\\$word1" appdb', "| appdb | root | Pa$word1 |"),
+        ("ran: sshpass -p 'it'\\''s-s3cret' ssh h", "ssh creds: (it's-s3cret)"),
+        ("ran: psexec \\\\srv -u admin -p Pa\\!ssw0rd cmd", "admin / Pa!ssw0rd on srv"),
+    ],
+)
+def test_a_reply_loses_a_shell_escaped_command_password(turns: str, reply: str) -> None:
+    redactor = Redactor(KEY, pii=False)
+    scrubbed = redactor.redact(reply, redactor.values_in(turns)).text
+    assert "Pa$word1" not in scrubbed
+    assert "it's-s3cret" not in scrubbed
+    assert "Pa!ssw0rd" not in scrubbed
+
+
+def test_a_shell_escaped_password_gets_the_assignments_placeholder() -> None:
+    redactor = Redactor(KEY, pii=False)
+    text = redactor.redact('mysql -uroot -p"Pa\\$word1" appdb\nDB_PASSWORD=Pa$word1\n').text
+    first, second = text.splitlines()
+    assert first.split('"')[1] == second.removeprefix("DB_PASSWORD=")
+
+
+# r8secrets F8.
+@pytest.mark.parametrize(
+    "text",
+    [
+        'net user admin "Winter 2024!" /add\nnet user admin Winter2024! /add',
+        'psexec \\\\h -u a -p "Pa55 word" cmd\npsexec \\\\h -u a -p Pa55word cmd',
+        'curl --data-urlencode "password=correct horse battery" https://x\n'
+        "DB_PASSWORD=correcthorsebattery",
+    ],
+)
+def test_two_passwords_differing_by_a_space_get_two_placeholders(text: str) -> None:
+    redacted = Redactor(KEY, pii=False).redact(text)
+    assert redacted.count == 2
+    placeholders = [word for word in redacted.text.split() if "REDACTED" in word]
+    first, second = (p.strip("\"'").split("=")[-1] for p in placeholders)
+    assert first != second

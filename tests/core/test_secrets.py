@@ -1515,6 +1515,17 @@ def test_those_tools_and_prompts_without_a_password_are_not_flagged(text: str) -
         lambda n: "vault login -x " * n,
         lambda n: "sudo --reset-timestamp " * n + "mysql -pS3cretPw9",
         lambda n: "psexec -p " * n,
+        # r8secrets' fixes: camelCase keys, socket and MULTI prompts, continuations,
+        # redirections, wrappers' flags, table options' values.
+        lambda n: "aB" * (4 * n) + "Password",
+        lambda n: "curl -d '" + "aB" * (4 * n) + "Token=x'",
+        lambda n: "redis /" + "a" * (4 * n) + "> auth x\n",
+        lambda n: "redis /a(TX)> auth " * n,
+        lambda n: "psexec `\n" * n + "-p S3cretPw9",
+        lambda n: "net user a b 2>" * n,
+        lambda n: "flatpak-spawn --host " * n + "mysql -pS3cretPw9",
+        lambda n: "keytool -storepass " * n,
+        lambda n: "redis-server --requirepass " * n,
     ],
 )
 def test_the_new_command_and_prompt_rules_stay_linear(text_of: Any) -> None:
@@ -1583,3 +1594,144 @@ def test_find_secrets_by_context_is_linear(unit: str) -> None:
     small = seconds("see https://example.com/x " + unit * count)
     large = seconds("see https://example.com/x " + unit * 8 * count)
     assert large < 30 * small, (small, large)
+
+
+# Session 8 review (r8secrets): leaks around the latest command-line rules.
+
+
+def _caught(text: str, secret: str) -> bool:
+    """Whether ``secret`` (as written in ``text``) lies inside one reported span."""
+    at = text.index(secret)
+    return any(s.start <= at and at + len(secret) <= s.end for s in find_secrets(text))
+
+
+# r8secrets F1.
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        # Bitnami's charts document exactly this form.
+        ("helm install db bitnami/mysql --set auth.rootPassword=S3cretPw9", "S3cretPw9"),
+        ("helm upgrade pg bitnami/postgresql --set auth.postgresPassword=S3cretPw9", "S3cretPw9"),
+        ('{"username": "admin", "adminPassword": "S3cretPw9"}', "S3cretPw9"),
+        ("grafana:\n  adminPassword: S3cretPw9\n", "S3cretPw9"),
+        ('{"oldPassword": "x", "newPassword": "S3cretPw9"}', "S3cretPw9"),
+        ('{"webhookSecret": "whk-9f8e7d6c5b4a"}', "whk-9f8e7d6c5b4a"),
+        ("curl -d 'user=bob&newPassword=S3cretPw9' https://x/api", "S3cretPw9"),
+    ],
+)
+def test_a_camel_case_password_key_is_read(text: str, secret: str) -> None:
+    assert _caught(text, secret)
+
+
+# r8secrets F2.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "$ redis-cli -s /var/run/redis/redis-server.sock\n"
+        "redis /var/run/redis/redis-server.sock> AUTH S3cretPw9\nOK",
+        "redis /tmp/redis.sock[2]> AUTH default S3cretPw9\nOK",
+        "127.0.0.1:6379(TX)> CONFIG SET requirepass S3cretPw9\nQUEUED",
+    ],
+)
+def test_auth_at_every_redis_cli_prompt_is_found(text: str) -> None:
+    assert _caught(text, "S3cretPw9")
+
+
+# r8secrets F3.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "az login --service-principal `\n  -u $appId `\n  -p S3cretPw9 `\n  --tenant $tenant",
+        "psexec \\\\srv01 -u CORP\\admin `\n  -p S3cretPw9 cmd.exe",
+        "keytool -importkeystore -srckeystore a.p12 `\n  -deststorepass S3cretPw9",
+        "sqlcmd -S db01 -U sa `\n  -P S3cretPw9 -Q 'select 1'",
+    ],
+)
+def test_a_powershell_backtick_continuation_goes_on_with_the_command(text: str) -> None:
+    assert _caught(text, "S3cretPw9")
+
+
+# r8secrets F4.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "net user svc_backup S3cretPw9 /add >nul 2>&1",
+        "net user svc_backup S3cretPw9 /add 1>nul",
+        json.dumps({"command": "net user svc_backup S3cretPw9 /add >nul 2>&1"}),
+        "Invoke-Command -ComputerName srv01 -ScriptBlock { net user svc_backup S3cretPw9 /add }",
+    ],
+)
+def test_net_user_password_before_a_redirection_is_found(text: str) -> None:
+    assert _caught(text, "S3cretPw9")
+
+
+# r8secrets F5.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "flatpak-spawn --host mysql -uroot -pS3cretPw9 app",
+        "unshare --net mysql -uroot -pS3cretPw9 app",
+        "nsenter -t 4242 --net curl -u admin:S3cretPw9 http://10.0.0.5/",
+        "bwrap --ro-bind / / --unshare-net curl -u admin:S3cretPw9 http://x/",
+        "systemd-run --user mysql -uroot -pS3cretPw9",
+        json.dumps(["flatpak-spawn", "--host", "redis-cli", "-a", "S3cretPw9", "ping"]),
+    ],
+)
+def test_a_boolean_flag_named_like_a_naming_option_hides_no_tool(text: str) -> None:
+    assert _caught(text, "S3cretPw9")
+
+
+# r8secrets F6.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "psexec \\\\srv01 -u admin -p -Xq7#vLp2 cmd",
+        "keytool -genkeypair -alias a -storepass -Xq7#vLp2 -keystore k.jks",
+        "zip -P -Xq7#vLp2 out.zip report.pdf",
+        "gpg --batch --passphrase -Xq7#vLp2 -c notes.txt",
+        "mosquitto_pub -h broker -u iot -P -Xq7#vLp2 -t t -m m",
+        "evil-winrm -i 10.0.0.5 -u admin -p -Xq7#vLp2",
+    ],
+)
+def test_a_password_starting_with_a_dash_is_found(text: str) -> None:
+    # sshpass -p -Xq7#vLp2 and net user NAME -Xq7#vLp2 are found today.
+    assert _caught(text, "-Xq7#vLp2")
+
+
+# r8secrets F9.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "command: redis-server --requirepass S3cretPw9 --appendonly yes",
+        'command: ["redis-server", "--requirepass", "S3cretPw9"]',
+        "redis-server /etc/redis.conf --masterauth S3cretPw9",
+    ],
+)
+def test_redis_servers_requirepass_option_is_found(text: str) -> None:
+    assert _caught(text, "S3cretPw9")
+
+
+# r8secrets F10.
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("mysql -uroot -pflag appdb", "flag"),
+        ("7z x -pswitch backup.7z", "switch"),
+        ("sshpass -p'then!' ssh root@h", "then!"),
+    ],
+)
+def test_a_glued_password_is_never_prose(text: str, secret: str) -> None:
+    assert _caught(text, secret)
+
+
+# r8secrets F11.
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Checked the svc account with net user svc_backup today",
+        "Ran net user administrator twice",
+        "The CI asks for vault login please",
+    ],
+)
+def test_prose_naming_net_user_or_vault_login_is_not_flagged(text: str) -> None:
+    assert find_secrets(text) == []
