@@ -566,14 +566,18 @@ _SHELL_PIECE: Final = re.compile(
     rf"|(?P<string_end>{_STRING_END})"
     r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)\""
     r"|'(?P<sq>[^'\n]*)'"
-    # A line continued: bash's backslash, PowerShell's backtick, before a newline.
-    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n|`\r?\n|`\\n|`\\r\\n)[ \t]*)"
+    # A line continued (PowerShell's backtick: _POWERSHELL_CONTINUATION).
+    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)[ \t]*)"
     r"|(?P<end>\\[nr]|[\n\r|;&()`])"
     r"|(?P<sep>[ \t]+|\\t|\\(?:\\\\){0,3}\"|[<>])"
     r"|\\(?P<escaped>.)"
     # A quote never closed on its line, a backslash at the very end.
     r"|(?P<stray>[\"'\\])"
 )
+# PowerShell's line continuation, a backtick (after a space) before a newline,
+# also in a JSON string.  Tested only where _SHELL_PIECE ends a command at a
+# backtick: as one more alternative there, it slowed every piece's match.
+_POWERSHELL_CONTINUATION: Final = re.compile(r"`(?P<cont>\r?\n|\\n|\\r\\n)[ \t]*")
 # A whole word at once, for the words no rule needs to read (most of them).
 _SHELL_WORD: Final = re.compile(
     rf"(?:{_PLAIN}|(?!{_STRING_END})(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*')|\\[^nrt\"\r\n\\])+"
@@ -715,8 +719,9 @@ _PROSE_AT_COMMAND_END: Final = frozenset(
 
 
 def _prose_word(value: str) -> bool:
-    """Whether a positional password ``value`` is a word of prose instead."""
-    return value.rstrip(".,:;!?") in _PROSE_AT_COMMAND_END
+    """Whether a positional password ``value`` is a word of prose instead (what
+    closes the JSON string it ends, ``again"}``, left off)."""
+    return value.rstrip(".,:;!?\"'}]\\") in _PROSE_AT_COMMAND_END
 
 
 def _command_value(value: str, *, prose: bool = True) -> bool:
@@ -1460,6 +1465,12 @@ class _CommandScanner:
             if piece is None:
                 break
             kind = piece.lastgroup
+            if kind == "end" and text[position] == "`" and text[position - 1] in " \t":
+                # PowerShell's continuation goes on with the command (a code span's
+                # closing backtick, `vault login`, follows no space: it ends it).
+                continued = _POWERSHELL_CONTINUATION.match(text, position, high)
+                if continued is not None:
+                    piece, kind = continued, "cont"
             if kind == "string_end" and text[position] == "'" and not in_sq_string:
                 piece = _SQ_PART.match(text, position, high)
                 assert piece is not None  # its "stray" takes the quote alone

@@ -1651,6 +1651,18 @@ def test_a_powershell_backtick_continuation_goes_on_with_the_command(text: str) 
     assert _caught(text, "S3cretPw9")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Log in with `vault login`\nthe token comes from the UI",
+        "Use `sshpass -p`\nThe option is insecure; `net user alice`\nSecond line",
+    ],
+)
+def test_a_markdown_code_spans_closing_backtick_continues_no_command(text: str) -> None:
+    # PowerShell's continuation is a backtick after a space; a code span's is none.
+    assert find_secrets(text) == []
+
+
 # r8secrets F4.
 @pytest.mark.parametrize(
     "text",
