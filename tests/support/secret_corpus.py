@@ -222,6 +222,25 @@ PLANTED_EXTRA: tuple[Planted, ...] = (
     ),
     _planted("password", "0r4cle-T1ger", "sqlplus scott/{}@//db.internal:1521/orcl"),
     _planted("password", "Imp4ck3t-pw1", "impacket-psexec corp/admin:{}@10.0.4.41"),
+    # Session 8's review (r8secrets): camelCase keys, redis-cli over a socket,
+    # PowerShell's continuation, a batch file's redirections, a wrapper's boolean
+    # flag, a password starting with "-", redis-server's options.
+    _planted(
+        "password", "H3lm-R00t-Pw7", "helm install db bitnami/mysql --set auth.rootPassword={}"
+    ),
+    _planted("password", "Gr4f-Adm1n-Pw", '{{"username": "admin", "adminPassword": "{}"}}'),
+    _planted("password", "S0ck-R3d1s-Pw", "redis /run/redis/redis.sock> AUTH {}\nOK"),
+    _planted(
+        "password", "Az-B4ckt1ck-Pw", "az login --service-principal `\n  -u $appId `\n  -p {} `"
+    ),
+    _planted("password", "B4tch-N3t-Us3r", "net user svc_backup {} /add >nul 2>&1"),
+    _planted("password", "Fl4tp4k-My5ql", "flatpak-spawn --host mysql -uroot -p{} app"),
+    _planted(
+        "password", "-D4sh-K3y5t0re", "keytool -genkeypair -alias a -storepass {} -keystore k"
+    ),
+    _planted(
+        "password", "R3d1s-S3rv3r-Pw", "command: redis-server --requirepass {} --appendonly yes"
+    ),
     _planted("email", "ops+alerts@mail.example.co.uk", "Alerts go to {}.", pii=True),
     _planted("iban", "GB82 WEST 1234 5698 7654 32", "Wire it to IBAN {}.", pii=True),
 )
@@ -272,4 +291,11 @@ LOOKALIKES: tuple[str, ...] = (
     "net user alice /domain; az login --use-device-code; oc login --web https://api.ocp:6443",
     "docker run -d --hostname mysql -p3306:3306 mysql:8; sqlplus / as sysdba; 7z x -p a.7z",
     "keytool -list -keystore app.jks -storepass:env KS_PW; vault login -method=oidc",
+    # Session 8's review: camelCase names that hold no password, a socket prompt
+    # without AUTH, net user's query with redirections, a wrapper without a password,
+    # keytool's options in a row, prose naming net user.
+    '{"maxTokens": 4000, "showPassword": false, "hasSecret": true, "nextPageToken": null}',
+    "redis /run/redis/redis.sock> PING\nPONG; net user alice /domain >nul 2>&1",
+    "flatpak-spawn --host mysql -uroot -p app; keytool -storepass -keypass -keystore k.jks",
+    "Checked the svc account with net user svc_backup today; ran vault login again",
 )
