@@ -559,6 +559,10 @@ _STRING_END: Final = (
     r"\"(?=\s*(?:,\s*[\"'\[{]|[\]}]+\)*(?:[\s,]|$)))"
     r"|'(?=\s*(?:,\s+[\"'\[{]|[\]}]+\)*(?:[\s,]|$)))"
 )
+# Where a continued command's next line starts: its indent, and the "> " that
+# quotes a turn's every line in a summarizer's prompt (a command continued over
+# quoted lines is one command: -p on the third line is still mysql's).
+_QUOTED_LINE_START: Final = r"[ \t]*(?:>[ \t]*)?"
 # What a single quote is where it ends no string: a shell's quoted part.
 _SQ_PART: Final = re.compile(r"'(?P<sq>[^'\n]*)'|(?P<stray>')")
 _SHELL_PIECE: Final = re.compile(
@@ -567,7 +571,7 @@ _SHELL_PIECE: Final = re.compile(
     r"|\"(?P<dq>(?:[^\"\\\n]|\\.)*)\""
     r"|'(?P<sq>[^'\n]*)'"
     # A line continued (PowerShell's backtick: _POWERSHELL_CONTINUATION).
-    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)[ \t]*)"
+    r"|(?P<cont>(?:\\\r?\n|\\\\\\n|\\\\\\r\\\\\\n)" + _QUOTED_LINE_START + ")"
     r"|(?P<end>\\[nr]|[\n\r|;&()`])"
     r"|(?P<sep>[ \t]+|\\t|\\(?:\\\\){0,3}\"|[<>])"
     r"|\\(?P<escaped>.)"
@@ -577,7 +581,9 @@ _SHELL_PIECE: Final = re.compile(
 # PowerShell's line continuation, a backtick (after a space) before a newline,
 # also in a JSON string.  Tested only where _SHELL_PIECE ends a command at a
 # backtick: as one more alternative there, it slowed every piece's match.
-_POWERSHELL_CONTINUATION: Final = re.compile(r"`(?P<cont>\r?\n|\\n|\\r\\n)[ \t]*")
+_POWERSHELL_CONTINUATION: Final = re.compile(
+    r"`(?P<cont>(?:\r?\n|\\n|\\r\\n)" + _QUOTED_LINE_START + ")"
+)
 # A whole word at once, for the words no rule needs to read (most of them).
 _SHELL_WORD: Final = re.compile(
     rf"(?:{_PLAIN}|(?!{_STRING_END})(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*')|\\[^nrt\"\r\n\\])+"

@@ -1654,6 +1654,21 @@ def test_a_powershell_backtick_continuation_goes_on_with_the_command(text: str) 
 @pytest.mark.parametrize(
     "text",
     [
+        "> az login --service-principal `\n>   -u $appId `\n>   -p S3cretPw9 `\n> --tenant t",
+        "> mysql -u root \\\n>   -pS3cretPw9 shop",
+        "> sshpass \\\n>\t-p S3cretPw9 ssh deploy@db01",
+        '{"prompt": "> mysql -u root \\\\\\n>   -pS3cretPw9 shop"}',
+    ],
+)
+def test_a_command_continued_over_quoted_lines_goes_on(text: str) -> None:
+    # A summarizer's prompt quotes every line of a turn with "> ": the quote
+    # after a continuation starts no new command (found by the redaction test).
+    assert _caught(text, "S3cretPw9")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
         "Log in with `vault login`\nthe token comes from the UI",
         "Use `sshpass -p`\nThe option is insecure; `net user alice`\nSecond line",
     ],
