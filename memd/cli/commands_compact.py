@@ -58,6 +58,23 @@ class _SummarizingAsInvoker:
             return self._inner.summarize(request)
 
 
+def _read_summary_file(path: Path) -> str:
+    """The summary a user wrote to a file (or piped in with ``-``): memory text
+    kept off the command line, which ``ps`` shows every user of the machine."""
+    where = "stdin" if str(path) == "-" else f"summary file {str(path)!r}"
+    try:
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise typer.BadParameter(
+            f"{where} is not UTF-8 text (byte {exc.start})", param_hint="--summary-file"
+        ) from None
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot read {where}: {exc.strerror or exc}", param_hint="--summary-file"
+        ) from None
+
+
 def compact_now(
     agents: Annotated[list[str] | None, typer.Argument(help="Agent names.")] = None,
     all_agents: Annotated[
@@ -65,7 +82,19 @@ def compact_now(
     ] = False,
     summary: Annotated[
         str | None,
-        typer.Option("--summary", help="Use this text as the summary (no LLM call)."),
+        typer.Option(
+            "--summary",
+            help="Use this text as the summary (no LLM call). A command line is shown "
+            "to every user by ps: for private text use --summary-file.",
+        ),
+    ] = None,
+    summary_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--summary-file",
+            help="Use this UTF-8 file's text as the summary (no LLM call); - reads stdin.",
+            dir_okay=False,
+        ),
     ] = None,
     wait: Annotated[
         float | None,
@@ -116,6 +145,12 @@ def compact_now(
         raise typer.BadParameter("give agent names or --all, not both")
     if not all_agents and not names:
         raise typer.BadParameter("name at least one agent, or use --all")
+    if summary is not None and summary_file is not None:
+        raise typer.BadParameter("give --summary or --summary-file, not both")
+    if summary_file is not None:
+        summary = _read_summary_file(summary_file)
+        if not summary.strip():
+            raise typer.BadParameter("the summary file is empty", param_hint="--summary-file")
     if summary is not None and not summary.strip():
         raise typer.BadParameter("--summary must not be empty")
     if summarize and not dry_run:

@@ -109,6 +109,65 @@ def test_summary_flag_skips_the_llm(ws: AgentWorkspace) -> None:
     assert block.version == 2 and block.latest_archive.startswith("archive/history_")
 
 
+def test_summary_file_keeps_the_text_off_the_command_line(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    # ps shows a command line to every user: a private summary comes from a file
+    # or stdin, and is used as given, as --summary's text is.
+    text = tmp_path / "summary.txt"
+    text.write_text("Ada's home address is 4 Elm Row.\n", encoding="utf-8")
+    result = memd("compact-now", "alpha", "--workspace", str(ws.root), "--summary-file", str(text))
+    assert result.returncode == 0, result.stderr
+    block = parse_summary(parse(ws.paths("alpha").memory.read_bytes()).entries[0].summary_text)
+    assert block.body == "Ada's home address is 4 Elm Row."
+    piped = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memd",
+            "compact-now",
+            "beta",
+            "--workspace",
+            str(ws.root),
+            "--summary-file",
+            "-",
+        ],
+        input="Bo likes rain.",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "0"},
+    )
+    assert piped.returncode == 0, piped.stderr
+    block = parse_summary(parse(ws.paths("beta").memory.read_bytes()).entries[0].summary_text)
+    assert block.body == "Bo likes rain."
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "says"),
+    [
+        (b"\xff\xfeA", [], "is not UTF-8 text"),
+        (b"  \n", [], "the summary file is empty"),
+        (b"fine", ["--summary", "also"], "not both"),
+        (None, [], "cannot read summary file"),
+    ],
+)
+def test_a_bad_summary_file_is_one_line_and_changes_nothing(
+    ws: AgentWorkspace, tmp_path: Path, content: bytes | None, extra: list[str], says: str
+) -> None:
+    path = tmp_path / "summary.txt"
+    if content is not None:
+        path.write_bytes(content)
+    before = snapshot_tree(ws.root)
+    result = memd(
+        "compact-now", "alpha", "--workspace", str(ws.root), "--summary-file", str(path), *extra
+    )
+    assert result.returncode == 2
+    assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert snapshot_tree(ws.root) == before
+
+
 def test_all_agents(ws: AgentWorkspace) -> None:
     result = memd("compact-now", "--all", "--workspace", str(ws.root), "--summary", "s")
     assert result.returncode == 0, result.stderr
