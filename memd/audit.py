@@ -70,6 +70,8 @@ class AuditLog:
         self.path = path
         self.actor = actor
         self._clock = clock
+        # Why the last record() could not be written (None: it was, or no log).
+        self.last_error: str | None = None
 
     @classmethod
     def for_workspace(cls, state_dir: Path | None, workspace: Path, actor: str) -> AuditLog:
@@ -92,11 +94,13 @@ class AuditLog:
             fields=fields,
         )
         line = encode(record)
+        self.last_error = None
         if self.path is None:
             return False
         try:
             append_line(self.path, line)
         except OSError as exc:
+            self.last_error = describe_error(exc, with_file=False)
             _log.warning(
                 "cannot write the audit log",
                 audit_event=record.event,

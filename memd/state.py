@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeGuard, TypeVar
 
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
 from memd.errors import MemdError, describe_error
@@ -727,6 +727,81 @@ class SpendingRecord:
 STOPPED_DETAIL = "stopped"
 
 
+# The daemon's last reload (``state_meta`` key ``last_reload``): what ``memd
+# reload`` reads when the audit log has no answer for it (the daemon could not
+# write the log: unwritable, full). A JSON object whose ``format`` says how to
+# read it; state_meta is schema 4's, and an older memd reads only its own key
+# there, so no schema version changes. A record in a later format than this
+# memd's is not guessed at (StateError).
+LAST_RELOAD_KEY = "last_reload"
+LAST_RELOAD_FORMAT = 1
+
+
+class ReloadOutcome(NamedTuple):
+    """A reload as the daemon ``pid`` took it: begun at ``started_ns``
+    (CLOCK_MONOTONIC), applied (``ok``) or refused with ``errors`` problems,
+    the config sections it ``changed``, and why its audit record could not be
+    written (``audit_error``; None: it was)."""
+
+    pid: int
+    started_ns: int
+    ok: bool
+    errors: int | None = None
+    changed: tuple[str, ...] = ()
+    audit_error: str | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "format": LAST_RELOAD_FORMAT,
+                "pid": self.pid,
+                "started_ns": self.started_ns,
+                "ok": self.ok,
+                "errors": self.errors,
+                "changed": list(self.changed),
+                "audit_error": self.audit_error,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, value: object) -> ReloadOutcome:
+        """The record stored as ``value``; ValueError saying why it cannot be read."""
+        try:
+            data = json.loads(value if isinstance(value, bytes) else str(value))
+        except (ValueError, TypeError):
+            raise ValueError("not a JSON object") from None
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        version = data.get("format")
+        if _is_int(version) and version > LAST_RELOAD_FORMAT:
+            raise ValueError(
+                f"written by a newer memd (format {version}; this memd reads {LAST_RELOAD_FORMAT})"
+            )
+        pid, started, ok = data.get("pid"), data.get("started_ns"), data.get("ok")
+        errors, changed, audit_error = (
+            data.get("errors"),
+            data.get("changed", []),
+            data.get("audit_error"),
+        )
+        if (
+            version != LAST_RELOAD_FORMAT
+            or not _is_int(pid)
+            or not _is_int(started)
+            or not isinstance(ok, bool)
+            or not (errors is None or _is_int(errors))
+            or not isinstance(changed, list)
+            or not all(isinstance(name, str) for name in changed)
+            or not (audit_error is None or isinstance(audit_error, str))
+        ):
+            raise ValueError(f"not a format {LAST_RELOAD_FORMAT} record")
+        return cls(pid, started, ok, errors, tuple(changed), audit_error)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     pid: int
@@ -1394,6 +1469,39 @@ class StateStore:
 
         return self._run(operation)
 
+    def write_last_reload(self, outcome: ReloadOutcome) -> None:
+        """Keep ``outcome`` as the daemon's last reload (replacing the one before)."""
+
+        def operation(conn: sqlite3.Connection) -> None:
+            with self._write(conn):
+                conn.execute(
+                    "INSERT OR REPLACE INTO state_meta VALUES (?, ?)",
+                    (LAST_RELOAD_KEY, outcome.encode()),
+                )
+
+        self._run(operation)
+
+    def read_last_reload(self) -> ReloadOutcome | None:
+        """The daemon's last reload; None when none is recorded (no reload since
+        this memd, or only an older memd's daemon ran). A record that cannot be
+        read (damaged, a newer memd's format) is a StateError saying why."""
+
+        def operation(conn: sqlite3.Connection) -> object:
+            row = conn.execute(
+                "SELECT value FROM state_meta WHERE key = ?", (LAST_RELOAD_KEY,)
+            ).fetchone()
+            return None if row is None else row[0]
+
+        value = self._run(operation)
+        if value is None:
+            return None
+        try:
+            return ReloadOutcome.decode(value)
+        except ValueError as exc:
+            raise StateError(
+                f"state DB {self.path or ':memory:'}: last reload record: {exc}"
+            ) from None
+
     def clear_heartbeat(self, pid: int, now: float | None = None) -> None:
         """Mark the heartbeat stopped if ``pid`` wrote it (a daemon's clean shutdown).
 
@@ -1764,6 +1872,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "LAST_RELOAD_FORMAT",
     "SCHEMA_VERSION",
     "STOPPED_DETAIL",
     "AgentRecord",
@@ -1771,6 +1880,7 @@ __all__ = [
     "FleetTotals",
     "Heartbeat",
     "LedgerEntry",
+    "ReloadOutcome",
     "SpendingRecord",
     "StateError",
     "StateStore",

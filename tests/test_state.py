@@ -1333,3 +1333,69 @@ def test_is_memd_daemon_reads_the_process_arguments(args: list[str], expected: b
         proc.kill()
         proc.wait()
     assert memd.state.is_memd_daemon(proc.pid) is False  # gone
+
+
+def test_the_last_reload_is_kept_and_read_back(tmp_path: Path, workspace: Path) -> None:
+    from memd.state import ReloadOutcome
+
+    with StateStore.open(tmp_path / "s", workspace) as store:
+        assert store.read_last_reload() is None  # no reload yet
+        refused = ReloadOutcome(41, 1_000, ok=False, errors=2)
+        store.write_last_reload(refused)
+        assert store.read_last_reload() == refused
+        applied = ReloadOutcome(
+            41, 2_000, ok=True, changed=("trigger",), audit_error="No space left on device"
+        )
+        store.write_last_reload(applied)  # replaces the one before
+        assert store.read_last_reload() == applied
+    # Another process (memd reload) reads what the daemon wrote.
+    with StateStore.open(tmp_path / "s", workspace) as reader:
+        assert reader.read_last_reload() == applied
+
+
+def test_an_older_memds_db_has_no_last_reload_and_takes_one(
+    tmp_path: Path, workspace: Path
+) -> None:
+    from memd.state import ReloadOutcome
+
+    state_dir = tmp_path / "s"
+    path = state_db_path(state_dir, workspace)
+    _write_schema_7_db(path)  # what memd before the last reload record left
+    with StateStore.open(state_dir, workspace) as store:
+        assert store.read_last_reload() is None
+        store.key_of("alpha")  # its erasure salt, in the same table
+        store.write_last_reload(ReloadOutcome(7, 5, ok=True))
+        assert store.read_last_reload() == ReloadOutcome(7, 5, ok=True)
+    # Still schema 7: an older memd opens it and reads only its own key there.
+    assert _version_and_agent_columns(path)[0] == 7
+    conn = sqlite3.connect(path)
+    keys = sorted(row[0] for row in conn.execute("SELECT key FROM state_meta"))
+    conn.close()
+    assert keys == ["erasure_salt", "last_reload"]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (b'{"format":2,"pid":7,"started_ns":5,"ok":true}', "written by a newer memd (format 2"),
+        (b'{"format":1,"pid":"7","started_ns":5,"ok":true}', "not a format 1 record"),
+        (b'{"format":1,"pid":7,"started_ns":5,"ok":1}', "not a format 1 record"),
+        (b"[1, 2]", "not a JSON object"),
+        (b"\xff\xfe", "not a JSON object"),
+    ],
+)
+def test_a_last_reload_record_that_does_not_read_is_one_error_saying_why(
+    tmp_path: Path, workspace: Path, value: bytes, said: str
+) -> None:
+    from memd.state import StateError
+
+    with StateStore.open(tmp_path / "s", workspace) as store:
+        conn = sqlite3.connect(state_db_path(tmp_path / "s", workspace))
+        conn.execute("INSERT INTO state_meta VALUES ('last_reload', ?)", (value,))
+        conn.commit()
+        conn.close()
+        with pytest.raises(StateError) as raised:
+            store.read_last_reload()
+    message = str(raised.value)
+    assert "last reload record: " in message and said in message
+    assert "\n" not in message

@@ -14,8 +14,13 @@ began (``started_ns``, CLOCK_MONOTONIC, taken before the daemon reads the file)
 after the signal was sent: a reload already under way when the command started
 may have read the file before its edit, and two ``memd reload`` at once each
 wait for a reload that began after their own signal (SIGHUPs sent while a
-reload runs make one more, never none). Exit 0 when it was applied, 2 when the
-daemon refused it, 1 when no daemon runs or none answered within ``--timeout``.
+reload runs make one more, never none). The daemon also keeps its last
+reload, the same fields, in the state DB (:class:`memd.state.ReloadOutcome`),
+with why its audit record could not be written: a log it cannot write
+(unwritable, full) no longer leaves a reload it made unconfirmed, and is named
+in a warning. Exit 0 when it was applied, 2 when the daemon refused it, 1 when
+no daemon runs or none answered within ``--timeout`` (the one line says what
+each place lacked, or why it could not be read).
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ import typer
 
 from memd.cli.common import load, open_state, state_dir_of
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
-from memd.core.audit import AuditEvent, AuditRecord
+from memd.core.audit import AuditEvent, AuditRecord, FieldValue
 from memd.errors import ConfigError, MemdError, describe_error
+from memd.fsutil import as_owner_of
 from memd.settings import LoadedConfig
-from memd.state import is_memd_daemon, pid_alive
+from memd.state import ReloadOutcome, StateError, StateStore, is_memd_daemon, pid_alive
 from memd.workspace import require_workspace
 
 # How often the audit log is read while waiting (the daemon's main loop takes a
@@ -86,36 +92,39 @@ def reload_command(
         pid = _daemon_pid(loaded, state_dir)
     elif is_memd_daemon(pid) is False:
         raise ReloadFailed(f"pid {pid} is not a running memd daemon (memd run)")
-    from memd.audit import audit_path, read_audit_from
+    from memd.audit import audit_path
 
-    log = audit_path(directory, loaded.workspace)
-    try:
-        offset = log.stat().st_size
-    except FileNotFoundError:
-        offset = 0  # the daemon makes it with its first record
-    except OSError as exc:
-        raise ReloadFailed(f"audit log {log}: {describe_error(exc, with_file=False)}") from None
+    follow = _Answers(audit_path(directory, loaded.workspace), _open_store(directory, loaded))
+    if not follow.readable():
+        raise ReloadFailed(
+            f"cannot follow the reload of daemon pid {pid} (not signalled): {follow.unread()}"
+        )
     since_ns = time.monotonic_ns()
     try:
         os.kill(pid, signal.SIGHUP)
     except OSError as exc:
+        follow.close()
         raise ReloadFailed(
             f"cannot signal daemon pid {pid}: {describe_error(exc)} "
             "(run memd reload as the daemon's user or root)"
         ) from None
-
-    def answers() -> Iterable[AuditRecord]:
-        nonlocal offset
-        contents, offset = read_audit_from(log, offset)
-        return contents.records
-
-    record = wait_for_answer(answers, pid, since_ns, timeout, alive=pid_alive)
+    try:
+        record = wait_for_answer(follow, pid, since_ns, timeout, alive=pid_alive)
+    finally:
+        follow.close()
     if record is None:
         if not pid_alive(pid):
             raise ReloadFailed(f"daemon pid {pid} stopped before it answered the reload")
         raise ReloadFailed(
             f"daemon pid {pid} did not answer the reload within {timeout:g}s "
-            f"(no reload record in {log}; its log says why)"
+            f"({follow.unread()}; its log says why)"
+        )
+    audit_error = record.fields.get("audit_error")
+    if isinstance(audit_error, str):
+        print(
+            f"memd: warning: daemon pid {pid} could not write the reload to its audit log "
+            f"{follow.log}: {audit_error}",
+            file=sys.stderr,
         )
     if record.fields.get("ok") is not True:
         errors = record.fields.get("errors")
@@ -169,6 +178,108 @@ def is_answer(record: AuditRecord, pid: int, since_ns: int) -> bool:
         and not isinstance(started, bool)
         and started >= since_ns
     )
+
+
+class _Answers:
+    """What the daemon answered, from both places it writes it: the audit log's
+    records appended since the command started, and the state DB's last reload
+    (written even when the log cannot be). Each read that fails is kept, to say
+    in one line what could not be read and why when no answer comes."""
+
+    def __init__(self, log: Path, store: StateStore | str) -> None:
+        self.log = log
+        self._store = store if isinstance(store, StateStore) else None
+        self._problems: dict[str, str] = {}
+        if isinstance(store, str):
+            self._problems["state"] = store
+        self._offset = 0
+        try:
+            self._offset = log.stat().st_size
+        except FileNotFoundError:
+            pass  # the daemon makes it with its first record
+        except OSError as exc:
+            self._problems["log"] = f"audit log {log}: {describe_error(exc, with_file=False)}"
+
+    def readable(self) -> bool:
+        """Whether either place can be read at all."""
+        return "log" not in self._problems or "state" not in self._problems
+
+    def __call__(self) -> list[AuditRecord]:
+        from memd.audit import read_audit_from
+
+        found: list[AuditRecord] = []
+        try:
+            contents, self._offset = read_audit_from(self.log, self._offset)
+            found += contents.records
+            self._problems.pop("log", None)
+        except (MemdError, OSError) as exc:
+            self._problems["log"] = _named(f"audit log {self.log}", exc)
+        if self._store is not None:
+            try:
+                outcome = self._store.read_last_reload()
+                self._problems.pop("state", None)
+            except StateError as exc:
+                self._problems["state"] = str(exc)
+            else:
+                if outcome is not None:
+                    found.append(_as_record(outcome))
+        return found
+
+    def unread(self) -> str:
+        """Each place, and what it lacks: its error, or no answer in it."""
+        log = self._problems.get("log", f"no reload record in {self.log}")
+        if self._store is not None:
+            where = f"state DB {self._store.path or ':memory:'}"
+            state = self._problems.get("state", f"{where} has no record of this reload")
+        else:
+            state = self._problems["state"]
+        return f"{log}; {state}"
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def _open_store(directory: Path, loaded: LoadedConfig) -> StateStore | str:
+    """The state DB (as its owner, as every command opens it), or why it cannot be read."""
+    try:
+        with as_owner_of(directory):
+            store = StateStore.open(directory, loaded.workspace)
+    except MemdError as exc:
+        return str(exc)
+    if store.path is None:  # unusable: an empty one in memory stands in
+        store.close()
+        return store.warnings[-1].split("; using", 1)[0]
+    return store
+
+
+def _as_record(outcome: ReloadOutcome) -> AuditRecord:
+    """The state DB's last reload as the audit record it stands for."""
+    fields: dict[str, FieldValue] = {
+        "trigger": "sighup",
+        "ok": outcome.ok,
+        "started_ns": outcome.started_ns,
+        "changed": outcome.changed,
+    }
+    if outcome.errors is not None:
+        fields["errors"] = outcome.errors
+    if outcome.audit_error is not None:
+        fields["audit_error"] = outcome.audit_error
+    return AuditRecord(
+        event=AuditEvent.CONFIG_RELOAD.value,
+        ts=0.0,
+        actor="daemon",
+        pid=outcome.pid,
+        uid=-1,
+        fields=fields,
+    )
+
+
+def _named(what: str, exc: BaseException) -> str:
+    """``what: why``, for an error whose message may already name ``what``."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else None
+    text = text or describe_error(exc, with_file=False)
+    return text if text.startswith(f"{what}: ") else f"{what}: {text}"
 
 
 def _daemon_pid(loaded: LoadedConfig, state_dir: Path | None) -> int:

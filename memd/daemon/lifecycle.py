@@ -59,6 +59,7 @@ from memd.errors import ConfigError, MemdError, describe_error
 from memd.logs import LogFormat, configure_logging, get_logger
 from memd.notify import SystemdNotifier
 from memd.settings import LoadedConfig, load_settings
+from memd.state import ReloadOutcome
 from memd.workspace import require_workspace
 
 _log = get_logger("memd.daemon")
@@ -320,7 +321,9 @@ class Daemon:
             )
         except ConfigError as exc:
             _log.error("reload failed; keeping the previous configuration", error=str(exc))
-            _audit_reload(s.audit, ok=False, errors=len(exc.problems), started_ns=started_ns)
+            _record_reload(
+                s, ReloadOutcome(os.getpid(), started_ns, ok=False, errors=len(exc.problems))
+            )
             self.notifier.ready(s.flusher.status_text())
             return
         if loaded.workspace != self.workspace:
@@ -378,8 +381,11 @@ class Daemon:
             # lands: judged on "0 tokens" now, a breaker would look healed.
             s.runner.evaluate_all(s.registry.agents().values())
         self.notifier.ready(s.flusher.status_text())
-        _audit_reload(
-            s.audit, ok=True, changed=checks.changed_sections(old, new), started_ns=started_ns
+        _record_reload(
+            s,
+            ReloadOutcome(
+                os.getpid(), started_ns, ok=True, changed=tuple(checks.changed_sections(old, new))
+            ),
         )
         _log.info(
             "reloaded",
@@ -390,11 +396,35 @@ class Daemon:
         )
 
 
-def _audit_reload(audit: AuditLog, **fields: object) -> None:
+def _record_reload(s: Services, outcome: ReloadOutcome) -> None:
+    """The reload's answer for ``memd reload``, in both places it reads: the
+    audit log's record, and the state DB's last reload, which also says why that
+    record could not be written (an unwritable or full log: the reload itself is
+    done either way, and without this row `memd reload` could not confirm it)."""
+    said: dict[str, object] = (
+        {"ok": True, "changed": list(outcome.changed)}
+        if outcome.ok
+        else {"ok": False, "errors": outcome.errors}
+    )
+    audit_error = _audit_reload(s.audit, **said, started_ns=outcome.started_ns)
+    store = s.flusher.store
+    if store is None:
+        return
     try:
-        audit.record(AuditEvent.CONFIG_RELOAD, None, trigger="sighup", **fields)
+        store.write_last_reload(outcome._replace(audit_error=audit_error))
+    except Exception as exc:  # the reload itself is done either way
+        _log.warning("cannot write the state database", error=describe_error(exc))
+
+
+def _audit_reload(audit: AuditLog, **fields: object) -> str | None:
+    """Append the reload's audit record; why it could not be written, or None."""
+    try:
+        if audit.record(AuditEvent.CONFIG_RELOAD, None, trigger="sighup", **fields):
+            return None
+        return audit.last_error or "auditing is off"
     except Exception as exc:  # the reload itself is done either way
         _log.warning("cannot write the audit log", error=describe_error(exc))
+        return describe_error(exc)
 
 
 def run_daemon(loaded: LoadedConfig, options: DaemonOptions) -> int:

@@ -6,6 +6,7 @@ record that answers a signal with scripted records and a made-up clock."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -160,6 +161,84 @@ def test_no_daemon_or_a_daemon_that_does_not_answer_fails(
     assert gone.returncode == 1
     assert f"daemon pid {process.pid} is not running" in gone.stderr
     assert "nothing to reload" in gone.stderr
+
+
+def audit_log_of(args: list[str]) -> Path:
+    from memd.audit import audit_path
+
+    return audit_path(Path(args[5]), Path(args[1]))
+
+
+def test_a_reload_the_daemon_cannot_write_to_its_full_audit_log_is_confirmed(
+    tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
+) -> None:
+    # The log at the most the daemon may write (RLIMIT_FSIZE: EFBIG, as a full
+    # disk's ENOSPC): the reload happens, its record cannot be written. memd
+    # reload read the log, found no answer and failed after --timeout (exit 1).
+    process, args = daemon
+    log = audit_log_of(args)
+    with log.open("ab") as grown:
+        grown.truncate(64 << 20)  # sparse; the state DB stays far below it
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+    config = tmp_path / "memd.toml"
+    config.write_text(GOOD.replace("100000", "50000"))
+    applied = memd(tmp_path, "reload", *args, "--pid", str(process.pid), "--timeout", "30")
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.strip() == (
+        f"reloaded: daemon pid {process.pid} applied {config} (changed: trigger)"
+    )
+    assert applied.stderr.strip().splitlines() == [
+        f"memd: warning: daemon pid {process.pid} could not write the reload to its audit "
+        f"log {log}: File too large"
+    ]
+    assert process.wait_for("cannot write the audit log")["audit_event"] == "config_reload"
+    assert log.stat().st_size == 64 << 20
+
+    # Refused the same way: exit 2.
+    (tmp_path / "other.toml").write_text(GOOD)
+    config.write_text(GOOD.replace("100000", "100000\nthreshold = 7"))
+    checked = [*args[:2], "--config", str(tmp_path / "other.toml"), *args[4:]]
+    refused = memd(tmp_path, "reload", *checked, "--pid", str(process.pid), "--timeout", "30")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"memd: warning: daemon pid {process.pid} could not write the reload to its audit "
+        f"log {log}: File too large",
+        f"memd: error: daemon pid {process.pid} refused the configuration (1 problem) "
+        "and keeps the previous one; its log says why",
+    ]
+    assert process.stop() == 0
+
+
+def test_with_no_audit_log_to_read_a_reload_is_confirmed_and_no_answer_says_what_was_read(
+    tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
+) -> None:
+    process, args = daemon
+    log = audit_log_of(args)
+    log.mkdir()  # neither written by the daemon nor read by memd reload
+    (tmp_path / "memd.toml").write_text(GOOD.replace("100000", "50000"))
+    applied = memd(tmp_path, "reload", *args, "--pid", str(process.pid), "--timeout", "30")
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stderr.strip().splitlines() == [
+        f"memd: warning: daemon pid {process.pid} could not write the reload to its audit "
+        f"log {log}: Is a directory"
+    ]
+    # Nothing answers (the daemon stopped): one line, each place and what it lacked.
+    process.signal(signal.SIGSTOP)
+    try:
+        silent = memd(tmp_path, "reload", *args, "--pid", str(process.pid), "--timeout", "0.5")
+    finally:
+        process.signal(signal.SIGCONT)
+    assert silent.returncode == 1
+    from memd.state import state_db_path
+
+    db = state_db_path(Path(args[5]), Path(args[1]))
+    assert silent.stderr.splitlines() == [
+        f"memd: error: daemon pid {process.pid} did not answer the reload within 0.5s "
+        f"(audit log {log}: not a regular file; state DB {db} has no record of this reload; "
+        "its log says why)"
+    ]
+    process.wait_for("reloaded")
+    assert process.stop() == 0
 
 
 def record(pid: int = 10, started_ns: int | None = 100, **fields: object) -> AuditRecord:
