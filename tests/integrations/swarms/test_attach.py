@@ -680,6 +680,96 @@ def test_a_memd_that_does_not_compact_in_time_costs_one_wait_per_file(
     assert time.now - waited >= 1.0 and agent._memd_swarms.holds == 2
 
 
+def reseed_onto(path: Path, body: str, inode: int) -> bool:
+    """:func:`reseed` with a new file that has ``inode``, a freed one the file
+    system gives out again (ext4 does, at once); False when it would not."""
+    spares: list[Path] = []
+    try:
+        for attempt in range(64):
+            fresh = path.with_name(f"MEMORY.md.new{attempt}")
+            fresh.write_text(HEADER + body, encoding="utf-8")
+            if fresh.stat().st_ino == inode:
+                os.replace(fresh, path)
+                return True
+            spares.append(fresh)  # kept meanwhile: its inode is not given out again
+        return False
+    finally:
+        for spare in spares:
+            spare.unlink()
+
+
+def test_a_new_file_that_reuses_a_said_files_inode_is_waited_for_and_said_again(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What was said once about a file (and the wait it cost, given up) was keyed
+    by its inode: a re-seed whose new file got a replaced one's freed inode was
+    neither waited for nor said, though memd had not compacted that file either."""
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    path = memory_of(seeded)
+    first = path.stat().st_ino
+    status = ScriptedStatus(path, threshold=60, tokens=90, state="pending")
+    time = MadeUpTime()
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded), hold_s=1.0), time), status)
+    agent.run("turn one")  # the first file: waited for, said
+    reseed(path, block("System", "[Compressed Memory Summary]\nS-1") * 9)
+    agent.run("turn two")  # a new file (the first still held: another inode)
+    assert path.stat().st_ino != first and agent._memd_swarms.holds == 2
+    # The first file was let go at that rebuild: its inode is free.
+    if not reseed_onto(path, block("System", "[Compressed Memory Summary]\nS-2") * 9, first):
+        pytest.skip("this file system does not give a freed inode out again")
+    waited = time.now
+    agent.run("turn three")  # a third file, with the first's inode: still over
+    assert time.now - waited >= 1.0 and agent._memd_swarms.holds == 3
+    said = [r.getMessage() for r in caplog.records if "within 1 s" in r.getMessage()]
+    assert len(said) == 3
+    assert len(carrying(agent.sent[-1], "S-2")) == 1
+
+
+def test_memd_not_compacting_a_new_file_with_a_reused_inode_is_said_again(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    path = memory_of(seeded)
+    first = path.stat().st_ino
+    status = ScriptedStatus(path, threshold=60, tokens=90, state="cooldown")
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), MadeUpTime()), status)
+    agent.run("turn one")
+    reseed(path, block("System", "[Compressed Memory Summary]\nS-1") * 9)
+    agent.run("turn two")
+    if not reseed_onto(path, block("System", "[Compressed Memory Summary]\nS-2") * 9, first):
+        pytest.skip("this file system does not give a freed inode out again")
+    agent.run("turn three")
+    agent.run("turn four")  # the same file: not said again
+    said = [r.getMessage() for r in caplog.records if "not compacting" in r.getMessage()]
+    assert len(said) == 3
+
+
+def test_a_cooldown_on_a_new_file_with_the_inode_of_one_memd_left_over_is_waited_out(
+    seeded: Path,
+) -> None:
+    """The file memd left over the threshold (whose cooldown is not waited out)
+    was kept as an inode too: a later file given that inode again was taken for
+    it, and its cooldown, which ends in a compaction, was not waited out."""
+    path = memory_of(seeded)
+    first = path.stat().st_ino
+    status = ScriptedStatus(path, threshold=60, tokens=90, state="cooldown")
+    status.cooldown_left_s = 0.5
+    time = MadeUpTime()
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded), hold_s=1.0), time), status)
+    agent.run("turn one")  # the file as loaded is over: its cooldown is not waited out
+    assert agent._memd_swarms.holds == 0
+    status.tokens = 30  # memd's count of each file from here on, as loaded: under
+    reseed(path, block("System", "[Compressed Memory Summary]\nS-1") * 9)
+    agent.run("turn two")
+    if not reseed_onto(path, block("System", "[Compressed Memory Summary]\nS-2") * 9, first):
+        pytest.skip("this file system does not give a freed inode out again")
+    agent.run("turn three")  # loads the third file; its turns go on past what was loaded
+    assert agent._memd_swarms.holds == 0
+    status.tokens = 90  # memd counted those turns: over, in a cooldown ending in 0.5 s
+    agent.run("turn four")
+    assert agent._memd_swarms.holds == 1 and time.now - 1000.0 >= 0.5
+
+
 def test_without_an_answer_from_memd_nothing_waits_and_it_is_said_once(
     seeded: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -375,7 +375,13 @@ class Wiring:
     call_holds: int = 0
     call_rebuilds: int = 0
     threshold: int | None = None
+    # What was said once, by key; a file's is keyed by its number in ``loads``,
+    # never by its inode: a replaced file's inode is free, and the next file
+    # made may have it (a warning, and a wait, about a new file were skipped).
     said: set[str] = field(default_factory=set)
+    # The files loaded so far: the loaded one's number (a load of the same file,
+    # held open since its last load so its inode is not reused, keeps it).
+    loads: int = 0
     # Where the running run's rows start in the history (None between runs), how
     # many model requests it has built, and how deep runs are nested (a tool that
     # runs the agent again).
@@ -390,10 +396,10 @@ class Wiring:
     # again before the run ends (each ask may wait out the socket's timeout).
     run_unanswered: bool = False
     # The loaded file's size as read (memd's count up to that size is of the file
-    # as memd left it, with its drain), and the file memd's count said was over
-    # the threshold as loaded (see ``_cooldown_ends``).
+    # as memd left it, with its drain), and the file (its number in ``loads``)
+    # memd's count said was over the threshold as loaded (see ``_cooldown_ends``).
     loaded_size: int = 0
-    over_as_loaded: FileIdentity | None = None
+    over_as_loaded: int | None = None
     # A read-only descriptor on the file the history was loaded from: after a
     # re-seed it tells whether memd's drain of that file is done.
     held: int | None = None
@@ -456,6 +462,8 @@ class Wiring:
             history[:] = kept
             if hasattr(self.conversation, "_str_cache"):
                 self.conversation._str_cache = None  # Swarms' cached rendering of the history
+            if self.held is None or snapshot.identity != self.loaded:
+                self.loads += 1  # another file (or one not held: its inode may be reused)
             self.loaded = snapshot.identity
             self.loaded_size = len(snapshot.data)
             self._keep(snapshot.fd, draining)
@@ -680,7 +688,7 @@ class Wiring:
             self.status is None
             or self.hold_s <= 0
             or self.run_unanswered
-            or f"timeout-{self.loaded}" in self.said
+            or f"timeout-{self.loads}" in self.said
         ):
             # No memd to ask, memd did not answer once already in this run, or it
             # did not compact this file in time once already.
@@ -707,7 +715,7 @@ class Wiring:
                     return
                 if left <= 0:
                     self._say(
-                        f"timeout-{self.loaded}",
+                        f"timeout-{self.loads}",
                         "memd_swarms: MEMORY.md is over memd's threshold and memd has not "
                         "compacted it within %.0f s; this run goes ahead over it",
                         self.hold_s,
@@ -753,14 +761,14 @@ class Wiring:
             and size <= self.loaded_size
             and tokens >= threshold
         ):
-            self.over_as_loaded = self.loaded
+            self.over_as_loaded = self.loads
         if info.st_size < threshold:
             return False  # a token is at least a byte
         state = answer.get("state")
         if state not in COMPACTING_STATES and not self._cooldown_ends(answer, left):
             if _count(answer.get("tokens")) and answer["tokens"] >= threshold:
                 self._say(
-                    f"state-{self.loaded}",
+                    f"state-{self.loads}",
                     "memd_swarms: MEMORY.md is over memd's threshold and memd is not "
                     "compacting it now (state %s); runs go ahead over it",
                     state,
@@ -786,7 +794,7 @@ class Wiring:
             return False
         if not isinstance(remaining, int | float) or not 0 <= remaining <= left:
             return False
-        return self.over_as_loaded is None or self.over_as_loaded != self.loaded
+        return self.over_as_loaded is None or self.over_as_loaded != self.loads
 
     def _say(self, key: str, message: str, *args: object, level: int = logging.WARNING) -> None:
         if key not in self.said:
