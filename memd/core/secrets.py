@@ -50,13 +50,23 @@ PII: Final = "pii"
 # ``/@scope/pkg``, ``/@alice``) digits, "/" and a name without "/", "?" or "#"
 # up to an "@": ``postgres://app:2024/x@db/x`` holds the password ``2024/x``
 # (it was read as the host "app" on port 2024, and pinned and sent whole).
+# In a web scheme too when what stands before the ":" is no host's name, a bare
+# word (no ".", not localhost) and the "/" is followed by a name up to an "@":
+# ``https://u:2024/x@host/path`` holds the password ``2024/x`` (it was read as
+# the host "u" on port 2024 and pinned whole, with the password); a host's port
+# stays one: ``https://example.com:8443/a@b``, ``http://localhost:4873/@scope``,
+# ``http://registry:4873/@scope/pkg`` (nothing between the "/" and the "@").
+# Ambiguous and read as a password: an intranet bare host with a port and an
+# "@" in its path's first name (``http://gitea:3000/alice@corp``).
 _URL_NAME: Final = r"[^\s:/?#@\[\]\"'<>`]"
+_URL_BARE_WORD: Final = r"(?!(?i:localhost):)[^\s:/?#@\[\]\"'<>`.]++"
 _URL_PORT: Final = r"(?:\d{1,4}|[0-5]\d{4}|6[0-4]\d{3}|65[0-4]\d\d|655[0-2]\d|6553[0-5])"
 _WEB_SCHEME: Final = (
     r"(?i:(?<=http://)|(?<=https://)|(?<=ws://)|(?<=wss://)|(?<=ftp://)|(?<=ftps://))"
 )
 URL_USERINFO: Final = (
-    rf"(?!{_WEB_SCHEME}{_URL_NAME}++:{_URL_PORT}[/?#]"
+    rf"(?!{_WEB_SCHEME}(?!{_URL_BARE_WORD}:{_URL_PORT}/[^\s/?#\"'<>`]+@)"
+    rf"{_URL_NAME}++:{_URL_PORT}[/?#]"
     rf"|{_URL_NAME}++:{_URL_PORT}(?:[?#]|/(?![^\s/?#\"'<>`]*@)))"
     rf"({_URL_NAME}*):([^\s\"'<>`]{{0,256}})@"
 )

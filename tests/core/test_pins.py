@@ -455,6 +455,7 @@ _FACT_FRAGMENTS = st.sampled_from(
         "./run.sh",
         ":120:5",
         "pod-7d9f8c6b5-x2k4p",
+        "https://u:2024/x@",
     ]
 )
 
@@ -546,6 +547,7 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         "%a%\\",
         "'C:\\a ",
         '"C:\\a\\',
+        "https://u:1/a",  # a web URL's password or port
         "a.a/",  # images, kubernetes resources, versions with an operator
         "a/a:1",
         "a-a.a/a",
@@ -852,3 +854,45 @@ def test_a_private_key_block_pins_no_piece_of_it() -> None:
     for role, text in (("Human", f"here is the key:\n{pem}"), ("Tool", f"$ cat id_rsa\n{pem}")):
         facts = [f.text for f in extract_from_entry(role, text)]
         assert [f for f in facts if f in body] == [], facts
+
+
+# Session 9: misreads of URLs and Windows paths (brief s9pins).
+
+
+@pytest.mark.parametrize(
+    ("text", "url", "password"),
+    [
+        ("see https://u:2024/x@host/path now", "https://u@host/path", "2024/x"),
+        (
+            "Remember: the API is https://u:2024/x@api.example.com/v1",
+            "https://u@api.example.com/v1",
+            "2024/x",
+        ),
+        ("chat at wss://bot:443/k+Q=@chat.internal/ws.", "wss://bot@chat.internal/ws", "443/k+Q="),
+    ],
+)
+def test_a_web_urls_password_of_digits_and_a_slash_is_no_port(
+    text: str, url: str, password: str
+) -> None:
+    """``u:2024/x@`` was read as the host "u" on port 2024: the URL was pinned
+    whole, its password with it (and the redactor let it through)."""
+    for role in ("Human", "Tool"):
+        facts = [f.text for f in extract_from_entry(role, text)]
+        assert url in facts, facts
+        assert [fact for fact in facts if password in fact or ":2024" in fact] == []
+    assert password in [s.value(text) for s in find_secrets(text)]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://host.example.com:8443/x",
+        "https://example.com:8443/a@b",
+        "https://10.0.0.7:8443/a@b",
+        "http://localhost:4873/x@y",
+        "http://registry:4873/@acme/payments",
+        "https://host:8443/x",
+    ],
+)
+def test_a_real_port_stays_in_the_pinned_url(url: str) -> None:
+    assert [(f.kind, f.text) for f in extract_facts(f"see {url} now")] == [("url", url)]

@@ -130,23 +130,41 @@ def test_a_url_password_runs_to_the_authoritys_last_at(text: str, password: str)
         ("postgres://app:12/ab+Q=@db.internal:5432/app", "12/ab+Q="),
         ("redis://:2024/x@cache:6379/0", "2024/x"),
         ("https://app:70000/x@db/x", "70000/x"),
+        ("https://app:2024/x@db/x", "2024/x"),
+        ("see https://u:2024/x@host/path now", "2024/x"),
+        ("wss://bot:443/k+Q=@chat.internal/ws", "443/k+Q="),
         ("postgres://app:123456@db/x", "123456"),
         ("redis://:987654@cache:6379/0", "987654"),
     ],
-    ids=["dsn", "dsn-base64", "no-user", "over-65535", "six-digits", "six-digits-no-user"],
+    ids=[
+        "dsn",
+        "dsn-base64",
+        "no-user",
+        "over-65535",
+        "web-bare-user",
+        "web-bare-user-in-prose",
+        "web-bare-user-base64",
+        "six-digits",
+        "six-digits-no-user",
+    ],
 )
 def test_a_url_password_of_digits_and_a_slash_is_no_port(text: str, password: str) -> None:
     """``user:2024/x@`` was read as the host "user" on port 2024, and the password
     went out as written: outside the web's schemes (whose paths hold "@"), after
-    no user name, or past 65535, it is the password."""
+    no user name, past 65535, or in a web scheme after a bare word (no host's
+    name: no ".", not localhost) and before a name up to an "@", it is the
+    password (the web's case was read as a port until session 9)."""
     assert [(s.kind, s.value(text)) for s in find_secrets(text)] == [("url_password", password)]
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        "https://example.com:8443/a@b",
-        "https://app:2024/x@db/x",  # the web's: a port, and an "@" in the path
+        "https://example.com:8443/a@b",  # a host's name: a port, an "@" in the path
+        "https://10.0.0.7:8443/a@b",
+        "http://localhost:4873/x@y",
+        "http://registry:4873/@acme/pkg",  # nothing between the "/" and the "@"
+        "https://app:2024/x/y@db/x",  # a "/" between: a path
         "smtp://mail.example.com:587/?from=alerts@example.com",
         "postgres://db:5432/app?user=ops@example.com",
     ],
