@@ -99,10 +99,24 @@ _SCP_RE: Final = re.compile(
 _URL_PASSWORD_RE: Final = re.compile(rf"^({_URL_SCHEME}){URL_USERINFO}")
 _CODE_SPAN_RE: Final = re.compile(r"`([^`\n]{2,200})`")
 _SHELL_LINE_RE: Final = re.compile(r"^[ \t]*\$ ([^\n]{2,200})$", re.MULTILINE)
-# Windows: a directory's name may hold single spaces and a "(x86)"; the last
-# name holds none (where a path in prose ends cannot be told otherwise).
+# Windows: a directory's name may hold single spaces and a "(x86)".  Where an
+# unquoted path's last name ends in prose is a guess: it holds spaces only when
+# it ends in an extension after words without one, at most four, none a word
+# of prose that would go on after a path ("and", "then", "to", …):
+# ``C:\Users\me\My Documents\report final.docx`` is the whole file (it was cut
+# at "report"), ``saved to C:\tmp\a.txt and then`` is ``C:\tmp\a.txt`` (its first
+# word has an extension), ``C:\src and edit main.py`` is ``C:\src``.  Else the
+# last name holds no space.  Quoted, a path runs to its quote (_WIN_QUOTED).
 _WIN_DIR: Final = r"[\w.$~@+-]+(?: [\w.$~@+-]+| ?\([\w.$~@+-]+\))*"
-_WIN_NAME: Final = r"[\w.$~@+-]*[\w$~@+-]"
+_WIN_PROSE: Final = (
+    r"(?i:and|or|but|then|so|if|to|in|into|on|at|by|for|from|with|via|as|is|are|was|"
+    r"edit|open|run|see|save|saved|copy|move|read|write|has|had|holds|exists)"
+)
+_WIN_SPACED_NAME: Final = (
+    rf"(?:(?!{_WIN_PROSE} )[\w$~@+-]++ ){{1,4}}"
+    r"[\w$~@+-]+(?:\.[\w$~@+-]+)*?\.(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{1,8}(?![\w$~@+-]|\.\w)"
+)
+_WIN_NAME: Final = rf"(?:{_WIN_SPACED_NAME}|[\w.$~@+-]*[\w$~@+-])"
 # A relative ./deploy.sh or ~/notes.txt needs no directory; a path may end with
 # a line (and column) reference: src/a.py:120:5.
 _LINE_REF: Final = r"(?::\d{1,7}(?::\d{1,4})?(?!\d))?"
@@ -142,6 +156,7 @@ _IMAGE_RE: Final = re.compile(
 # Quoted, a path runs to its quote: its last name may hold spaces too
 # ("C:\Program Files\My App\my app.exe"), a trailing separator left out.
 _WIN_SEP: Final = r"(?:\\\\?|/)"
+_WIN_REL_SEP: Final = r"(?:\\\\|\\(?!n))"
 _WIN_QUOTED: Final = "|".join(
     rf"(?<={quote})[A-Za-z]:{_WIN_SEP}(?:{name}++{_WIN_SEP})*{name}++(?={_WIN_SEP}?{quote})"
     for quote, name in (('"', r"[^\n\r\t\"<>|?*:\\/]"), ("'", r"[^\n\r\t'\"<>|?*:\\/]"))
@@ -153,7 +168,15 @@ _WINDOWS_PATH_RE: Final = re.compile(
     rf"|(?<![\w\\])\\\\[\w.-]+\\[\w.$-]+(?:\\(?:{_WIN_DIR}\\)*{_WIN_NAME})?"
     # .\scripts\run.ps1, ..\build\out.dll, ~\AppData\x.txt, %APPDATA%\Code\settings.json
     rf"|(?<![\w\\/.:~%$-])(?:\.{{1,2}}|~|%[A-Za-z_][\w()]*%)\\\\?(?:{_WIN_DIR}\\\\?)*{_WIN_NAME}"
+    # src\app\main.py: as src/app/main.py, a file with an extension (so no "\d+\.\w",
+    # "\frac\alpha", DOMAIN\user); it was not pinned at all.  Never across a
+    # single "\n": a logged or JSON string's line break ("build\nmain.py" is two
+    # lines), so src\net\x.py is not pinned either (src\\net\\x.py is).
+    rf"|(?<![\w\\/.:~%$-])[\w-]+{_WIN_REL_SEP}(?:[\w.-]+{_WIN_REL_SEP})*[\w-]+\.[A-Za-z]\w{{0,7}}\b"
+    + _LINE_REF
 )
+# What a relative backslash path always holds: its last separator and name.
+_WIN_RELATIVE_HINT: Final = re.compile(r"\\[\w-]+\.[A-Za-z]")
 _MONTH: Final = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*"
 _DATE_RE: Final = re.compile(
     # Machine timestamps (with seconds: entry headers, log rows) are not facts.
@@ -568,6 +591,7 @@ def _plain_facts(rest: str, *, screen: bool) -> list[Fact]:
         elif kind == "windows_path":
             possible = ":\\" in plain or ":/" in plain or "\\\\" in plain
             possible = possible or ".\\" in plain or "~\\" in plain or "%\\" in plain
+            possible = possible or _WIN_RELATIVE_HINT.search(plain) is not None
         elif kind in ("path", "k8s"):
             possible = "/" in plain
         elif kind == "image":

@@ -456,6 +456,13 @@ _FACT_FRAGMENTS = st.sampled_from(
         ":120:5",
         "pod-7d9f8c6b5-x2k4p",
         "https://u:2024/x@",
+        "src\\app\\",
+        "main.py",
+        "\\n",
+        "\\\\",
+        "report final.docx",
+        " and ",
+        "C:\\a\\b ",
     ]
 )
 
@@ -547,6 +554,12 @@ def _extraction_seconds(text: str, *, under: float | None = None) -> float:
         "%a%\\",
         "'C:\\a ",
         '"C:\\a\\',
+        "C:\\a b ",  # a last name with spaces, relative backslash paths
+        "C:\\a b.c",
+        "a b.",
+        "a\\",
+        "a\\b.",
+        "a.b\\",
         "https://u:1/a",  # a web URL's password or port
         "a.a/",  # images, kubernetes resources, versions with an operator
         "a/a:1",
@@ -896,3 +909,65 @@ def test_a_web_urls_password_of_digits_and_a_slash_is_no_port(
 )
 def test_a_real_port_stays_in_the_pinned_url(url: str) -> None:
     assert [(f.kind, f.text) for f in extract_facts(f"see {url} now")] == [("url", url)]
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        (
+            r"open C:\Users\me\My Documents\report final.docx now",
+            r"C:\Users\me\My Documents\report final.docx",
+        ),
+        (r"wrote C:\x\My Resume 2024.pdf.", r"C:\x\My Resume 2024.pdf"),
+        (r"see C:\x\report final v1.2.docx, then", r"C:\x\report final v1.2.docx"),
+        (r"C:\Users\me\Minutes of the meeting.docx", r"C:\Users\me\Minutes of the meeting.docx"),
+        (
+            r'{"path": "C:\\Users\\me\\My Documents\\q3 plan.xlsx"}',
+            r"C:\\Users\\me\\My Documents\\q3 plan.xlsx",
+        ),
+        (r"on \\srv\share\Team Docs\q3 plan.xlsx ok", r"\\srv\share\Team Docs\q3 plan.xlsx"),
+        (r"run .\scripts\my script.ps1 -Verbose", r".\scripts\my script.ps1"),
+        # Prose after a path is no part of it.
+        (r"saved to C:\tmp\a.txt and then", r"C:\tmp\a.txt"),
+        (r"saved to C:\tmp\a.txt and b.txt", r"C:\tmp\a.txt"),
+        (r"cd C:\src and edit main.py", r"C:\src"),
+        (r"cd C:\tmp\build then run.exe", r"C:\tmp\build"),
+        (r"in C:\tmp\notes 2 copies", r"C:\tmp\notes"),
+        (r"C:\a\one two three four five six.txt", r"C:\a\one"),
+    ],
+)
+def test_an_unquoted_windows_paths_last_name_holds_spaces_before_an_extension(
+    text: str, path: str
+) -> None:
+    """The last name was cut at its first space (``…\\report``): it runs to an
+    extension after at most four words with none, none of them prose's."""
+    assert [(f.kind, f.text) for f in extract_facts(text)] == [("path", path)]
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        (r"edit src\app\main.py please", r"src\app\main.py"),
+        (r"see app\main.py:12:3.", r"app\main.py:12:3"),
+        (r"tests\test_x.py::test_y PASSED", r"tests\test_x.py"),
+        (r'"file": "src\\app\\main.py"', r"src\\app\\main.py"),
+        (r"src\\net\\x.py", r"src\\net\\x.py"),
+    ],
+)
+def test_a_relative_backslash_path_is_pinned(text: str, path: str) -> None:
+    """As src/app/main.py is; it was not pinned at all."""
+    assert [(f.kind, f.text) for f in extract_facts(text)] == [("path", path)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        r"match \d+\.\w and \w+\.py, then foo\.bar\.py",
+        r"LaTeX: \frac\alpha, x\in\mathbb{R}, a\cdot b.c",
+        r"a line break \n, and \n\n twice",
+        r'{"stdout": "build\nmain.py\nREADME.md"}',  # a JSON string's lines
+        r"a.txt\nb.txt",
+    ],
+)
+def test_escapes_regexes_and_latex_are_no_relative_path(text: str) -> None:
+    assert [f for f in extract_facts(text) if f.kind == "path"] == []
