@@ -6,8 +6,11 @@ invalid UTF-8, CRLF and odd spacing survive a round trip untouched.
 
 An entry is recognised only when a header line ``### {role} — {iso-timestamp}``
 opens it *and* it is closed by the ``\\n\\n---\\n\\n`` terminator that is
-followed by end-of-file or by another valid entry header.  Content may itself
-contain ``###`` or ``---`` lines; a single marker never decides a boundary.
+followed by end-of-file or by another valid entry header, with or without
+empty lines between them (``---\\n\\n\\n### …``: a writer's or an editor's extra
+line break; those lines end the entry's bytes, not its content: a prefix of
+the file that ends with them reads the same entries).  Content may
+itself contain ``###`` or ``---`` lines; a single marker never decides a boundary.
 Bytes that fit no rule become :class:`RawSegment` and are carried verbatim.
 """
 
@@ -53,6 +56,14 @@ _ENTRY_HEADER_RE: Final = re.compile(
     rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*(\r?\n)\r?\n"
 )
 BLOCK_TERMINATOR: Final = b"\n\n---\n\n"
+# What may stand between a terminator and the next entry's header: empty lines
+# (a run of line breaks after the terminator's own two).
+_LINE_BREAKS_RE: Final = re.compile(rb"(?:\r?\n)+")
+# A terminator, any empty lines and the start of a header line (found in C: a
+# file full of "---" rules is not walked a rule at a time).
+_NEXT_ENTRY_RE: Final = re.compile(rb"\n\n---\n\n\n*(?=### )")
+_HEADER_LINE: Final = b"\n### "
+_TERMINATOR_HEAD: Final = b"\n\n---"  # the terminator up to its own two line breaks
 _TERMINATOR_RE: Final = re.compile(rb"\r?\n\r?\n---\r?\n\r?\n\Z")
 _MAX_TERMINATOR_LEN: Final = 11  # len("\r\n\r\n---\r\n\r\n")
 
@@ -118,8 +129,6 @@ class _Ambiguous(Exception):
     """The fast reading cannot decide a boundary locally: use the full parse."""
 
 
-# The terminator followed by the start of an entry header, as Swarms writes them (LF).
-_NEXT_ENTRY: Final = BLOCK_TERMINATOR + b"### "
 _MARKER_BYTES: Final = SUMMARY_MARKER.encode()
 _PREAMBLE_BYTES: Final = SUMMARY_PREAMBLE.encode()
 _WHITESPACE: Final = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips
@@ -132,10 +141,11 @@ class MemoryDocument:
     path asks for less: where the last complete entry ends, the newest turns,
     the last summary block and the turns after it. For a file without ``\\r``
     (what Swarms writes) those are found from the bytes around them: an entry
-    starts where a valid header line follows a terminator, so a search for
-    ``\\n\\n---\\n\\n### `` (backwards from the end, or forwards from a
-    known entry) and the header check at each hit find the same boundaries as
-    the whole split, without building the entries in between. A summary block
+    starts where a valid header line follows a terminator (and any empty
+    lines), so a search for ``\\n\\n---\\n\\n`` and ``### `` (forwards from a
+    known entry), or for a ``### `` line with a terminator before it (backwards
+    from the end), and the header check at each hit find the same boundaries
+    as the whole split, without building the entries in between. A summary block
     is found by its marker (searched backwards). The one case that is not
     local (a header line right before a terminator that would share its blank
     line: whether the terminator closes an entry then depends on whether that
@@ -242,41 +252,63 @@ class MemoryDocument:
         """Whether an entry (closed or not) starts at ``at``, a valid header."""
         if at == self._first_start():
             return True
-        terminator = at - len(BLOCK_TERMINATOR)
-        if terminator < self._header_end or not self._data.startswith(
-            BLOCK_TERMINATOR, terminator, at
-        ):
+        terminator = self._terminator_before(at, self._header_end)
+        if terminator < 0:
             return False
         self._check_not_shared(terminator)
         return True
 
+    def _terminator_before(self, at: int, floor: int) -> int:
+        """Where the terminator that closes an entry at ``at`` starts (at or after
+        ``floor``), empty lines between them allowed; -1 when none does."""
+        data, plain = self._data, len(BLOCK_TERMINATOR)
+        if at - plain >= floor and data.startswith(BLOCK_TERMINATOR, at - plain, at):
+            return at - plain  # no empty line between them (what Swarms writes)
+        if at - plain - 1 < floor or not data.startswith(b"\n\n\n", at - 3, at):
+            return -1
+        run = _break_run_start(data, at, floor, b"\n")
+        head = run - len(_TERMINATOR_HEAD)
+        if head < floor or not data.startswith(_TERMINATOR_HEAD, head):
+            return -1
+        return head
+
+    def _content_end(self, body: int, end: int) -> int:
+        """Where the content of a closed entry whose body starts at ``body`` and
+        whose bytes end at ``end`` ends: at its terminator, before the empty lines."""
+        if self._data.startswith(b"---\n\n", end - 5, end):
+            return end - len(BLOCK_TERMINATOR)
+        return _break_run_start(self._data, end, body, b"\n") - len(_TERMINATOR_HEAD)
+
     def _next_start(self, body: int) -> tuple[int, re.Match[bytes]] | None:
-        """The first entry start closing an entry whose content starts at ``body``."""
+        """The first entry start closing an entry whose content starts at ``body``:
+        a valid header after a terminator and any empty lines."""
         data, size = self._data, self.size
-        at = data.find(_NEXT_ENTRY, body, size)
-        while at >= 0:
-            start = at + len(BLOCK_TERMINATOR)
-            match = self._valid(start)
+        found = _NEXT_ENTRY_RE.search(data, body, size)
+        while found is not None:
+            match = self._valid(found.end())
             if match is not None:
-                return start, match
-            at = data.find(_NEXT_ENTRY, at + 1, size)
+                return found.end(), match
+            found = _NEXT_ENTRY_RE.search(data, found.start() + 1, size)
         return None
 
     def _prev_start(self, before: int) -> tuple[int, re.Match[bytes]] | None:
         """The last entry start (closed or not) before ``before``."""
         data = self._data
         low = self._header_end
-        high = min(self.size, before + len(_NEXT_ENTRY) - len(BLOCK_TERMINATOR) - 1)
+        # Each line opening with "### " before ``before``, newest first, whose
+        # line a terminator (and any empty lines) comes before.
+        high = min(self.size, before + len(_HEADER_LINE) - 2)
         while True:
-            at = data.rfind(_NEXT_ENTRY, low, high)
+            at = data.rfind(_HEADER_LINE, low, high)
             if at < 0:
                 break
-            start = at + len(BLOCK_TERMINATOR)
-            match = self._valid(start)
+            start = at + 1
+            terminator = self._terminator_before(start, low)
+            match = self._valid(start) if terminator >= 0 else None
             if match is not None:
-                self._check_not_shared(at)
+                self._check_not_shared(terminator)
                 return start, match
-            high = at + len(_NEXT_ENTRY) - 1
+            high = at + len(_HEADER_LINE) - 1
         first = self._first_start()
         if first is not None and first < before:
             match = self._valid(first)
@@ -291,10 +323,9 @@ class MemoryDocument:
         following = self._next_start(body)
         if following is not None:
             return following[0], following
-        size = self.size
-        plain = len(BLOCK_TERMINATOR)
-        if size - plain >= body and self._data.startswith(BLOCK_TERMINATOR, size - plain, size):
-            return size, None
+        # Closed at the end of the file, empty lines after the terminator too.
+        if self._terminator_before(self.size, body) >= 0:
+            return self.size, None
         return -1, None
 
     def _entry(self, match: re.Match[bytes], end: int) -> EntrySegment:
@@ -304,7 +335,7 @@ class MemoryDocument:
             raw=self._data[start:end],
             role=match.group(1).decode("utf-8", "replace"),
             timestamp=match.group(2).decode("ascii", "replace"),
-            content=self._data[match.end() : end - len(BLOCK_TERMINATOR)],
+            content=self._data[match.end() : self._content_end(match.end(), end)],
         )
 
     def _raw(self, start: int, end: int) -> RawSegment:
@@ -511,7 +542,7 @@ class MemoryDocument:
             yield (
                 match.group(1).decode("utf-8", "replace"),
                 match.group(2).decode("ascii", "replace"),
-                str(view[match.end() : end - len(BLOCK_TERMINATOR)], "utf-8", "replace"),
+                str(view[match.end() : self._content_end(match.end(), end)], "utf-8", "replace"),
             )
 
     def bytes_between(self, start: int, stop: int) -> bytes:
@@ -627,6 +658,40 @@ def _entry_starts(data: bytes, begin: int, size: int | None = None) -> list[re.M
     return starts
 
 
+def _break_run_start(data: bytes, end: int, floor: int, breaks: bytes = b"\r\n") -> int:
+    """Where the run of ``breaks`` bytes that ends at ``end`` starts (at ``floor``
+    at the lowest), read backwards a window at a time."""
+    at, width = end, 64
+    while at > floor:
+        window = data[max(floor, at - width) : at]
+        kept = len(window.rstrip(breaks))
+        at -= len(window) - kept
+        if kept:
+            break
+        width = min(width * 4, 1 << 20)
+    return at
+
+
+def _closing_terminator_end(data: bytes, end: int, floor: int) -> int:
+    """Where the terminator that closes an entry at ``end`` (the next header's
+    start) ends: ``end`` itself, or where the empty lines between them begin;
+    -1 when no terminator starting at or after ``floor`` closes it there."""
+    if _ends_with_terminator(data, end, floor):
+        return end
+    if end - len(BLOCK_TERMINATOR) - 1 < floor or not data.startswith(b"\n", end - 1, end):
+        return -1
+    run = _break_run_start(data, end, floor)
+    if data.find(b"\r", run, end) >= 0 and _LINE_BREAKS_RE.fullmatch(data, run, end) is None:
+        return -1
+    # The terminator's own two line breaks open the run; the rest is empty lines.
+    at = run
+    for _ in range(2):
+        at += 1 if data.startswith(b"\n", at, end) else 2
+    if at >= end:
+        return -1
+    return at if _ends_with_terminator(data, at, floor) else -1
+
+
 def _ends_with_terminator(data: bytes, end: int, floor: int) -> bool:
     plain = len(BLOCK_TERMINATOR)
     if end - plain >= floor and data.startswith(BLOCK_TERMINATOR, end - plain, end):
@@ -670,7 +735,7 @@ def _split(data: bytes, size: int, header: HeaderSegment | None) -> tuple[Segmen
         if index < len(starts) and starts[index].start() == pos:
             opener = starts[index]
             body_start = opener.end()
-            end = -1
+            end = terminator_end = -1
             # Index walk, not a slice: slicing ``starts`` per entry would make
             # parsing quadratic in the number of entries.
             for later in range(index + 1, len(starts)):
@@ -679,15 +744,19 @@ def _split(data: bytes, size: int, header: HeaderSegment | None) -> tuple[Segmen
                 # its header.
                 if candidate < body_start:
                     continue
-                if _ends_with_terminator(data, candidate, body_start):
-                    end = candidate
+                # Empty lines may stand between the terminator and it.
+                closing = _closing_terminator_end(data, candidate, body_start)
+                if closing >= 0:
+                    end, terminator_end = candidate, closing
                     break
-            if end < 0 and _ends_with_terminator(data, size, body_start):
-                end = size
+            if end < 0:
+                closing = _closing_terminator_end(data, size, body_start)
+                if closing >= 0:
+                    end, terminator_end = size, closing
             if end < 0:
                 segments.append(RawSegment(start=pos, raw=data[pos:size]))
                 break
-            content_end = _terminator_start(data, end, body_start)
+            content_end = _terminator_start(data, terminator_end, body_start)
             segments.append(
                 EntrySegment(
                     start=pos,

@@ -159,3 +159,28 @@ def test_summarize_needs_dry_run(ws: AgentWorkspace, capsys: pytest.CaptureFixtu
         capsys, "compact-now", "alpha", "--summarize", "--workspace", str(ws.root)
     )
     assert code != 0 and "--summarize only goes with --dry-run" in err
+
+
+def test_dry_run_counts_turns_separated_by_empty_lines(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An editor's (or a writer's) empty line after each terminator merged every
+    turn into the one before it: 32 turns were planned as one (review s9pins)."""
+    memory = ws.paths("alpha").memory
+    data = memory.read_bytes()
+    memory.write_bytes(data.replace(b"\n\n---\n\n### ", b"\n\n---\n\n\n\n### "))
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, keep_recent=-1),
+    )
+    assert code == 0, err
+    flat = " ".join(out.split())
+    kept = int(flat.split("kept verbatim after the summary: ")[1].split()[0])
+    summarized = int(flat.split("tokens; ")[1].split()[0])
+    assert kept > 0 and kept + summarized == 32

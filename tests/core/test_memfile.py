@@ -35,9 +35,10 @@ from tests.support.strategies import (
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TS = "2024-05-01T10:00:00.123456"
 HEADER = render_header("demo", "2024-05-01T09:00:00")
-# A terminator followed by a line that looks like an entry header: inside
-# content this is genuinely ambiguous, so generated content avoids it.
-_AMBIGUOUS = re.compile(rb"\r?\n\r?\n---\r?\n\r?\n### [^\r\n]* \xe2\x80\x94 ")
+# A terminator followed (after any empty lines) by a line that looks like an
+# entry header: inside content this is genuinely ambiguous, so generated
+# content avoids it.
+_AMBIGUOUS = re.compile(rb"\r?\n\r?\n---\r?\n\r?\n(?:\r?\n)*### [^\r\n]* \xe2\x80\x94 ")
 
 
 def assert_well_formed(doc: MemoryDocument, data: bytes) -> None:
@@ -208,7 +209,8 @@ def test_partial_trailing_entry_is_raw_after_the_boundary(
     assert whole.boundary == len(prefix)
     cut = data.draw(st.integers(min_value=1, max_value=len(block) - 1))
     partial = block[:cut]
-    assume(not re.search(rb"\r?\n\r?\n---\r?\n\r?\n\Z", partial))  # would look complete
+    # Would look complete (empty lines after a terminator end an entry too).
+    assume(not re.search(rb"\r?\n\r?\n---\r?\n\r?\n(?:\r?\n)*\Z", partial))
     file = prefix + partial
     doc = parse(file)
     assert_well_formed(doc, file)
@@ -429,15 +431,25 @@ _LF_PIECES = st.sampled_from(
         b"### user \xe2\x80\x94 2024-01-01\n\n" + SUMMARY_PREAMBLE_BYTES + b"swarms\n\n---\n\n",
         b"### B \xe2\x80\x94 not-a-time\n\n",
         b"\n\n---\n\n",
+        b"\n\n---\n\n\n",  # a terminator and an empty line
+        b"\n\n---\n\n\n\n\n",
         b"---\n\n",
         b"\n",
+        b"\n\n\n",
         b" \n\t",
         b"[Compressed Memory Summary]",
         b"x",
         b"### ",
     ]
 )
+# Entries with empty lines after some of their terminators (review s9pins).
+_spaced_entries = st.lists(
+    st.tuples(entry_blocks(crlf=False), st.sampled_from([b"", b"", b"\n", b"\n\n\n"])),
+    max_size=8,
+).map(lambda pairs: b"".join(block + lines for block, lines in pairs))
 lf_memory_files = st.one_of(
+    _spaced_entries,
+    st.tuples(st.just(HEADER), _spaced_entries).map(b"".join),
     memory_files().map(lambda data: data.replace(b"\r", b"")),
     st.lists(st.one_of(_LF_PIECES, _LF_PIECES, entry_blocks(crlf=False)), max_size=12).map(
         b"".join
@@ -559,3 +571,60 @@ def test_nothing_in_the_reply_reaches_into_the_last_line() -> None:
     for bad in ("", "two\nlines", "### System \u2014 2024-01-01", " padded", "caf\u00e9"):
         with pytest.raises(ValueError, match="not a line memd writes"):
             render_clean_summary_block("x", TS, bad)
+
+
+# -- empty lines between a terminator and the next entry (review s9pins) -----------
+
+
+@pytest.mark.parametrize(
+    "lines", [b"\n", b"\n\n", b"\n" * 40, b"\r\n", b"\r\n\n", b"\n\r\n"], ids=repr
+)
+@pytest.mark.parametrize("crlf", [False, True], ids=["lf", "crlf"])
+def test_empty_lines_after_a_terminator_keep_the_turn_boundary(lines: bytes, crlf: bool) -> None:
+    """``---\\n\\n\\n### …`` merged the next entry into the one before it (its
+    header and content read as the first one's content): the bytes were kept,
+    the turn was lost. The empty lines end the first entry's bytes, not its
+    content; the lazy reading and the whole split agree."""
+    first = render_entry("User", TS, "first")
+    second = render_entry("Agent", "2024-05-01T10:00:01", "second")
+    if crlf:
+        first, second = (b.replace(b"\n", b"\r\n") for b in (first, second))
+    data = HEADER + first + lines + second + lines + render_entry("User", TS, "third")
+    doc = parse(data)
+    assert_well_formed(doc, data)
+    expected = [(b"User", b"first"), (b"Agent", b"second"), (b"User", b"third")]
+    assert [(e.role.encode(), e.content) for e in doc.entries] == expected
+    assert [e.raw for e in doc.entries][:2] == [first + lines, second + lines]
+    assert doc.boundary == len(data)
+    _same_readings(data)
+    lazy = parse(data)
+    assert [(e.role.encode(), e.content) for e in lazy.since_summary()[1]] == expected
+    # A file that ends with the empty lines: the last entry is closed too.
+    _same_readings(data + lines)
+    assert parse(data + lines).boundary == len(data + lines)
+
+
+def test_empty_lines_after_a_summary_block_keep_the_turns_after_it() -> None:
+    data = (
+        HEADER
+        + render_entry("User", TS, "old")
+        + b"\n"
+        + render_summary_block("so far", TS)
+        + b"\n\n"
+        + render_entry("User", TS, "new")
+    )
+    doc = parse(data)
+    summary, turns = doc.since_summary()
+    assert summary is not None and summary.summary_text.startswith("so far")
+    assert [t.content for t in turns] == [b"new"]
+    assert doc._full is None  # read locally
+    _same_readings(data)
+
+
+def test_a_line_that_is_not_empty_after_a_terminator_is_still_content() -> None:
+    for between in (b" \n", b"\t\n", b"x\n", b"\r\r\n"):
+        data = HEADER + render_entry("User", TS, "first") + between + render_entry("A", TS, "x")
+        doc = parse(data)
+        assert [e.role for e in doc.entries] == ["User"], between
+        assert doc.entries[0].content.endswith(b"### A \xe2\x80\x94 " + TS.encode() + b"\n\nx")
+        _same_readings(data)
