@@ -430,6 +430,18 @@ def _same_prefix(fd: int, data: bytes, length: int) -> bool:
     return offset == length
 
 
+def _still_holds(fd: int, data: bytes, boundary: int, tail: bytes) -> bool:
+    """Whether the open file's bytes 0..N are still ``data[:N]`` and N.. start with
+    ``tail``: every byte a new MEMORY.md is about to carry of it. The size is looked
+    at again after the compare, so a truncate while it ran is seen."""
+    length = boundary + len(tail)
+    if os.fstat(fd).st_size < length or not _same_prefix(fd, data, boundary):
+        return False
+    if tail and read_range(fd, boundary, length) != tail:
+        return False
+    return os.fstat(fd).st_size >= length
+
+
 def snapshot_tokens(
     data: bytes,
     dev: int,
@@ -944,16 +956,26 @@ class _Transaction:
             follow_symlinks=False,
         )
         self.checkpoint("drain-linked")
+        # Open until the replace: the last check of the old file's bytes reads
+        # through it, so it sees the inode the replace takes away, whatever an
+        # agent does to the name meanwhile.
         drain_fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
         try:
-            st = os.fstat(drain_fd)
-            if (st.st_dev, st.st_ino) != (snap.dev, snap.ino):
-                raise CompactionAborted(
-                    f"agent {self.agent!r}: MEMORY.md was replaced during compaction"
-                )
-            tail = read_range(drain_fd, snap.boundary, st.st_size)
+            return self._write_and_replace(snap, summary, cut, drain_fd)
         finally:
             os.close(drain_fd)
+
+    def _write_and_replace(
+        self, snap: _Snapshot, summary: bytes, cut: int, drain_fd: int
+    ) -> tuple[int, int]:
+        pinned = self.pinned
+        private_fd = pinned.private_fd
+        st = os.fstat(drain_fd)
+        if (st.st_dev, st.st_ino) != (snap.dev, snap.ino):
+            raise CompactionAborted(
+                f"agent {self.agent!r}: MEMORY.md was replaced during compaction"
+            )
+        tail = read_range(drain_fd, snap.boundary, st.st_size)
         # Copy only whole entries now; the drain copies the rest, so a new
         # writer's entry can never land in the middle of a half-copied one.
         copy_until = snap.boundary + parse(tail).boundary
@@ -992,6 +1014,21 @@ class _Transaction:
         self.old_id = (snap.dev, snap.ino)  # the file the swap replaces (see _swapped)
         self.swapping = True  # from here on the swap may have happened
         self.checkpoint("journal-swapping")
+        # The last check before the commit (DESIGN §2: re-check the prefix): the
+        # old file must still hold every byte the new one carries (0..N, as the
+        # summary and the archive read them, and N..copy_until), or a rewrite in
+        # place (an editor, an agent's "reset memory" with open("w")) made after
+        # the check right after the summary would be in neither file. Changed:
+        # the job rolls back (nothing changed; the next one starts afresh).
+        # What remains: a rewrite that lands after this compare has read the
+        # bytes it changes and before the rename below (the compare's own
+        # microseconds per MiB, then one system call) is not seen; the rename
+        # cannot be made conditional on the old file's content.
+        if not _still_holds(drain_fd, snap.data, snap.boundary, tail[: copy_until - snap.boundary]):
+            raise CompactionAborted(
+                f"agent {self.agent!r}: MEMORY.md was rewritten in place during compaction "
+                "(after its summary); rolled back, nothing changed"
+            )
         os.replace(
             NEW_MEMORY_TEMP,
             pinned.memory_name,

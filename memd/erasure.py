@@ -52,7 +52,7 @@ from memd.compaction import (  # the transaction's own steps, shared with compac
 )
 from memd.core.erasure import Filtered, erase_matching
 from memd.errors import CompactionAborted, MemdError, WorkspaceError, describe_error
-from memd.fsutil import AgentLock, create_file_at, read_to_end, share_with_group
+from memd.fsutil import AgentLock, create_file_at, iter_range, read_to_end, share_with_group
 from memd.rewrite import (
     ERASE_PHASE,
     STAGED_KEY,
@@ -152,6 +152,7 @@ class _Erase:
         self.key_ino = 0
         self.memory_ids: tuple[int, int, int, int] | None = None  # old dev/ino, new dev/ino
         self.copied_to = 0
+        self.staged_from = b""  # MEMORY.md's bytes as staged (0..copied_to)
         self.new_fd = -1
         self.committed = False
 
@@ -306,10 +307,41 @@ class _Erase:
         new = os.fstat(self.new_fd)
         self.memory_ids = (old.st_dev, old.st_ino, new.st_dev, new.st_ino)
         self.copied_to = len(data)
+        self.staged_from = data
+
+    def memory_unchanged(self) -> bool:
+        """Whether the old MEMORY.md (through the drain link: its inode, whatever an
+        agent did to the name) still holds the bytes the staged copy was filtered
+        from. A rewrite in place (an editor, an agent's open("w")) since staging
+        would otherwise be replaced by the filtered old content: its turns lost."""
+        try:
+            fd = self.pinned.open_private(DRAIN_NAME, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            length = len(self.staged_from)
+            old_dev, old_ino, _new_dev, _new_ino = self.memory_ids or (-1, -1, -1, -1)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (old_dev, old_ino) or st.st_size < length:
+                return False
+            offset = 0
+            for chunk in iter_range(fd, 0, length):
+                if not self.staged_from.startswith(chunk, offset):
+                    return False
+                offset += len(chunk)
+            # Looked at again: a truncate while the compare ran.
+            return offset == length and os.fstat(fd).st_size >= length
+        finally:
+            os.close(fd)
 
     # -- commit -----------------------------------------------------------------
     def commit(self, journal: _Journal) -> None:
         pinned = self.pinned
+        if self.memory_ids is not None and not self.memory_unchanged():
+            raise CompactionAborted(
+                f"agent {self.agent!r}: MEMORY.md was rewritten in place while the erasure "
+                "was staged; nothing changed (run forget --match again)"
+            )
         manifest_sha = write_manifest(pinned, self.staged, self.key_ino)
         fields: dict[str, object] = {
             "phase": ERASE_PHASE,
@@ -334,6 +366,23 @@ class _Erase:
         self.checkpoint("archives-renamed")
         if self.memory_ids is None:
             return
+        # Checked again right before the replace (the archive renames took time).
+        # What remains: a rewrite landing after this compare read the bytes it
+        # changes and before the rename (microseconds per MiB, then one system
+        # call) is not seen; a rename cannot be made conditional on content.
+        if not self.memory_unchanged():
+            # Committed (the archives are rewritten), but this MEMORY.md is not
+            # the one the staged copy was made from: it stays as the agent left
+            # it, nothing of it lost, its matches not erased.
+            journal.write(new_dev=None, new_ino=None)
+            self.memory_ids = None
+            self.outcome.memory = False
+            _finish(pinned, _no_checkpoint)
+            raise CompactionAborted(
+                f"agent {self.agent!r}: MEMORY.md was rewritten in place during the erasure: "
+                "the archives are erased, MEMORY.md is left as rewritten (run forget --match "
+                "again to erase it there)"
+            )
         os.replace(
             NEW_MEMORY_TEMP,
             pinned.memory_name,

@@ -1514,3 +1514,41 @@ def test_marks_that_do_not_fit_the_count_decide_nothing(
         threshold=compaction.ThresholdCheck(restored, threshold_tokens=1),
     )
     _assert_exact_figures(outcome, paths.memory.read_bytes())
+
+
+# -- r9data F2: a rewrite in place after the prefix check -------------------------
+
+
+@pytest.mark.parametrize(
+    "at_point", ["archive-written", "archive-linked", "new-written", "journal-swapping"]
+)
+@pytest.mark.parametrize("longer", [False, True], ids=["shorter", "longer"])
+def test_a_rewrite_in_place_after_the_prefix_check_loses_no_turn(
+    agent_ws: AgentWorkspace, at_point: str, longer: bool
+) -> None:
+    from memd.compaction import ProvidedSummary
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    before = paths.memory.read_bytes()
+
+    def at(name: str) -> None:
+        if name == at_point:
+            text = swarms_header("alpha") + swarms_block("Human", "REWRITTEN turn after a reset")
+            if longer:  # past the snapshot's N too: only its tail was carried over
+                text += "".join(swarms_block("AI", f"pad {i} " + "x " * 200) for i in range(5))
+            with open(paths.memory, "r+", encoding="utf-8") as handle:  # same inode
+                handle.truncate(0)
+                handle.write(text)
+
+    summary = ProvidedSummary("Summary: the user prefers tea; task: ship memd. " + "fact " * 20)
+    with pytest.raises(CompactionAborted, match="rewritten in place during compaction"):
+        compact_agent(paths, summary, FAST, manual=True, checkpoint=at)
+    # Rolled back: the rewritten file as the agent left it, no archive, nothing left over.
+    assert entry_contents_everywhere(paths)["REWRITTEN turn after a reset"] == 1
+    assert paths.memory.read_bytes() != before
+    assert not paths.archive_dir.exists() or not list(paths.archive_dir.iterdir())
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    assert SlotJournal(paths.journal).read() == {"phase": "idle"}
+    # The next job compacts the rewritten file.
+    compact_agent(paths, summary, FAST, manual=True)
+    assert entry_contents_everywhere(paths)["REWRITTEN turn after a reset"] == 1

@@ -360,3 +360,36 @@ def test_forget_match_leaves_no_copy_in_a_moved_aside_recall_index(
         p.name for p in state.rglob("*") if p.is_file() and b"VIOLET-PIN-5521" in p.read_bytes()
     ]
     assert left == []
+
+
+# -- r9data F2: a rewrite in place between staging and the replace ------------------
+
+
+@pytest.mark.parametrize("at_point", ["memory-staged", "archives-renamed"])
+def test_forget_match_loses_no_turn_of_a_rewrite_in_place_before_its_commit(
+    tmp_path: Path, at_point: str
+) -> None:
+    from support.memfiles import entry_contents_everywhere, swarms_block, swarms_header
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    rewritten = swarms_header("alpha") + swarms_block("Human", "REWRITTEN turn after a reset")
+
+    def at(name: str) -> None:
+        if name == at_point:
+            with open(paths.memory, "r+", encoding="utf-8") as handle:  # same inode
+                handle.truncate(0)
+                handle.write(rewritten)
+
+    with pytest.raises(CompactionAborted, match="rewritten in place"):
+        erase_by_pattern(
+            paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05), checkpoint=at
+        )
+    # MEMORY.md as the agent rewrote it (its turn there once); before the commit
+    # nothing changed, after it the archives are erased all the same.
+    assert paths.memory.read_text() == rewritten
+    assert entry_contents_everywhere(paths)["REWRITTEN turn after a reset"] == 1
+    archived = b"".join(p.read_bytes() for p in paths.archive_dir.iterdir())
+    assert (PLANTED.encode() in archived) == (at_point == "memory-staged")
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    assert SlotJournal(paths.journal).read() == {"phase": "idle"}
