@@ -28,7 +28,9 @@ lock is let go.
 
 Recovery reads the journal and decides by inode numbers, never by guessing:
 before the replace it rolls back (removes the archive it had linked, by
-inode), after it rolls forward (finishes the drain).
+inode), after it rolls forward (finishes the drain). A journal with no readable
+record is decided from the files (:func:`_recover_unreadable`); a first build's
+plain-JSON ``journal.json`` is read (:func:`_legacy_journal`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import json
 import os
 import stat
 import threading
@@ -70,7 +73,6 @@ from memd.core.memfile import (
 from memd.core.ownership import archive_access
 from memd.core.pins import Pin
 from memd.core.plan import (
-    CORRUPT_PHASE,
     IDLE_PHASE,
     RecoveryAction,
     has_compactable,
@@ -128,7 +130,14 @@ from memd.redaction_key import process_key
 from memd.retention import PruneResult, list_archives, local_utc_offset, prune_locked
 from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
-from memd.workspace import ARCHIVE_TEMP, DRAIN_NAME, JOURNAL_NAME, NEW_MEMORY_TEMP, AgentPaths
+from memd.workspace import (
+    ARCHIVE_TEMP,
+    DRAIN_NAME,
+    JOURNAL_NAME,
+    LEGACY_JOURNAL_NAME,
+    NEW_MEMORY_TEMP,
+    AgentPaths,
+)
 
 _NEWEST_ARCHIVE = "history_9999-12-31_23-59-59_999999.md"
 _TEMP_NAMES = (ARCHIVE_TEMP, NEW_MEMORY_TEMP, DRAIN_NAME)
@@ -1224,7 +1233,10 @@ def _append(fd: int, data: bytes) -> None:
 def _finish(pinned: AgentDir, checkpoint: Checkpoint) -> None:
     # Order matters: the journal goes idle last, so a crash in between leaves
     # a committed journal whose drain has nothing left to move (idempotent).
-    for leftover in (DRAIN_NAME, ARCHIVE_TEMP, NEW_MEMORY_TEMP):
+    # The archive temp goes before the drain link: with no journal to read,
+    # recovery takes a temp still linked into archive/ without a drain link for
+    # a job that had not swapped yet (see _recover_unreadable).
+    for leftover in (ARCHIVE_TEMP, DRAIN_NAME, NEW_MEMORY_TEMP):
         pinned.unlink_private(leftover)
     remove_staging(pinned)
     _Journal(pinned).clear()
@@ -1688,16 +1700,25 @@ def journal_unfinished(paths: AgentPaths) -> bool:
     journal = SlotJournal(paths.journal)
     payload = journal.read()
     if payload is None:
-        return journal.exists()  # damaged (recovery calls it corrupt), or none at all
+        if journal.exists():
+            return True  # damaged: recovery decides from the files (_recover_unreadable)
+        # A first build's journal, left behind: recovery reads it.
+        return (paths.private_dir / LEGACY_JOURNAL_NAME).exists()
     return payload.get("phase") != IDLE_PHASE
 
 
 def _recover_locked(
     pinned: AgentDir, quiet_s: float, max_s: float, key_file: Path | None = None
 ) -> str | None:
-    if pinned.private_exists(JOURNAL_NAME):
+    legacy = _legacy_journal(pinned)
+    if legacy is not None:
+        payload = legacy
+    elif pinned.private_exists(JOURNAL_NAME):
         journal_file = SlotJournal(pinned.paths.journal, dir_fd=pinned.private_fd)
-        payload = journal_file.read() or {"phase": CORRUPT_PHASE}
+        read = journal_file.read()
+        if read is None:
+            return _recover_unreadable(pinned, quiet_s, max_s, key_file)
+        payload = read
     else:
         payload = {"phase": IDLE_PHASE}
     phase = payload.get("phase")
@@ -1773,6 +1794,93 @@ def _recover_locked(
         "MEMORY.md was replaced by another program during an interrupted compaction; "
         "kept the old file as an archive"
     )
+
+
+def _legacy_journal(pinned: AgentDir) -> dict[str, Any] | None:
+    """The job a first build's plain-JSON journal (``.memd/journal.json``, format 1)
+    records, moved into the slot journal; None when there is none to take.
+
+    Moved first (the slot journal written durably, then the old file removed), so
+    the job is recovered like any other. Once the slot journal exists, a memd that
+    writes it has run a job on this agent since the old file was left: that file
+    is stale (or was moved already) and is only removed. An old file that cannot be
+    read is a damaged journal: the files decide (:func:`_recover_unreadable`)."""
+    if not pinned.private_exists(LEGACY_JOURNAL_NAME):
+        return None
+    payload: dict[str, Any] | None = None
+    if not pinned.private_exists(JOURNAL_NAME):
+        fd = pinned.open_private(LEGACY_JOURNAL_NAME, os.O_RDONLY)
+        try:
+            raw = read_to_end(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(ValueError):
+            loaded = json.loads(raw)
+            if isinstance(loaded, dict) and isinstance(loaded.get("phase"), str):
+                payload = loaded
+        if payload is not None:
+            SlotJournal(pinned.paths.journal, dir_fd=pinned.private_fd).write(payload)
+        else:
+            # Damaged: an empty slot journal stands for it (read as damaged, so this
+            # recovery and any after a crash in it decide from the files).
+            os.close(pinned.open_private(JOURNAL_NAME, os.O_WRONLY | os.O_CREAT))
+    for name in (LEGACY_JOURNAL_NAME, LEGACY_JOURNAL_NAME + ".tmp"):
+        pinned.unlink_private(name)
+    os.fsync(pinned.private_fd)
+    return payload
+
+
+def _recover_unreadable(
+    pinned: AgentDir, quiet_s: float, max_s: float, key_file: Path | None
+) -> str | None:
+    """Recovery when no journal record can be read (both slots damaged: a power
+    loss on a file system that does not order data). Decided from the files, never
+    by taking the job for rolled back:
+
+    * ``.memd/drain.md`` is not MEMORY.md's inode (or MEMORY.md is gone): the swap
+      happened (or another program replaced MEMORY.md). The drain offsets are lost,
+      so the old file is kept whole as an archive, in place of the job's own
+      archive when the archive temp still names it: late turns in it stay, the
+      turns kept verbatim may then be in MEMORY.md as well (doubled, never lost);
+    * else MEMORY.md is the file the job started from and holds every turn: the
+      job's archive (the archive temp's inode, while it is linked into archive/;
+      :func:`_finish` unlinks the temp before the drain link) and its temps go.
+    """
+    journal_name = f".memd/{JOURNAL_NAME}"
+    current = pinned.stat_memory()
+    current_id = (current.st_dev, current.st_ino) if current is not None else None
+    drain = _stat_private(pinned, DRAIN_NAME)
+    temp = _stat_private(pinned, ARCHIVE_TEMP)
+    archive_ino = temp.st_ino if temp is not None and temp.st_nlink > 1 else None
+    if drain is not None and current_id != (drain.st_dev, drain.st_ino):
+        # Journaled as a job whose MEMORY.md is neither the old nor the new file:
+        # the recovery below (and any after a crash in it) keeps the old file.
+        _Journal(pinned).write(
+            phase="swapping",
+            old_dev=drain.st_dev,
+            old_ino=drain.st_ino,
+            new_dev=None,
+            new_ino=None,
+            archive_ino=archive_ino,
+        )
+        _recover_locked(pinned, quiet_s, max_s, key_file)
+        return (
+            f"the compaction journal {journal_name} was unreadable and MEMORY.md had been "
+            "swapped: kept the old file whole as an archive (late turns included)"
+        )
+    _rollback_files(pinned, archive_ino)
+    remove_staging(pinned)
+    return (
+        f"the compaction journal {journal_name} was unreadable; MEMORY.md had not been "
+        "swapped and holds every turn: removed the job's archive and temp files"
+    )
+
+
+def _stat_private(pinned: AgentDir, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=pinned.private_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
 
 
 def _archive_drain(
@@ -1896,7 +2004,10 @@ def _resolve_pending(
         os.close(fd)
     if not chunk or hashlib.sha256(chunk).hexdigest() != payload.get("pending_sha256"):
         return copied_to
-    pending_at = payload.get("pending_at")
+    # Format 1 journals (the first builds) did not record where the new file
+    # ended: the chunk is looked for from its start (it holds dated turns, found
+    # only where they were appended).
+    pending_at = payload.get("pending_at", 0)
     if not isinstance(pending_at, int):
         return copied_to
     after = read_range(new_fd, pending_at, os.fstat(new_fd).st_size)

@@ -28,6 +28,10 @@ PRIVATE_DIR = ".memd"
 # In PRIVATE_DIR: the compaction journal (kept, updated in place) and the
 # transaction's temporaries (compaction and erasure; recovery removes them).
 JOURNAL_NAME = "journal"
+# The journal of memd's first builds (before 6e10b57): one plain JSON object,
+# replaced whole through LEGACY_JOURNAL_NAME + ".tmp" (format 1). Recovery reads
+# one left behind by such a build and moves it into JOURNAL_NAME.
+LEGACY_JOURNAL_NAME = "journal.json"
 DRAIN_NAME = "drain.md"
 NEW_MEMORY_TEMP = "MEMORY.md.new"
 ARCHIVE_TEMP = "archive.tmp"
@@ -571,6 +575,7 @@ __all__ = [
     "ARCHIVE_TEMP",
     "DRAIN_NAME",
     "JOURNAL_NAME",
+    "LEGACY_JOURNAL_NAME",
     "MEMORY_FILE",
     "NEW_MEMORY_TEMP",
     "NO_ARCHIVES",

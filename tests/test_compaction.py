@@ -1552,3 +1552,145 @@ def test_a_rewrite_in_place_after_the_prefix_check_loses_no_turn(
     # The next job compacts the rewritten file.
     compact_agent(paths, summary, FAST, manual=True)
     assert entry_contents_everywhere(paths)["REWRITTEN turn after a reset"] == 1
+
+
+# -- r9data F4: a journal recovery cannot read -------------------------------------
+
+LATE_TURN = "LATE turn to the old inode"
+
+
+class _Killed(BaseException):
+    """Stands for a kill -9 at a checkpoint: nothing after it runs but unwinding."""
+
+
+def _crash_at(paths: AgentPaths, point: str, late: bool) -> dict[str, Any] | None:
+    """Compact ``paths`` and stop dead at ``point``; with ``late``, a writer that
+    opened MEMORY.md before the swap appends a turn to the old inode first.
+    Returns the journal as the crash left it (None: none written yet)."""
+    from memd.compaction import ProvidedSummary
+
+    late_writer = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+
+    def at(name: str) -> None:
+        if name == point:
+            if late:
+                os.write(late_writer, swarms_block("AI", LATE_TURN).encode())
+            raise _Killed
+
+    summary = ProvidedSummary("Summary: the user prefers tea; task: ship memd. " + "fact " * 20)
+    try:
+        with pytest.raises(_Killed):
+            compact_agent(paths, summary, FAST, manual=True, checkpoint=at)
+    finally:
+        os.close(late_writer)
+    return SlotJournal(paths.journal).read()
+
+
+@pytest.mark.parametrize("journal", ["zeroed", "plain-json"])
+def test_an_unreadable_journal_after_the_swap_loses_no_late_turn(
+    agent_ws: AgentWorkspace, journal: str
+) -> None:
+    import json
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    turns = set(entry_contents_everywhere(paths))
+    payload = _crash_at(paths, "replaced", late=True)
+    assert payload is not None and payload["phase"] == "swapping"
+    if journal == "zeroed":  # both slots lost (power loss, no data ordering)
+        paths.journal.write_bytes(b"\0" * 8192)
+    else:  # JSON, but no slot record: not a format memd wrote at this path
+        paths.journal.write_text(json.dumps({**payload, "version": 1}))
+    done = recover_agent(paths, quiet_s=0.05)
+    assert done is not None and ".memd/journal was unreadable" in done
+    assert "kept the old file whole as an archive" in done
+    seen = entry_contents_everywhere(paths)
+    assert seen[LATE_TURN] == 1  # was deleted with the drain link ("rolled back")
+    assert all(seen[turn] == 1 for turn in turns)  # the job's own archive went
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    assert SlotJournal(paths.journal).read() == {"phase": "idle"}
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["archive-written", "archive-linked", "drain-linked", "new-written", "journal-swapping"],
+)
+def test_an_unreadable_journal_before_the_swap_doubles_no_turn(
+    agent_ws: AgentWorkspace, point: str
+) -> None:
+    paths = agent_ws.create_agent("alpha", entries=4)
+    before = paths.memory.read_bytes()
+    turns = set(entry_contents_everywhere(paths))
+    _crash_at(paths, point, late=False)
+    paths.journal.write_bytes(b"\0" * 8192)
+    done = recover_agent(paths, quiet_s=0.05)
+    assert done is not None and "had not been swapped" in done
+    assert paths.memory.read_bytes() == before
+    # The archive the job linked is found by the archive temp's inode and goes:
+    # every turn once (it stayed, and each summarized turn was in two files).
+    assert not paths.archive_dir.exists() or not list(paths.archive_dir.iterdir())
+    assert all(entry_contents_everywhere(paths)[turn] == 1 for turn in turns)
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+
+
+# The fields memd's first builds (before 6e10b57) journaled, as one JSON object in
+# .memd/journal.json (format 1).
+_FIRST_BUILD_FIELDS = [
+    "phase",
+    "archive",
+    "archive_dev",
+    "archive_ino",
+    "snapshot_size",
+    "snapshot_sha256",
+    "old_dev",
+    "old_ino",
+    "started_at",
+    "agent",
+    "copied_to",
+    "new_dev",
+    "new_ino",
+    "pending_to",
+    "pending_sha256",
+]
+
+
+def test_a_first_builds_plain_json_journal_left_behind_is_read_and_finished(
+    agent_ws: AgentWorkspace,
+) -> None:
+    import json
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    payload = _crash_at(paths, "replaced", late=True)
+    assert payload is not None
+    old = {key: value for key, value in payload.items() if key in _FIRST_BUILD_FIELDS}
+    old["version"] = 1
+    paths.journal.unlink()  # a first build had no slot journal
+    (paths.private_dir / "journal.json").write_text(json.dumps(old, sort_keys=True))
+    assert compaction.journal_unfinished(paths)
+    done = recover_agent(paths, quiet_s=0.05)
+    # Rolled forward as the first build would: the late turn drained into MEMORY.md.
+    assert done == "finished an interrupted compaction (drained the old file)"
+    assert paths.memory.read_text().count(LATE_TURN) == 1
+    assert entry_contents_everywhere(paths)[LATE_TURN] == 1
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    assert not compaction.journal_unfinished(paths)
+
+
+def test_a_first_builds_journal_is_stale_once_a_slot_journal_exists(
+    agent_ws: AgentWorkspace,
+) -> None:
+    import json
+
+    from memd.compaction import ProvidedSummary
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    summary = ProvidedSummary("Summary: the user prefers tea; task: ship memd. " + "fact " * 20)
+    compact_agent(paths, summary, FAST, manual=True)  # the slot journal exists, idle
+    archives = sorted(paths.archive_dir.iterdir())
+    stale = {"phase": "archiving", "archive_ino": archives[0].stat().st_ino, "version": 1}
+    (paths.private_dir / "journal.json").write_text(json.dumps(stale))
+    memory = paths.memory.read_bytes()
+    recover_agent(paths, quiet_s=0.05)
+    # Not acted on (it would "roll back" by removing this archive): only removed.
+    assert sorted(paths.archive_dir.iterdir()) == archives
+    assert paths.memory.read_bytes() == memory
+    assert not (paths.private_dir / "journal.json").exists()

@@ -413,8 +413,6 @@ class RecoveryAction(StrEnum):
 
 
 IDLE_PHASE = "idle"
-CORRUPT_PHASE = "corrupt"
-
 FileId = tuple[object, object]
 
 
@@ -425,11 +423,12 @@ def recovery_action(
 
     ``current`` is MEMORY.md's (dev, ino) now (None: missing); ``old`` and
     ``new`` are the inode numbers the journal recorded. Decided by inode
-    numbers, never by guessing.
+    numbers, never by guessing. A journal with no readable record never gets
+    here (it is no job "rolled back": the files decide, in memd.compaction).
     """
     if phase == IDLE_PHASE:
         return RecoveryAction.CLEAN_TEMPS
-    if phase in {"archiving", CORRUPT_PHASE} or (phase == "swapping" and current == old):
+    if phase == "archiving" or (phase == "swapping" and current == old):
         return RecoveryAction.ROLL_BACK
     if phase in {"swapping", "draining"} and current == new:
         return RecoveryAction.ROLL_FORWARD
@@ -512,7 +511,6 @@ def stored_count_trust(
 
 
 __all__ = [
-    "CORRUPT_PHASE",
     "IDLE_PHASE",
     "SUMMARY_MARKUP_TOKENS",
     "ChunkBudget",

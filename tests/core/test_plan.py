@@ -51,7 +51,6 @@ def test_recovery_decision_by_phase_and_inode() -> None:
     decide = recovery_action
     assert decide("idle", old, old, new) is RecoveryAction.CLEAN_TEMPS
     assert decide("archiving", old, old, (None, None)) is RecoveryAction.ROLL_BACK
-    assert decide("corrupt", None, (None, None), (None, None)) is RecoveryAction.ROLL_BACK
     assert decide("swapping", old, old, new) is RecoveryAction.ROLL_BACK
     assert decide("swapping", new, old, new) is RecoveryAction.ROLL_FORWARD
     assert decide("draining", new, old, new) is RecoveryAction.ROLL_FORWARD

@@ -3,7 +3,6 @@ the defect its reason names; a fix turns its strict xfail red."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
@@ -82,46 +81,3 @@ def test_forget_match_erases_a_line_anchored_pattern_from_raw_turns_too(
         if b"12 Elm Street" in p.read_bytes()
     ]
     assert left == []  # today: ['MEMORY.md', 'history_….md'] (the raw turns kept it)
-
-
-class _Killed(BaseException):
-    """Stands for a kill -9 at a checkpoint: nothing after it runs but unwinding."""
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="r9data F4: a journal recovery cannot read (both slots damaged, or the pre-slot "
-    "JSON journal) is 'rolled back' blindly: after the swap the drain link and the late "
-    "turns in it are deleted; before it the linked archive stays and every summarized "
-    "turn is doubled",
-)
-@pytest.mark.parametrize("journal", ["zeroed", "plain-json"])
-def test_an_unreadable_journal_after_the_swap_loses_no_late_turn(
-    agent_ws: AgentWorkspace, journal: str
-) -> None:
-    import json
-
-    from memd.compaction import recover_agent
-    from memd.fsutil import SlotJournal
-
-    paths = agent_ws.create_agent("alpha", entries=4)
-    late_writer = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
-
-    def at(name: str) -> None:
-        if name == "replaced":
-            os.write(late_writer, swarms_block("AI", "LATE turn to the old inode").encode())
-            raise _Killed
-
-    try:
-        with contextlib.suppress(_Killed):
-            compact_agent(paths, SUMMARY, FAST, manual=True, checkpoint=at)
-    finally:
-        os.close(late_writer)
-    payload = SlotJournal(paths.journal).read()
-    assert payload is not None and payload["phase"] == "swapping"
-    if journal == "zeroed":
-        paths.journal.write_bytes(b"\0" * 8192)
-    else:
-        paths.journal.write_text(json.dumps({**payload, "version": 1}))
-    recover_agent(paths, quiet_s=0.05)  # today: "rolled back … (phase corrupt)"
-    assert entry_contents_everywhere(paths)["LATE turn to the old inode"] == 1
