@@ -63,6 +63,7 @@ from memd.archive_crypto import (
 )
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
+    BLOCK_TERMINATOR,
     HeaderSegment,
     MemoryDocument,
     parse,
@@ -650,6 +651,7 @@ class _Transaction:
         # The new MEMORY.md, open from its creation on: the drain appends
         # through this fd, never through a path an agent could redirect.
         self.new_fd = -1
+        self.new_size = -1
         self.produced = b""  # header + summary + what the snapshot held past N
         self.produced_head = 0  # of which the header and the summary block
         self.produced_kept = 0  # and then the turns kept verbatim
@@ -1011,6 +1013,7 @@ class _Transaction:
             mode=stat.S_IMODE(snap.st_mode),
         )
         new_st = os.fstat(self.new_fd)
+        self.new_size = new_st.st_size  # where memd's own bytes end (the drain's start)
         keep_owner(self.new_fd, snap.st_mode, snap.st_uid, snap.st_gid, self.agent)
         self.checkpoint("new-written")
         self.journal.write(
@@ -1121,8 +1124,20 @@ def _drain(
     max_s: float,
     poll_s: float,
     checkpoint: Checkpoint,
+    own_end: int = -1,
 ) -> None:
     """Move bytes appended to the old inode past ``copied_to`` into the new file.
+
+    Only while the new file ends where an entry may start (:func:`_at_entry_end`;
+    ``own_end``: its size as memd made it, an end whatever its last bytes are): an
+    agent writing a turn to the new file in more than one ``write`` (a header,
+    then the text; a shell appending line by line) is waited for, so a late turn
+    never lands inside it. Within the drain's bounds (twice ``max_s`` plus
+    ``quiet_s`` from its start); past them the late turns go in at once: a turn
+    still half-written then is most likely a writer that died mid-turn, and
+    holding the late turns back would keep the job (and every later one of the
+    agent, whose recovery drains first) from finishing. They then follow the torn
+    turn, which was torn already (README, the compaction's step 7).
 
     Each chunk is journaled as pending (range + hash) before it is appended,
     so a crash mid-append is resolved on recovery by looking for the chunk.
@@ -1148,8 +1163,16 @@ def _drain(
                 # Whole entries only while writers may still be mid-entry; the
                 # final pass takes whatever is left, so nothing stays behind.
                 take = len(chunk) if finishing else parse(chunk).boundary
+                overdue = now - started >= 2 * max_s + quiet_s
+                if take > 0 and not overdue and not _at_entry_end(new_fd, own_end):
+                    # An agent is mid-turn in the new file: wait for its end.
+                    # What remains: a turn it starts between this look and the
+                    # append below (one system call apart) is not waited for.
+                    time.sleep(poll_s)
+                    continue
                 if take > 0:
                     piece = chunk[:take]
+                    pending_at = os.fstat(new_fd).st_size
                     journal.write(
                         phase="draining",
                         copied_to=copied_to,
@@ -1157,7 +1180,7 @@ def _drain(
                         pending_sha256=hashlib.sha256(piece).hexdigest(),
                         # Where the new file ended before this append: on
                         # recovery the chunk can only be found past it.
-                        pending_at=os.fstat(new_fd).st_size,
+                        pending_at=pending_at,
                     )
                     try:
                         _append(new_fd, piece)
@@ -1179,6 +1202,10 @@ def _drain(
                         raise
                     copied_to += take
                     journal.write(phase="draining", copied_to=copied_to, pending_to=None)
+                    # Memd's own end (the piece's last bytes may be a torn turn's,
+                    # on the final pass) unless an agent appended right after it.
+                    landed_end = pending_at + take
+                    own_end = landed_end if os.fstat(new_fd).st_size == landed_end else -1
                     continue
             if finishing and size <= copied_to:
                 break
@@ -1190,6 +1217,16 @@ def _drain(
     finally:
         os.close(fd)
     checkpoint("drained")
+
+
+def _at_entry_end(fd: int, own_end: int) -> bool:
+    """Whether the new file (``fd``) ends where an entry may start: after an entry's
+    terminator, or where memd's own last write left it (``own_end``, -1: unknown)."""
+    size = os.fstat(fd).st_size
+    if size == own_end:
+        return True
+    mark = len(BLOCK_TERMINATOR)
+    return size >= mark and os.pread(fd, mark, size - mark) == BLOCK_TERMINATOR
 
 
 def _append(fd: int, data: bytes) -> None:
@@ -1424,6 +1461,7 @@ def _compact_locked(
                 opts.drain_max_s,
                 opts.drain_poll_s,
                 hook,
+                own_end=txn.new_size,
             )
             _finish(pinned, hook)
         except OSError as exc:

@@ -154,6 +154,7 @@ class _Erase:
         self.copied_to = 0
         self.staged_from = b""  # MEMORY.md's bytes as staged (0..copied_to)
         self.new_fd = -1
+        self.new_size = -1  # the staged copy's size (where memd's own bytes end)
         self.committed = False
 
     # -- staging ----------------------------------------------------------------
@@ -305,6 +306,7 @@ class _Erase:
         )
         keep_owner(self.new_fd, old.st_mode, old.st_uid, old.st_gid, self.agent)
         new = os.fstat(self.new_fd)
+        self.new_size = new.st_size
         self.memory_ids = (old.st_dev, old.st_ino, new.st_dev, new.st_ino)
         self.copied_to = len(data)
         self.staged_from = data
@@ -401,6 +403,7 @@ class _Erase:
             opts.drain_max_s,
             opts.drain_poll_s,
             self.checkpoint,
+            own_end=self.new_size,
         )
 
     def close(self) -> None:

@@ -1694,3 +1694,114 @@ def test_a_first_builds_journal_is_stale_once_a_slot_journal_exists(
     assert sorted(paths.archive_dir.iterdir()) == archives
     assert paths.memory.read_bytes() == memory
     assert not (paths.private_dir / "journal.json").exists()
+
+
+# -- r9data F1: a drained late turn never lands inside an agent's entry -------------
+
+SPLIT_TURN = "SPLIT turn written in two write() calls"
+
+
+def _finish_split_turn_on_first_wait(
+    monkeypatch: pytest.MonkeyPatch, fds: list[int], rest: bytes
+) -> list[str]:
+    """A scripted agent: the rest of its half-written turn goes in when the drain
+    first waits (``time.sleep`` in memd.compaction), not on a clock."""
+    real_sleep = time.sleep
+    done: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        if fds and not done:
+            os.write(fds[0], rest)
+            done.append("finished")
+        real_sleep(seconds)
+
+    monkeypatch.setattr(compaction.time, "sleep", sleep)
+    return done
+
+
+def _split_turn() -> bytes:
+    return swarms_block("Human", SPLIT_TURN).encode()
+
+
+def test_a_drained_late_turn_never_lands_inside_an_agents_entry_in_the_new_file(
+    agent_ws: AgentWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memd.compaction import ProvidedSummary
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    # A writer that opened MEMORY.md before the swap (the drain's reason to exist).
+    late_writer = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+    # An agent that writes one entry in two write() calls (header, then the rest:
+    # buffered writers do this for a turn over their buffer size; so does a shell
+    # script appending line by line), to the new MEMORY.md after the swap.
+    split = _split_turn()
+    fresh: list[int] = []
+    finished = _finish_split_turn_on_first_wait(monkeypatch, fresh, split[20:])
+
+    def at(name: str) -> None:
+        if name == "replaced":
+            os.write(late_writer, swarms_block("AI", LATE_TURN).encode())
+            fd = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+            os.write(fd, split[:20])
+            fresh.append(fd)
+
+    summary = ProvidedSummary("Summary: the user prefers tea; task: ship memd. " + "fact " * 20)
+    try:
+        compact_agent(paths, summary, FAST, manual=True, checkpoint=at)
+    finally:
+        for fd in (*fresh, late_writer):
+            os.close(fd)
+    assert finished  # the drain waited for the agent's turn to end
+    seen = entry_contents_everywhere(paths)
+    # Was "### Human — 2026-1### AI — …LATE…---\n\n2-03T…SPLIT…": neither an entry.
+    assert seen[LATE_TURN] == 1
+    assert seen[SPLIT_TURN] == 1
+    memory = paths.memory.read_bytes()
+    assert memory.index(split) < memory.index(LATE_TURN.encode())
+
+
+def test_recovery_drains_a_late_turn_only_at_the_end_of_an_agents_entry(
+    agent_ws: AgentWorkspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = agent_ws.create_agent("alpha", entries=4)
+    _crash_at(paths, "replaced", late=True)  # LATE in the old inode, never drained
+    split = _split_turn()
+    fd = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, split[:20])
+        finished = _finish_split_turn_on_first_wait(monkeypatch, [fd], split[20:])
+        assert recover_agent(paths, quiet_s=0.05, max_s=2) is not None
+    finally:
+        os.close(fd)
+    assert finished
+    seen = entry_contents_everywhere(paths)
+    assert seen[LATE_TURN] == 1 and seen[SPLIT_TURN] == 1
+
+
+def test_a_turn_left_half_written_past_the_drains_bounds_gets_the_late_turn_after_it(
+    agent_ws: AgentWorkspace,
+) -> None:
+    """A writer that died mid-turn: the late turn waits for the drain's bounds (twice
+    drain_max_s plus drain_quiet_s), then goes in after the torn turn, never lost."""
+    from memd.compaction import ProvidedSummary
+
+    paths = agent_ws.create_agent("alpha", entries=4)
+    late_writer = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+    torn = _split_turn()[:20]
+
+    def at(name: str) -> None:
+        if name == "replaced":
+            os.write(late_writer, swarms_block("AI", LATE_TURN).encode())
+            with open(paths.memory, "ab") as handle:
+                handle.write(torn)
+
+    summary = ProvidedSummary("Summary: the user prefers tea; task: ship memd. " + "fact " * 20)
+    short = replace(FAST, drain_quiet_s=0.01, drain_max_s=0.05)
+    try:
+        compact_agent(paths, summary, short, manual=True, checkpoint=at)
+    finally:
+        os.close(late_writer)
+    memory = paths.memory.read_bytes()
+    assert memory.count(LATE_TURN.encode()) == 1
+    assert memory.index(torn) < memory.index(LATE_TURN.encode())
+    assert SlotJournal(paths.journal).read() == {"phase": "idle"}

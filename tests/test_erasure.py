@@ -393,3 +393,47 @@ def test_forget_match_loses_no_turn_of_a_rewrite_in_place_before_its_commit(
     assert (PLANTED.encode() in archived) == (at_point == "memory-staged")
     assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
     assert SlotJournal(paths.journal).read() == {"phase": "idle"}
+
+
+def test_forget_match_drains_a_late_turn_only_at_the_end_of_an_agents_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from support.memfiles import entry_contents_everywhere, swarms_block
+
+    import memd.compaction as compaction
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    late_writer = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+    split = swarms_block("Human", "SPLIT turn written in two write() calls").encode()
+    fresh: list[int] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:  # the agent ends its turn when the drain waits
+        if fresh and len(fresh) == 1:
+            os.write(fresh[0], split[20:])
+            fresh.append(-1)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(compaction.time, "sleep", sleep)
+
+    def at(name: str) -> None:
+        if name == "replaced":
+            os.write(late_writer, swarms_block("AI", "LATE turn to the old inode").encode())
+            fd = os.open(paths.memory, os.O_WRONLY | os.O_APPEND)
+            os.write(fd, split[:20])
+            fresh.append(fd)
+
+    try:
+        erase_by_pattern(
+            paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05), checkpoint=at
+        )
+    finally:
+        for fd in (*fresh[:1], late_writer):
+            os.close(fd)
+    assert len(fresh) == 2  # the drain waited for the agent's turn to end
+    seen = entry_contents_everywhere(paths)
+    assert seen["LATE turn to the old inode"] == 1
+    assert seen["SPLIT turn written in two write() calls"] == 1
