@@ -141,10 +141,14 @@ class _Erase:
         pattern: re.Pattern[str],
         options: EraseOptions,
         checkpoint: Checkpoint,
+        *,
+        dry_run: bool = False,
     ) -> None:
         self.pinned = pinned
         self.agent = pinned.paths.agent
         self.pattern = pattern
+        # Count what would go, write nothing (``forget --match --dry-run``).
+        self.dry_run = dry_run
         self.options = options
         self.checkpoint = checkpoint
         self.outcome = EraseOutcome(agent=self.agent)
@@ -159,6 +163,8 @@ class _Erase:
 
     # -- staging ----------------------------------------------------------------
     def _stage(self, archive: _Archive, data: bytes) -> None:
+        if self.dry_run:
+            return
         temp = staged_name(len(self.staged))
         fd = create_file_at(self.pinned.private_fd, temp, [data])
         try:
@@ -251,6 +257,9 @@ class _Erase:
             self._stage(archive, seal_archive(new, name, filtered.data))
         if not self.outcome.resealed:
             return  # no match in any encrypted archive: the old key keeps nothing erased
+        if self.dry_run:
+            self.outcome.resealed += len(unchanged)
+            return
         for name in unchanged:
             found = self._read_archive(archive_fd, name)
             if found is None:
@@ -263,6 +272,22 @@ class _Erase:
             self.key_ino = os.fstat(fd).st_ino
         finally:
             os.close(fd)
+
+    def preview_memory(self) -> None:
+        """What :meth:`stage_memory` would take out of MEMORY.md, read only."""
+        try:
+            fd = self.pinned.open_memory(os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return
+            filtered = erase_matching(read_to_end(fd), self.pattern)
+        finally:
+            os.close(fd)
+        if filtered.removed:
+            self.outcome.add(filtered)
+            self.outcome.memory = True
 
     def stage_memory(self) -> None:
         pinned = self.pinned
@@ -443,6 +468,25 @@ def erase_by_pattern(
         raise CompactionAborted(f"agent {paths.agent!r}: {describe_error(exc)}") from exc
 
 
+def preview_erase(
+    paths: AgentPaths, pattern: re.Pattern[str], key_file: Path | None = None
+) -> EraseOutcome:
+    """What :func:`erase_by_pattern` would remove now, counted the same way, with
+    nothing written, created or locked (``memd forget AGENT --match R --dry-run``).
+    Encrypted archives are searched with ``key_file`` (EraseRefused without it,
+    as the erasure itself is)."""
+    try:
+        pinned = AgentDir.open(paths, create_private=False)
+    except WorkspaceError as exc:
+        raise CompactionAborted(str(exc)) from None
+    with pinned:
+        pinned.pin_memory()
+        txn = _Erase(pinned, pattern, EraseOptions(key_file=key_file), _no_checkpoint, dry_run=True)
+        txn.stage_archives()
+        txn.preview_memory()
+        return txn.outcome
+
+
 def _erase_locked(
     pinned: AgentDir, pattern: re.Pattern[str], opts: EraseOptions, hook: Checkpoint
 ) -> EraseOutcome:
@@ -486,4 +530,5 @@ __all__ = [
     "EraseOutcome",
     "EraseRefused",
     "erase_by_pattern",
+    "preview_erase",
 ]

@@ -437,3 +437,51 @@ def test_forget_match_drains_a_late_turn_only_at_the_end_of_an_agents_entry(
     seen = entry_contents_everywhere(paths)
     assert seen["LATE turn to the old inode"] == 1
     assert seen["SPLIT turn written in two write() calls"] == 1
+
+
+# -- r9data F3: one matching rule for raw turns and summary lines; --dry-run ---------
+
+
+def test_forget_match_erases_a_line_anchored_pattern_from_raw_turns_too(tmp_path: Path) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha", entries=3)
+    append_entry(paths.memory, "Human", "Note this.\nhome address: 12 Elm Street\nThanks.")
+    summary = "The user moved.\nhome address: 12 Elm Street\nTask: ship memd. " + "fact " * 20
+    compact_agent(paths, ProvidedSummary(summary), FAST, manual=True)
+    append_entry(paths.memory, "Human", "Again:\nhome address: 12 Elm Street\nbye")
+    outcome = erase_by_pattern(
+        paths, re.compile(r"^home address: .*$"), EraseOptions(drain_quiet_s=0.05)
+    )
+    assert outcome.summary_lines == 1  # the summary's line went (line by line)
+    assert outcome.entries == 2  # and both raw turns holding the line (^…$ at their lines)
+    left = [
+        p.name
+        for p in [paths.memory, *paths.archive_dir.iterdir()]
+        if b"12 Elm Street" in p.read_bytes()
+    ]
+    assert left == []  # was ['MEMORY.md', 'history_….md']: the raw turns kept it
+
+
+def test_cli_match_dry_run_says_what_would_go_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    state = tmp_path / "state"
+    before = files_of(paths)
+    private = sorted(p.name for p in paths.private_dir.iterdir())
+    args = ["-w", str(ws.root), "--state-dir", str(state)]
+    code, out, err = run(
+        capsys, "forget", "alpha", "--match", re.escape(PLANTED), "--dry-run", *args
+    )
+    assert code == 0, err
+    assert "would erase 3 matching entries" in out and "(dry run: nothing changed)" in out
+    assert "would rewrite MEMORY.md and 2 archive(s)" in out
+    assert files_of(paths) == before
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == private
+    assert not audit_path(state, ws.root).exists()  # nothing done, nothing audited
+    # The same counts as the erasure then makes.
+    done = erase_by_pattern(paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05))
+    assert (done.entries, done.archives, done.memory) == (3, 2, True)
+    code, out, err = run(capsys, "forget", "alpha", "--dry-run", *args)
+    assert code == 2 and "--dry-run goes with --match" in err and "Traceback" not in err

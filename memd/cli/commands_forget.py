@@ -55,7 +55,7 @@ from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
 from memd.core.erasure import compile_pattern
-from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern
+from memd.erasure import EraseOptions, EraseOutcome, erase_by_pattern, preview_erase
 from memd.errors import LockTimeout, MemdError, UnknownAgent, WorkspaceError, describe_error
 from memd.fsutil import AgentLock, as_owner_of
 from memd.recall.index import RecallIndex, delete_corrupt_copies
@@ -299,6 +299,14 @@ def forget_command(
             show_default=False,
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="With --match: say what would be erased (entries, summary and pinned "
+            "lines, files), erasing nothing (no --yes needed).",
+        ),
+    ] = False,
     workspace: WorkspaceOption = None,
     config: ConfigOption = None,
     state_dir: StateDirOption = None,
@@ -309,8 +317,22 @@ def forget_command(
     require_workspace(loaded.workspace)
     paths = agent_paths(loaded.workspace, agent, must_exist=False)
     folder_exists = paths.dir.is_dir()
+    if dry_run and match is None:
+        raise ConfirmationRequired(
+            "memd forget --dry-run goes with --match (without it everything is erased)"
+        )
     if match is not None:
         pattern = compile_pattern(match)  # a bad one is refused before anything else
+        if dry_run:
+            if not folder_exists:
+                raise UnknownAgent(f"unknown agent {agent!r}: no folder {paths.dir}")
+            key_file = loaded.config.privacy.key_file
+            # Reads only: no lock, nothing created, no audit record.
+            outcome = preview_erase(
+                paths, pattern, Path(key_file).expanduser() if key_file else None
+            )
+            print(describe_erase(outcome, dry_run=True))
+            return
         if not yes:
             raise ConfirmationRequired(
                 f"memd forget {agent} --match: rewrites its MEMORY.md and archives without the "
@@ -419,23 +441,27 @@ def _forget_matching(
     print(describe_erase(outcome))
 
 
-def describe_erase(outcome: EraseOutcome) -> str:
+def describe_erase(outcome: EraseOutcome, *, dry_run: bool = False) -> str:
     if not outcome.removed:
         return f"agent {outcome.agent!r}: nothing matched; nothing changed"
     files = []
     if outcome.memory:
         files.append("MEMORY.md")
     files.append(f"{outcome.archives} archive(s)")
+    erased, rewrote = ("would erase", "would rewrite") if dry_run else ("erased", "rewrote")
     text = (
-        f"agent {outcome.agent!r}: erased {outcome.entries} matching entr"
+        f"agent {outcome.agent!r}: {erased} {outcome.entries} matching entr"
         f"{'y' if outcome.entries == 1 else 'ies'}, {outcome.summary_lines} summary line(s) "
-        f"and {outcome.pinned_lines} pinned fact line(s); rewrote " + " and ".join(files)
+        f"and {outcome.pinned_lines} pinned fact line(s); {rewrote} " + " and ".join(files)
     )
     if outcome.resealed:
         text += (
-            f"; {outcome.resealed} encrypted archive(s) re-sealed under a new data key "
-            "(the old key shredded)"
+            f"; {outcome.resealed} encrypted archive(s) "
+            + ("would be " if dry_run else "")
+            + "re-sealed under a new data key (the old key shredded)"
         )
+    if dry_run:
+        text += " (dry run: nothing changed)"
     return text
 
 

@@ -70,6 +70,11 @@ def revives(tombstone: Tombstone, memory: FileStamp | None) -> bool:
 # -- erase by pattern ---------------------------------------------------------------
 #
 # An entry (its header line and content) that the pattern matches goes whole.
+# The pattern is searched in the whole entry with re.MULTILINE: ``^`` and ``$``
+# anchor at each line, as they do in the summary lines below (each searched on
+# its own, its line ending left off: CRLF reads as LF here), and a pattern may
+# still span lines (``card\s+number``). Without it a
+# line-anchored pattern took a summary's line and kept the same line in raw turns.
 # Inside a summary block (memd's, or Swarms' own) the pattern is applied line by
 # line: the lines of the summary and of its pinned facts that match go, the
 # rest of the summary stays (no model call: nothing is re-summarized), and the
@@ -171,6 +176,8 @@ def erase_matching(data: bytes, pattern: re.Pattern[str]) -> Filtered:
     """``data`` (a MEMORY.md or an archive, up to an entry boundary) without what
     ``pattern`` matches; everything else byte for byte as it was."""
     document = parse(data)
+    # Per line in summaries (_drop_lines), anchored at lines in raw entries.
+    in_entries = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
     out: list[bytes] = []
     entries = summary = pinned = 0
     for segment in document.segments:
@@ -182,7 +189,7 @@ def erase_matching(data: bytes, pattern: re.Pattern[str]) -> Filtered:
                 summary += dropped
                 pinned += dropped_pins
                 out.append(raw)
-            elif pattern.search(_text(segment.raw)):
+            elif in_entries.search(_text(segment.raw).replace("\r\n", "\n")):
                 entries += 1
             else:
                 out.append(segment.raw)

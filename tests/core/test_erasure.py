@@ -70,6 +70,30 @@ def test_matching_entries_go_whole_and_summary_lines_one_by_one() -> None:
     assert parse(result.data).render() == result.data
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"], ids=["lf", "crlf"])
+def test_a_line_anchored_pattern_matches_raw_entries_as_it_does_summary_lines(
+    newline: str,
+) -> None:
+    """One semantics (r9data F3): ^ and $ anchor at each line in raw entries too
+    (re.MULTILINE), as in the summary's lines, searched one by one."""
+    address = render_entry(
+        "Human", "2026-01-01T11:03:00", f"Note this.{newline}home address: 12 Elm Street{newline}ok"
+    )
+    summary = render_summary_block(
+        "The user moved.\nhome address: 12 Elm Street\nTask: ship memd.", "2026-01-01T11:00:00"
+    )
+    data = HEADER + summary + KEEP + address + LATER
+    result = erase_matching(data, re.compile(r"^home address: .*$"))
+    assert (result.entries, result.summary_lines) == (1, 1)
+    assert b"Elm Street" not in result.data
+    assert (
+        result.data
+        == HEADER + summary.replace(b"home address: 12 Elm Street\n", b"") + KEEP + LATER
+    )
+    # Still one search over the entry: a pattern may span its lines.
+    assert erase_matching(data, re.compile(r"this\.\s+home")).entries == 1
+
+
 def test_no_match_changes_nothing() -> None:
     data = HEADER + SUMMARY + KEEP
     result = erase_matching(data, compile_pattern("nowhere-to-be-found"))
