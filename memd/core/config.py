@@ -115,6 +115,21 @@ class CompactionConfig(_Section):
     lock_wait_s: float = Field(300.0, ge=0, le=_DAY_S, description="compact-now default --wait")
     max_restarts: int = Field(3, ge=0, le=20, description="re-summarize when prefix changed")
 
+    @field_validator("drain_quiet_s", "drain_max_s")
+    @classmethod
+    def _drain_has_a_window(cls, value: float) -> float:
+        # Either at 0 ends the drain at its first pass (it ends once the old file
+        # was quiet that long, or that long after it started): a writer that
+        # opened MEMORY.md just before the swap and writes a moment later would
+        # write to a file memd has let go of, its turn lost (DESIGN §2.1).
+        if value == 0:
+            raise ValueError(
+                "must be more than 0: 0 ends the drain at its first pass, and a turn a "
+                "writer that opened MEMORY.md just before the swap writes a moment later "
+                "is lost"
+            )
+        return value
+
 
 class WatchConfig(_Section):
     poll: bool = False

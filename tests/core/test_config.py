@@ -81,3 +81,14 @@ def test_retention_per_workspace_and_per_agent_glob() -> None:
 def test_a_path_key_holding_a_nul_byte_is_refused(data: dict[str, object]) -> None:
     with pytest.raises(ValidationError, match="NUL byte"):
         MemdConfig.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    "compaction",
+    [{"drain_quiet_s": 0}, {"drain_max_s": 0}, {"drain_quiet_s": 0, "drain_max_s": 0}],
+)
+def test_a_drain_without_a_window_is_refused(compaction: dict[str, float]) -> None:
+    """Either at 0 ends the drain at its first pass: a late writer's turn is lost (r9data)."""
+    with pytest.raises(ValidationError, match="0 ends the drain at its first pass"):
+        MemdConfig.model_validate({"compaction": compaction})
+    assert MemdConfig.model_validate({"compaction": {"drain_quiet_s": 0.05}})
