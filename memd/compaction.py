@@ -1221,12 +1221,16 @@ def _drain(
 
 def _at_entry_end(fd: int, own_end: int) -> bool:
     """Whether the new file (``fd``) ends where an entry may start: after an entry's
-    terminator, or where memd's own last write left it (``own_end``, -1: unknown)."""
+    terminator (``\n\n---\n\n``, CRLF alike, empty lines after it too), or where
+    memd's own last write left it (``own_end``, -1: unknown). A terminator's first
+    half (``---\n``) is no end: its writer is mid-write."""
     size = os.fstat(fd).st_size
     if size == own_end:
         return True
-    mark = len(BLOCK_TERMINATOR)
-    return size >= mark and os.pread(fd, mark, size - mark) == BLOCK_TERMINATOR
+    look = 4 * len(BLOCK_TERMINATOR)
+    tail = os.pread(fd, look, max(0, size - look)).replace(b"\r\n", b"\n")
+    body = tail.rstrip(b"\n")
+    return body.endswith(BLOCK_TERMINATOR[:-2]) and len(tail) - len(body) >= 2
 
 
 def _append(fd: int, data: bytes) -> None:

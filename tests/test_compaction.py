@@ -1805,3 +1805,28 @@ def test_a_turn_left_half_written_past_the_drains_bounds_gets_the_late_turn_afte
     assert memory.count(LATE_TURN.encode()) == 1
     assert memory.index(torn) < memory.index(LATE_TURN.encode())
     assert SlotJournal(paths.journal).read() == {"phase": "idle"}
+
+
+@pytest.mark.parametrize(
+    ("tail", "at_end"),
+    [
+        (b"text\n\n---\n\n", True),
+        (b"text\r\n\r\n---\r\n\r\n", True),
+        (b"text\n\n---\n\n\n", True),  # an editor's empty line after the block
+        (b"text\n\n---\n", False),  # the terminator half-written
+        (b"### Human \xe2\x80\x94 2026-1", False),  # a header half-written
+        (b"text\n\n", False),
+        (b"", False),
+    ],
+)
+def test_the_drain_sees_where_an_agents_entry_ends(
+    tmp_path: Path, tail: bytes, at_end: bool
+) -> None:
+    path = tmp_path / "MEMORY.md"
+    path.write_bytes(b"x" * 100 + tail)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert compaction._at_entry_end(fd, -1) is at_end
+        assert compaction._at_entry_end(fd, 100 + len(tail))  # memd's own end
+    finally:
+        os.close(fd)
