@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from memd.core.chunking import (
     PREVIOUS_SHARE,
@@ -437,20 +437,35 @@ def recovery_action(
     return RecoveryAction.KEEP_OLD_AS_ARCHIVE
 
 
+_CRLF_TERMINATOR: Final = BLOCK_TERMINATOR.replace(b"\n", b"\r\n")
+
+
 def landed_prefix(after: bytes, chunk: bytes) -> int:
     """Length of the longest prefix of ``chunk`` that starts where an append could.
 
     ``after`` is the new file from where it ended before the journaled append.
     An append lands at the end of the file as it was then: right there or after
     other writers' whole appends, so a candidate start is 0 or just after an
-    entry terminator.
+    entry's end: its terminator (CRLF alike) and any empty lines after it, as the
+    drain waits for (a writer leaving ``---\n\n\n`` put the chunk a line further
+    on: not finding it there appended it twice).
     """
     best = 0
     starts = [0]
-    position = after.find(BLOCK_TERMINATOR)
-    while position >= 0:
-        starts.append(position + len(BLOCK_TERMINATOR))
-        position = after.find(BLOCK_TERMINATOR, position + 1)
+    for terminator in (BLOCK_TERMINATOR, _CRLF_TERMINATOR):
+        position = after.find(terminator)
+        while position >= 0:
+            start = position + len(terminator)
+            starts.append(start)
+            while True:
+                if after.startswith(b"\n", start):
+                    start += 1
+                elif after.startswith(b"\r\n", start):
+                    start += 2
+                else:
+                    break
+                starts.append(start)
+            position = after.find(terminator, position + 1)
     for start in starts:
         window = after[start : start + len(chunk)]
         if window == chunk:

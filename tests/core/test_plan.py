@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from memd.core.memfile import parse, render_entry, render_header, render_summary_block
 from memd.core.plan import (
     FileFacts,
@@ -67,6 +69,19 @@ def test_landed_prefix_finds_where_an_append_could_land() -> None:
     assert landed_prefix(entry[:10], entry) == 10  # cut short, last in the file
     assert landed_prefix(entry[:10] + other, entry) == 0  # not last: not ours
     assert landed_prefix(b"xx" + entry, entry) == 0  # not at an entry start
+
+
+@pytest.mark.parametrize("gap", [b"\n", b"\n\n", b"\r\n", b"\r\n\n"])
+def test_landed_prefix_finds_a_chunk_after_empty_lines_that_end_an_entry(gap: bytes) -> None:
+    # The drain appends once the file ends at an entry's end, empty lines after
+    # its terminator included (the parser reads them so): recovery must find the
+    # chunk there, or it appends it a second time.
+    entry = b"### Human \xe2\x80\x94 2026-01-01T00:00:00\n\nhello\n\n---\n\n"
+    for terminator in (b"\n\n---\n\n", b"\r\n\r\n---\r\n\r\n"):
+        other = b"### AI \xe2\x80\x94 2026-01-01T00:00:01\n\nhi" + terminator + gap
+        assert landed_prefix(other + entry, entry) == len(entry)
+        assert landed_prefix(other + entry[:12], entry) == 12  # cut short, last
+    assert landed_prefix(b"xx\n" + entry, entry) == 0  # a line end alone starts no entry
 
 
 def test_stored_count_trust() -> None:
