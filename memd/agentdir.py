@@ -86,6 +86,33 @@ class AgentDir:
             raise
         return pinned
 
+    @classmethod
+    def open_to_read(cls, paths: AgentPaths) -> AgentDir:
+        """Pin the agent folder to read it (recall): no ``.memd/`` made or opened.
+
+        The folder is opened once, and what is read afterwards is read through
+        that fd, so renaming the folder away and putting a symlink to another
+        agent's in its place changes nothing already pinned. A folder the fd finds
+        at ``agents/NAME`` itself is the agent's own (the usual case costs an
+        ``open`` and a ``readlink``: no listing of the other agents); anywhere else
+        (a symlinked agent folder) it is checked as :meth:`open` checks it.
+        Raises FileNotFoundError when there is no folder."""
+        agents_real = agents_folder_real(paths.workspace)
+        try:
+            dir_fd = os.open(paths.dir, _DIR_FLAGS)
+        except NotADirectoryError:
+            raise WorkspaceError(f"agent {paths.agent!r}: {paths.dir} is not a folder") from None
+        pinned = cls(paths=paths, dir_fd=dir_fd, real_dir="")
+        pinned._owned.append(dir_fd)
+        try:
+            pinned.real_dir = fd_path(dir_fd)
+            if pinned.real_dir != os.path.join(agents_real, paths.agent):
+                check_agent_folder(pinned.real_dir, str(paths.workspace), agents_real, paths.agent)
+        except BaseException:
+            pinned.close()
+            raise
+        return pinned
+
     def _open_private(self, create: bool) -> int:
         flags = _DIR_FLAGS | os.O_NOFOLLOW
         try:

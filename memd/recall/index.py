@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from memd.agentdir import AgentDir
 from memd.archive_crypto import ENCRYPTED_SUFFIX
 from memd.core.memfile import parse
 from memd.core.recall import (
@@ -64,7 +65,7 @@ from memd.core.recall import (
     raw_entries_for_index,
     split_highlight,
 )
-from memd.errors import MemdError, WorkspaceError
+from memd.errors import MemdError
 from memd.fsutil import read_to_end
 from memd.workspace import MEMORY_FILE, AgentPaths, resolve_own
 
@@ -221,19 +222,26 @@ def is_archive_name(name: str) -> bool:
     return name.startswith(ARCHIVE_PREFIX) and name.endswith(ARCHIVE_SUFFIX)
 
 
-def is_sealed(paths: AgentPaths, encrypting: bool) -> bool:
+def is_sealed(paths: AgentPaths, encrypting: bool, folder: AgentDir | None = None) -> bool:
     """Whether the agent gets no recall index: archives encrypted at rest.
 
     With ``[privacy] encrypt_archives`` on, no agent is indexed, and an agent
     with any ``.md.enc`` archive is not either (encryption turned off later):
     an FTS index keeps its text in plain, live entries included, and those
     entries are the next encrypted archive. Rows the index held are dropped
-    and scrubbed (:meth:`RecallIndex.sync_agent`).
+    and scrubbed (:meth:`RecallIndex.sync_agent`). With ``folder`` (the agent's
+    pinned folder) its archive folder is listed through that fd.
     """
     if encrypting:
         return True
     try:
-        archive_dir = resolve_own(paths, paths.archive_dir, "archive folder")
+        archive_dir = (
+            resolve_own(paths, paths.archive_dir, "archive folder")
+            if folder is None
+            else _pinned_archive_dir(folder)
+        )
+        if archive_dir is None:
+            return False
         with os.scandir(archive_dir) as listing:
             return any(
                 entry.name.startswith(ARCHIVE_PREFIX) and entry.name.endswith(ENCRYPTED_SUFFIX)
@@ -499,9 +507,22 @@ class RecallIndex:
         self._replace_source(agent, name, kind, identity, entries, path)
         return len(entries)
 
-    def sync_agent(self, paths: AgentPaths, *, live: bool = True, scrub: bool = True) -> SyncReport:
+    def sync_agent(
+        self,
+        paths: AgentPaths,
+        *,
+        live: bool = True,
+        scrub: bool = True,
+        folder: AgentDir | None = None,
+    ) -> SyncReport:
         """Make the index match the agent's files: new or changed archives in,
         vanished ones out, and (``live``) the current MEMORY.md.
+
+        Everything is read through the agent's folder pinned once
+        (:meth:`AgentDir.open_to_read`; ``folder`` when the caller pinned it
+        already, as the recall socket does to judge the asker on it): an agent
+        that renames its folder away and puts a symlink to another agent's in
+        its place meanwhile gets nothing of that agent's indexed as its own.
 
         This is the repair after a crash between writing an archive and
         indexing it, and what ``--reindex`` runs after dropping the agent.
@@ -509,25 +530,46 @@ class RecallIndex:
         scrubbed from the index file (:meth:`scrub`) unless ``scrub`` is False:
         the caller then scrubs once, after a pass over many agents.
         """
+        if folder is not None:
+            return self._sync_pinned(paths, folder, live=live, scrub=scrub)
+        try:
+            pinned = AgentDir.open_to_read(paths)
+        except FileNotFoundError:
+            pinned = None  # no folder: nothing on disk (its rows go)
+        try:
+            return self._sync_pinned(paths, pinned, live=live, scrub=scrub)
+        finally:
+            if pinned is not None:
+                pinned.close()
+
+    def _sync_pinned(
+        self, paths: AgentPaths, folder: AgentDir | None, *, live: bool, scrub: bool
+    ) -> SyncReport:
         agent = paths.agent
         report = SyncReport(indexed=[], removed=[])
-        if is_sealed(paths, self.encrypting):
+        if self.encrypting or (folder is not None and is_sealed(paths, False, folder)):
             return self._seal(agent, report)
         self._sealed.discard(agent)
         known = self._sources(agent)
-        on_disk = _archives_on_disk(paths)
+        archive_dir = None if folder is None else _pinned_archive_dir(folder)
+        on_disk = {} if archive_dir is None else _archives_on_disk(archive_dir)
         for name, identity in sorted(on_disk.items()):
             indexed = known.get(name)
-            if indexed is not None and indexed[1] == identity:
+            if archive_dir is None or (indexed is not None and indexed[1] == identity):
                 continue
-            report.entries += self.index_file(agent, paths.archive_dir / name)
+            report.entries += self.index_file(agent, archive_dir / name)
             report.indexed.append(name)
         for name in sorted(set(known) - set(on_disk) - {LIVE_SOURCE}):
             self._replace_source(agent, name, "archive", None, [])
             report.removed.append(name)
-        if live and self._live_changed(paths, known.get(LIVE_SOURCE)):
-            live_entries = self.index_file(agent, _live_path(paths), kind="live")
-            if live_entries == 0 and LIVE_SOURCE in known and not _exists(_live_path(paths)):
+        live_path = None if folder is None or not live else _pinned_live_path(folder)
+        if live and self._live_changed(live_path, known.get(LIVE_SOURCE)):
+            live_entries = 0
+            if live_path is not None:
+                live_entries = self.index_file(agent, live_path, kind="live")
+            else:
+                self._replace_source(agent, LIVE_SOURCE, "live", None, [])
+            if live_entries == 0 and LIVE_SOURCE in known and not _exists(live_path):
                 report.removed.append(LIVE_SOURCE)
             else:
                 report.entries += live_entries
@@ -548,11 +590,11 @@ class RecallIndex:
             report.removed = sorted(known)
         return report
 
-    def _live_changed(self, paths: AgentPaths, known: tuple[int, _FileIdentity] | None) -> bool:
-        try:
-            current: _FileIdentity | None = _FileIdentity.of(os.stat(_live_path(paths)))
-        except (FileNotFoundError, WorkspaceError):
-            current = None
+    def _live_changed(self, live: Path | None, known: tuple[int, _FileIdentity] | None) -> bool:
+        current: _FileIdentity | None = None
+        if live is not None:
+            with contextlib.suppress(FileNotFoundError):
+                current = _FileIdentity.of(os.stat(live))
         return (known[1] if known else None) != current
 
     def reindex_agent(self, paths: AgentPaths) -> SyncReport:
@@ -1161,7 +1203,9 @@ def _forget_if_empty(conn: sqlite3.Connection, agent: str) -> None:
     conn.execute("DELETE FROM agents WHERE name = ? AND entries <= 0", (agent,))
 
 
-def _exists(path: Path) -> bool:
+def _exists(path: Path | None) -> bool:
+    if path is None:
+        return False
     try:
         os.lstat(path)
     except FileNotFoundError:
@@ -1169,13 +1213,29 @@ def _exists(path: Path) -> bool:
     return True
 
 
-def _live_path(paths: AgentPaths) -> Path:
-    return resolve_own(paths, paths.memory, "MEMORY.md")
-
-
-def _archives_on_disk(paths: AgentPaths) -> dict[str, _FileIdentity]:
+def _pinned_live_path(folder: AgentDir) -> Path | None:
+    """MEMORY.md as a path through the pinned folder's fd (``/proc/self/fd/N/NAME``:
+    the kernel looks the name up in that very folder, wherever it is now).
+    A MEMORY.md symlinked out of the agent's own folder is refused
+    (WorkspaceError), as :func:`memd.workspace.agent_paths` refuses it."""
     try:
-        archive_dir = resolve_own(paths, paths.archive_dir, "archive folder")
+        folder.pin_memory()
+    except FileNotFoundError:
+        return None
+    return Path(f"/proc/self/fd/{folder.memory_dir_fd}/{folder.memory_name}")
+
+
+def _pinned_archive_dir(folder: AgentDir) -> Path | None:
+    """The archive folder as a path through its pinned fd; None when there is none."""
+    try:
+        fd, _created = folder.archive_fd(create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return None if fd < 0 else Path(f"/proc/self/fd/{fd}")
+
+
+def _archives_on_disk(archive_dir: Path) -> dict[str, _FileIdentity]:
+    try:
         entries = list(os.scandir(archive_dir))
     except FileNotFoundError:
         return {}

@@ -56,12 +56,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memd.agentdir import AgentDir
 from memd.core.names import validate_agent_name
 from memd.core.recall import since_epoch
-from memd.errors import MemdError, describe_error
+from memd.errors import MemdError, WorkspaceError, describe_error
 from memd.logs import get_logger
 from memd.recall.index import MAX_LIMIT, RecallIndex
-from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents, resolve_own
+from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
 
 PROTOCOL_VERSION = 1
 SOCKET_NAME = ".memd-recall.sock"
@@ -209,29 +210,64 @@ def serving_peer(path: Path) -> PeerCredentials | None:
     return probe_socket(path).peer
 
 
-def check_access(workspace: Path, agent: str, uid: int) -> None:
-    """Refuse unless ``uid`` is root or owns the agent's folder or its MEMORY.md.
+def open_admitted(workspace: Path, agent: str, uid: int) -> AgentDir | None:
+    """The agent's folder, pinned, once ``uid`` is found to be root or to own the
+    folder or its MEMORY.md; :class:`RecallRefused` otherwise. None: root asked
+    about an agent with no folder (a status request may still be answered).
 
     The folder counts because a memd that is not root re-seeds MEMORY.md as
     its own file (the agent keeps appending through its group), while the
     agent's folder, which memd never replaces, stays the agent's.
+
+    The owners are read with ``fstat`` on the pinned folder (and MEMORY.md
+    found through it), and the caller reads the agent's files through that same
+    pin (``sync_agent(folder=...)``): an agent that swaps its own folder for a
+    symlink to another agent's after this check reads nothing of that agent's.
+    The caller closes what is returned.
     """
-    if uid == 0:
-        return
-    paths = agent_paths(workspace, agent)
-    owners: set[int] = set()
+    paths = agent_paths(workspace, agent, must_exist=uid != 0)
     try:
-        owners.add(os.stat(paths.dir).st_uid)
+        folder = AgentDir.open_to_read(paths)
     except FileNotFoundError:
+        if uid == 0:
+            return None
         raise RecallRefused(f"no agent {agent!r} in {workspace}") from None
-    memory = resolve_own(paths, paths.memory, "MEMORY.md")
-    with contextlib.suppress(FileNotFoundError):
-        owners.add(os.stat(memory).st_uid)
-    if uid not in owners:
-        raise RecallRefused(
-            f"uid {uid} may not read agent {agent!r}'s memory "
-            "(it owns neither the agent's folder nor its MEMORY.md)"
+    try:
+        if uid != 0:
+            owners = {os.fstat(folder.dir_fd).st_uid}
+            memory = folder.stat_memory()
+            if memory is not None:
+                owners.add(memory.st_uid)
+            if uid not in owners:
+                raise RecallRefused(
+                    f"uid {uid} may not read agent {agent!r}'s memory "
+                    "(it owns neither the agent's folder nor its MEMORY.md)"
+                )
+    except BaseException:
+        folder.close()
+        raise
+    return folder
+
+
+def check_access(workspace: Path, agent: str, uid: int) -> None:
+    """Refuse unless ``uid`` is root or owns the agent's folder or its MEMORY.md
+    (:func:`open_admitted`, its pin closed at once)."""
+    folder = open_admitted(workspace, agent, uid)
+    if folder is not None:
+        folder.close()
+
+
+def _refused_text(agent: str, exc: BaseException) -> str:
+    """What a client is told of a failure: a folder refused for a symlink is said
+    without the paths (memd resolves them as itself: they would name files and
+    link targets in folders the asker may not list); the log has them."""
+    if isinstance(exc, WorkspaceError):
+        _log.warning("recall refused: agent folder", agent=agent, error=str(exc))
+        return (
+            f"agent {agent!r}: refused: its folder, MEMORY.md or archive folder is a "
+            "symlink leading outside the agent's own folder (memd's log says where)"
         )
+    return str(exc)
 
 
 def _error(message: str) -> dict[str, Any]:
@@ -481,30 +517,37 @@ class RecallSocketServer:
         agent = request.get("agent")
         if not isinstance(agent, str):
             return _error('request needs an "agent" string')
-        refused = self._admit(agent, peer, op)
-        if refused is not None:
-            return refused
+        admitted = self._admit(agent, peer, op)
+        if isinstance(admitted, dict):
+            return admitted
         if op == "status":
+            if admitted is not None:
+                admitted.close()
             return self._status(agent)
-        return self._recall(agent, request)
+        if admitted is None:
+            return _error(f"unknown agent {agent!r}: no folder in {self.workspace}")
+        with admitted:
+            return self._recall(agent, request, admitted)
 
-    def _admit(self, agent: str, peer: PeerCredentials, op: str) -> dict[str, Any] | None:
+    def _admit(
+        self, agent: str, peer: PeerCredentials, op: str
+    ) -> AgentDir | dict[str, Any] | None:
         """The one check every request passes before its op runs: a name memd
-        accepts, and a peer that may read that agent (None: admitted; else the
-        error to answer). Kept in one place so no op can skip a part of it."""
+        accepts, and a peer that may read that agent (the agent's folder, pinned,
+        which the op reads through; else the error to answer). Kept in one place
+        so no op can skip a part of it."""
         if _lone_surrogate(agent=agent) is not None:
             return _error('"agent" holds a lone UTF-16 surrogate: not text memd can search')
         try:
             validate_agent_name(agent)
-            check_access(self.workspace, agent, peer.uid)
+            return open_admitted(self.workspace, agent, peer.uid)
         except RecallRefused as exc:
             self._log_refusal(peer, agent, op)
             return _error(str(exc))
         except (MemdError, OSError) as exc:
-            return _error(str(exc))
-        return None
+            return _error(_refused_text(agent, exc))
 
-    def _recall(self, agent: str, request: dict[str, Any]) -> dict[str, Any]:
+    def _recall(self, agent: str, request: dict[str, Any], folder: AgentDir) -> dict[str, Any]:
         query = request.get("query")
         limit = request.get("limit", 5)
         since = request.get("since")
@@ -522,11 +565,10 @@ class RecallSocketServer:
             return _error(f'"{bad}" holds a lone UTF-16 surrogate: not text memd can search')
         try:
             since_at = since_epoch(since) if since else None
-            paths = agent_paths(self.workspace, agent)
-            self.index.sync_agent(paths)
+            self.index.sync_agent(folder.paths, folder=folder)
             hits = self.index.search(agent, query, limit=limit, since_epoch=since_at, role=role)
         except (MemdError, OSError) as exc:
-            return _error(str(exc))
+            return _error(_refused_text(agent, exc))
         _log.debug("recall served", agent=agent, results=len(hits))
         return {"v": PROTOCOL_VERSION, "ok": True, "results": [hit.as_json() for hit in hits]}
 
@@ -619,6 +661,7 @@ __all__ = [
     "StatusSource",
     "agent_owner_uids",
     "check_access",
+    "open_admitted",
     "peer_credentials",
     "probe_socket",
     "serving_peer",

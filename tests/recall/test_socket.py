@@ -728,3 +728,110 @@ def test_strangers_connecting_as_many_uids_cannot_flood_the_log() -> None:
     refused = served.refused()
     assert len(refused) == 2 * REFUSAL_LOG_BURST, len(refused)
     assert refused[REFUSAL_LOG_BURST]["refusals_not_logged"] == 150 - REFUSAL_LOG_BURST
+
+
+def _agents_folder_as_shipped(ws: AgentWorkspace) -> Path:
+    """agents/ 1770 root:agents (memd.tmpfiles.conf), under a 0755 workspace."""
+    from support.two_agents import AGENTS_GID
+
+    ws.root.mkdir(parents=True, mode=0o755, exist_ok=True)
+    ws.root.chmod(0o755)
+    agents = ws.root / "agents"
+    agents.mkdir(exist_ok=True)
+    os.chown(agents, 0, AGENTS_GID)
+    agents.chmod(0o1770)
+    return agents
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_recall_socket_folder_swapped_after_the_check_gives_no_other_agents_text() -> None:
+    """An agent owning a real folder (what admits it) swaps it for a symlink to
+    another agent's folder after the socket's check, before the index reads it
+    (renameat2 RENAME_EXCHANGE in a loop wins that race within seconds against a
+    real daemon: /work/team/r9leak_race.py, review r9leak F1). Here the swap is
+    made at that very moment. memd judged the asker on the folder it pinned and
+    reads that folder only: none of the other agent's text comes back."""
+    from support.two_agents import ALICE, BOB, ask_as, ask_script, run_as, shared_root
+
+    with shared_root() as root:
+        ws = AgentWorkspace(root / "ws")
+        agents = _agents_folder_as_shipped(ws)
+        alice = ws.create_agent("alice")
+        append_entry(alice.memory, "Human", "alice's periwinkle vault code is 4417-XK")
+        for path in (alice.dir, alice.memory):
+            os.chown(path, ALICE, ALICE)
+        alice.dir.chmod(0o770)
+        alice.memory.chmod(0o660)
+        mine = agents / "x"  # bob's own agent folder, a real one he owns
+        mine.mkdir(mode=0o770)
+        os.chown(mine, BOB, BOB)
+        script = ask_script(root)
+        assert run_as(BOB, "/bin/cat", str(alice.memory)).returncode != 0
+
+        index = RecallIndex.open(root / "state", ws.root)
+        server = RecallSocketServer(index, ws.root, socket_path_for("", ws.root))
+        real_sync = index.sync_agent
+        swapped: list[str] = []
+
+        def sync_after_bobs_swap(paths, **kwargs):  # type: ignore[no-untyped-def]
+            if paths.agent == "x" and not swapped:
+                os.rename(mine, agents / "x-real")
+                os.symlink(alice.dir, mine)
+                swapped.append("x")
+            return real_sync(paths, **kwargs)
+
+        index.sync_agent = sync_after_bobs_swap  # type: ignore[method-assign]
+        server.start()
+        try:
+            reply = ask_as(BOB, script, server.path, "x", "periwinkle vault code")
+            # And asked again with the symlink in place: refused before anything is read.
+            again = ask_as(BOB, script, server.path, "x", "periwinkle vault code")
+        finally:
+            server.stop()
+            index.close()
+    assert swapped == ["x"]
+    assert reply["ok"] is True, reply
+    assert not any("4417-XK" in hit["text"] for hit in reply["results"]), reply
+    assert again["ok"] is False, again
+    assert "4417-XK" not in json.dumps(again)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_recall_refusal_names_nothing_inside_another_agents_folder() -> None:
+    """bob links his MEMORY.md to ../alice/latest, a link in alice's folder he can
+    neither list nor read. memd resolves it as itself and refuses; the refusal
+    bob gets names no file of alice's (review r9leak F5)."""
+    from support.two_agents import ALICE, BOB, ask_as, ask_script, run_as, shared_root
+
+    with shared_root() as root:
+        ws = AgentWorkspace(root / "ws")
+        _agents_folder_as_shipped(ws)
+        alice = ws.create_agent("alice")
+        hidden = "history_2026-12-01_10-00-00.md"
+        (alice.dir / "archive").mkdir()
+        (alice.dir / "archive" / hidden).write_text("alice's archive\n")
+        (alice.dir / "latest").symlink_to(f"archive/{hidden}")
+        os.chown(alice.dir, ALICE, ALICE)
+        alice.dir.chmod(0o770)
+        bob = ws.create_agent("bob")
+        os.chown(bob.dir, BOB, BOB)
+        bob.dir.chmod(0o770)
+        bob.memory.unlink()
+        script = ask_script(root)
+        linked = run_as(BOB, "/bin/ln", "-s", "../alice/latest", str(bob.memory))
+        assert linked.returncode == 0, linked.stderr
+        assert run_as(BOB, "/bin/ls", str(alice.dir)).returncode != 0
+        assert run_as(BOB, "/bin/readlink", str(alice.dir / "latest")).returncode != 0
+
+        index = RecallIndex.open(root / "state", ws.root)
+        server = RecallSocketServer(index, ws.root, socket_path_for("", ws.root))
+        server.start()
+        try:
+            reply = ask_as(BOB, script, server.path, "bob", "archive")
+        finally:
+            server.stop()
+            index.close()
+    assert not reply["ok"]
+    assert hidden not in reply["error"], reply
+    assert "alice" not in reply["error"], reply
+    assert "agent 'bob'" in reply["error"], reply
