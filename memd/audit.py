@@ -39,7 +39,7 @@ from memd.core.audit import (
 )
 from memd.core.privacy import is_local_summarizer
 from memd.errors import MemdError, NotARegularFile, describe_error
-from memd.fsutil import iter_range
+from memd.fsutil import ensure_private_dir, iter_range
 from memd.logs import get_logger
 from memd.state import state_db_path
 
@@ -267,11 +267,7 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _ensure_private_dir(directory: Path) -> None:
-    if directory.is_dir():
-        return
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        directory.chmod(0o700)  # mkdir's mode is filtered by the umask
+    ensure_private_dir(directory)  # refused when another uid owns it or may write in it
 
 
 def read_audit(path: Path) -> AuditContents:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
-from memd.errors import MemdError, describe_error
+from memd.errors import ConfigError, MemdError, describe_error
 from memd.fsutil import mount_of
 from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
 
@@ -540,6 +540,8 @@ def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
             store = StateStore.open(state_dir, workspace)
     except NewerStateDB as exc:
         return [_fail("state dir", str(exc), "run the newer memd that wrote it")]
+    except ConfigError as exc:  # not memd's own (fsutil.ensure_private_dir)
+        return [_fail("state dir", str(exc), f"give memd a state dir of its own: {state_dir}")]
     with store:
         if store.path is None:
             return [

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memd.errors import LockTimeout, NotARegularFile
+from memd.errors import ConfigError, LockTimeout, NotARegularFile
 
 PRIVATE_FILE_MODE = 0o600
 # memd's own files are never symlinks: refusing to follow one means a planted
@@ -36,6 +36,70 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# Missing parents of a folder memd makes: readable by all, writable by their
+# owner only, whatever the umask (pathlib's parents=True makes them 0777 & ~umask).
+PARENT_DIR_MODE = 0o755
+
+
+def make_parents(directory: Path) -> None:
+    """Make ``directory``'s missing ancestors, :data:`PARENT_DIR_MODE`, never more open."""
+    missing = []
+    parent = directory.parent
+    while parent != parent.parent and not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, PARENT_DIR_MODE)
+
+
+def ensure_private_dir(directory: Path, what: str = "state dir") -> None:
+    """``directory`` made 0700 when missing (missing parents 0755, whatever the
+    umask), then refused (ConfigError, one line naming the fix) when it is not
+    memd's own: owned by another uid than memd's (or root's), or writable by
+    its group or others. Another user who made memd's state dir first (a /tmp
+    path, a parent made 0777) could read what memd writes there, or plant the
+    files memd then writes every agent's text into."""
+    if not directory.is_dir():
+        make_parents(directory)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+            with contextlib.suppress(OSError):
+                os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+    check_private(directory, what, folder=True)
+
+
+def check_private(path: Path, what: str, *, folder: bool = False) -> None:
+    """Refuse (ConfigError) ``path`` unless it belongs to memd's uid (or root) and
+    no group or other may write it; a file of memd's that others may read is
+    made 0600. Missing: nothing to say."""
+    try:
+        found = os.stat(path) if folder else os.lstat(path)
+    except FileNotFoundError:
+        return
+    uid = os.geteuid()
+    if found.st_uid not in (uid, 0):
+        raise ConfigError(
+            f"{what} {path} is owned by uid {found.st_uid}, not by memd's user (uid {uid}): "
+            "another user could read or replace what memd keeps there; remove it and let "
+            f"memd make it (or chown {uid} {path})"
+        )
+    if not folder and not stat.S_ISREG(found.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file; remove it and let memd make it")
+    mode = stat.S_IMODE(found.st_mode)
+    if mode & 0o022:
+        planted = "plant or replace files in it" if folder else "change it"
+        raise ConfigError(
+            f"{what} {path} has mode {mode:04o}: other users could {planted}; chmod go-w {path}"
+        )
+    if not folder and mode & 0o077:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+        finally:
+            os.close(fd)
 
 
 def share_with_group(target: Path | int, mode: int, gid: int | None) -> None:

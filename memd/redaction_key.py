@@ -15,7 +15,6 @@ are always the same. Losing the file only changes future placeholders.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import stat
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from memd.errors import ConfigError, describe_error
+from memd.fsutil import ensure_private_dir
 
 KEY_FORMAT: Final = 1
 KEY_BYTES: Final = 32
@@ -85,10 +85,7 @@ def read_key(path: Path) -> bytes:
 
 def _create(path: Path) -> None:
     directory = path.parent
-    if not directory.is_dir():
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):
-            directory.chmod(0o700)  # mkdir's mode is filtered by the umask
+    ensure_private_dir(directory)  # refused when another uid owns it or may write in it
     temp = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     body = f"{_HEADER}{KEY_FORMAT}\n{secrets.token_bytes(KEY_BYTES).hex()}\n".encode()
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

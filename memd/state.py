@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeGuard,
 
 from memd.core.jobs import AgentJob, StoredJobState, stored_state
 from memd.errors import MemdError, describe_error
+from memd.fsutil import ensure_private_dir
 from memd.workspace import ArchiveStats, FolderFacts
 
 if TYPE_CHECKING:
@@ -1618,12 +1619,9 @@ def _file_identity(path: Path | None) -> tuple[int, int] | None:
 
 
 def _ensure_private_dir(state_dir: Path) -> None:
-    if state_dir.is_dir():
-        return
-    # Created 0700: the DB names agents and holds error texts.
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        state_dir.chmod(0o700)  # mkdir's mode is filtered by the umask
+    # Created 0700: the DB names agents and holds error texts; refused when
+    # another uid owns it or may write in it (fsutil.ensure_private_dir).
+    ensure_private_dir(state_dir)
 
 
 def _connect(target: str) -> sqlite3.Connection:

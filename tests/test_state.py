@@ -1399,3 +1399,21 @@ def test_a_last_reload_record_that_does_not_read_is_one_error_saying_why(
     message = str(raised.value)
     assert "last reload record: " in message and said in message
     assert "\n" not in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another uid")
+def test_a_state_dir_another_uid_owns_or_may_write_in_is_refused(tmp_path: Path) -> None:
+    """Review r9leak F2: a state dir another uid made first (a /tmp path) is not
+    used: one line naming it and the fix, and no file is written in it."""
+    from memd.errors import ConfigError
+
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o777)
+    state_dir.chmod(0o777)
+    os.chown(state_dir, 31002, 31002)
+    with pytest.raises(ConfigError, match=f"state dir {state_dir} is owned by uid 31002"):
+        StateStore.open(state_dir, tmp_path / "ws")
+    os.chown(state_dir, 0, 0)
+    with pytest.raises(ConfigError, match="has mode 0777: other users could plant"):
+        StateStore.open(state_dir, tmp_path / "ws")
+    assert list(state_dir.iterdir()) == []

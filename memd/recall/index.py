@@ -66,7 +66,7 @@ from memd.core.recall import (
     split_highlight,
 )
 from memd.errors import MemdError
-from memd.fsutil import read_to_end
+from memd.fsutil import check_private, ensure_private_dir, read_to_end
 from memd.workspace import MEMORY_FILE, AgentPaths, resolve_own
 
 # 2: rows numbered per agent, an agents table with each agent's counts, the
@@ -298,9 +298,12 @@ class RecallIndex:
     def open(cls, state_dir: Path, workspace: Path) -> RecallIndex:
         """Open (creating, migrating or rebuilding) the index for ``workspace``."""
         path = recall_db_path(state_dir, workspace)
+        # Every agent's text goes in there: never into a file or folder another
+        # uid made or may write (ConfigError, one line).
+        ensure_private_dir(state_dir)
+        for name in (str(path), f"{path}-wal", f"{path}-shm"):
+            check_private(Path(name), "recall index")
         try:
-            if not state_dir.is_dir():
-                state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not path.exists():
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
             conn = _connect(str(path))

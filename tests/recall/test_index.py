@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -950,3 +951,79 @@ def test_rare_words_counted_in_one_pass_score_as_counted_one_by_one(
     one_by_one = scored(10**9)
     assert len(one_by_one) == 3
     assert scored(0) == one_by_one
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_recall_index_planted_by_another_uid_is_never_written() -> None:
+    """bob makes the state dir first (a /tmp path, or a parent memd made 0777
+    under umask 000) and leaves an empty, world-writable index in it: memd
+    refuses (one line naming the path), and none of alice's text reaches
+    bob's file (review r9leak F2)."""
+    from support.two_agents import ALICE, BOB, run_as, shared_root
+
+    from memd.errors import ConfigError
+    from memd.workspace import agent_paths
+
+    with shared_root() as root:
+        ws = AgentWorkspace(root / "ws")
+        alice = ws.create_agent("alice")
+        append_entry(alice.memory, "Human", "alice's periwinkle vault code is 4417-XK")
+        for path in (alice.dir, alice.memory):
+            os.chown(path, ALICE, ALICE)
+        alice.dir.chmod(0o770)
+        alice.memory.chmod(0o660)
+        state_dir = root / "state"
+        index_file = recall_db_path(state_dir, ws.root)
+        root.chmod(0o1777)
+        planted = run_as(
+            BOB,
+            "/bin/sh",
+            "-c",
+            f'mkdir -m 777 "{state_dir}" && : > "{index_file}" && chmod 666 "{index_file}"',
+        )
+        assert planted.returncode == 0, planted.stderr
+        with pytest.raises(ConfigError, match=f"state dir {state_dir} is owned by uid {BOB}"):
+            RecallIndex.open(state_dir, ws.root)
+        # bob's file in a state dir of memd's own (made 0777 by hand, then closed):
+        # refused too, and never written.
+        os.chown(state_dir, 0, 0)
+        state_dir.chmod(0o700)
+        with pytest.raises(ConfigError, match=f"recall index {index_file} is owned by uid {BOB}"):
+            RecallIndex.open(state_dir, ws.root)
+        os.unlink(index_file)
+        wal = Path(f"{index_file}-wal")
+        wal.touch()
+        os.chown(wal, BOB, BOB)
+        with pytest.raises(ConfigError, match="recall index .*-wal is owned by uid"):
+            RecallIndex.open(state_dir, ws.root)
+        wal.unlink()
+        # A state dir of memd's that others may write in is refused.
+        state_dir.chmod(0o777)
+        with pytest.raises(ConfigError, match="has mode 0777.*chmod go-w"):
+            RecallIndex.open(state_dir, ws.root)
+        state_dir.chmod(0o700)
+        with RecallIndex.open(state_dir, ws.root) as index:  # memd's own: used
+            index.sync_agent(agent_paths(ws.root, "alice"))
+            assert index.search("alice", "periwinkle")
+        assert stat.S_IMODE(index_file.stat().st_mode) == 0o600
+        read = run_as(BOB, "/bin/sh", "-c", f'cat "{index_file}"* 2>/dev/null || true')
+        assert "4417-XK" not in read.stdout
+
+
+def test_the_state_dirs_parents_memd_makes_are_not_open_to_all_under_umask_000(
+    tmp_path: Path,
+) -> None:
+    """mkdir(parents=True) made the state dir's parents 0777 under umask 000:
+    any uid could then rename the state dir away and plant its own before the
+    next start (review r9leak F2)."""
+    state_dir = tmp_path / "var" / "lib" / "memd"
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    previous = os.umask(0)
+    try:
+        RecallIndex.open(state_dir, workspace).close()
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    for parent in (tmp_path / "var", tmp_path / "var" / "lib"):
+        assert stat.S_IMODE(parent.stat().st_mode) == 0o755, parent
