@@ -80,7 +80,7 @@ def check_private(path: Path, what: str, *, folder: bool = False) -> None:
     except FileNotFoundError:
         return
     uid = os.geteuid()
-    if found.st_uid not in (uid, 0):
+    if found.st_uid not in (uid, 0) and not _root_trusts(path, found.st_uid, folder=folder):
         raise ConfigError(
             f"{what} {path} is owned by uid {found.st_uid}, not by memd's user (uid {uid}): "
             "another user could read or replace what memd keeps there; remove it and let "
@@ -100,6 +100,23 @@ def check_private(path: Path, what: str, *, folder: bool = False) -> None:
             os.fchmod(fd, PRIVATE_FILE_MODE)
         finally:
             os.close(fd)
+
+
+def _root_trusts(path: Path, owner: int, *, folder: bool) -> bool:
+    """Root (a command beside the daemon: it then acts as the state dir's owner,
+    :func:`as_owner_of`) takes memd's user's state dir when nobody but root or
+    that user could have put it there: its parent is theirs and no group or
+    other may write in it (``/var/lib/memd``, not a ``/tmp`` path). A file there
+    may be that folder owner's."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        parent = os.stat(path.parent)
+    except OSError:
+        return False
+    if not folder:
+        return parent.st_uid == owner
+    return parent.st_uid in (0, owner) and not parent.st_mode & 0o022
 
 
 def share_with_group(target: Path | int, mode: int, gid: int | None) -> None:
