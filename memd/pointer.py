@@ -8,14 +8,19 @@ the daemon's state dir (and config file, and the settings of ``memd run
     {"format": "memd-state-pointer", "version": 1,
      "state_dir": "/var/lib/memd", "config": "/etc/memd/memd.toml",
      "settings": {"trigger": {"context_length": 4000}}, "pid": 1234,
-     "key_vars": ["OPENAI_API_KEY"], "written_at": "2026-12-02T04:00:00+00:00"}
+     "key_vars": ["OPENAI_API_KEY"], "withheld": ["MEMD_PRIVACY_PATTERNS"],
+     "written_at": "2026-12-02T04:00:00+00:00"}
 
 ``settings`` are those the daemon applied over its config file: ``memd run
 --demo``'s, and the ``MEMD_*`` settings of its environment (a systemd
 ``EnvironmentFile=``, ``docker run --env-file``), which a command beside it
-never sees otherwise; never a secret (``summarizer.api_key`` stays out).
-``key_vars`` names the API-key variables the daemon's environment holds (the
-names only), so ``memd doctor`` can tell a key the daemon has from none. Both
+never sees otherwise; never a secret (``summarizer.api_key``, the privacy
+patterns, summary instructions and an ``api_base`` with credentials stay out:
+every agent reads the pointer). ``key_vars`` names the API-key variables the
+daemon's environment holds (the names only), so ``memd doctor`` can tell a key
+the daemon has from none; ``withheld`` names the ``MEMD_*`` variables the
+daemon's environment set and the pointer does not carry, so a command beside it
+says when it lacks one (its redaction would not be the daemon's). All three
 came after version 1's first release and are optional: a reader takes a
 pointer without them as having none, and an older reader ignores them.
 
@@ -65,6 +70,8 @@ class StatePointer:
     pid: int | None = None
     # Names of the API-key variables in the daemon's environment (never a value).
     key_vars: tuple[str, ...] = ()
+    # Names of the MEMD_* variables the daemon's environment set, kept out (secrets).
+    withheld: tuple[str, ...] = ()
 
 
 def pointer_path(workspace: Path) -> Path:
@@ -79,6 +86,7 @@ def write_pointer(
     settings: Mapping[str, Mapping[str, Any]] | None = None,
     pid: int | None = None,
     key_vars: tuple[str, ...] = (),
+    withheld: tuple[str, ...] = (),
 ) -> Path:
     """Leave (replace) the pointer, atomically; 0644, owned by whoever runs the daemon.
 
@@ -93,6 +101,7 @@ def write_pointer(
         "settings": dict(settings or {}),
         "pid": os.getpid() if pid is None else pid,
         "key_vars": list(key_vars),
+        "withheld": list(withheld),
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     data = (json.dumps(payload, indent=2) + "\n").encode()
@@ -194,6 +203,9 @@ def _parse(path: Path, raw: bytes) -> StatePointer:
     key_vars = data.get("key_vars") or []
     if not isinstance(key_vars, list) or not all(isinstance(var, str) for var in key_vars):
         raise PointerRefused(f"{path}: key_vars must be a list of variable names")
+    withheld = data.get("withheld") or []
+    if not isinstance(withheld, list) or not all(isinstance(var, str) for var in withheld):
+        raise PointerRefused(f"{path}: withheld must be a list of variable names")
     return StatePointer(
         path=path,
         state_dir=Path(state_dir),
@@ -201,6 +213,7 @@ def _parse(path: Path, raw: bytes) -> StatePointer:
         settings=settings,
         pid=pid if isinstance(pid, int) else None,
         key_vars=tuple(key_vars),
+        withheld=tuple(withheld),
     )
 
 

@@ -120,8 +120,16 @@ def apply_settings(
 
 # What a daemon's environment set that a command beside it must not be told:
 # secrets, and an api_base carrying credentials (user:password@, ?key=) — the
-# pointer they would go into is readable by every agent of the workspace.
-_NEVER_RECORDED: Final = frozenset({("summarizer", "api_key")})
+# pointer they would go into is readable by every agent of the workspace. The
+# privacy patterns are the operator's own secrets (a literal password, a client's
+# name), and summary instructions may name anything the operator keeps private.
+_NEVER_RECORDED: Final = frozenset(
+    {
+        ("summarizer", "api_key"),
+        ("privacy", "patterns"),
+        ("summarizer", "summary_instructions"),
+    }
+)
 
 
 def environment_settings(

@@ -234,3 +234,92 @@ def test_root_takes_the_pointer_of_the_workspaces_owner_when_no_one_else_can_wri
     os.chown(path, AGENT, AGENT)
     with pytest.raises(PointerRefused, match=f"owned by uid {AGENT}"):
         read_pointer(workspace, euid=OTHER_AGENT)
+
+
+def test_a_pointer_an_older_memd_left_withholds_nothing(workspace: Path) -> None:
+    """Version 1 as memd wrote it before ``withheld`` (review r9leak F4) reads as
+    naming none; the names come back as written; anything else is refused."""
+    path = workspace / POINTER_NAME
+    older = {
+        "format": "memd-state-pointer",
+        "version": 1,
+        "state_dir": "/var/lib/memd",
+        "config": None,
+        "settings": {"privacy": {"patterns": {"vault": "x"}}},
+        "pid": 1234,
+        "key_vars": [],
+        "written_at": "2026-12-02T04:00:00+00:00",
+    }
+    path.write_text(json.dumps(older))
+    path.chmod(0o644)
+    pointer = read_pointer(workspace)
+    assert pointer is not None and pointer.withheld == ()
+    assert pointer.settings == {"privacy": {"patterns": {"vault": "x"}}}  # still applied
+    write_pointer(
+        workspace, Path("/var/lib/memd"), config=None, withheld=("MEMD_PRIVACY_PATTERNS",)
+    )
+    pointer = read_pointer(workspace)
+    assert pointer is not None and pointer.withheld == ("MEMD_PRIVACY_PATTERNS",)
+    path.write_text(json.dumps({**older, "withheld": "MEMD_PRIVACY_PATTERNS"}))
+    with pytest.raises(PointerRefused, match="withheld must be a list"):
+        read_pointer(workspace)
+
+
+def test_secrets_of_the_environment_stay_out_of_the_settings_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MEMD_PRIVACY_PATTERNS ('your own secrets', from a 0600 memd.env) and the
+    summary instructions are withheld like the API key (review r9leak F4); the
+    other settings of the environment are still recorded."""
+    from memd.settings import environment_settings, load_settings
+
+    workspace = tmp_path / "ws"
+    (workspace / "agents").mkdir(parents=True)
+    monkeypatch.setenv("MEMD_PRIVACY_PATTERNS", json.dumps({"vault": "Sup3rVaultPassw0rd-7731"}))
+    monkeypatch.setenv("MEMD_SUMMARIZER_SUMMARY_INSTRUCTIONS", "Never name Jane Q. Doe.")
+    monkeypatch.setenv("MEMD_TRIGGER_THRESHOLD", "0.7")
+    recorded, withheld = environment_settings(load_settings(workspace=workspace))
+    assert set(withheld) == {"MEMD_PRIVACY_PATTERNS", "MEMD_SUMMARIZER_SUMMARY_INSTRUCTIONS"}
+    assert recorded == {"trigger": {"threshold": 0.7}}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_secret_patterns_from_the_environment_never_reach_the_agents_pointer() -> None:
+    """A real daemon with MEMD_PRIVACY_PATTERNS in its environment: the pointer,
+    0644 in a 0750 memd:agents workspace, read as an agent's uid, holds neither
+    pattern; a command beside the daemon without the variable says it lacks it
+    (review r9leak F4)."""
+    import subprocess
+    import sys
+
+    from support.daemon_proc import DaemonProcess
+    from support.memfiles import AgentWorkspace
+    from support.two_agents import AGENTS_GID, BOB, run_as, shared_root
+
+    with shared_root() as root:
+        ws = AgentWorkspace(root / "ws")
+        ws.root.mkdir(parents=True, exist_ok=True)
+        os.chown(ws.root, 0, AGENTS_GID)
+        ws.root.chmod(0o750)
+        ws.create_agent("alice")
+        secret = "Sup3rVaultPassw0rd-7731"
+        patterns = json.dumps({"vault": secret, "client": r"Jane Q\. Doe"})
+        with DaemonProcess(
+            ws.root, root / "state", env={"MEMD_PRIVACY_PATTERNS": patterns}
+        ) as daemon:
+            daemon.wait_ready()
+            read = run_as(BOB, "/bin/cat", str(ws.root / POINTER_NAME))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+            beside = subprocess.run(
+                [sys.executable, "-m", "memd", "status", "--workspace", str(ws.root)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+            assert daemon.stop() == 0
+    assert read.returncode == 0, read.stderr  # the pointer is there for the agents to read
+    assert secret not in read.stdout
+    assert "Jane Q" not in read.stdout
+    assert json.loads(read.stdout)["withheld"] == ["MEMD_PRIVACY_PATTERNS"]
+    assert "sets MEMD_PRIVACY_PATTERNS, which its state pointer does not carry" in beside.stderr

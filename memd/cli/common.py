@@ -61,6 +61,13 @@ def load(
         return loaded
     if pointer is None:
         return loaded
+    missing = [var for var in pointer.withheld if var not in loaded.env_overrides]
+    if missing and not loaded.config_explicit:
+        warn(
+            f"the daemon's environment sets {', '.join(missing)}, which its state pointer "
+            "does not carry (a secret); set it for this command too, or its settings "
+            "(redaction, summary) are not the daemon's"
+        )
     if not loaded.config_explicit:
         try:
             daemons = _without(pointer.settings, loaded.env_overrides)

@@ -51,7 +51,8 @@ def run_daemon(
         loaded = dataclasses.replace(loaded, config=transform(loaded.config))
     configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
     state = resolve_state_dir(state_dir, loaded.config.state_dir)
-    pointer = _WorkspacePointer(loaded, state, _pointer_settings(loaded, settings), demo=demo)
+    recorded, withheld = _pointer_settings(loaded, settings)
+    pointer = _WorkspacePointer(loaded, state, recorded, withheld=withheld, demo=demo)
     pointer.leave()
     options = DaemonOptions(
         config_file=config,
@@ -75,11 +76,11 @@ def run_daemon(
 
 def _pointer_settings(
     loaded: LoadedConfig, demo: dict[str, dict[str, Any]]
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
     """What the pointer tells commands beside this daemon, over its config file:
     the settings of its environment (systemd's EnvironmentFile=, which those
     commands never see: else `memd doctor` judged a redaction the daemon does
-    not use), then the demo's."""
+    not use), then the demo's; and the variables kept out (secrets), by name."""
     from memd.logs import get_logger
     from memd.settings import environment_settings
 
@@ -92,7 +93,7 @@ def _pointer_settings(
         )
     for section, values in demo.items():
         settings[section] = {**settings.get(section, {}), **values}
-    return settings
+    return settings, withheld
 
 
 class _WorkspacePointer:
@@ -106,11 +107,13 @@ class _WorkspacePointer:
         state_dir: Path,
         settings: dict[str, dict[str, Any]],
         *,
+        withheld: tuple[str, ...] = (),
         demo: bool = False,
     ) -> None:
         self._loaded = loaded
         self._state_dir = state_dir
         self._settings = settings
+        self._withheld = withheld
         self._demo = demo
         self._write_failed = False
 
@@ -180,6 +183,7 @@ class _WorkspacePointer:
                 config=loaded.source,
                 settings=self._settings,
                 key_vars=api_key_vars(),
+                withheld=self._withheld,
             )
         except OSError as exc:
             if not self._write_failed:  # once, not at every periodic check
