@@ -191,6 +191,9 @@ def require_workspace(workspace: Path) -> Path:
 
 # agents/ as memd.tmpfiles.conf makes it: sticky, and writable by the agents' group.
 SHARED_AGENTS_DIR_MODE = 0o1770
+# agents/ in a workspace of memd's own group: memd (and its agents, sharing its
+# uid) alone write there; the umask may close it further, never open it.
+PLAIN_AGENTS_DIR_MODE = 0o755
 
 
 def make_agents_folder(workspace: Path) -> str | None:
@@ -205,11 +208,13 @@ def make_agents_folder(workspace: Path) -> str | None:
     remove or rename another's. Not setgid: an agent's folder keeps the agent's
     own group, which memd shares and no other agent does (DESIGN §1). A
     workspace of memd's own group (memd and its agents share a uid) gets a
-    plain folder, as before.
+    plain folder, as before: 0755 at most whatever the umask (under umask 000 a
+    bare mkdir made it 0777, not sticky: any uid could rename an agent's folder
+    away and put its own in its place), so only memd makes folders there.
     """
     folder = workspace / AGENTS_DIR
     try:
-        folder.mkdir()
+        folder.mkdir(mode=PLAIN_AGENTS_DIR_MODE)
     except FileExistsError:
         return None
     group = os.stat(workspace).st_gid

@@ -22,6 +22,7 @@ from memd.workspace import (
     agent_paths,
     agent_paths_scanned,
     list_agents,
+    make_agents_folder,
     scan_agents,
 )
 
@@ -215,3 +216,44 @@ def test_agents_folder_is_made_for_the_workspaces_group(
         os.chmod(workspace / "agents", 0o750)
         subprocess.run([sys.executable, "-c", _MAKE_AS, str(workspace), ids], check=True)
         assert stat.S_IMODE((workspace / "agents").stat().st_mode) == 0o750
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_agents_folder_memd_makes_under_umask_000_lets_no_uid_take_anothers_folder() -> None:
+    """Review r9leak F3: in a workspace of memd's own group, agents/ was a bare
+    mkdir, 0777 and not sticky under umask 000: bob renamed alice's folder away,
+    put a 0777 one with a 0666 MEMORY.md in its place, and read what she appended."""
+    from support.two_agents import ALICE, BOB, run_as, shared_root
+
+    with shared_root() as root:
+        ws_root = root / "ws"
+        ws_root.mkdir(mode=0o755)
+        ws_root.chmod(0o755)  # root:root, memd's (root's) own group: the plain-folder case
+        previous = os.umask(0)
+        try:
+            assert make_agents_folder(ws_root) is None
+        finally:
+            os.umask(previous)
+        agents = ws_root / "agents"
+        assert stat.S_IMODE(agents.stat().st_mode) == 0o755
+        # memd's own agents (its uid) make their folders; alice's is handed to her.
+        (agents / "alice").mkdir(mode=0o700)
+        (agents / "alice" / "MEMORY.md").touch(mode=0o600)
+        for path in (agents / "alice", agents / "alice" / "MEMORY.md"):
+            os.chown(path, ALICE, ALICE)
+        run_as(
+            BOB,
+            "/bin/sh",
+            "-c",
+            f'mv "{agents}/alice" "{agents}/.gone" && mkdir -m 777 "{agents}/alice"'
+            f' && : > "{agents}/alice/MEMORY.md" && chmod 666 "{agents}/alice/MEMORY.md"',
+            umask=0,
+        )
+        run_as(
+            ALICE,
+            "/bin/sh",
+            "-c",
+            f'printf "alice: my card is 4111 1111 1111 1111\\n" >> "{agents}/alice/MEMORY.md"',
+        )
+        read = run_as(BOB, "/bin/cat", f"{agents}/alice/MEMORY.md")
+    assert "4111" not in read.stdout
