@@ -71,7 +71,7 @@ from memd.core.memfile import (
     render_header,
     sanitize_summary,
 )
-from memd.core.ownership import archive_access
+from memd.core.ownership import archive_access, archive_acl
 from memd.core.pins import Pin
 from memd.core.plan import (
     IDLE_PHASE,
@@ -123,8 +123,10 @@ from memd.fsutil import (
     create_file_at,
     iter_range,
     link_unique_at,
+    read_acl,
     read_range,
     read_to_end,
+    set_acl,
     share_with_group,
 )
 from memd.redaction_key import process_key
@@ -396,6 +398,7 @@ class _Snapshot:
     st_uid: int
     st_gid: int
     mtime_ns: int
+    acl: bytes | None = None  # its POSIX access ACL (None: mode bits only)
 
 
 def _read_hashing(fd: int) -> tuple[bytes, list[tuple[int, Any]]]:
@@ -691,6 +694,7 @@ class _Transaction:
             raise NothingToCompact(f"agent {self.agent!r}: no MEMORY.md to compact") from None
         try:
             st = os.fstat(fd)
+            acl = read_acl(fd)
             data, states = _read_hashing(fd)
         finally:
             os.close(fd)
@@ -709,6 +713,7 @@ class _Transaction:
             st_uid=st.st_uid,
             st_gid=st.st_gid,
             mtime_ns=st.st_mtime_ns,
+            acl=acl,
         )
 
     def prefix_unchanged(self, snap: _Snapshot) -> bool:
@@ -914,6 +919,8 @@ class _Transaction:
             content = seal_archive(data_key, name, snap.data[:cut])
         fd = create_file_at(private_fd, ARCHIVE_TEMP, [content])
         try:
+            # Not .memd/'s default ACL (inherited): whom MEMORY.md's own let read.
+            set_acl(fd, archive_acl(snap.acl, access))
             share_with_group(fd, access.file_mode, access.gid)
             st = os.fstat(fd)
         finally:
@@ -1014,7 +1021,7 @@ class _Transaction:
         )
         new_st = os.fstat(self.new_fd)
         self.new_size = new_st.st_size  # where memd's own bytes end (the drain's start)
-        keep_owner(self.new_fd, snap.st_mode, snap.st_uid, snap.st_gid, self.agent)
+        keep_owner(self.new_fd, snap.st_mode, snap.st_uid, snap.st_gid, self.agent, snap.acl)
         self.checkpoint("new-written")
         self.journal.write(
             phase="swapping",
@@ -1937,6 +1944,7 @@ def _archive_drain(
     try:
         st = os.fstat(fd)
         access = archive_access(st.st_mode, st.st_gid)
+        acl = archive_acl(read_acl(fd), access)
         if master is None:
             name = _free_archive_name(archive_fd, _archive_stem(), PLAIN_SUFFIX)
             # Streamed in bounded pieces (iter_range's 1 MiB): the old file may be
@@ -1959,6 +1967,7 @@ def _archive_drain(
     finally:
         os.close(fd)
     try:
+        set_acl(temp, acl)
         share_with_group(temp, access.file_mode, access.gid)
         copy_ino = os.fstat(temp).st_ino
     finally:
@@ -2005,13 +2014,16 @@ def _replace_with_staged_memory(pinned: AgentDir, old_id: object, new_id: object
     os.fsync(pinned.memory_dir_fd)
 
 
-def keep_owner(fd: int, mode: int, uid: int, gid: int, agent: str) -> None:
-    """Give a new MEMORY.md (through its fd) the old one's mode, owner and group.
+def keep_owner(fd: int, mode: int, uid: int, gid: int, agent: str, acl: bytes | None) -> None:
+    """Give a new MEMORY.md (through its fd) the old one's mode, POSIX ACL (``acl``;
+    None: none), owner and group.
 
     Agents may run under other UIDs: the re-seeded file must stay appendable by
     them. Through the fd: the temp's name is in memd's folder, but an fd cannot
-    be redirected at all.
+    be redirected at all. The ACL replaces the one the temp inherited from
+    ``.memd/``'s default ACL: a user the agent took off MEMORY.md's ACL stays off.
     """
+    set_acl(fd, acl)
     os.fchmod(fd, stat.S_IMODE(mode))
     if (uid, gid) == (os.geteuid(), os.getegid()):
         return

@@ -52,7 +52,15 @@ from memd.compaction import (  # the transaction's own steps, shared with compac
 )
 from memd.core.erasure import Filtered, erase_matching
 from memd.errors import CompactionAborted, MemdError, WorkspaceError, describe_error
-from memd.fsutil import AgentLock, create_file_at, iter_range, read_to_end, share_with_group
+from memd.fsutil import (
+    AgentLock,
+    create_file_at,
+    iter_range,
+    read_acl,
+    read_to_end,
+    set_acl,
+    share_with_group,
+)
 from memd.rewrite import (
     ERASE_PHASE,
     STAGED_KEY,
@@ -132,6 +140,7 @@ class _Archive:
     mode: int
     gid: int
     times_ns: tuple[int, int]  # atime, mtime: retention ages an archive by its mtime
+    acl: bytes | None = None  # its POSIX access ACL, kept on the rewritten copy
 
 
 class _Erase:
@@ -168,6 +177,7 @@ class _Erase:
         temp = staged_name(len(self.staged))
         fd = create_file_at(self.pinned.private_fd, temp, [data])
         try:
+            set_acl(fd, archive.acl)  # not .memd/'s default ACL, which the temp inherited
             share_with_group(fd, archive.mode, archive.gid if archive.gid != os.getegid() else None)
             # The rewritten archive keeps its age: an erasure must not make
             # retention keep it longer.
@@ -192,7 +202,11 @@ class _Erase:
             if not stat.S_ISREG(st.st_mode):
                 return None
             archive = _Archive(
-                name, stat.S_IMODE(st.st_mode), st.st_gid, (st.st_atime_ns, st.st_mtime_ns)
+                name,
+                stat.S_IMODE(st.st_mode),
+                st.st_gid,
+                (st.st_atime_ns, st.st_mtime_ns),
+                read_acl(fd),
             )
             return archive, read_to_end(fd)
         finally:
@@ -311,6 +325,7 @@ class _Erase:
         fd = pinned.open_private(DRAIN_NAME, os.O_RDONLY)
         try:
             old = os.fstat(fd)
+            old_acl = read_acl(fd)
             data = read_to_end(fd)
         finally:
             os.close(fd)
@@ -329,7 +344,7 @@ class _Erase:
             [filtered.data],
             mode=stat.S_IMODE(old.st_mode),
         )
-        keep_owner(self.new_fd, old.st_mode, old.st_uid, old.st_gid, self.agent)
+        keep_owner(self.new_fd, old.st_mode, old.st_uid, old.st_gid, self.agent, old_acl)
         new = os.fstat(self.new_fd)
         self.new_size = new.st_size
         self.memory_ids = (old.st_dev, old.st_ino, new.st_dev, new.st_ino)

@@ -8,6 +8,7 @@ an fsync of the folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -117,6 +118,36 @@ def _root_trusts(path: Path, owner: int, *, folder: bool) -> bool:
     if not folder:
         return parent.st_uid == owner
     return parent.st_uid in (0, owner) and not parent.st_mode & 0o022
+
+
+ACL_ACCESS = "system.posix_acl_access"
+# No ACL on the file, or none on this filesystem (or no xattrs at all).
+_NO_ACL = frozenset({errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def read_acl(fd: int) -> bytes | None:
+    """The file's POSIX access ACL (the kernel's xattr bytes); None when it has none."""
+    try:
+        return os.getxattr(fd, ACL_ACCESS)
+    except OSError as exc:
+        if exc.errno in _NO_ACL:
+            return None
+        raise
+
+
+def set_acl(fd: int, acl: bytes | None) -> None:
+    """Give the file exactly ``acl`` (None: none, mode bits only). A file memd
+    creates inherits its folder's default ACL; this replaces what it inherited,
+    so nobody the source's ACL left out reads the copy (its mode follows the
+    ACL's owner, mask and other entries)."""
+    try:
+        if acl is None:
+            os.removexattr(fd, ACL_ACCESS)
+        else:
+            os.setxattr(fd, ACL_ACCESS, acl)
+    except OSError as exc:
+        if exc.errno not in _NO_ACL:
+            raise
 
 
 def share_with_group(target: Path | int, mode: int, gid: int | None) -> None:

@@ -1830,3 +1830,153 @@ def test_the_drain_sees_where_an_agents_entry_ends(
         assert compaction._at_entry_end(fd, 100 + len(tail))  # memd's own end
     finally:
         os.close(fd)
+
+
+class Recap:
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        return SummaryResult(text="The user talked about a private matter.", model="test")
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A POSIX ACL as the kernel's xattr format (what setfacl writes)."""
+    from memd.core.ownership import pack_acl
+
+    return pack_acl(list(entries))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_a_user_taken_off_memorys_acl_reads_neither_the_reseeded_file_nor_the_archive() -> None:
+    """Review r9leak F6: a group-shared folder's default ACL lets bob read what is
+    made there; alice takes bob off her MEMORY.md (setfacl -x u:bob). The new
+    MEMORY.md keeps her file's ACL (not .memd/'s inherited one), and the archive
+    reads only for whom her ACL let read, never writes for anyone but memd."""
+    from support.two_agents import ALICE, BOB, run_as, shared_root
+
+    from memd.core.ownership import (
+        ACL_GROUP_OBJ,
+        ACL_MASK,
+        ACL_OTHER,
+        ACL_USER,
+        ACL_USER_OBJ,
+        parse_acl,
+    )
+
+    anyone = 0xFFFFFFFF
+    with shared_root() as root:
+        ws = AgentWorkspace(root / "ws")
+        (ws.root / "agents").mkdir(parents=True, exist_ok=True)
+        (ws.root / "agents").chmod(0o755)
+        folder = ws.root / "agents" / "alice"
+        folder.mkdir(mode=0o750)
+        os.chown(folder, ALICE, ALICE)
+        team = _acl(
+            (ACL_USER_OBJ, 7, anyone),
+            (ACL_USER, 5, BOB),
+            (ACL_GROUP_OBJ, 5, anyone),
+            (ACL_MASK, 5, anyone),
+            (ACL_OTHER, 0, anyone),
+        )
+        try:
+            os.setxattr(folder, "system.posix_acl_default", team)
+            os.setxattr(folder, "system.posix_acl_access", team)
+        except OSError as exc:
+            pytest.skip(f"no POSIX ACLs here: {exc}")
+        memory = folder / "MEMORY.md"
+        turns = "".join(
+            f"### Human — 2026-12-01T10:0{i}:00\n\nPRIVATE-ALICE-{i} my diagnosis is "
+            f"{'x ' * 200}\n\n---\n\n"
+            for i in range(5)
+        )
+        text = (
+            "# Agent Memory\n\n**Conversation:** alice\n**Created:** 2026-12-01T10:00:00\n\n"
+            "---\n\n## Interaction Log\n\n" + turns
+        )
+        wrote = subprocess.run(
+            ["/bin/sh", "-c", 'printf "%s" "$0" > "$1"', text, str(memory)],
+            user=ALICE, group=ALICE, umask=0o027, cwd="/", capture_output=True,
+        )  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
+        alices = _acl(  # setfacl -x u:bob MEMORY.md
+            (ACL_USER_OBJ, 6, anyone),
+            (ACL_GROUP_OBJ, 4, anyone),
+            (ACL_MASK, 4, anyone),
+            (ACL_OTHER, 0, anyone),
+        )
+        os.setxattr(memory, "system.posix_acl_access", alices)
+        assert run_as(BOB, "/bin/cat", str(memory)).returncode != 0
+
+        outcome = compact_agent(
+            agent_paths(ws.root, "alice"),
+            Recap(),
+            CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2),
+        )
+        assert outcome.archive is not None
+        assert run_as(BOB, "/bin/cat", str(memory)).returncode != 0
+        archive = run_as(BOB, "/bin/cat", str(outcome.archive))
+        assert "PRIVATE-ALICE-0" not in archive.stdout
+        assert os.getxattr(memory, "system.posix_acl_access") == alices
+        assert stat.S_IMODE(memory.stat().st_mode) == 0o640
+        archived = parse_acl(os.getxattr(outcome.archive, "system.posix_acl_access"))
+        assert archived is not None
+        assert not [entry for entry in archived if entry[0] == ACL_USER]
+        assert stat.S_IMODE(outcome.archive.stat().st_mode) == 0o640
+        # alice's own group still reads her archive, as before.
+        assert os.stat(outcome.archive).st_gid == ALICE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other uids")
+def test_a_user_memorys_acl_lets_read_reads_the_archive_and_writes_nothing() -> None:
+    """The other side of r9leak F6: a user MEMORY.md's ACL lets read and write
+    (u:bob:rw) reads the archive, and writes neither it nor anything else."""
+    from support.two_agents import ALICE, BOB, run_as, shared_root
+
+    from memd.core.ownership import (
+        ACL_GROUP_OBJ,
+        ACL_MASK,
+        ACL_OTHER,
+        ACL_USER,
+        ACL_USER_OBJ,
+        parse_acl,
+    )
+
+    anyone = 0xFFFFFFFF
+    with shared_root() as root:
+        ws = AgentWorkspace(root / "ws")
+        ws.root.mkdir(parents=True, exist_ok=True)
+        ws.root.chmod(0o755)
+        paths = ws.create_agent("alice")
+        (ws.root / "agents").chmod(0o755)
+        for i in range(5):
+            append_entry(paths.memory, "Human", f"PRIVATE-ALICE-{i} " + "x " * 200)
+        os.chown(paths.dir, ALICE, ALICE)
+        paths.dir.chmod(0o755)
+        os.chown(paths.memory, ALICE, ALICE)
+        shared = _acl(
+            (ACL_USER_OBJ, 6, anyone),
+            (ACL_USER, 6, BOB),
+            (ACL_GROUP_OBJ, 4, anyone),
+            (ACL_MASK, 6, anyone),
+            (ACL_OTHER, 0, anyone),
+        )
+        try:
+            os.setxattr(paths.memory, "system.posix_acl_access", shared)
+        except OSError as exc:
+            pytest.skip(f"no POSIX ACLs here: {exc}")
+        outcome = compact_agent(
+            agent_paths(ws.root, "alice"),
+            Recap(),
+            CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2),
+        )
+        assert outcome.archive is not None
+        archived = parse_acl(os.getxattr(outcome.archive, "system.posix_acl_access"))
+        assert archived is not None
+        assert (ACL_USER, 4, BOB) in archived and (ACL_MASK, 4, anyone) in archived
+        assert (ACL_OTHER, 0, anyone) in archived
+        assert stat.S_IMODE(outcome.archive.stat().st_mode) == 0o640
+        # (archive/, 0750 to alice's group, is not bob's to enter: the ACL is
+        # what bob would get through it; he writes nothing.)
+        outcome.archive.parent.chmod(0o755)
+        assert "PRIVATE-ALICE-0" in run_as(BOB, "/bin/cat", str(outcome.archive)).stdout
+        wrote = run_as(BOB, "/bin/sh", "-c", f'echo x >> "{outcome.archive}"')
+        assert wrote.returncode != 0
+        assert os.getxattr(paths.memory, "system.posix_acl_access") == shared

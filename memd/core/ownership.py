@@ -14,6 +14,7 @@ the same rule; memd owns both, so deleting stays memd's job (`forget`,
 from __future__ import annotations
 
 import stat
+import struct
 from dataclasses import dataclass
 
 PRIVATE_FILE = 0o600
@@ -42,3 +43,48 @@ def archive_access(memory_mode: int, memory_gid: int) -> ArchiveAccess:
     if memory_mode & stat.S_IRGRP:
         return ArchiveAccess(GROUP_READ_FILE, GROUP_READ_DIR, memory_gid)
     return ArchiveAccess(PRIVATE_FILE, PRIVATE_DIR, None)
+
+
+# POSIX ACLs as the kernel stores them in the ``system.posix_acl_access``
+# xattr: a little-endian version (2), then (tag u16, perm u16, id u32) entries.
+_ACL_VERSION = 2
+_ACL_HEADER = struct.Struct("<I")
+_ACL_ENTRY = struct.Struct("<HHI")
+ACL_USER_OBJ, ACL_USER, ACL_GROUP_OBJ, ACL_GROUP, ACL_MASK, ACL_OTHER = 1, 2, 4, 8, 0x10, 0x20
+_READ = 4
+
+
+def parse_acl(raw: bytes) -> list[tuple[int, int, int]] | None:
+    """The entries of an access ACL xattr; None when it is not one memd reads."""
+    if len(raw) < _ACL_HEADER.size or (len(raw) - _ACL_HEADER.size) % _ACL_ENTRY.size:
+        return None
+    if _ACL_HEADER.unpack_from(raw)[0] != _ACL_VERSION:
+        return None
+    return list(_ACL_ENTRY.iter_unpack(raw[_ACL_HEADER.size :]))
+
+
+def pack_acl(entries: list[tuple[int, int, int]]) -> bytes:
+    return _ACL_HEADER.pack(_ACL_VERSION) + b"".join(_ACL_ENTRY.pack(*e) for e in entries)
+
+
+def archive_acl(memory_acl: bytes | None, access: ArchiveAccess) -> bytes | None:
+    """The access ACL for an archive of a MEMORY.md carrying ``memory_acl``: read
+    for exactly whom the ACL let read MEMORY.md (its named users and groups, its
+    owning group as the ACL says, not as the mode's group bits, which are the
+    mask), never write, nothing for others; None: mode bits only (no ACL on
+    MEMORY.md, an ACL memd does not read, or a private archive)."""
+    if memory_acl is None or not access.shared:
+        return None
+    entries = parse_acl(memory_acl)
+    if entries is None:
+        return None
+    kept = []
+    for tag, perm, ident in entries:
+        if tag == ACL_USER_OBJ:
+            perm = (access.file_mode >> 6) & 0o7  # memd, the archive's owner
+        elif tag == ACL_OTHER:
+            perm = 0
+        else:  # named users and groups, the owning group, the mask: read at most
+            perm &= _READ
+        kept.append((tag, perm, ident))
+    return pack_acl(kept)
