@@ -2333,3 +2333,32 @@ def test_a_new_file_compacted_across_an_encoding_reload_is_counted_in_the_new_en
     finally:
         daemon.handle_exit(signal.SIGTERM, None)
         thread.join(30)
+
+
+_DUMPABLE = """
+import ctypes, resource
+from memd.cli.run_daemon import keep_out_of_core_dumps
+libc = ctypes.CDLL(None, use_errno=True)
+before = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+keep_out_of_core_dumps()
+print(before, libc.prctl(3, 0, 0, 0, 0), *resource.getrlimit(resource.RLIMIT_CORE))
+"""
+
+
+def test_the_daemon_leaves_no_core_dump(tmp_path: Path) -> None:
+    """Review r9leak (notes): the daemon's memory holds agents' text, the archive
+    master key and API keys; it sets RLIMIT_CORE 0 and PR_SET_DUMPABLE 0 (a real
+    daemon's limit read from /proc; the flag in a process of its own)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DUMPABLE], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.split() == ["1", "0", "0", "0"], done
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha")
+    with DaemonProcess(ws.root, tmp_path / "state") as daemon:
+        daemon.wait_ready()
+        assert daemon.proc is not None
+        limits = Path(f"/proc/{daemon.proc.pid}/limits").read_text()
+        assert daemon.stop() == 0
+    core = next(line for line in limits.splitlines() if line.startswith("Max core file size"))
+    assert core.split()[4:6] == ["0", "0"], core

@@ -271,3 +271,8 @@ def test_real_swarms_agent_and_memd_share_the_memory_file(tmp_path: Path) -> Non
     archives = list(paths.archive_dir.glob("history_*.md"))
     assert len(archives) == 1
     assert b"PELICAN" in archives[0].read_bytes()
+
+
+def test_memd_leaves_no_core_dump(compose: dict[str, Any]) -> None:
+    """Review r9leak (notes): a crash dump holds agents' text and keys."""
+    assert compose["services"]["memd"]["ulimits"]["core"] == 0

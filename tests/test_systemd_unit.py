@@ -613,3 +613,9 @@ def test_daemon_lifecycle_inside_the_sandbox(sandbox_root: Path) -> None:
     assert "Operation not permitted" not in stderr, stderr[-3000:]
     info = memory.stat()
     assert (info.st_gid, info.st_mode & 0o777) == (SHARED_GID, 0o660)
+
+
+def test_the_daemon_leaves_no_core_dump(unit: list[tuple[str, str, str]]) -> None:
+    """Review r9leak (notes): a crash dump holds agents' text, the archive master
+    key and API keys (apport/abrt may upload it)."""
+    assert single(unit, "LimitCORE") == "0"

@@ -4,6 +4,7 @@ and the plain reading of its arguments (:mod:`memd.cli.run_argv`) both call
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -65,6 +66,7 @@ def run_daemon(
         claim_pointer=pointer.retake,
     )
     name_native_threads()  # `top -H`, `ps -L` and /proc tell the daemon's threads apart
+    keep_out_of_core_dumps()
     code = Daemon(loaded, options).run()
     if code == EXIT_FORCED:
         # A forced stop does not wait for a slow LLM call in a worker thread;
@@ -72,6 +74,26 @@ def run_daemon(
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+PR_SET_DUMPABLE = 4
+
+
+def keep_out_of_core_dumps() -> None:
+    """No core dump of the daemon, and no other process of its uid attaching to it
+    (``ptrace``, ``/proc/PID/mem``): its memory holds agents' text, the archive
+    master key and API keys, which a crash dump (apport, abrt, systemd-coredump
+    may keep or upload it) would write out. RLIMIT_CORE 0 and PR_SET_DUMPABLE 0;
+    where either is unavailable (not Linux) the daemon runs as before. The
+    daemon's own /proc/self stays its own (the kernel lets a process read its
+    fds whatever this flag says)."""
+    import ctypes
+    import resource
+
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def _pointer_settings(
