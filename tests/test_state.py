@@ -1407,7 +1407,10 @@ def test_a_state_dir_another_uid_owns_or_may_write_in_is_refused(tmp_path: Path)
     used: one line naming it and the fix, and no file is written in it."""
     from memd.errors import ConfigError
 
-    state_dir = tmp_path / "state"
+    shared = tmp_path / "tmp"  # a /tmp: anyone makes folders there
+    shared.mkdir()
+    shared.chmod(0o1777)
+    state_dir = shared / "state"
     state_dir.mkdir(mode=0o777)
     state_dir.chmod(0o777)
     os.chown(state_dir, 31002, 31002)
@@ -1417,3 +1420,9 @@ def test_a_state_dir_another_uid_owns_or_may_write_in_is_refused(tmp_path: Path)
     with pytest.raises(ConfigError, match="has mode 0777: other users could plant"):
         StateStore.open(state_dir, tmp_path / "ws")
     assert list(state_dir.iterdir()) == []
+    # memd's user's own state dir where only root could have put it (/var/lib/memd):
+    # root, a command beside the daemon, takes it.
+    shared.chmod(0o755)
+    state_dir.chmod(0o700)
+    os.chown(state_dir, 31002, 31002)
+    StateStore.open(state_dir, tmp_path / "ws").close()
