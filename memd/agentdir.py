@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from memd.errors import WorkspaceError, describe_error
 from memd.workspace import (
+    AGENTS_DIR,
     ARCHIVE_DIR,
     MEMORY_FILE,
     PRIVATE_DIR,
@@ -97,7 +98,6 @@ class AgentDir:
         ``open`` and a ``readlink``: no listing of the other agents); anywhere else
         (a symlinked agent folder) it is checked as :meth:`open` checks it.
         Raises FileNotFoundError when there is no folder."""
-        agents_real = agents_folder_real(paths.workspace)
         try:
             dir_fd = os.open(paths.dir, _DIR_FLAGS)
         except NotADirectoryError:
@@ -106,7 +106,10 @@ class AgentDir:
         pinned._owned.append(dir_fd)
         try:
             pinned.real_dir = fd_path(dir_fd)
-            if pinned.real_dir != os.path.join(agents_real, paths.agent):
+            # paths.workspace is resolved: the same path means no link on the way.
+            own = os.path.join(paths.workspace, AGENTS_DIR, paths.agent)
+            if pinned.real_dir != own:
+                agents_real = agents_folder_real(paths.workspace)
                 check_agent_folder(pinned.real_dir, str(paths.workspace), agents_real, paths.agent)
         except BaseException:
             pinned.close()
