@@ -146,7 +146,7 @@ class MemoryDocument:
     known entry), or for a ``### `` line with a terminator before it (backwards
     from the end), and the header check at each hit find the same boundaries
     as the whole split, without building the entries in between. A summary block
-    is found by its marker (searched backwards). The one case that is not
+    is only ever the first entry (:meth:`is_summary_entry`). The one case that is not
     local (a header line right before a terminator that would share its blank
     line: whether the terminator closes an entry then depends on whether that
     header starts one) and any ``\\r`` fall back to the whole split. Property
@@ -381,37 +381,18 @@ class MemoryDocument:
             yield self._header
 
     def _last_summary_local(self, limit: int) -> tuple[EntrySegment, int] | None:
-        """The newest summary block ending by ``limit``, and where it ends.
-
-        Every summary's content starts with the marker (after blanks): each
-        marker found backwards is checked as such a start, nothing else is read.
-        """
-        data, low = self._data, self._header_end
-        high = min(limit, self.size)
-        while True:
-            at = data.rfind(_MARKER_BYTES, low, high)
-            if at < 0:
-                return None
-            high = at + len(_MARKER_BYTES) - 1
-            blank = at
-            while blank > low:
-                window = data[max(low, blank - 64) : blank]
-                kept = len(window.rstrip(_WHITESPACE))
-                blank -= len(window) - kept
-                if kept:
-                    break
-            line_start = data.rfind(b"\n", 0, blank) + 1
-            if line_start < low or not data.startswith(b"### ", line_start):
-                continue
-            match = self._valid(line_start)
-            if match is None or not self._is_start(line_start):
-                continue
-            end, _ = self._end_of(match)
-            if end < 0 or end > limit:
-                continue
-            entry = self._entry(match, end)
-            if self.is_summary_entry(entry):
-                return entry, end
+        """The summary block ending by ``limit``, and where it ends: only ever the
+        first entry, right after the header (see :meth:`is_summary_entry`)."""
+        first = self._first_start()
+        if first is None or first != self._header_end or first >= limit:
+            return None
+        match = self._valid(first)
+        assert match is not None
+        end, _ = self._end_of(match)
+        if end < 0 or end > limit:
+            return None
+        entry = self._entry(match, end)
+        return (entry, end) if self.is_summary_entry(entry) else None
 
     def _closed_from(self, start: int | None, limit: int) -> Iterator[tuple[re.Match[bytes], int]]:
         """Each closed entry's header match and end, from the one at ``start`` on,
@@ -472,17 +453,23 @@ class MemoryDocument:
                 yield segment
 
     def is_summary_entry(self, segment: EntrySegment) -> bool:
-        """memd's ``System`` summary blocks anywhere; Swarms' own only where Swarms writes them.
+        """A summary block only where a re-seed puts one: the first entry, right
+        after the header.
 
-        Swarms' ContextCompressor (16.x) re-seeds the file with a header and one
+        memd re-seeds MEMORY.md as header + its ``System`` block + the turns kept
+        or appended since, so its block is never anywhere else. Swarms'
+        ContextCompressor (16.x) re-seeds the file with a header and one
         ``### user — …`` (older: ``System``) block holding its full preamble.
-        Only that exact place counts, so a user message that merely starts
-        with the marker can never hide the raw turns before it.
+        A block of either form further down was written by an agent or a tool
+        (Swarms writes a tool's output verbatim: ``cat`` of another MEMORY.md,
+        a user pasting one): it is a turn like any other, so it never hides the
+        turns before it nor lends its pins (review r9summary F2).
         """
+        if segment.start != self._header_end:
+            return False
         if segment.is_summary:
             return True
-        # The first segment after the header: right where the header ends.
-        if self._header is None or segment.start != self._header_end:
+        if self._header is None:
             return False
         if segment.role.strip().lower() not in {"user", "system"}:
             return False
@@ -565,9 +552,9 @@ class MemoryDocument:
             start = found[0]
             if start >= end or not self._is_start(start):
                 return None
-            # Every summary's content (memd's, and Swarms' own after the header)
-            # starts with the marker: none in there, none.
-            if self._data.rfind(_MARKER_BYTES, start, end) >= 0:
+            # A summary block is only ever the first entry (is_summary_entry),
+            # and its content starts with the marker.
+            if start == self._header_end and self._data.rfind(_MARKER_BYTES, start, end) >= 0:
                 return None
             return start
         except _Ambiguous:
@@ -775,6 +762,16 @@ def _split(data: bytes, size: int, header: HeaderSegment | None) -> tuple[Segmen
         segments.append(RawSegment(start=pos, raw=data[pos:next_start]))
         pos = next_start
     return tuple(segments)
+
+
+def is_summary_form(role: str, content: str) -> bool:
+    """Whether an entry reads as a summary block (memd's ``System`` one, or
+    Swarms' ``user``/``System`` one): true of the re-seeded block, and of one an
+    agent or a tool quoted further down (which :meth:`MemoryDocument.is_summary_entry`
+    takes for a turn)."""
+    return role.strip().lower() in {"user", "system"} and content.lstrip().startswith(
+        SUMMARY_MARKER
+    )
 
 
 def render_header(conversation: str, created: str) -> bytes:

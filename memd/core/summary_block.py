@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from memd.core.memfile import MemoryDocument
+from memd.core.memfile import MemoryDocument, is_summary_form
 from memd.core.pins import (
     PINNED_HEADING,
     Pin,
@@ -229,7 +229,11 @@ def material_of(prefix: MemoryDocument, count_text: CountText | None) -> Materia
             turns += 1
             if count_text is not None:
                 input_tokens += count_text(text)
-            yield role, timestamp, text
+            # A summary block quoted in a turn (another MEMORY.md printed by a
+            # tool) is summarized as a turn, but its pins are another memory's:
+            # none is carried (review r9summary F2).
+            if not is_summary_form(role, text):
+                yield role, timestamp, text
 
     new = pins_of_entries(read())
     return Material(

