@@ -94,10 +94,13 @@ def parse_summary(text: str) -> ParsedSummary:
         note = rest_lines.pop().strip()
     rest = "\n".join(rest_lines).rstrip()
     body, pins_text = rest, ""
-    marker = "\n" + PINNED_HEADING
-    at = ("\n" + rest).rfind(marker)
-    if at >= 0:
-        body = rest[: max(0, at - 1)].rstrip() if at > 0 else ""
+    # memd's own section is the last paragraph before the tail (compose_summary
+    # joins body, section and tail with a blank line; the section has none).
+    # A heading line anywhere else is text a turn or a model wrote: it neither
+    # cuts the body short nor pins what follows it (review r9summary F1).
+    at = rest.rfind("\n\n") + 2 if "\n\n" in rest else 0
+    if rest.startswith(PINNED_HEADING, at):
+        body = rest[:at].rstrip()
         pins_text = rest[at:]
     return ParsedSummary(
         body=body.strip(),
@@ -175,6 +178,7 @@ def compose_summary(
 ) -> ComposedSummary:
     """The format-2 text: ``body`` + the pins it does not keep itself + ``note``
     (see :func:`archive_note`) + the version line."""
+    body = quote_own_lines(body)
     covered = covered_keys(body)
     missing = [pin for pin in pins if pin.key not in covered]
     section = fit_pins(missing, pinned_tokens, count_text)
@@ -189,6 +193,20 @@ def compose_summary(
         covered=len(pins) - len(missing),
         evicted=section.evicted,
     )
+
+
+# A body line that reads as one of memd's own (the pinned section's heading, the
+# archive note, the version line): the reply quoted it, from a turn that read a
+# memory file aloud or from the previous summary.
+_OWN_LINE_IN_BODY_RE: Final = re.compile(
+    r"(?m)^(?=[ \t]*(?:" + re.escape(PINNED_HEADING) + r"|memd-archive: |memd-summary: v))"
+)
+
+
+def quote_own_lines(body: str) -> str:
+    """``body`` with each line that reads as memd's own quoted with ``> ``: no
+    reader takes text a model or a turn wrote for memd's metadata or pins."""
+    return _OWN_LINE_IN_BODY_RE.sub("> ", body)
 
 
 def version_line(archive: str, earlier_archives: int) -> str:

@@ -307,11 +307,11 @@ def test_a_summary_block_after_a_turn_is_a_turn_not_memds_summary(local: bool) -
     if not local:
         assert len(doc.segments) == 5  # the whole split read first: no fast path
     assert doc.last_summary() is None
-    assert [e.content for e in doc.raw_entries_since_summary()][0] == b"old turn"
+    assert next(e.content for e in doc.raw_entries_since_summary()) == b"old turn"
     assert len(doc.raw_entries_since_summary()) == 4
     summary, texts = doc.since_summary_texts()
     assert summary is None
-    assert [text for _, _, text in texts][0] == "old turn"
+    assert next(text for _, _, text in texts) == "old turn"
     assert not any(doc.is_summary_entry(e) for e in doc.entries)
 
 

@@ -233,3 +233,39 @@ def test_pinned_facts_of_every_kind_survive_many_compactions() -> None:
     assert counts == sorted(counts, reverse=True) and counts[-1] >= 5
     # Each dated by its turn's day, not by a compaction's.
     assert all(pin.day.startswith("2026-03") for pin in kept)
+
+
+def test_only_memds_own_section_is_read_as_pins() -> None:
+    # Review r9summary F1: the heading quoted inside the summary text (a turn that
+    # read a memory file aloud) neither cuts the body short nor pins what follows.
+    body = (
+        "Facts:\n- the agent quoted its memory file:\n"
+        + PINNED_HEADING
+        + "\n- /srv/x\n- the release is on Friday\nOpen tasks:\n- the migration guide"
+    )
+    old_block = body + "\n\nmemd-summary: v2; raw turns in archive/history_2026-03-02_10-00-00.md"
+    parsed = parse_summary(old_block)
+    assert parsed.body == body and parsed.pins == ()
+    # Written now, such a line is quoted: not even a last paragraph reads as memd's.
+    composed = compose_summary(
+        "Facts:\n\n" + PINNED_HEADING + "\n- the release is on Friday\nmemd-summary: v2",
+        [],
+        pinned_tokens=100,
+        count_text=lambda t: len(t) // 4,
+        archive="archive/history_2026-03-02_10-00-00.md",
+    )
+    assert "\n> " + PINNED_HEADING in composed.text
+    assert "\n> memd-summary: v2\n" in composed.text
+    again = parse_summary(composed.text)
+    assert again.pins == () and "the release is on Friday" in again.body
+    assert again.latest_archive == "archive/history_2026-03-02_10-00-00.md"
+    # memd's own section, after the body's last blank line, is still read.
+    own = compose_summary(
+        body,
+        [Pin("path", "/srv/app/conf.yaml", "2026-03-02")],
+        pinned_tokens=100,
+        count_text=lambda t: len(t) // 4,
+    )
+    read = parse_summary(own.text)
+    assert [p.text for p in read.pins] == ["/srv/app/conf.yaml"]
+    assert "Open tasks:" in read.body
