@@ -252,6 +252,41 @@ def _priority(line: Line) -> int:
     return priority
 
 
+def _eviction_order(lines: list[Line]) -> list[int]:
+    """Every line's index, the first to go first: fair across sections.
+
+    Each section keeps a share of the lines by its value (:data:`SECTIONS`):
+    over budget, a line goes from the section with the most lines for its
+    value, its oldest first (in Facts, a line whose facts are pinned anyway
+    before one the pins cannot keep). So weeks of carried Decisions and
+    Preferences give up their oldest lines, not today's open task and error
+    (review r9summary F6; the pinned section is evicted the same way,
+    :func:`memd.core.pins.fit_pins`). Deterministic: ties go to the less
+    valuable section, then to the section's name.
+    """
+    queues: dict[str, list[int]] = {}
+    for index in sorted(range(len(lines)), key=lambda i: (_priority(lines[i]), lines[i].stamp, i)):
+        queues.setdefault(lines[index].section, []).append(index)
+    heads = dict.fromkeys(queues, 0)
+    order: list[int] = []
+    while len(order) < len(lines):
+        section = max(
+            (name for name in queues if heads[name] < len(queues[name])),
+            key=lambda name: (
+                (len(queues[name]) - heads[name]) / _section_weight(name),
+                -_section_weight(name),
+                name,
+            ),
+        )
+        order.append(queues[section][heads[section]])
+        heads[section] += 1
+    return order
+
+
+def _section_weight(section: str) -> int:
+    return max(1, SECTIONS[section])
+
+
 def _render(lines: list[Line], stats: str) -> str:
     parts = [stats] if stats else []
     for section in SECTIONS:
@@ -277,8 +312,7 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
         return ""
     span = f", {first} to {last}" if first and last and first != last else ""
     stats = f"{_STATS_PREFIX}{turns} new turn(s){span}." if turns else ""
-    # Least valuable first: lowest section priority, then oldest.
-    eviction = sorted(range(len(lines)), key=lambda i: (_priority(lines[i]), lines[i].stamp, i))
+    eviction = _eviction_order(lines)
     costs = [count_text(line.render()) + 1 for line in lines]
     total = sum(costs) + count_text(stats) + 4 * len(SECTIONS)
     dropped: set[int] = set()

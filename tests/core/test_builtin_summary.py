@@ -240,3 +240,39 @@ def test_old_decisions_outlive_newer_small_talk_with_names() -> None:
     turns += [("Agent", f"I spoke with Priya Raman{i} about lunch.") for i in range(60)]
     summary = extractive_summary(memfile.parse(build(turns)), max_tokens=80, count_text=word_count)
     assert "shard the ledger by tenant" in summary
+
+
+def test_todays_open_task_and_error_are_kept_beside_old_preferences(
+    cl100k: Callable[[str], int],
+) -> None:
+    # Review r9summary F6: eviction is fair across sections, oldest first within
+    # each: weeks of carried Decisions and Preferences give up their oldest lines,
+    # not today's open task and error (at 30 compactions the retention bench kept
+    # 0 % of tasks and errors before).
+    carried = ["Decisions:"] + [
+        f"- (2026-03-{1 + i // 10:02d}T10:00:{i:02d}) Human: We decided to move the q{i} "
+        "queue to the managed broker, for the retries."
+        for i in range(60)
+    ]
+    carried += ["Preferences:"] + [
+        f"- (2026-03-{1 + i // 10:02d}T11:00:{i:02d}) Human: I prefer the r{i} report as a "
+        "CSV attachment rather than inline tables."
+        for i in range(60)
+    ]
+    data = memfile.render_header("a", "2026-03-01T00:00:00")
+    data += memfile.render_summary_block("\n".join(carried), "2026-03-20T00:00:00")
+    data += memfile.render_entry(
+        "Human", "2026-03-21T09:00:00", "TODO: the zeta exporter still needs a load test."
+    )
+    data += memfile.render_entry(
+        "Tool Executor",
+        "2026-03-21T09:01:00",
+        "Tool Output:\nERROR worker omega: connection reset by peer while flushing the batch",
+    )
+    summary = extractive_summary(memfile.parse(data), max_tokens=1_500, count_text=cl100k)
+    assert cl100k(summary) <= 1_500
+    assert "zeta exporter" in summary
+    assert "worker omega" in summary
+    # Each of the flooded sections lost its oldest lines, and kept its newest.
+    assert "q0 queue" not in summary and "q59 queue" in summary
+    assert "r0 report" not in summary and "r59 report" in summary
