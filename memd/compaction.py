@@ -800,6 +800,9 @@ class _Transaction:
         body = scrubbed.text
         if judge and self.count_bytes is not None:
             input_tokens = material.input_tokens if known is None else known
+            if result.read_tokens is not None:
+                # What the model was sent (the turns cut to fit its window).
+                input_tokens = min(input_tokens, result.read_tokens)
             floor = degenerate_floor(input_tokens, self.options.summary_max_tokens)
             # Counted only as far as it takes to reach the floor (exact under it).
             reply = body.encode("utf-8", "surrogateescape")

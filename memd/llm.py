@@ -38,8 +38,10 @@ from memd.core.prompts import (
     CountText,
     build_rolling_messages,
     previous_summary_body,
+    rolling_user_prompt,
     since_last_summary,
 )
+from memd.core.reply_check import reply_fault
 from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_plan import degenerate_floor
 from memd.errors import MemdError, SummarizerError
@@ -398,6 +400,7 @@ class LiteLLMSummarizer:
         self, request: SummaryRequest, agent: str, litellm: ModuleType, outbound: _Outbound
     ) -> SummaryResult:
         plan, summary, limits = self._plan(request, outbound)
+        read_tokens = self._count_text(summary) if summary else 0
         cost: float | None = 0.0
         input_tokens = output_tokens = 0
         parts = len(plan.chunks)
@@ -451,11 +454,25 @@ class LiteLLMSummarizer:
                 input_tokens += result.input_tokens or 0
                 output_tokens += result.output_tokens or 0
                 result = shorter
+            read_tokens += chunk.tokens
             reply_tokens = self._count_text(result.text)
             if reply_tokens < degenerate_floor(chunk.tokens, limits.output_tokens):
                 raise SummarizerError(
                     f"summarizer {self.model!r} failed for agent {agent!r}: reply refused as "
                     f"degenerate ({reply_tokens} tokens for a {chunk.tokens}-token chunk)"
+                )
+            # Judged against what this request sent: a refusal, sections left
+            # empty, the prompt echoed back (review r9summary F3, F4).
+            fault = reply_fault(
+                result.text,
+                summary + "\n\n" + "\n\n".join(chunk.texts),
+                (messages[0]["content"], rolling_user_prompt("", [], part, parts)),
+                material_tokens=chunk.tokens + (self._count_text(summary) if summary else 0),
+            )
+            if fault is not None:
+                raise SummarizerError(
+                    f"summarizer {self.model!r} failed for agent {agent!r}: reply refused as "
+                    f"degenerate: {fault}"
                 )
             # A model may overshoot max_tokens as we count them: never carry
             # more than the planned room into the next request (cut at a line
@@ -475,6 +492,7 @@ class LiteLLMSummarizer:
             redacted=outbound.replaced,
             redacted_pii=outbound.redactor is not None and outbound.redactor.pii,
             given_as_written=outbound.redactor is None,
+            read_tokens=read_tokens,
         )
 
     def _completion_kwargs(self, messages: list[ChatMessage], max_tokens: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +35,7 @@ from memd.llm import (
     is_retryable,
     litellm_provider,
 )
+from memd.tokenizer import DEFAULT_ENCODING, shared_counter
 
 __all__ = ["openai_server"]  # the fixture, re-exported for pytest
 
@@ -742,3 +745,156 @@ def test_litellm_provider_is_where_litellm_routes_the_model(
     model: str, provider: str | None
 ) -> None:
     assert litellm_provider(model) == provider
+
+
+# -- replies that are no summary (review r9summary) ---------------------------------
+
+_REFUSAL = (
+    "I'm sorry, but I can't help with summarizing this conversation. It appears to contain "
+    "internal infrastructure details and personal preferences of individuals, and reproducing "
+    "them could violate privacy and security policies. If you have a different request, such "
+    "as general advice on how to write good summaries, I'd be happy to help with that instead."
+)
+_FACTS = (
+    "Remember: the staging host is stg-04.internal.example.com",
+    "The release v2.14.3 ships on 2026-12-18 after ticket OPS-4411 closes.",
+    "Alice prefers answers in bullet points.",
+    "We moved the config to /etc/acme/app.yaml last week.",
+)
+
+
+def _conversation(ws: AgentWorkspace) -> Path:
+    """~7,500 tokens of conversation over 30 turns."""
+    paths = ws.create_agent("alpha")
+    for i in range(30):
+        append_entry(
+            paths.memory,
+            "Human" if i % 2 == 0 else "AI",
+            _FACTS[i // 2 % 4]
+            + " "
+            + f"turn {i}: we talked about the migration plan and its risks, step {i}. " * 12,
+        )
+    return paths.memory
+
+
+def _compact_with_server(ws: AgentWorkspace, server: OpenAITestServer) -> None:
+    counter = shared_counter(DEFAULT_ENCODING)
+    llm_config = SummarizerConfig(
+        model="openai/test-model", api_base=server.api_base, api_key=SecretStr("k"), retries=0
+    )
+    llm = LiteLLMSummarizer(
+        llm_config, counter.count_text, window=Window(32_000, "summarizer.context_length")
+    )
+    options = CompactionOptions(
+        lock_wait_s=5,
+        drain_quiet_s=0.05,
+        drain_max_s=2,
+        summary_max_tokens=1_500,
+        pinned_tokens=600,
+        keep_recent_tokens=0,
+    )
+    compact_agent(ws.paths("alpha"), llm, options, count_bytes=counter.count_bytes)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        _REFUSAL,
+        "\n".join(
+            f"{section}:\n- none"
+            for section in (
+                "Goal",
+                "Decisions",
+                "Facts",
+                "Preferences",
+                "Open tasks",
+                "Errors and fixes",
+                "Timeline",
+            )
+        ),
+    ],
+    ids=["refusal", "empty-template"],
+)
+def test_a_reply_that_summarizes_nothing_is_refused(agent_ws: AgentWorkspace, reply: str) -> None:
+    # Review r9summary F3: long enough for the length floor, and still no summary.
+    memory = _conversation(agent_ws)
+    before = memory.read_bytes()
+    with OpenAITestServer() as server:
+        server.script("ok:" + reply)
+        with pytest.raises(SummarizerError):
+            _compact_with_server(agent_ws, server)
+    assert memory.read_bytes() == before
+
+
+def test_a_reply_echoing_the_prompt_is_not_written_as_the_summary(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # Review r9summary F4: a broken proxy or template answering with the request.
+    memory = _conversation(agent_ws)
+
+    def echo(body: dict[str, object]) -> str:
+        messages = body["messages"]
+        assert isinstance(messages, list)
+        return "\n\n".join(str(m["content"]) for m in messages)
+
+    # Refused (SummarizerError) would be right: nothing written.
+    with OpenAITestServer(responder=echo) as server, contextlib.suppress(SummarizerError):
+        _compact_with_server(agent_ws, server)
+    text = memory.read_text()
+    assert "You compress an AI agent's memory" not in text
+    assert "Output only the summary" not in text
+
+
+_CONCISE = (
+    "Goal:\n- load the events table from the data lake into the warehouse\n"
+    "Decisions:\n- load shard by shard; shard 17 is the flaky one and is loaded last\n"
+    "Facts:\n- the loader read 30,000 rows of ids and values from the events export\n"
+    "- the shard 17 checksum failed at /data/shard17/part-5.parquet\n"
+    "Preferences:\n- none\n"
+    "Open tasks:\n- re-export shard 17 and load it again, then verify the row counts\n"
+    "Errors and fixes:\n- ERROR: the shard 17 checksum failed; fix: re-export the shard\n"
+    "Timeline:\n- the user asked to load the table; the loader ran; shard 17 failed its "
+    "checksum\n"
+) * 2
+
+
+def test_a_sound_summary_of_a_memory_holding_one_huge_entry_is_accepted(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # Review r9summary F5: judged against what the model was sent (the dump cut to
+    # fit its window), not the 398k tokens of raw input.
+    import json
+
+    rng = random.Random(1)
+    paths = agent_ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "Remember: shard 17 is the flaky one. Load the table.")
+    rows = "\n".join(json.dumps({"id": i, "v": rng.random()}) for i in range(20_000))
+    append_entry(
+        paths.memory,
+        "Tool Executor",
+        "Tool Output:\n" + rows + "\nERROR: the shard 17 checksum failed at "
+        "/data/shard17/part-5.parquet",
+    )
+    append_entry(paths.memory, "AI", "Loaded all but shard 17. " + "lorem ipsum " * 50)
+    counter = shared_counter(DEFAULT_ENCODING)
+    assert 250 < counter.count_text(_CONCISE) < 375
+    with OpenAITestServer(responder=lambda _body: _CONCISE) as server:
+        llm = LiteLLMSummarizer(
+            SummarizerConfig(
+                model="openai/test-model", api_base=server.api_base, api_key=SecretStr("k")
+            ),
+            counter.count_text,
+            window=Window(8_192, "summarizer.context_length"),
+        )
+        options = CompactionOptions(
+            lock_wait_s=5,
+            drain_quiet_s=0.05,
+            drain_max_s=2,
+            summary_max_tokens=1_500,
+            pinned_tokens=600,
+            keep_recent_tokens=0,
+        )
+        compact_agent(paths, llm, options, count_bytes=counter.count_bytes)
+        # What the model was sent is small: the dump was cut to fit its window.
+        assert max(counter.count_text(r.prompt_text) for r in server.requests) < 8_192
+    assert "re-export shard 17" in paths.memory.read_text()

@@ -44,6 +44,11 @@ class SummaryResult:
     # False when it saw only placeholders (a remote model, the builtin
     # summarizer): that search would cost a scan of the material for nothing.
     given_as_written: bool = True
+    # Tokens of what the model read (the summary so far and the turns, as cut to
+    # fit its window), when the summarizer knows it: a reply is judged against
+    # that, not against the raw input (a tool dump cut to a few thousand tokens
+    # is no 400k-token input to summarize; review r9summary F5).
+    read_tokens: int | None = None
 
 
 class Summarizer(Protocol):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree, swarms_block
-from support.openai_server import OpenAITestServer
+from support.openai_server import OpenAITestServer, echo_summary
 from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 from support.systemd_layout import as_alice, memd_as_root, systemd_layout
 from support.systemd_layout import unavailable as systemd_layout_unavailable
@@ -636,8 +636,13 @@ _UNREADABLE_AS_OWNER = textwrap.dedent(
 
 
 def _long_summary(body: dict[str, object]) -> str:
-    return "Goals:\n" + "\n".join(
-        f"- fact {i}: the kalomiren report item {i} is kept in drawer {i}." for i in range(120)
+    # echo_summary names a turn it was sent: a reply naming nothing of it is refused.
+    return (
+        echo_summary(body)
+        + "\n"
+        + "\n".join(
+            f"- fact {i}: the kalomiren report item {i} is kept in drawer {i}." for i in range(120)
+        )
     )
 
 

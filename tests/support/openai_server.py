@@ -232,11 +232,18 @@ class OpenAITestServer:
 
 
 def echo_summary(body: dict[str, Any]) -> str:
-    """A reply that proves the server saw the prompt: message count and last line."""
+    """A reply that proves the server saw the prompt: message count and last line,
+    and the last line of the turns it was sent (a summary names some of what it
+    summarizes, or memd refuses it: memd.core.reply_check)."""
     messages = body.get("messages", [])
     last = str(messages[-1].get("content", "")) if messages else ""
-    last_line = last.strip().splitlines()[-1] if last.strip() else ""
-    return f"{SUMMARY_PREFIX} of {len(messages)} messages\nFacts:\n- last line: {last_line}"
+    lines = [line for line in last.strip().splitlines() if line.strip()]
+    last_line = lines[-1] if lines else ""
+    turn = lines[-2][:300] if len(lines) > 1 else ""
+    return (
+        f"{SUMMARY_PREFIX} of {len(messages)} messages\nFacts:\n- last line: {last_line}\n"
+        f"- last turn: {turn}"
+    )
 
 
 def completion(
