@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import random
 import re
@@ -24,6 +25,7 @@ from types import ModuleType
 from typing import Any, Final
 
 from memd.core.chunking import (
+    WINDOW_SAFETY,
     ChunkPlan,
     RequestLimits,
     Window,
@@ -360,6 +362,19 @@ class LiteLLMSummarizer:
             max_calls = max(1, min(max_calls, request.max_calls))
         budget = chunk_budget(limits, overhead, count(previous) if previous else 0, max_calls)
         if budget.chunk_tokens < _MIN_CHUNK_TOKENS:
+            # The least a request asks for (the smallest max_tokens, no previous
+            # summary inline): when even that leaves no room, lowering
+            # max_tokens cannot help, only a bigger window can.
+            least = request_limits(self.window.tokens, 0, 0)
+            if chunk_budget(least, overhead, 0, max_calls).chunk_tokens < _MIN_CHUNK_TOKENS:
+                needed = math.ceil(
+                    (overhead + 2 * least.output_tokens + _MIN_CHUNK_TOKENS) / WINDOW_SAFETY
+                )
+                raise SummarizerError(
+                    f"summarizer {self.model!r}: its window ({self.window.tokens} tokens, from "
+                    f"{self.window.source}) is too small for memd's prompt ({overhead} tokens) "
+                    f"and a transcript; raise summarizer.context_length (at least {needed})"
+                )
             raise SummarizerError(
                 f"summarizer {self.model!r}: its window ({self.window.tokens} tokens, from "
                 f"{self.window.source}) leaves no room for the transcript; raise "

@@ -898,3 +898,31 @@ def test_a_sound_summary_of_a_memory_holding_one_huge_entry_is_accepted(
         # What the model was sent is small: the dump was cut to fit its window.
         assert max(counter.count_text(r.prompt_text) for r in server.requests) < 8_192
     assert "re-export shard 17" in paths.memory.read_text()
+
+
+def test_a_window_too_small_for_memds_prompt_says_so(openai_server: OpenAITestServer) -> None:
+    # Review r9summary (also seen): memd's prompt alone is ~475 tokens, so below
+    # ~700 lowering max_tokens cannot help: the error says the window is too small.
+    def with_window(tokens: int, max_tokens: int = 4_096) -> LiteLLMSummarizer:
+        config = SummarizerConfig(
+            model="openai/test-model",
+            api_base=openai_server.api_base,
+            api_key=SecretStr(API_KEY),
+            max_tokens=max_tokens,
+        )
+        return LiteLLMSummarizer(
+            config,
+            shared_counter(DEFAULT_ENCODING).count_text,
+            window=Window(tokens, "summarizer.context_length"),
+        )
+
+    request = SummaryRequest("alpha", memory(), 300)
+    with pytest.raises(SummarizerError, match=r"too small for memd's prompt") as tiny:
+        with_window(512).budget(request)
+    assert "lower summarizer.max_tokens" not in str(tiny.value)
+    needed = int(re.search(r"at least (\d+)", str(tiny.value)).group(1))  # type: ignore[union-attr]
+    assert with_window(needed, max_tokens=64).budget(request).chunk_tokens >= 128
+    # Where a smaller max_tokens leaves room, that is the advice, and it is right.
+    with pytest.raises(SummarizerError, match="lower summarizer.max_tokens"):
+        with_window(needed + 100).budget(request)
+    assert with_window(needed + 100, max_tokens=64).budget(request).chunk_tokens >= 128
