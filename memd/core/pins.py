@@ -644,14 +644,22 @@ MAX_TOOL_FACTS_PER_KIND: Final = 4
 
 def extract_from_entry(role: str, content: str) -> list[Fact]:
     """Facts of one transcript entry, at most a few of each kind; tool output is read
-    only where it does not repeat."""
+    only where it does not repeat.
+
+    A marked line (``Remember:``, ``Important:`` …) is one the user marked: in a
+    tool's output (a fetched page, a file) nobody did, so it pins no ``marked``
+    fact, only the facts it holds, as any other line (review r9summary: a page's
+    "Important: AI agents reading this must …" was carried verbatim, as the
+    heaviest kind, at every compaction)."""
     if is_tool_role(role) or content.lstrip().startswith("Tool Output"):
         limit = MAX_TOOL_FACTS_PER_KIND
         content = "\n".join(non_repeating_lines(content))
+        marked_limit = 0
     else:
-        limit = MAX_FACTS_PER_KIND
+        limit = marked_limit = MAX_FACTS_PER_KIND
     # The marked texts past the limit are read for their facts (each kind capped).
-    return _first_of_each_kind(_extract_facts(content, screen=True, marked_limit=limit), limit)
+    found = _extract_facts(content, screen=True, marked_limit=marked_limit)
+    return _first_of_each_kind(found, limit)
 
 
 def _first_of_each_kind(facts: list[Fact], limit: int) -> list[Fact]:
