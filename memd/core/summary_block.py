@@ -42,7 +42,9 @@ from memd.core.pins import (
     Pin,
     covered_keys,
     extract_facts,
+    extract_from_entry,
     fit_pins,
+    is_tool_role,
     merge_pins,
     parse_pinned,
     pins_of_entries,
@@ -144,6 +146,12 @@ def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
         day = None if stamp is not None else _DAY_LINE_RE.match(line)
         if stamp is not None:
             when = stamp.group(1)
+            role, _, said = line[stamp.end() :].partition(": ")
+            if said and is_tool_role(role):
+                # The builtin summary's line of a tool's output: read as the tool's
+                # entry was (a marked line there pins only its facts).
+                stamped += [Pin(f.kind, f.text, when) for f in extract_from_entry(role, said)]
+                continue
         elif day is not None and not (written and day.group(1) > written):
             when = day.group(1)
         else:
