@@ -25,6 +25,7 @@ Behaviours (strings):
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -233,16 +234,22 @@ class OpenAITestServer:
 
 def echo_summary(body: dict[str, Any]) -> str:
     """A reply that proves the server saw the prompt: message count and last line,
-    and the last line of the turns it was sent (a summary names some of what it
-    summarizes, or memd refuses it: memd.core.reply_check)."""
+    and a few words of the turns it was sent (a summary names some of what it
+    summarizes, or memd refuses it: memd.core.reply_check). Words, not a line: a
+    test counting a turn's text in a request finds it in the summary no more."""
     messages = body.get("messages", [])
     last = str(messages[-1].get("content", "")) if messages else ""
-    lines = [line for line in last.strip().splitlines() if line.strip()]
-    last_line = lines[-1] if lines else ""
-    turn = lines[-2][:300] if len(lines) > 1 else ""
+    last_line = last.strip().splitlines()[-1] if last.strip() else ""
+    turns = last.split("New conversation turns to merge into it", 1)[-1]
+    seen: list[str] = []
+    for word in re.findall(r"[A-Za-z]{4,}", turns):
+        if word.lower() not in seen:
+            seen.append(word.lower())
+        if len(seen) == 8:
+            break
     return (
         f"{SUMMARY_PREFIX} of {len(messages)} messages\nFacts:\n- last line: {last_line}\n"
-        f"- last turn: {turn}"
+        f"- words seen: {', '.join(seen)}"
     )
 
 
