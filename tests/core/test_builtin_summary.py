@@ -245,10 +245,10 @@ def test_old_decisions_outlive_newer_small_talk_with_names() -> None:
 def test_todays_open_task_and_error_are_kept_beside_old_preferences(
     cl100k: Callable[[str], int],
 ) -> None:
-    # Review r9summary F6: eviction is fair across sections, oldest first within
-    # each: weeks of carried Decisions and Preferences give up their oldest lines,
-    # not today's open task and error (at 30 compactions the retention bench kept
-    # 0 % of tasks and errors before).
+    # Review r9summary F6: each valued section keeps its newest lines until all
+    # others have gone: weeks of carried Decisions and Preferences give up their
+    # oldest lines, not today's open task and error (at 30 compactions the
+    # retention bench kept 0 % of tasks and errors before).
     carried = ["Decisions:"] + [
         f"- (2026-03-{1 + i // 10:02d}T10:00:{i:02d}) Human: We decided to move the q{i} "
         "queue to the managed broker, for the retries."
