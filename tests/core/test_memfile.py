@@ -629,14 +629,7 @@ def test_empty_lines_after_a_terminator_keep_the_turn_boundary(lines: bytes, crl
 
 
 def test_empty_lines_after_a_summary_block_keep_the_turns_after_it() -> None:
-    data = (
-        HEADER
-        + render_entry("User", TS, "old")
-        + b"\n"
-        + render_summary_block("so far", TS)
-        + b"\n\n"
-        + render_entry("User", TS, "new")
-    )
+    data = HEADER + render_summary_block("so far", TS) + b"\n\n" + render_entry("User", TS, "new")
     doc = parse(data)
     summary, turns = doc.since_summary()
     assert summary is not None and summary.summary_text.startswith("so far")
