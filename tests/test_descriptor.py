@@ -124,6 +124,34 @@ def test_a_running_daemon_follows_an_agents_descriptor(
         assert daemon.stop() == 0
 
 
+def test_a_deeply_nested_descriptor_costs_only_its_agent_its_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # json's decoder recurses per nesting level: 200,000 "[" (under MAX_BYTES)
+    # raised RecursionError past every caller, and the daemon never started.
+    from support.cli import run
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("ada", entries=2)
+    ws.create_agent("bob", entries=2)
+    (ws.root / "agents" / "bob" / "memd-agent.json").write_bytes(b"[" * 200_000)
+    config = tmp_path / "memd.toml"
+    config.write_text("[trigger]\ndebounce_ms = 40\nmax_wait_ms = 200\n", encoding="utf-8")
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        daemon.wait_ready()
+        ignored = daemon.wait_for("agent descriptor ignored")
+        assert (ignored["agent"], ignored["error"]) == (
+            "bob",
+            "memd-agent.json: JSON nested too deeply",
+        )
+        code, out, err = run(
+            capsys, "status", "--workspace", str(ws.root), "--state-dir", str(tmp_path / "state")
+        )
+        assert code == 0 and "Traceback" not in err, err
+        assert "ada" in out and "bob" in out
+        assert daemon.stop() == 0
+
+
 def test_compact_now_plans_with_the_agents_declared_window(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -56,6 +56,10 @@ def parse_descriptor(data: bytes, count_text: Callable[[str], int]) -> AgentWind
         document = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise DescriptorError(f"{DESCRIPTOR_NAME}: not UTF-8 JSON ({exc})") from None
+    except RecursionError:
+        # json's decoder recurses per nesting level: "[" * 200_000 fits in
+        # MAX_BYTES and raised past every caller (the daemon did not start).
+        raise DescriptorError(f"{DESCRIPTOR_NAME}: JSON nested too deeply") from None
     if not isinstance(document, dict):
         raise DescriptorError(f"{DESCRIPTOR_NAME}: not a JSON object")
     if document.get("format") != FORMAT:

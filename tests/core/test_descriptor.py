@@ -73,6 +73,8 @@ def test_out_of_range_numbers_are_clamped_and_each_clamp_is_reported() -> None:
         (descriptor(reserved={"unit": "tokens", "text": "x"}), "reserved must be"),
         (descriptor(reserved={"unit": "text", "text": 5}), "reserved.text must be a string"),
         (b" " * (MAX_BYTES + 1), "larger than"),
+        (b"[" * 200_000, "JSON nested too deeply"),
+        (b'{"a": ' * 100_000, "JSON nested too deeply"),
     ],
 )
 def test_unusable_descriptors_are_refused_in_one_line_naming_the_field(
