@@ -486,7 +486,9 @@ class SlotJournal:
             if hashlib.sha256(canonical).hexdigest() != record["sha256"]:
                 return None
             return int(record["seq"]), dict(body)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
+            # RecursionError: a slot of "[" (4 KiB of nesting, written into an
+            # agent's .memd/) went past recovery and the daemon never started.
             return None
 
     def read(self) -> dict[str, Any] | None:

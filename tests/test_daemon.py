@@ -1423,6 +1423,28 @@ def test_full_disk_fails_the_compaction_cleanly_and_it_is_retried(
     h.stop()
 
 
+def test_subprocess_a_journal_nested_too_deeply_costs_only_its_agent(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    # The agent owns its folder, .memd/ included: a journal of "[" raised
+    # json's RecursionError past recovery and the daemon never started.
+    ws.create_agent("open", entries=1)
+    ws.create_agent("planted", entries=1)
+    private = ws.root / "agents" / "planted" / ".memd"
+    private.mkdir()
+    (private / "journal").write_bytes(b"[" * 8192)
+    config = write_config(tmp_path / "memd.toml")
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        ready = daemon.wait_ready()
+        assert ready["agents"] == 2
+        # Read as a journal with no intact record (a torn one's reading).
+        recovered = daemon.wait_for("recovered an interrupted compaction")
+        assert recovered["agent"] == "planted" and "phase corrupt" in recovered["action"]
+        fill(ws, "open", 20)
+        daemon.wait_for("compacted", lambda line: line.get("agent") == "open", timeout=60)
+        assert daemon.stop() == 0
+
+
 def test_subprocess_unreadable_agent_folder_is_skipped_then_picked_up(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to run the daemon as another user")

@@ -44,6 +44,19 @@ def test_slot_journal_survives_a_torn_write(tmp_path: Path) -> None:
     assert SlotJournal(path).read() == {"step": 3}
 
 
+def test_slot_journal_reads_a_slot_nested_too_deeply_as_damaged(tmp_path: Path) -> None:
+    # json's decoder recurses per nesting level: one slot of "[" raised
+    # RecursionError past recovery (the daemon did not start, for any agent).
+    path = tmp_path / "journal"
+    SlotJournal(path).write({"step": 1})
+    with path.open("r+b") as handle:
+        handle.seek(SlotJournal.SLOT_SIZE)
+        handle.write(b"[" * SlotJournal.SLOT_SIZE)
+    assert SlotJournal(path).read() == {"step": 1}
+    path.write_bytes(b"[" * SlotJournal.SLOT_SIZE * 2)
+    assert SlotJournal(path).read() is None
+
+
 def test_slot_journal_rejects_oversized_records(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="too large"):
         SlotJournal(tmp_path / "j").write({"x": "y" * 5000})
