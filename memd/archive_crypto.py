@@ -280,7 +280,9 @@ def unwrap_data_key(data: bytes, agent: str, master: MasterKey, source: str) -> 
         if not isinstance(record, dict) or record.get("format") != DATA_KEY_FORMAT:
             raise ValueError("not a data key")
         version = int(record["version"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
+        # RecursionError: a key file of "[" (the agent owns .memd/) raised past
+        # compact-now's one-line errors as a traceback.
         raise ArchiveKeyError(f"agent {agent!r}: data key {source} is damaged") from None
     if version > DATA_KEY_VERSION:
         raise ArchiveKeyError(

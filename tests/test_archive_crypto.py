@@ -297,6 +297,23 @@ def test_a_data_key_under_another_master_key_is_refused_and_nothing_changes(
     assert sorted(p.name for p in paths.archive_dir.iterdir()) == archives
 
 
+def test_a_data_key_nested_too_deeply_is_damaged_and_nothing_changes(
+    agent_ws: AgentWorkspace, key_file: Path
+) -> None:
+    # json's decoder recurses per nesting level: a data key of "[" raised
+    # RecursionError (compact-now printed a traceback).
+    paths = planted_agent(agent_ws)
+    compact_agent(paths, Fixed(), options(key_file))
+    (paths.dir / ".memd" / DATA_KEY_NAME).write_bytes(b"[" * 200_000)
+    Counting.calls = 0
+    append_entry(paths.memory, "Human", "alpha turn later")
+    before = paths.memory.read_bytes()
+    with pytest.raises(ArchiveKeyError, match="^agent 'alpha': data key .* is damaged$"):
+        compact_agent(paths, Counting(), options(key_file))
+    assert Counting.calls == 0
+    assert paths.memory.read_bytes() == before
+
+
 # -- shredding and rotation -----------------------------------------------------------
 
 
