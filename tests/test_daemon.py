@@ -1553,6 +1553,36 @@ def test_agent_folder_with_an_invalid_name_is_reported_once(
     assert set(h.daemon.services.registry.agents()) == {"fine"}
 
 
+def test_subprocess_an_agent_folder_named_in_bytes_not_utf8_stops_no_one(
+    ws: AgentWorkspace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # os.fsdecode's surrogates reached the state DB, which refused every write
+    # while the folder was there (no heartbeat: `memd health` and `memd reload`
+    # said no daemon had run, `memd status` failed), and recall's sync thread died.
+    from support.cli import run
+
+    ws.create_agent("fine", entries=1)
+    odd = os.path.join(os.fsencode(ws.root / "agents"), b"\xff\xfe")
+    os.mkdir(odd)
+    with open(os.path.join(odd, b"MEMORY.md"), "wb") as handle:
+        handle.write(swarms_header("odd").encode())
+    state = tmp_path / "state"
+    where = ("--workspace", str(ws.root), "--state-dir", str(state))
+    with DaemonProcess(ws.root, state, config=write_config(tmp_path / "memd.toml")) as daemon:
+        assert daemon.wait_ready()["agents"] == 1
+        skipped = daemon.wait_for("agent skipped")
+        assert "not UTF-8" in skipped["error"], skipped
+        fill(ws, "fine", 20)
+        daemon.wait_for("compacted", lambda line: line.get("agent") == "fine", timeout=60)
+        code, out, err = run(capsys, "health", *where)
+        assert code == 0 and out.startswith("healthy"), (out, err)
+        code, out, err = run(capsys, "status", *where)
+        assert code == 0 and "fine" in out, (out, err)
+        assert daemon.stop() == 0
+    assert not daemon.events("<non-json>"), "".join(daemon.raw)
+    assert not daemon.events("cannot write the state database")
+
+
 def test_erased_agent_memory_resets_its_job(ws: AgentWorkspace, run_daemon: Any) -> None:
     """`memd forget` removes MEMORY.md and archive/: the daemon drops the agent's past."""
     import shutil

@@ -13,7 +13,8 @@ def validate_agent_name(name: str) -> str:
     """Return ``name`` if it can only ever mean one folder under ``agents/``.
 
     Refuses ``/``, ``\\``, NUL, ``.``/``..``, control characters, a leading dot
-    (memd's and editors' private folders) and names over 255 bytes.
+    (memd's and editors' private folders), bytes that are not UTF-8 and names
+    over 255 bytes.
     """
     if not name:
         raise InvalidAgentName("invalid agent name '': empty")
@@ -30,7 +31,13 @@ def validate_agent_name(name: str) -> str:
         raise InvalidAgentName(f"invalid agent name '{shown}': starts with '.'")
     if any(ord(char) < 32 or ord(char) == 127 for char in name):
         raise InvalidAgentName(f"invalid agent name '{shown}': contains a control character")
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_AGENT_NAME:
+    if any("\ud800" <= char <= "\udfff" for char in name):
+        # A folder name's undecodable bytes (os.fsdecode's surrogateescape): the
+        # name cannot be stored, logged as UTF-8 or sent; the state DB refused
+        # every write while one such folder was listed (no heartbeat: memd
+        # health and reload said no daemon ran), and recall's sync thread died.
+        raise InvalidAgentName(f"invalid agent name '{shown}': not UTF-8")
+    if len(name.encode("utf-8")) > MAX_AGENT_NAME:
         raise InvalidAgentName(f"invalid agent name '{shown[:40]}…': longer than 255 bytes")
     return name
 

@@ -25,6 +25,8 @@ def test_good_names(name: str) -> None:
         (".memd", "starts with '.'"),
         ("a\nb", "control character"),
         ("x" * 256, "longer than 255"),
+        ("\udcff\udcfe", "not UTF-8"),  # os.fsdecode(b"\xff\xfe"): a folder's raw bytes
+        ("a\ud800", "not UTF-8"),  # a lone surrogate: no UTF-8 either
     ],
 )
 def test_bad_names_are_refused_with_a_reason(name: str, reason: str) -> None:
