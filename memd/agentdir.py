@@ -80,7 +80,14 @@ class AgentDir:
         pinned._owned.append(dir_fd)
         try:
             pinned.real_dir = fd_path(dir_fd)
-            check_agent_folder(pinned.real_dir, str(paths.workspace), agents_real, paths.agent)
+            if pinned.real_dir != os.path.join(agents_real, paths.agent):
+                # A symlinked folder: it must not resolve into or around another
+                # agent's. A real folder under agents/ is its agent's own, whatever
+                # links others made to it: any agent could make agents/x -> victim
+                # (agents/ is writable by the agents' group), and the victim's
+                # compactions were refused until its breaker opened. Those links
+                # are refused on their own (x's folder resolves into victim's).
+                check_agent_folder(pinned.real_dir, str(paths.workspace), agents_real, paths.agent)
             pinned.private_fd = pinned._open_private(create_private)
         except BaseException:
             pinned.close()

@@ -165,6 +165,27 @@ def test_symlinks_into_another_agents_folder_are_refused(link: str) -> None:
             assert not (evil.dir / "archive").exists()  # nothing of the victim's archived
 
 
+def test_links_others_made_to_a_real_agent_folder_do_not_stop_its_compaction(
+    tmp_path: Path,
+) -> None:
+    # agents/ is writable by every agent: agents/evil -> victim (or -> victim/archive,
+    # or -> ..) made the victim's own compactions fail ("resolves into another
+    # agent's folder") until its breaker opened. The links are refused; the victim
+    # is not.
+    ws = AgentWorkspace(tmp_path / "ws")
+    victim = _victim(ws)
+    (ws.root / "agents" / "evil").symlink_to("victim")
+    (ws.root / "agents" / "deep").symlink_to("victim/archive")
+    (ws.root / "agents" / "whole").symlink_to("..")
+    before = entry_contents_everywhere(victim)
+    outcome = compact_agent(victim, Fixed(), CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05))
+    assert outcome.archive is not None and outcome.archive.parent == victim.archive_dir
+    assert entry_contents_everywhere(victim) == before
+    for name in ("evil", "deep", "whole"):
+        with pytest.raises(WorkspaceError):
+            agent_paths(ws.root, name)
+
+
 def test_agent_folder_symlinked_into_another_agents_folder_is_refused(tmp_path: Path) -> None:
     ws = AgentWorkspace(tmp_path / "ws")
     victim = _victim(ws)

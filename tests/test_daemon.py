@@ -820,6 +820,25 @@ def test_agent_folder_symlinked_outside_is_skipped(
     h.stop()
 
 
+def test_subprocess_a_link_to_an_agents_folder_does_not_stop_its_compactions(
+    ws: AgentWorkspace, tmp_path: Path
+) -> None:
+    # Any agent may add an entry to agents/: agents/thief -> good made every
+    # compaction of good fail ("resolves into another agent's folder") until its
+    # breaker opened. The link is skipped; good is compacted.
+    ws.create_agent("good", entries=1)
+    (ws.root / "agents" / "thief").symlink_to("good")
+    with DaemonProcess(
+        ws.root, tmp_path / "state", config=write_config(tmp_path / "memd.toml")
+    ) as d:
+        assert d.wait_ready()["agents"] == 1
+        assert d.wait_for("agent skipped")["agent"] == "thief"
+        fill(ws, "good", 20)
+        d.wait_for("compacted", lambda line: line.get("agent") == "good", timeout=60)
+        assert d.stop() == 0
+    assert not d.events("compaction failed")
+
+
 def test_file_deleted_mid_compaction_is_retried(ws: AgentWorkspace, run_daemon: Any) -> None:
     ws.create_agent("alice")
     h = run_daemon(ws)  # the real transaction, built-in summarizer
