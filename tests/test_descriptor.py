@@ -152,6 +152,55 @@ def test_a_deeply_nested_descriptor_costs_only_its_agent_its_window(
         assert daemon.stop() == 0
 
 
+_REWRITER = """
+import json, os, sys
+folder = sys.argv[1]
+text = " ".join(f"w{n}" for n in range(200_000))[: (1 << 20) - 400]  # near MAX_BYTES
+n = 0
+while True:
+    document = {"format": "memd-agent", "version": 1, "agent": "flood",
+                "context_length": 100_000 + n % 1000, "reserved": {"unit": "text", "text": text}}
+    with open(folder + "/.memd-agent.tmp", "w") as handle:
+        json.dump(document, handle)
+    os.replace(folder + "/.memd-agent.tmp", folder + "/memd-agent.json")
+    n += 1
+"""
+
+
+def test_an_agent_rewriting_its_descriptor_in_a_loop_keeps_no_other_agent_waiting(
+    tmp_path: Path,
+) -> None:
+    # Each rewrite (1 MiB of reserved text to count) was read as its hint was taken:
+    # the count thread never got to another agent's appends while the loop ran.
+    import subprocess
+    import sys
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("good", entries=1)
+    ws.create_agent("flood", entries=1)
+    config = tmp_path / "memd.toml"
+    config.write_text(
+        "[trigger]\ncontext_length = 1000\nthreshold = 0.5\ndebounce_ms = 40\n"
+        "max_wait_ms = 200\n[compaction]\ndrain_quiet_s = 0.05\n",
+        encoding="utf-8",
+    )
+    with DaemonProcess(ws.root, tmp_path / "state", config=config) as daemon:
+        daemon.wait_ready()
+        writer = subprocess.Popen(
+            [sys.executable, "-c", _REWRITER, str(ws.root / "agents" / "flood")]
+        )
+        try:
+            daemon.wait_for("agent descriptor read", lambda line: line["agent"] == "flood")
+            memory = ws.root / "agents" / "good" / "MEMORY.md"
+            for n in range(20):
+                append_entry(memory, "Human", f"good turn {n}: " + "word " * 20)
+            daemon.wait_for("compacted", lambda line: line["agent"] == "good", timeout=60)
+        finally:
+            writer.kill()
+            writer.wait()
+        assert daemon.stop() == 0
+
+
 def test_compact_now_plans_with_the_agents_declared_window(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

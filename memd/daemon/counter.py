@@ -62,6 +62,11 @@ _MAX_WAIT_S = 1.0
 # (debounce + 50 ms, of which the inotify reader's batching takes 20 ms): 25 ms
 # put its p99 at 546 ms of 550.
 _COALESCE_S = 0.01
+# An agent's memd-agent.json is re-read at most once in this long (its changes
+# meanwhile are read together at its end). A descriptor may hold 1 MiB of reserved
+# text to count: an agent rewriting it in a loop kept this thread re-reading it,
+# hint after hint, and no other agent was counted (nor compacted) while it went on.
+WINDOW_REREAD_S = 1.0
 
 
 class HintKind(StrEnum):
@@ -215,6 +220,10 @@ class CountService:
         self._exiting = ExitState() if exiting is None else exiting
         self._debouncer: Debouncer[str] = _new_debouncer(trigger)
         self._count_now: set[str] = set()
+        # Agents whose memd-agent.json changed, re-read by the tick (not while hints
+        # are taken), and until when (monotonic) each was last re-read is held.
+        self._windows_due: set[str] = set()
+        self._window_held: dict[str, float] = {}
         self._rescan = False
         self._reconcile_due = False
         # The reconcile due stats every MEMORY.md even when files_polled: agents/
@@ -318,21 +327,51 @@ class CountService:
                 self._reconcile_due = True
             elif hint.kind is HintKind.COUNT_NOW and hint.name is not None:
                 self._count_now.add(hint.name)
+            elif hint.kind is HintKind.DESCRIPTOR and hint.name is not None:
+                # Read by the next tick (only then: a stat per append, of a file
+                # most agents lack, was a tenth of the per-append cost), once its
+                # hold is over: never here, where the hints behind it wait.
+                self._windows_due.add(hint.name)
+                return max(hint.at, self._window_held.get(hint.name, hint.at))
             elif hint.kind in _FILE_HINTS and hint.name is not None:
-                if hint.kind is HintKind.DESCRIPTOR:
-                    # Only then: a stat per append (of a file most agents lack,
-                    # an exception each time) was a tenth of the per-append cost.
-                    self._registry.refresh_window(hint.name)
-                entry = self._registry.get(hint.name)
-                if entry is not None and _appends_could_reach(entry):
-                    # A writer that never pauses would otherwise be counted
-                    # only at the debounce ceiling, thousands of tokens late.
-                    self._count_now.add(hint.name)
-                    return hint.at
-                if entry is not None and entry.burst_started is None:
-                    entry.burst_started = hint.at
-                return self._debouncer.touch(hint.name, hint.at)
+                return self._file_changed(hint.name, hint.at)
         return hint.at
+
+    def _file_changed(self, name: str, at: float) -> float:
+        """The agent's MEMORY.md (or window) changed at ``at``: count it now when
+        appends could reach its threshold, else after the debounce (under the
+        state lock); returns when that count is due."""
+        entry = self._registry.get(name)
+        if entry is not None and _appends_could_reach(entry):
+            # A writer that never pauses would otherwise be counted
+            # only at the debounce ceiling, thousands of tokens late.
+            self._count_now.add(name)
+            return at
+        if entry is not None and entry.burst_started is None:
+            entry.burst_started = at
+        return self._debouncer.touch(name, at)
+
+    def _refresh_windows(self, now: float) -> float | None:
+        """Re-read the windows of the agents whose memd-agent.json changed, each at
+        most once per :data:`WINDOW_REREAD_S`, then count them as a MEMORY.md change
+        would; returns when the next held one is due (None: none waits)."""
+        with self._state_lock:
+            if not self._windows_due:
+                return None
+            for name in [name for name, until in self._window_held.items() if until <= now]:
+                del self._window_held[name]
+            ready = [name for name in self._windows_due if name not in self._window_held]
+            self._windows_due.difference_update(ready)
+        for name in ready:
+            if self._stopping:
+                break
+            self._registry.refresh_window(name)
+            with self._state_lock:
+                self._window_held[name] = now + WINDOW_REREAD_S
+                self._file_changed(name, now)
+        with self._state_lock:
+            held = [self._window_held[name] for name in self._windows_due]
+        return min(held) if held else None
 
     def tick(self, now: float) -> float | None:
         """Take the queued hints and the runner's due wake-ups, count every agent due
@@ -343,6 +382,7 @@ class CountService:
                 self._take(self.inbox.get_nowait())
             except queue.Empty:
                 break
+        window_at = self._refresh_windows(now)
         # A wake-up is counted first, then decided, like a hint asking for a count now.
         wall = self._wall_clock()
         woken = self._runner.take_wakes(wall)
@@ -390,7 +430,7 @@ class CountService:
         # compaction meanwhile is seen at the next tick, at most _MAX_WAIT_S later.
         wake = self._runner.next_wake()
         wake_at = None if wake is None else now + max(0.0, wake - wall)
-        due_times = [t for t in (deadline, flush_at, wake_at) if t is not None]
+        due_times = [t for t in (deadline, flush_at, wake_at, window_at) if t is not None]
         return min(due_times) if due_times else None
 
     def _count(self, entry: AgentEntry) -> bool:

@@ -412,6 +412,62 @@ def test_only_a_descriptor_hint_reads_the_agents_descriptor(tmp_path: Path) -> N
     assert entry.policy.window_source != "[trigger]"
 
 
+def test_a_descriptor_rewritten_in_a_loop_is_reread_once_per_hold_and_holds_no_count_back(
+    tmp_path: Path,
+) -> None:
+    # A descriptor may hold 1 MiB of reserved text to count. Re-read as each hint
+    # was taken, an agent rewriting it in a loop kept the count thread taking hints:
+    # no other agent was counted (nor compacted) while it went on.
+    import json
+
+    from memd.daemon.counter import WINDOW_REREAD_S
+    from memd.descriptor import Descriptors
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    ws.create_agent("bob")
+    s = build_services(ws, ScriptedCompaction())
+    reads: list[str] = []
+
+    def counting(text: str) -> int:
+        reads.append(text)
+        return COUNTER.count_text(text)
+
+    s.registry.descriptors = Descriptors(counting)
+    folder = ws.root / "agents" / "alice"
+
+    def rewrite(n: int) -> None:
+        document = {
+            "format": "memd-agent",
+            "version": 1,
+            "agent": "alice",
+            "context_length": 3000 + n,
+            "reserved": {"unit": "text", "text": f"alpha {n}"},
+        }
+        (folder / ".memd-agent.tmp").write_text(json.dumps(document))
+        os.replace(folder / ".memd-agent.tmp", folder / "memd-agent.json")  # a new inode
+        s.counter.sink.descriptor_changed("alice")
+
+    rewrite(0)
+    s.settle()
+    assert reads == ["alpha 0"]
+    held_until = s.clock.now + WINDOW_REREAD_S
+    bob_before = s.tokens("bob")
+    for n in range(1, 51):
+        rewrite(n)
+        due = s.counter.tick(s.clock.advance(0.001))
+        assert due is not None and due <= held_until
+    s.fill("bob", 1)
+    s.counter.request_count("bob")
+    s.counter.tick(s.clock.advance(0.001))
+    assert reads == ["alpha 0"]  # held: not one re-read for 50 rewrites
+    assert s.tokens("bob") > bob_before  # counted meanwhile
+    s.counter.tick(s.clock.advance(WINDOW_REREAD_S))
+    assert reads == ["alpha 0", "alpha 50"]  # the last rewrite, read once the hold ended
+    entry = s.registry.get("alice")
+    assert entry is not None and entry.policy.window_source == "memd-agent.json"
+
+
 def test_the_stacked_stop_joins_the_count_thread_and_the_background_count(
     tmp_path: Path,
 ) -> None:
