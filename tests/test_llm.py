@@ -26,6 +26,7 @@ from memd.core import memfile
 from memd.core.chunking import Window
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.core.plan import plan_compaction
+from memd.core.prompts import SUMMARY_SECTIONS
 from memd.core.summary import SummaryRequest
 from memd.errors import SummarizerError
 from memd.llm import (
@@ -800,18 +801,7 @@ def _compact_with_server(ws: AgentWorkspace, server: OpenAITestServer) -> None:
     "reply",
     [
         _REFUSAL,
-        "\n".join(
-            f"{section}:\n- none"
-            for section in (
-                "Goal",
-                "Decisions",
-                "Facts",
-                "Preferences",
-                "Open tasks",
-                "Errors and fixes",
-                "Timeline",
-            )
-        ),
+        "\n".join(f"{section}:\n- none" for section in SUMMARY_SECTIONS),
     ],
     ids=["refusal", "empty-template"],
 )
