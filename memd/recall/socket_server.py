@@ -29,13 +29,20 @@ agent runs under its own uid in the systemd layout). Any other uid is refused.
 The socket file is world-connectable (0666) on purpose: the check above is
 the access control, so one socket serves every agent uid.
 
-A client slot is scarce (``MAX_CLIENTS``), so it is guarded twice: the peer's
-uid is read right after accept, before a byte is read, and a uid that owns no
-agent folder nor MEMORY.md in the workspace is refused there, without a slot;
-and a client has ``REQUEST_DEADLINE_S`` in all to send its request line (a
-per-``recv`` timeout alone is beaten by a client sending a byte at a time).
-A connection that finds every slot taken waits up to that deadline for one
-(the slot holders' deadlines free them), then is told to retry.
+A worker slot is scarce (``MAX_CLIENTS``), so a connection takes one only
+with its request line complete: the accept thread reads every request line
+itself, over non-blocking connections (a selector), so a client that connects
+and sends nothing, or trickles a byte at a time, holds no slot and keeps no one
+else waiting. What it can hold is bounded too: the peer's uid is read right
+after accept, before a byte is read, and a uid that owns no agent folder nor
+MEMORY.md in the workspace is refused there; a client has
+``REQUEST_DEADLINE_S`` in all to send its request line; a uid has at most
+``MAX_PENDING_PER_UID`` connections waiting (to send their line, or for a
+slot) and all uids ``MAX_PENDING`` (past either, the uid's connection idle the
+longest is told so and closed); and while every slot is taken, the next slot
+goes to the uid holding the fewest (oldest request first), so one uid's
+requests cannot keep another's waiting behind them. A complete request that
+finds no slot within the deadline is told to retry.
 
 The socket only searches; nothing a client sends can write or delete.
 """
@@ -46,13 +53,14 @@ import contextlib
 import errno
 import json
 import os
+import selectors
 import socket
 import stat
 import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +75,22 @@ from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
 PROTOCOL_VERSION = 1
 SOCKET_NAME = ".memd-recall.sock"
 MAX_REQUEST_BYTES = 64 * 1024
-# All a client has to send its request line, from when it gets a slot; its
-# reply must be taken within this too. A real client sends at once.
+# All a client has to send its request line, from when it is accepted; its
+# reply must be taken within this too, and a complete request waits at most
+# this long for a worker slot. A real client sends at once.
 REQUEST_DEADLINE_S = 5.0
+# Requests worked on at once (one thread each).
 MAX_CLIENTS = 16
-# Connections waiting in the kernel's queue while every slot is taken.
+# Connections accepted but not yet given a slot (still sending their line, or
+# waiting for a slot): per uid, and in all. Past either, that uid's connection
+# idle the longest is told so and closed (never another uid's for the per-uid
+# bound; the uid holding the most for the bound in all).
+MAX_PENDING_PER_UID = 32
+MAX_PENDING = 256
+# Connections waiting in the kernel's queue to be accepted.
 LISTEN_BACKLOG = 64
+# Connections accepted in one go before the others' lines are read.
+ACCEPT_BATCH = 64
 # An unknown uid re-reads the agents' owners at most this often (a new agent's
 # uid is known within this; a stranger connecting in a loop costs one scan a second).
 OWNERS_RESCAN_S = 1.0
@@ -299,6 +317,24 @@ def _lone_surrogate(**fields: object) -> str | None:
     return None
 
 
+_TOO_LONG = f"request too long or not one line (max {MAX_REQUEST_BYTES} bytes)"
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A connection accepted and not yet given a slot (accept thread only)."""
+
+    conn: socket.socket
+    peer: PeerCredentials
+    # When it is told its time is up: to send its line, then to get a slot.
+    deadline: float
+    # When it last sent anything (or was accepted): the one idle the longest goes first.
+    last_read_at: float
+    data: bytearray = field(default_factory=bytearray)
+    # Its request line once complete (it then waits for a slot, unread further).
+    line: bytes | None = None
+
+
 class RecallSocketServer:
     """Accepts connections on ``path`` in a thread; one short thread per client."""
 
@@ -320,7 +356,18 @@ class RecallSocketServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        # Worker slots in use, in all and per uid (the accept thread takes them,
+        # workers give them back and wake it through _wake; under _slots_lock).
+        self._slots_lock = threading.Lock()
+        self._busy = 0
+        self._busy_by_uid: dict[int, int] = {}
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        # Connections accepted and not yet given a slot, by fd, and how many per
+        # uid (accept thread only).
+        self._pending: dict[int, _Pending] = {}
+        self._pending_by_uid: dict[int, int] = {}
+        self._selector: selectors.BaseSelector  # made by start()
         self._inode: int | None = None
         # agent_owner_uids(), and when it was read (monotonic; accept thread only).
         self._owners: set[int] = set()
@@ -374,14 +421,19 @@ class RecallSocketServer:
             raise
         finally:
             os.close(directory)
-        sock.settimeout(0.5)
+        sock.setblocking(False)
         self._sock = sock
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._thread = threading.Thread(target=self._serve, name="memd-recall-socket", daemon=True)
         self._thread.start()
         _log.info("recall socket listening", path=str(self.path))
 
     def stop(self) -> None:
         self._stopping.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._sock is not None:
@@ -397,20 +449,52 @@ class RecallSocketServer:
         finally:
             for conn, _until in self._turned_away:
                 conn.close()
+            for pending in self._pending.values():
+                pending.conn.close()
+            self._pending.clear()
+            for wake in (self._wake_r, self._wake_w):
+                if wake is not None:
+                    wake.close()
 
     def _accept_loop(self) -> None:
+        """Accept connections and read their request lines, all in this thread,
+        over non-blocking sockets; a request line complete gets a worker slot."""
+        assert self._sock is not None and self._wake_r is not None
+        with self._selector as selector:
+            selector.register(self._sock, selectors.EVENT_READ, None)
+            selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
+            while not self._stopping.is_set():
+                for key, _events in selector.select(self._select_timeout()):
+                    if key.data is None:
+                        self._accept_some()
+                    elif key.data is self._wake_r:
+                        _drained(self._wake_r)
+                    else:
+                        self._read_request(key.data)
+                now = time.monotonic()
+                self._expire(now)
+                self._dispatch()
+                self._drain_turned_away()
+
+    def _select_timeout(self) -> float:
+        """Until the next request's deadline, at most half a second (the
+        turned-away connections are drained and stop() is seen that often)."""
+        if not self._pending:
+            return 0.5
+        soonest = min(pending.deadline for pending in self._pending.values())
+        return max(0.0, min(0.5, soonest - time.monotonic()))
+
+    def _accept_some(self) -> None:
         assert self._sock is not None
-        while not self._stopping.is_set():
-            self._drain_turned_away()
+        for _ in range(ACCEPT_BATCH):
             try:
                 conn, _addr = self._sock.accept()
-            except TimeoutError:
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as exc:
-                if self._stopping.is_set():
-                    return
-                _log.warning("recall socket accept failed", error=str(exc))
-                continue
+                if not self._stopping.is_set():
+                    _log.warning("recall socket accept failed", error=str(exc))
+                return
             conn.settimeout(self.request_deadline_s)  # for the replies sent from here
             try:
                 peer = peer_credentials(conn)
@@ -422,12 +506,142 @@ class RecallSocketServer:
                 self._log_refusal(peer)
                 self._turn_away(conn, refusal)
                 continue
-            if not self._take_slot():
-                self._turn_away(conn, "too many recall clients at once; retry shortly")
-                continue
+            self._admit_pending(conn, peer)
+
+    def _admit_pending(self, conn: socket.socket, peer: PeerCredentials) -> None:
+        """Wait for ``conn``'s request line without a slot, within the bounds on
+        pending connections (the uid's, then all uids')."""
+        now = time.monotonic()
+        conn.setblocking(False)
+        pending = _Pending(conn, peer, now + self.request_deadline_s, now)
+        fd = conn.fileno()
+        self._pending[fd] = pending
+        uid = peer.uid
+        self._pending_by_uid[uid] = self._pending_by_uid.get(uid, 0) + 1
+        self._selector.register(conn, selectors.EVENT_READ, pending)
+        self._read_request(pending)  # a real client's line is often there already
+        if self._pending_by_uid.get(uid, 0) > MAX_PENDING_PER_UID:
+            self._evict(uid, f"uid {uid} has over {MAX_PENDING_PER_UID} connections waiting")
+        if len(self._pending) > MAX_PENDING:
+            most = max(self._pending_by_uid, key=lambda each: self._pending_by_uid[each])
+            self._evict(most, f"over {MAX_PENDING} connections waiting in all")
+
+    def _evict(self, uid: int, why: str) -> None:
+        """Close ``uid``'s pending connection idle the longest: one still sending its
+        line (the one that sent nothing for the longest), else the oldest waiting for
+        a slot."""
+        mine = [pending for pending in self._pending.values() if pending.peer.uid == uid]
+        if not mine:
+            return
+        victim = min(mine, key=lambda pending: (pending.line is not None, pending.last_read_at))
+        self._forget(victim)
+        self._turn_away(victim.conn, f"{why}; the one idle the longest is closed: retry shortly")
+
+    def _forget(self, pending: _Pending) -> None:
+        """No longer pending (a slot, an error, a hang-up follows)."""
+        if self._pending.pop(pending.conn.fileno(), None) is None:
+            return
+        uid = pending.peer.uid
+        left = self._pending_by_uid[uid] - 1
+        if left:
+            self._pending_by_uid[uid] = left
+        else:
+            del self._pending_by_uid[uid]
+        if pending.line is None:
+            self._selector.unregister(pending.conn)
+
+    def _read_request(self, pending: _Pending) -> None:
+        """Take what ``pending`` sent, without waiting; once its line is complete it
+        waits for a slot, unread further."""
+        if pending.line is not None:
+            return
+        try:
+            while True:
+                chunk = pending.conn.recv(4096)
+                if not chunk:
+                    break  # the client hung up: what it sent is its request
+                pending.data += chunk
+                pending.last_read_at = time.monotonic()
+                if len(pending.data) > MAX_REQUEST_BYTES:
+                    self._forget(pending)
+                    self._turn_away(pending.conn, _TOO_LONG)
+                    return
+                if b"\n" in chunk:
+                    break
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._forget(pending)
+            pending.conn.close()
+            return
+        line, _sep, _rest = bytes(pending.data).partition(b"\n")
+        if not pending.data:  # hung up having sent nothing
+            self._forget(pending)
+            pending.conn.close()
+            return
+        if not line.strip():
+            self._forget(pending)
+            self._turn_away(pending.conn, _TOO_LONG)
+            return
+        self._selector.unregister(pending.conn)
+        pending.line = line
+        pending.data = bytearray()
+        # It waits for a slot at most the deadline, from now.
+        pending.deadline = time.monotonic() + self.request_deadline_s
+
+    def _expire(self, now: float) -> None:
+        for pending in [each for each in self._pending.values() if now >= each.deadline]:
+            self._forget(pending)
+            if pending.line is None:
+                message = f"request not received in full within {self.request_deadline_s:g} s"
+            else:
+                message = "too many recall clients at once; retry shortly"
+            self._turn_away(pending.conn, message)
+
+    def _dispatch(self) -> None:
+        """Give free slots to complete requests: to the uid holding the fewest
+        slots, its oldest request first."""
+        while True:
+            ready = [pending for pending in self._pending.values() if pending.line is not None]
+            if not ready:
+                return
+            with self._slots_lock:
+                if self._busy >= MAX_CLIENTS:
+                    return
+                chosen = min(
+                    ready,
+                    key=lambda pending: (
+                        self._busy_by_uid.get(pending.peer.uid, 0),
+                        pending.deadline,
+                    ),
+                )
+                uid = chosen.peer.uid
+                self._busy += 1
+                self._busy_by_uid[uid] = self._busy_by_uid.get(uid, 0) + 1
+            self._forget(chosen)
+            assert chosen.line is not None
             threading.Thread(
-                target=self._handle, args=(conn, peer), name="memd-recall-client", daemon=True
+                target=self._handle,
+                args=(chosen.conn, chosen.peer, chosen.line),
+                name="memd-recall-client",
+                daemon=True,
             ).start()
+
+    def _give_back(self, uid: int) -> None:
+        with self._slots_lock:
+            self._busy -= 1
+            left = self._busy_by_uid[uid] - 1
+            if left:
+                self._busy_by_uid[uid] = left
+            else:
+                del self._busy_by_uid[uid]
+        self._wake()
+
+    def _wake(self) -> None:
+        """Have the accept thread look again now (a slot was given back, or stop)."""
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"x")
 
     def _turn_away(self, conn: socket.socket, message: str) -> None:
         """Answer ``message`` without a slot and without reading the request. The
@@ -453,16 +667,6 @@ class RecallSocketServer:
                 kept.append((conn, until))
         self._turned_away = kept
 
-    def _take_slot(self) -> bool:
-        """A client slot, waiting up to the request deadline: the holders' own
-        deadlines free theirs (new connections queue in the kernel meanwhile)."""
-        waited = 0.0
-        while not self._slots.acquire(timeout=0.25):
-            waited += 0.25
-            if self._stopping.is_set() or waited >= self.request_deadline_s:
-                return False
-        return True
-
     def _refusal(self, peer: PeerCredentials) -> str | None:
         """Why ``peer`` may not ask at all (None: it may ask; :func:`check_access`
         then decides per agent): checked before a byte of its request is read."""
@@ -482,10 +686,10 @@ class RecallSocketServer:
             "(it owns no agent's folder nor MEMORY.md)"
         )
 
-    def _handle(self, conn: socket.socket, peer: PeerCredentials) -> None:
+    def _handle(self, conn: socket.socket, peer: PeerCredentials, line: bytes) -> None:
         try:
-            answer = self._answer(conn, peer)
-            conn.settimeout(self.request_deadline_s)  # the reply must be taken within it too
+            conn.settimeout(self.request_deadline_s)  # the reply must be taken within it
+            answer = self._answer(line, peer)
             self._reply(conn, answer)
         except Exception as exc:  # one client's failure never reaches the others
             _log.warning(
@@ -494,17 +698,9 @@ class RecallSocketServer:
             self._reply(conn, _error(f"recall failed: {type(exc).__name__}"))
         finally:
             conn.close()
-            self._slots.release()
+            self._give_back(peer.uid)
 
-    def _answer(self, conn: socket.socket, peer: PeerCredentials) -> dict[str, Any]:
-        try:
-            line = _read_line(conn, time.monotonic() + self.request_deadline_s)
-        except TimeoutError:
-            return _error(f"request not received in full within {self.request_deadline_s:g} s")
-        except OSError:
-            return _error("request not received: the connection failed")
-        if line is None:
-            return _error(f"request too long or not one line (max {MAX_REQUEST_BYTES} bytes)")
+    def _answer(self, line: bytes, peer: PeerCredentials) -> dict[str, Any]:
         try:
             request = json.loads(line)
         except ValueError:
@@ -630,24 +826,6 @@ def _drained(conn: socket.socket) -> bool:
     except OSError:
         return True
     return False
-
-
-def _read_line(conn: socket.socket, deadline: float) -> bytes | None:
-    """The request line, read by ``deadline`` (monotonic) in all, else TimeoutError."""
-    data = bytearray()
-    while b"\n" not in data:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        conn.settimeout(left)
-        chunk = conn.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-        if len(data) > MAX_REQUEST_BYTES:
-            return None
-    line, _sep, _rest = bytes(data).partition(b"\n")
-    return line if line.strip() else None
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from memd.recall.client import ask
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import (
     MAX_CLIENTS,
+    MAX_PENDING_PER_UID,
     REFUSAL_LOG_BURST,
     PeerCredentials,
     RecallSocketInUse,
@@ -528,6 +529,76 @@ def test_clients_trickling_their_request_cannot_lock_the_others_out(tmp_path: Pa
             sock.close()
         server.stop()
         index.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+@pytest.mark.parametrize("hog", ["idle", "trickling"])
+def test_one_uids_waiting_connections_keep_no_one_waiting(hog: str) -> None:
+    """s9hang item 1: a client that connected and sent nothing held a worker slot
+    until the request deadline, and the accept loop waited for a slot, so 80
+    idle connections of one uid kept every other request (its own uid's, another
+    uid's, memd_swarms' status ask) unanswered. Request lines are now read without
+    a slot, and a uid's waiting connections are bounded (the one idle the longest
+    is closed): with the deadline at 120 s, so that nothing the hog holds is
+    freed by it, both askers get their answer."""
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    hogs: list[socket.socket] = []
+    stop = threading.Event()
+    trickler = None
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        alpha = ws.create_agent("alpha")
+        append_entry(alpha.memory, "Human", "the tangerine vault code is 4417")
+        os.chown(alpha.memory, 1000, 1000)
+        beta = ws.create_agent("beta")  # root's, like the hog
+        append_entry(beta.memory, "Human", "the periwinkle gate code is 9931")
+        with RecallIndex.open(base / "state", ws.root) as index:
+            server = RecallSocketServer(
+                index, ws.root, socket_path_for("", ws.root), request_deadline_s=120.0
+            )
+            server.start()
+            try:
+                # As many as the old server could be sent without a connect blocking
+                # (16 slots, one waiting for a slot, the 64-long accept queue).
+                hogs = [_connect(server.path) for _ in range(2 * MAX_PENDING_PER_UID + 8)]
+                if hog == "trickling":
+
+                    def trickle() -> None:
+                        while not stop.wait(0.1):
+                            for sock in hogs:
+                                with contextlib.suppress(OSError):
+                                    sock.send(b"{", socket.MSG_DONTWAIT)
+
+                    trickler = threading.Thread(target=trickle, daemon=True)
+                    trickler.start()
+                # The hog's own uid (root), generous deadline: an answer, not a time.
+                reply = ask(server.path, {"v": 1, "agent": "beta", "query": "periwinkle"}, 60)
+                assert reply["ok"] is True, reply
+                assert reply["results"][0]["text"] == "the periwinkle gate code is 9931"
+                # Another uid.
+                request = json.dumps({"v": 1, "agent": "alpha", "query": "tangerine"})
+                other = run_raw_client(1000, server.path, request)
+                assert isinstance(other, dict) and other["ok"] is True, other
+                assert other["results"][0]["text"] == "the tangerine vault code is 4417"
+                if hog == "idle":
+                    # The hog's connection idle the longest was told why it is closed.
+                    hogs[0].settimeout(60)
+                    told = json.loads(hogs[0].makefile("rb").readline())
+                    assert told["ok"] is False
+                    assert (
+                        f"uid 0 has over {MAX_PENDING_PER_UID} connections waiting"
+                        in (told["error"])
+                    )
+            finally:
+                stop.set()
+                if trickler is not None:
+                    trickler.join()
+                for sock in hogs:
+                    sock.close()
+                server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # A stdlib-only client run as another uid: it sends argv[2] as its request line, if
