@@ -601,6 +601,70 @@ def test_one_uids_waiting_connections_keep_no_one_waiting(hog: str) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
+def test_a_free_slot_goes_to_the_uid_holding_the_fewest() -> None:
+    """s9hang item 1: one uid whose complete requests are slow (here a status
+    source that answers beta only when the test says so) holds every worker slot
+    and has more requests waiting; when a slot frees, another uid's request gets
+    it before the rest of the first uid's, which came earlier."""
+    base = Path(tempfile.mkdtemp(prefix="memd-recall-", dir="/tmp"))
+    release = threading.Semaphore(0)
+    answered: list[object] = []
+    hogs: list[socket.socket] = []
+
+    def status(agent: str) -> dict[str, Any]:
+        if agent == "beta":
+            release.acquire()
+        return {"agent": agent}
+
+    try:
+        base.chmod(0o755)
+        ws = AgentWorkspace(base / "ws")
+        alpha = ws.create_agent("alpha")
+        os.chown(alpha.memory, 1000, 1000)
+        ws.create_agent("beta")  # root's, like the hog
+        with RecallIndex.open(base / "state", ws.root) as index:
+            server = RecallSocketServer(
+                index,
+                ws.root,
+                socket_path_for("", ws.root),
+                request_deadline_s=120.0,
+                status=status,
+            )
+            server.start()
+            try:
+                for _ in range(MAX_CLIENTS + 4):
+                    hogs.append(_connect(server.path))
+                    hogs[-1].sendall(b'{"v": 1, "agent": "beta", "op": "status"}\n')
+                request = json.dumps({"v": 1, "agent": "alpha", "op": "status"})
+                asker = threading.Thread(
+                    target=lambda: answered.append(run_raw_client(1000, server.path, request))
+                )
+                asker.start()
+
+                def waiting(uid: int) -> int:
+                    with contextlib.suppress(RuntimeError):  # changed while read
+                        pending = list(server._pending.values())
+                        return sum(1 for p in pending if p.peer.uid == uid and p.line)
+                    return -1
+
+                # Every slot is root's, 4 of its requests wait, then uid 1000's.
+                assert wait_until(lambda: waiting(0) == 4 and waiting(1000) == 1, timeout=60)
+                release.release()  # one of root's requests ends
+                asker.join(timeout=90)
+                assert answered == [{"v": 1, "ok": True, "status": {"agent": "alpha"}}]
+                # Root's next one takes the slot uid 1000's gives back.
+                assert wait_until(lambda: waiting(0) == 3, timeout=60)
+            finally:
+                for _ in range(2 * MAX_CLIENTS):
+                    release.release()
+                for sock in hogs:
+                    sock.close()
+                server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # A stdlib-only client run as another uid: it sends argv[2] as its request line, if
 # given (else nothing), and prints the line it is answered.
 RAW_CLIENT = """
