@@ -87,8 +87,10 @@ MAX_CLIENTS = 16
 # bound; the uid holding the most for the bound in all).
 MAX_PENDING_PER_UID = 32
 MAX_PENDING = 256
-# Connections waiting in the kernel's queue to be accepted.
-LISTEN_BACKLOG = 64
+# Connections waiting in the kernel's queue to be accepted (the kernel caps it
+# at net.core.somaxconn). A full queue fails a client's connect at once (EAGAIN):
+# at 64, a uid reconnecting 300 connections as fast as they were closed kept it full.
+LISTEN_BACKLOG = 1024
 # Connections accepted in one go before the others' lines are read.
 ACCEPT_BATCH = 64
 # An unknown uid re-reads the agents' owners at most this often (a new agent's
@@ -494,6 +496,8 @@ class RecallSocketServer:
             except OSError as exc:
                 if not self._stopping.is_set():
                     _log.warning("recall socket accept failed", error=str(exc))
+                    # Out of fds (EMFILE): the listener stays readable; no busy loop.
+                    self._stopping.wait(0.1)
                 return
             conn.settimeout(self.request_deadline_s)  # for the replies sent from here
             try:

@@ -601,6 +601,55 @@ def test_one_uids_waiting_connections_keep_no_one_waiting(hog: str) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+# Connections reconnecting as soon as they are closed, from one process.
+_RECONNECTING_HOG = """
+import socket, sys, threading
+def hog():
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(60)
+                sock.connect(sys.argv[1])
+                sock.recv(100)
+        except OSError:
+            pass
+for _ in range(int(sys.argv[2])):
+    threading.Thread(target=hog, daemon=True).start()
+print("started", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.slow
+def test_one_uid_reconnecting_its_closed_connections_keeps_no_one_out(tmp_path: Path) -> None:
+    """s9hang item 1: 300 connections of one uid, each reconnecting once the server
+    closes it (as the bound on a uid's waiting connections does), kept the kernel's
+    accept queue (64) full, so a legit client's connect failed at once (EAGAIN),
+    5 times out of 5. The queue is deeper than such a hog can fill now."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the tangerine vault code is 4417")
+    with RecallIndex.open(tmp_path / "state", ws.root) as index:
+        server = RecallSocketServer(index, ws.root, socket_path_for("", ws.root))
+        server.start()
+        hog = subprocess.Popen(
+            [sys.executable, "-c", _RECONNECTING_HOG, str(server.path), "300"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert hog.stdout is not None and hog.stdout.readline() == "started\n"
+            for _ in range(3):
+                request = {"v": 1, "agent": "alpha", "query": "tangerine"}
+                reply = ask(server.path, request, timeout_s=60)
+                assert reply["ok"] is True, reply
+                assert reply["results"][0]["text"] == "the tangerine vault code is 4417"
+        finally:
+            hog.kill()
+            hog.wait()
+            server.stop()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another uid")
 def test_a_free_slot_goes_to_the_uid_holding_the_fewest() -> None:
     """s9hang item 1: one uid whose complete requests are slow (here a status
