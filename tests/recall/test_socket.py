@@ -24,6 +24,7 @@ from memd.pointer import read_pointer
 from memd.recall.client import ask
 from memd.recall.index import RecallIndex
 from memd.recall.socket_server import (
+    LISTEN_BACKLOG,
     MAX_CLIENTS,
     MAX_PENDING_PER_UID,
     REFUSAL_LOG_BURST,
@@ -318,7 +319,7 @@ def test_a_second_daemon_leaves_the_first_ones_socket_and_pointer(tmp_path: Path
 def _fill_backlog(path: Path) -> list[socket.socket]:
     """Connect until the listener's accept queue is full (its owner is stopped)."""
     held: list[socket.socket] = []
-    for _ in range(200):
+    for _ in range(LISTEN_BACKLOG + 200):
         client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         client.setblocking(False)
         try:
