@@ -338,7 +338,8 @@ class _Pending:
 
 
 class RecallSocketServer:
-    """Accepts connections on ``path`` in a thread; one short thread per client."""
+    """Accepts connections on ``path`` in a thread, which also reads their request
+    lines (non-blocking); one short worker thread per complete request."""
 
     def __init__(
         self,
