@@ -40,16 +40,25 @@ summary cannot loop.
 Every function takes the current job and returns a :class:`Decision`: the new
 job plus what the caller must do (start a compaction now, or wake this agent
 up at ``wake_at`` to evaluate again). Times are floats from the caller's clock.
+
+That clock is the wall clock (holds are stored and outlive a restart), and it
+may be stepped. A hold with longer still to run than any memd sets in its state
+(:meth:`RetryPolicy.longest_hold`) was set before the clock went back: it ends
+that longest hold from now, and a last compaction recorded in the future counts
+as one just now (:func:`clock_stepped_back`, at each count). A step forward
+only ends holds early.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal
 
 from memd.core.config import DaemonConfig
+from memd.core.spending import DAY_S
 
 
 class JobState(StrEnum):
@@ -110,6 +119,18 @@ class RetryPolicy:
             breaker_failures=daemon.breaker_failures,
             breaker_reset_s=daemon.breaker_reset_s,
         )
+
+    def longest_hold(self, job: AgentJob) -> float:
+        """The longest hold memd sets in the job's state: a cooldown (or a busy
+        wait, ``retry_base_s``; a spending cap's: up to a day), a backoff (up to
+        ``retry_max_s``; an owed drain's busy wait), an open breaker."""
+        if job.state is JobState.COOLDOWN:
+            return DAY_S if held_back(job) else max(self.cooldown_s, self.retry_base_s)
+        if job.state is JobState.BACKOFF:
+            return max(self.retry_max_s, self.retry_base_s)
+        if job.state is JobState.BREAKER_OPEN:
+            return self.breaker_reset_s
+        return max(self.cooldown_s, self.retry_base_s, self.retry_max_s, self.breaker_reset_s)
 
     def backoff_delay(self, failures: int) -> float:
         """Exponential: base, 2×base, 4×base, … capped at retry_max_s."""
@@ -205,16 +226,22 @@ def on_count(
     now: float,
     *,
     min_interval_s: float = 0.0,
+    policy: RetryPolicy | None = None,
 ) -> Decision:
     """A fresh token count for the agent arrived: decide whether to compact.
 
     Over threshold again within ``min_interval_s`` of the last compaction
     (writers outpacing it): the next one starts when the interval is up.
+    With ``policy``, a hold longer from ``now`` than any it sets (the wall
+    clock went back) is cut to that, a last compaction in the future taken as
+    ``now`` (:func:`clock_stepped_back`).
     """
     if job.state in _BUSY:
         if tokens >= threshold_tokens and compress and not job.rerun_requested:
             return Decision(replace(job, rerun_requested=True))
         return Decision(job)
+    if policy is not None:
+        job = clock_stepped_back(job, now, policy)
     if job.drain_owed:
         # The late turns come first: whatever the count says, finish the drain.
         if job.next_attempt_at is not None and now < job.next_attempt_at:
@@ -250,6 +277,21 @@ def on_count(
     if job.last_compaction_at is not None and now < job.last_compaction_at + min_interval_s:
         return Decision(job, wake_at=job.last_compaction_at + min_interval_s)
     return Decision(replace(job, state=JobState.PENDING, rerun_requested=False), start=True)
+
+
+def clock_stepped_back(job: AgentJob, now: float, policy: RetryPolicy) -> AgentJob:
+    """The job with its times made sane after the wall clock went back: a hold
+    ending later after ``now`` than the longest the policy sets in its state
+    (:meth:`RetryPolicy.longest_hold`) ends that long after it, a last
+    compaction after ``now`` is taken as ``now``. Stored so: a hold cut again at
+    every count would never end. The job itself when nothing is off (every
+    count on a steady clock)."""
+    until = job.next_attempt_at
+    if until is not None and until - now > (longest := policy.longest_hold(job)):
+        job = replace(job, next_attempt_at=now + longest)
+    if job.last_compaction_at is not None and job.last_compaction_at > now:
+        job = replace(job, last_compaction_at=now)
+    return job
 
 
 def appends_could_reach(appended_bytes: int, tokens: int, threshold_tokens: int) -> bool:
@@ -304,7 +346,13 @@ def on_success(
         return Decision(cooled, wake_at=until if current_tokens >= threshold_tokens else None)
     idle = replace(done, state=JobState.IDLE, next_attempt_at=None)
     return on_count(
-        idle, current_tokens, threshold_tokens, compress, now, min_interval_s=policy.min_interval_s
+        idle,
+        current_tokens,
+        threshold_tokens,
+        compress,
+        now,
+        min_interval_s=policy.min_interval_s,
+        policy=policy,
     )
 
 
@@ -389,17 +437,22 @@ def on_held(job: AgentJob, reason: str, *, until: float) -> Decision:
 _HELD_BACK = "held back: "
 
 
-def cooldown_left(job: AgentJob, now: float) -> float | None:
+def cooldown_left(job: AgentJob, now: float, policy: RetryPolicy | None = None) -> float | None:
     """How long the job's cooldown still lasts, when memd compacts the file again
     as it ends (a count over the threshold then starts one): after a compaction
     that ended above the low-water mark, while another process holds the lock,
     while a spending cap holds it back. None otherwise: no cooldown, or one after
-    nothing to compact (the next try finds nothing either)."""
+    nothing to compact (the next try finds nothing either). With ``policy``,
+    never more than the hold is cut to at the next count (the wall clock went
+    back, :func:`clock_stepped_back`)."""
     if job.state is not JobState.COOLDOWN or job.next_attempt_at is None:
         return None
     if job.last_error == NOT_COMPACTABLE:
         return None
-    return max(0.0, job.next_attempt_at - now)
+    until = job.next_attempt_at
+    if policy is not None:
+        until = min(until, now + policy.longest_hold(job))
+    return max(0.0, until - now)
 
 
 def held_back(job: AgentJob) -> bool:
@@ -517,7 +570,13 @@ def on_drain_finished(
         rerun_requested=False,
     )
     return on_count(
-        done, current_tokens, threshold_tokens, compress, now, min_interval_s=policy.min_interval_s
+        done,
+        current_tokens,
+        threshold_tokens,
+        compress,
+        now,
+        min_interval_s=policy.min_interval_s,
+        policy=policy,
     )
 
 
@@ -525,11 +584,17 @@ class Wakes:
     """When each agent is evaluated again (a :class:`Decision`'s ``wake_at``): one
     time per agent, the latest decision's. Not thread-safe: the runner guards it
     with its lock; the counter takes the due ones at its tick and sleeps until the
-    next, so a wake-up needs no scheduler job and no hint."""
+    next, so a wake-up needs no scheduler job and no hint.
+
+    Times are the wall clock's: when ``now`` is earlier than a ``now`` seen
+    before (the clock went back), every wake-up set is due, to be decided again
+    on the clock as it now reads (:func:`clock_stepped_back`); kept, they came
+    the step's length late."""
 
     def __init__(self) -> None:
         self._at: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []  # with stale times, skipped when met
+        self._seen = -math.inf  # the latest ``now`` taken
 
     def set(self, name: str, when: float) -> None:
         if self._at.get(name) == when:
@@ -542,6 +607,13 @@ class Wakes:
 
     def pop_due(self, now: float) -> list[str]:
         due: list[str] = []
+        stepped_back = now < self._seen
+        self._seen = now
+        if stepped_back:
+            due = sorted(self._at)
+            self._at.clear()
+            self._heap.clear()
+            return due
         while self._heap and self._heap[0][0] <= now:
             when, name = heapq.heappop(self._heap)
             if self._at.get(name) == when:
@@ -564,6 +636,7 @@ __all__ = [
     "RetryPolicy",
     "StoredJobState",
     "Wakes",
+    "clock_stepped_back",
     "drain_owed_error",
     "held_back",
     "on_busy_elsewhere",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from memd.core.config import MemdConfig
-from memd.core.jobs import cooldown_left, stored_state
+from memd.core.jobs import RetryPolicy, cooldown_left, stored_state
 from memd.daemon.registry import AgentRegistry
 from memd.recall.service import RecallService
 from memd.recall.socket_server import socket_path_for
@@ -72,7 +72,8 @@ class RecallStage:
         tracked = entry.tracked
         counted = None if tracked is None else tracked.state
         job = entry.job
-        left = cooldown_left(job, self._clock())
+        policy = RetryPolicy.from_config(self._config.daemon)
+        left = cooldown_left(job, self._clock(), policy)
         return {
             "tokens": None if counted is None else counted.tokens,
             "threshold_tokens": entry.policy.threshold_tokens,

@@ -276,6 +276,7 @@ class Runner:
             entry.policy.compress,
             now,
             min_interval_s=self.retry_policy.min_interval_s,
+            policy=self.retry_policy,
         )
 
     def _apply(self, entry: AgentEntry, decision: Decision) -> None:

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,14 +17,17 @@ from memd.core.jobs import (
     held_back,
     on_busy_elsewhere,
     on_count,
+    on_drain_owed,
     on_failure,
     on_held,
     on_hold_moved,
     on_nothing_to_compact,
     on_started,
     on_success,
+    restored_job,
     stored_state,
 )
+from memd.core.spending import DAY_S
 
 POLICY = RetryPolicy(
     retry_base_s=5, retry_max_s=60, cooldown_s=30, breaker_failures=3, breaker_reset_s=600
@@ -329,7 +335,7 @@ def test_count_at_once_only_when_the_appends_could_reach_the_threshold() -> None
 
 def test_wakes_keep_the_latest_time_per_agent_and_hand_each_out_once() -> None:
     wakes = Wakes()
-    assert wakes.next() is None and wakes.pop_due(10**9) == []
+    assert wakes.next() is None and wakes.pop_due(0.0) == []
     wakes.set("a", 30.0)
     wakes.set("b", 20.0)
     wakes.set("a", 10.0)  # a later decision replaces the earlier time
@@ -482,3 +488,86 @@ def test_a_journal_left_unfinished_outside_the_daemons_jobs_owes_the_drain() -> 
     # A job of its own pending or running, or a drain already owed: left alone.
     for job in (AgentJob(state=JobState.RUNNING), owed):
         assert on_unfinished_journal(job, "EIO", policy=POLICY, now=20.0) is job
+
+
+def test_a_hold_set_before_the_wall_clock_went_back_lasts_no_longer_than_memd_sets() -> None:
+    """Holds are wall-clock times (stored, they outlive a restart): after a step
+    back of an hour, a cooldown of 30 s was an hour and 30 s away, and the agent
+    over its threshold waited it out. Each hold now ends within the longest
+    memd sets in its state, said once (a count later does not push it on)."""
+    t = 10_000.0
+    back = t - 3600  # the clock stepped back an hour
+    cooled = replace(AgentJob(), state=JobState.COOLDOWN, next_attempt_at=t + 0.6)
+    held = on_count(cooled, 200, 100, True, back, policy=POLICY)
+    assert not held.start and held.wake_at == back + POLICY.cooldown_s
+    assert held.job.next_attempt_at == back + POLICY.cooldown_s  # stored so
+    later = on_count(held.job, 200, 100, True, back + 10, policy=POLICY)
+    assert later.wake_at == back + POLICY.cooldown_s  # not cut again from the later count
+    assert on_count(held.job, 200, 100, True, back + POLICY.cooldown_s, policy=POLICY).start
+    # A backoff within retry_max_s, an open breaker within breaker_reset_s.
+    failed = on_failure(AgentJob(), "boom", policy=POLICY, now=t).job
+    assert on_count(failed, 200, 100, True, t - 30, policy=POLICY).wake_at == t + 5  # kept
+    assert on_count(failed, 200, 100, True, back, policy=POLICY).wake_at == back + 60
+    broken = replace(failed, state=JobState.BREAKER_OPEN, next_attempt_at=t + 600)
+    assert on_count(broken, 200, 100, True, back, policy=POLICY).wake_at == back + 600
+    # An owed drain's backoff too (it starts whatever the count).
+    owed = on_drain_owed(AgentJob(), "disk full", policy=POLICY, now=t, committed=True).job
+    assert on_count(owed, 10, 100, True, back, policy=POLICY).wake_at == back + POLICY.retry_max_s
+    # A spending cap holds up to a day: a hold within it is kept, one past it cut.
+    spent = on_held(AgentJob(), "4 model calls in the last hour", until=t + 3000).job
+    assert on_count(spent, 200, 100, True, back, policy=POLICY).wake_at == t + 3000
+    far = on_count(spent, 200, 100, True, t - 2 * DAY_S, policy=POLICY)
+    assert far.wake_at == t - DAY_S and held_back(far.job)
+    # A hold within its length is never touched (a steady clock: the same job).
+    steady = on_count(cooled, 200, 100, True, t, policy=POLICY)
+    assert steady.job is cooled and steady.wake_at == t + 0.6
+
+
+def test_a_compaction_recorded_after_now_counts_as_one_just_now() -> None:
+    """The least interval between compactions runs from the last one: recorded an
+    hour ahead of a clock stepped back, it held the agent for that hour."""
+    policy = replace(POLICY, min_interval_s=2.0)
+    t = 10_000.0
+    done = replace(AgentJob(), last_compaction_at=t)
+    d = on_count(done, 200, 100, True, t - 3600, min_interval_s=2.0, policy=policy)
+    assert not d.start and d.wake_at == t - 3600 + 2.0 and d.job.last_compaction_at == t - 3600
+    assert on_count(d.job, 200, 100, True, t - 3600 + 2.0, min_interval_s=2.0, policy=policy).start
+
+
+def test_a_restart_after_the_clock_went_back_cuts_the_stored_hold_at_the_first_count() -> None:
+    t = 10_000.0
+    job = restored_job(
+        "breaker_open",
+        consecutive_failures=3,
+        last_error="boom",
+        last_compaction_at=t,
+        next_attempt_at=t + 600,
+        now=t - 7200,
+    )
+    assert job.state is JobState.BREAKER_OPEN  # a hold still holds
+    d = on_count(job, 200, 100, True, t - 7200, policy=POLICY)
+    assert d.wake_at == t - 7200 + POLICY.breaker_reset_s
+
+
+def test_the_cooldown_an_agent_is_told_is_no_longer_than_memd_lets_it_last() -> None:
+    """``cooldown_left_s`` on the socket (memd_swarms waits on it): bounded the same
+    way, before any count cut the hold."""
+    t = 10_000.0
+    cooled = replace(AgentJob(), state=JobState.COOLDOWN, next_attempt_at=t + 0.6)
+    assert cooldown_left(cooled, t - 3600) == pytest.approx(3600.6)  # no policy: as stored
+    assert cooldown_left(cooled, t - 3600, POLICY) == POLICY.cooldown_s
+    assert cooldown_left(cooled, t, POLICY) == pytest.approx(0.6)
+
+
+def test_every_wake_up_is_due_when_the_clock_goes_back() -> None:
+    """Wake-ups are wall-clock times: set before a step back of an hour, they came
+    an hour late; now every one is due at once, to be decided again."""
+    wakes = Wakes()
+    wakes.set("a", 1030.0)
+    wakes.set("b", 1005.0)
+    assert wakes.pop_due(1000.0) == []
+    assert sorted(wakes.pop_due(1000.0 - 3600)) == ["a", "b"]
+    assert wakes.next() is None
+    wakes.set("a", 1000.0 - 3600 + 30)
+    assert wakes.pop_due(1000.0 - 3600 + 1) == []  # on from the new reading
+    assert wakes.pop_due(1000.0 - 3600 + 30) == ["a"]

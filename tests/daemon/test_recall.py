@@ -5,11 +5,13 @@ archives and prunes otherwise, stopped by the exit stack."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 from support.memfiles import AgentWorkspace
 
 from memd.core.config import MemdConfig
+from memd.core.jobs import AgentJob, JobState
 from memd.daemon.recall import RecallStage
 from memd.daemon.registry import AgentRegistry
 from memd.settings import build_config
@@ -79,3 +81,23 @@ def test_the_resync_is_handed_the_agents_as_a_list_not_a_way_back_to_the_registr
     [agents] = handed
     assert isinstance(agents, list) and agents == registry.all_paths()
     assert sorted(paths.agent for paths in agents) == ["alice", "bob"]
+
+
+def test_the_cooldown_told_on_the_socket_is_bounded_after_the_clock_went_back(
+    tmp_path: Path,
+) -> None:
+    """``cooldown_left_s`` (memd_swarms waits on it): a cooldown set before the wall
+    clock stepped back an hour is told as no longer than memd lets one last."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=2)
+    config = build_config({"daemon": {"cooldown_s": 60, "retry_base_s": 5}}, {})[0]
+    registry = registry_of(ws, config)
+    entry = registry.get("alice")
+    assert entry is not None
+    entry.job = replace(AgentJob(), state=JobState.COOLDOWN, next_attempt_at=10_000.6)
+    recall = RecallStage(None, ws.root, config, registry, clock=lambda: 10_000.0 - 3600)
+    status = recall.status("alice")
+    assert status is not None and status["cooldown_left_s"] == 60.0
+    recall = RecallStage(None, ws.root, config, registry, clock=lambda: 10_000.0)
+    status = recall.status("alice")
+    assert status is not None and status["cooldown_left_s"] == 0.6

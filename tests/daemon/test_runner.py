@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 from support.daemon_proc import wait_until
-from support.daemon_services import COUNTER, ScriptedCompaction, Services, build_services
+from support.daemon_services import (
+    COUNTER,
+    Clock,
+    ScriptedCompaction,
+    Services,
+    build_services,
+)
 from support.memfiles import AgentWorkspace, swarms_block, swarms_header
 
 from memd.core.jobs import JobState
@@ -671,3 +677,37 @@ def test_one_short_collision_hours_after_another_is_not_a_lock_held_for_hours(
     # Today: "another process has held the agent's lock for a long time … (if that
     # process is stuck, stop it)", held_for_min=365, about a holder of one second.
     assert warnings == [], warnings
+
+
+def test_a_wall_clock_stepped_back_an_hour_holds_a_cooldown_no_longer_than_it_lasts(
+    tmp_path: Path,
+) -> None:
+    """Holds and wake-ups are wall-clock times: stepped back an hour while the agent
+    cooled down after a busy lock (10 s), it was compacted an hour and 10 s later,
+    over its threshold all along. Now the step wakes the agent at the next tick,
+    its hold cut to the longest cooldown memd sets (60 s), then it is compacted."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice")
+    wall = Clock()  # the wall clock, advanced with the monotonic one
+    s = build_services(ws, ScriptedCompaction("busy", "ok"), wall_clock=wall)
+
+    def advance(seconds: float) -> float:
+        wall.advance(seconds)
+        return s.clock.advance(seconds)
+
+    s.fill("alice", 20)
+    s.hint("alice")
+    s.counter.tick(advance(1.0))
+    assert s.scheduler.run_queued() == 1
+    job = s.job("alice")
+    assert job.state is JobState.COOLDOWN and job.next_attempt_at == wall.now + 10
+    wall.advance(-3600)  # the wall clock steps back; the monotonic one runs on
+    s.counter.tick(advance(0.5))
+    cut = s.job("alice").next_attempt_at
+    assert cut is not None and cut <= wall.now + 60
+    for _ in range(61):
+        s.counter.tick(advance(1.0))
+        if s.scheduler.run_queued():
+            break
+    assert s.compact.calls == ["alice", "alice"]
+    assert s.job("alice").state is JobState.IDLE

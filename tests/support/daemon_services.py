@@ -190,7 +190,10 @@ def build_services(
     summarizer: Any = None,
     after_commit: Any = None,
     exiting: ExitState | None = None,
+    wall_clock: Callable[[], float] | None = None,
 ) -> Services:
+    """``wall_clock``: the jobs' time, when not the made-up clock itself (a wall
+    clock stepped while the monotonic one runs on)."""
     data = {k: dict(v) for k, v in CONFIG.items()}
     for key, value in (extra or {}).items():
         data.setdefault(key, {}).update(value)
@@ -219,7 +222,7 @@ def build_services(
         stats,
         compact,  # type: ignore[arg-type]
         lambda _config, _count: summarizer,
-        clock=clock,
+        clock=wall_clock or clock,
         after_commit=after_commit,
     )
     counter = CountService(
@@ -231,7 +234,7 @@ def build_services(
         flusher,
         pool_allowed=False,
         clock=clock,
-        wall_clock=clock,
+        wall_clock=wall_clock or clock,
         exiting=exiting,
     )
     # Never stopped: each test's services go with it.
