@@ -114,6 +114,12 @@ class RecallService:
                 except (MemdError, OSError) as exc:
                     _log.warning("recall sync failed", agent=paths.agent, error=str(exc))
                     continue
+                except Exception as exc:
+                    # Anything else (a bug, a name the index cannot store) costs
+                    # this agent its sync, never the thread and every agent after
+                    # it. Its class only: the message may quote the memory's text.
+                    _log.warning("recall sync failed", agent=paths.agent, error=type(exc).__name__)
+                    continue
                 files += len(report.indexed)
                 if report.removed and not report.sealed:  # a sealed agent's are scrubbed
                     dropped.append(paths.agent)
@@ -140,6 +146,10 @@ class RecallService:
                     self.index.scrub()
                 except (MemdError, OSError) as exc:
                     _log.warning("recall index not scrubbed", agents=dropped, error=str(exc))
+                except Exception as exc:
+                    _log.warning(
+                        "recall index not scrubbed", agents=dropped, error=type(exc).__name__
+                    )
             _log.info(
                 "recall index ready",
                 agents=checked,

@@ -81,3 +81,60 @@ def test_the_daemons_prune_deletes_the_index_copies_moved_aside_as_corrupt(
         service.stop()
     assert not list(index_path.parent.glob(f"{index_path.name}.corrupt-*"))
     assert index_path.exists()
+
+
+class ScriptedIndex:
+    """An index whose sync raises what the script says for an agent (none: a
+    report of nothing changed)."""
+
+    def __init__(self, raises: dict[str, BaseException]) -> None:
+        self.raises = raises
+        self.synced: list[str] = []
+
+    def sync_agent(self, paths: AgentPaths, **_kwargs: object) -> SimpleNamespace:
+        self.synced.append(paths.agent)
+        if paths.agent in self.raises:
+            raise self.raises[paths.agent]
+        # carol lost an archive: her rows are dropped, the file scrubbed after the pass.
+        removed = ["history_x.md"] if paths.agent == "carol" else []
+        return SimpleNamespace(indexed=[], removed=removed, sealed=False, entries=0)
+
+    def scrub(self) -> None:
+        raise RuntimeError("the heliotrope key")
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_unexpected_error_costs_its_agent_its_sync_never_the_others(tmp_path: Path) -> None:
+    """The re-sync caught only memd's errors and OSError: any other exception (a name
+    the index could not encode) ended the thread for good, every agent after it
+    left unsynced and ``caught_up`` never set. Now one line names the agent and
+    the error's class (never its message: it may quote the memory's text)."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    agents = [ws.create_agent(name, entries=1) for name in ("alice", "bob", "carol")]
+    secret = "the heliotrope key"
+    index = ScriptedIndex(
+        {
+            "alice": UnicodeEncodeError("utf-8", secret, 0, 1, "surrogates not allowed"),
+            "bob": KeyError(secret),
+        }
+    )
+    service = RecallService(cast(index_module.RecallIndex, index))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            service.start(agents)
+            assert service.caught_up.wait(60)
+    finally:
+        service.stop()
+    assert index.synced == ["alice", "bob", "carol"]
+    failed = [line for line in logs if line["event"] == "recall sync failed"]
+    assert [(line["agent"], line["error"]) for line in failed] == [
+        ("alice", "UnicodeEncodeError"),
+        ("bob", "KeyError"),
+    ]
+    [unscrubbed] = [line for line in logs if line["event"] == "recall index not scrubbed"]
+    assert unscrubbed["agents"] == ["carol"] and unscrubbed["error"] == "RuntimeError"
+    assert secret not in repr(logs)
+    [ready] = [line for line in logs if line["event"] == "recall index ready"]
+    assert ready["agents"] == 3
