@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    JobEvent,
+)
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -39,6 +46,22 @@ _FORCE_POLL_S = 0.2
 _FORCED_GRACE_S = 2.0
 
 Task = Callable[..., Any]
+
+
+class _QuietSkips(logging.Filter):
+    """APScheduler's "Execution of job … skipped: maximum number of running instances
+    reached" is a warning at every interval while a periodic job overruns (every
+    0.5 s while ``recall-gone`` waited for a recall index locked elsewhere): memd
+    says it once per overrun instead (:meth:`JobScheduler._on_event`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith('Execution of job "%s" skipped')
+
+
+# APScheduler's scheduler logger, memd's own child of it (its level is the
+# "apscheduler" logger's, memd.logs), with the skips quieted.
+_SCHEDULER_LOGGER = logging.getLogger("apscheduler.scheduler.memd")
+_SCHEDULER_LOGGER.addFilter(_QuietSkips())
 
 
 class ExitFlags(Protocol):
@@ -64,9 +87,35 @@ class JobScheduler:
             },
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
             timezone=UTC,
+            logger=_SCHEDULER_LOGGER,
         )
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        # Periodic jobs whose run overran their interval: said once per streak
+        # (a run that ended without overrunning ends it), under _lock.
+        self._overran_now: set[str] = set()
+        self._overran_said: set[str] = set()
+        self._scheduler.add_listener(
+            self._on_event, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_EXECUTED | EVENT_JOB_ERROR
+        )
+
+    def _on_event(self, event: JobEvent) -> None:
+        """A periodic job's run is still going at its next time: said once while its
+        runs keep overrunning (its next time is skipped, as APScheduler's quieted
+        warning said at every interval); a run that did not overrun ends that."""
+        name = event.job_id
+        with self._lock:
+            if event.code == EVENT_JOB_MAX_INSTANCES:
+                self._overran_now.add(name)
+                if name in self._overran_said:
+                    return
+                self._overran_said.add(name)
+            else:
+                if name not in self._overran_now:
+                    self._overran_said.discard(name)
+                self._overran_now.discard(name)
+                return
+        _log.info("periodic job still running at its next time; that run is skipped", job=name)
 
     def start(self, stack: contextlib.ExitStack, flags: ExitFlags, abort: threading.Event) -> None:
         """Start; the stop pushed on ``stack`` is graceful (the jobs in flight run to

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import structlog
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
 
 from memd.scheduler import JobScheduler
 
@@ -117,3 +120,37 @@ def test_a_forced_stop_sets_abort_for_the_jobs_in_flight() -> None:
         flags.force_exit = True  # a second SIGINT, before the stop
     assert abort.is_set()
     assert _wait_for(lambda: saw_abort == [True])
+
+
+def test_a_periodic_job_that_overruns_is_said_once_not_at_every_interval(
+    scheduler: JobScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A periodic run still going at its next time (``recall-gone`` waiting for a
+    recall index locked by another process): APScheduler warned "skipped: maximum
+    number of running instances reached" at every interval (every 0.5 s); now memd
+    says it once per streak of overrunning runs."""
+    caplog.set_level(logging.WARNING, logger="apscheduler")
+    gate = threading.Event()
+    runs: list[int] = []
+    skips: list[str] = []
+    scheduler._scheduler.add_listener(
+        lambda event: skips.append(event.job_id), EVENT_JOB_MAX_INSTANCES
+    )
+
+    def blocked() -> None:
+        runs.append(1)
+        gate.wait(60)
+
+    with structlog.testing.capture_logs() as logs:
+        scheduler.every("recall-gone", 0.1, blocked, first_in_s=0)
+        assert _wait_for(lambda: len(skips) >= 5)  # five intervals came while it ran
+        gate.set()  # the index is free: runs end at once now
+        ran = len(runs)
+        assert _wait_for(lambda: len(runs) >= ran + 3)
+        gate.clear()  # locked again: a second streak
+        skipped = len(skips)
+        assert _wait_for(lambda: len(skips) >= skipped + 5)
+        gate.set()
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()]
+    said = [line for line in logs if line["event"].startswith("periodic job still running")]
+    assert [line["job"] for line in said] == ["recall-gone", "recall-gone"]

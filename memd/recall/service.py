@@ -41,6 +41,8 @@ class RecallService:
         self._stopping = threading.Event()
         self.caught_up = threading.Event()
         self._status: StatusSource | None = None
+        # drop_gone's last run failed (said once until one succeeds); its job's thread only.
+        self._gone_failing = False
 
     @classmethod
     def open(cls, state_dir: Path, workspace: Path) -> RecallService | None:
@@ -179,7 +181,17 @@ class RecallService:
                 removed = self.index.erase_agents(gone)
                 _log.info("recall rows erased: agent removed", agents=gone, entries=removed)
         except (MemdError, OSError) as exc:
-            _log.warning("removed agents' recall rows not erased yet", error=str(exc))
+            # Said once while it keeps failing (the index locked by another
+            # process for minutes: a line every reconcile_s otherwise).
+            said, self._gone_failing = self._gone_failing, True
+            if not said:
+                _log.warning("removed agents' recall rows not erased yet", error=str(exc))
+            else:
+                _log.debug("removed agents' recall rows not erased yet", error=str(exc))
+            return
+        if self._gone_failing:
+            self._gone_failing = False
+            _log.info("recall index usable again: removed agents' rows checked")
 
     def serve(self, workspace: Path, path: Path | None, status: StatusSource | None = None) -> None:
         """Open the agents' recall socket at ``path`` (None: no socket); ``status``

@@ -138,3 +138,36 @@ def test_an_unexpected_error_costs_its_agent_its_sync_never_the_others(tmp_path:
     assert secret not in repr(logs)
     [ready] = [line for line in logs if line["event"] == "recall index ready"]
     assert ready["agents"] == 3
+
+
+class LockedIndex:
+    """An index locked by another process for ``locked`` reads, then free."""
+
+    def __init__(self, locked: int) -> None:
+        self.locked = locked
+
+    def agents(self) -> list[str]:
+        if self.locked > 0:
+            self.locked -= 1
+            raise index_module.RecallIndexError("recall index: database is locked")
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_removed_agents_rows_not_erased_is_said_once_while_the_index_stays_locked(
+    tmp_path: Path,
+) -> None:
+    """``recall-gone`` runs every reconcile_s: an index locked by another process
+    for minutes was a warning at every run. Now once, and once that it is usable
+    again."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    service = RecallService(cast(index_module.RecallIndex, LockedIndex(locked=5)))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(7):
+            service.drop_gone(ws.root, [])
+    events = [(line["event"], line["log_level"]) for line in logs]
+    assert events.count(("removed agents' recall rows not erased yet", "warning")) == 1
+    assert events.count(("removed agents' recall rows not erased yet", "debug")) == 4
+    assert events[-1] == ("recall index usable again: removed agents' rows checked", "info")
