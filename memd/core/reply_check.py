@@ -41,6 +41,10 @@ _MIN_ECHO_LINE_CHARS: Final = 32
 # (paths, versions, hosts, ticket ids). Short words say little.
 _WORD_RE: Final = re.compile(r"\w(?:[\w./:@#-]*\w)?")
 _MIN_WORD_CHARS: Final = 4
+# Han, kana, Hangul syllables and CJK compatibility ideographs.
+_UNSPACED_RE: Final = re.compile(
+    r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+"
+)
 # Common English of four letters or more: it names nothing of the material.
 _COMMON_WORDS: Final = """
     about above after again against also although always among another anything
@@ -66,9 +70,16 @@ _LABEL_RE: Final = re.compile(
 
 
 def words(text: str) -> set[str]:
-    """The distinct telling words of ``text``, lower-cased."""
+    """The distinct telling words of ``text``, lower-cased.
+
+    Scripts written without spaces (Chinese, Japanese) have no words to split
+    on: a run of them is one ``\\w`` match, a whole sentence, which a summary
+    never repeats whole. Their pairs of characters count as words instead (a
+    sound Chinese summary of Chinese turns was refused as naming none)."""
     found: set[str] = set()
-    for word in _WORD_RE.findall(text.lower()):
+    for run in _UNSPACED_RE.findall(text):
+        found.update(run[i : i + 2] for i in range(len(run) - 1))
+    for word in _WORD_RE.findall(_UNSPACED_RE.sub(" ", text.lower())):
         if len(word) >= _MIN_WORD_CHARS and word not in _COMMON:
             found.add(word)
     return found

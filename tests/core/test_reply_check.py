@@ -45,6 +45,22 @@ def test_a_short_or_vague_summary_is_one() -> None:
     assert fault("Sorry for the long log.\nGoal:\n- the migration plan, its risks") is None
 
 
+CHINESE = "\n\n".join(
+    f"> Human: 我们决定把数据库迁移到新的服务器上，下周三之前完成。请记得备份所有的表格。第{i}步。\n"
+    "> AI: 好的，我会在迁移之前备份所有表格，并且检查磁盘空间是否足够。"
+    for i in range(30)
+)
+
+
+def test_a_summary_in_a_script_without_spaces_names_the_material() -> None:
+    # Chinese has no spaces: a whole sentence was one "word", never repeated by a
+    # summary, and a sound summary was refused as naming none.
+    summary = "Goal:\n- 把数据库迁移到新服务器，下周三前完成\nOpen tasks:\n- 备份所有表格"
+    assert fault(summary, CHINESE) is None
+    assert fault(TEMPLATE, CHINESE) is not None
+    assert fault("抱歉，我无法帮助完成这个请求。", CHINESE) is not None
+
+
 def test_a_reply_repeating_the_prompt_is_no_summary() -> None:
     echo = PROMPT[0] + "\n\n" + rolling_user_prompt("", [MATERIAL], 1, 1)
     assert "prompt" in str(fault(echo))
