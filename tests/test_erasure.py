@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.cli import run
-from support.memfiles import AgentWorkspace, append_entry
+from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
 
 from memd.archive_crypto import generate_master_key, read_archive
 from memd.audit import audit_path, read_audit
@@ -229,6 +229,51 @@ def test_cli_match_audits_counts_never_the_pattern_and_scrubs_the_index(
     assert erase[0].fields["pattern_hash"]
     log = audit_path(state, ws.root).read_bytes()
     assert PLANTED.encode() not in log and b"c0ffee" not in log
+
+
+def test_cli_match_file_keeps_the_pattern_off_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ps shows a command line to every user: the fact to erase comes from a file
+    # (one final newline dropped), and is erased as --match's would be.
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    pattern = tmp_path / "pattern.txt"
+    pattern.write_text(re.escape(PLANTED) + "\n", encoding="utf-8")
+    args = ["-w", str(ws.root), "--state-dir", str(tmp_path / "state")]
+    code, out, err = run(capsys, "forget", "alpha", "--match-file", str(pattern), "--yes", *args)
+    assert code == 0, err
+    assert "erased 3 matching entries" in out
+    assert PLANTED.encode() not in paths.memory.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "says"),
+    [
+        (b"\xff(", [], "is not UTF-8 text"),
+        (b"\n", [], "the pattern file is empty"),
+        (b"x", ["--match", "y"], "not both"),
+        (None, [], "cannot read pattern file"),
+    ],
+)
+def test_cli_bad_match_file_is_one_line_and_changes_nothing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes | None,
+    extra: list[str],
+    says: str,
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha", entries=2)
+    pattern = tmp_path / "pattern.txt"
+    if content is not None:
+        pattern.write_bytes(content)
+    before = snapshot_tree(ws.root)
+    code, _, err = run(
+        capsys, "forget", "alpha", "--match-file", str(pattern), *extra, "--yes", "-w", str(ws.root)
+    )
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert snapshot_tree(ws.root) == before
 
 
 @pytest.mark.parametrize("bad", ["(unclosed", "[z-a]", ".*"])

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memd.cli.common import load, open_audit, open_state, redaction_key, state_dir_of
+from memd.cli.common import (
+    load,
+    open_audit,
+    open_state,
+    read_private_text,
+    redaction_key,
+    state_dir_of,
+)
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
 from memd.errors import (
@@ -56,23 +63,6 @@ class _SummarizingAsInvoker:
     def summarize(self, request: SummaryRequest) -> SummaryResult:
         with as_invoking_user():
             return self._inner.summarize(request)
-
-
-def _read_summary_file(path: Path) -> str:
-    """The summary a user wrote to a file (or piped in with ``-``): memory text
-    kept off the command line, which ``ps`` shows every user of the machine."""
-    where = "stdin" if str(path) == "-" else f"summary file {str(path)!r}"
-    try:
-        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise typer.BadParameter(
-            f"{where} is not UTF-8 text (byte {exc.start})", param_hint="--summary-file"
-        ) from None
-    except OSError as exc:
-        raise typer.BadParameter(
-            f"cannot read {where}: {exc.strerror or exc}", param_hint="--summary-file"
-        ) from None
 
 
 def compact_now(
@@ -148,7 +138,7 @@ def compact_now(
     if summary is not None and summary_file is not None:
         raise typer.BadParameter("give --summary or --summary-file, not both")
     if summary_file is not None:
-        summary = _read_summary_file(summary_file)
+        summary = read_private_text(summary_file, "summary", "--summary-file")
         if not summary.strip():
             raise typer.BadParameter("the summary file is empty", param_hint="--summary-file")
     if summary is not None and not summary.strip():

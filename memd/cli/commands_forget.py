@@ -50,7 +50,7 @@ import typer
 from memd.agentdir import AgentDir
 from memd.archive_crypto import destroy_data_key
 from memd.audit import AuditLog
-from memd.cli.common import load, open_audit, open_state, state_dir_of
+from memd.cli.common import load, open_audit, open_state, read_private_text, state_dir_of
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import open_recall_index
 from memd.core.audit import AuditEvent
@@ -299,6 +299,17 @@ def forget_command(
             show_default=False,
         ),
     ] = None,
+    match_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--match-file",
+            help="--match's pattern read from this UTF-8 file (- reads stdin; one final "
+            "newline dropped): what you erase stays off the command line, which ps shows "
+            "every user.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -313,6 +324,14 @@ def forget_command(
 ) -> None:
     """Erase an agent's MEMORY.md, archives and memd state (the folder stays); with
     --match, only what the pattern matches."""
+    if match is not None and match_file is not None:
+        raise typer.BadParameter("give --match or --match-file, not both")
+    if match_file is not None:
+        match = read_private_text(match_file, "pattern", "--match-file")
+        match = match[:-1] if match.endswith("\n") else match
+        match = match[:-1] if match.endswith("\r") else match
+        if not match:
+            raise typer.BadParameter("the pattern file is empty", param_hint="--match-file")
     loaded = load(workspace, config)
     require_workspace(loaded.workspace)
     paths = agent_paths(loaded.workspace, agent, must_exist=False)

@@ -174,3 +174,23 @@ def size_text(size: int) -> str:
             return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def read_private_text(path: Path, what: str, option: str) -> str:
+    """The UTF-8 text of ``path`` (stdin for ``-``), given in place of an option's
+    value: memory text kept off the command line, which ``ps`` shows every user of
+    the machine. A bad file is one line naming it (typer's usage error)."""
+    import typer
+
+    where = "stdin" if str(path) == "-" else f"{what} file {str(path)!r}"
+    try:
+        raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise typer.BadParameter(
+            f"{where} is not UTF-8 text (byte {exc.start})", param_hint=option
+        ) from None
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot read {where}: {exc.strerror or exc}", param_hint=option
+        ) from None
