@@ -69,25 +69,11 @@ class AgentDir:
     @classmethod
     def open(cls, paths: AgentPaths, *, create_private: bool = True) -> AgentDir:
         """Pin the agent folder and ``.memd/`` (created when missing)."""
-        agents_real = agents_folder_real(paths.workspace)
         try:
-            dir_fd = os.open(paths.dir, _DIR_FLAGS)
+            pinned = cls._pin_folder(paths)
         except FileNotFoundError:
             raise WorkspaceError(f"agent {paths.agent!r}: no folder {paths.dir}") from None
-        except NotADirectoryError:
-            raise WorkspaceError(f"agent {paths.agent!r}: {paths.dir} is not a folder") from None
-        pinned = cls(paths=paths, dir_fd=dir_fd, real_dir="")
-        pinned._owned.append(dir_fd)
         try:
-            pinned.real_dir = fd_path(dir_fd)
-            if pinned.real_dir != os.path.join(agents_real, paths.agent):
-                # A symlinked folder: it must not resolve into or around another
-                # agent's. A real folder under agents/ is its agent's own, whatever
-                # links others made to it: any agent could make agents/x -> victim
-                # (agents/ is writable by the agents' group), and the victim's
-                # compactions were refused until its breaker opened. Those links
-                # are refused on their own (x's folder resolves into victim's).
-                check_agent_folder(pinned.real_dir, str(paths.workspace), agents_real, paths.agent)
             pinned.private_fd = pinned._open_private(create_private)
         except BaseException:
             pinned.close()
@@ -100,10 +86,21 @@ class AgentDir:
 
         The folder is opened once, and what is read afterwards is read through
         that fd, so renaming the folder away and putting a symlink to another
-        agent's in its place changes nothing already pinned. A folder the fd finds
-        at ``agents/NAME`` itself is the agent's own (the usual case costs an
-        ``open`` and a ``readlink``: no listing of the other agents); anywhere else
-        (a symlinked agent folder) it is checked as :meth:`open` checks it.
+        agent's in its place changes nothing already pinned.
+        Raises FileNotFoundError when there is no folder."""
+        return cls._pin_folder(paths)
+
+    @classmethod
+    def _pin_folder(cls, paths: AgentPaths) -> AgentDir:
+        """Open the agent folder once and check where the fd landed.
+
+        A folder the fd finds at ``agents/NAME`` itself is the agent's own, whatever
+        links others made to it: any agent could make agents/x -> victim (agents/ is
+        writable by the agents' group), and the victim's compactions were refused
+        until its breaker opened; those links are refused on their own (x's folder
+        resolves into victim's). The usual case costs an ``open`` and a
+        ``readlink``, no listing of the other agents. Anywhere else (a symlinked
+        agent folder) it must not resolve into or around another agent's.
         Raises FileNotFoundError when there is no folder."""
         try:
             dir_fd = os.open(paths.dir, _DIR_FLAGS)

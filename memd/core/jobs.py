@@ -345,8 +345,21 @@ def on_success(
         cooled = replace(done, state=JobState.COOLDOWN, next_attempt_at=until)
         return Decision(cooled, wake_at=until if current_tokens >= threshold_tokens else None)
     idle = replace(done, state=JobState.IDLE, next_attempt_at=None)
+    return _settled(idle, current_tokens, threshold_tokens, compress, policy, now)
+
+
+def _settled(
+    job: AgentJob,
+    current_tokens: int,
+    threshold_tokens: int,
+    compress: bool,
+    policy: RetryPolicy,
+    now: float,
+) -> Decision:
+    """A job back at rest after its work: the count now decides what comes next,
+    with the policy's interval and clock-step bounds."""
     return on_count(
-        idle,
+        job,
         current_tokens,
         threshold_tokens,
         compress,
@@ -569,15 +582,7 @@ def on_drain_finished(
         last_error=None,
         rerun_requested=False,
     )
-    return on_count(
-        done,
-        current_tokens,
-        threshold_tokens,
-        compress,
-        now,
-        min_interval_s=policy.min_interval_s,
-        policy=policy,
-    )
+    return _settled(done, current_tokens, threshold_tokens, compress, policy, now)
 
 
 class Wakes:
