@@ -131,7 +131,7 @@ from memd.fsutil import (
 )
 from memd.redaction_key import process_key
 from memd.retention import PruneResult, list_archives, local_utc_offset, prune_locked
-from memd.rewrite import ERASE_PHASE, apply_staged, remove_staging
+from memd.rewrite import ERASE_PHASE, MANIFEST_NAME, apply_staged, remove_staging
 from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import (
     ARCHIVE_TEMP,
@@ -1899,6 +1899,17 @@ def _recover_unreadable(
       :func:`_finish` unlinks the temp before the drain link) and its temps go.
     """
     journal_name = f".memd/{JOURNAL_NAME}"
+    # An erase-by-pattern's manifest: the job was an erasure, whose archives are
+    # staged beside it. Whatever is decided below may keep what it was to erase
+    # (the old file whole, or its staging rolled back), so the operator is told
+    # to run it again: the next run erases it where it is.
+    erasing = pinned.private_exists(MANIFEST_NAME)
+    rerun = (
+        "; an erasure (memd forget --match) was under way and what it was to erase may "
+        "still be there: run the same memd forget --match again"
+        if erasing
+        else ""
+    )
     current = pinned.stat_memory()
     current_id = (current.st_dev, current.st_ino) if current is not None else None
     drain = _stat_private(pinned, DRAIN_NAME)
@@ -1918,13 +1929,13 @@ def _recover_unreadable(
         _recover_locked(pinned, quiet_s, max_s, key_file)
         return (
             f"the compaction journal {journal_name} was unreadable and MEMORY.md had been "
-            "swapped: kept the old file whole as an archive (late turns included)"
+            "swapped: kept the old file whole as an archive (late turns included)" + rerun
         )
     _rollback_files(pinned, archive_ino)
     remove_staging(pinned)
     return (
         f"the compaction journal {journal_name} was unreadable; MEMORY.md had not been "
-        "swapped and holds every turn: removed the job's archive and temp files"
+        "swapped and holds every turn: removed the job's archive and temp files" + rerun
     )
 
 

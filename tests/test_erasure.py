@@ -530,3 +530,34 @@ def test_cli_match_dry_run_says_what_would_go_and_changes_nothing(
     assert (done.entries, done.archives, done.memory) == (3, 2, True)
     code, out, err = run(capsys, "forget", "alpha", "--dry-run", *args)
     assert code == 2 and "--dry-run goes with --match" in err and "Traceback" not in err
+
+
+# -- an erasure's journal lost after its commit (both slots damaged) -------------------
+
+
+@pytest.mark.parametrize("crash_at", ["journal-erasing", "archives-renamed", "replaced", "drained"])
+def test_an_unreadable_journal_of_a_committed_erasure_finishes_the_archives_and_says_to_rerun(
+    tmp_path: Path, crash_at: str
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    turns_before = {t for t in raw_texts(files_of(paths)) if PLANTED not in t}
+    result = run_child(ws.root, re.escape(PLANTED), "--crash-at", crash_at)
+    assert result.returncode == 137, result.stderr
+    paths.journal.write_bytes(b"\0" * 8192)  # a power loss took both slots
+    done = recover_agent(paths, quiet_s=0.05, max_s=2.0)
+    assert done is not None and ".memd/journal was unreadable" in done
+    assert "memd forget --match" in done  # what to do about what may be left
+    after = files_of(paths)
+    if crash_at in ("replaced", "drained"):
+        # An erasure renames its archives in before it replaces MEMORY.md: only the
+        # old MEMORY.md, kept whole as an archive, still holds the pattern.
+        assert [data for data in after.values() if PLANTED.encode() in data] != []
+        held = [n for n, data in after.items() if PLANTED.encode() in data]
+        assert len(held) == 1 and held[0] != "MEMORY.md", held
+    # Nothing lost: every turn that did not match is somewhere still.
+    assert turns_before <= set(raw_texts(after))
+    assert sorted(p.name for p in paths.private_dir.iterdir()) == ["journal", "lock"]
+    # And running it again erases what the recovery had to keep.
+    erase_by_pattern(paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05))
+    assert all(PLANTED.encode() not in data for data in files_of(paths).values())
