@@ -1311,6 +1311,26 @@ class StateStore:
 
         self._run(operation)
 
+    def last_compactions(self, agents: Iterable[str]) -> dict[str, float]:
+        """When each of ``agents`` last compacted, as the ledger says (the end of its
+        newest compaction that wrote an archive); an agent with none is left out.
+        For agents with no row yet: a ``compact-now`` before any daemon ran had no
+        row to put it in (:meth:`record_compaction`). One indexed lookup each."""
+
+        def operation(conn: sqlite3.Connection) -> dict[str, float]:
+            found: dict[str, float] = {}
+            for agent in agents:
+                (ended,) = conn.execute(
+                    "SELECT max(started_at + duration_s) FROM ledger"
+                    " WHERE agent = ? AND error IS NULL AND archive IS NOT NULL",
+                    (agent,),
+                ).fetchone()
+                if isinstance(ended, int | float):
+                    found[agent] = float(ended)
+            return found
+
+        return self._run(operation)
+
     def history(self, agent: str, limit: int = 50) -> list[LedgerEntry]:
         """The agent's compactions and failed attempts, newest first."""
 

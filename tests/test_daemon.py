@@ -1603,6 +1603,44 @@ def test_subprocess_an_agent_folder_named_in_bytes_not_utf8_stops_no_one(
     assert not daemon.events("cannot write the state database")
 
 
+def test_a_compaction_made_before_any_daemon_ran_is_the_agents_last(
+    ws: AgentWorkspace, run_daemon: Any, tmp_path: Path
+) -> None:
+    """`memd compact-now` before the first `memd run` finds no agent row to put its
+    time in (only the ledger): the daemon takes it from there, and `memd status`
+    shows it, not "never"."""
+    from memd.state import LedgerEntry
+
+    ws.create_agent("early", entries=2)
+    ws.create_agent("never", entries=2)
+    with StateStore.open(tmp_path / "state", ws.root) as store:
+        for started, error in ((1_000.0, None), (2_000.0, "summarizer: timeout")):
+            store.record_compaction(
+                LedgerEntry(
+                    agent="early",
+                    started_at=started,
+                    duration_s=1.5,
+                    archive=None if error else "history_x.md",
+                    tokens_before=5000,
+                    tokens_after=None if error else 700,
+                    model="builtin",
+                    cost_usd=None,
+                    error=error,
+                    trigger="manual",
+                )
+            )
+        assert store.agents() == []
+    h = run_daemon(ws)
+    agents = h.daemon.services.registry.agents()
+    assert agents["early"].job.last_compaction_at == 1_001.5  # the failed one is not
+    assert agents["never"].job.last_compaction_at is None
+    assert h.stop() == 0
+    with StateStore.open(tmp_path / "state", ws.root) as store:
+        early, never = store.get_agent("early"), store.get_agent("never")
+        assert early is not None and early.last_compaction_at == 1_001.5
+        assert never is not None and never.last_compaction_at is None
+
+
 def test_erased_agent_memory_resets_its_job(ws: AgentWorkspace, run_daemon: Any) -> None:
     """`memd forget` removes MEMORY.md and archive/: the daemon drops the agent's past."""
     import shutil

@@ -16,6 +16,7 @@ watcher); nothing downstream calls a stage upstream.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,12 +249,30 @@ class Services:
             self.registry.recover(entry)
             self.archives.restore(entry, records.get(entry.name))
         self.registry.register(entries, set(records))
+        self._restore_last_compactions([entry for entry in entries if entry.name not in records])
         if watches is not None and watched:
             # A symlinked agent folder is watched once it is checked, after its
             # descriptor was read: read again if it changed meanwhile.
             for name in watches[0].match():
                 self.registry.refresh_window(name)
         return entries, self.counter.initial_count(entries, records), watched
+
+    def _restore_last_compactions(self, unstored: list[AgentEntry]) -> None:
+        """An agent with no row yet takes its last compaction from the ledger: a
+        `memd compact-now` run before any daemon recorded it there only (there was
+        no row to put it in), and `memd status` said "never" while this daemon ran."""
+        store = self.flusher.store
+        if store is None or not unstored:
+            return
+        try:
+            ended = store.last_compactions(entry.name for entry in unstored)
+        except Exception as exc:
+            _log.warning("state database: ledger unreadable", error=describe_error(exc))
+            return
+        for entry in unstored:
+            at = ended.get(entry.name)
+            if at is not None:
+                entry.job = dataclasses.replace(entry.job, last_compaction_at=at)
 
     def new_scheduler(self) -> JobScheduler:
         daemon = self._config.daemon
