@@ -60,6 +60,22 @@ def workspace(tmp_path: Path) -> Path:
     return ws
 
 
+def test_last_compactions_from_the_ledger(tmp_path: Path, workspace: Path) -> None:
+    """What a daemon takes for an agent with no row yet: each named agent's newest
+    compaction that wrote an archive, whatever its name holds."""
+    names = ["a", 'o\'brien "x"', "ünï 名前", "none"]
+    with StateStore.open(tmp_path / "s", workspace) as store:
+        store.record_compaction(entry("a", 10.0))
+        store.record_compaction(entry("a", 30.0, error="summarizer: timeout"))
+        store.record_compaction(entry("a", 20.0))
+        store.record_compaction(entry(names[1], 5.0))
+        store.record_compaction(entry(names[2], 7.0))
+        store.record_compaction(entry("other", 9.0))
+        assert store.agents() == []  # no row to put them in
+        assert store.last_compactions(names) == {"a": 21.25, names[1]: 6.25, names[2]: 8.25}
+        assert store.last_compactions([]) == {}
+
+
 def test_one_db_per_workspace(tmp_path: Path, workspace: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
