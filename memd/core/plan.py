@@ -43,8 +43,12 @@ from memd.core.tokens import upper_bound
 
 CountText = Callable[[str], int]
 
-# The summary block adds a fixed preamble and markup around the model output.
-SUMMARY_MARKUP_TOKENS = 64
+# The summary block adds markup around the reply and the pinned section: its
+# header and preamble (48 tokens in cl100k), the archive note and the version
+# line naming the archive (~60 more). It was 64: a summary that filled its
+# budget beside a full pinned section was refused as over the cap (the builtin
+# summary did, once it used its whole budget, s10retain).
+SUMMARY_MARKUP_TOKENS = 160
 
 
 # ------------------------------------------------------------------ summary size

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from memd.core.memfile import parse, render_entry, render_header, render_summary_block
 from memd.core.plan import (
+    SUMMARY_MARKUP_TOKENS,
     FileFacts,
     RecoveryAction,
     StoredCountTrust,
@@ -23,8 +26,8 @@ HEADER = render_header("alpha", "2026-01-01T00:00:00")
 
 
 def test_summary_size_rules() -> None:
-    assert summary_over_cap(1064, 1000) is None  # the block's markup is allowed for
-    assert summary_over_cap(1065, 1000) == "summary has 1065 tokens, over the cap of 1000"
+    assert summary_over_cap(1160, 1000) is None  # the block's markup is allowed for
+    assert summary_over_cap(1161, 1000) == "summary has 1161 tokens, over the cap of 1000"
     assert summary_does_not_shrink(99, 100) is None
     refused = summary_does_not_shrink(100, 100)
     assert refused is not None and "(100 bytes) would not shrink" in refused
@@ -33,7 +36,9 @@ def test_summary_size_rules() -> None:
 def test_a_block_within_the_cap_in_bytes_need_not_be_counted() -> None:
     block = render_summary_block("word " * 200, "2026-01-01T00:00:02")
     assert not may_exceed_cap(block, len(block))  # bytes bound tokens from above
-    assert may_exceed_cap(block, len(block) - 64 - 3)  # it could be over: count it
+    assert may_exceed_cap(
+        block, len(block) - SUMMARY_MARKUP_TOKENS - 3
+    )  # it could be over: count it
     # Invalid UTF-8 decodes to U+FFFD (3 bytes), which the bound allows for.
     assert may_exceed_cap(b"\xff" * 100, 150 - 64)
 
@@ -431,3 +436,32 @@ def test_nothing_to_compact_names_the_bytes_that_do_not_parse() -> None:
     assert nothing_to_compact_reason(document, kept) == (
         f"nothing to compact (no raw entries since the last summary{kept})"
     )
+
+
+def test_a_block_whose_summary_and_pins_fill_their_budgets_is_within_the_cap(
+    cl100k: Callable[[str], int],
+) -> None:
+    # s10retain: the block's own markup (header, preamble, archive note, version
+    # line) is ~110 tokens; with an allowance of 64 a summary that used its whole
+    # budget beside a full pinned section was refused as over the cap.
+    from memd.core.pins import Pin, render_pinned
+    from memd.core.retention import RetentionLimits
+    from memd.core.summary_block import archive_note, compose_summary
+
+    body = "Decisions:\n" + "\n".join(f"- Human: we chose plan {i}." for i in range(40))
+    pins = [Pin("path", f"/srv/app{i}/conf.yaml", "2026-03-02T10:00:00") for i in range(40)]
+    pinned_tokens = cl100k(render_pinned(pins))
+    note = archive_note(RetentionLimits(max_archives=30, max_age_days=90, max_total_mb=512))
+    composed = compose_summary(
+        body,
+        pins,
+        pinned_tokens=pinned_tokens,
+        count_text=cl100k,
+        archive="history_2026-12-03_16-05-47.md",
+        earlier_archives=128,
+        note=note,
+    )
+    assert composed.pinned == len(pins)
+    block = render_summary_block(composed.text, "2026-12-03T16:05:47.348313")
+    cap = cl100k(body) + pinned_tokens
+    assert summary_over_cap(cl100k(block.decode()), cap) is None
