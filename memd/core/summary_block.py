@@ -114,9 +114,13 @@ def parse_summary(text: str) -> ParsedSummary:
     )
 
 
-# A line of the builtin summary: "- (2026-03-02T10:30:09) Human: …", stamped with
-# the time of the turn it comes from.
+# A line of the builtin summary as it was written until session 10:
+# "- (2026-03-02T10:30:09) Human: …", stamped with the time of the turn it comes from.
 _STAMPED_LINE_RE: Final = re.compile(r"^[ \t]*- \((\d{4}-\d{2}-\d{2}T[\d:.]+)\) ")
+# Its lines now, under a heading of the day they were said: "2026-03-02:" then
+# "- Human: …" (a line of its own: a model's "2026-03-02: deployed" is a day line).
+_DAY_HEADING_RE: Final = re.compile(r"^[ \t]*(\d{4}-\d{2}-\d{2}):[ \t]*$")
+_BULLET_RE: Final = re.compile(r"^[ \t]*- ")
 # A model's timeline line opens with its day: "- 2026-03-02: …", "* **2026-03-02** — …",
 # "1. [2026-03-02 10:30] …".
 _DAY_LINE_RE: Final = re.compile(
@@ -141,22 +145,34 @@ def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
     stamped: list[Pin] = []
     unstamped: list[str] = []
     written = previous_timestamp[:10]
+    heading = ""  # the day heading the lines below are under (the builtin summary's)
     for line in previous.body.split("\n"):
+        day_heading = _DAY_HEADING_RE.match(line)
+        if day_heading is not None and not (written and day_heading.group(1) > written):
+            heading = day_heading.group(1)
+            continue
+        bullet = _BULLET_RE.match(line)
+        if bullet is None:
+            heading = ""
         stamp = _STAMPED_LINE_RE.match(line)
-        day = None if stamp is not None else _DAY_LINE_RE.match(line)
+        line_start = None
         if stamp is not None:
-            when = stamp.group(1)
-            role, _, said = line[stamp.end() :].partition(": ")
+            when, line_start = stamp.group(1), stamp.end()
+        elif bullet is not None and heading:
+            when, line_start = heading, bullet.end()
+        if line_start is not None:
+            role, _, said = line[line_start:].partition(": ")
             if said and is_tool_role(role):
                 # The builtin summary's line of a tool's output: read as the tool's
                 # entry was (a marked line there pins only its facts).
                 stamped += [Pin(f.kind, f.text, when) for f in extract_from_entry(role, said)]
                 continue
-        elif day is not None and not (written and day.group(1) > written):
-            when = day.group(1)
         else:
-            unstamped.append(line)
-            continue
+            day = _DAY_LINE_RE.match(line)
+            if day is None or (written and day.group(1) > written):
+                unstamped.append(line)
+                continue
+            when = day.group(1)
         stamped += [Pin(f.kind, f.text, when) for f in extract_facts(line)]
     dated = merge_pins(stamped, list(previous.pins))
     known = {pin.key for pin in dated}

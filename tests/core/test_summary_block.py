@@ -155,6 +155,34 @@ def test_carried_pins_keep_the_date_of_their_last_mention() -> None:
     }
 
 
+def test_carried_pins_date_the_lines_under_a_day_heading() -> None:
+    # s10retain: the builtin summary writes its lines under the day they were
+    # said ("2026-03-02:" then "- Agent: …"); a fact on such a line keeps that
+    # day (it was read as undated), a heading is no date fact, and the lines of
+    # a later section or a plain line are not under it.
+    body = (
+        "Decisions:\n"
+        "2026-03-02:\n"
+        "- Agent: To rebuild, run `make reindex` from the root.\n"
+        "- Tool Executor: Important: the mirror is https://mirror.example.net/x\n"
+        "Open tasks:\n"
+        "2026-03-05:\n"
+        "- Human: Upload the dump to /srv/dumps/march.tar first.\n"
+        "We read from replica7.db.internal.\n"
+        "- Then ping ops.example.org about it."
+    )
+    previous = parse_summary(f"{body}\n\n{version_line('', 0)}")
+    carried = {pin.text: pin.last_seen for pin in carried_pins(previous, "2026-12-03T06:00:00")}
+    assert carried == {
+        "`make reindex`": "2026-03-02",
+        # A tool's line: its facts, no marked line (as its entry was read).
+        "https://mirror.example.net/x": "2026-03-02",
+        "/srv/dumps/march.tar": "2026-03-05",
+        "replica7.db.internal": "",
+        "ops.example.org": "",
+    }
+
+
 def test_facts_an_llm_summary_names_on_no_dated_line_are_carried_undated() -> None:
     """A model's summary names facts in its own words on lines of no day: they
     were re-dated to the compaction's day at each carry, so the least recently
