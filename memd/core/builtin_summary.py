@@ -19,7 +19,7 @@ the pinned section's job (``memd.core.pins``), kept by the transaction.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Final
 
@@ -197,14 +197,21 @@ def classify(sentence: str) -> str | None:
     return None
 
 
-def _entry_lines(role: str, stamp: str, text: str) -> list[Line]:
-    """Up to a few lines from one entry; tool output only where its lines do not repeat."""
+def _entry_lines(
+    role: str, stamp: str, text: str, resolved: list[tuple[str, str]] | None = None
+) -> list[Line]:
+    """Up to a few lines from one entry; tool output only where its lines do not repeat.
+
+    Its sentences that say something is done or fixed go to ``resolved`` as
+    ``(stamp, sentence)`` (see :func:`_resolved_lines`)."""
     body = _sample(text)
     if is_tool_role(role) or body.lstrip().startswith("Tool Output"):
         body = "\n".join(non_repeating_lines(body))
     found: list[Line] = []
     sentences = split_sentences(body)
     for sentence in sentences:
+        if resolved is not None and _RESOLVED_RE.search(sentence):
+            resolved.append((stamp, sentence))
         section = classify(sentence)
         if section is not None:
             found.append(Line(section, stamp, f"{_role(role)}: {sentence}"))
@@ -250,8 +257,11 @@ def _carried_lines(previous_body: str, fallback_stamp: str) -> list[Line]:
     return lines
 
 
-def _collect(document: MemoryDocument) -> tuple[list[Line], int, str, str]:
-    """(lines oldest first, turns read, first stamp, last stamp).
+def _collect(
+    document: MemoryDocument, resolved: list[tuple[str, str]]
+) -> tuple[list[Line], int, str, str]:
+    """(lines oldest first, turns read, first stamp, last stamp); the turns'
+    sentences that say something is done or fixed are added to ``resolved``.
 
     The same walk of "last summary + turns since it" as the LLM prompt's.
     """
@@ -268,9 +278,10 @@ def _collect(document: MemoryDocument) -> tuple[list[Line], int, str, str]:
             stamp = _stamp(turn.timestamp)
             first = first or stamp
             last = stamp or last
-            lines.extend(_entry_lines(turn.role, stamp, turn.text))
+            lines.extend(_entry_lines(turn.role, stamp, turn.text, resolved))
         else:
-            lines.extend(_entry_lines("(unparsed text)", "", turn.raw.decode("utf-8", "replace")))
+            raw = turn.raw.decode("utf-8", "replace")
+            lines.extend(_entry_lines("(unparsed text)", "", raw, resolved))
     return lines, turns, first, last
 
 
@@ -292,7 +303,67 @@ def _priority(line: Line) -> int:
     return priority
 
 
-def _eviction_order(lines: list[Line]) -> list[int]:
+# A sentence saying a task is done or an error fixed ("Rotated the token, done.",
+# "The kappa-7 checksum is fixed now", "closed OPS-12").
+_RESOLVED_RE: Final = _words(
+    r"done|fixed|resolved|closed|completed|finished|shipped|merged|solved|"
+    r"works now|working again|no longer fails|passes now|now passes"
+)
+_SUBJECT_WORD_RE: Final = re.compile(r"[A-Za-z0-9][\w./-]{2,}[A-Za-z0-9]")
+# Words too common to say what a task is about.
+_COMMON: Final = (
+    "that this with from have will should must todo error errors failed fails before "
+    "after still need needs again when then them they there what which into about done "
+    "fixed resolved closed completed finished shipped merged solved works working now "
+    "just also some more most only than their these those were been being does could "
+    "would make sure check follow next today tomorrow week please thanks"
+)
+_COMMON_WORDS: Final = frozenset(_COMMON.split())
+
+
+def _subject_words(text: str) -> set[str]:
+    said = text.split(": ", 1)[-1]
+    words = {word.lower() for word in _SUBJECT_WORD_RE.findall(said)}
+    return words - _COMMON_WORDS
+
+
+def _resolved_lines(lines: list[Line], resolved: list[tuple[str, str]]) -> set[int]:
+    """The open tasks and errors a later sentence says are done or fixed.
+
+    A task is matched by a word of its own that no other open task or error
+    holds ("TODO: rotate the staging token" … "Rotated the staging token,
+    done."): a word several share ("the billing docs", "the billing job") says
+    nothing of which one was done. Such a line is the first to go: the open
+    ones keep their places (s10retain). Deterministic.
+    """
+    candidates = [i for i, line in enumerate(lines) if line.section in ("Open tasks", "Errors")]
+    if not candidates or not resolved:
+        return set()
+    words = {i: _subject_words(lines[i].text) for i in candidates}
+    holders: dict[str, int] = {}
+    for i in candidates:
+        for word in words[i]:
+            holders[word] = holders.get(word, 0) + 1
+    saying: dict[str, list[tuple[str, str]]] = {}  # word -> sentences saying it is done
+    for stamp, sentence in resolved:
+        for word in _subject_words(sentence):
+            if holders.get(word) == 1:
+                saying.setdefault(word, []).append((stamp, sentence))
+    done: set[int] = set()
+    for i in candidates:
+        line = lines[i]
+        said = line.text.split(": ", 1)[-1]
+        for word in sorted(words[i]):
+            if any(
+                sentence != said and (not (stamp and line.stamp) or stamp >= line.stamp)
+                for stamp, sentence in saying.get(word, ())
+            ):
+                done.add(i)
+                break
+    return done
+
+
+def _eviction_order(lines: list[Line], done: Set[int] = frozenset()) -> list[int]:
     """Every line's index, the first to go first.
 
     Least valuable first (:data:`SECTIONS`), then oldest (in Facts, a line whose
@@ -303,11 +374,16 @@ def _eviction_order(lines: list[Line]) -> list[int]:
     every section (as the pinned section has, :func:`memd.core.pins.fit_pins`)
     was tried: it kept old tasks too, and lost the dates, versions and
     quantities of old decisions the pins have no room for (durable facts after
-    30 builtin compactions 96 -> 84 %). Deterministic.
+    30 builtin compactions 96 -> 84 %). The open tasks and errors in ``done``
+    (:func:`_resolved_lines`) go before any other line. Deterministic.
     """
-    by_value = sorted(range(len(lines)), key=lambda i: (_priority(lines[i]), lines[i].stamp, i))
+    by_value = sorted(
+        range(len(lines)), key=lambda i: (i not in done, _priority(lines[i]), lines[i].stamp, i)
+    )
     newest: dict[str, list[int]] = {}
     for index in sorted(range(len(lines)), key=lambda i: (lines[i].stamp, i), reverse=True):
+        if index in done:
+            continue
         kept = newest.setdefault(lines[index].section, [])
         if len(kept) < _NEWEST_KEPT and SECTIONS[lines[index].section] >= _PROTECTED_VALUE:
             kept.append(index)
@@ -357,13 +433,14 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
     """
     if max_tokens <= 0:
         return ""
-    collected, turns, first, last = _collect(document)
+    resolved: list[tuple[str, str]] = []
+    collected, turns, first, last = _collect(document, resolved)
     lines = _deduplicated(collected)
     if not lines:
         return ""
     span = f", {first} to {last}" if first and last and first != last else ""
     stats = f"{_STATS_PREFIX}{turns} new turn(s){span}." if turns else ""
-    eviction = _eviction_order(lines)
+    eviction = _eviction_order(lines, _resolved_lines(lines, resolved))
     costs = [count_text(line.render()) + 1 for line in lines]
     # A day heading is paid for while any line under it is kept.
     groups: dict[tuple[str, str], int] = {}

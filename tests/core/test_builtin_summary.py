@@ -357,3 +357,32 @@ def test_the_budget_is_used_to_its_last_line(cl100k: Callable[[str], int]) -> No
     assert "tenant 0 " not in summary  # lines were dropped
     longest = max(cl100k(line) for line in summary.splitlines())
     assert 2_000 - longest - 2 <= cl100k(summary) <= 2_000
+
+
+def test_a_task_or_error_said_done_later_goes_before_the_open_ones(
+    cl100k: Callable[[str], int],
+) -> None:
+    # s10retain: an open task kept its place only by being among its section's
+    # newest; one a later turn says is done or fixed now goes first, whatever
+    # its age, and the open ones stay (however old).
+    turns = [
+        ("Human", "We still need to backfill the orders_2019 table before the audit."),
+        ("Agent", "TODO: rotate the staging API token."),
+        ("Agent", "ERROR: checksum mismatch in shard kappa-7 while compacting"),
+        ("Human", "TODO: ask legal about the retention clause."),
+        ("Agent", "Must update the billing runbook and the billing dashboard."),
+    ]
+    turns += [("Agent", f"We decided to pin worker w{i} to zone b.") for i in range(6)]
+    turns += [
+        ("Agent", "Rotated the staging API token, done."),
+        ("Human", "The kappa-7 checksum is fixed now."),
+        ("Agent", "Legal answered and it is closed: the retention clause stays."),
+    ]
+    full = extractive_summary(memfile.parse(build(turns)), max_tokens=2_000, count_text=cl100k)
+    assert "staging API token." in full and "retention clause." in full  # all kept when room
+    budget = cl100k(full) - 3 * 18
+    summary = extractive_summary(memfile.parse(build(turns)), max_tokens=budget, count_text=cl100k)
+    assert "orders_2019" in summary and "billing runbook" in summary  # still open
+    assert "TODO: rotate the staging API token" not in summary
+    assert "checksum mismatch in shard kappa-7" not in summary
+    assert "TODO: ask legal about the retention clause" not in summary
