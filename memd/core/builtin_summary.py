@@ -1,11 +1,12 @@
 """The offline extractive summarizer (pure, deterministic): no model, no network, no key.
 
 It keeps what an operator would keep when cutting a log by hand, sorted into
-sections — decisions, open tasks, errors, preferences, facts — each line a
-sentence from the transcript with the time it was said::
+sections — people, decisions, open tasks, errors, preferences, facts — each line
+a sentence from the transcript under the day it was said::
 
     Decisions:
-    - (2026-03-02T10:30:09) Human: We decided to move the queue to the managed broker.
+    2026-03-02:
+    - Human: We decided to move the queue to the managed broker.
 
 Coverage spans the whole history: lines carried from the previous summary
 compete with new ones by section and age, not by recency alone.  Near
