@@ -691,7 +691,10 @@ class _Transaction:
         try:
             fd = self._open_memory()
         except FileNotFoundError:
-            raise NothingToCompact(f"agent {self.agent!r}: no MEMORY.md to compact") from None
+            raise NothingToCompact(
+                f"agent {self.agent!r}: no MEMORY.md to compact",
+                reason="nothing to compact: no MEMORY.md",
+            ) from None
         try:
             st = os.fstat(fd)
             acl = read_acl(fd)
@@ -1409,7 +1412,7 @@ def _compact_locked(
                     else ""
                 )
                 reason = nothing_to_compact_reason(snap.document, kept)
-                raise NothingToCompact(f"agent {paths.agent!r}: {reason}")
+                raise NothingToCompact(f"agent {paths.agent!r}: {reason}", reason=reason)
             result, llm_s = txn.summarize(snap, kept_from)
             hook("summarized")
             if txn.prefix_unchanged(snap):

@@ -71,9 +71,17 @@ class LockTimeout(MemdError, TimeoutError):
 
 
 class NothingToCompact(MemdError):
-    """No raw entries since the last summary: success, not a failure."""
+    """No raw entries since the last summary: success, not a failure.
+
+    ``reason``: why, in the words ``memd compact-now`` prints after the agent's
+    name ("nothing to compact (no raw entries since the last summary)"), for a
+    daemon to say of a file it cannot shrink; None when not known."""
 
     exit_code = 0
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SummarizerError(MemdError, RuntimeError):

@@ -208,7 +208,22 @@ def unparsable_tail(size: int | None = None) -> str:
     )
 
 
-NOT_COMPACTABLE = f"over its threshold with nothing to compact: {unparsable_tail()}"
+_OVER_THRESHOLD = "over its threshold with "
+NOT_COMPACTABLE = f"{_OVER_THRESHOLD}nothing to compact: {unparsable_tail()}"
+
+
+def not_compactable(reason: str | None) -> str:
+    """The job's error while its file is over the threshold with nothing to
+    compact: ``reason`` as compact-now says it ("nothing to compact (no raw
+    entries since the last summary)": a summary block alone over the threshold,
+    an older build's or under a lowered one), :data:`NOT_COMPACTABLE` when not
+    known."""
+    return NOT_COMPACTABLE if reason is None else f"{_OVER_THRESHOLD}{reason}"
+
+
+def is_not_compactable(error: str | None) -> bool:
+    """Whether a job's error is :func:`not_compactable`'s (whatever its reason)."""
+    return error is not None and error.startswith(f"{_OVER_THRESHOLD}nothing to compact")
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,11 +384,14 @@ def _settled(
     )
 
 
-def on_nothing_to_compact(job: AgentJob, *, policy: RetryPolicy, now: float) -> Decision:
+def on_nothing_to_compact(
+    job: AgentJob, *, policy: RetryPolicy, now: float, reason: str | None = None
+) -> Decision:
     """Over threshold but no raw entries since the last summary: wait, don't loop.
 
     Still an error for the operator: the file is over its threshold and memd
-    cannot shrink it (typically unparseable bytes after the last entry).
+    cannot shrink it; ``reason`` says why (:func:`not_compactable`): bytes after
+    the last entry that do not parse, a summary block alone over the threshold.
     """
     until = now + policy.cooldown_s
     return Decision(
@@ -382,7 +400,7 @@ def on_nothing_to_compact(job: AgentJob, *, policy: RetryPolicy, now: float) -> 
             state=JobState.COOLDOWN,
             next_attempt_at=until,
             rerun_requested=False,
-            last_error=NOT_COMPACTABLE,
+            last_error=not_compactable(reason),
         ),
         wake_at=until,
     )
@@ -460,7 +478,7 @@ def cooldown_left(job: AgentJob, now: float, policy: RetryPolicy | None = None) 
     back, :func:`clock_stepped_back`)."""
     if job.state is not JobState.COOLDOWN or job.next_attempt_at is None:
         return None
-    if job.last_error == NOT_COMPACTABLE:
+    if is_not_compactable(job.last_error):
         return None
     until = job.next_attempt_at
     if policy is not None:
@@ -644,6 +662,8 @@ __all__ = [
     "clock_stepped_back",
     "drain_owed_error",
     "held_back",
+    "is_not_compactable",
+    "not_compactable",
     "on_busy_elsewhere",
     "on_cancelled",
     "on_count",

@@ -41,7 +41,6 @@ from memd.compaction import (
 )
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.jobs import (
-    NOT_COMPACTABLE,
     AgentJob,
     Decision,
     JobState,
@@ -49,6 +48,7 @@ from memd.core.jobs import (
     Wakes,
     drain_owed_error,
     held_back,
+    not_compactable,
     on_busy_elsewhere,
     on_cancelled,
     on_count,
@@ -788,17 +788,21 @@ class Runner:
                 self._apply(entry, self._decide(entry, on_cancelled(entry.job)))
             return
         if isinstance(error, NothingToCompact):
-            if entry.job.last_error != NOT_COMPACTABLE:  # say it once, not every cooldown
+            said = not_compactable(error.reason)
+            if entry.job.last_error != said:  # say it once, not every cooldown
                 _log.warning(
                     "over threshold but nothing to compact; cooling down",
                     agent=name,
                     tokens=entry.tokens,
-                    detail=NOT_COMPACTABLE,
+                    detail=said,
                 )
             if self.metrics is not None:
                 self.metrics.record_compaction(name, "nothing")
             with self._lock:
-                self._apply(entry, on_nothing_to_compact(entry.job, policy=policy, now=now))
+                self._apply(
+                    entry,
+                    on_nothing_to_compact(entry.job, policy=policy, now=now, reason=error.reason),
+                )
             return
         if isinstance(error, LockTimeout):
             with self._lock:

@@ -711,3 +711,42 @@ def test_a_wall_clock_stepped_back_an_hour_holds_a_cooldown_no_longer_than_it_la
             break
     assert s.compact.calls == ["alice", "alice"]
     assert s.job("alice").state is JobState.IDLE
+
+
+def test_a_summary_alone_over_the_threshold_is_said_so_never_as_unparsable_bytes(
+    tmp_path: Path,
+) -> None:
+    """An older build's summary block bigger than today's threshold (726ab50's builtin
+    summary carried every earlier line forward; tests/test_upgrade.py met it), or a
+    threshold lowered below a summary: the file is that block alone, nothing to
+    compact. The job's error says why, in compact-now's words; it said the bytes after
+    the last entry did not parse ('fix or remove them'), and there were none."""
+    from memd.compaction import compact_agent
+    from memd.core.memfile import SUMMARY_PREAMBLE
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice")
+    body = SUMMARY_PREAMBLE + "Earlier (carried forward):\n" + "> the build passed\n" * 400
+    paths.memory.write_text(swarms_header("alice") + swarms_block("System", body))
+    s = build_services(ws, ScriptedCompaction())
+    s.runner._compact = compact_agent
+    s.hint("alice")
+    s.settle()
+    assert s.scheduler.run_queued() == 1
+    job = s.job("alice")
+    assert job.state is JobState.COOLDOWN
+    assert job.last_error == (
+        "over its threshold with nothing to compact (no raw entries since the last summary)"
+    )
+    # Garbage after the last entry is still said as such, with its size.
+    with paths.memory.open("a") as handle:
+        handle.write("### not an entry\n" * 300)
+    s.clock.now = job.next_attempt_at
+    s.hint("alice")
+    s.settle()
+    s.scheduler.run_queued()
+    error = s.job("alice").last_error or ""
+    assert error.startswith("over its threshold with nothing to compact: the "), error
+    assert error.endswith(
+        " bytes after the last complete entry cannot be parsed (they are kept verbatim; fix or remove them)"
+    ), error
