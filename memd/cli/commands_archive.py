@@ -178,7 +178,14 @@ def _rekey_agent(
     # wrapped under the old master key) is finished first: re-wrapping the
     # current key and then letting recovery install the staged one would put
     # the agent back under the old master key.
-    recover_agent(paths, wait_s=wait_s, key_file=Path(old.source))
+    compaction = loaded.config.compaction
+    recover_agent(
+        paths,
+        wait_s=wait_s,
+        quiet_s=compaction.drain_quiet_s,
+        max_s=compaction.drain_max_s,
+        key_file=Path(old.source),
+    )
     with AgentDir.open(paths, create_private=False) as pinned:
         if pinned.private_fd < 0:
             return "none"

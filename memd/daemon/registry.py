@@ -20,6 +20,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from memd.compaction import archive_key_file, journal_unfinished
@@ -41,9 +42,26 @@ from memd.workspace import (
 
 _log = get_logger("memd.daemon")
 
-# Finishes or rolls back a crashed compaction of the agent, with the master key
-# file archives are sealed with (None: not encrypting); says what it did.
-RecoverFn = Callable[[AgentPaths, "Path | None"], "str | None"]
+
+@dataclass(frozen=True, slots=True)
+class RecoveryOptions:
+    """What a recovery takes from the current config: the master key file archives
+    are sealed with (None: not encrypting), and the drain's ``[compaction]
+    drain_quiet_s`` and ``drain_max_s`` (a late writer's turns are moved over
+    until the old file has been quiet that long, as after any swap)."""
+
+    key_file: Path | None
+    quiet_s: float
+    max_s: float
+
+    @classmethod
+    def of(cls, config: MemdConfig) -> RecoveryOptions:
+        compaction = config.compaction
+        return cls(archive_key_file(config), compaction.drain_quiet_s, compaction.drain_max_s)
+
+
+# Finishes or rolls back a crashed compaction of the agent; says what it did.
+RecoverFn = Callable[[AgentPaths, RecoveryOptions], "str | None"]
 ContextLengthOf = Callable[[str], "int | None"]
 # What an agent's policy is made of: its matching [agents."glob"] tables, its window.
 PolicyKey = tuple[tuple[str, ...], AgentWindow | None]
@@ -352,8 +370,9 @@ class AgentRegistry:
             return False  # no .memd/: never compacted, nothing to finish
         try:
             # The current config's key (reconfigure keeps it): a crash's old file
-            # kept as an archive is sealed like any other archive.
-            done = self._recover(entry.paths, archive_key_file(self._config))
+            # kept as an archive is sealed like any other archive; its drain waits
+            # for quiet as the config says, as a compaction's does.
+            done = self._recover(entry.paths, RecoveryOptions.of(self._config))
         except Exception as exc:
             reason = describe_error(exc)
             _log.error("recovery failed", agent=entry.name, error=reason)
@@ -375,4 +394,4 @@ def _journal_left(entry: AgentEntry) -> bool:
         return True
 
 
-__all__ = ["AgentRegistry", "ContextLengthOf", "RecoverFn", "Rescans"]
+__all__ = ["AgentRegistry", "ContextLengthOf", "RecoverFn", "RecoveryOptions", "Rescans"]

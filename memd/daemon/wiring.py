@@ -39,7 +39,7 @@ from memd.daemon.entries import (
 from memd.daemon.flusher import StateFlusher
 from memd.daemon.metrics import MetricsStage
 from memd.daemon.recall import RecallStage
-from memd.daemon.registry import AgentRegistry, RecoverFn
+from memd.daemon.registry import AgentRegistry, RecoverFn, RecoveryOptions
 from memd.daemon.retention import DAILY_S, RetentionService
 from memd.daemon.runner import CompactFn, Runner, SummarizerFactory
 from memd.daemon.watches import WatchService
@@ -81,10 +81,12 @@ def default_compact() -> CompactFn:
     return compact_agent
 
 
-def default_recover(paths: AgentPaths, key_file: Path | None) -> str | None:
+def default_recover(paths: AgentPaths, options: RecoveryOptions) -> str | None:
     from memd.compaction import recover_agent
 
-    return recover_agent(paths, key_file=key_file)
+    return recover_agent(
+        paths, quiet_s=options.quiet_s, max_s=options.max_s, key_file=options.key_file
+    )
 
 
 def default_summarizer(config: MemdConfig, count_text: Callable[[str], int]) -> Summarizer:

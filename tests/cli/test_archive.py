@@ -486,3 +486,36 @@ def test_cat_as_a_user_who_cannot_enter_memd_folder_is_one_line(
         os.chown(private, os.getuid(), os.getgid())
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "owned by uid 12345" in err, err
+
+
+def test_rekey_recovers_with_the_configs_drain_times(
+    ws: AgentWorkspace,
+    key_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The recovery rekey runs first drains as [compaction] drain_quiet_s and
+    drain_max_s say (it took recover_agent's fixed second and ten)."""
+    import memd.cli.commands_archive as commands_archive
+
+    compacted(ws, "alpha", key_file)
+    config = tmp_path / "drain.toml"
+    config.write_text(
+        f'[privacy]\nencrypt_archives = true\nkey_file = "{key_file}"\n'
+        "[compaction]\ndrain_quiet_s = 0.25\ndrain_max_s = 2.5\n"
+    )
+    seen: list[dict[str, object]] = []
+    real = commands_archive.recover_agent
+
+    def spy(paths: object, **kwargs: object) -> str | None:
+        seen.append(kwargs)
+        return real(paths, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(commands_archive, "recover_agent", spy)
+    new_key = tmp_path / "new.key"
+    run(capsys, "archive", "keygen", str(new_key))
+    args = ["-w", str(ws.root), "-c", str(config), "--state-dir", str(tmp_path / "state")]
+    code, _out, err = run(capsys, "archive", "rekey", "--new-key", str(new_key), *args)
+    assert code == 0, err
+    assert seen and all((call["quiet_s"], call["max_s"]) == (0.25, 2.5) for call in seen), seen

@@ -15,7 +15,7 @@ from support.daemon_proc import DaemonProcess
 from support.memfiles import AgentWorkspace
 from support.systemd_layout import AGENTS_GID, ALICE, MEMD, as_alice
 
-from memd.daemon.registry import AgentRegistry, Rescans
+from memd.daemon.registry import AgentRegistry, RecoveryOptions, Rescans
 from memd.settings import build_config
 
 
@@ -64,16 +64,23 @@ def test_a_waiter_sees_the_next_rescan_or_its_stop() -> None:
     assert seen == [2, 2]  # woken by its stop, no rescan
 
 
-def test_recovery_is_handed_the_current_configs_key_file(tmp_path: Path) -> None:
+def test_recovery_is_handed_the_current_configs_key_file_and_drain_times(tmp_path: Path) -> None:
+    """The drain a recovery finishes waits for quiet as [compaction] says: it
+    waited a fixed second (recover_agent's default) whatever the config, so a
+    slow writer's late turns a longer drain_quiet_s was set for went to the
+    unlinked old file, and a daemon with 16 jobs an upgrade left started 16 s late
+    (s10upgrade's fixtures)."""
     ws = AgentWorkspace(tmp_path / "ws")
     ws.create_agent("alice")
     (ws.root / "agents" / "alice" / ".memd").mkdir()  # compacted before: may need recovery
     handed: list[Path | None] = []
+    drains: list[tuple[float, float]] = []
 
-    def recover(_paths: object, key_file: Path | None) -> None:
-        handed.append(key_file)
+    def recover(_paths: object, options: RecoveryOptions) -> None:
+        handed.append(options.key_file)
+        drains.append((options.quiet_s, options.max_s))
 
-    plain, _ = build_config({}, {})
+    plain, _ = build_config({"compaction": {"drain_quiet_s": 0.2, "drain_max_s": 3.0}}, {})
     registry = AgentRegistry(ws.root, plain, recover=recover, context_length_of=None)
     registry.start(contextlib.ExitStack())
 
@@ -89,6 +96,7 @@ def test_recovery_is_handed_the_current_configs_key_file(tmp_path: Path) -> None
     registry.reconfigure(sealed)  # a reload: the registry holds the new config's value
     add_alice()
     assert handed == [None, key]
+    assert drains == [(0.2, 3.0), (1.0, 10.0)]  # the defaults once reloaded without them
 
 
 def test_a_badly_named_folder_is_said_once_and_hidden_ones_never(
