@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sqlite3
 import tarfile
 from collections.abc import Iterator
@@ -139,6 +140,10 @@ def unpack(commit: str, into: Path) -> Upgraded:
     remap: dict[str, Any] = {"dev": {}, "ino": {}, "sha": {}}
     for rel, (dev, ino, _mtime) in stats.items():
         path = root / rel.replace(old_digest, new_digest)
+        if not path.exists() and path.name.endswith(".sock"):
+            # A killed daemon's recall socket (a tar holds none): left bound, no one listening.
+            with socket.socket(socket.AF_UNIX) as stale:
+                stale.bind(str(path))
         st = os.lstat(path)
         remap["dev"][dev] = st.st_dev
         remap["ino"][ino] = st.st_ino
@@ -164,7 +169,7 @@ def unpack(commit: str, into: Path) -> Upgraded:
     conn.close()
     # mtimes last (deepest first, so a folder's is not changed by its files').
     for rel, (_dev, _ino, mtime_ns) in sorted(stats.items(), key=lambda kv: -kv[0].count("/")):
-        if rel.startswith("state/"):
+        if rel.startswith("state/") or rel.endswith(".sock"):
             continue  # the state dir is memd's; its files' mtimes mean nothing
         os.utime(root / rel, ns=(mtime_ns, mtime_ns), follow_symlinks=False)
     return Upgraded(root, manifest)
@@ -227,10 +232,8 @@ PARAMS = [_param(commit) for commit in COMMITS]
 
 
 def _drop_other_crashes(up: Upgraded) -> None:
-    """The agents killed at every other checkpoint are recovered by compact-now in
-    their own test (the daemon's recovery, and rekey's, wait a second's quiet for
-    each): elsewhere they are folders gone since the old build ran, their rows
-    still in its state DB."""
+    """The agents killed at every other checkpoint, recovered in the other tests:
+    here folders gone since the old build ran, their rows still in its state DB."""
     for agent in up.manifest.get("other_crashes", {}):
         shutil.rmtree(up.ws / "agents" / agent)
 
@@ -253,6 +256,21 @@ def _fresh_tokens(up: Upgraded, agent: str) -> int:
 
 def test_upgrade_fixtures_are_there() -> None:
     assert len(COMMITS) >= 3, COMMITS
+
+
+def _assert_recovered(up: Upgraded, crashed: dict[str, str]) -> None:
+    """No job left: every journal idle (or none: 726ab50 removed its when done),
+    no journal.json, no temp or staging file under .memd/."""
+    for agent in crashed:
+        paths = agent_paths(up.ws, agent)
+        left = SlotJournal(paths.journal).read()
+        assert left is None or left.get("phase") == "idle", (agent, left)
+        leftovers = sorted(
+            name
+            for name in os.listdir(paths.private_dir)
+            if name not in ("journal", "lock", "archive.key")
+        )
+        assert leftovers == [], (agent, leftovers)
 
 
 def _status(up: Upgraded, capsys: pytest.CaptureFixture[str]) -> dict[str, dict[str, Any]]:
@@ -285,9 +303,8 @@ def test_old_workspace_runs_recovers_and_counts(
     upgraded: Upgraded, capsys: pytest.CaptureFixture[str]
 ) -> None:
     up = upgraded
-    _drop_other_crashes(up)
     before = _all_lines(up)
-    crashed = up.manifest["crashes"]
+    crashed = {**up.manifest["crashes"], **up.manifest["other_crashes"]}
     with DaemonProcess(up.ws, up.state, config=up.config) as daemon:
         daemon.wait_ready(timeout=60)
         recovered = {line.get("agent"): line.get("action") for line in daemon.events(
@@ -317,16 +334,14 @@ def test_old_workspace_runs_recovers_and_counts(
     assert not problems, problems
     # Each crashed job finished or rolled back as its phase says, never taken for a
     # MEMORY.md replaced behind memd's back.
-    assert set(recovered) == set(crashed), recovered
+    # (A job killed after its journal went idle has nothing left to do.)
+    assert set(up.manifest["crashes"]) <= set(recovered) <= set(crashed), recovered
     for agent, action in recovered.items():
         assert "another program" not in str(action) and "dropped" not in str(action), (
             agent,
             action,
         )
-    for agent in crashed:
-        left = SlotJournal(agent_paths(up.ws, agent).journal).read()
-        assert left is None or left.get("phase") == "idle", (agent, left)
-        assert not (agent_paths(up.ws, agent).private_dir / "journal.json").exists()
+    _assert_recovered(up, crashed)
     _assert_no_turn_lost(up, before, erasing=True)
     _check_status(up, _status(up, capsys), "files")
     alive = _alive(up)
@@ -432,14 +447,6 @@ def test_compact_now_recovers_every_job_an_old_build_left(
     code, out, err = run(capsys, "compact-now", "--all", "--wait", "20", *up.args())
     assert code == 0, (out, err)
     _assert_no_turn_lost(up, before, erasing=True)
+    _assert_recovered(up, crashed)
     for agent in crashed:
-        paths = agent_paths(up.ws, agent)
-        left = SlotJournal(paths.journal).read()  # None: 726ab50 removed its when done
-        assert left is None or left.get("phase") == "idle", (agent, left)
-        leftovers = sorted(
-            name
-            for name in os.listdir(paths.private_dir)
-            if name not in ("journal", "lock", "archive.key")
-        )
-        assert leftovers == [], (agent, leftovers)
         assert f"{agent}: compacted" in out or f"{agent}: nothing to compact" in out, out
