@@ -17,6 +17,7 @@ import contextlib
 import difflib
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -219,21 +220,66 @@ def find_config_file(explicit: Path | None, environ: Mapping[str, str]) -> Path 
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML of a config file; anything wrong with it is one ConfigError naming it.
+
+    Opened without blocking and checked to be a regular file first: a FIFO
+    (or a device) where the config goes would hang ``memd`` here for ever, and
+    the daemon's main loop at its next reload. A file nested deeper than
+    tomllib's recursion can follow (``x = [[[[…``) is said, not a RecursionError
+    (which ended the daemon at a reload)."""
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory") from None
     except PermissionError:
         raise ConfigError(f"config file {path} is not readable (permission denied)") from None
+    except OSError as exc:  # a name too long for the OS, a symlink loop...
+        raise ConfigError(f"config file {path}: {describe_error(exc, with_file=False)}") from None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            kind = _file_kind(os.fstat(handle.fileno()).st_mode)
+            if kind == "a directory":
+                raise ConfigError(f"config file {path} is a directory")
+            if kind:
+                raise ConfigError(f"config file {path} is {kind}, not a regular file")
+            raw = handle.read()
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory") from None
+    except OSError as exc:  # an I/O error...
+        raise ConfigError(f"config file {path}: {describe_error(exc, with_file=False)}") from None
+    if raw.startswith(b"\xef\xbb\xbf"):
+        # What Notepad and some editors write first; TOML has no place for it.
+        raise ConfigError(
+            f"config file {path}: starts with a UTF-8 byte order mark (BOM); "
+            "save it as UTF-8 without one"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"config file {path}: not valid UTF-8 (line {line})") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not valid UTF-8") from None
-    except OSError as exc:  # a name too long for the OS, an I/O error...
-        raise ConfigError(f"config file {path}: {describe_error(exc, with_file=False)}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"config file {path}: invalid TOML: arrays or tables nested too deeply"
+        ) from None
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, for a message ("" for a regular file)."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "" if stat.S_ISREG(mode) else "of an unknown kind"
 
 
 # MEMD_* variables memd, its tests and its deployment read that are not config

@@ -562,3 +562,33 @@ def test_environment_settings_are_what_the_environment_set_and_never_a_secret(
     plain = {**env, "MEMD_SUMMARIZER_API_BASE": "http://127.0.0.1:8000/v1"}
     loaded = load_settings(config_file=config, workspace=tmp_path, environ=plain)
     assert environment_settings(loaded)[0]["summarizer"]["api_base"] == "http://127.0.0.1:8000/v1"
+
+
+def test_a_config_nested_too_deeply_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """tomllib recurses per nesting level: its RecursionError went past every
+    caller (a traceback from every command, the daemon ended at a reload)."""
+    config = tmp_path / "c.toml"
+    config.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: invalid TOML: .*nested too deeply"):
+        load_settings(config_file=config, environ={}, cwd=tmp_path)
+
+
+def test_a_fifo_where_the_config_goes_is_refused_at_once(tmp_path: Path) -> None:
+    """Opened for reading, a FIFO with no writer blocks for ever: every command,
+    and the daemon's main loop at its next reload."""
+    config = tmp_path / "c.toml"
+    os.mkfifo(config)
+    with pytest.raises(ConfigError, match=r"c\.toml is a FIFO, not a regular file"):
+        load_settings(config_file=config, environ={}, cwd=tmp_path)
+
+
+def test_a_byte_order_mark_is_named(tmp_path: Path) -> None:
+    """tomllib's 'Invalid statement (at line 1, column 1)' points at nothing the
+    operator can see in an editor."""
+    config = tmp_path / "c.toml"
+    config.write_bytes(b"\xef\xbb\xbf[trigger]\nthreshold = 0.5\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: starts with a UTF-8 byte order mark"):
+        load_settings(config_file=config, environ={}, cwd=tmp_path)
+    config.write_bytes(b"[trigger]\nthreshold = 0.5\n# \xff\n")
+    with pytest.raises(ConfigError, match=r"c\.toml: not valid UTF-8 \(line 3\)"):
+        load_settings(config_file=config, environ={}, cwd=tmp_path)

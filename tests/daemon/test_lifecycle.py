@@ -197,6 +197,62 @@ def test_each_reload_records_when_it_began_before_it_read_the_file(
 
 
 @pytest.mark.usefixtures("restore_logging")
+def test_a_config_that_became_unreadable_is_refused_at_reload_and_the_daemon_keeps_running(
+    tmp_path: Path,
+) -> None:
+    """A config nested too deeply (tomllib's RecursionError ended the daemon) or
+    replaced by a FIFO (its main loop blocked reading it for ever) is one refused
+    reload each; the daemon goes on and applies the next good config."""
+    from memd.audit import read_audit
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=1)
+    config_file = tmp_path / "memd.toml"
+    config_file.write_text("[daemon]\ncooldown_s = 60\n")
+    loaded = load_settings(config_file=config_file, workspace=ws.root, environ={})
+    options = DaemonOptions(
+        config_file=config_file,
+        workspace_flag=ws.root,
+        state_dir=tmp_path / "state",
+        install_signal_handlers=False,
+    )
+    daemon = Daemon(
+        loaded,
+        options,
+        compact=ScriptedCompaction(),  # type: ignore[arg-type]
+        counter_factory=lambda _encoding: CL100K,
+        environ={},
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    try:
+        assert daemon.ready.wait(30)
+        s = daemon.services
+        assert s is not None and s.audit.path is not None
+        log = s.audit.path
+
+        def reloads() -> list[object]:
+            return [r.fields["ok"] for r in read_audit(log).records if r.event == "config_reload"]
+
+        def reload_with(make: Callable[[], None], count: int) -> None:
+            config_file.unlink()
+            make()
+            daemon.handle_exit(signal.SIGHUP, None)
+            assert wait_until(lambda: len(reloads()) == count, timeout=30)
+
+        reload_with(lambda: config_file.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n"), 1)
+        reload_with(lambda: os.mkfifo(config_file), 2)
+        reload_with(lambda: config_file.write_text("[daemon]\ncooldown_s = 7\n"), 3)
+        assert reloads() == [False, False, True]
+        assert thread.is_alive() and s.runner.config.daemon.cooldown_s == 7
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]
+
+
+@pytest.mark.usefixtures("restore_logging")
 def test_a_failed_tokenizer_reload_never_labels_counts_with_the_new_encoding(
     tmp_path: Path,
 ) -> None:
