@@ -83,7 +83,7 @@ def reload_command(
     """Reload the running daemon's config: exit 0 once it applied it, 2 when it has
     a problem (the daemon keeps the previous one), 1 when no daemon answered."""
     try:
-        loaded = load(workspace, config)
+        loaded = load(workspace, config, strict=True)
     except ConfigError as exc:
         raise _refused(exc.problems) from None
     require_workspace(loaded.workspace)  # a mistyped one: its own line, no state DB made

@@ -35,7 +35,11 @@ def warn(message: str) -> None:
 
 
 def load(
-    workspace: Path | None, config: Path | None, *, follow_pointer: bool = True
+    workspace: Path | None,
+    config: Path | None,
+    *,
+    follow_pointer: bool = True,
+    strict: bool = False,
 ) -> LoadedConfig:
     """The config, and the running daemon's settings for this workspace.
 
@@ -45,6 +49,9 @@ def load(
     Unless a config was named here (``--config``, ``MEMD_CONFIG``), this command
     uses the same config and settings, so its thresholds, summarizer and
     redaction are the daemon's; a ``MEMD_*`` variable set for this command wins.
+    A problem with the daemon's config is a warning (this command goes on with
+    its own), or with ``strict`` the error (``memd reload`` checks the config
+    the daemon will read: it must not signal it a file it refuses).
     """
     loaded = load_settings(config_file=config, workspace=workspace)
     if not follow_pointer:
@@ -77,6 +84,8 @@ def load(
                 settings = apply_settings(loaded.config, daemons, str(pointer.path))
                 loaded = dataclasses.replace(loaded, config=settings)
         except ConfigError as exc:
+            if strict:
+                raise
             warn(f"the daemon's settings named by {pointer.path} are not used: {exc}")
     return dataclasses.replace(loaded, pointer=pointer)
 

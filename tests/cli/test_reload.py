@@ -88,6 +88,34 @@ def test_applied_and_refused_configs_give_the_exit_code_systemctl_reload_needs(
     assert process.stop() == 0
 
 
+def test_a_bad_config_the_daemon_was_started_with_is_refused_without_a_signal(
+    tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
+) -> None:
+    # `memd reload` without --config checks the daemon's file, named by its
+    # pointer in the workspace: a problem there was a warning ("not used"), the
+    # SIGHUP was sent anyway and the answer was "its log says why".
+    process, args = daemon
+    config = tmp_path / "memd.toml"
+    config.write_text(GOOD.replace("100000", "100000\nthreshold = 7"))
+    without_config = [*args[:2], *args[4:]]
+    refused = memd(tmp_path, "reload", *without_config, "--pid", str(process.pid))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("memd: error: ") and "trigger.threshold" in line and str(config) in line
+    assert "the daemon keeps the configuration it runs with" in line
+    config.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    refused = memd(tmp_path, "reload", *without_config, "--pid", str(process.pid))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert f"config file {config}: invalid TOML: arrays or tables nested too deeply" in line
+    assert reloads(process) == 0
+    config.write_text(GOOD.replace("100000", "50000"))
+    applied = memd(tmp_path, "reload", *without_config, "--pid", str(process.pid))
+    assert applied.returncode == 0, applied.stderr
+    assert reloads(process) == 1
+    assert process.stop() == 0
+
+
 def test_a_config_the_daemon_refuses_fails_the_reload_even_when_the_check_passed(
     tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
 ) -> None:
