@@ -836,9 +836,14 @@ class Heartbeat:
         return not self.healthy and self.detail == STOPPED_DETAIL
 
 
+_PID_MAX = 2**31 - 1  # pid_t
+
+
 def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists (another user's process counts)."""
-    if pid <= 0:
+    """Whether a process with ``pid`` exists (another user's process counts).
+    No pid is past pid_t's range (``memd reload --pid 2147483648``, a heartbeat
+    row holding one): os.kill's OverflowError was a traceback."""
+    if pid <= 0 or pid > _PID_MAX:
         return False
     try:
         os.kill(pid, 0)
@@ -1343,7 +1348,7 @@ class StateStore:
         def operation(conn: sqlite3.Connection) -> list[LedgerEntry]:
             rows = conn.execute(
                 _SELECT_LEDGER,
-                (agent, max(0, limit)),
+                (agent, _sql_limit(max(0, limit))),
             ).fetchall()
             return [_ledger_from_row(row) for row in rows]
 
@@ -1422,7 +1427,7 @@ class StateStore:
             rows = conn.execute(
                 f"SELECT {_STATUS_COLUMNS} FROM agents"  # noqa: S608
                 f" ORDER BY {_STATUS_ORDER[sort]} LIMIT ?",
-                (-1 if limit is None else limit,),
+                (_sql_limit(limit),),
             ).fetchall()
             good = []
             for row in rows:
@@ -1464,7 +1469,7 @@ class StateStore:
         )
 
         def operation(conn: sqlite3.Connection) -> None:
-            cursor = conn.execute(query, (*params, -1 if limit is None else limit))
+            cursor = conn.execute(query, (*params, _sql_limit(limit)))
             while batch := cursor.fetchmany(4096):
                 emit(batch)
 
@@ -1560,6 +1565,18 @@ _SELECT_LEDGER = (
     " cost_usd, error, trigger, tokens_produced, tokens_appended, fallback, pinned, evicted,"
     " calls FROM ledger WHERE agent = ? ORDER BY id DESC LIMIT ?"
 )
+
+
+def _sql_limit(limit: int | None) -> int:
+    """``LIMIT ?``'s value: -1 (no limit) for None, and a count past SQLite's
+    64-bit integers (``memd history -n 99999999999999999999999``) is every row,
+    not sqlite3's OverflowError."""
+    if limit is None:
+        return -1
+    return min(limit, _SQLITE_INT_MAX)
+
+
+_SQLITE_INT_MAX = 2**63 - 1
 
 
 def _ledger_from_row(row: tuple[Any, ...]) -> LedgerEntry:

@@ -115,11 +115,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except _usage_errors() as exc:
         sys.exit(_say_usage_error(exc))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, OverflowError) as exc:
         # The last line of defence: an error the OS or the standard library gave
         # where no command turned it into its own line (a path too long for the
-        # OS, an unreadable file...) is still one line, never a traceback. Where
-        # it came from stays visible in the debug log (MEMD_LOG_LEVEL=debug).
+        # OS, an unreadable file, a number too large for a C call...) is still
+        # one line, never a traceback. Where it came from stays visible in the
+        # debug log (MEMD_LOG_LEVEL=debug).
         # stdlib logging: silent until a command configured it (never on stdout).
         if only == "run" and not isinstance(exc, OSError):
             # A ValueError out of the daemon is a bug (bad input is a MemdError or,

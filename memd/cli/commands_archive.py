@@ -122,6 +122,7 @@ def rekey(
         float | None,
         typer.Option(
             "--wait",
+            min=0,
             help="Seconds to wait for each agent's compaction in flight "
             "(default: compaction.lock_wait_s).",
             show_default=False,

@@ -286,6 +286,7 @@ def forget_command(
         float | None,
         typer.Option(
             "--wait",
+            min=0,
             help="Seconds to wait for a compaction in flight (default: compaction.lock_wait_s).",
             show_default=False,
         ),

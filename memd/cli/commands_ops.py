@@ -44,6 +44,7 @@ def health(
         float | None,
         typer.Option(
             "--max-age",
+            min=0,
             help="Seconds a heartbeat stays fresh (default: 3 × daemon.state_flush_s).",
             show_default=False,
         ),

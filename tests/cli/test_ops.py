@@ -231,6 +231,59 @@ def test_history_unknown_agent(
     assert code == 2 and "invalid agent name" in err
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["health", "--max-age", "nan"], "--max-age"),
+        (["health", "--max-age", "-1"], "--max-age"),
+        (["forget", "alpha", "--yes", "--wait", "-1"], "--wait"),
+        (["forget", "alpha", "--yes", "--wait", "nan"], "--wait"),
+        (["archive", "rekey", "--new-key", "/nonexistent", "--wait", "-1"], "--wait"),
+    ],
+)
+def test_a_wait_or_age_out_of_range_is_a_usage_error_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+    ws: AgentWorkspace,
+    state_dir: Path,
+    args: list[str],
+    option: str,
+) -> None:
+    """health --max-age nan said every heartbeat was stale ("limit nans"), and
+    forget --wait -1 / nan erased as if no wait was given."""
+    beat(ws, state_dir, pid=os.getpid(), age=0)
+    before = ws.paths("alpha").memory.read_bytes()
+    code, out, err = run(capsys, *args, *common(ws, state_dir))
+    assert code == 2 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith("memd: error: ") and option in line
+    assert ws.paths("alpha").memory.read_bytes() == before
+
+
+def test_numbers_past_what_sqlite_and_kill_take_are_never_a_traceback(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    """sqlite3's and os.kill's OverflowError went past every handler."""
+    huge = "99999999999999999999999"
+    with StateStore.open(state_dir, ws.root) as store:
+        store.record_compaction(
+            LedgerEntry(
+                "alpha", 1_700_000_000.0, 3.5, None, 150_000, 2_000, "builtin", None, None,
+                "daemon",
+            )
+        )  # fmt: skip
+    code, out, err = run(capsys, "history", "alpha", "-n", huge, *common(ws, state_dir))
+    assert (code, err) == (0, "") and "150,000 → 2,000" in out
+    beat(ws, state_dir, pid=2**31, age=0)  # a heartbeat row holding a pid past pid_t
+    code, _, err = run(capsys, "health", *common(ws, state_dir))
+    assert code == 1 and "is not running" in err and err.count("\n") == 1
+    for pid in (str(2**31), huge):
+        code, _, err = run(capsys, "reload", "--pid", pid, *common(ws, state_dir))
+        assert code == 1
+        assert err.splitlines() == [
+            f"memd: error: pid {pid} is not a running memd daemon (memd run)"
+        ]
+
+
 # ---------------------------------------------------------------- config check
 
 GOOD = """\
