@@ -592,3 +592,22 @@ def test_a_byte_order_mark_is_named(tmp_path: Path) -> None:
     config.write_bytes(b"[trigger]\nthreshold = 0.5\n# \xff\n")
     with pytest.raises(ConfigError, match=r"c\.toml: not valid UTF-8 \(line 3\)"):
         load_settings(config_file=config, environ={}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["nope", "gpt2", "CL100K_BASE"])
+def test_an_unknown_encoding_is_refused_where_the_config_is_read(tmp_path: Path, name: str) -> None:
+    """It was refused only by the daemon's tokenizer: `memd config check` called
+    the file valid, and `memd reload` 'applied (changed: nothing)' with exit 0
+    while the daemon kept the old encoding."""
+    config = write(tmp_path / "c.toml", f'[tokenizer]\nencoding = "{name}"\n')
+    with pytest.raises(ConfigError, match=r"c\.toml: tokenizer\.encoding: unknown encoding; use"):
+        load_settings(config_file=config, environ={}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match=r"MEMD_TOKENIZER_ENCODING \(tokenizer\.encoding\)"):
+        load_settings(environ={"MEMD_TOKENIZER_ENCODING": name}, cwd=tmp_path)
+
+
+def test_the_encodings_the_config_takes_are_those_memd_can_load() -> None:
+    from memd.core.tokens import ENCODING_NAMES
+    from memd.tokenizer import OFFLINE_ENCODINGS
+
+    assert set(OFFLINE_ENCODINGS) == ENCODING_NAMES

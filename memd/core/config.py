@@ -26,7 +26,7 @@ from pydantic import (
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
 from memd.core.retention import NO_LIMITS, RetentionLimits
 from memd.core.summary_plan import SummaryBudgets, summary_budgets
-from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES
+from memd.core.tokens import DEFAULT_MAX_PIECE_BYTES, ENCODING_NAMES
 
 # Upper bounds: a value past these is a typo, and one past 2**63 cannot even
 # be stored in the state database (the daemon would then never compact).
@@ -71,6 +71,13 @@ class TokenizerConfig(_Section):
         le=64 << 20,
         description="a run this long with no safe cut is estimated, not merged by BPE",
     )
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        if value not in ENCODING_NAMES:
+            raise ValueError(f"unknown encoding; use one of: {', '.join(sorted(ENCODING_NAMES))}")
+        return value
 
 
 class SummarizerConfig(_Section):

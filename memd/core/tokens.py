@@ -54,6 +54,14 @@ CountBytes = Callable[[bytes], int]
 # estimated from above (``[tokenizer] max_piece_bytes``).
 DEFAULT_MAX_PIECE_BYTES: Final = 1 << 20
 
+# The tiktoken encodings memd can load offline (memd.tokenizer holds each one's
+# BPE file): the config refuses any other name where it is read, so `memd
+# config check` and `memd reload` say it, not the daemon's tokenizer at a reload
+# (which kept the old encoding while the reload was reported applied).
+ENCODING_NAMES: Final = frozenset(
+    {"cl100k_base", "o200k_base", "o200k_harmony", "p50k_base", "p50k_edit", "r50k_base"}
+)
+
 # Every alternative starts with a newline or a space, so the regex engine skips
 # to those bytes quickly (a run of letters costs little). A match starting with
 # a newline ends exactly at a safe boundary; one starting with a space starts
