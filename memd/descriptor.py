@@ -62,12 +62,19 @@ def read_window(
     return key, parse_descriptor(data, count_text)
 
 
-def declared_window(agent_dir: Path, count_text: Callable[[str], int]) -> AgentWindow | None:
+def declared_window(
+    agent_dir: Path,
+    count_text: Callable[[str], int],
+    warn: Callable[[str], None] | None = None,
+) -> AgentWindow | None:
     """The agent's window for a one-shot command (status, compact-now): None when
-    it wrote no descriptor or one memd refuses (the daemon logs why)."""
+    it wrote no descriptor or one memd refuses (the daemon logs why; ``warn``,
+    when given, is told why too)."""
     try:
         return read_window(agent_dir, count_text)[1]
-    except DescriptorError:
+    except DescriptorError as exc:
+        if warn is not None:
+            warn(str(exc))
         return None
 
 

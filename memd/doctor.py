@@ -370,6 +370,51 @@ def check_tokenizer(encoding: str) -> list[Check]:
     return [_ok(name, f"{encoding} loaded offline in {elapsed * 1000:.0f} ms")]
 
 
+def check_descriptors(workspace: Path, agents: Iterable[str], encoding: str) -> list[Check]:
+    """Each agent's ``memd-agent.json`` as the daemon reads it: one it refuses (or
+    clamps) costs that agent its declared window, said only in the daemon's log
+    and nowhere a one-shot command looks (status shows the config's window)."""
+    name = "agent descriptors"
+    from memd.core.descriptor import DESCRIPTOR_NAME, DescriptorError
+    from memd.descriptor import file_key, read_window
+
+    def count_text(text: str) -> int:
+        from memd.tokenizer import TokenCounter
+
+        return TokenCounter(encoding).count_text(text)
+
+    declared = 0
+    problems: list[str] = []
+    for agent in agents:
+        folder = workspace / AGENTS_DIR / agent
+        if file_key(folder) is None:
+            continue
+        declared += 1
+        try:
+            window = read_window(folder, count_text)[1]
+        except DescriptorError as exc:
+            problems.append(f"agent {agent!r}: {exc}: ignored, the config's window applies")
+            continue
+        except Exception as exc:  # the reserved text's count (tokenizer): report, never crash
+            problems.append(f"agent {agent!r}: {DESCRIPTOR_NAME}: {describe_error(exc)}")
+            continue
+        if window is not None and window.clamped:
+            problems.append(f"agent {agent!r}: {DESCRIPTOR_NAME}: {'; '.join(window.clamped)}")
+    if problems:
+        more = f" (+{len(problems) - 1} more agents)" if len(problems) > 1 else ""
+        return [
+            _warn(
+                name,
+                problems[0] + more,
+                f"fix or remove the agent's {DESCRIPTOR_NAME} (its framework writes it; "
+                "memd-swarms does)",
+            )
+        ]
+    if not declared:
+        return [_ok(name, f"no agent declares its window ({DESCRIPTOR_NAME}): the config's apply")]
+    return [_ok(name, f"{declared} agent(s) declare their window ({DESCRIPTOR_NAME}), all read")]
+
+
 # ------------------------------------------------------------------ summarizer
 
 
@@ -728,6 +773,8 @@ def run_checks(
         results += check_flock(workspace)
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
+    if agents:
+        results += check_descriptors(workspace, agents, config.tokenizer.encoding)
     results += check_archive_key(config.privacy, workspace)
     results += check_redaction(config, state_dir, workspace)
     probe: Prober | None = None

@@ -15,6 +15,7 @@ from support.other_uid import NOBODY, can_switch_uid, reachable_tmp
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
 from memd.doctor import (
+    check_descriptors,
     check_filesystem,
     check_flock,
     check_inotify,
@@ -469,3 +470,33 @@ def test_a_key_only_in_the_daemons_environment_is_the_daemons(listener: socket.s
     # A key of another provider is no key for this one.
     [key, _] = check_summarizer(config, {}, daemon_key_vars=("ANTHROPIC_API_KEY",))
     assert key.status == "warn" and "no api_key" in key.message
+
+
+def test_each_agents_descriptor_is_read_as_the_daemon_reads_it(tmp_path: Path) -> None:
+    """A memd-agent.json memd refuses or clamps was said only in the daemon's log:
+    status shows the config's window, doctor said nothing."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alpha", "beta", "gamma"):
+        ws.create_agent(name, entries=1)
+    agents = ["alpha", "beta", "gamma"]
+    [none] = check_descriptors(ws.root, agents, "cl100k_base")
+    assert none.status == "ok" and "no agent declares its window" in none.message
+    good = b'{"format": "memd-agent", "version": 1, "context_length": 100000}'
+    (ws.root / "agents/alpha/memd-agent.json").write_bytes(good)
+    [read] = check_descriptors(ws.root, agents, "cl100k_base")
+    assert read.status == "ok" and read.message.startswith("1 agent(s) declare")
+    (ws.root / "agents/beta/memd-agent.json").write_bytes(good.replace(b"100000", b"NaN"))
+    (ws.root / "agents/gamma/memd-agent.json").write_bytes(good.replace(b"100000", b"10**9"))
+    [bad] = check_descriptors(ws.root, agents, "cl100k_base")
+    assert bad.status == "warn" and bad.fix
+    assert bad.message.startswith(
+        "agent 'beta': memd-agent.json: context_length must be a positive integer: ignored"
+    )
+    assert bad.message.endswith("(+1 more agents)")
+    (ws.root / "agents/gamma/memd-agent.json").write_bytes(good.replace(b"100000", b"1000000000"))
+    (ws.root / "agents/beta/memd-agent.json").unlink()
+    [clamped] = check_descriptors(ws.root, agents, "cl100k_base")
+    assert clamped.status == "warn" and "'gamma'" in clamped.message
+    assert "context_length 1000000000 clamped to" in clamped.message
+    checks = run_checks(MemdConfig(), ws.root, tmp_path / "state", {}, offline=True)
+    assert [c.status for c in checks if c.name == "agent descriptors"] == ["warn"]

@@ -18,6 +18,7 @@ from memd.cli.common import (
     read_private_text,
     redaction_key,
     state_dir_of,
+    warn,
 )
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
@@ -63,6 +64,16 @@ class _SummarizingAsInvoker:
     def summarize(self, request: SummaryRequest) -> SummaryResult:
         with as_invoking_user():
             return self._inner.summarize(request)
+
+
+def _descriptor_warning(agent: str) -> Callable[[str], None]:
+    """How compact-now says an agent's memd-agent.json is refused (the daemon logs
+    it): compacted with the config's window instead, the operator is told why."""
+
+    def say(why: str) -> None:
+        warn(f"agent {agent!r}: {why}: ignored, the config's window applies (memd doctor)")
+
+    return say
 
 
 def compact_now(
@@ -167,7 +178,7 @@ def compact_now(
             print(f"memd: error: {exc}", file=sys.stderr)
             refused += 1
             continue
-        window = declared_window(folder, counter.count_text)
+        window = declared_window(folder, counter.count_text, _descriptor_warning(name))
         policies[name] = resolve_policy(cfg, name, context_length_for_model, window)
     targets = list(policies)
     disabled = [name for name, policy in policies.items() if not policy.compress]

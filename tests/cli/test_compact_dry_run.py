@@ -184,3 +184,29 @@ def test_dry_run_counts_turns_separated_by_empty_lines(
     kept = int(flat.split("kept verbatim after the summary: ")[1].split()[0])
     summarized = int(flat.split("tokens; ")[1].split()[0])
     assert kept > 0 and kept + summarized == 32
+
+
+def test_a_refused_descriptor_is_said_before_the_plan(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compact-now took the config's window without a word when the agent's
+    memd-agent.json was refused (only the daemon logged why)."""
+    (ws.root / "agents/alpha/memd-agent.json").write_text(
+        '{"format": "memd-agent", "version": 1, "context_length": -5}'
+    )
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server),
+    )
+    assert code == 0, err
+    assert err.splitlines() == [
+        "memd: warning: agent 'alpha': memd-agent.json: context_length must be a positive "
+        "integer: ignored, the config's window applies (memd doctor)"
+    ]
+    assert "alpha: dry run" in out
