@@ -166,6 +166,9 @@ def _say_usage_error(exc: BaseException) -> int:
         print("memd: error: aborted", file=sys.stderr)
         return 1
     message = " ".join(str(format_message()).split())  # one line, whatever Click wrapped
+    # Typer checks a Literal option's choice with pydantic, whose message starts
+    # "Value error, " (memd.settings drops it from config errors too).
+    message = message.replace(": Value error, ", ": ")
     ctx = getattr(exc, "ctx", None)
     path = getattr(ctx, "command_path", None)
     hint = f" (see '{path} --help')" if path else ""

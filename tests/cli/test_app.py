@@ -235,6 +235,20 @@ def test_a_usage_error_is_one_line_naming_it(
     assert f"(see 'memd {argv[0]}" in line, line
 
 
+@pytest.mark.parametrize(
+    "argv", [("status", "--sort", "size"), ("run", "--log-format", "xml")], ids=["sort", "format"]
+)
+def test_a_choice_not_offered_is_said_without_pydantics_prefix(
+    tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    """Typer checks a Literal option with pydantic: its 'Value error, ' reached the user."""
+    proc = memd(*argv, state_dir=tmp_path / "state", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert f"Invalid value for '{argv[1]}': '{argv[2]}' is not one of " in line, line
+    assert "Value error" not in line
+
+
 @pytest.mark.parametrize("argv", [(), ("config",), ("--help",), ("doctor", "--help")])
 def test_help_is_still_help(tmp_path: Path, argv: tuple[str, ...]) -> None:
     proc = memd(*argv, state_dir=tmp_path / "state", cwd=tmp_path)
