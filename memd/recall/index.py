@@ -65,7 +65,7 @@ from memd.core.recall import (
     raw_entries_for_index,
     split_highlight,
 )
-from memd.errors import MemdError
+from memd.errors import MemdError, describe_error
 from memd.fsutil import check_private, ensure_private_dir, read_to_end
 from memd.workspace import MEMORY_FILE, AgentPaths, resolve_own
 
@@ -300,9 +300,16 @@ class RecallIndex:
         path = recall_db_path(state_dir, workspace)
         # Every agent's text goes in there: never into a file or folder another
         # uid made or may write (ConfigError, one line).
-        ensure_private_dir(state_dir)
-        for name in (str(path), f"{path}-wal", f"{path}-shm"):
-            check_private(Path(name), "recall index")
+        try:
+            ensure_private_dir(state_dir)
+            for name in (str(path), f"{path}-wal", f"{path}-shm"):
+                check_private(Path(name), "recall index")
+        except OSError as exc:
+            # A state dir that is a file, one this uid cannot search...: the
+            # OSError went past the daemon's "recall disabled" and ended it.
+            raise RecallIndexError(
+                f"recall index {path}: {describe_error(exc, with_file=False)}"
+            ) from None
         try:
             if not path.exists():
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))

@@ -609,3 +609,50 @@ def test_shutdown_stops_the_services_in_the_reverse_of_their_start(
         "stop flusher",
         "close",
     ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_state_dir_that_is_a_file_leaves_the_daemon_running_without_recall(
+    tmp_path: Path,
+) -> None:
+    """`memd run --state-dir FILE`: the state DB fell back to memory with a warning,
+    then the recall index's NotADirectoryError ended the daemon at start-up, as
+    'memd: error: Not a directory (…recall.sqlite3)'. Recall is disabled instead,
+    as for any index it cannot use."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=1)
+    state_file = tmp_path / "state"
+    state_file.write_text("not a folder\n")
+    config, _ = build_config({}, {})
+    loaded = LoadedConfig(config, None, ws.root, ())
+    options = DaemonOptions(state_dir=state_file, install_signal_handlers=False)
+    daemon = Daemon(
+        loaded,
+        options,
+        compact=ScriptedCompaction(),  # type: ignore[arg-type]
+        counter_factory=lambda _encoding: CL100K,
+        environ={},
+    )
+    codes: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            codes.append(daemon.run())
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert wait_until(lambda: daemon.ready.is_set() or bool(errors), timeout=30)
+        assert errors == [] and daemon.ready.is_set()
+        s = daemon.services
+        assert s is not None and s.recall.service is None
+        assert "alice" in s.registry.agents()
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+    assert codes == [0]
+    assert state_file.read_text() == "not a folder\n"
