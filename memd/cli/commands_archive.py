@@ -26,7 +26,7 @@ from memd.archive_crypto import (
     rewrap_agent_key,
 )
 from memd.cli.common import load, open_audit
-from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
+from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption, path_value
 from memd.compaction import recover_agent
 from memd.core.audit import AuditEvent
 from memd.errors import MemdError, describe_error
@@ -45,7 +45,8 @@ KeyFileOption = Annotated[
         "--key-file",
         help="Master key file (default: privacy.key_file / MEMD_PRIVACY_KEY_FILE).",
         show_default=False,
-        readable=False,  # memd says it in one line, not a usage box
+        parser=path_value,  # memd says a bad path in one line, not a usage box
+        metavar="PATH",
     ),
 ]
 
@@ -59,7 +60,12 @@ def _configured_key_file(loaded: LoadedConfig, flag: Path | None) -> Path | None
 
 @archive_app.command("keygen")
 def keygen(
-    file: Annotated[Path, typer.Argument(help="Where to write the new key (must not exist).")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="Where to write the new key (must not exist).", parser=path_value, metavar="FILE"
+        ),
+    ],
 ) -> None:
     """Write a new master key to FILE (mode 0600; never overwrites). Back it up."""
     key = generate_master_key(file)
@@ -106,7 +112,8 @@ def rekey(
             "--new-key",
             help="The new master key (made by `memd archive keygen`).",
             show_default=False,
-            readable=False,  # memd says it in one line, not a usage box
+            parser=path_value,  # memd says a bad path in one line, not a usage box
+            metavar="PATH",
         ),
     ],
     old_key: Annotated[
@@ -115,7 +122,8 @@ def rekey(
             "--old-key",
             help="The current master key (default: privacy.key_file / MEMD_PRIVACY_KEY_FILE).",
             show_default=False,
-            readable=False,  # memd says it in one line, not a usage box
+            parser=path_value,  # memd says a bad path in one line, not a usage box
+            metavar="PATH",
         ),
     ] = None,
     wait: Annotated[

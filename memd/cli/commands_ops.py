@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memd.cli.common import ago, iso_utc, load, local_time, open_state, state_dir_of
-from memd.cli.options import ConfigOption, JsonOption, StateDirOption, WorkspaceOption
+from memd.cli.options import (
+    ConfigOption,
+    JsonOption,
+    StateDirOption,
+    WorkspaceOption,
+    path_value,
+)
 from memd.cli.status_query import heartbeat_max_age
 from memd.errors import ConfigError, MemdError, UnknownAgent
 from memd.settings import LoadedConfig, resolve_state_dir
@@ -327,7 +333,8 @@ def config_check(
         typer.Argument(
             help="Config file to check (default: --config, MEMD_CONFIG, /etc/memd/memd.toml).",
             show_default=False,
-            readable=False,  # memd says it in one line, not a usage box
+            parser=path_value,  # memd says a bad path in one line, not a usage box
+            metavar="FILE",
         ),
     ] = None,
     workspace: WorkspaceOption = None,

@@ -11,6 +11,20 @@ from typing import Annotated
 
 import typer
 
+
+def path_value(value: str) -> Path:
+    """A path option's value, read by memd rather than Click's Path type (memd's
+    own checks say an unreadable path in one line, and doctor diagnoses it;
+    Click's would be a usage box before any of them runs). An empty value
+    (``--workspace "$WS"`` with WS unset) is refused: read as a path it was the
+    current folder, where ``forget`` or ``compact-now`` would then act."""
+    if not value:
+        raise typer.BadParameter(
+            "an empty path (an unset variable?): name a path, or leave the option out"
+        )
+    return Path(value)
+
+
 WorkspaceOption = Annotated[
     Path | None,
     typer.Option(
@@ -18,9 +32,8 @@ WorkspaceOption = Annotated[
         "-w",
         help="Workspace root (default: MEMD_WORKSPACE, WORKSPACE_DIR, config, ./agent_workspace).",
         show_default=False,
-        # memd's own checks say an unreadable path in one line (and doctor
-        # diagnoses it); Click's would be a usage box before any of them runs.
-        readable=False,
+        parser=path_value,
+        metavar="PATH",
     ),
 ]
 ConfigOption = Annotated[
@@ -30,9 +43,8 @@ ConfigOption = Annotated[
         "-c",
         help="TOML config file (default: MEMD_CONFIG, else /etc/memd/memd.toml if present).",
         show_default=False,
-        # memd's own checks say an unreadable path in one line (and doctor
-        # diagnoses it); Click's would be a usage box before any of them runs.
-        readable=False,
+        parser=path_value,
+        metavar="PATH",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
@@ -43,8 +55,7 @@ StateDirOption = Annotated[
         help="memd's state dir (default: config state_dir, MEMD_STATE_DIR, "
         "$STATE_DIRECTORY, ~/.local/state/memd).",
         show_default=False,
-        # memd's own checks say an unreadable path in one line (and doctor
-        # diagnoses it); Click's would be a usage box before any of them runs.
-        readable=False,
+        parser=path_value,
+        metavar="PATH",
     ),
 ]

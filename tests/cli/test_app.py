@@ -249,6 +249,36 @@ def test_a_choice_not_offered_is_said_without_pydantics_prefix(
     assert "Value error" not in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (("forget", "a", "--yes", "--workspace", ""), "'--workspace' / '-w'"),
+        (("compact-now", "a", "--summary", "s", "-w", ""), "'--workspace' / '-w'"),
+        (("status", "--workspace="), "'--workspace' / '-w'"),
+        (("status", "--config", ""), "'--config' / '-c'"),
+        (("run", "--state-dir", ""), "'--state-dir'"),
+        (("config", "check", ""), "'FILE'"),
+        (("archive", "keygen", ""), "'FILE'"),
+        (("archive", "cat", "a", "x", "--key-file", ""), "'--key-file'"),
+    ],
+    ids=["forget", "compact-now", "status-ws", "status-config", "run", "check", "keygen", "cat"],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(
+    tmp_path: Path, argv: tuple[str, ...], named: str
+) -> None:
+    """`--workspace "$WS"` with WS unset was the current folder: forget erased the
+    agent of that name there, run kept its state in it, config check and keygen
+    said 'config file . is a directory' / 'key file . already exists'."""
+    folder = make_agent(tmp_path, "a")  # the current folder is a workspace
+    before = (folder / "MEMORY.md").read_bytes()
+    proc = memd(*argv, state_dir=tmp_path / "state", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"memd: error: Invalid value for {named}: an empty path"), line
+    assert (folder / "MEMORY.md").read_bytes() == before
+    assert sorted(p.name for p in folder.iterdir()) == ["MEMORY.md"]
+
+
 @pytest.mark.parametrize("argv", [(), ("config",), ("--help",), ("doctor", "--help")])
 def test_help_is_still_help(tmp_path: Path, argv: tuple[str, ...]) -> None:
     proc = memd(*argv, state_dir=tmp_path / "state", cwd=tmp_path)
