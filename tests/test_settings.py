@@ -90,6 +90,12 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         ("[retention]\nmax_age_days = 'month'\n", r"retention\.max_age_days: .*valid number"),
         ("[retention]\nmax_total_gb = 1\n", r"retention\.max_total_gb: unknown key"),
         ('[agents."R*"]\nmax_total_mb = -5\n', r"agents\.R\*\.max_total_mb"),
+        # A table no agent can match was never applied, without a word.
+        (
+            '[agents."team/*"]\nthreshold = 0.5\n',
+            r'agents: \[agents\."team/\*"\]: a glob holding "/" matches no agent',
+        ),
+        ('[agents.""]\nthreshold = 0.5\n', r'\[agents\.""\]: an empty glob matches no agent'),
     ],
 )
 def test_bad_files_name_key_and_file(tmp_path: Path, text: str, expected: str) -> None:

@@ -319,6 +319,20 @@ class MemdConfig(_Section):
     retention: RetentionConfig = RetentionConfig()
     agents: dict[str, AgentOverride] = Field(default_factory=dict)
 
+    @field_validator("agents")
+    @classmethod
+    def _globs_that_can_match(cls, agents: dict[str, AgentOverride]) -> dict[str, AgentOverride]:
+        # A table no agent can match was silently never applied.
+        for pattern in agents:
+            if not pattern.strip():
+                raise ValueError(f'[agents."{pattern}"]: an empty glob matches no agent')
+            if "/" in pattern:
+                raise ValueError(
+                    f'[agents."{pattern}"]: a glob holding "/" matches no agent (it matches '
+                    'the name of an agent\'s folder under agents/, which holds no "/")'
+                )
+        return agents
+
 
 @dataclass(frozen=True, slots=True)
 class AgentPolicy:
