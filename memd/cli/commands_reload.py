@@ -86,6 +86,7 @@ def reload_command(
         loaded = load(workspace, config, strict=True)
     except ConfigError as exc:
         raise _refused(exc.problems) from None
+    _check_encoding(loaded.config.tokenizer.encoding)
     require_workspace(loaded.workspace)  # a mistyped one: its own line, no state DB made
     directory = state_dir_of(loaded, state_dir)
     if pid is None:
@@ -141,6 +142,19 @@ def reload_command(
         f"reloaded: daemon pid {pid} applied "
         f"{source if source is not None else 'its settings'} (changed: {sections})"
     )
+
+
+def _check_encoding(encoding: str) -> None:
+    """The encoding's BPE file must be on this host, as the daemon's tokenizer will
+    look for it: one it cannot load, the daemon keeps the old encoding and
+    applies the rest, and its answer was 'applied (changed: nothing)', exit 0."""
+    from memd.errors import TokenizerError
+    from memd.tokenizer import locate_encoding
+
+    try:
+        locate_encoding(encoding)
+    except TokenizerError as exc:
+        raise _refused([f"{exc} (memd doctor)"]) from None
 
 
 def wait_for_answer(

@@ -116,6 +116,28 @@ def test_a_bad_config_the_daemon_was_started_with_is_refused_without_a_signal(
     assert process.stop() == 0
 
 
+def test_an_encoding_this_host_cannot_load_is_refused_without_a_signal(
+    tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
+) -> None:
+    # r50k_base is an encoding memd knows, but no wheel bundles its file: the
+    # daemon kept its old encoding and applied the rest, and memd reload said
+    # "applied ... (changed: nothing)", exit 0.
+    process, args = daemon
+    config = tmp_path / "memd.toml"
+    config.write_text(GOOD + '[tokenizer]\nencoding = "r50k_base"\n')
+    empty = tmp_path / "no-tiktoken-files"
+    empty.mkdir()
+    refused = memd(
+        tmp_path, "reload", *args, "--pid", str(process.pid), env={"TIKTOKEN_CACHE_DIR": str(empty)}
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("memd: error: tokenizer encoding 'r50k_base': ")
+    assert "the daemon keeps the configuration it runs with" in line
+    assert reloads(process) == 0
+    assert process.stop() == 0
+
+
 def test_a_config_the_daemon_refuses_fails_the_reload_even_when_the_check_passed(
     tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
 ) -> None:
