@@ -930,6 +930,66 @@ def test_a_tool_result_memd_kept_verbatim_still_reaches_the_model(tmp_path: Path
     assert "RESULT-launch" in text_of(sent[3]), [m.get("content") for m in sent[3]]
 
 
+@pytest.mark.parametrize("tools", [False, True])
+def test_a_run_summarized_between_its_requests_still_sends_its_task(
+    tmp_path: Path, tools: bool
+) -> None:
+    """Found by s10swarms with a real memd: memd's keep-recent tail (a tenth of the
+    threshold) often holds the run's newest reply but not its task, and a re-seed
+    between two requests of a run (max_loops=3, or a tool loop) left the task to the
+    summary, which need not name it (memd's builtin summary did not): the next
+    request was the system prompt and the memory, no user row, or a tool's result
+    for a question the model no longer had. The task stays a row, once."""
+    report = run_script(
+        tmp_path,
+        f'''
+        def lookup_fact(topic: str) -> str:
+            """Look up the stored fact about a topic.
+
+            Args:
+                topic (str): What to look up.
+
+            Returns:
+                str: The fact.
+            """
+            return f"RESULT-{{topic}}: the launch window is Friday"
+
+        tools = {tools!r}
+        agent = make(max_loops=3, tools=[lookup_fact] if tools else None)
+        path = agent.short_memory.memory_md_path
+        call = [{{"id": "call1", "type": "function",
+                 "function": {{"name": "lookup_fact", "arguments": json.dumps({{"topic": "x"}})}}}}]
+
+        def first():
+            # memd compacts while the first request is out: the task is summarized
+            # (a summary that does not name it), nothing kept verbatim.
+            reseed(path, "Earlier the user set up the project.", keep_last=0)
+            return call if tools else "REPLY-ONE"
+
+        script(agent, [first, "REPLY-TWO", "REPLY-THREE", "next"])
+        memd_swarms.attach(agent)
+        agent.run("TASK-ZETA: compare the two plans")
+        agent.run("the next task")
+        report()
+        ''',
+    )
+    sent = report["sent"]
+    assert len(sent) == 6
+    for request in sent[1:3]:  # the run's requests after the re-seed
+        rows = [m for m in request if "TASK-ZETA" in str(m.get("content"))]
+        assert [m["role"] for m in rows] == ["user"], [m.get("content") for m in request]
+        at = request.index(rows[0])  # right after the memory
+        assert str(request[at - 1]["content"]).startswith(PRELOAD_MARK)
+        assert "Earlier the user set up the project." in text_of(request)
+    if tools:
+        assert "RESULT-x" in text_of(sent[1])
+        assert_tool_pairing(RecordedRequest("", {}, {"messages": sent[1]}))
+    else:
+        assert [m.get("content") for m in sent[1]][-1] == "REPLY-ONE"
+    # The next run: the task once (a turn of this process since the file was loaded).
+    assert sum("TASK-ZETA" in str(m.get("content")) for m in sent[3]) == 1
+
+
 def test_an_autonomous_agent_is_sent_its_memory_or_refused(tmp_path: Path) -> None:
     """Review r8swarms F3: swarms' autonomous loop (max_loops="auto") sends requests
     from a transcript of its own, without the memory: attach refuses such an agent."""

@@ -51,8 +51,8 @@ def attach(
       cooldown of memd's ends with a compaction within the wait), the run waits
       for the re-seed (at most ``hold_s`` seconds; 0: never), so an agent that
       writes turns faster than memd compacts still sends requests within the
-      threshold; a re-seed inside a run keeps the run's turns memd kept verbatim
-      as turns. memd says where the file stands over its recall socket; without
+      threshold; a re-seed inside a run keeps the run's task and its turns memd
+      kept verbatim as turns. memd says where the file stands over its recall socket; without
       it, nothing waits.
     - ``descriptor=True`` writes ``memd-agent.json`` beside MEMORY.md: the model,
       its context length and the text sent beside the memory in every request,

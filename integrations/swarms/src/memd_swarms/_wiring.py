@@ -39,8 +39,8 @@ process held the agent's lock, a compaction ended above the low-water mark,
 a spending cap) when it says the cooldown ends within the wait's bound. The
 same holds before each model request of a run after its first (``max_loops``
 over 1, a tool loop: the run's own turns grow the file), and a re-seed then
-is followed as at a run's start, the run's turns memd kept verbatim going on
-as turns. Without an answer from memd (not running, no socket; a memd that
+is followed as at a run's start, the run's task and its turns memd kept
+verbatim going on as turns. Without an answer from memd (not running, no socket; a memd that
 does not answer is asked once per run, an answer this cannot read counts as
 none) nothing is held back. When a model call fails after such a re-seed,
 Swarms cuts the history back to where the attempt began (for its fallback
@@ -263,6 +263,13 @@ def kept_verbatim(data: bytes, rows: list[dict[str, Any]]) -> int:
     return 0
 
 
+def _in_file(row: dict[str, Any], data: bytes) -> bool:
+    """Whether ``row``, as Swarms wrote it, is one of ``data``'s entry blocks (a row
+    Swarms does not write counts as there: there is nothing of it to keep)."""
+    written = _written(row)
+    return written is None or any(_block_text(block) == written for block in entries(data))
+
+
 def without_rows(data: bytes, rows: list[dict[str, Any]]) -> bytes:
     """``data`` less its last entry blocks when they are ``rows`` as Swarms wrote them.
 
@@ -421,9 +428,11 @@ class Wiring:
         re-seed between two of its model calls), so do the run's last rows
         memd kept verbatim at the file's end: its task and replies go on as
         turns after the memory, as they would in a run started from the new
-        file, unless memd summarized them. Returns the number of rows dropped.
-        Every dropped row is in the file (verbatim, or in memd's summary of it),
-        so nothing is sent twice. OSError (nothing changed) when MEMORY.md
+        file, unless memd summarized them; the run's task (its first row) goes
+        on as a turn even then, unless the file has it verbatim (the run's later
+        requests answer it, and a summary need not name it). Returns the number
+        of rows dropped. Every dropped row is in the file (verbatim, or in
+        memd's summary of it), so nothing is sent twice. OSError (nothing changed) when MEMORY.md
         cannot be loaded.
         """
         with self.lock:
@@ -434,6 +443,7 @@ class Wiring:
             open_at = open_tool_exchange(tail)
             start = len(tail) if open_at is None else open_at
             before = len(tail)  # the tail's rows from before the run
+            task: list[dict[str, Any]] = []
             if self.run_start is not None:
                 before = max(0, self.run_start - self.static_rows)
                 run = tail[before:]
@@ -445,7 +455,14 @@ class Wiring:
                 while count and run[-count].get("role") in RESULT_ROLES:
                     count -= 1
                 start = min(start, len(tail) - count)
-            exchange = tail[start:]
+                # The run's task is what its later requests answer: summarized by
+                # memd (its keep-recent tail is a tenth of the threshold), it went
+                # from them altogether, and a request could end with the memory
+                # (no user row) or a tool's result for a question it no longer
+                # held. It stays a row, after the memory, unless the file has it.
+                if start > before and not _in_file(run[0], snapshot.data):
+                    task = [run[0]]
+            exchange = task + tail[start:]
             dropped = len(tail) - len(exchange)
             # Swarms reads it as UTF-8 too; a stray byte must not cost the agent its memory.
             text = without_rows(snapshot.data, exchange).decode("utf-8", "replace")
