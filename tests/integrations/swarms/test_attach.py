@@ -211,6 +211,42 @@ def test_a_reseed_rebuilds_the_context_at_the_next_run_and_nothing_is_sent_twice
     assert [m["content"] for m in agent.sent[-1]].count("turn three") == 1
 
 
+def test_a_memory_md_rewritten_in_place_is_sent_as_rewritten(seeded: Path) -> None:
+    """Found by s10swarms with a real memd: the agent (or a tool of its) rewrote
+    MEMORY.md in place, the same inode, and the wiring, which followed new inodes
+    only, went on sending the old preload and every turn since, never the file:
+    with a real memd, 1,326 tokens at a threshold of 996 (memd counted the short
+    file) until memd's next compaction."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    agent.run("turn one")
+    agent.run("turn two")
+    path = memory_of(seeded)
+    inode = path.stat().st_ino
+    with path.open("r+", encoding="utf-8") as handle:  # a rewrite, no new file
+        handle.write(HEADER + block("Human", "REWRITTEN: only the launch code ORCHID-7"))
+        handle.truncate()
+    assert path.stat().st_ino == inode
+    agent.run("turn three")
+    sent = agent.sent[-1]
+    (carrier,) = carrying(sent, "REWRITTEN")
+    assert carrier["role"] == "system" and carrier["content"].startswith(PRELOAD)
+    assert carrying(sent, "turn one") == [] and carrying(sent, "I am Ada") == []
+    assert [m["content"] for m in sent].count("turn three") == 1
+    assert agent._memd_swarms.rebuilds == 1
+    # A rewrite that leaves the file longer than it was loaded is one too.
+    text = path.read_text(encoding="utf-8").replace("ORCHID-7", "ORCHID-8 " + "x" * 4000)
+    with path.open("r+", encoding="utf-8") as handle:
+        handle.write(text)
+    agent.run("turn four")
+    assert carrying(agent.sent[-1], "ORCHID-8") and not carrying(agent.sent[-1], "ORCHID-7")
+    assert agent._memd_swarms.rebuilds == 2
+    # Swarms' appends are not a rewrite.
+    agent.run("turn five")
+    agent.run("turn six")
+    assert agent._memd_swarms.rebuilds == 2
+    assert [m["content"] for m in agent.sent[-1]].count("turn five") == 1
+
+
 def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:
     """A run that ended with a tool call: the call and its results are not in MEMORY.md.
 

@@ -43,7 +43,8 @@ def attach(
       drain moves there from the old file (waited for up to 2 s, else the first
       run after the drain is rebuilt again; never read from the old file), and
       with a tool call the model has not answered yet, and its results, after
-      the memory. A MEMORY.md that is not a regular file in the agent's folder
+      the memory. So is a MEMORY.md rewritten in place (it no longer starts
+      with the bytes loaded from it). A MEMORY.md that is not a regular file in the agent's folder
       is not loaded: the agent runs on as Swarms alone would (one warning).
     - Before each ``run``, and before each model request of a run after its
       first (``max_loops`` over 1, a tool loop), while memd's count of MEMORY.md

@@ -5,7 +5,9 @@ Swarms 16.0.3 loads MEMORY.md into the agent's conversation as one row with role
 never reaches the model. The wiring here replaces that row with one in chat form
 (role ``"system"``), which ``to_messages`` passes through as given, and before
 each ``run`` checks whether MEMORY.md is still the file it loaded: when memd has
-re-seeded it (a new inode), the conversation is rebuilt from the new file.
+re-seeded it (a new inode), the conversation is rebuilt from the new file;
+so it is when the file was rewritten in place (the same inode no longer
+starts with the bytes loaded from it: the agent's own edit).
 
 A re-seed is not the end of memd's compaction: a turn the agent appended to the
 old file just before the swap is moved into the new one by memd's drain a
@@ -62,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -407,6 +410,12 @@ class Wiring:
     # memd's count said was over the threshold as loaded (see ``_cooldown_ends``).
     loaded_size: int = 0
     over_as_loaded: int | None = None
+    # A digest of the loaded bytes, and the loaded file's version (size and times)
+    # when they were last known to start it: a file rewritten in place (the same
+    # inode: an agent's own edit, a tool's ``open(path, "w")``) is told from one
+    # Swarms appended to (see ``_rewritten``).
+    loaded_digest: bytes | None = None
+    checked_version: tuple[int, int, int] | None = None
     # A read-only descriptor on the file the history was loaded from: after a
     # re-seed it tells whether memd's drain of that file is done.
     held: int | None = None
@@ -479,10 +488,18 @@ class Wiring:
             history[:] = kept
             if hasattr(self.conversation, "_str_cache"):
                 self.conversation._str_cache = None  # Swarms' cached rendering of the history
-            if self.held is None or snapshot.identity != self.loaded:
-                self.loads += 1  # another file (or one not held: its inode may be reused)
+            if (
+                self.held is None
+                or snapshot.identity != self.loaded
+                or not self._starts_as_loaded(snapshot.data)
+            ):
+                # Another file (or one not held: its inode may be reused; or the
+                # same one rewritten in place).
+                self.loads += 1
             self.loaded = snapshot.identity
             self.loaded_size = len(snapshot.data)
+            self.loaded_digest = _digest(snapshot.data)
+            self.checked_version = None if snapshot.fd is None else _version(os.fstat(snapshot.fd))
             self._keep(snapshot.fd, draining)
             self.said.discard("unreadable")
             return dropped
@@ -686,17 +703,46 @@ class Wiring:
         """Rebuild from MEMORY.md when memd has re-seeded it, or has let go of an old
         file whose drain was not done at the last rebuild; True when it did."""
         finished = any(os.fstat(fd).st_nlink == 0 for fd in self.draining)
+        rewritten = False
         if not finished and current_identity(self.memory_path) == self.loaded:
-            return False
+            rewritten = self._rewritten()
+            if not rewritten:
+                return False
         dropped = self.rebuild()
         self.rebuilds += 1
         log.info(
             "memd_swarms: MEMORY.md was %s; working context rebuilt from the file "
             "(%d rows replaced)",
-            "re-seeded" if not finished else "drained by memd",
+            "drained by memd" if finished else "rewritten" if rewritten else "re-seeded",
             dropped,
         )
         return True
+
+    def _rewritten(self) -> bool:
+        """Whether the loaded file (still MEMORY.md) no longer starts with the bytes
+        loaded from it: rewritten in place, not appended to. memd re-seeds a new
+        file and Swarms appends, so the history held it all; an in-place rewrite
+        (the agent editing its memory, a tool's ``open(path, "w")``) was never
+        sent, and the rows the rewrite took out were sent with every request,
+        over memd's count of the file, until memd's next compaction. Read only
+        when the file changed since the last look, and only as far as was loaded."""
+        if self.held is None or self.loaded_digest is None:
+            return False
+        version = _version(os.fstat(self.held))
+        if version == self.checked_version:
+            return False
+        head = _read_prefix(self.held, self.loaded_size)
+        if self._starts_as_loaded(head):
+            self.checked_version = version
+            return False
+        return True
+
+    def _starts_as_loaded(self, data: bytes) -> bool:
+        """Whether ``data`` starts with the bytes the history was loaded from."""
+        if self.loaded_digest is None:
+            return True
+        size = self.loaded_size
+        return len(data) >= size and _digest(data[:size]) == self.loaded_digest
 
     def _wait_under_threshold(self) -> None:
         """Wait (at most ``hold_s``) while memd's count of MEMORY.md is over the
@@ -837,6 +883,20 @@ def _close_all(fds: list[int]) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     fds.clear()
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _read_prefix(fd: int, size: int) -> bytes:
+    """Up to the first ``size`` bytes of the file (fewer when it is shorter)."""
+    chunks = []
+    offset = 0
+    while offset < size and (chunk := os.pread(fd, min(1 << 20, size - offset), offset)):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _identity(fd: int) -> FileIdentity:
