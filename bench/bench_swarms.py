@@ -102,6 +102,17 @@ def run_situation(
         texts = [
             "\n".join(str(m.get("content") or "") for m in r.messages) for r in server.requests
         ]
+        # A request inside a run (max_loops over 1) answers the run's task: it must
+        # carry it as a user row (memd's summary need not name it).
+        tasks = [
+            any(
+                m.get("role") == "user" and str(m.get("content")).strip() == task
+                for m in request.messages
+            )
+            for index, request in enumerate(server.requests)
+            if index % max_loops
+            for task in [TASK.format(i=index // max_loops).strip()]
+        ]
     # The turn before each run's first request must reach the model (verbatim: memd
     # keeps the newest turns, and one a writer appended to the old file is drained
     # into the new).
@@ -119,6 +130,7 @@ def run_situation(
         "last": sizes[-1],
         "summary_share": sum(SUMMARY_MARK in text for text in texts) / len(texts),
         "previous_share": sum(previous) / max(1, len(previous)),
+        "task_share": sum(tasks) / len(tasks) if tasks else None,
         "compactions": compactions,
         "rebuilds": report["rebuilds"],
         "drain_waits": report.get("drain_waits"),
@@ -166,17 +178,23 @@ def main() -> int:
     )
     columns = ("median", "p95", "max", "last")
     header = f"{'situation':<20} " + " ".join(f"{c:>7}" for c in columns)
-    print(header + f" {'compactions':>12} {'memd threshold':>15} {'summary':>8} {'prev turn':>10}")
+    print(
+        header
+        + f" {'compactions':>12} {'memd threshold':>15} {'summary':>8} {'prev turn':>10} "
+        + f"{'run task':>9}"
+    )
     for row in rows:
         threshold = "-" if row["threshold"] is None else str(row["threshold"])
+        task = "-" if row["task_share"] is None else f"{row['task_share']:.1%}"
         print(
             f"{row['name']:<20} {row['median']:>7} {row['p95']:>7} {row['max']:>7} "
             f"{row['last']:>7} {row['compactions']:>12} {threshold:>15} "
-            f"{row['summary_share']:>8.1%} {row['previous_share']:>10.1%}"
+            f"{row['summary_share']:>8.1%} {row['previous_share']:>10.1%} {task:>9}"
         )
     print(
         "summary: requests carrying memd's summary; prev turn: requests carrying the turn "
-        "before them verbatim (a run's first request: the turn before the run)"
+        "before them verbatim (a run's first request: the turn before the run); run task: "
+        "requests inside a run (max_loops over 1) carrying the run's task as a user row"
     )
     for row in rows:
         print(f"{row['name']}: the agent's {args.turns} turns took {row['seconds']:.1f} s")
