@@ -650,6 +650,18 @@ def test_memd_not_compacting_now_is_not_waited_for_and_said_once(
     assert "state cooldown" in line
 
 
+def test_an_agent_memd_never_compacts_is_said_with_the_setting_that_does_it(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="memd_swarms")
+    status = ScriptedStatus(memory_of(seeded), threshold=60, tokens=90, state="disabled")
+    agent = answering(timed(memd_swarms.attach(FakeAgent(seeded)), MadeUpTime()), status)
+    agent.run("turn one")
+    (line,) = [r.getMessage() for r in caplog.records if "not compacting" in r.getMessage()]
+    assert "state disabled" in line and "context_compression = false" in line
+    assert "window" in line
+
+
 def test_a_cooldown_memd_ends_with_a_compaction_is_waited_out_within_hold_s(
     seeded: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

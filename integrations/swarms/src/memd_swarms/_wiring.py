@@ -120,6 +120,21 @@ COMPACTING_STATES = frozenset({"idle", "pending", "running"})
 _ENTRY_HEADER = re.compile(rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*\r?\n\r?\n")
 
 
+#: What an operator should know when memd leaves a file over its threshold, by
+#: the state memd names (``memd status --json``'s): the line says why, not only
+#: the state's name (an agent memd never compacts grows past the model's window).
+_STATE_WHY: dict[str, str] = {
+    "disabled": (
+        ": context_compression = false for this agent in memd's config, so memd never "
+        "compacts it and each request grows until it passes the model's window"
+    ),
+    "error": ": memd's compactions of it fail; `memd status` and memd's log say why",
+    "breaker_open": (
+        ": memd stopped trying after repeated failures; `memd status` says when it tries again"
+    ),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """MEMORY.md as read once: its identity, its bytes and the descriptor they came
@@ -833,8 +848,9 @@ class Wiring:
                 self._say(
                     f"state-{self.loads}",
                     "memd_swarms: MEMORY.md is over memd's threshold and memd is not "
-                    "compacting it now (state %s); runs go ahead over it",
+                    "compacting it now (state %s%s); runs go ahead over it",
                     state,
+                    _STATE_WHY.get(state, "") if isinstance(state, str) else "",
                 )
             return False
         if (answer.get("dev"), answer.get("ino")) != (info.st_dev, info.st_ino):
