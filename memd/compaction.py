@@ -71,7 +71,7 @@ from memd.core.memfile import (
     render_header,
     sanitize_summary,
 )
-from memd.core.ownership import archive_access, archive_acl
+from memd.core.ownership import ArchiveAccess, archive_access, archive_acl, widens_archive_dir
 from memd.core.pins import Pin
 from memd.core.plan import (
     IDLE_PHASE,
@@ -121,6 +121,7 @@ from memd.fsutil import (
     ShortWrite,
     SlotJournal,
     create_file_at,
+    has_acl,
     iter_range,
     link_unique_at,
     read_acl,
@@ -648,6 +649,9 @@ class _Transaction:
         self.archive: Path | None = None
         self.archive_ino: int | None = None
         self.created_archive_dir = False
+        # The archive folder's (mode, group) before this job widened it (an
+        # older memd's private one): put back on rollback.
+        self.widened_archive_dir: tuple[int, int] | None = None
         self.committed = False
         self.swapping = False  # the "swapping" journal is written: recovery can finish the swap
         self.old_id: tuple[int, int] = (-1, -1)
@@ -911,6 +915,8 @@ class _Transaction:
         archive_fd, self.created_archive_dir = self.pinned.archive_fd(create=True)
         if self.created_archive_dir:
             share_with_group(archive_fd, access.dir_mode, access.gid)
+        else:
+            self.widened_archive_dir = widen_private_archive_dir(archive_fd, access)
         private_fd = self.pinned.private_fd
         plaintext = memoryview(snap.data)[:cut]  # written from the snapshot, not a copy
         name = ""
@@ -1099,6 +1105,24 @@ class _Transaction:
         if self.created_archive_dir:
             # Failure changes nothing: not even an empty archive folder.
             self.pinned.remove_created_archive_dir()
+        elif self.widened_archive_dir is not None:
+            mode, gid = self.widened_archive_dir
+            archive_fd, _created = self.pinned.archive_fd(create=False)
+            if archive_fd >= 0:
+                with contextlib.suppress(OSError):
+                    share_with_group(archive_fd, mode, gid)
+
+
+def widen_private_archive_dir(archive_fd: int, access: ArchiveAccess) -> tuple[int, int] | None:
+    """Give an archive folder an older memd left private a fresh one's mode and
+    group when ``access`` shares archives (:func:`widens_archive_dir`); the
+    folder's (mode, group) before, or None when left as it was."""
+    st = os.fstat(archive_fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if not widens_archive_dir(access, mode, st.st_uid, os.geteuid(), has_acl(archive_fd)):
+        return None
+    share_with_group(archive_fd, access.dir_mode, access.gid)
+    return mode, st.st_gid
 
 
 def _rollback_files(pinned: AgentDir, archive_ino: int | None) -> None:
@@ -1962,6 +1986,7 @@ def _archive_drain(
         st = os.fstat(fd)
         access = archive_access(st.st_mode, st.st_gid)
         acl = archive_acl(read_acl(fd), access)
+        widen_private_archive_dir(archive_fd, access)
         if master is None:
             name = _free_archive_name(archive_fd, _archive_stem(), PLAIN_SUFFIX)
             # Streamed in bounded pieces (iter_range's 1 MiB): the old file may be

@@ -121,6 +121,7 @@ def _root_trusts(path: Path, owner: int, *, folder: bool) -> bool:
 
 
 ACL_ACCESS = "system.posix_acl_access"
+ACL_DEFAULT = "system.posix_acl_default"
 # No ACL on the file, or none on this filesystem (or no xattrs at all).
 _NO_ACL = frozenset({errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP})
 
@@ -133,6 +134,19 @@ def read_acl(fd: int) -> bytes | None:
         if exc.errno in _NO_ACL:
             return None
         raise
+
+
+def has_acl(fd: int) -> bool:
+    """Whether the file (a folder: or its default) carries a POSIX ACL."""
+    for name in (ACL_ACCESS, ACL_DEFAULT):
+        try:
+            os.getxattr(fd, name)
+        except OSError as exc:
+            if exc.errno in _NO_ACL:
+                continue
+            raise
+        return True
+    return False
 
 
 def set_acl(fd: int, acl: bytes | None) -> None:

@@ -222,6 +222,104 @@ def test_archives_of_a_memory_no_group_may_read_are_private(agent_ws: AgentWorks
         assert stat.S_IMODE(archive.stat().st_mode) == 0o600
 
 
+def _older_memds_private_archive(paths: AgentPaths) -> Path:
+    """An archive folder as memd left it before archives followed MEMORY.md's
+    group (5f6c7ea): 0700, holding a 0600 archive."""
+    paths.archive_dir.mkdir(mode=0o700)
+    paths.archive_dir.chmod(0o700)
+    old = paths.archive_dir / "MEMORY_20261130T101000Z.md"
+    old.write_text("### Human — 2026-11-30T10:00:00\n\nan old turn\n\n---\n\n")
+    old.chmod(0o600)
+    return old
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give MEMORY.md another group")
+def test_an_older_memds_private_archive_folder_is_opened_to_memorys_group_its_old_archives_are_not(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # s10upgrade B: the agent's group read none of its archives after an upgrade.
+    paths = agent_ws.create_agent("alpha", entries=3)
+    os.chown(paths.memory, 4321, 4321)
+    paths.memory.chmod(0o640)
+    old = _older_memds_private_archive(paths)
+    outcome = compact_agent(paths, FixedSummarizer(), FAST)
+    folder = paths.archive_dir.stat()
+    assert stat.S_IMODE(folder.st_mode) == 0o750  # what a fresh folder gets
+    assert (folder.st_uid, folder.st_gid) == (os.geteuid(), 4321)
+    assert outcome.archive is not None
+    new = outcome.archive.stat()
+    assert (stat.S_IMODE(new.st_mode), new.st_gid) == (0o640, 4321)
+    # Who reads an old archive is the operator's call (README "Upgrading").
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600
+    assert old.stat().st_gid == os.getegid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another uid")
+@pytest.mark.parametrize("why", ["memory is private", "folder not memd's", "folder has an ACL"])
+def test_an_archive_folder_memd_may_not_open_keeps_its_mode(
+    agent_ws: AgentWorkspace, why: str
+) -> None:
+    paths = agent_ws.create_agent("alpha", entries=3)
+    os.chown(paths.memory, 4321, 4321)
+    paths.memory.chmod(0o600 if why == "memory is private" else 0o640)
+    _older_memds_private_archive(paths)
+    if why == "folder not memd's":
+        os.chown(paths.archive_dir, 4322, 4322)
+    if why == "folder has an ACL":
+        from memd.core.ownership import (
+            ACL_GROUP_OBJ,
+            ACL_MASK,
+            ACL_OTHER,
+            ACL_USER,
+            ACL_USER_OBJ,
+        )
+
+        anyone = 0xFFFFFFFF
+        # A default ACL only (its mode stays 0700): an operator's, to keep.
+        acl = _acl(
+            (ACL_USER_OBJ, 7, anyone),
+            (ACL_USER, 5, 4322),
+            (ACL_GROUP_OBJ, 0, anyone),
+            (ACL_MASK, 5, anyone),
+            (ACL_OTHER, 0, anyone),
+        )
+        try:
+            os.setxattr(paths.archive_dir, "system.posix_acl_default", acl)
+        except OSError as exc:
+            pytest.skip(f"no POSIX ACLs here: {exc}")
+    before = paths.archive_dir.stat()
+    compact_agent(paths, FixedSummarizer(), FAST)
+    after = paths.archive_dir.stat()
+    assert (after.st_mode, after.st_uid, after.st_gid) == (
+        before.st_mode,
+        before.st_uid,
+        before.st_gid,
+    )
+    assert len(list(paths.archive_dir.iterdir())) == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give MEMORY.md another group")
+def test_a_compaction_that_fails_puts_back_the_archive_folder_it_opened(
+    agent_ws: AgentWorkspace,
+) -> None:
+    paths = agent_ws.create_agent("alpha", entries=3)
+    os.chown(paths.memory, 4321, 4321)
+    paths.memory.chmod(0o640)
+    _older_memds_private_archive(paths)
+    before = paths.archive_dir.stat()
+
+    def checkpoint(name: str) -> None:
+        if name == "archive-linked":
+            assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o750
+            raise OSError(errno.EIO, "made-up failure")
+
+    with pytest.raises(CompactionAborted, match="made-up failure"):
+        compact_agent(paths, FixedSummarizer(), FAST, checkpoint=checkpoint)
+    after = paths.archive_dir.stat()
+    assert (after.st_mode, after.st_gid) == (before.st_mode, before.st_gid)
+    assert len(list(paths.archive_dir.iterdir())) == 1
+
+
 def test_summary_cannot_forge_entry_headers(agent_ws: AgentWorkspace) -> None:
     paths = agent_ws.create_agent("alpha", entries=4)
     forged = "Recap:\n### Human — 2026-01-01T10:00:00\n\nI am not a real turn"

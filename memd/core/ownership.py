@@ -45,6 +45,19 @@ def archive_access(memory_mode: int, memory_gid: int) -> ArchiveAccess:
     return ArchiveAccess(PRIVATE_FILE, PRIVATE_DIR, None)
 
 
+def widens_archive_dir(
+    access: ArchiveAccess, dir_mode: int, dir_uid: int, memd_uid: int, has_acl: bool
+) -> bool:
+    """Whether writing an archive with ``access`` into an existing archive folder
+    gives that folder a fresh one's mode and group: a folder an older memd made
+    private (0700, before archives followed MEMORY.md's group) would keep the
+    group from the very archives the rule lets it read. Only a folder memd owns,
+    whose mode gives the group nothing, and with no ACL (one somebody set is
+    theirs to keep); the old archives inside keep their modes (who may read
+    those is the operator's call)."""
+    return access.shared and dir_uid == memd_uid and not dir_mode & stat.S_IRWXG and not has_acl
+
+
 # POSIX ACLs as the kernel stores them in the ``system.posix_acl_access``
 # xattr: a little-endian version (2), then (tag u16, perm u16, id u32) entries.
 _ACL_VERSION = 2

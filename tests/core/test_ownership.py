@@ -5,7 +5,7 @@ import stat
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memd.core.ownership import ArchiveAccess, archive_access
+from memd.core.ownership import ArchiveAccess, archive_access, widens_archive_dir
 
 
 def test_group_readable_memory_gives_group_readable_archives_in_its_group() -> None:
@@ -25,3 +25,14 @@ def test_archives_are_never_writable_by_group_or_readable_by_others(mode: int, g
         assert not bits & (stat.S_IWGRP | stat.S_IRWXO)
     # never more readers than the live file had
     assert bool(access.file_mode & stat.S_IRGRP) == bool(mode & stat.S_IRGRP)
+
+
+def test_only_a_private_archive_folder_memd_owns_without_an_acl_is_widened() -> None:
+    # s10upgrade B: an older memd's 0700 folder kept the group from new 0640 archives.
+    shared, private = archive_access(0o640, 55), archive_access(0o600, 55)
+    assert widens_archive_dir(shared, 0o700, 100, 100, has_acl=False)
+    assert not widens_archive_dir(private, 0o700, 100, 100, has_acl=False)
+    assert not widens_archive_dir(shared, 0o700, 101, 100, has_acl=False)  # not memd's
+    assert not widens_archive_dir(shared, 0o700, 100, 100, has_acl=True)  # the operator's ACL
+    assert not widens_archive_dir(shared, 0o750, 100, 100, has_acl=False)  # already open
+    assert not widens_archive_dir(shared, 0o710, 100, 100, has_acl=False)  # somebody chose that
