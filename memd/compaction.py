@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from memd.agentdir import AgentDir
 from memd.archive_crypto import (
@@ -61,6 +61,7 @@ from memd.archive_crypto import (
     read_master_key,
     seal_archive,
 )
+from memd.core.audit import AuditEvent
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
     BLOCK_TERMINATOR,
@@ -228,6 +229,9 @@ class CompactionOptions:
     # The workspace's redaction key and [privacy] settings (None: a per-process
     # key): what a remote summarizer is sent, and the scan of every reply.
     privacy: Privacy | None = None
+    # The workspace's audit log: an erasure a crash left, finished by this job's
+    # recovery, is recorded there (None: not recorded).
+    audit: AuditSink | None = None
 
     @classmethod
     def from_config(
@@ -1411,7 +1415,11 @@ def _compact_locked(
         # second daemon) that just did the work: check before summarizing.
         counted = check_still_over(pinned, threshold, count_bytes)
     _recover_locked(
-        pinned, quiet_s=opts.drain_quiet_s, max_s=opts.drain_max_s, key_file=opts.key_file
+        pinned,
+        quiet_s=opts.drain_quiet_s,
+        max_s=opts.drain_max_s,
+        key_file=opts.key_file,
+        audit=opts.audit,
     )
     txn = _Transaction(pinned, summarizer, opts, count_bytes, hook)
     try:
@@ -1708,6 +1716,7 @@ def prune_agent(
     quiet_s: float = 1.0,
     max_s: float = 10.0,
     key_file: Path | None = None,
+    audit: AuditSink | None = None,
 ) -> PruneResult:
     """Apply ``limits`` to the agent's archives now (``memd prune``, the daemon's daily pass).
 
@@ -1724,7 +1733,7 @@ def prune_agent(
         lock = AgentLock(paths.lock, paths.agent, dir_fd=pinned.private_fd)
         with lock.held(lock_wait_s):
             pinned.pin_memory()
-            _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file)
+            _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file, audit=audit)
             return prune_locked(pinned, limits, when)
 
 
@@ -1736,12 +1745,14 @@ def recover_agent(
     *,
     key_file: Path | None = None,
     busy_raises: bool = False,
+    audit: AuditSink | None = None,
 ) -> str | None:
     """Finish or roll back a crashed (or committed but unfinished) compaction of
     ``paths.agent``.
 
     ``key_file`` (encryption at rest): the master key, for the one case where
     recovery writes an archive itself (MEMORY.md replaced while memd was down).
+    ``audit``: where an erasure it finishes is recorded (:func:`finished_an_erasure`).
 
     Returns a description of what was done, or None when there was nothing to
     do (or another process holds the lock and is doing it; with ``busy_raises``
@@ -1763,7 +1774,9 @@ def recover_agent(
             return None
         try:
             pinned.pin_memory()
-            return _recover_locked(pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file)
+            return _recover_locked(
+                pinned, quiet_s=quiet_s, max_s=max_s, key_file=key_file, audit=audit
+            )
         finally:
             lock.release()
 
@@ -1786,8 +1799,48 @@ def journal_unfinished(paths: AgentPaths) -> bool:
     return payload.get("phase") != IDLE_PHASE
 
 
+class AuditSink(Protocol):
+    """Where recovery records an erasure it finished (:class:`memd.audit.AuditLog`)."""
+
+    def record(
+        self, event: AuditEvent | str, agent: str | None = None, **fields: object
+    ) -> bool: ...
+
+
+def record_recovered_erasure(audit: AuditSink, agent: str) -> bool:
+    """The record of an erase-by-pattern (``memd forget AGENT --match``) that a
+    crash left committed and recovery finished: the event a finished erasure
+    writes, marked ``recovered``, with nothing recovery cannot know (no counts,
+    never the pattern or what it matched)."""
+    return audit.record(AuditEvent.ERASE_MATCH, agent, recovered=True)
+
+
+# How recovery's description of a job it finished begins when the job was an
+# erase-by-pattern (`memd forget AGENT --match`), committed before the crash.
+ERASE_FINISHED = "finished an interrupted erasure"
+
+
+def finished_an_erasure(done: str | None) -> bool:
+    """Whether recovery's description ``done`` says it finished an erasure."""
+    return done is not None and done.startswith(ERASE_FINISHED)
+
+
 def _recover_locked(
-    pinned: AgentDir, quiet_s: float, max_s: float, key_file: Path | None = None
+    pinned: AgentDir,
+    quiet_s: float,
+    max_s: float,
+    key_file: Path | None = None,
+    audit: AuditSink | None = None,
+) -> str | None:
+    done = _recover_job(pinned, quiet_s, max_s, key_file)
+    if audit is not None and finished_an_erasure(done):
+        # As the erasure itself would have, had it not been cut short.
+        record_recovered_erasure(audit, pinned.paths.agent)
+    return done
+
+
+def _recover_job(
+    pinned: AgentDir, quiet_s: float, max_s: float, key_file: Path | None
 ) -> str | None:
     legacy = _legacy_journal(pinned)
     if legacy is not None:
@@ -1823,7 +1876,7 @@ def _recover_locked(
         apply_staged(pinned)
         if payload.get("new_ino") is None:
             _finish(pinned, _no_checkpoint)
-            return "finished an interrupted erase (archives rewritten)"
+            return f"{ERASE_FINISHED} (archives rewritten)"
         _replace_with_staged_memory(pinned, old_id, new_id)
         phase = "swapping"
     current = pinned.stat_memory()
@@ -1852,7 +1905,8 @@ def _recover_locked(
         finally:
             os.close(new_fd)
         _finish(pinned, _no_checkpoint)
-        return "finished an interrupted compaction (drained the old file)"
+        job = ERASE_FINISHED if payload.get("erase") else "finished an interrupted compaction"
+        return f"{job} (drained the old file)"
     # MEMORY.md is neither the old nor the new inode: someone replaced (or
     # removed) it while memd was down. Keep every byte, each once: the old
     # inode's whole content becomes the archive, in place of this job's
@@ -1860,7 +1914,7 @@ def _recover_locked(
     # old inode holds what was erased.
     if payload.get("erase"):
         _finish(pinned, _no_checkpoint)
-        return "MEMORY.md was replaced during an interrupted erase; dropped the old file"
+        return f"{ERASE_FINISHED}: MEMORY.md was replaced meanwhile; dropped the old file"
     if pinned.private_exists(DRAIN_NAME):
         if isinstance(archive_ino, int):
             _remove_archive_by_inode(pinned, archive_ino)

@@ -44,6 +44,7 @@ from memd.archive_crypto import (
 )
 from memd.compaction import (  # the transaction's own steps, shared with compaction
     ERASE_JOURNAL_VERSION,
+    AuditSink,
     _drain,
     _finish,
     _Journal,
@@ -104,6 +105,9 @@ class EraseOptions:
     # [privacy] encrypt_archives: a crashed compaction recovered first keeps its
     # old file as an encrypted archive, as the compaction itself would.
     encrypting: bool = False
+    # The workspace's audit log: an earlier erasure a crash left, finished first
+    # by recovery, is recorded there (None: not recorded).
+    audit: AuditSink | None = None
 
 
 @dataclass(slots=True)
@@ -511,6 +515,7 @@ def _erase_locked(
         quiet_s=opts.drain_quiet_s,
         max_s=opts.drain_max_s,
         key_file=opts.key_file if opts.encrypting else None,
+        audit=opts.audit,
     )
     txn = _Erase(pinned, pattern, opts, hook)
     journal = _Journal(pinned, version=ERASE_JOURNAL_VERSION)

@@ -13,7 +13,7 @@ from support.cli import run
 from support.memfiles import AgentWorkspace, append_entry, snapshot_tree
 
 from memd.archive_crypto import generate_master_key, read_archive
-from memd.audit import audit_path, read_audit
+from memd.audit import AuditLog, audit_path, read_audit
 from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent, recover_agent
 from memd.core.memfile import parse
 from memd.erasure import ERASE_CHECKPOINTS, EraseOptions, EraseRefused, erase_by_pattern
@@ -561,3 +561,58 @@ def test_an_unreadable_journal_of_a_committed_erasure_finishes_the_archives_and_
     # And running it again erases what the recovery had to keep.
     erase_by_pattern(paths, re.compile(re.escape(PLANTED)), EraseOptions(drain_quiet_s=0.05))
     assert all(PLANTED.encode() not in data for data in files_of(paths).values())
+
+
+# -- an erasure a crash left committed, finished by recovery (s10upgrade C, D) --------
+
+COMMITTED = ERASE_CHECKPOINTS[ERASE_CHECKPOINTS.index("journal-erasing") : -1]
+
+
+def _recovered_erasures(state: Path, ws: AgentWorkspace) -> list[dict[str, object]]:
+    records = read_audit(audit_path(state, ws.root)).for_agent("alpha")
+    return [dict(r.fields) for r in records if r.event == "erase_match"]
+
+
+@pytest.mark.parametrize("crash_at", COMMITTED)
+def test_an_erasure_recovery_finishes_is_audited_as_recovered_and_called_an_erasure(
+    tmp_path: Path, crash_at: str
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = build_history(ws)
+    result = run_child(ws.root, re.escape(PLANTED), "--crash-at", crash_at)
+    assert result.returncode == 137, result.stderr
+    state = tmp_path / "state"
+    audit = AuditLog(audit_path(state, ws.root), "daemon")
+    done = recover_agent(paths, quiet_s=0.05, max_s=2.0, audit=audit)
+    assert done is not None and done.startswith("finished an interrupted erasure"), done
+    assert "compaction" not in done
+    # The record a finished erasure writes, marked recovered: no counts recovery does
+    # not know, never the pattern or what it matched.
+    assert _recovered_erasures(state, ws) == [{"recovered": True}]
+    log = audit_path(state, ws.root).read_bytes()
+    assert PLANTED.encode() not in log and b"c0ffee" not in log
+    assert all(PLANTED.encode() not in data for data in files_of(paths).values())
+    # Recovered once: nothing left, nothing recorded again.
+    assert recover_agent(paths, quiet_s=0.05, max_s=2.0, audit=audit) is None
+    assert len(_recovered_erasures(state, ws)) == 1
+
+
+@pytest.mark.parametrize("command", ["compact-now", "forget"])
+def test_the_cli_audits_an_erasure_it_finishes_before_its_own_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    build_history(ws)
+    result = run_child(ws.root, re.escape(PLANTED), "--crash-at", "archives-renamed")
+    assert result.returncode == 137, result.stderr
+    state = tmp_path / "state"
+    args = ["-w", str(ws.root), "--state-dir", str(state)]
+    if command == "compact-now":
+        job = ["compact-now", "alpha", "--summary", "The user likes tea."]
+    else:
+        job = ["forget", "alpha", "--match", "no-such-text", "--yes"]
+    code, _out, err = run(capsys, *job, *args)
+    assert code == 0, err
+    # Its own job's record (forget's) aside, one record of the recovered erasure.
+    recorded = _recovered_erasures(state, ws)
+    assert [r for r in recorded if r.get("recovered")] == [{"recovered": True}]

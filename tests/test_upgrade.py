@@ -31,6 +31,7 @@ from support.daemon_proc import DaemonProcess, wait_until
 from support.memfiles import append_entry
 
 from memd.archive_crypto import read_archive, read_master_key
+from memd.audit import audit_path, read_audit
 from memd.core.memfile import MemoryDocument
 from memd.counting import count_file
 from memd.fsutil import SlotJournal
@@ -309,6 +310,13 @@ def test_old_workspace_runs_recovers_and_counts(
         daemon.wait_ready(timeout=60)
         recovered = {line.get("agent"): line.get("action") for line in daemon.events(
             "recovered an interrupted compaction")}  # fmt: skip
+        # An erasure (forget --match) the old build was killed in is said as one.
+        erasures = {line.get("agent"): line.get("action") for line in daemon.events(
+            "recovered an interrupted erasure")}  # fmt: skip
+        assert not set(recovered) & set(erasures), (recovered, erasures)
+        assert all(str(a).startswith("finished an interrupted erasure") for a in erasures.values())
+        assert set(erasures) == {agent for agent in recovered | erasures if "erase" in agent}
+        recovered |= erasures
         # The live daemon's counts (restored from the old state DB where the file
         # is the one it counted, else counted anew) and archive figures (the old
         # DB's until its first survey, a second after start) as status shows them.
@@ -343,6 +351,13 @@ def test_old_workspace_runs_recovers_and_counts(
         )
     _assert_recovered(up, crashed)
     _assert_no_turn_lost(up, before, erasing=True)
+    # Each erasure the daemon finished is audited as a finished one is, marked recovered.
+    audited = [
+        record.agent
+        for record in read_audit(audit_path(up.state, up.ws)).records
+        if record.event == "erase_match" and record.fields.get("recovered")
+    ]
+    assert sorted(audited) == sorted(erasures), audited
     _check_status(up, _status(up, capsys), "files")
     alive = _alive(up)
     archives_before = {agent: _archive_names(up, agent) for agent in alive}

@@ -25,6 +25,7 @@ from memd.archive_crypto import (
     read_master_key,
     rewrap_agent_key,
 )
+from memd.audit import AuditLog
 from memd.cli.common import load, open_audit
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption, path_value
 from memd.compaction import recover_agent
@@ -160,7 +161,7 @@ def rekey(
     audit = open_audit(loaded, state_dir)
     for name in list_agents(loaded.workspace):
         try:
-            outcome = _rekey_agent(loaded, name, old, new, wait_s)
+            outcome = _rekey_agent(loaded, name, old, new, wait_s, audit)
         except (MemdError, OSError) as exc:
             failed += 1
             print(f"memd: error: agent {name!r}: {describe_error(exc)}", file=sys.stderr)
@@ -178,7 +179,7 @@ def rekey(
 
 
 def _rekey_agent(
-    loaded: LoadedConfig, name: str, old: MasterKey, new: MasterKey, wait_s: float
+    loaded: LoadedConfig, name: str, old: MasterKey, new: MasterKey, wait_s: float, audit: AuditLog
 ) -> str:
     paths = agent_paths(loaded.workspace, name)
     if not paths.private_dir.is_dir():
@@ -194,6 +195,7 @@ def _rekey_agent(
         quiet_s=compaction.drain_quiet_s,
         max_s=compaction.drain_max_s,
         key_file=Path(old.source),
+        audit=audit,
     )
     with AgentDir.open(paths, create_private=False) as pinned:
         if pinned.private_fd < 0:

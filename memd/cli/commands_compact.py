@@ -252,6 +252,7 @@ def compact_now(
                 options = dataclasses.replace(
                     CompactionOptions.from_config(cfg, policy, agent=name, redaction_key=key),
                     require_shrink=False,
+                    audit=audit,  # an erasure a crash left, finished first
                 )
                 if wait is not None:
                     options = dataclasses.replace(options, lock_wait_s=wait)

@@ -419,12 +419,14 @@ def _forget_matching(
 
     compaction = loaded.config.compaction
     key_file = loaded.config.privacy.key_file
+    audit = open_audit(loaded, state_dir)
     options = EraseOptions(
         lock_wait_s=wait_s,
         drain_quiet_s=compaction.drain_quiet_s,
         drain_max_s=compaction.drain_max_s,
         key_file=Path(key_file).expanduser() if key_file else None,
         encrypting=loaded.config.privacy.encrypt_archives,
+        audit=audit,  # an earlier erasure a crash left, finished first
     )
     directory = state_dir_of(loaded, state_dir)
     try:
@@ -440,7 +442,6 @@ def _forget_matching(
         if recall is not None:
             recall.close()
     with as_owner_of(directory):
-        audit = open_audit(loaded, state_dir)
         try:
             pattern_hash = audit.keyed_hash(match)
         except OSError:

@@ -59,7 +59,8 @@ def prune_command(
     ws = require_workspace(loaded.workspace)
     # "" is a name (refused as empty), not "every agent": only None means every one.
     targets = resolve_agents(ws, [] if agent is None else [agent], all_agents=agent is None)
-    after_prune = prune_follow_up(loaded, state_dir, open_audit(loaded, state_dir), "cli")
+    audit = open_audit(loaded, state_dir)
+    after_prune = prune_follow_up(loaded, state_dir, audit, "cli")
     lock_wait = cfg.compaction.lock_wait_s if wait is None else wait
     options = CompactionOptions.from_config(cfg)
     directory = state_dir_of(loaded, state_dir)
@@ -86,6 +87,7 @@ def prune_command(
                     quiet_s=options.drain_quiet_s,
                     max_s=options.drain_max_s,
                     key_file=options.key_file,
+                    audit=audit,
                 )
                 if pruned.deleted:
                     # Audited and dropped from recall once the agent's lock is let go;

@@ -92,6 +92,9 @@ _FIELDS: dict[AuditEvent, dict[str, Kind]] = {
         "pinned_lines": Kind.COUNT,
         "index_rows": Kind.COUNT,
         "pattern_hash": Kind.DIGEST,
+        # An erasure a crash left committed, finished by recovery (which knows
+        # neither the pattern nor what it matched: no counts, no hash).
+        "recovered": Kind.FLAG,
     },
     AuditEvent.CONFIG_RELOAD: {
         "ok": Kind.FLAG,

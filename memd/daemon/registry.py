@@ -23,7 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memd.compaction import archive_key_file, journal_unfinished
+from memd.compaction import (
+    AuditSink,
+    archive_key_file,
+    finished_an_erasure,
+    journal_unfinished,
+    record_recovered_erasure,
+)
 from memd.core.config import AgentPolicy, MemdConfig, matching_overrides, resolve_policy
 from memd.core.descriptor import AgentWindow
 from memd.core.names import validate_agent_name
@@ -127,6 +133,9 @@ class AgentRegistry:
         # Each agent's memd-agent.json (set at start-up, when the tokenizer exists).
         self.descriptors: Descriptors | None = None
         self.rescans = Rescans()
+        # The workspace's audit log (set at start-up; None: no state dir): an
+        # erasure recovery finishes is recorded there, as a finished one is.
+        self.audit: AuditSink | None = None
 
     @property
     def root(self) -> Path:
@@ -380,7 +389,11 @@ class AgentRegistry:
                 return False  # failed around an idle journal (a stale temp): nothing owed
             entry.unfinished_journal = UnfinishedJournal(reason)
             return True
-        if done:
+        if finished_an_erasure(done):
+            _log.warning("recovered an interrupted erasure", agent=entry.name, action=done)
+            if self.audit is not None:
+                record_recovered_erasure(self.audit, entry.name)
+        elif done:
             _log.warning("recovered an interrupted compaction", agent=entry.name, action=done)
         return False
 

@@ -116,6 +116,7 @@ class RetentionService:
                     quiet_s=options.drain_quiet_s,
                     max_s=options.drain_max_s,
                     key_file=options.key_file,
+                    audit=self._audit,  # an erasure a crash left, finished first
                 )
             except LockTimeout:
                 continue

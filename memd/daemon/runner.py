@@ -37,6 +37,8 @@ from memd.compaction import (
     CompactionOutcome,
     ThresholdCheck,
     archive_key_file,
+    finished_an_erasure,
+    record_recovered_erasure,
     recover_agent,
 )
 from memd.core.config import AgentPolicy, MemdConfig
@@ -417,6 +419,7 @@ class Runner:
             max_calls=(
                 reservation.calls if reservation is not None else self.spending.calls_left()
             ),
+            audit=self.audit,  # an erasure a crash left, finished first
         )
 
     def _held(self, entry: AgentEntry, hold: Hold) -> None:
@@ -592,6 +595,8 @@ class Runner:
         finally:
             with self._lock:
                 self._stats.running.discard(name)
+        if finished_an_erasure(done) and self.audit is not None:
+            record_recovered_erasure(self.audit, name)
         try:
             self._counter.count_locked(entry, after_job=True)
         except Exception:  # the outcome must still be applied below

@@ -183,6 +183,7 @@ class Services:
         self.watches: WatchService | None = None
         tokenizer = new_tokenizer(config, parts)
         self.audit = AuditLog.for_workspace(state_dir, workspace, "daemon")
+        self.registry.audit = self.audit
         self.entry_counter = EntryCounter(
             tokenizer,
             updates=parts.count_updates,
