@@ -78,10 +78,15 @@ def health(
     elif beat.stopped:
         stamp = local_time(beat.ts, now)
         reason = f"daemon pid {beat.pid} stopped at {stamp} (a clean stop; {where})"
+    elif not beat.pid_alive():
+        # Before the heartbeat's age: a daemon killed (SIGKILL, OOM) is gone, which
+        # says more than that it stopped beating.
+        reason = (
+            f"daemon pid {beat.pid} is not running (gone; its last heartbeat "
+            f"{ago(now - beat.ts)}; {where})"
+        )
     elif not beat.is_fresh(now, limit):
         reason = f"daemon heartbeat is stale: last {ago(now - beat.ts)} (limit {limit:g}s; {where})"
-    elif not beat.pid_alive():
-        reason = f"daemon pid {beat.pid} is not running ({where})"
     elif not beat.healthy:
         reason = f"daemon pid {beat.pid} reports unhealthy: {beat.detail or 'no detail'}"
     if as_json:

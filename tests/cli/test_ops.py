@@ -88,6 +88,8 @@ def test_health_fresh_heartbeat(
     [
         (3600, True, False, "stale"),
         (1, True, True, "is not running"),
+        # s10upgrade E: a SIGKILLed daemon's heartbeat is stale too; that it is gone says more.
+        (3600, True, True, "is not running (gone; its last heartbeat 1h"),
         (1, False, False, "observer thread died"),
     ],
 )
@@ -107,7 +109,8 @@ def test_health_failures(
         pid = child.pid
     beat(ws, state_dir, pid=pid, age=age, healthy=healthy)
     code, _, err = run(capsys, "health", *common(ws, state_dir))
-    assert code == 1 and reason in err and err.count("\n") == 1
+    assert code == 1 and reason in err and err.count("\n") == 1, err
+    assert ("stale" in err) == (reason == "stale")
     code, out, _ = run(capsys, "health", "--json", *common(ws, state_dir))
     assert code == 1 and json.loads(out)["healthy"] is False
 
