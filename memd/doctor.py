@@ -242,6 +242,46 @@ def check_workspace(workspace: Path) -> list[Check]:
     return [_ok(name, f"{workspace}: {len(agents)} agents, readable and writable")]
 
 
+def _first(names: list[str], shown: int = 5) -> str:
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def check_journals(workspace: Path, agents: Iterable[str]) -> list[Check]:
+    """Agents whose compaction journal holds a job: a crash (or a kill) left a
+    compaction or erasure unfinished, or one is at work now. Reads each journal
+    only (no lock taken, nothing created); recovery finishes or rolls it back."""
+    from memd.compaction import journal_unfinished
+
+    name = "journals"
+    unfinished: list[str] = []
+    unreadable: list[str] = []
+    for agent in agents:
+        try:
+            if journal_unfinished(agent_paths(workspace, agent)):
+                unfinished.append(agent)
+        except (OSError, MemdError):
+            unreadable.append(agent)
+    if not unfinished and not unreadable:
+        return [_ok(name, "no agent has an unfinished compaction or erasure")]
+    parts = []
+    if unfinished:
+        parts.append(
+            f"{len(unfinished)} agent(s) with an unfinished job in their journal "
+            f"(a crash left it, or one is at work now): {_first(unfinished)}"
+        )
+    if unreadable:
+        parts.append(f"cannot read the journal of {_first(unreadable)}")
+    return [
+        _warn(
+            name,
+            "; ".join(parts),
+            "none needed: the daemon or compact-now finishes it on the agent's next lock "
+            "(memd run's start, or memd compact-now AGENT)",
+        )
+    ]
+
+
 # ------------------------------------------------------------------------ lock
 
 _LOCK_PROBE = """
@@ -771,6 +811,7 @@ def run_checks(
     if usable:
         results += check_filesystem(workspace)
         results += check_flock(workspace)
+        results += check_journals(workspace, agents)
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
     if agents:

@@ -394,6 +394,30 @@ def test_doctor_ok(capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state
     assert {"name", "status", "message", "fix"} <= set(payload["checks"][0])
 
 
+def test_doctor_names_the_agents_a_crash_left_a_job_for(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
+) -> None:
+    # s10upgrade G: an upgraded workspace held up to 13 such jobs, and doctor said nothing.
+    child = Path(__file__).parents[1] / "support" / "compaction_child.py"
+    for agent in ("beta", "gamma"):
+        ws.create_agent(agent, entries=6)
+        killed = subprocess.run(
+            [sys.executable, str(child), str(ws.root), agent, "--crash-at", "archive-linked"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert killed.returncode == 137, killed.stderr
+    code, out, err = run(capsys, "doctor", "--offline", *common(ws, state_dir))
+    assert code == 0, out + err  # a warning: the daemon or compact-now finishes them
+    said = " ".join(out.split())
+    assert "warn journals: 2 agent(s) with an unfinished job in their journal" in said
+    assert "beta, gamma" in said and "compact-now finishes it on the agent's next lock" in said
+    assert run(capsys, "compact-now", "--all", "--summary", "Tea.", *common(ws, state_dir))[0] == 0
+    code, out, _ = run(capsys, "doctor", "--offline", *common(ws, state_dir))
+    assert "ok   journals: no agent has an unfinished compaction or erasure" in out
+
+
 def test_doctor_warns_when_a_remote_summarizer_is_sent_unredacted_text(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, tmp_path: Path
 ) -> None:
