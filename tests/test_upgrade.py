@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import sqlite3
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -459,9 +460,24 @@ def test_compact_now_recovers_every_job_an_old_build_left(
     crashed = {**up.manifest["crashes"], **up.manifest["other_crashes"]}
     assert len(crashed) >= 9, crashed
     before = _all_lines(up)
+    old_modes = {
+        archive: stat.S_IMODE(archive.stat().st_mode)
+        for agent in _alive(up)
+        for archive in agent_paths(up.ws, agent).archive_dir.glob("*")
+    }
     code, out, err = run(capsys, "compact-now", "--all", "--wait", "20", *up.args())
     assert code == 0, (out, err)
     _assert_no_turn_lost(up, before, erasing=True)
     _assert_recovered(up, crashed)
+    # An archive/ a build before 5f6c7ea made private (0700) is opened as a fresh one
+    # (0750) once an archive of a group-readable MEMORY.md goes in (s10upgrade B); the
+    # old archives keep their modes (README "Upgrading": the operator's call).
+    for agent in _alive(up):
+        paths = agent_paths(up.ws, agent)
+        if f"{agent}: compacted" in out and paths.memory.stat().st_mode & stat.S_IRGRP:
+            assert stat.S_IMODE(paths.archive_dir.stat().st_mode) == 0o750, agent
+    for archive, mode in old_modes.items():
+        if archive.exists():
+            assert stat.S_IMODE(archive.stat().st_mode) == mode, archive
     for agent in crashed:
         assert f"{agent}: compacted" in out or f"{agent}: nothing to compact" in out, out
