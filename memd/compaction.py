@@ -2166,14 +2166,18 @@ def _resolve_pending(
 
 __all__ = [
     "CHECKPOINTS",
+    "ERASE_FINISHED",
     "PRE_COMMIT_CHECKPOINTS",
+    "AuditSink",
     "CompactionOptions",
     "CompactionOutcome",
     "ProvidedSummary",
     "ThresholdCheck",
     "check_still_over",
     "compact_agent",
+    "finished_an_erasure",
     "journal_unfinished",
     "read_memory",
+    "record_recovered_erasure",
     "recover_agent",
 ]
