@@ -81,11 +81,13 @@ from memd.core.plan import (
     kept_tail,
     known_consistent,
     landed_prefix,
+    lone_summary,
     may_exceed_cap,
     nothing_to_compact_reason,
     recovery_action,
     summarized_to,
     summary_does_not_shrink,
+    summary_over_budget,
     summary_over_cap,
 )
 from memd.core.privacy import Privacy, Redactor
@@ -754,6 +756,25 @@ class _Transaction:
             return self.count_bytes(text.encode("utf-8", "surrogateescape"))
         return max(1, len(text) // 4)  # no tokenizer given (tests): a rough estimate
 
+    def count_block(self, block: bytes) -> int:
+        if self.count_bytes is not None:
+            return self.count_bytes(block)
+        return max(1, len(block) // 4)  # as count_text
+
+    @property
+    def summary_cap(self) -> int:
+        """The most a summary block may hold (its markup allowed beside it)."""
+        return self.options.summary_max_tokens + self.options.pinned_tokens
+
+    def replaces_lone_summary(self, prefix: MemoryDocument, manual: bool) -> bool:
+        """Whether ``prefix``, with nothing to compact otherwise (no raw entry since its
+        summary block), is compacted all the same: its block is replaced by an
+        operator's ``--summary``, or re-summarized when it is over the cap a new
+        block is held to (one within it stays: no compaction loop)."""
+        if manual:
+            return lone_summary(prefix) is not None
+        return summary_over_budget(prefix, self.summary_cap, self.count_block) is not None
+
     def cut_of(self, snap: _Snapshot, result: SummaryResult, kept_from: int) -> int:
         """K: where the summarized part ends (where the kept tail starts, unless the
         summarizer stopped earlier)."""
@@ -894,15 +915,21 @@ class _Transaction:
             raise SummarizerError(f"agent {self.agent!r}: summarizer returned an empty summary")
         return result, elapsed
 
-    def check_summary_size(self, block: bytes, snap: _Snapshot, manual: bool, cut: int) -> None:
+    def check_summary_size(
+        self, block: bytes, snap: _Snapshot, manual: bool, cut: int, resummarized: bool = False
+    ) -> None:
         """Refuse summaries that are over the cap or would not shrink the file
-        (only the small summary is tokenized)."""
+        (only the small summary is tokenized). ``resummarized``: the block replaces
+        a summary block alone over the cap, which it must end within (held to it
+        even without a tokenizer: the next run would otherwise take it again)."""
         if manual:
             return
-        cap = self.options.summary_max_tokens + self.options.pinned_tokens
-        if self.count_bytes is not None and may_exceed_cap(block, cap):
-            too_long = summary_over_cap(self.count_bytes(block), cap)
+        cap = self.summary_cap
+        if (self.count_bytes is not None or resummarized) and may_exceed_cap(block, cap):
+            too_long = summary_over_cap(self.count_block(block), cap)
             if too_long is not None:
+                if resummarized:
+                    too_long += " (a re-summary of the summary block alone, itself over it)"
                 raise SummarizerError(f"agent {self.agent!r}: {too_long}")
         if not self.options.require_shrink:
             return
@@ -1437,7 +1464,11 @@ def _compact_locked(
                     snap.document, snap.boundary, opts.keep_recent_tokens, txn.count_text, known
                 )
             )
-            if not has_compactable(snap.document.prefix(kept_from)):
+            prefix = snap.document.prefix(kept_from)
+            # A summary block alone (no raw entry since it) is compacted only when
+            # an operator's --summary replaces it or it is over its budget.
+            resummarized = not has_compactable(prefix)
+            if resummarized and not txn.replaces_lone_summary(prefix, manual):
                 kept = (
                     f" beyond the newest {opts.keep_recent_tokens:,} tokens kept verbatim"
                     if kept_from < snap.boundary
@@ -1474,7 +1505,7 @@ def _compact_locked(
         head, _newline, stand_in = composed.text.rpartition("\n")
         clean = sanitize_summary(head)
         txn.check_summary_size(
-            render_clean_summary_block(clean, stamp, stand_in), snap, manual, cut
+            render_clean_summary_block(clean, stamp, stand_in), snap, manual, cut, resummarized
         )
         try:
             txn.write_archive(snap, cut)

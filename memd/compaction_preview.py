@@ -15,7 +15,12 @@ from collections.abc import Callable
 from memd.compaction import CompactionOptions, pins_the_scan_keeps, read_memory
 from memd.core.memfile import parse, render_summary_block
 from memd.core.pins import fit_pins
-from memd.core.plan import has_compactable, kept_tail_start, nothing_to_compact_reason
+from memd.core.plan import (
+    has_compactable,
+    kept_tail_start,
+    nothing_to_compact_reason,
+    summary_over_budget,
+)
 from memd.core.privacy import Privacy
 from memd.core.summary import Summarizer, SummaryRequest
 from memd.core.summary_block import compose_summary, material_of
@@ -45,7 +50,17 @@ def preview(
     boundary = kept_tail_start(document, document.boundary, options.keep_recent_tokens, count_text)
     kept = [e for e in document.raw_entries_since_summary() if e.start >= boundary]
     prefix = document.prefix(boundary)
-    if not has_compactable(prefix):
+    # As the transaction decides: a summary block alone is re-summarized only when
+    # it is over its budget.
+    cap = options.summary_max_tokens + options.pinned_tokens
+    oversized = (
+        None
+        if has_compactable(prefix)
+        else summary_over_budget(
+            prefix, cap, lambda raw: count_text(raw.decode("utf-8", "surrogateescape"))
+        )
+    )
+    if not has_compactable(prefix) and oversized is None:
         beyond = (
             f" beyond the newest {options.keep_recent_tokens:,} tokens kept verbatim"
             if kept
@@ -72,6 +87,11 @@ def preview(
         f"({', '.join(f'{kind} {count}' for kind, count in sorted(kinds.items())) or 'none'}); "
         f"{fitted.evicted} would age out to the archives if the summary kept none itself",
     ]
+    if oversized is not None:
+        lines.append(
+            f"  the summary block alone ({oversized:,} tokens) is over its budget "
+            f"({cap:,} tokens and its markup): it is summarized again, shorter"
+        )
     request = SummaryRequest(
         agent=paths.agent,
         document=prefix,

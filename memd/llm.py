@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from memd.core.chunking import (
     WINDOW_SAFETY,
+    Chunk,
     ChunkPlan,
     RequestLimits,
     Window,
@@ -418,14 +419,19 @@ class LiteLLMSummarizer:
         read_tokens = self._count_text(summary) if summary else 0
         cost: float | None = 0.0
         input_tokens = output_tokens = 0
-        parts = len(plan.chunks)
+        # A summary block alone, sent whole (no turn after it): the transaction
+        # compacts it only when it is over its budget, so it is asked for once,
+        # to be written shorter (held to the budget by the transaction).
+        shorten = not plan.chunks and bool(summary.strip())
+        chunks = (Chunk((), 0, 0),) if shorten else plan.chunks
+        parts = len(chunks)
         stopped_at: int | None = None
-        for part, chunk in enumerate(plan.chunks, start=1):
+        for part, chunk in enumerate(chunks, start=1):
             if part > 1 and self._stopping.is_set():
                 # memd is stopping: the chunks summarized so far commit as a
                 # partial compaction (the rest stays raw for the next one)
                 # instead of every remaining call delaying the stop.
-                done = plan.chunks[part - 2].end
+                done = chunks[part - 2].end
                 if done <= 0:
                     raise SummarizerError(
                         f"summarizer {self.model!r} failed for agent {agent!r}: memd is "
@@ -440,6 +446,7 @@ class LiteLLMSummarizer:
                 instructions=request.instructions,
                 part=part,
                 parts=parts,
+                shorten=shorten,
             )
             # A cut-off answer is asked once more for a summary half as long;
             # a second cut-off answer fails the compaction (nothing changes).
@@ -450,6 +457,7 @@ class LiteLLMSummarizer:
                 instructions=request.instructions,
                 part=part,
                 parts=parts,
+                shorten=shorten,
             )
             result = self._call_once_more_if_cut(
                 messages, limits.output_tokens, agent, litellm, retry_messages, outbound
@@ -471,17 +479,23 @@ class LiteLLMSummarizer:
                 result = shorter
             read_tokens += chunk.tokens
             reply_tokens = self._count_text(result.text)
-            if reply_tokens < degenerate_floor(chunk.tokens, limits.output_tokens):
+            # Judged against what it was given: the chunk, or the summary to shorten.
+            given = read_tokens if shorten else chunk.tokens
+            if reply_tokens < degenerate_floor(given, limits.output_tokens):
+                what = "summary to shorten" if shorten else "chunk"
                 raise SummarizerError(
                     f"summarizer {self.model!r} failed for agent {agent!r}: reply refused as "
-                    f"degenerate ({reply_tokens} tokens for a {chunk.tokens}-token chunk)"
+                    f"degenerate ({reply_tokens} tokens for a {given}-token {what})"
                 )
             # Judged against what this request sent: a refusal, sections left
             # empty, the prompt echoed back (review r9summary F3, F4).
             fault = reply_fault(
                 result.text,
                 summary + "\n\n" + "\n\n".join(chunk.texts),
-                (messages[0]["content"], rolling_user_prompt("", [], part, parts)),
+                (
+                    messages[0]["content"],
+                    rolling_user_prompt("", [], part, parts, shorten=shorten),
+                ),
                 material_tokens=chunk.tokens + (self._count_text(summary) if summary else 0),
             )
             if fault is not None:

@@ -3,8 +3,9 @@ and values out.
 
 * whether a summary is acceptable (:func:`summary_over_cap`,
   :func:`summary_does_not_shrink`; its budgets are :mod:`memd.core.summary_plan`'s);
-* whether a memory file has anything to compact (:func:`has_compactable`), and
-  where the newest turns kept verbatim start (:func:`kept_tail_start`);
+* whether a memory file has anything to compact (:func:`has_compactable`; a
+  summary block alone over its budget is re-summarized, :func:`summary_over_budget`),
+  and where the newest turns kept verbatim start (:func:`kept_tail_start`);
 * the chunks a summarizer's window takes the rest in (:func:`chunk_budget`,
   :func:`plan_chunks_of`) and what is carried raw when fewer calls are allowed
   than chunks (:func:`summarized_to`); :func:`plan_compaction` is the three
@@ -116,6 +117,34 @@ def has_compactable(document: MemoryDocument) -> bool:
         and leading.start + len(leading.raw) <= boundary
         and bool(leading.raw.strip())
     )
+
+
+def lone_summary(document: MemoryDocument) -> EntrySegment | None:
+    """The summary block that is all ``document`` has to compact (:func:`has_compactable`
+    False and its newest entry a summary); None when there is more, or no summary."""
+    if has_compactable(document):
+        return None
+    newest = next(iter(document.segments_reversed(document.boundary)), None)
+    if isinstance(newest, EntrySegment) and document.is_summary_entry(newest):
+        return newest
+    return None
+
+
+def summary_over_budget(
+    document: MemoryDocument, cap: int, count_bytes: Callable[[bytes], int]
+) -> int | None:
+    """The tokens of ``document``'s lone summary block (:func:`lone_summary`) when it is
+    over ``cap`` as a new block would be refused (:func:`summary_over_cap`), else None.
+
+    Such a block (an older build's summary that carried every line forward, a
+    threshold or context window lowered below it, a smaller model) is compacted
+    itself: re-summarized, its result held to the same cap, so a file of a block
+    within its budget stays "nothing to compact" (no compaction loop)."""
+    block = lone_summary(document)
+    if block is None or not may_exceed_cap(block.raw, cap):
+        return None
+    tokens = count_bytes(block.raw)
+    return tokens if summary_over_cap(tokens, cap) is not None else None
 
 
 # No real text averages this many bytes per token; an entry longer than that
@@ -543,6 +572,7 @@ __all__ = [
     "kept_tail_start",
     "known_consistent",
     "landed_prefix",
+    "lone_summary",
     "may_exceed_cap",
     "nothing_to_compact_reason",
     "plan_chunks_of",
@@ -551,6 +581,7 @@ __all__ = [
     "stored_count_trust",
     "summarized_to",
     "summary_does_not_shrink",
+    "summary_over_budget",
     "summary_over_cap",
     "unparsed_tail_bytes",
 ]

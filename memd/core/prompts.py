@@ -147,18 +147,30 @@ def system_prompt(summary_max_tokens: int, instructions: str = "") -> str:
     return "\n\n".join(parts)
 
 
-def rolling_user_prompt(summary_so_far: str, chunk: Sequence[str], part: int, parts: int) -> str:
-    """One rolling request: the summary so far and the next chunk of turns."""
+# The request for a summary with no turn after it, over its budget (an older
+# build's, or a budget lowered below it): the same sections, shorter.
+SHORTEN_REQUEST: Final = (
+    "There are no new turns: the summary so far is longer than its budget. Write it "
+    "shorter, keeping what is still true and relevant and dropping the least of it."
+)
+
+
+def rolling_user_prompt(
+    summary_so_far: str, chunk: Sequence[str], part: int, parts: int, *, shorten: bool = False
+) -> str:
+    """One rolling request: the summary so far and the next chunk of turns; with
+    ``shorten``, the summary so far alone, to be written shorter."""
     where = f" (part {part} of {parts}, oldest first)" if parts > 1 else ""
-    lines = [
-        "Summary so far:",
-        summary_so_far.strip() or "(none)",
-        "",
-        f"New conversation turns to merge into it{where}:",
-        "\n\n".join(chunk) if chunk else "(none)",
-        "",
-        "Write the updated summary now.",
-    ]
+    lines = ["Summary so far:", summary_so_far.strip() or "(none)", ""]
+    if shorten:
+        lines += [SHORTEN_REQUEST, ""]
+    else:
+        lines += [
+            f"New conversation turns to merge into it{where}:",
+            "\n\n".join(chunk) if chunk else "(none)",
+            "",
+        ]
+    lines.append("Write the updated summary now.")
     return "\n".join(lines)
 
 
@@ -170,8 +182,12 @@ def build_rolling_messages(
     instructions: str = "",
     part: int = 1,
     parts: int = 1,
+    shorten: bool = False,
 ) -> list[ChatMessage]:
     return [
         {"role": "system", "content": system_prompt(summary_max_tokens, instructions)},
-        {"role": "user", "content": rolling_user_prompt(summary_so_far, chunk, part, parts)},
+        {
+            "role": "user",
+            "content": rolling_user_prompt(summary_so_far, chunk, part, parts, shorten=shorten),
+        },
     ]
