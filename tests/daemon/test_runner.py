@@ -713,22 +713,76 @@ def test_a_wall_clock_stepped_back_an_hour_holds_a_cooldown_no_longer_than_it_la
     assert s.job("alice").state is JobState.IDLE
 
 
-def test_a_summary_alone_over_the_threshold_is_said_so_never_as_unparsable_bytes(
+def _lone_summary(lines: int) -> str:
+    """A summary block of distinct carried lines, as an older build left it."""
+    from memd.core.memfile import SUMMARY_PREAMBLE
+
+    return SUMMARY_PREAMBLE + "Earlier (carried forward):\n" + "".join(
+        f"> the build {index} passed on runner r{index}\n" for index in range(lines)
+    )
+
+
+def test_a_summary_alone_over_its_budget_is_summarized_again_and_ends_below_the_threshold(
     tmp_path: Path,
 ) -> None:
     """An older build's summary block bigger than today's threshold (726ab50's builtin
     summary carried every earlier line forward; tests/test_upgrade.py met it), or a
-    threshold lowered below a summary: the file is that block alone, nothing to
-    compact. The job's error says why, in compact-now's words; it said the bytes after
-    the last entry did not parse ('fix or remove them'), and there were none."""
+    threshold lowered below a summary: the file is that block alone. It was 'nothing
+    to compact' at every cooldown, the agent over its window for good; the block is
+    now re-summarized within its budget (the real transaction and builtin summarizer),
+    and then, within it, left alone."""
     from memd.compaction import compact_agent
-    from memd.core.memfile import SUMMARY_PREAMBLE
+    from memd.summarizers import BuiltinSummarizer
+    from support.tokens import CL100K
 
     ws = AgentWorkspace(tmp_path / "ws")
     paths = ws.create_agent("alice")
-    body = SUMMARY_PREAMBLE + "Earlier (carried forward):\n" + "> the build passed\n" * 400
-    paths.memory.write_text(swarms_header("alice") + swarms_block("System", body))
-    s = build_services(ws, ScriptedCompaction())
+    before = swarms_header("alice") + swarms_block("System", _lone_summary(150))
+    paths.memory.write_text(before)
+    s = build_services(ws, ScriptedCompaction(), summarizer=BuiltinSummarizer(CL100K.count_text))
+    s.runner._compact = compact_agent
+    s.hint("alice")
+    s.settle()
+    entry = s.registry.get("alice")
+    assert entry is not None and entry.tokens > entry.policy.threshold_tokens
+    assert s.scheduler.run_queued() == 1
+    job = s.job("alice")
+    assert job.state is JobState.IDLE and job.last_error is None, job
+    assert entry.tokens < entry.policy.low_water_tokens, entry.tokens
+    (archive,) = paths.archive_dir.iterdir()
+    assert archive.read_text() == before
+    assert "the build 149 passed on runner r149" in paths.memory.read_text()
+    # Nothing more to do: no job queued, however long the clock runs.
+    for _ in range(5):
+        s.settle()
+        assert s.scheduler.run_queued() == 0
+
+
+def test_a_summary_alone_over_the_threshold_is_said_so_never_as_unparsable_bytes(
+    tmp_path: Path,
+) -> None:
+    """A summary block within its budget yet over the threshold (a low-water mark near
+    the threshold leaves a budget that big): nothing to compact. The job's error says
+    why, in compact-now's words; it said the bytes after the last entry did not parse
+    ('fix or remove them'), and there were none."""
+    from memd.compaction import compact_agent
+    from memd.core.plan import SUMMARY_MARKUP_TOKENS
+    from support.tokens import CL100K
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alice")
+    # Threshold 500 tokens; summary 300 + pinned 100 (+ the block's markup) may be 560.
+    extra = {
+        "trigger": {"low_water": 0.95},
+        "summarizer": {"summary_tokens": 300, "pinned_tokens": 100},
+    }
+    lines = 1
+    while CL100K.count_text(swarms_block("System", _lone_summary(lines))) <= 520:
+        lines += 1
+    text = swarms_block("System", _lone_summary(lines))
+    assert 500 < CL100K.count_text(text) <= 400 + SUMMARY_MARKUP_TOKENS
+    paths.memory.write_text(swarms_header("alice") + text)
+    s = build_services(ws, ScriptedCompaction(), extra=extra)
     s.runner._compact = compact_agent
     s.hint("alice")
     s.settle()
