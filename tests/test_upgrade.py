@@ -34,6 +34,7 @@ from support.memfiles import append_entry
 from memd.archive_crypto import read_archive, read_master_key
 from memd.audit import audit_path, read_audit
 from memd.core.memfile import MemoryDocument
+from memd.core.plan import lone_summary
 from memd.counting import count_file
 from memd.fsutil import SlotJournal
 from memd.state import state_db_path
@@ -260,6 +261,54 @@ def test_upgrade_fixtures_are_there() -> None:
     assert len(COMMITS) >= 3, COMMITS
 
 
+def _lone_summaries_over_threshold(
+    up: Upgraded, capsys: pytest.CaptureFixture[str]
+) -> dict[str, tuple[int, int]]:
+    """The agents whose MEMORY.md is one summary block over its threshold, with that
+    threshold and how many archives they have."""
+    rows = _status(up, capsys)
+    over: dict[str, tuple[int, int]] = {}
+    for agent in _alive(up):
+        document = MemoryDocument(agent_paths(up.ws, agent).memory.read_bytes())
+        threshold = rows[agent]["threshold_tokens"]
+        if lone_summary(document) is not None and _fresh_tokens(up, agent) > threshold:
+            over[agent] = (threshold, len(_archive_names(up, agent)))
+    return over
+
+
+def test_an_old_builds_summary_over_the_threshold_is_shrunk_by_compact_now(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """726ab50's builtin summary carried every earlier line forward: beta and zeta are
+    a summary block alone of ~3,970 tokens against a threshold of 1,800. compact-now
+    refused both ('nothing to compact (no raw entries since the last summary)'),
+    even with the operator's own --summary-file; it now re-summarizes beta and puts
+    the operator's summary in zeta's place, the old blocks archived."""
+    up = unpack("726ab50", tmp_path)
+    over = _lone_summaries_over_threshold(up, capsys)
+    assert sorted(over) == ["beta", "zeta"], over
+    before = _all_lines(up)
+    code, out, err = run(capsys, "compact-now", "beta", *up.args())
+    assert code == 0, err
+    assert out.startswith("beta: compacted "), out
+    summary = tmp_path / "zeta-summary.txt"
+    summary.write_text("zeta: the build passed on the second try; answers short, in tables.\n")
+    summary.chmod(0o600)
+    code, out, err = run(capsys, "compact-now", "zeta", "--summary-file", str(summary), *up.args())
+    assert code == 0, err
+    assert out.startswith("zeta: compacted "), out
+    _assert_no_turn_lost(up, before, erasing=False)
+    rows = _status(up, capsys)
+    for agent, (threshold, archives) in over.items():
+        assert rows[agent]["tokens"] == _fresh_tokens(up, agent) < threshold, rows[agent]
+        assert len(_archive_names(up, agent)) == archives + 1, agent
+        assert not rows[agent]["last_error"], rows[agent]
+    # Within their budgets now: nothing more to compact.
+    code, out, err = run(capsys, "compact-now", "beta", "zeta", *up.args())
+    assert code == 0, err
+    assert out.count("nothing to compact (no raw entries since the last summary)") == 2, out
+
+
 def _assert_recovered(up: Upgraded, crashed: dict[str, str]) -> None:
     """No job left: every journal idle (or none: 726ab50 removed its when done),
     no journal.json, no temp or staging file under .memd/."""
@@ -307,6 +356,7 @@ def test_old_workspace_runs_recovers_and_counts(
     up = upgraded
     before = _all_lines(up)
     crashed = {**up.manifest["crashes"], **up.manifest["other_crashes"]}
+    over = _lone_summaries_over_threshold(up, capsys)
     with DaemonProcess(up.ws, up.state, config=up.config) as daemon:
         daemon.wait_ready(timeout=60)
         recovered = {line.get("agent"): line.get("action") for line in daemon.events(
@@ -318,6 +368,20 @@ def test_old_workspace_runs_recovers_and_counts(
         assert all(str(a).startswith("finished an interrupted erasure") for a in erasures.values())
         assert set(erasures) == {agent for agent in recovered | erasures if "erase" in agent}
         recovered |= erasures
+        # A summary block alone over its threshold (726ab50's beta and zeta: its
+        # builtin summary carried every line forward) is re-summarized by the
+        # daemon, then under the threshold; it was "nothing to compact" for good.
+        wait_until(
+            lambda: all(
+                _fresh_tokens(up, agent) <= threshold
+                and len(_archive_names(up, agent)) > archives
+                for agent, (threshold, archives) in over.items()
+            ),
+            timeout=30,
+            step=0.2,
+        )
+        wait_until(lambda: not any(row["state"] == "compacting" for row in _status(
+            up, capsys).values()), timeout=30, step=0.1)  # fmt: skip
         # The live daemon's counts (restored from the old state DB where the file
         # is the one it counted, else counted anew) and archive figures (the old
         # DB's until its first survey, a second after start) as status shows them.
@@ -330,8 +394,7 @@ def test_old_workspace_runs_recovers_and_counts(
                 rows.get(agent, {}).get("source") == "daemon"
                 and rows[agent]["tokens"] == tokens
                 and rows[agent]["archives"] == listed[agent]
-                # over its threshold (726ab50's beta: its old summary alone): said why
-                and (tokens <= rows[agent]["threshold_tokens"] or rows[agent]["last_error"])
+                and tokens <= rows[agent]["threshold_tokens"]
                 for agent, tokens in fresh.items()
             )
 
