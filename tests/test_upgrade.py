@@ -373,8 +373,7 @@ def test_old_workspace_runs_recovers_and_counts(
         # daemon, then under the threshold; it was "nothing to compact" for good.
         wait_until(
             lambda: all(
-                _fresh_tokens(up, agent) <= threshold
-                and len(_archive_names(up, agent)) > archives
+                _fresh_tokens(up, agent) <= threshold and len(_archive_names(up, agent)) > archives
                 for agent, (threshold, archives) in over.items()
             ),
             timeout=30,

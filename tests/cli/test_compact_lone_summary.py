@@ -84,7 +84,9 @@ def test_compact_now_re_summarizes_a_lone_block_over_the_threshold(tmp_path: Pat
     # Within its budget now: nothing to compact, no new archive.
     second = memd("compact-now", "alpha", *args)
     assert second.returncode == 0, second.stderr
-    assert second.stdout.strip() == "alpha: nothing to compact (no raw entries since the last summary)"
+    assert (
+        second.stdout.strip() == "alpha: nothing to compact (no raw entries since the last summary)"
+    )
     assert len(list((memory.parent / "archive").iterdir())) == 1
 
 

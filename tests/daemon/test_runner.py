@@ -717,8 +717,10 @@ def _lone_summary(lines: int) -> str:
     """A summary block of distinct carried lines, as an older build left it."""
     from memd.core.memfile import SUMMARY_PREAMBLE
 
-    return SUMMARY_PREAMBLE + "Earlier (carried forward):\n" + "".join(
-        f"> the build {index} passed on runner r{index}\n" for index in range(lines)
+    return (
+        SUMMARY_PREAMBLE
+        + "Earlier (carried forward):\n"
+        + "".join(f"> the build {index} passed on runner r{index}\n" for index in range(lines))
     )
 
 
@@ -731,9 +733,10 @@ def test_a_summary_alone_over_its_budget_is_summarized_again_and_ends_below_the_
     to compact' at every cooldown, the agent over its window for good; the block is
     now re-summarized within its budget (the real transaction and builtin summarizer),
     and then, within it, left alone."""
+    from support.tokens import CL100K
+
     from memd.compaction import compact_agent
     from memd.summarizers import BuiltinSummarizer
-    from support.tokens import CL100K
 
     ws = AgentWorkspace(tmp_path / "ws")
     paths = ws.create_agent("alice")
@@ -765,9 +768,10 @@ def test_a_summary_alone_over_the_threshold_is_said_so_never_as_unparsable_bytes
     the threshold leaves a budget that big): nothing to compact. The job's error says
     why, in compact-now's words; it said the bytes after the last entry did not parse
     ('fix or remove them'), and there were none."""
+    from support.tokens import CL100K
+
     from memd.compaction import compact_agent
     from memd.core.plan import SUMMARY_MARKUP_TOKENS
-    from support.tokens import CL100K
 
     ws = AgentWorkspace(tmp_path / "ws")
     paths = ws.create_agent("alice")
