@@ -14,11 +14,13 @@ from memd.core.plan import (
     StoredCountTrust,
     has_compactable,
     landed_prefix,
+    lone_summary,
     may_exceed_cap,
     nothing_to_compact_reason,
     recovery_action,
     stored_count_trust,
     summary_does_not_shrink,
+    summary_over_budget,
     summary_over_cap,
 )
 
@@ -51,6 +53,29 @@ def test_has_compactable() -> None:
     assert not has_compactable(parse(HEADER))
     # Unparseable bytes before the boundary leave the file through the archive.
     assert has_compactable(parse(b"not a header, not an entry\n\n" + summary))
+
+
+def test_a_lone_summary_block_is_compacted_only_over_its_budget() -> None:
+    """A summary block with nothing after it is taken again only when a new block that
+    size would be refused (over the cap): a result within it is never taken again."""
+
+    def count(data: bytes) -> int:
+        return len(data) // 4
+
+    small = parse(HEADER + render_summary_block("the gist", "2026-01-01T00:00:02"))
+    big_block = render_summary_block("the gist of it all. " * 400, "2026-01-01T00:00:02")
+    big = parse(HEADER + big_block)
+    assert lone_summary(small) is not None and lone_summary(big) is not None
+    assert summary_over_budget(small, 100, count) is None
+    assert summary_over_budget(big, 100, count) == count(big_block)
+    # Within the cap and its markup allowance: left alone.
+    assert summary_over_budget(big, count(big_block) - SUMMARY_MARKUP_TOKENS, count) is None
+    assert summary_over_budget(big, count(big_block) - SUMMARY_MARKUP_TOKENS - 1, count)
+    # Raw turns after it, or no summary at all: the usual rule, not this one.
+    turn = render_entry("Human", "2026-01-01T00:00:03", "hello")
+    assert lone_summary(parse(HEADER + big_block + turn)) is None
+    assert summary_over_budget(parse(HEADER + big_block + turn), 100, count) is None
+    assert lone_summary(parse(HEADER)) is None
 
 
 def test_recovery_decision_by_phase_and_inode() -> None:

@@ -3,11 +3,13 @@ from __future__ import annotations
 from memd.core import memfile
 from memd.core.chunking import transcript_pieces
 from memd.core.prompts import (
+    SHORTEN_REQUEST,
     SUMMARY_SECTIONS,
     ChatMessage,
     build_rolling_messages,
     previous_summary_body,
     quote_block,
+    rolling_user_prompt,
     since_last_summary,
 )
 
@@ -112,3 +114,14 @@ def test_every_turn_is_a_piece_nothing_dropped() -> None:
 
 def test_quote_block() -> None:
     assert quote_block("X: ", "a\r\nb\n\nc") == "> X: a\n> b\n>\n> c"
+
+
+def test_a_summary_alone_is_asked_for_shorter_with_no_turns_section() -> None:
+    """The request for a summary block alone over its budget: the summary so far and
+    the request to write it shorter, no (empty) turns section a model would read as
+    'nothing changed, repeat it'."""
+    text = rolling_user_prompt("Decisions:\n- queue q1", [], 1, 1, shorten=True)
+    assert SHORTEN_REQUEST in text and "Decisions:\n- queue q1" in text
+    assert "New conversation turns" not in text
+    assert text.endswith("Write the updated summary now.")
+    assert SHORTEN_REQUEST not in rolling_user_prompt("Decisions:\n- queue q1", ["turn"], 1, 1)
