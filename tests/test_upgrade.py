@@ -379,7 +379,7 @@ def test_old_workspace_runs_recovers_and_counts(
             timeout=30,
             step=0.2,
         )
-        wait_until(lambda: not any(row["state"] == "compacting" for row in _status(
+        wait_until(lambda: not any(row["state"] in ("running", "pending") for row in _status(
             up, capsys).values()), timeout=30, step=0.1)  # fmt: skip
         # The live daemon's counts (restored from the old state DB where the file
         # is the one it counted, else counted anew) and archive figures (the old
