@@ -455,6 +455,56 @@ def check_descriptors(workspace: Path, agents: Iterable[str], encoding: str) -> 
     return [_ok(name, f"{declared} agent(s) declare their window ({DESCRIPTOR_NAME}), all read")]
 
 
+def check_thresholds(config: MemdConfig, workspace: Path, agents: Iterable[str]) -> list[Check]:
+    """Agents whose threshold no compaction can bring them under (a summary block
+    alone needs more than its low-water mark leaves): compacted at every cooldown,
+    over their threshold for good, and nothing else says why. Windows as the daemon
+    resolves them: each agent's ``memd-agent.json`` (its reserved text counted),
+    ``[agents."glob"]`` tables, models' windows from litellm's map."""
+    name = "thresholds"
+    from memd.core.config import resolve_policy
+    from memd.core.plan import threshold_too_small
+    from memd.descriptor import file_key, read_window
+    from memd.modelinfo import context_length_for_model
+
+    def count_text(text: str) -> int:
+        from memd.tokenizer import TokenCounter
+
+        return TokenCounter(config.tokenizer.encoding).count_text(text)
+
+    small: list[str] = []
+    for agent in agents:
+        folder = workspace / AGENTS_DIR / agent
+        window = None
+        if file_key(folder) is not None:
+            # A descriptor memd refuses is said by the "agent descriptors" check;
+            # without it the config's window applies, as in the daemon.
+            with contextlib.suppress(Exception):
+                window = read_window(folder, count_text)[1]
+        policy = resolve_policy(config, agent, context_length_for_model, window)
+        if not policy.compress:
+            continue
+        why = threshold_too_small(
+            policy.threshold_tokens,
+            policy.low_water_tokens,
+            policy.context_length,
+            policy.reserved_tokens,
+        )
+        if why:
+            small.append(f"agent {agent!r}: {why}")
+    if small:
+        more = f" (+{len(small) - 1} more agents)" if len(small) > 1 else ""
+        return [
+            _warn(
+                name,
+                small[0] + more,
+                "give the agent a larger window or a higher [trigger] threshold / max_tokens, "
+                "or reserve less of its window (a shorter system prompt, fewer tools)",
+            )
+        ]
+    return [_ok(name, "every agent's threshold leaves room for a summary")]
+
+
 # ------------------------------------------------------------------ summarizer
 
 
@@ -816,6 +866,7 @@ def run_checks(
     results += check_tokenizer(config.tokenizer.encoding)
     if agents:
         results += check_descriptors(workspace, agents, config.tokenizer.encoding)
+        results += check_thresholds(config, workspace, agents)
     results += check_archive_key(config.privacy, workspace)
     results += check_redaction(config, state_dir, workspace)
     probe: Prober | None = None

@@ -22,6 +22,7 @@ from memd.doctor import (
     check_redaction,
     check_state_dir,
     check_summarizer,
+    check_thresholds,
     check_tokenizer,
     check_workspace,
     endpoint_of,
@@ -500,3 +501,45 @@ def test_each_agents_descriptor_is_read_as_the_daemon_reads_it(tmp_path: Path) -
     assert "context_length 1000000000 clamped to" in clamped.message
     checks = run_checks(MemdConfig(), ws.root, tmp_path / "state", {}, offline=True)
     assert [c.status for c in checks if c.name == "agent descriptors"] == ["warn"]
+
+
+def test_an_agent_whose_threshold_no_compaction_can_meet_is_named(tmp_path: Path) -> None:
+    """A threshold whose low-water mark is under what a summary block needs: every
+    compaction ends over it, the agent is compacted at each cooldown and stays
+    over, and nothing said why (a system prompt reserving most of a small window,
+    as memd_swarms declares it, or a max_tokens set very low)."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alpha", "beta", "off"):
+        ws.create_agent(name, entries=1)
+    agents = ["alpha", "beta", "off"]
+    [fine] = check_thresholds(MemdConfig(), ws.root, agents)
+    assert fine.status == "ok"
+    # beta declares a small window and reserves half of it (the most memd lets a
+    # descriptor reserve) for its system prompt.
+    prompt = "You are a careful assistant. " * 170
+    descriptor = {
+        "format": "memd-agent",
+        "version": 1,
+        "context_length": 1024,
+        "reserved": {"unit": "text", "text": prompt},
+    }
+    (ws.root / "agents/beta/memd-agent.json").write_text(json.dumps(descriptor))
+    [small] = check_thresholds(MemdConfig(), ws.root, agents)
+    assert small.status == "warn" and small.fix
+    assert small.message.startswith("agent 'beta': threshold ")
+    assert "window 1024, 512 of it reserved" in small.message
+    assert "no compaction brings it under its threshold" in small.message
+    # A max_tokens set low in a table; an agent memd never compacts is not named.
+    config = MemdConfig.model_validate(
+        {
+            "agents": {
+                "a*": {"max_tokens": 300},
+                "off": {"max_tokens": 10, "context_compression": False},
+            }
+        }
+    )
+    [both] = check_thresholds(config, ws.root, agents)
+    assert both.message.startswith("agent 'alpha': threshold 300 tokens")
+    assert both.message.endswith("(+1 more agents)")
+    checks = run_checks(config, ws.root, tmp_path / "state", {}, offline=True)
+    assert [c.status for c in checks if c.name == "thresholds"] == ["warn"]

@@ -22,6 +22,7 @@ from memd.cli.common import (
 )
 from memd.cli.options import ConfigOption, StateDirOption, WorkspaceOption
 from memd.cli.recall_index import archive_indexer, prune_follow_up
+from memd.core.plan import threshold_too_small
 from memd.errors import (
     CommittedUnfinished,
     ConfigError,
@@ -179,7 +180,15 @@ def compact_now(
             refused += 1
             continue
         window = declared_window(folder, counter.count_text, _descriptor_warning(name))
-        policies[name] = resolve_policy(cfg, name, context_length_for_model, window)
+        policy = policies[name] = resolve_policy(cfg, name, context_length_for_model, window)
+        too_small = policy.compress and threshold_too_small(
+            policy.threshold_tokens,
+            policy.low_water_tokens,
+            policy.context_length,
+            policy.reserved_tokens,
+        )
+        if too_small:
+            warn(f"agent {name!r}: {too_small} (memd doctor)")
     targets = list(policies)
     disabled = [name for name, policy in policies.items() if not policy.compress]
     if disabled and not all_agents:

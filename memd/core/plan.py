@@ -40,6 +40,7 @@ from memd.core.chunking import (
 from memd.core.jobs import unparsable_tail
 from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument
 from memd.core.prompts import previous_summary_body, since_last_summary
+from memd.core.summary_plan import MIN_SUMMARY_TOKENS
 from memd.core.tokens import upper_bound
 
 CountText = Callable[[str], int]
@@ -50,6 +51,31 @@ CountText = Callable[[str], int]
 # budget beside a full pinned section was refused as over the cap (the builtin
 # summary did, once it used its whole budget, s10retain).
 SUMMARY_MARKUP_TOKENS = 160
+
+
+# The smallest low-water mark a compaction can end below: the block's markup and
+# the smallest summary memd plans for, with nothing
+# pinned or kept verbatim. Below it every compaction ends over the mark.
+SMALLEST_LOW_WATER_TOKENS = SUMMARY_MARKUP_TOKENS + MIN_SUMMARY_TOKENS
+
+
+def threshold_too_small(
+    threshold_tokens: int, low_water_tokens: int, context_length: int, reserved_tokens: int
+) -> str | None:
+    """Why no compaction can bring an agent under its threshold, or None.
+
+    A threshold that leaves less room below its low-water mark than a summary
+    block needs (a system prompt and tools reserving most of a small window, a
+    ``max_tokens`` or ``threshold`` set very low) makes every compaction end over
+    the mark: the agent is compacted again at each cooldown and stays over."""
+    if low_water_tokens >= SMALLEST_LOW_WATER_TOKENS:
+        return None
+    reserved = f", {reserved_tokens} of it reserved" if reserved_tokens else ""
+    return (
+        f"threshold {threshold_tokens} tokens (window {context_length}{reserved}) "
+        f"leaves a low-water mark of {low_water_tokens}, under the {SMALLEST_LOW_WATER_TOKENS} "
+        "a summary block needs: no compaction brings it under its threshold"
+    )
 
 
 # ------------------------------------------------------------------ summary size
@@ -560,6 +586,7 @@ def stored_count_trust(
 
 __all__ = [
     "IDLE_PHASE",
+    "SMALLEST_LOW_WATER_TOKENS",
     "SUMMARY_MARKUP_TOKENS",
     "ChunkBudget",
     "CompactionPlan",

@@ -210,3 +210,28 @@ def test_a_refused_descriptor_is_said_before_the_plan(
         "integer: ignored, the config's window applies (memd doctor)"
     ]
     assert "alpha: dry run" in out
+
+
+def test_compact_now_says_when_no_compaction_can_bring_an_agent_under(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alpha", entries=3)
+    cfg = tmp_path / "memd.toml"
+    cfg.write_text("[trigger]\nmax_tokens = 40\n")
+    code, _out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        str(cfg),
+    )
+    assert code == 0, err
+    assert err.splitlines() == [
+        "memd: warning: agent 'alpha': threshold 40 tokens (window 200000) leaves a low-water "
+        "mark of 24, under the 416 a summary block needs: no compaction brings it under its "
+        "threshold (memd doctor)"
+    ]
