@@ -33,6 +33,7 @@ from memd.compaction import (
 from memd.core.config import AgentPolicy, MemdConfig, matching_overrides, resolve_policy
 from memd.core.descriptor import AgentWindow
 from memd.core.names import validate_agent_name
+from memd.core.plan import threshold_too_small
 from memd.daemon.entries import AgentEntry, UnfinishedJournal
 from memd.descriptor import Descriptors
 from memd.errors import MemdError, describe_error
@@ -194,6 +195,22 @@ class AgentRegistry:
                 # text, a new window) would otherwise add policies for ever.
                 policies.clear()
             policy = policies[key] = resolve_policy(config, name, self._context_length_of, window)
+            too_small = policy.compress and threshold_too_small(
+                policy.threshold_tokens,
+                policy.low_water_tokens,
+                policy.context_length,
+                policy.reserved_tokens,
+            )
+            if too_small:
+                # Once per policy (agents that resolve alike share it; a reload
+                # makes new ones): the compactions' own lines would only say it
+                # ended over the mark, at every cooldown.
+                _log.warning(
+                    "threshold too small to compact under",
+                    agent=name,
+                    why=too_small,
+                    fix="a larger window or threshold, or less reserved (memd doctor)",
+                )
         return policy
 
     def refresh_window(self, name: str) -> None:

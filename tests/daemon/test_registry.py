@@ -143,6 +143,22 @@ def test_agents_that_resolve_alike_share_one_policy(tmp_path: Path) -> None:
     assert again["alice"].threshold == 0.8 and again["dora"].context_length == 3000
 
 
+def test_a_threshold_no_compaction_can_meet_is_logged_once_per_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = AgentWorkspace(tmp_path / "ws")
+    for name in ("alice", "tiny-1", "tiny-2"):
+        ws.create_agent(name)
+    config, _ = build_config({"agents": {"tiny-*": {"max_tokens": 200}}}, {})
+    registry = AgentRegistry(ws.root, config, recover=lambda _p, _key: None, context_length_of=None)
+    registry.start(contextlib.ExitStack())
+    capsys.readouterr()
+    registry.reconcile()
+    said = [line for line in capsys.readouterr().out.splitlines() if "too small" in line]
+    assert len(said) == 1 and "tiny-" in said[0]  # the two share one policy
+    assert "threshold 200 tokens" in said[0] and "no compaction brings it under" in said[0]
+
+
 def test_the_shared_policies_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An agent that keeps rewriting its descriptor (a new window each time) does
     # not add a policy for ever: past the bound the kept ones are dropped.
