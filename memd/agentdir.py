@@ -209,6 +209,19 @@ class AgentDir:
         self._archive_fd = fd
         return fd, created
 
+    def is_archive_dir_itself(self, fd: int) -> bool:
+        """Whether ``fd`` (from :meth:`archive_fd`) is the folder named archive/ in
+        the agent's folder, not one a symlink of that name leads to."""
+        try:
+            entry = os.stat(ARCHIVE_DIR, dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        return stat.S_ISDIR(entry.st_mode) and (entry.st_dev, entry.st_ino) == (
+            st.st_dev,
+            st.st_ino,
+        )
+
     def remove_created_archive_dir(self) -> None:
         """Undo :meth:`archive_fd`'s mkdir (only when empty)."""
         with contextlib.suppress(OSError):

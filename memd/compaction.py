@@ -947,7 +947,7 @@ class _Transaction:
         if self.created_archive_dir:
             share_with_group(archive_fd, access.dir_mode, access.gid)
         else:
-            self.widened_archive_dir = widen_private_archive_dir(archive_fd, access)
+            self.widened_archive_dir = widen_private_archive_dir(self.pinned, archive_fd, access)
         private_fd = self.pinned.private_fd
         plaintext = memoryview(snap.data)[:cut]  # written from the snapshot, not a copy
         name = ""
@@ -1144,13 +1144,19 @@ class _Transaction:
                     share_with_group(archive_fd, mode, gid)
 
 
-def widen_private_archive_dir(archive_fd: int, access: ArchiveAccess) -> tuple[int, int] | None:
+def widen_private_archive_dir(
+    pinned: AgentDir, archive_fd: int, access: ArchiveAccess
+) -> tuple[int, int] | None:
     """Give an archive folder an older memd left private a fresh one's mode and
     group when ``access`` shares archives (:func:`widens_archive_dir`); the
-    folder's (mode, group) before, or None when left as it was."""
+    folder's (mode, group) before, or None when left as it was. Never a folder
+    an archive/ symlink leads to (another folder of the agent's, memd's own
+    .memd/): its mode is not the archive folder's to set."""
     st = os.fstat(archive_fd)
     mode = stat.S_IMODE(st.st_mode)
     if not widens_archive_dir(access, mode, st.st_uid, os.geteuid(), has_acl(archive_fd)):
+        return None
+    if not pinned.is_archive_dir_itself(archive_fd):
         return None
     share_with_group(archive_fd, access.dir_mode, access.gid)
     return mode, st.st_gid
@@ -2071,7 +2077,7 @@ def _archive_drain(
         st = os.fstat(fd)
         access = archive_access(st.st_mode, st.st_gid)
         acl = archive_acl(read_acl(fd), access)
-        widen_private_archive_dir(archive_fd, access)
+        widen_private_archive_dir(pinned, archive_fd, access)
         if master is None:
             name = _free_archive_name(archive_fd, _archive_stem(), PLAIN_SUFFIX)
             # Streamed in bounded pieces (iter_range's 1 MiB): the old file may be

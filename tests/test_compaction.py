@@ -299,6 +299,26 @@ def test_an_archive_folder_memd_may_not_open_keeps_its_mode(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give MEMORY.md another group")
+def test_a_private_folder_an_archive_symlink_leads_to_keeps_its_mode_and_group(
+    agent_ws: AgentWorkspace,
+) -> None:
+    # archive/ -> another private folder of the agent's (memd's, 0700): the
+    # widening of an older memd's archive/ must not open that one to the group.
+    paths = agent_ws.create_agent("alpha", entries=3)
+    os.chown(paths.memory, 4321, 4321)
+    paths.memory.chmod(0o640)
+    private = paths.dir / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    (private / "notes").write_text("not for the group\n")
+    paths.archive_dir.symlink_to("private")
+    before = private.stat()
+    compact_agent(paths, FixedSummarizer(), FAST)
+    after = private.stat()
+    assert (stat.S_IMODE(after.st_mode), after.st_gid) == (0o700, before.st_gid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give MEMORY.md another group")
 def test_a_compaction_that_fails_puts_back_the_archive_folder_it_opened(
     agent_ws: AgentWorkspace,
 ) -> None:
