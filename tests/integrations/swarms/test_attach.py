@@ -247,6 +247,31 @@ def test_a_memory_md_rewritten_in_place_is_sent_as_rewritten(seeded: Path) -> No
     assert [m["content"] for m in agent.sent[-1]].count("turn five") == 1
 
 
+def test_a_memory_md_loaded_mid_rewrite_is_followed_once_written(seeded: Path) -> None:
+    """A writer's open(path, "w") truncated MEMORY.md and the run loaded it empty
+    (a rebuild, as the file no longer started as loaded); the writer's content
+    came after. Every later file starts with the empty bytes loaded, so it was
+    taken for Swarms' appends: the rewrite never reached the model, nor any
+    memory at all (found by r10late)."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    agent.run("turn one")
+    path = memory_of(seeded)
+    with path.open("w", encoding="utf-8") as writer:  # truncated; its write comes later
+        agent.run("turn two")
+        assert agent._memd_swarms.rebuilds == 1
+        writer.write(HEADER + block("Human", "REWRITTEN: only the launch code ORCHID-7"))
+    agent.run("turn three")
+    sent = agent.sent[-1]
+    (carrier,) = carrying(sent, "ORCHID-7")
+    assert carrier["role"] == "system" and carrier["content"].startswith(PRELOAD)
+    assert [m["content"] for m in sent].count("turn three") == 1
+    assert agent._memd_swarms.rebuilds == 2
+    # Swarms' own appends after it are not a rewrite.
+    agent.run("turn four")
+    agent.run("turn five")
+    assert agent._memd_swarms.rebuilds == 2
+
+
 def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:
     """A run that ended with a tool call: the call and its results are not in MEMORY.md.
 

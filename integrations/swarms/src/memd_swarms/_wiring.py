@@ -747,10 +747,16 @@ class Wiring:
         if version == self.checked_version:
             return False
         head = _read_prefix(self.held, self.loaded_size)
-        if self._starts_as_loaded(head):
-            self.checked_version = version
-            return False
-        return True
+        if not self._starts_as_loaded(head):
+            return True
+        if not _continues_with_an_entry(self.held, self.loaded_size, version[0]):
+            # The loaded bytes are still its start, but what follows them is no
+            # entry Swarms (or memd's drain) appends: the file was caught
+            # mid-rewrite when loaded (a writer's open(path, "w") had truncated
+            # it, to nothing or part-way) and has been written since.
+            return True
+        self.checked_version = version
+        return False
 
     def _starts_as_loaded(self, data: bytes) -> bool:
         """Whether ``data`` starts with the bytes the history was loaded from."""
@@ -903,6 +909,20 @@ def _close_all(fds: list[int]) -> None:
 
 def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
+
+
+# How far past the loaded bytes an appended entry's header line is looked for.
+_HEADER_WINDOW = 4096
+
+
+def _continues_with_an_entry(fd: int, loaded_size: int, size: int) -> bool:
+    """Whether the file's bytes after the first ``loaded_size`` (its size now
+    ``size``) begin with an entry header, as every append of Swarms' does; True
+    when there are none."""
+    if size <= loaded_size:
+        return True
+    head = os.pread(fd, min(_HEADER_WINDOW, size - loaded_size), loaded_size)
+    return not head or _ENTRY_HEADER.match(head) is not None
 
 
 def _read_prefix(fd: int, size: int) -> bytes:
