@@ -226,8 +226,11 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
 _B: Final = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrt])|(?<=%[0-9A-Fa-f]{2})|(?<=\\u[0-9A-Fa-f]{4}))"
 _E: Final = r"(?![A-Za-z0-9_])"
 _ASSIGN_KEYS: Final = (
-    r"password|passwd|pwd|passphrase|secret|client[_-]?secret|secret[_-]?key|token|"
-    r"access[_-]?token|auth[_-]?token|refresh[_-]?token|api[_-]?key|apikey|"
+    # Spelled with a space too ("api key: sk-live-…", "Access Token = …"), as
+    # people write them in prose and notes; not "private key", whose value in
+    # prose is mostly a path ("private key: ~/.ssh/id_ed25519").
+    r"password|passwd|pwd|passphrase|secret|client[_ -]?secret|secret[_ -]?key|token|"
+    r"access[_ -]?token|auth[_ -]?token|refresh[_ -]?token|api[_ -]?key|apikey|"
     r"private[_-]?key|credentials?"
 )
 # .env names for passwords the keys above miss: PGPASSWORD, HTPASSWD (no "_"
@@ -1865,11 +1868,12 @@ _MEMD_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "password",
         _rx(
-            r"(?i:\bpass(?:word|phrase)\s+(?:is|was|=)\s*:?\s*)([^\s\"']{4,100}?)(?=[.,;!?]?(?:\s|$))"
+            r"(?i:\b(?:pass(?:word|phrase)|api[ _-]?key|secret[ _-]?key|access[ _-]?token|"
+            r"auth[ _-]?token)\s+(?:is|was|=)\s*:?\s*)([^\s\"']{4,100}?)(?=[.,;!?]?(?:\s|$))"
         ),
         group=1,
         validate=_spoken_password,
-        hints=("pass",),
+        hints=("pass", "key", "token"),
     ),
 )
 

@@ -1780,3 +1780,44 @@ def test_a_glued_password_is_never_prose(text: str, secret: str) -> None:
 )
 def test_prose_naming_net_user_or_vault_login_is_not_flagged(text: str) -> None:
     assert find_secrets(text) == []
+
+
+# -- key names written with a space (found by r10late) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        (
+            "api key: sk-live-4f8a9b2c7d1e6f3a5b8c9d0e1f2a3b4c",
+            "sk-live-4f8a9b2c7d1e6f3a5b8c9d0e1f2a3b4c",
+        ),
+        ("The API Key = 9f8e7d6c5b4a39281706f5e4d3c2b1a0", "9f8e7d6c5b4a39281706f5e4d3c2b1a0"),
+        (
+            "access token: ghx_9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+            "ghx_9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+        ),
+        (
+            "Priya said the api key is 4f8a9b2c7d1e6f3a5b8c9d0e1f2a3b4c.",
+            "4f8a9b2c7d1e6f3a5b8c9d0e1f2a3b4c",
+        ),
+        ("the secret key was Zq9!vL2#pX7m, rotate it", "Zq9!vL2#pX7m"),
+    ],
+)
+def test_a_key_name_written_with_a_space_is_a_key(text: str, secret: str) -> None:
+    assert [text[s.start : s.end] for s in find_secrets(text)] == [secret]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the api key is invalid",
+        "the access token is expired.",
+        "the API key is in the vault",
+        "our api key was rotated on Monday.",
+        "api key rotation is due",
+        "private key: ~/.ssh/id_ed25519",
+    ],
+)
+def test_prose_about_a_spaced_key_name_is_not_a_secret(text: str) -> None:
+    assert find_secrets(text) == []
