@@ -482,14 +482,7 @@ def check_thresholds(config: MemdConfig, workspace: Path, agents: Iterable[str])
             with contextlib.suppress(Exception):
                 window = read_window(folder, count_text)[1]
         policy = resolve_policy(config, agent, context_length_for_model, window)
-        if not policy.compress:
-            continue
-        why = threshold_too_small(
-            policy.threshold_tokens,
-            policy.low_water_tokens,
-            policy.context_length,
-            policy.reserved_tokens,
-        )
+        why = threshold_too_small(policy)
         if why:
             small.append(f"agent {agent!r}: {why}")
     if small:

@@ -181,12 +181,7 @@ def compact_now(
             continue
         window = declared_window(folder, counter.count_text, _descriptor_warning(name))
         policy = policies[name] = resolve_policy(cfg, name, context_length_for_model, window)
-        too_small = policy.compress and threshold_too_small(
-            policy.threshold_tokens,
-            policy.low_water_tokens,
-            policy.context_length,
-            policy.reserved_tokens,
-        )
+        too_small = threshold_too_small(policy)
         if too_small:
             warn(f"agent {name!r}: {too_small} (memd doctor)")
     targets = list(policies)

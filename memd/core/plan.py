@@ -37,6 +37,7 @@ from memd.core.chunking import (
     plan_chunks,
     transcript_pieces,
 )
+from memd.core.config import AgentPolicy
 from memd.core.jobs import unparsable_tail
 from memd.core.memfile import BLOCK_TERMINATOR, EntrySegment, MemoryDocument
 from memd.core.prompts import previous_summary_body, since_last_summary
@@ -59,22 +60,22 @@ SUMMARY_MARKUP_TOKENS = 160
 SMALLEST_LOW_WATER_TOKENS = SUMMARY_MARKUP_TOKENS + MIN_SUMMARY_TOKENS
 
 
-def threshold_too_small(
-    threshold_tokens: int, low_water_tokens: int, context_length: int, reserved_tokens: int
-) -> str | None:
-    """Why no compaction can bring an agent under its threshold, or None.
+def threshold_too_small(policy: AgentPolicy) -> str | None:
+    """Why no compaction can bring an agent under its threshold, or None (also for
+    an agent memd never compacts).
 
     A threshold that leaves less room below its low-water mark than a summary
     block needs (a system prompt and tools reserving most of a small window, a
     ``max_tokens`` or ``threshold`` set very low) makes every compaction end over
     the mark: the agent is compacted again at each cooldown and stays over."""
-    if low_water_tokens >= SMALLEST_LOW_WATER_TOKENS:
+    if not policy.compress or policy.low_water_tokens >= SMALLEST_LOW_WATER_TOKENS:
         return None
-    reserved = f", {reserved_tokens} of it reserved" if reserved_tokens else ""
+    reserved = f", {policy.reserved_tokens} of it reserved" if policy.reserved_tokens else ""
     return (
-        f"threshold {threshold_tokens} tokens (window {context_length}{reserved}) "
-        f"leaves a low-water mark of {low_water_tokens}, under the {SMALLEST_LOW_WATER_TOKENS} "
-        "a summary block needs: no compaction brings it under its threshold"
+        f"threshold {policy.threshold_tokens} tokens (window {policy.context_length}{reserved}) "
+        f"leaves a low-water mark of {policy.low_water_tokens}, under the "
+        f"{SMALLEST_LOW_WATER_TOKENS} a summary block needs: no compaction brings it under "
+        "its threshold"
     )
 
 

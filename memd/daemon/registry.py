@@ -195,12 +195,7 @@ class AgentRegistry:
                 # text, a new window) would otherwise add policies for ever.
                 policies.clear()
             policy = policies[key] = resolve_policy(config, name, self._context_length_of, window)
-            too_small = policy.compress and threshold_too_small(
-                policy.threshold_tokens,
-                policy.low_water_tokens,
-                policy.context_length,
-                policy.reserved_tokens,
-            )
+            too_small = threshold_too_small(policy)
             if too_small:
                 # Once per policy (agents that resolve alike share it; a reload
                 # makes new ones): the compactions' own lines would only say it
