@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from memd.core.config import MemdConfig, PrivacyConfig, SummarizerConfig
+from memd.core.descriptor import AgentWindow
 from memd.errors import ConfigError, MemdError, describe_error
 from memd.fsutil import mount_of
 from memd.workspace import AGENTS_DIR, MEMORY_FILE, agent_paths, list_agents
@@ -410,21 +411,28 @@ def check_tokenizer(encoding: str) -> list[Check]:
     return [_ok(name, f"{encoding} loaded offline in {elapsed * 1000:.0f} ms")]
 
 
-def check_descriptors(workspace: Path, agents: Iterable[str], encoding: str) -> list[Check]:
-    """Each agent's ``memd-agent.json`` as the daemon reads it: one it refuses (or
-    clamps) costs that agent its declared window, said only in the daemon's log
-    and nowhere a one-shot command looks (status shows the config's window)."""
-    name = "agent descriptors"
+@dataclass(frozen=True, slots=True)
+class DeclaredWindows:
+    """Every agent's ``memd-agent.json`` read once, as the daemon reads it: the
+    windows memd uses, what it refuses or clamps (one line each), how many declare."""
+
+    windows: dict[str, AgentWindow]
+    problems: list[str]
+    declared: int
+
+
+def read_declared_windows(workspace: Path, agents: Iterable[str], encoding: str) -> DeclaredWindows:
     from memd.core.descriptor import DESCRIPTOR_NAME, DescriptorError
     from memd.descriptor import file_key, read_window
 
-    def count_text(text: str) -> int:
+    def count_text(text: str) -> int:  # the tokenizer loaded only for a reserved text
         from memd.tokenizer import TokenCounter
 
         return TokenCounter(encoding).count_text(text)
 
-    declared = 0
+    windows: dict[str, AgentWindow] = {}
     problems: list[str] = []
+    declared = 0
     for agent in agents:
         folder = workspace / AGENTS_DIR / agent
         if file_key(folder) is None:
@@ -438,63 +446,79 @@ def check_descriptors(workspace: Path, agents: Iterable[str], encoding: str) -> 
         except Exception as exc:  # the reserved text's count (tokenizer): report, never crash
             problems.append(f"agent {agent!r}: {DESCRIPTOR_NAME}: {describe_error(exc)}")
             continue
-        if window is not None and window.clamped:
+        if window is None:
+            continue
+        windows[agent] = window
+        if window.clamped:
             problems.append(f"agent {agent!r}: {DESCRIPTOR_NAME}: {'; '.join(window.clamped)}")
-    if problems:
-        more = f" (+{len(problems) - 1} more agents)" if len(problems) > 1 else ""
-        return [
-            _warn(
-                name,
-                problems[0] + more,
-                f"fix or remove the agent's {DESCRIPTOR_NAME} (its framework writes it; "
-                "memd-swarms does)",
-            )
-        ]
-    if not declared:
+    return DeclaredWindows(windows, problems, declared)
+
+
+def _warn_agents(name: str, lines: list[str], fix: str) -> Check:
+    """One warn line for many agents: the first named, how many more."""
+    more = f" (+{len(lines) - 1} more agents)" if len(lines) > 1 else ""
+    return _warn(name, lines[0] + more, fix)
+
+
+def check_descriptors(
+    workspace: Path,
+    agents: Iterable[str],
+    encoding: str,
+    read: DeclaredWindows | None = None,
+) -> list[Check]:
+    """Each agent's ``memd-agent.json`` as the daemon reads it: one it refuses (or
+    clamps) costs that agent its declared window, said only in the daemon's log
+    and nowhere a one-shot command looks (status shows the config's window)."""
+    name = "agent descriptors"
+    from memd.core.descriptor import DESCRIPTOR_NAME
+
+    if read is None:
+        read = read_declared_windows(workspace, agents, encoding)
+    if read.problems:
+        fix = (
+            f"fix or remove the agent's {DESCRIPTOR_NAME} (its framework writes it; "
+            "memd-swarms does)"
+        )
+        return [_warn_agents(name, read.problems, fix)]
+    if not read.declared:
         return [_ok(name, f"no agent declares its window ({DESCRIPTOR_NAME}): the config's apply")]
-    return [_ok(name, f"{declared} agent(s) declare their window ({DESCRIPTOR_NAME}), all read")]
+    return [
+        _ok(name, f"{read.declared} agent(s) declare their window ({DESCRIPTOR_NAME}), all read")
+    ]
 
 
-def check_thresholds(config: MemdConfig, workspace: Path, agents: Iterable[str]) -> list[Check]:
+def check_thresholds(
+    config: MemdConfig,
+    workspace: Path,
+    agents: Iterable[str],
+    read: DeclaredWindows | None = None,
+) -> list[Check]:
     """Agents whose threshold no compaction can bring them under (a summary block
     alone needs more than its low-water mark leaves): compacted at every cooldown,
     over their threshold for good, and nothing else says why. Windows as the daemon
-    resolves them: each agent's ``memd-agent.json`` (its reserved text counted),
-    ``[agents."glob"]`` tables, models' windows from litellm's map."""
+    resolves them: each agent's ``memd-agent.json`` (its reserved text counted; one
+    memd refuses leaves the config's window, as in the daemon), ``[agents."glob"]``
+    tables, models' windows from litellm's map."""
     name = "thresholds"
     from memd.core.config import resolve_policy
     from memd.core.plan import threshold_too_small
-    from memd.descriptor import file_key, read_window
     from memd.modelinfo import context_length_for_model
 
-    def count_text(text: str) -> int:
-        from memd.tokenizer import TokenCounter
-
-        return TokenCounter(config.tokenizer.encoding).count_text(text)
-
+    agents = list(agents)
+    if read is None:
+        read = read_declared_windows(workspace, agents, config.tokenizer.encoding)
     small: list[str] = []
     for agent in agents:
-        folder = workspace / AGENTS_DIR / agent
-        window = None
-        if file_key(folder) is not None:
-            # A descriptor memd refuses is said by the "agent descriptors" check;
-            # without it the config's window applies, as in the daemon.
-            with contextlib.suppress(Exception):
-                window = read_window(folder, count_text)[1]
-        policy = resolve_policy(config, agent, context_length_for_model, window)
-        why = threshold_too_small(policy)
+        window = read.windows.get(agent)
+        why = threshold_too_small(resolve_policy(config, agent, context_length_for_model, window))
         if why:
             small.append(f"agent {agent!r}: {why}")
     if small:
-        more = f" (+{len(small) - 1} more agents)" if len(small) > 1 else ""
-        return [
-            _warn(
-                name,
-                small[0] + more,
-                "give the agent a larger window or a higher [trigger] threshold / max_tokens, "
-                "or reserve less of its window (a shorter system prompt, fewer tools)",
-            )
-        ]
+        fix = (
+            "give the agent a larger window or a higher [trigger] threshold / max_tokens, "
+            "or reserve less of its window (a shorter system prompt, fewer tools)"
+        )
+        return [_warn_agents(name, small, fix)]
     return [_ok(name, "every agent's threshold leaves room for a summary")]
 
 
@@ -858,8 +882,10 @@ def run_checks(
     results += check_state_dir(state_dir, workspace)
     results += check_tokenizer(config.tokenizer.encoding)
     if agents:
-        results += check_descriptors(workspace, agents, config.tokenizer.encoding)
-        results += check_thresholds(config, workspace, agents)
+        # Each descriptor read (its reserved text tokenized) once for both checks.
+        declared = read_declared_windows(workspace, agents, config.tokenizer.encoding)
+        results += check_descriptors(workspace, agents, config.tokenizer.encoding, declared)
+        results += check_thresholds(config, workspace, agents, declared)
     results += check_archive_key(config.privacy, workspace)
     results += check_redaction(config, state_dir, workspace)
     probe: Prober | None = None
