@@ -67,9 +67,15 @@ class FakeConversation:
         row = {"role": role, "content": content}
         self.conversation_history.append(row)
         if self.memory_md_path:
-            with open(self.memory_md_path, "a", encoding="utf-8") as handle:
-                handle.write(block(role, str(content)))
+            self._append_to_memory_md(role, content)
         return row
+
+    def _append_to_memory_md(self, role: str, content: Any) -> None:
+        # swarms 16.0.3's: the text stripped, nothing for an empty one.
+        text = content if isinstance(content, str) else str(content)
+        if content is not None and text.strip():
+            with open(str(self.memory_md_path), "a", encoding="utf-8") as handle:
+                handle.write(block(role, text.strip()))
 
     def to_messages(
         self, agent_name: str | None = None, start: int = 0, prefix: Any = ()
@@ -270,6 +276,73 @@ def test_a_memory_md_loaded_mid_rewrite_is_followed_once_written(seeded: Path) -
     agent.run("turn four")
     agent.run("turn five")
     assert agent._memd_swarms.rebuilds == 2
+
+
+def test_a_memory_md_loaded_mid_rewrite_at_an_entry_boundary_is_followed_once_written(
+    seeded: Path,
+) -> None:
+    """As above, but the writer's first part ended exactly where an entry starts:
+    what it wrote next began with an entry header, like every append of Swarms',
+    so the wiring took it for the agent's own appends and kept the history it had
+    (the first part only) instead of following the rewrite (found by s11swarms:
+    the appended entries were never sent)."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    agent.run("turn one")
+    path = memory_of(seeded)
+    with path.open("w", encoding="utf-8") as writer:  # the rewrite, part by part
+        writer.write(HEADER + block("Human", "REWRITTEN: part one"))
+        writer.flush()
+        agent.run("turn two")  # loads the first part: it no longer starts as loaded
+        assert agent._memd_swarms.rebuilds == 1
+        writer.write(block("Human", "REWRITTEN: the launch code ORCHID-7"))
+    agent.run("turn three")
+    sent = agent.sent[-1]
+    (carrier,) = carrying(sent, "ORCHID-7")
+    assert carrier["role"] == "system" and carrier["content"].startswith(PRELOAD)
+    assert [m["content"] for m in sent].count("turn three") == 1
+    assert agent._memd_swarms.rebuilds == 2
+    # Swarms' own appends after it are not a rewrite.
+    agent.run("turn four")
+    agent.run("turn five")
+    assert agent._memd_swarms.rebuilds == 2
+    assert [m["content"] for m in agent.sent[-1]].count("turn four") == 1
+
+
+def test_entries_another_writer_appends_are_followed_at_the_next_run(seeded: Path) -> None:
+    """Whole entries another hand appended to the loaded file (another process
+    running the same agent, a copy of it) are not in the history: the next run
+    starts from the file. Between two requests of a run they wait for the next
+    run (a rebuild there would fold the run's own turns into the memory)."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    agent.run("turn one")
+    path = memory_of(seeded)
+    with path.open("a", encoding="utf-8") as other:
+        other.write(block("Human", "OTHER-WRITER: the code is ORCHID-9"))
+    wiring = agent._memd_swarms
+    wiring.run_depth = 1  # as between two model requests of a run
+    wiring.before_call()
+    wiring.run_depth = 0
+    assert wiring.rebuilds == 0
+    agent.run("turn two")
+    sent = agent.sent[-1]
+    (carrier,) = carrying(sent, "ORCHID-9")
+    assert carrier["role"] == "system" and "turn one" in carrier["content"]
+    assert [m["content"] for m in sent].count("turn two") == 1
+    assert wiring.rebuilds == 1
+    agent.run("turn three")
+    assert wiring.rebuilds == 1
+
+
+def test_a_turn_holding_an_entry_header_line_is_the_agents_own_append(seeded: Path) -> None:
+    """A turn whose text holds a line like an entry header (a tool's output quoted,
+    a transcript pasted) is one append of Swarms', not another writer's entries."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    quoted = "see:\n\n---\n\n### Human — 2026-01-01T00:00:00\n\nquoted turn\n\n---"
+    agent.run(quoted)
+    agent.run("turn two")
+    agent.run("turn three")
+    assert agent._memd_swarms.rebuilds == 0
+    assert [m["content"] for m in agent.sent[-1]].count("turn two") == 1
 
 
 def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:

@@ -1165,3 +1165,38 @@ def test_pip_install_beside_swarms_keeps_its_pins(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert probe.stdout.strip() == "[]"
+
+
+def test_a_memory_md_loaded_mid_rewrite_at_an_entry_boundary_reaches_the_model(
+    tmp_path: Path,
+) -> None:
+    """A writer's open(path, "w") caught by a run after its first part, which ended
+    where an entry starts: the rest began with an entry header, like swarms'
+    appends, and the wiring kept the first part only (found by s11swarms). The
+    agent's own appends, one holding an entry header line, are no rewrite."""
+    report = run_script(
+        tmp_path,
+        """
+        agent = make()
+        path = agent.short_memory.memory_md_path
+        script(agent, [])
+        memd_swarms.attach(agent)
+        agent.run("turn one")
+        with open(path, encoding="utf-8") as handle:
+            head = handle.read().split("### ", 1)[0]
+        with open(path, "w", encoding="utf-8") as writer:
+            writer.write(head + block("Human", "REWRITTEN: part one"))
+            writer.flush()
+            agent.run("turn two")
+            writer.write(block("Human", "REWRITTEN: the launch code ORCHID-7"))
+        agent.run("turn three")
+        agent.run("quoted:\\n\\n---\\n\\n### Human \\u2014 2026-01-01T00:00:00\\n\\nold turn")
+        agent.run("turn five")
+        report(rebuilds=agent._memd_swarms.rebuilds)
+        """,
+    )
+    sent = report["sent"]
+    assert "ORCHID-7" not in text_of(sent[1])
+    assert all("ORCHID-7" in text_of(request) for request in sent[2:])
+    assert [m.get("content") for m in sent[2]].count("turn three") == 1
+    assert report["rebuilds"] == 2

@@ -431,6 +431,16 @@ class Wiring:
     # Swarms appended to (see ``_rewritten``).
     loaded_digest: bytes | None = None
     checked_version: tuple[int, int, int] | None = None
+    # What Swarms appended to the loaded file since it was loaded, entry by entry
+    # (recorded by ``wrap_run``'s hook on ``_append_to_memory_md``; None: the
+    # conversation has no such method and appends are told by their headers):
+    # anything else after the loaded bytes was written by another hand (a
+    # rewrite caught part-way when loaded, whose part ended at an entry's start;
+    # another writer's turns), which the history does not hold.
+    appended: list[AppendedEntry] | None = None
+    # The loaded file had entries after its loaded bytes that Swarms did not
+    # append when last looked at inside a run: followed at the next run's start.
+    foreign_pending: bool = False
     # A read-only descriptor on the file the history was loaded from: after a
     # re-seed it tells whether memd's drain of that file is done.
     held: int | None = None
@@ -515,6 +525,9 @@ class Wiring:
             self.loaded_size = len(snapshot.data)
             self.loaded_digest = _digest(snapshot.data)
             self.checked_version = None if snapshot.fd is None else _version(os.fstat(snapshot.fd))
+            if self.appended is not None:
+                self.appended = []
+            self.foreign_pending = False
             self._keep(snapshot.fd, draining)
             self.said.discard("unreadable")
             return dropped
@@ -718,45 +731,63 @@ class Wiring:
         """Rebuild from MEMORY.md when memd has re-seeded it, or has let go of an old
         file whose drain was not done at the last rebuild; True when it did."""
         finished = any(os.fstat(fd).st_nlink == 0 for fd in self.draining)
-        rewritten = False
+        change: str | None = None
         if not finished and current_identity(self.memory_path) == self.loaded:
-            rewritten = self._rewritten()
-            if not rewritten:
+            change = self._rewritten()
+            if change is None:
+                return False
+            if change == APPENDED and self.run_depth:
+                # Another writer's whole entries, between two model requests of a
+                # run: a rebuild now would fold the run's own turns (the file has
+                # them, not at its end) into the memory, and its requests would
+                # no longer end with its task. The next run starts from the file.
                 return False
         dropped = self.rebuild()
         self.rebuilds += 1
         log.info(
             "memd_swarms: MEMORY.md was %s; working context rebuilt from the file "
             "(%d rows replaced)",
-            "drained by memd" if finished else "rewritten" if rewritten else "re-seeded",
+            "drained by memd" if finished else change or "re-seeded",
             dropped,
         )
         return True
 
-    def _rewritten(self) -> bool:
-        """Whether the loaded file (still MEMORY.md) no longer starts with the bytes
-        loaded from it: rewritten in place, not appended to. memd re-seeds a new
-        file and Swarms appends, so the history held it all; an in-place rewrite
-        (the agent editing its memory, a tool's ``open(path, "w")``) was never
-        sent, and the rows the rewrite took out were sent with every request,
-        over memd's count of the file, until memd's next compaction. Read only
-        when the file changed since the last look, and only as far as was loaded."""
+    def _rewritten(self) -> str | None:
+        """How the loaded file (still MEMORY.md) changed other than by Swarms'
+        appends: ``REWRITTEN`` when it no longer starts with the bytes loaded from
+        it, or what follows them is not entries; ``APPENDED`` when entries Swarms
+        did not append follow them; None when only Swarms' appends do. memd
+        re-seeds a new file and Swarms appends, so the history held it all; an
+        in-place rewrite (the agent editing its memory, a tool's
+        ``open(path, "w")``) was never sent, and the rows the rewrite took out
+        were sent with every request, over memd's count of the file, until
+        memd's next compaction. Read only when the file changed since the last
+        look."""
         if self.held is None or self.loaded_digest is None:
-            return False
+            return None
         version = _version(os.fstat(self.held))
         if version == self.checked_version:
-            return False
+            return APPENDED if self.foreign_pending else None
         head = _read_prefix(self.held, self.loaded_size)
         if not self._starts_as_loaded(head):
-            return True
-        if not _continues_with_an_entry(self.held, self.loaded_size, version[0]):
-            # The loaded bytes are still its start, but what follows them is no
-            # entry Swarms (or memd's drain) appends: the file was caught
-            # mid-rewrite when loaded (a writer's open(path, "w") had truncated
-            # it, to nothing or part-way) and has been written since.
-            return True
+            return REWRITTEN
+        if self.appended is None:
+            if not _continues_with_an_entry(self.held, self.loaded_size, version[0]):
+                # The loaded bytes are still its start, but what follows them is no
+                # entry Swarms (or memd's drain) appends: the file was caught
+                # mid-rewrite when loaded (a writer's open(path, "w") had truncated
+                # it, to nothing or part-way) and has been written since.
+                return REWRITTEN
+            change = None
+        else:
+            # Entries after the loaded bytes that Swarms did not append: the file
+            # was caught mid-rewrite when loaded, its part ending where an entry
+            # starts (so what followed looked like Swarms' appends), or another
+            # hand appended turns; or an append of Swarms' is not there.
+            change = _change_after(_read_from(self.held, self.loaded_size), self.appended)
         self.checked_version = version
-        return False
+        self.foreign_pending = change == APPENDED
+        return change
 
     def _starts_as_loaded(self, data: bytes) -> bool:
         """Whether ``data`` starts with the bytes the history was loaded from."""
@@ -925,6 +956,103 @@ def _continues_with_an_entry(fd: int, loaded_size: int, size: int) -> bool:
     return not head or _ENTRY_HEADER.match(head) is not None
 
 
+#: How a loaded file changed other than by Swarms' appends (``Wiring._rewritten``).
+REWRITTEN = "rewritten"
+APPENDED = "appended to by another writer"
+#: How Swarms closes each entry it appends.
+_ENTRY_END = b"\n\n---\n\n"
+#: A terminator, any empty lines, then a line opening with "### " (memd's rule: an
+#: entry header counts where a terminator closes the entry before it).
+_NEXT_ENTRY = re.compile(rb"\n\n---\n\n\n*(?=### )")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendedEntry:
+    """An entry Swarms appended to MEMORY.md: its header up to the timestamp
+    (``### {role} — ``), and its text's length and digest."""
+
+    opening: bytes
+    size: int
+    digest: bytes
+
+
+def appended_entry(conversation: Any, role: Any, content: Any) -> AppendedEntry | None:
+    """The entry ``Conversation._append_to_memory_md(role, content)`` writes, decided
+    as swarms 16.0.3 decides it; None when it writes none (suppressed, no content,
+    only whitespace; text it cannot encode fails its write too)."""
+    if getattr(conversation, "_suppress_memory_md", False) or content is None:
+        return None
+    text = content if isinstance(content, str) else str(content)
+    if not text.strip():
+        return None
+    try:
+        opening = f"### {role} \u2014 ".encode()
+        body = text.strip().encode()
+    except UnicodeEncodeError:
+        return None
+    return AppendedEntry(opening, len(body), _digest(body))
+
+
+def _appended_end(data: bytes, at: int, entry: AppendedEntry) -> int | None:
+    """Where ``entry``, as Swarms wrote it, ends when it starts at ``at`` in ``data``
+    (its text is compared whole, so a header line inside it is no entry's start)."""
+    if not data.startswith(entry.opening, at):
+        return None
+    stamp_at = at + len(entry.opening)
+    line_end = data.find(b"\n", stamp_at)
+    if line_end <= stamp_at or not _is_timestamp(data[stamp_at:line_end]):
+        return None
+    body = line_end + 2
+    end = body + entry.size
+    if data[line_end:body] != b"\n\n" or not data.startswith(_ENTRY_END, end):
+        return None
+    if _digest(data[body:end]) != entry.digest:
+        return None
+    return end + len(_ENTRY_END)
+
+
+def _entry_at(data: bytes, at: int) -> bool:
+    match = _ENTRY_HEADER.match(data, at)
+    return match is not None and bool(match.group(1).strip()) and _is_timestamp(match.group(2))
+
+
+def _next_entry(data: bytes, at: int) -> int:
+    """Where the next entry after one starting at ``at`` starts (its end: ``len(data)``)."""
+    for found in _NEXT_ENTRY.finditer(data, at):
+        if _entry_at(data, found.end()):
+            return found.end()
+    return len(data)
+
+
+def _change_after(tail: bytes, appended: list[AppendedEntry]) -> str | None:
+    """How the bytes after the loaded ones (``tail``) differ from Swarms' own appends
+    since the load, in order: None when they are exactly those, ``APPENDED``
+    when whole entries of another writer's are among them, ``REWRITTEN`` when
+    they are not entries or one of Swarms' is not there."""
+    at, index, foreign = 0, 0, False
+    while at < len(tail):
+        end = _appended_end(tail, at, appended[index]) if index < len(appended) else None
+        if end is not None:
+            at, index = end, index + 1
+            continue
+        if not _entry_at(tail, at):
+            return REWRITTEN
+        foreign = True
+        at = _next_entry(tail, at)
+    if index < len(appended):
+        return REWRITTEN
+    return APPENDED if foreign else None
+
+
+def _read_from(fd: int, offset: int) -> bytes:
+    """The file's bytes from ``offset`` to its end."""
+    chunks = []
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def _read_prefix(fd: int, size: int) -> bytes:
     """Up to the first ``size`` bytes of the file (fewer when it is shorter)."""
     chunks = []
@@ -993,7 +1121,24 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
             wiring.run_calls += 1
         return build(agent_name, start, prefix)
 
+    append: Callable[..., Any] | None = getattr(conversation, "_append_to_memory_md", None)
+
+    def append_to_memory(role: Any, content: Any, *args: Any, **kwargs: Any) -> Any:
+        # Recorded under the wiring's lock, so a rebuild's read of the file and
+        # its reset of the record fall before or after an append, never inside.
+        assert append is not None
+        with wiring.lock:
+            entry = appended_entry(conversation, role, content)
+            result = append(role, content, *args, **kwargs)
+            if entry is not None and wiring.appended is not None:
+                wiring.appended.append(entry)
+            return result
+
     agent.run = run
     conversation.to_messages = to_messages
+    if callable(append):
+        conversation._append_to_memory_md = functools.wraps(append)(append_to_memory)
+        with wiring.lock:
+            wiring.appended = []
     if callable(attempt_run):
         agent._run = functools.wraps(attempt_run)(attempt)
