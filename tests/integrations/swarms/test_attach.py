@@ -1024,6 +1024,31 @@ def test_attach_twice_wires_once(seeded: Path) -> None:
     assert len(carrying(agent.sent[-1], "I am Ada")) == 1
 
 
+def test_copies_built_from_an_attached_agents_class_are_attached(seeded: Path) -> None:
+    """swarms' PhasedFanOutWorkflow runs a fresh copy of each agent per use,
+    ``type(agent)(**config)`` with the constructor's arguments read back through
+    ``inspect.signature``: the copies loaded the same MEMORY.md but were not
+    attached, and their requests never carried the memory (found by s11swarms)."""
+    import inspect
+
+    agent = memd_swarms.attach(FakeAgent(seeded), recall=False, hold_s=5)
+    cls = type(agent)
+    assert isinstance(agent, FakeAgent) and cls.__name__ == "FakeAgent"
+    assert inspect.signature(cls.__init__) == inspect.signature(FakeAgent.__init__)
+    copy = cls(seeded)
+    assert type(copy) is cls and copy._memd_swarms is not agent._memd_swarms
+    assert copy._memd_swarms.hold_s == 5
+    copy.run("hi from a copy")
+    (carrier,) = carrying(copy.sent[-1], "I am Ada")
+    assert carrier["role"] == "system" and carrier["content"].startswith(PRELOAD)
+    # Attaching again, or attaching a copy, makes no class of a class.
+    memd_swarms.attach(copy)
+    assert type(copy) is cls and type(memd_swarms.attach(FakeAgent(seeded), hold_s=5)) is cls
+    # An agent the wiring refuses is a copy swarms can still run, as it was.
+    other = cls(seeded, name="bob", context_compression=True)
+    assert not hasattr(other, "_memd_swarms")
+
+
 def test_descriptor_tells_memd_the_window_and_what_every_request_carries(seeded: Path) -> None:
     agent = memd_swarms.attach(FakeAgent(seeded, rules="RULES"))
     path = memory_of(seeded).with_name("memd-agent.json")

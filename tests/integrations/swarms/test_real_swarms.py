@@ -1200,3 +1200,50 @@ def test_a_memory_md_loaded_mid_rewrite_at_an_entry_boundary_reaches_the_model(
     assert all("ORCHID-7" in text_of(request) for request in sent[2:])
     assert [m.get("content") for m in sent[2]].count("turn three") == 1
     assert report["rebuilds"] == 2
+
+
+def test_the_copies_phased_fan_out_workflow_runs_carry_the_memory(tmp_path: Path) -> None:
+    """swarms' PhasedFanOutWorkflow runs a fresh copy of each predefined agent per
+    step (``fresh_agent``: the constructor called again with the agent's
+    configuration): the copies loaded MEMORY.md but were not attached, so their
+    requests never carried it (found by s11swarms). Two steps of one phase run
+    two copies at once, appending to the one MEMORY.md."""
+    report = run_script(
+        tmp_path,
+        """
+        import threading
+        from swarms.structs.phased_fan_out_workflow import PhasedFanOutWorkflow
+
+        PLAN = {"name": "p", "description": "d", "return_steps": ["a", "b"], "phases": [
+            {"title": "one", "steps": [{"id": "a", "agent": "ada", "prompt": "{task}: part a"},
+                                       {"id": "b", "agent": "ada", "prompt": "{task}: part b"}]}]}
+        lock, NAMES = threading.Lock(), []
+
+        def call_llm(self, task=None, img=None, imgs=None, current_loop=0,
+                     streaming_callback=None, *a, **kw):
+            with lock:
+                SENT.append([dict(m) for m in kw["messages"]])
+                NAMES.append(self.agent_name)
+                if self.agent_name == "lead":
+                    return "combined" if NAMES.count("lead") > 1 else json.dumps(PLAN)
+            return "worker reply"
+
+        Agent.call_llm = call_llm
+        ada = make()
+        ada.short_memory.add("Human", "the launch code is ORCHID-7")
+        memd_swarms.attach(ada)
+        lead = Agent(agent_name="lead", model_name="openai/gpt-4o-mini", system_prompt="LEAD",
+                     max_loops=1, print_on=False)
+        flow = PhasedFanOutWorkflow(lead_agent=lead, agents=[ada], allow_inline_agents=False)
+        answer = flow.run("do it")
+        report(names=NAMES, answer=answer)
+        """,
+    )
+    workers = [sent for name, sent in zip(report["names"], report["sent"]) if name == "ada"]
+    assert len(workers) == 2 and report["answer"] == "combined"
+    for request in workers:
+        carriers = [m for m in request if "ORCHID-7" in str(m.get("content"))]
+        assert len(carriers) == 1, [m.get("content") for m in request]
+        assert carriers[0]["role"] == "system"
+        assert str(carriers[0]["content"]).startswith(PRELOAD_MARK)
+        assert request[-1]["role"] == "user" and "do it: part" in request[-1]["content"]

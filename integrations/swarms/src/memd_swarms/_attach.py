@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from memd_swarms._descriptor import descriptor_for, write_descriptor
-from memd_swarms._probe import Delivery, probe_delivery, swarms_version, unsupported
+from memd_swarms._probe import (
+    Delivery,
+    UnsupportedSwarms,
+    probe_delivery,
+    swarms_version,
+    unsupported,
+)
 from memd_swarms._recall import (
     PRELOAD_NOTICE,
     RecallUnavailable,
@@ -44,8 +52,10 @@ def attach(
       run after the drain is rebuilt again; never read from the old file), and
       with a tool call the model has not answered yet, and its results, after
       the memory. So is a MEMORY.md rewritten in place (it no longer starts
-      with the bytes loaded from it). A MEMORY.md that is not a regular file in the agent's folder
-      is not loaded: the agent runs on as Swarms alone would (one warning).
+      with the bytes loaded from it, or what follows them is not the entries
+      Swarms appended since), and one another writer appended entries to. A
+      MEMORY.md that is not a regular file in the agent's folder is not
+      loaded: the agent runs on as Swarms alone would (one warning).
     - Before each ``run``, and before each model request of a run after its
       first (``max_loops`` over 1, a tool loop), while memd's count of MEMORY.md
       is over the agent's threshold and memd is to compact it (also when a
@@ -63,7 +73,11 @@ def attach(
       daemon's recall socket, which serves only the agent's own uid), and the
       preload tells it so.
 
-    Returns the same agent. Attaching twice is harmless. Raises AttachError for
+    - The copies swarms builds of the agent (``PhasedFanOutWorkflow``'s fresh
+      agent per use: ``type(agent)(**config)``) are attached as it was.
+
+    Returns the same agent (its class now a subclass of its own that attaches
+    the agents it builds). Attaching twice is harmless. Raises AttachError for
     an agent memd cannot serve (no persistent memory, Swarms' own compression
     on, ``transforms=``, ``max_loops="auto"``) and UnsupportedSwarms when the
     installed swarms is not one it knows.
@@ -136,7 +150,75 @@ def attach(
     if descriptor:
         writer = f"memd-swarms {__version__} (swarms {swarms_version()})"
         write_descriptor(os.path.dirname(str(memory_path)), descriptor_for(agent, writer))
+    _attach_copies(agent, name, recall=recall, hold_s=hold_s)
     return agent
+
+
+#: Set on the classes ``_attach_copies`` makes: the agents they build attach themselves.
+_COPIES_ATTACHED = "_memd_swarms_copies_attached"
+_copying_classes: dict[tuple[type[Any], bool, float], type[Any]] = {}
+_copying_lock = threading.Lock()
+
+
+def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> None:
+    """Make the agents swarms builds as copies of ``agent`` attached too.
+
+    swarms 16.0.3's ``PhasedFanOutWorkflow`` runs a fresh copy of each agent (and
+    of its lead) for every use: ``type(agent)(**config)``, the constructor's
+    arguments read back from the agent (``fresh_agent``). Such a copy loads the
+    same MEMORY.md and writes its turns there, but without attach its requests
+    never carry the memory. So the agent's class becomes a subclass of its own
+    (same name, same constructor signature) whose constructor attaches what it
+    builds, as this agent was (without rewriting memd-agent.json: the copy's
+    configuration is the agent's). An agent whose class cannot be changed is
+    said once: its copies run without memd's memory. (A deep copy is none of
+    this: a swarms Agent holds locks, so ``copy.deepcopy`` fails and swarms'
+    ``AgentRearrange`` runs the agent itself.)
+    """
+    base = type(agent)
+    if getattr(base, _COPIES_ATTACHED, False):
+        return
+    key = (base, recall, float(hold_s))
+    with _copying_lock:
+        copying = _copying_classes.get(key)
+        if copying is None:
+            copying = _copying_class(base, recall=recall, hold_s=hold_s)
+            _copying_classes[key] = copying
+    try:
+        agent.__class__ = copying
+    except TypeError as exc:
+        log.warning(
+            "memd_swarms: agent %r: the copies swarms builds of it (PhasedFanOutWorkflow "
+            "runs one per use) are not attached and run without memd's memory (%s)",
+            name,
+            exc,
+        )
+
+
+def _copying_class(base: type[Any], *, recall: bool, hold_s: float) -> type[Any]:
+    """A subclass of ``base`` whose constructor attaches each agent it builds."""
+    init = base.__init__
+
+    @functools.wraps(init)  # inspect.signature (swarms' fresh_agent) sees base's
+    def init_and_attach(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            attach(self, descriptor=False, recall=recall, hold_s=hold_s)
+        except (AttachError, UnsupportedSwarms) as exc:  # a copy must not fail swarms' run
+            log.warning(
+                "memd_swarms: a copy swarms built of agent %r is not attached: %s",
+                getattr(self, "agent_name", "agent"),
+                exc,
+            )
+
+    namespace = {
+        "__init__": init_and_attach,
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__,
+        _COPIES_ATTACHED: True,
+    }
+    return type(base.__name__, (base,), namespace)
 
 
 def status_source(memory_path: str) -> Callable[[], dict[str, Any] | None]:
