@@ -57,6 +57,11 @@ kept those turns verbatim at the file's end, the preload leaves them out.
 
 Nothing here writes to MEMORY.md: the preload row is put into the history
 directly, the way Swarms puts its own, never through ``Conversation.add``.
+Swarms' own appends pass through a hook (``_append_to_memory_md``) that
+records each (a file whose bytes after the loaded ones are not those appends
+was rewritten, or written by another hand) and quotes a line of a turn's text
+that reads as an entry header (``> ### …``, as memd quotes them in its
+summaries), which memd would take for another turn's start.
 """
 
 from __future__ import annotations
@@ -118,6 +123,10 @@ COMPACTING_STATES = frozenset({"idle", "pending", "running"})
 
 #: An entry header as Swarms and memd write it: ``### {role} — {ISO timestamp}``.
 _ENTRY_HEADER = re.compile(rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*\r?\n\r?\n")
+#: A line that reads as one, whatever follows it (what ``quote_headers`` quotes).
+_HEADER_LINE = re.compile(rb"(?m)^### ([^\r\n]*) \xe2\x80\x94 ([^\r\n \t]+)[ \t]*\r?$")
+#: A terminator and any empty lines, at the end of what comes before an entry.
+_CLOSED_BEFORE = re.compile(rb"\r?\n\r?\n---\r?\n\r?\n(?:\r?\n)*\Z")
 
 
 #: What an operator should know when memd leaves a file over its threshold, by
@@ -212,14 +221,38 @@ def entries(data: bytes) -> list[bytes]:
     """The entry blocks of a MEMORY.md's bytes, in order (the file header left out).
 
     A line counts as an entry header as memd counts it: ``### {role} — {time}``
-    with a role and an ISO-8601 time, then a blank line.
+    with a role and an ISO-8601 time, then a blank line; after the first, only
+    where a terminator (``---`` between blank lines) closes the entry before it,
+    so a header line inside a turn's text (a tool's output, a quoted
+    transcript) is no new entry.
     """
-    starts = [
-        match.start()
-        for match in _ENTRY_HEADER.finditer(data)
-        if match.group(1).strip() and _is_timestamp(match.group(2))
-    ]
+    starts: list[int] = []
+    for match in _ENTRY_HEADER.finditer(data):
+        if not (match.group(1).strip() and _is_timestamp(match.group(2))):
+            continue
+        start = match.start()
+        if starts and not _CLOSED_BEFORE.search(data, max(0, start - 256), start):
+            continue
+        starts.append(start)
     return [data[start:end] for start, end in zip(starts, [*starts[1:], len(data)], strict=True)]
+
+
+def quote_headers(text: bytes) -> bytes:
+    """``text`` with each line that reads as an entry header quoted with ``> ``, as
+    memd quotes such lines in its summaries: a turn's text holding one (a tool's
+    output that prints a transcript, a pasted MEMORY.md) would otherwise be cut
+    in two by memd where a ``---`` line comes before it, the rest taken for a
+    turn of the role that line names."""
+    if b"### " not in text:
+        return text
+    return _HEADER_LINE.sub(
+        lambda match: (
+            b"> " + match.group(0)
+            if match.group(1).strip() and _is_timestamp(match.group(2))
+            else match.group(0)
+        ),
+        text,
+    )
 
 
 def _is_timestamp(raw: bytes) -> bool:
@@ -252,17 +285,19 @@ def _written(row: dict[str, Any]) -> bytes | None:
     text = (content if isinstance(content, str) else str(content)).strip()
     if not text:
         return None
-    return f"{row.get('role')}\n{text}".encode()
+    return f"{row.get('role')}\n".encode() + quote_headers(text.encode())
 
 
 def _block_text(block: bytes) -> bytes:
-    """An entry block's role and text, in the form ``_written`` gives."""
+    """An entry block's role and text, in the form ``_written`` gives (its header
+    lines quoted either way: a turn Swarms wrote before it was attached has
+    them as they were)."""
     match = _ENTRY_HEADER.match(block)
     assert match is not None  # entries() cut the block at such a header
     body = block[match.end() :].rstrip()
     if body.endswith(b"---"):
         body = body[:-3]
-    return match.group(1) + b"\n" + body.strip()
+    return match.group(1) + b"\n" + quote_headers(body.strip())
 
 
 def kept_verbatim(data: bytes, rows: list[dict[str, Any]]) -> int:
@@ -993,6 +1028,22 @@ def appended_entry(conversation: Any, role: Any, content: Any) -> AppendedEntry 
     return AppendedEntry(opening, len(body), _digest(body))
 
 
+def _with_headers_quoted(content: Any) -> Any:
+    """What Swarms is to append for ``content``: the same, unless its text holds a
+    line that reads as an entry header, then the text with those quoted."""
+    if content is None:
+        return content
+    text = content if isinstance(content, str) else str(content)
+    if "### " not in text:
+        return content
+    try:
+        stripped = text.strip().encode()
+    except UnicodeEncodeError:
+        return content  # Swarms cannot write it either
+    quoted = quote_headers(stripped)
+    return content if quoted == stripped else quoted.decode()
+
+
 def _appended_end(data: bytes, at: int, entry: AppendedEntry) -> int | None:
     """Where ``entry``, as Swarms wrote it, ends when it starts at ``at`` in ``data``
     (its text is compared whole, so a header line inside it is no entry's start)."""
@@ -1128,6 +1179,7 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
         # its reset of the record fall before or after an append, never inside.
         assert append is not None
         with wiring.lock:
+            content = _with_headers_quoted(content)
             entry = appended_entry(conversation, role, content)
             result = append(role, content, *args, **kwargs)
             if entry is not None and wiring.appended is not None:
