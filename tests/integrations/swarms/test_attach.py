@@ -1095,6 +1095,22 @@ def test_copies_built_from_an_attached_agents_class_are_attached(seeded: Path) -
     assert not hasattr(other, "_memd_swarms")
 
 
+def test_an_agent_whose_class_cannot_change_says_its_copies_go_without_memory(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Fixed(FakeAgent):
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "__class__":
+                raise TypeError("__class__ assignment is not allowed here")
+            super().__setattr__(name, value)
+
+    with caplog.at_level(logging.WARNING, logger="memd_swarms"):
+        agent = memd_swarms.attach(Fixed(seeded))
+    assert type(agent) is Fixed and agent._memd_swarms is not None
+    (line,) = [r.getMessage() for r in caplog.records if "copies" in r.getMessage()]
+    assert "'ada'" in line and "PhasedFanOutWorkflow" in line and "without memd's memory" in line
+
+
 def test_descriptor_tells_memd_the_window_and_what_every_request_carries(seeded: Path) -> None:
     agent = memd_swarms.attach(FakeAgent(seeded, rules="RULES"))
     path = memory_of(seeded).with_name("memd-agent.json")
