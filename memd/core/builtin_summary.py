@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from memd.core.memfile import (
@@ -50,6 +50,9 @@ SECTIONS: Final = {
     "Earlier": 2,  # lines of a previous summary written by someone else (a model)
     # What was said when, for turns with nothing above: the first words of each.
     "Timeline": 0,
+    # Open tasks and errors a later turn said are done or fixed (:func:`_resolved_lines`),
+    # the first lines to go; under their own heading they stay resolved when carried.
+    "Resolved": 0,
 }
 _STATS_PREFIX: Final = "Extractive summary of "
 _MAX_SENTENCE_CHARS: Final = 240
@@ -65,6 +68,12 @@ _NOISE_LINE_RE: Final = re.compile(r"^(?:```.*|[-=_*~`|: ]*)$")
 # A line as memd wrote it before day headings: "- (2026-03-02T10:30:09) Human: …".
 _LINE_RE: Final = re.compile(r"^- \((\S+)\) (.*)$")
 _DAY_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
+# A line as memd wrote it before sections (726ab50), under "Earlier (carried
+# forward):" or "Recent turns (most informative):": "> Human (2026-11-30T09:00:00): …".
+_QUOTED_LINE_RE: Final = re.compile(
+    r"^(?:> )?([^():\n]{1,40}) \((\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)\): (.+)$"
+)
+_OLD_HEADINGS: Final = frozenset(("Earlier (carried forward):", "Recent turns (most informative):"))
 # A day heading in a section (:func:`_render`): the lines after it were said that day.
 _DAY_HEADING_RE: Final = re.compile(r"^(\d{4}-\d{2}-\d{2}):$")
 _ISO_STAMP_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?")
@@ -120,6 +129,10 @@ _PERSON_NAME_RE: Final = re.compile(
     r"[A-Z][a-z]+(?:-[A-Z][a-z]+)?"
     r"(?: (?:(?:van|von|de|da|del|der|di|du|la|le|bin|al)[ -])?(?:O'|Mc|Mac)?[A-Z][a-z]+"
     r"(?:-[A-Z][a-z]+)?){1,2}\b"
+)
+# What says a sentence is a task whatever else it names (a person to ask, a decision).
+_TASK_MARKER_RE: Final = _words(
+    r"todo|to-do|fixme|action items?|next steps?|need to|needs to|still needs?"
 )
 # What makes a name a person's role in the work, not a passing mention.
 _ROLE_RE: Final = _words(
@@ -187,8 +200,15 @@ def split_sentences(text: str) -> list[str]:
 
 
 def classify(sentence: str) -> str | None:
-    """The section a sentence belongs to, or None when it carries nothing worth keeping."""
-    if _ROLE_RE.search(sentence) and _PERSON_NAME_RE.search(sentence):
+    """The section a sentence belongs to, or None when it carries nothing worth keeping.
+
+    A task that names who to ask is a task ("TODO: rotate the key, ask Priya
+    Raman"): filed under People it stayed there once done (s11long)."""
+    if (
+        _ROLE_RE.search(sentence)
+        and _PERSON_NAME_RE.search(sentence)
+        and not _TASK_MARKER_RE.search(sentence)
+    ):
         return "People"
     for section, pattern in _CLASSIFIERS:
         if pattern.search(sentence):
@@ -242,12 +262,20 @@ def _carried_lines(previous_body: str, fallback_stamp: str) -> list[Line]:
         if day_heading:
             day = day_heading.group(1)
             continue
-        if line.endswith(":") and len(line.split()) <= 3:
+        if line.endswith(":") and (len(line.split()) <= 3 or line in _OLD_HEADINGS):
             day = ""
-            continue  # another writer's section label ("Goals:")
+            continue  # another writer's section label ("Goals:"), or an old memd's
         match = _LINE_RE.match(line)
         if match:
             lines.append(Line(section, match.group(1), match.group(2)))
+            continue
+        quoted = _QUOTED_LINE_RE.match(line)
+        if quoted:
+            # An old memd's line: its own time, and the section its sentence
+            # would have now (it was read as undated, dated the day of the
+            # summary, and so outlived newer lines).
+            role, stamp, said = quoted.groups()
+            lines.append(Line(classify(said) or section, _stamp(stamp), f"{_role(role)}: {said}"))
             continue
         bare = _LEADING_MARKUP_RE.sub("", line).strip()
         if bare.lower() in {"none", "none.", "n/a"} or not bare:
@@ -334,8 +362,11 @@ def _resolved_lines(lines: list[Line], resolved: list[tuple[str, str]]) -> set[i
     A task is matched by a word of its own that no other open task or error
     holds ("TODO: rotate the staging token" … "Rotated the staging token,
     done."): a word several share ("the billing docs", "the billing job") says
-    nothing of which one was done. Such a line is the first to go: the open
-    ones keep their places (s10retain). Deterministic.
+    nothing of which one was done. Such a line moves to the Resolved section,
+    the first to go: the open ones keep their places (s10retain), and carried
+    to the next summary it stays resolved, where under Open tasks it was open
+    again once the turn saying it was done had been summarized (s11long).
+    Deterministic.
     """
     candidates = [i for i, line in enumerate(lines) if line.section in ("Open tasks", "Errors")]
     if not candidates or not resolved:
@@ -441,7 +472,10 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
         return ""
     span = f", {first} to {last}" if first and last and first != last else ""
     stats = f"{_STATS_PREFIX}{turns} new turn(s){span}." if turns else ""
-    eviction = _eviction_order(lines, _resolved_lines(lines, resolved))
+    for index in _resolved_lines(lines, resolved):
+        lines[index] = replace(lines[index], section="Resolved")
+    done = {index for index, line in enumerate(lines) if line.section == "Resolved"}
+    eviction = _eviction_order(lines, done)
     costs = [count_text(line.render()) + 1 for line in lines]
     # A day heading is paid for while any line under it is kept.
     groups: dict[tuple[str, str], int] = {}

@@ -386,3 +386,66 @@ def test_a_task_or_error_said_done_later_goes_before_the_open_ones(
     assert "TODO: rotate the staging API token" not in summary
     assert "checksum mismatch in shard kappa-7" not in summary
     assert "TODO: ask legal about the retention clause" not in summary
+
+
+def test_a_task_said_done_in_a_later_compaction_stays_resolved(
+    cl100k: Callable[[str], int],
+) -> None:
+    # s11long: a task carried from an earlier summary and said done in this
+    # compaction's turns went first only in that compaction: kept (there was
+    # room), it was carried under Open tasks again and, the turn saying it was
+    # done summarized, open for good, taking an open task's place.
+    first = [
+        ("Agent", "TODO: rotate the staging API token."),
+        ("Human", "We still need to backfill the orders_2019 table before the audit."),
+    ]
+    summary = extractive_summary(memfile.parse(build(first)), max_tokens=500, count_text=cl100k)
+    later = memfile.render_header("demo", "2026-01-01T00:00:00")
+    later += memfile.render_summary_block(summary, "2026-01-02T12:00:00")
+    later += memfile.render_entry(
+        "Agent", "2026-01-03T09:00:00", "Rotated the staging API token, done."
+    )
+    resolved = extractive_summary(memfile.parse(later), max_tokens=500, count_text=cl100k)
+    open_tasks = resolved.split("Open tasks:\n", 1)[1].split("Timeline:", 1)[0]
+    assert "orders_2019" in open_tasks and "staging API token" not in open_tasks
+    assert "Resolved:\n2026-01-02:\n- Agent: TODO: rotate the staging API token." in resolved
+    # Carried once more (no turn says it any longer): still resolved, and the
+    # first line to go under a tighter budget.
+    again = memfile.render_header("demo", "2026-01-01T00:00:00")
+    again += memfile.render_summary_block(resolved, "2026-01-03T12:00:00")
+    again += memfile.render_entry("Human", "2026-01-04T09:00:00", "We decided to keep Redis.")
+    carried = extractive_summary(memfile.parse(again), max_tokens=500, count_text=cl100k)
+    assert "Resolved:\n2026-01-02:\n- Agent: TODO: rotate the staging API token." in carried
+    tight = extractive_summary(
+        memfile.parse(again), max_tokens=cl100k(carried) - 5, count_text=cl100k
+    )
+    assert "TODO: rotate the staging" not in tight
+    assert "orders_2019" in tight and "Redis" in tight
+
+
+def test_a_task_naming_who_to_ask_is_a_task() -> None:
+    # s11long: "ask" and a name made it a People line, never resolved as a task.
+    assert classify("TODO: rotate the key, ask Priya Raman.") == "Open tasks"
+    assert classify("We still need to ask Dana Whitfield for the keys.") == "Open tasks"
+    assert classify("Ask Dana Whitfield before touching the firewall rules.") == "People"
+    assert classify("We decided to keep the TODO list short.") == "Decisions"
+
+
+def test_an_old_memd_s_quoted_lines_keep_their_time(cl100k: Callable[[str], int]) -> None:
+    # s11long: the summary of an old build (726ab50, tests/fixtures/upgrade/)
+    # quoted each line with its time; read as undated, every one was dated the
+    # day of that summary and outlived what was said after it.
+    old = (
+        "Extractive summary of 2 turn(s) since the previous summary.\n"
+        "Earlier (carried forward):\n"
+        "> Human (2026-11-20T09:00:00): We decided to keep the Redis cache.\n"
+        "Recent turns (most informative):\n"
+        "> AI (2026-11-21T10:00:00.123456): The nightly export failed with a timeout."
+    )
+    data = memfile.render_header("a", "2026-11-01T00:00:00")
+    data += memfile.render_summary_block(old, "2026-11-30T00:00:00")
+    data += memfile.render_entry("Human", "2026-12-01T09:00:00", "We decided to shard by tenant.")
+    summary = extractive_summary(memfile.parse(data), max_tokens=500, count_text=cl100k)
+    assert "Decisions:\n2026-11-20:\n- Human: We decided to keep the Redis cache.\n" in summary
+    assert "Errors:\n2026-11-21:\n- AI: The nightly export failed with a timeout." in summary
+    assert "most informative" not in summary and "carried forward" not in summary
