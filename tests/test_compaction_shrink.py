@@ -13,6 +13,7 @@ from support.memfiles import AgentWorkspace, append_entry
 from support.tokens import CL100K
 
 from memd.compaction import CompactionOptions, ProvidedSummary, compact_agent
+from memd.core.line_groups import expand_groups
 from memd.core.memfile import parse
 from memd.core.plan import SUMMARY_MARKUP_TOKENS, lone_summary, summary_over_budget
 from memd.core.summary import SummaryRequest, SummaryResult
@@ -99,7 +100,7 @@ def test_a_block_over_its_budget_is_summarized_again_within_it_then_left_alone(
     assert outcome.tokens_before is not None and outcome.tokens_after is not None
     assert outcome.tokens_after < outcome.tokens_before // 4
     new = parse_summary(lone_summary(parse(paths.memory.read_bytes())).summary_text)  # type: ignore[union-attr]
-    assert "batch job 149 on queue q149" in new.body
+    assert "batch job 149 on queue q149" in expand_groups(new.body)  # lines written as one
     pinned = "\n".join(pin.text for pin in new.pins)
     for index in range(4):
         assert f"/srv/app/config-{index}.yaml" in pinned, new

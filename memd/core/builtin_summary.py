@@ -20,10 +20,11 @@ the pinned section's job (``memd.core.pins``), kept by the transaction.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
+from memd.core.line_groups import Template, expand_groups, template_of
 from memd.core.memfile import (
     EntrySegment,
     MemoryDocument,
@@ -250,7 +251,8 @@ def _carried_lines(previous_body: str, fallback_stamp: str) -> list[Line]:
     lines: list[Line] = []
     section = "Earlier"
     day = ""
-    for raw in sanitize_summary(previous_body).split("\n"):
+    # A line written for several (:func:`_render`): read as each of them.
+    for raw in expand_groups(sanitize_summary(previous_body)).split("\n"):
         line = raw.strip()
         if not line or line.startswith(_STATS_PREFIX) or _NOISE_LINE_RE.match(line):
             continue
@@ -431,7 +433,73 @@ _NEWEST_KEPT: Final = 5
 _PROTECTED_VALUE: Final = 4
 
 
-def _render(lines: list[Line], stats: str) -> str:
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Lines of one section and day written as one (:mod:`memd.core.line_groups`)."""
+
+    number: int
+    template: Template
+
+
+# How many earlier lines of its section and day a line is compared with to
+# start a group: bounds the work on a long section of undated lines.
+_GROUP_CANDIDATES: Final = 64
+# Lines written as one at most: a line stays one a reader takes in at a glance.
+_GROUP_MEMBERS: Final = 12
+# A fact of fewer spaces than this is a name, a path, a quantity: never cut.
+_MAX_WHOLE_SPACES: Final = 4
+
+
+def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
+    """The lines written as one with others: each joins the first group of its
+    section and day its text fits (of fewer than :data:`_GROUP_MEMBERS`), else
+    starts one with the first earlier line of them it shares a template with.
+    No fact the pins would find (a path, a quantity, …) nor a person's name is
+    cut by the braces:
+    a summary line keeps it as it was said. Deterministic."""
+    found: dict[Line, _Group] = {}
+    sizes: dict[_Group, int] = {}
+    buckets: dict[tuple[str, str], tuple[list[_Group], list[Line]]] = {}
+    whole: dict[Line, list[str]] = {}
+
+    def fits(template: Template, line: Line) -> bool:
+        if template.slot(line.text) is None:
+            return False
+        if line not in whole:
+            # A whole sentence (a preference, a "Remember:" line) may be cut: it
+            # is read back whole (expand_groups) before the pins look for it.
+            facts = [f.text for f in extract_facts(line.text)]
+            facts += _PERSON_NAME_RE.findall(line.text)  # "Ilse {Brivim | Zelquin}": no
+            whole[line] = [f for f in facts if f.count(" ") < _MAX_WHOLE_SPACES]
+        return not template.cuts(line.text, whole[line])
+
+    for line in lines:
+        if line.section == "Timeline":
+            continue  # a turn's first words: what differs is what it says
+        groups, alone = buckets.setdefault((line.section, line.day), ([], []))
+        group = next(
+            (g for g in groups if sizes[g] < _GROUP_MEMBERS and fits(g.template, line)),
+            None,
+        )
+        if group is None:
+            for other in alone[-_GROUP_CANDIDATES:]:
+                template = template_of(other.text, line.text)
+                if template is not None and fits(template, other) and fits(template, line):
+                    group = _Group(len(sizes), template)
+                    groups.append(group)
+                    alone.remove(other)
+                    found[other] = group
+                    sizes[group] = 1
+                    break
+        if group is None:
+            alone.append(line)
+        else:
+            found[line] = group
+            sizes[group] += 1
+    return found
+
+
+def _render(lines: list[Line], stats: str, groups: Mapping[Line, _Group]) -> str:
     """Each section's lines under the days they were said (undated ones first)::
 
         Decisions:
@@ -439,7 +507,9 @@ def _render(lines: list[Line], stats: str) -> str:
         - Human: We decided to move the queue to the managed broker.
 
     A day opening each line cost a third of its tokens (14 of ~35 in cl100k,
-    with the time of day): under a day heading as many more lines fit.
+    with the time of day): under a day heading as many more lines fit. Lines of
+    a day that differ in a few words only are one line (``groups``), the words
+    that differ between braces: "- Human: We decided to move the {a | b} queue …".
     """
     parts = [stats] if stats else []
     for section in SECTIONS:
@@ -448,11 +518,21 @@ def _render(lines: list[Line], stats: str) -> str:
             continue
         parts.append(f"{section}:")
         day = ""
+        members: dict[_Group, list[Line]] = {}
+        for line in chosen:
+            if line in groups:
+                members.setdefault(groups[line], []).append(line)
         for line in sorted(chosen, key=lambda line: line.day):
             if line.day != day:
                 day = line.day
                 parts.append(f"{day}:")
-            parts.append(f"- {line.text}")
+            group = groups.get(line)
+            together = members[group] if group is not None else []
+            if group is None or len(together) < 2:
+                parts.append(f"- {line.text}")
+            elif line is together[0]:
+                slots = [group.template.slot(member.text) or "" for member in together]
+                parts.append(f"- {group.template.render(slots)}")
     return sanitize_summary("\n".join(parts))
 
 
@@ -476,37 +556,65 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
         lines[index] = replace(lines[index], section="Resolved")
     done = {index for index, line in enumerate(lines) if line.section == "Resolved"}
     eviction = _eviction_order(lines, done)
+    groups = _groups(lines)
     costs = [count_text(line.render()) + 1 for line in lines]
+    # A line written with others costs its words that differ; the group, its
+    # shared text once (and a lone member its whole line again).
+    members: dict[_Group, set[int]] = {}
+    slot_costs: dict[int, int] = {}
+    for index, line in enumerate(lines):
+        group = groups.get(line)
+        if group is not None:
+            members.setdefault(group, set()).add(index)
+            slot_costs[index] = count_text(group.template.slot(line.text) or "") + 1
+    shared_costs = {group: count_text(group.template.render([""])) + 1 for group in members}
+
+    def group_cost(group: _Group) -> int:
+        kept = members[group]
+        if len(kept) < 2:
+            return sum(costs[index] for index in kept)
+        return shared_costs[group] + sum(slot_costs[index] for index in kept)
+
     # A day heading is paid for while any line under it is kept.
-    groups: dict[tuple[str, str], int] = {}
+    days: dict[tuple[str, str], int] = {}
     for line in lines:
         if line.day:
-            groups[line.section, line.day] = groups.get((line.section, line.day), 0) + 1
+            days[line.section, line.day] = days.get((line.section, line.day), 0) + 1
     heading_cost = count_text("2026-01-01:") + 1
-    total = sum(costs) + count_text(stats) + 4 * len(SECTIONS) + heading_cost * len(groups)
+    total = (
+        sum(cost for index, cost in enumerate(costs) if index not in slot_costs)
+        + sum(group_cost(group) for group in members)
+        + count_text(stats)
+        + 4 * len(SECTIONS)
+        + heading_cost * len(days)
+    )
     dropped: set[int] = set()
     for index in eviction:
         if total <= max_tokens:
             break
         dropped.add(index)
-        total -= costs[index]
         line = lines[index]
+        group = groups.get(line)
+        if group is None:
+            total -= costs[index]
+        else:
+            before = group_cost(group)
+            members[group].discard(index)
+            total -= before - group_cost(group)
         if line.day:
-            groups[line.section, line.day] -= 1
-            if not groups[line.section, line.day]:
+            days[line.section, line.day] -= 1
+            if not days[line.section, line.day]:
                 total -= heading_cost
     kept = [line for i, line in enumerate(lines) if i not in dropped]
-    text = _render(kept, stats)
+    text = _render(kept, stats, groups)
     if dropped and count_text(text) <= max_tokens:
         # Per-line costs over-count the joined text (a line's newline often joins
         # its first token): the last lines dropped that still fit are taken back,
         # the fewest to drop found by bisection (the budget was ~6 % unused).
         def fits(count: int) -> bool:
             gone = set(eviction[:count])
-            return (
-                count_text(_render([x for i, x in enumerate(lines) if i not in gone], stats))
-                <= max_tokens
-            )
+            kept = [x for i, x in enumerate(lines) if i not in gone]
+            return count_text(_render(kept, stats, groups)) <= max_tokens
 
         low, high = 0, len(dropped)
         while low < high:
@@ -517,7 +625,7 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
                 low = middle + 1
         dropped = set(eviction[:high])
         kept = [line for i, line in enumerate(lines) if i not in dropped]
-        text = _render(kept, stats)
+        text = _render(kept, stats, groups)
     remaining = [i for i in eviction if i not in dropped]
     # Per-line costs only estimate the joined text: verify, dropping more.
     while count_text(text) > max_tokens and (remaining or stats):
@@ -526,7 +634,7 @@ def extractive_summary(document: MemoryDocument, *, max_tokens: int, count_text:
         else:
             stats = ""
         kept = [line for i, line in enumerate(lines) if i not in dropped]
-        text = _render(kept, stats)
+        text = _render(kept, stats, groups)
     if kept and count_text(text) <= max_tokens:
         return text
     return _clip(lines[eviction[-1]].render(), max_tokens, count_text)

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from memd.core.line_groups import expand_groups
 from memd.core.memfile import MemoryDocument, is_summary_form
 from memd.core.pins import (
     PINNED_HEADING,
@@ -146,7 +147,8 @@ def carried_pins(previous: ParsedSummary, previous_timestamp: str) -> list[Pin]:
     unstamped: list[str] = []
     written = previous_timestamp[:10]
     heading = ""  # the day heading the lines below are under (the builtin summary's)
-    for line in previous.body.split("\n"):
+    # A builtin summary's line written for several (memd.core.line_groups): each of them.
+    for line in expand_groups(previous.body).split("\n"):
         day_heading = _DAY_HEADING_RE.match(line)
         if day_heading is not None and not (written and day_heading.group(1) > written):
             heading = day_heading.group(1)
@@ -203,7 +205,7 @@ def compose_summary(
     """The format-2 text: ``body`` + the pins it does not keep itself + ``note``
     (see :func:`archive_note`) + the version line."""
     body = quote_own_lines(body)
-    covered = covered_keys(body)
+    covered = covered_keys(expand_groups(body))
     missing = [pin for pin in pins if pin.key not in covered]
     section = fit_pins(missing, pinned_tokens, count_text)
     parts = [body.strip()] if body.strip() else []

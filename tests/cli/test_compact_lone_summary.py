@@ -15,6 +15,7 @@ from typing import Any
 from support.memfiles import AgentWorkspace, swarms_block, swarms_header
 from support.openai_server import OpenAITestServer
 
+from memd.core.line_groups import expand_groups
 from memd.core.memfile import SUMMARY_PREAMBLE, parse
 from memd.core.pins import PINNED_HEADING
 from memd.core.plan import lone_summary
@@ -76,7 +77,7 @@ def test_compact_now_re_summarizes_a_lone_block_over_the_threshold(tmp_path: Pat
     block = lone_summary(parse(memory.read_bytes()))
     assert block is not None
     parsed = parse_summary(block.summary_text)
-    assert "batch job 299 on queue q299" in parsed.body
+    assert "batch job 299 on queue q299" in expand_groups(parsed.body)  # lines written as one
     assert "/srv/app/config.yaml" in "\n".join(pin.text for pin in parsed.pins)
     row = status(ws, state)
     assert row["tokens"] < row["threshold_tokens"], row

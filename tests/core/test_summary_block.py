@@ -313,3 +313,20 @@ def test_a_builtin_summary_line_of_a_tools_output_carries_no_marked_pin() -> Non
     marked = [p.text for p in pins if p.kind == "marked"]
     assert marked == ["Remember: the bucket is read-only on Fridays"]
     assert ("/srv/www/help.html", "2026-03-21T09:01:00") in [(p.text, p.last_seen) for p in pins]
+
+
+def test_a_line_written_for_several_covers_and_carries_each_one_s_facts() -> None:
+    # s11long: the builtin summary writes lines that differ in a few words as
+    # one ("- Human: I prefer the {a | b} report …"); each is read back whole,
+    # so no preference it kept is pinned again beside it, and each keeps its day.
+    said = "I prefer the {q1 | q2} report as a CSV attachment rather than inline tables."
+    body = f"Preferences:\n2026-03-02:\n- Human: {said}"
+    pins = [
+        Pin("preference", said.replace("{q1 | q2}", name), "2026-03-02T10:00:00")
+        for name in ("q1", "q2")
+    ]
+    composed = compose_summary(body, pins, pinned_tokens=1000, count_text=word_count)
+    assert composed.covered == 2 and composed.pinned == 0
+    previous = parse_summary(f"{body}\n\n{version_line('', 0)}")
+    carried = {pin.text: pin.last_seen for pin in carried_pins(previous, "2026-12-03T06:00:00")}
+    assert carried == {pin.text.rstrip("."): "2026-03-02" for pin in pins}
