@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
-from memd.core.line_groups import Template, expand_groups, template_of
+from memd.core.line_groups import MIN_SHARED_CHARS, Template, expand_groups, template_of
 from memd.core.memfile import (
     EntrySegment,
     MemoryDocument,
@@ -458,6 +458,8 @@ class _Group:
 # How many earlier lines of its section and day a line is compared with to
 # start a group: bounds the work on a long section of undated lines.
 _GROUP_CANDIDATES: Final = 64
+# Half of the shared text a template needs: at its start or at its end.
+_SHARED_END_CHARS: Final = MIN_SHARED_CHARS // 2
 # Lines written as one at most: a line stays one a reader takes in at a glance.
 _GROUP_MEMBERS: Final = 12
 # A fact of fewer spaces than this is a name, a path, a quantity: never cut.
@@ -473,7 +475,11 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
     a summary line keeps it as it was said. Deterministic."""
     found: dict[Line, _Group] = {}
     sizes: dict[_Group, int] = {}
-    buckets: dict[tuple[str, str], tuple[list[_Group], list[Line]]] = {}
+    buckets: dict[tuple[str, str], list[_Group]] = {}
+    # The lines not yet in a group, by their section, day and first or last
+    # characters: two lines share a template only if they share one or the other
+    # (half of the shared text or more), so a line is compared with those alone.
+    alone: dict[tuple[str, str, str], list[tuple[int, Line]]] = {}
     whole: dict[Line, list[str]] = {}
 
     def fits(template: Template, line: Line) -> bool:
@@ -487,26 +493,39 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
             whole[line] = [f for f in facts if f.count(" ") < _MAX_WHOLE_SPACES]
         return not template.cuts(line.text, whole[line])
 
-    for line in lines:
+    for position, line in enumerate(lines):
         if line.section == "Timeline":
             continue  # a turn's first words: what differs is what it says
-        groups, alone = buckets.setdefault((line.section, line.day), ([], []))
+        groups = buckets.setdefault((line.section, line.day), [])
         group = next(
             (g for g in groups if sizes[g] < _GROUP_MEMBERS and fits(g.template, line)),
             None,
         )
+        ends = [
+            (line.section, line.day, line.text[:_SHARED_END_CHARS]),
+            (line.section, line.day, "…" + line.text[-_SHARED_END_CHARS:]),
+        ]
         if group is None:
-            for other in alone[-_GROUP_CANDIDATES:]:
+            candidates = sorted(
+                {
+                    (i, other)
+                    for end in ends
+                    for i, other in alone.get(end, ())
+                    if other not in found
+                },
+                key=lambda candidate: candidate[0],
+            )
+            for _, other in candidates[-_GROUP_CANDIDATES:]:
                 template = template_of(other.text, line.text)
                 if template is not None and fits(template, other) and fits(template, line):
                     group = _Group(len(sizes), template)
                     groups.append(group)
-                    alone.remove(other)
                     found[other] = group
                     sizes[group] = 1
                     break
         if group is None:
-            alone.append(line)
+            for end in ends:
+                alone.setdefault(end, []).append((position, line))
         else:
             found[line] = group
             sizes[group] += 1

@@ -27,7 +27,7 @@ _GROUP_RE: Final = re.compile(r"\{([^{}|\n]+(?: \| [^{}|\n]+)+)\}")
 _MAX_SLOT_CHARS: Final = 60
 _MAX_SLOT_WORDS: Final = 4
 # What the lines must share: enough that the one line says what each said.
-_MIN_SHARED_CHARS: Final = 24
+MIN_SHARED_CHARS: Final = 24
 # Where a word ends: a space, or closing punctuation then a space or the end.
 _WORD_END_RE: Final = re.compile(r"[.,;:!?)\]\"'`]*(?:\s|$)")
 
@@ -85,14 +85,13 @@ def template_of(first: str, second: str) -> Template | None:
     if first == second or "{" in first + second or "}" in first + second:
         return None
     shortest = min(len(first), len(second))
-    start = 0
-    while start < shortest and first[start] == second[start]:
-        start += 1
+    start = _shared_length(first, second, shortest)
+    tail = _shared_length(first[::-1], second[::-1], shortest - start)
+    if start + tail < MIN_SHARED_CHARS:
+        return None  # most pairs: before the word and quotation rules below
     while start > 0 and not first[start - 1].isspace():
         start -= 1
-    tail = 0
-    while tail < shortest - start and first[-1 - tail] == second[-1 - tail]:
-        tail += 1
+    tail = _shared_length(first[::-1], second[::-1], shortest - start)
     while tail > 0 and not _WORD_END_RE.match(first, len(first) - tail):
         tail -= 1
     # Never inside a code span or a quotation: "`make {a | b} SHARD=4`" is no
@@ -102,12 +101,25 @@ def template_of(first: str, second: str) -> Template | None:
     while tail and any(first[len(first) - tail :].count(mark) % 2 for mark in '`"'):
         cut = first.find(" ", len(first) - tail + 1)
         tail = len(first) - cut if cut >= 0 else 0
-    if start + tail < _MIN_SHARED_CHARS:
+    if start + tail < MIN_SHARED_CHARS:
         return None
     template = Template(first[:start], first[len(first) - tail :])
     if template.slot(first) is None or template.slot(second) is None:
         return None
     return template
+
+
+def _shared_length(first: str, second: str, most: int) -> int:
+    """How many first characters ``first`` and ``second`` share, up to ``most``
+    (by bisection on slices: a character loop in Python cost 10x)."""
+    low, high = 0, most
+    while low < high:
+        middle = (low + high + 1) // 2
+        if first[:middle] == second[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def expand_line(line: str) -> list[str]:
