@@ -482,16 +482,30 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
     alone: dict[tuple[str, str, str], list[tuple[int, Line]]] = {}
     whole: dict[Line, list[str]] = {}
 
-    def fits(template: Template, line: Line) -> bool:
-        if template.slot(line.text) is None:
-            return False
+    def whole_of(line: Line) -> list[str]:
         if line not in whole:
             # A whole sentence (a preference, a "Remember:" line) may be cut: it
             # is read back whole (expand_groups) before the pins look for it.
             facts = [f.text for f in extract_facts(line.text)]
             facts += _PERSON_NAME_RE.findall(line.text)  # "Ilse {Brivim | Zelquin}": no
             whole[line] = [f for f in facts if f.count(" ") < _MAX_WHOLE_SPACES]
-        return not template.cuts(line.text, whole[line])
+        return whole[line]
+
+    def fits(template: Template, line: Line) -> bool:
+        return template.slot(line.text) is not None and not template.cuts(line.text, whole_of(line))
+
+    def shared(first: Line, second: Line) -> Template | None:
+        """The template of two lines, widened over what it would cut of either."""
+        template = template_of(first.text, second.text)
+        for _ in range(3):
+            if template is None:
+                return None
+            wider = template.widened(first.text, whole_of(first))
+            wider = wider.widened(second.text, whole_of(second))
+            if wider == template:
+                break
+            template = wider
+        return template
 
     for position, line in enumerate(lines):
         if line.section == "Timeline":
@@ -516,7 +530,7 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
                 key=lambda candidate: candidate[0],
             )
             for _, other in candidates[-_GROUP_CANDIDATES:]:
-                template = template_of(other.text, line.text)
+                template = shared(other, line)
                 if template is not None and fits(template, other) and fits(template, line):
                     group = _Group(len(sizes), template)
                     groups.append(group)

@@ -62,6 +62,21 @@ class Template:
                 at = text.find(part, at + 1)
         return False
 
+    def widened(self, text: str, whole: Sequence[str]) -> Template:
+        """This template, its differing words widened over each of ``whole`` they
+        cut in ``text`` ("is Ilse {Brivim | Zelquin}" -> "is {Ilse Brivim | Ilse Zelquin}")."""
+        start, end = len(self.prefix), len(text) - len(self.suffix)
+        old_end = end
+        for part in whole:
+            at = text.find(part)
+            while at >= 0:
+                if at < start < at + len(part):
+                    start = at
+                if at < end < at + len(part):
+                    end = at + len(part)
+                at = text.find(part, at + 1)
+        return Template(self.prefix[:start], self.suffix[end - old_end :])
+
     def render(self, slots: Sequence[str]) -> str:
         return f"{self.prefix}{{{SEPARATOR.join(slots)}}}{self.suffix}"
 

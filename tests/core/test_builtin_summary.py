@@ -485,6 +485,11 @@ def test_lines_that_differ_in_a_few_words_are_written_as_one(
     assert "704.8 ms" in summary and "304.4 ms" in summary
     one_by_one = "\n".join(f"- {line}" for line in expand_groups(summary).split("\n"))
     assert cl100k(summary) < cl100k(one_by_one) * 0.8
+    # Carried with nothing new, the same lines written the same way.
+    again = memfile.render_header("demo", "2026-01-01T00:00:00")
+    again += memfile.render_summary_block(summary, "2026-01-02T12:00:00")
+    carried = extractive_summary(memfile.parse(again), max_tokens=2_000, count_text=cl100k)
+    assert carried == summary.split("\n", 1)[1]  # no new turn: no stats line
     # Carried, each line is its own again: one of them said fixed goes alone.
     data = memfile.render_header("demo", "2026-01-01T00:00:00")
     data += memfile.render_summary_block(summary, "2026-01-02T12:00:00")

@@ -65,3 +65,14 @@ def test_text_without_one_group_reads_as_written() -> None:
     assert expand_groups("Decisions:\n- Human: keep {x | y} now\nFacts:") == (
         "Decisions:\n- Human: keep x now\n- Human: keep y now\nFacts:"
     )
+
+
+def test_a_template_widens_over_what_it_would_cut() -> None:
+    first = "Human: Our contact on the vendor side is Ilse Brivim."
+    second = "Human: Our contact on the vendor side is Ilse Zelquin."
+    template = template_of(first, second)
+    assert template == Template("Human: Our contact on the vendor side is Ilse ", ".")
+    wider = template.widened(first, ["Ilse Brivim"])
+    assert wider == Template("Human: Our contact on the vendor side is ", ".")
+    assert wider.slot(second) == "Ilse Zelquin" and not wider.cuts(first, ["Ilse Brivim"])
+    assert template.cuts(first, ["Ilse Brivim"])
