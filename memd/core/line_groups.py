@@ -144,7 +144,26 @@ def expand_line(line: str) -> list[str]:
         return [line]
     group = groups[0]
     before, after = line[: group.start()], line[group.end() :]
-    return [f"{before}{slot}{after}" for slot in group.group(1).split(SEPARATOR)]
+    slots = group.group(1).split(SEPARATOR)
+    if not _written_as_one(before, slots):
+        return [line]
+    return [f"{before}{slot}{after}" for slot in slots]
+
+
+def _written_as_one(before: str, slots: Sequence[str]) -> bool:
+    """Whether a group could be one :meth:`Template.render` wrote: its words as a
+    template's slots are (no space inside the braces, a few words each) and not
+    inside a code span or a quotation. A line quoted from a transcript may hold
+    braces and bars of its own (a TypeScript type, `{ kind: "a" | "b" }`): read
+    back as alternatives it would be lines nobody wrote."""
+    if any(before.count(mark) % 2 for mark in '`"'):
+        return False
+    return all(
+        0 < len(slot) <= _MAX_SLOT_CHARS
+        and slot == slot.strip()
+        and slot.count(" ") < _MAX_SLOT_WORDS
+        for slot in slots
+    )
 
 
 def expand_groups(text: str) -> str:

@@ -76,3 +76,20 @@ def test_a_template_widens_over_what_it_would_cut() -> None:
     assert wider == Template("Human: Our contact on the vendor side is ", ".")
     assert wider.slot(second) == "Ilse Zelquin" and not wider.cuts(first, ["Ilse Brivim"])
     assert template.cuts(first, ["Ilse Brivim"])
+
+
+def test_braces_and_bars_quoted_from_a_transcript_are_read_as_they_were() -> None:
+    # Only a group a template could have written reads back as several lines: its
+    # words without spaces inside the braces, a few each, outside code and quotes.
+    for line in (
+        "- Human: We settled on type Shape = { kind: circle | square } for the API.",
+        "- Agent: The reply type is `{ok | error}` in the client, see `api.ts`.",
+        '- Human: Set mode to "{fast | safe}" in the config.',
+        "- Human: Pick {the first of the many options here | the second one} later.",
+    ):
+        assert expand_line(line) == [line]
+        assert expand_groups(line) == line
+    assert expand_line("- Agent: worker {w12 | w7} failed.") == [
+        "- Agent: worker w12 failed.",
+        "- Agent: worker w7 failed.",
+    ]
