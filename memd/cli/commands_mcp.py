@@ -11,7 +11,7 @@ from memd.cli.options import ConfigOption, WorkspaceOption
 from memd.core.names import validate_agent_name
 from memd.errors import ConfigError
 from memd.recall.socket_server import socket_path_for
-from memd.workspace import require_workspace
+from memd.workspace import agent_paths, require_workspace
 
 
 def mcp_command(
@@ -25,6 +25,10 @@ def mcp_command(
     validate_agent_name(agent)
     loaded = load(workspace, config)
     require_workspace(loaded.workspace)
+    # An agent with no folder is refused now, in one line, as every command
+    # refuses it: served, each call would only fail, and a runtime that starts
+    # the server and closes its stdin would see it exit 0 having served nothing.
+    agent_paths(loaded.workspace, agent)
     path = socket_path_for(loaded.config.recall.socket, loaded.workspace.resolve())
     if path is None:
         raise ConfigError('memd mcp needs the recall socket, but [recall] socket = "off"')

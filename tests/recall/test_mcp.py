@@ -93,3 +93,19 @@ def test_mcp_refuses_a_bad_agent_name_in_one_line(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_mcp_refuses_an_unknown_agent_at_start_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "agents" / "alpha").mkdir(parents=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "memd", "mcp", "--agent", "nosuch", "-w", str(tmp_path)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    # Exit 3, as every command exits for an unknown agent (README "Commands").
+    assert done.returncode == 3, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1 and "unknown agent 'nosuch'" in done.stderr, done.stderr
+    assert done.stdout == ""
