@@ -92,6 +92,18 @@ def main(argv: list[str] | None = None) -> None:
     only = args[0] if args and args[0] in COMMANDS else None
     if only != "run":  # the daemon configures its own logging (format, level, reloads)
         _log_warnings_to_stderr()
+    stdout = sys.stdout
+    json_out = _JsonOutput(stdout) if _wants_json(args) else None
+    if json_out is not None:
+        sys.stdout = json_out
+    try:
+        _run(args, only, json_out)
+    finally:
+        if sys.stdout is json_out:
+            sys.stdout = stdout
+
+
+def _run(args: list[str], only: str | None, json_out: _JsonOutput | None) -> None:
     try:
         if only == "status":
             from memd.cli.status_argv import run_status
@@ -108,13 +120,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(code if isinstance(code, int) else 0)
     except MemdError as exc:
         print(f"memd: error: {exc}", file=sys.stderr)
+        if exc.exit_code and json_out is not None:
+            json_out.say_error(str(exc), exc.exit_code)
         sys.exit(exc.exit_code or 0)
     except KeyboardInterrupt:
         # Ctrl-C before a command took over SIGINT (while its modules load, say,
         # or before the daemon's handler is installed): quiet, as Typer's own.
         sys.exit(130)
     except _usage_errors() as exc:
-        sys.exit(_say_usage_error(exc))
+        code = _say_usage_error(exc, json_out)
+        sys.exit(code)
     except (OSError, ValueError, OverflowError) as exc:
         # The last line of defence: an error the OS or the standard library gave
         # where no command turned it into its own line (a path too long for the
@@ -131,7 +146,44 @@ def main(argv: list[str] | None = None) -> None:
         else:
             logging.getLogger("memd.cli").debug("unexpected error", exc_info=True)
         print(f"memd: error: {describe_error(exc)}", file=sys.stderr)
+        if json_out is not None:
+            json_out.say_error(describe_error(exc), 1)
         sys.exit(1)
+
+
+def _wants_json(args: list[str]) -> bool:
+    """Whether the command line asks for ``--json`` output (before a ``--``, after
+    which a word is an argument, a recall query say)."""
+    options = args[: args.index("--")] if "--" in args else args
+    return "--json" in options
+
+
+class _JsonOutput:
+    """stdout for a ``--json`` command: notes whether the command wrote anything,
+    so that a failure before it did still gives a script parsing stdout a JSON
+    object, ``{"error": "<the stderr line's reason>", "exit_code": N}`` (README
+    "Commands"), and never a second document after one the command wrote (``memd
+    health --json`` prints its answer, then exits 1 when unhealthy)."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self._wrapped = wrapped
+        self.written = False
+
+    def write(self, text: str) -> int:
+        if text:
+            self.written = True
+        return int(self._wrapped.write(text))
+
+    def say_error(self, message: str, exit_code: int) -> None:
+        if self.written:
+            return
+        import json
+
+        self.write(json.dumps({"error": message, "exit_code": exit_code}) + "\n")
+        self.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
@@ -150,9 +202,10 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     return tuple(kinds)
 
 
-def _say_usage_error(exc: BaseException) -> int:
-    """One line on stderr, ``memd: error: …``, naming the command's --help; the
-    exit code (2 for a usage error, as Click's)."""
+def _say_usage_error(exc: BaseException, json_out: _JsonOutput | None = None) -> int:
+    """One line on stderr, ``memd: error: …``, naming the command's --help (and, for
+    a ``--json`` command, the same reason as a JSON object on stdout); the exit
+    code (2 for a usage error, as Click's)."""
     if type(exc).__name__ == "NoArgsIsHelpError":
         # `memd` or `memd config` alone: the help is the answer (it may have been
         # printed already, by Typer's rich help, while the error was made).
@@ -164,6 +217,8 @@ def _say_usage_error(exc: BaseException) -> int:
     format_message = getattr(exc, "format_message", None)
     if not callable(format_message):  # Abort: no message of its own
         print("memd: error: aborted", file=sys.stderr)
+        if json_out is not None:
+            json_out.say_error("aborted", 1)
         return 1
     message = " ".join(str(format_message()).split())  # one line, whatever Click wrapped
     # Typer checks a Literal option's choice with pydantic, whose message starts
@@ -174,7 +229,10 @@ def _say_usage_error(exc: BaseException) -> int:
     hint = f" (see '{path} --help')" if path else ""
     print(f"memd: error: {message}{hint}", file=sys.stderr)
     code = getattr(exc, "exit_code", 2)
-    return code if isinstance(code, int) else 2
+    code = code if isinstance(code, int) else 2
+    if json_out is not None and code:
+        json_out.say_error(f"{message}{hint}", code)
+    return code
 
 
 def _log_warnings_to_stderr() -> None:

@@ -364,11 +364,14 @@ def config_check(
                 "valid": False,
                 "source": str(chosen) if chosen is not None else None,
                 "errors": list(exc.problems),
+                # The keys every --json command's failure carries (README "Commands").
+                "error": str(exc),
+                "exit_code": exc.exit_code,
             }
             print(json.dumps(failed, indent=2))
-        else:
-            for problem in exc.problems:
-                print(f"memd: error: {problem}", file=sys.stderr)
+        # On stderr in both forms, as every command says its errors.
+        for problem in exc.problems:
+            print(f"memd: error: {problem}", file=sys.stderr)
         raise typer.Exit(exc.exit_code) from None
     if workspace is not None:
         # Named on the command line: a mistyped one is said, as every other
@@ -383,10 +386,16 @@ def config_check(
     problems = model_window_problems(loaded.config, context_length_for_model)
     if problems:
         if as_json:
-            print(json.dumps({"valid": False, "source": str(loaded.source), "errors": problems}))
-        else:
-            for problem in problems:
-                print(f"memd: error: {problem}", file=sys.stderr)
+            invalid = {
+                "valid": False,
+                "source": str(loaded.source),
+                "errors": problems,
+                "error": problems[0],
+                "exit_code": 2,
+            }
+            print(json.dumps(invalid))
+        for problem in problems:
+            print(f"memd: error: {problem}", file=sys.stderr)
         raise typer.Exit(2)
     data = effective_config(loaded)
     source = str(loaded.source) if loaded.source else "(no file: defaults)"

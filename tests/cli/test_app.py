@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -385,3 +386,113 @@ def test_a_workspace_memd_may_only_search_is_not_refused(tmp_path: Path, command
     _out, err = proc.communicate(timeout=60)
     assert "may not read the workspace" not in err, err
     assert proc.returncode == 0, err
+
+
+def json_commands() -> list[list[str]]:
+    """Every command (and group command) that takes --json, as the app registers them."""
+    import typer
+
+    from memd.cli.app import build_app
+
+    found: list[list[str]] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        # Typer >= 0.22 carries its own Click: a group is what has commands.
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+        elif any("--json" in getattr(p, "opts", ()) for p in command.params):
+            found.append(path)
+
+    walk(typer.main.get_command(build_app()), [])
+    return found
+
+
+# What each --json command needs beside the bad config to reach loading it.
+JSON_COMMAND_ARGS = {
+    ("status",): [],
+    ("doctor",): ["--offline"],
+    ("history",): ["alpha"],
+    ("recall",): ["alpha", "ledger"],
+    ("prune",): [],
+    ("audit",): [],
+    ("health",): [],
+    ("config", "check"): [],
+}
+
+
+def test_every_json_command_is_covered_by_the_bad_config_test() -> None:
+    assert sorted(map(tuple, json_commands())) == sorted(JSON_COMMAND_ARGS)
+
+
+@pytest.mark.parametrize("command", sorted(JSON_COMMAND_ARGS), ids=" ".join)
+def test_a_json_command_with_a_bad_config_names_the_error_on_stdout_too(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    command: tuple[str, ...],
+) -> None:
+    """A script parsing a --json command's stdout got nothing for a bad config:
+    the one stderr line and exit 2 stay, and stdout holds {"error", "exit_code"}."""
+    from memd.cli.app import main
+
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[trigger]\nthreshold = "x"\n')
+    monkeypatch.setenv("MEMD_STATE_DIR", str(tmp_path / "st"))
+    argv = [*command, *JSON_COMMAND_ARGS[command], "--json", "-w", str(ws), "-c", str(bad)]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert line.startswith("memd: error: invalid config ") and "trigger.threshold" in line, line
+    answer = json.loads(out)
+    assert answer["error"] == line.removeprefix("memd: error: ")
+    assert answer["exit_code"] == 2
+    assert not (tmp_path / "st").exists()  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["status", "nosuch", "--json"], 3),
+        (["status", "--json", "--sort", "bogus"], 2),
+    ],
+    ids=["unknown-agent", "usage"],
+)
+def test_a_json_command_failing_otherwise_says_it_in_the_same_shape(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    argv: list[str],
+    code: int,
+) -> None:
+    from memd.cli.app import main
+
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    monkeypatch.setenv("MEMD_STATE_DIR", str(tmp_path / "st"))
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "-w", str(ws)])
+    assert exited.value.code == code
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert json.loads(out) == {"error": line.removeprefix("memd: error: "), "exit_code": code}
+
+
+def test_a_json_command_that_printed_its_answer_prints_no_second_document(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`memd health --json` prints its answer, then exits 1 (no daemon): one document."""
+    from memd.cli.app import main
+
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    monkeypatch.setenv("MEMD_STATE_DIR", str(tmp_path / "st"))
+    with pytest.raises(SystemExit) as exited:
+        main(["health", "--json", "-w", str(ws)])
+    assert exited.value.code == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["healthy"] is False and "error" not in answer

@@ -612,11 +612,13 @@ def test_status_on_a_newer_memds_state_db_refuses_in_one_line_and_keeps_it(
     before = path.read_bytes()
     args = ["status", "-w", str(ws.root), "--state-dir", str(state_dir)]
     code, out, err = run(capsys, *args, *(["--json"] if as_json else []))
-    assert code != 0 and out == ""
-    assert err.splitlines() == [
-        f"memd: error: state DB {path} is schema {SCHEMA_VERSION + 2}, written by a newer memd;"
+    reason = (
+        f"state DB {path} is schema {SCHEMA_VERSION + 2}, written by a newer memd;"
         f" this memd reads up to {SCHEMA_VERSION}"
-    ]
+    )
+    assert code != 0 and err.splitlines() == [f"memd: error: {reason}"]
+    # --json: the same reason on stdout, for a script that parses it.
+    assert (json.loads(out) == {"error": reason, "exit_code": code}) if as_json else out == ""
     assert path.read_bytes() == before and corrupt_copies(path) == []
     assert path == state_db_path(state_dir, ws.root)
 
