@@ -432,6 +432,15 @@ def _describe_one(error: Any, source: str, origin: dict[tuple[str, ...], str]) -
     where = origin.get(location)
     unknown = error["type"] == "extra_forbidden"
     reason = "unknown key" if unknown else str(error["msg"]).removeprefix("Value error, ")
+    if where is None and location:
+        # A check across a section's keys (retry_base_s against retry_max_s) is
+        # the section's error: the variables that set a key it names are named.
+        named = [
+            var
+            for key, var in origin.items()
+            if key[:-1] == location and re.search(rf"\b{re.escape(key[-1])}\b", reason)
+        ]
+        where = ", ".join(sorted(named)) or None
     value = error.get("input")
     shown = "" if unknown or isinstance(value, dict) else f" (got {value!r})"
     if "api_key" in dotted:

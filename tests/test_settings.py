@@ -86,6 +86,15 @@ def test_config_file_from_env(tmp_path: Path) -> None:
         ('[agents."R*"]\nthreshold = 0\n', r"agents\.R\*\.threshold"),
         ("[daemon]\nmax_concurrent_io = 0\n", r"daemon\.max_concurrent_io"),
         ("[daemon]\nmax_concurrent_io = 100000\n", r"daemon\.max_concurrent_io"),
+        # A backoff starting above its cap: every retry waited the base.
+        (
+            "[daemon]\nretry_base_s = 700\nretry_max_s = 600\n",
+            r"c\.toml: daemon: retry_base_s \(700\) is more than retry_max_s \(600\)",
+        ),
+        (
+            "[daemon]\nretry_base_s = 700\n",
+            r"daemon: retry_base_s \(700\) is more than retry_max_s \(600\)",
+        ),
         ("[retention]\nmax_archives = -1\n", r"retention\.max_archives: .*greater than"),
         ("[retention]\nmax_age_days = 'month'\n", r"retention\.max_age_days: .*valid number"),
         ("[retention]\nmax_total_gb = 1\n", r"retention\.max_total_gb: unknown key"),
@@ -108,6 +117,21 @@ def test_bad_files_name_key_and_file(tmp_path: Path, text: str, expected: str) -
 def test_bad_env_names_the_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"MEMD_TRIGGER_THRESHOLD \(trigger\.threshold\)"):
         load_settings(environ={"MEMD_TRIGGER_THRESHOLD": "lots"}, cwd=tmp_path)
+
+
+def test_a_check_across_keys_names_the_variables_that_set_them(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", "[daemon]\nretry_max_s = 30\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"^invalid setting MEMD_DAEMON_RETRY_BASE_S \(daemon\): retry_base_s \(60\) "
+        r"is more than retry_max_s \(30\)",
+    ):
+        load_settings(config_file=config, environ={"MEMD_DAEMON_RETRY_BASE_S": "60"}, cwd=tmp_path)
+    # Equal is a backoff that never grows: allowed.
+    loaded = load_settings(
+        config_file=config, environ={"MEMD_DAEMON_RETRY_BASE_S": "30"}, cwd=tmp_path
+    )
+    assert loaded.config.daemon.retry_base_s == loaded.config.daemon.retry_max_s == 30
 
 
 def test_missing_config_file(tmp_path: Path) -> None:

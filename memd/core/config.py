@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     SecretStr,
     field_validator,
+    model_validator,
 )
 
 from memd.core.descriptor import DESCRIPTOR_NAME, RESERVED_MAX_SHARE, AgentWindow
@@ -157,6 +158,19 @@ class DaemonConfig(_Section):
     breaker_failures: int = Field(5, ge=1, le=1000)
     breaker_reset_s: float = Field(1800.0, gt=0, le=7 * _DAY_S)
     state_flush_s: float = Field(5.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _backoff_starts_under_its_cap(self) -> DaemonConfig:
+        # The backoff is retry_base_s doubling up to retry_max_s: a base above the
+        # cap is a typo (a swapped pair, a unit slip) that made every retry wait
+        # the base, the cap never applied.
+        if self.retry_base_s > self.retry_max_s:
+            raise ValueError(
+                f"retry_base_s ({self.retry_base_s:g}) is more than retry_max_s "
+                f"({self.retry_max_s:g}): the retry backoff starts at retry_base_s and "
+                "doubles up to retry_max_s; lower retry_base_s or raise retry_max_s"
+            )
+        return self
 
 
 class LogConfig(_Section):

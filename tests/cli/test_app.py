@@ -32,6 +32,11 @@ def memd(*args: str, state_dir: Path, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
+def clean_env() -> dict[str, str]:
+    """This shell's environment less its MEMD_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MEMD_")}
+
+
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode != 0
@@ -496,3 +501,26 @@ def test_a_json_command_that_printed_its_answer_prints_no_second_document(
     assert exited.value.code == 1
     answer = json.loads(capsys.readouterr().out)
     assert answer["healthy"] is False and "error" not in answer
+
+
+@pytest.mark.parametrize("command", [["run"], ["config", "check"]], ids=" ".join)
+def test_a_retry_backoff_starting_above_its_cap_is_refused_naming_both_keys(
+    tmp_path: Path, command: list[str]
+) -> None:
+    ws = tmp_path / "ws"
+    make_agent(ws, "alpha")
+    config = tmp_path / "memd.toml"
+    config.write_text("[daemon]\nretry_base_s = 900\nretry_max_s = 300\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "memd", *command, "--workspace", str(ws), "--config", str(config)],
+        env={**clean_env(), "MEMD_STATE_DIR": str(tmp_path / "st")},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,  # without the check the daemon would start and run until killed
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "retry_base_s (900) is more than retry_max_s (300)" in line and str(config) in line
+    assert not (tmp_path / "st").exists()

@@ -116,6 +116,24 @@ def test_a_bad_config_the_daemon_was_started_with_is_refused_without_a_signal(
     assert process.stop() == 0
 
 
+def test_a_retry_backoff_above_its_cap_is_refused_by_the_check_and_by_the_daemon(
+    tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
+) -> None:
+    process, args = daemon
+    config = tmp_path / "memd.toml"
+    config.write_text(GOOD + "retry_base_s = 900\nretry_max_s = 300\n")
+    refused = memd(tmp_path, "reload", *args, "--pid", str(process.pid))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "retry_base_s (900) is more than retry_max_s (300)" in line and str(config) in line
+    assert reloads(process) == 0
+    # Signalled all the same (kill -HUP): the daemon refuses it and keeps running.
+    os.kill(process.pid, signal.SIGHUP)
+    failed = process.wait_for("reload failed; keeping the previous configuration")
+    assert "retry_base_s (900) is more than retry_max_s (300)" in failed["error"]
+    assert process.stop() == 0
+
+
 def test_an_encoding_this_host_cannot_load_is_refused_without_a_signal(
     tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
 ) -> None:
