@@ -682,8 +682,15 @@ def _request_check(summarizer: SummarizerConfig, probe: Prober) -> Check:
 
 def check_state_dir(state_dir: Path, workspace: Path) -> list[Check]:
     from memd.fsutil import as_owner_of
+    from memd.settings import state_dir_problem
     from memd.state import NewerStateDB, StateStore
 
+    problem = state_dir_problem(state_dir)
+    if problem is not None:
+        # Every other command refuses it; the daemon would not start.
+        return [
+            _fail("state dir", problem, "name a folder (--state-dir, MEMD_STATE_DIR, state_dir)")
+        ]
     try:
         # As the state dir's owner (the daemon's user, when root runs doctor):
         # the DB and lock it creates before the first start must be ones the
@@ -824,6 +831,10 @@ def check_redaction(config: MemdConfig, state_dir: Path, workspace: Path) -> lis
         what = (
             f"credentials{pii} are replaced by placeholders before {summarizer.model!r} sees them"
         )
+    from memd.settings import state_dir_problem
+
+    if state_dir_problem(state_dir) is not None:  # `fail state dir` says it
+        return [*routing, _ok(name, f"{what}; key: no state dir to keep it in (see state dir)")]
     path = key_path(state_dir, workspace)
     try:
         read_key(path)

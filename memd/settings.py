@@ -102,6 +102,44 @@ def locate_state_dir(
     return default_state_dir(env), "the default"
 
 
+def state_dir_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be memd's state dir: it, or a folder above it, exists and
+    is not a folder (a file named by mistake, a DB file for its folder). None
+    otherwise: missing folders are made, and permissions are said where the
+    state dir is used (a state dir memd may not write keeps an in-memory state)."""
+    probe = path
+    while True:
+        try:
+            mode = os.stat(probe).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            if probe == probe.parent:
+                return None
+            probe = probe.parent
+            continue
+        except OSError:  # a folder above it memd may not search: said where it is used
+            return None
+        if stat.S_ISDIR(mode):
+            return None
+        kind = _file_kind(mode) or "a regular file"
+        if probe == path:
+            return f"state dir {path} is {kind}, not a folder"
+        return f"state dir {path}: {probe} is {kind}, not a folder"
+
+
+def require_state_dir(path: Path, found_by: str) -> Path:
+    """``path``, or one line saying why it cannot be the state dir (exit 2): with a
+    file there, every command fell back to a temporary in-memory state DB, which
+    a daemon's ``memd status`` and ``memd health`` never see, with no audit log,
+    recall index nor lasting redaction key."""
+    problem = state_dir_problem(path)
+    if problem is not None:
+        raise ConfigError(
+            f"{problem} (from {found_by}); name a folder memd may create or use "
+            "(--state-dir, MEMD_STATE_DIR or state_dir in the config)"
+        )
+    return path
+
+
 def apply_settings(
     config: MemdConfig, settings: Mapping[str, Mapping[str, Any]], source: str
 ) -> MemdConfig:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from memd.cli.common import ago, iso_utc, load, local_time, open_state, state_dir_of
+from memd.cli.common import ago, iso_utc, load, local_time, open_state
 from memd.cli.options import (
     ConfigOption,
     JsonOption,
@@ -21,7 +21,7 @@ from memd.cli.options import (
 )
 from memd.cli.status_query import heartbeat_max_age
 from memd.errors import ConfigError, MemdError, UnknownAgent
-from memd.settings import LoadedConfig, resolve_state_dir
+from memd.settings import LoadedConfig, locate_state_dir, resolve_state_dir
 from memd.state import LedgerEntry
 from memd.workspace import agent_paths, require_workspace
 
@@ -236,7 +236,9 @@ def doctor(
     from memd.doctor import run_checks, worst
 
     loaded = load(workspace, config)
-    directory = state_dir_of(loaded, state_dir)
+    # Unchecked: a state dir that is a file is doctor's `fail state dir`, beside
+    # every other check (other commands refuse it in one line).
+    directory = locate_state_dir(state_dir, loaded)[0]
     # The daemon's settings are checked when the command took them (no --config).
     followed = None if loaded.config_explicit else loaded.pointer
     checks = run_checks(

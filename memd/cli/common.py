@@ -23,6 +23,7 @@ from memd.settings import (
     apply_settings,
     load_settings,
     locate_state_dir,
+    require_state_dir,
 )
 from memd.state import StateStore
 
@@ -107,7 +108,8 @@ def _without(
 
 
 def state_dir_of(loaded: LoadedConfig, flag: Path | None) -> Path:
-    return locate_state_dir(flag, loaded)[0]
+    """The state dir a command uses; one that is a file is refused (exit 2)."""
+    return require_state_dir(*locate_state_dir(flag, loaded))
 
 
 def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
@@ -117,6 +119,7 @@ def open_state(loaded: LoadedConfig, state_dir: Path | None) -> StateStore:
     :func:`memd.settings.locate_state_dir`), for commands that print it.
     """
     directory, found_by = locate_state_dir(state_dir, loaded)
+    require_state_dir(directory, found_by)
     with as_owner_of(directory):
         store = StateStore.open(directory, loaded.workspace)
     store.found_by = found_by

@@ -33,7 +33,7 @@ def run_daemon(
     stop leaves the process at once)."""
     from memd.daemon import EXIT_FORCED, Daemon, DaemonOptions
     from memd.logs import configure_logging
-    from memd.settings import resolve_state_dir
+    from memd.settings import locate_state_dir, require_state_dir, resolve_state_dir
     from memd.threads import name_native_threads
 
     transform = None
@@ -52,6 +52,9 @@ def run_daemon(
         loaded = dataclasses.replace(loaded, config=transform(loaded.config))
     configure_logging(log_format or loaded.config.log.format, log_level or loaded.config.log.level)
     state = resolve_state_dir(state_dir, loaded.config.state_dir)
+    # Refused before anything starts (exit 2, as a bad config): a daemon on a
+    # temporary in-memory state is one `memd status` and `memd health` cannot see.
+    require_state_dir(state, locate_state_dir(state_dir, loaded)[1])
     recorded, withheld = _pointer_settings(loaded, settings)
     pointer = _WorkspacePointer(loaded, state, recorded, withheld=withheld, demo=demo)
     pointer.leave()
