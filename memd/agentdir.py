@@ -11,7 +11,7 @@ into open directory fds, and from then on only uses ``*at`` calls on them with
 * ``.memd/`` (a real directory owned by memd; never a symlink);
 * the folder holding MEMORY.md's inode (a symlinked MEMORY.md is resolved once
   and must stay inside the same agent's folder) and the file's name there;
-* ``archive/`` (followed only inside the same agent's folder).
+* ``archive/`` (a real directory; never a symlink, even one inside the agent's folder).
 
 Where a directory fd really points is read back from ``/proc/self/fd`` after
 it is opened, so a symlink swapped in between resolving and opening is caught.
@@ -191,16 +191,34 @@ class AgentDir:
         if self._archive_fd >= 0:
             return self._archive_fd, False
         created = False
+        # Never through a symlink, as .memd/: one the agent made inside its own
+        # folder (archive -> notes/, -> .memd/) received archives where they are
+        # not the archive folder's (a folder the agent may write, memd's own).
+        flags = _DIR_FLAGS | os.O_NOFOLLOW
         try:
-            fd = os.open(ARCHIVE_DIR, _DIR_FLAGS, dir_fd=self.dir_fd)
+            fd = os.open(ARCHIVE_DIR, flags, dir_fd=self.dir_fd)
         except FileNotFoundError:
             if not create:
                 return -1, False
             os.mkdir(ARCHIVE_DIR, PRIVATE_DIR_MODE, dir_fd=self.dir_fd)
             os.fsync(self.dir_fd)
             created = True
-            fd = os.open(ARCHIVE_DIR, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=self.dir_fd)
-        except NotADirectoryError:
+            fd = os.open(ARCHIVE_DIR, flags, dir_fd=self.dir_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            if self._archive_is_link():
+                link = None
+                with contextlib.suppress(OSError):  # gone meanwhile: said as a symlink
+                    link = os.readlink(ARCHIVE_DIR, dir_fd=self.dir_fd)
+                if link is not None:
+                    # Out of the agent's folder: said so, as agent_paths says it.
+                    real = os.path.realpath(os.path.join(self.real_dir, link))
+                    self._check_inside_agent(real, "archive folder")
+                raise self._refuse(
+                    f"archive folder {self.paths.archive_dir} is a symlink, not a real "
+                    "folder; nothing is archived through it"
+                ) from None
             raise NotADirectoryError(
                 errno.ENOTDIR, "not a directory", str(self.paths.archive_dir)
             ) from None
@@ -208,6 +226,12 @@ class AgentDir:
         self._check_inside_agent(fd_path(fd), "archive folder")
         self._archive_fd = fd
         return fd, created
+
+    def _archive_is_link(self) -> bool:
+        with contextlib.suppress(OSError):
+            entry = os.stat(ARCHIVE_DIR, dir_fd=self.dir_fd, follow_symlinks=False)
+            return stat.S_ISLNK(entry.st_mode)
+        return False
 
     def is_archive_dir_itself(self, fd: int) -> bool:
         """Whether ``fd`` (from :meth:`archive_fd`) is the folder named archive/ in

@@ -1440,6 +1440,8 @@ def _compact_locked(
     paths = pinned.paths
     try:
         pinned.pin_memory()
+        # A symlinked archive/ is refused now, before a summary is paid for.
+        pinned.archive_fd(create=False)
     except WorkspaceError as exc:
         raise CompactionAborted(str(exc)) from None
     counted: TrackedCount | None = None

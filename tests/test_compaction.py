@@ -298,24 +298,32 @@ def test_an_archive_folder_memd_may_not_open_keeps_its_mode(
     assert len(list(paths.archive_dir.iterdir())) == 2
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give MEMORY.md another group")
-def test_a_private_folder_an_archive_symlink_leads_to_keeps_its_mode_and_group(
-    agent_ws: AgentWorkspace,
+@pytest.mark.parametrize("target", ["notes", ".memd"])
+def test_an_archive_symlink_inside_the_agents_folder_is_refused_and_nothing_is_written(
+    agent_ws: AgentWorkspace, target: str
 ) -> None:
-    # archive/ -> another private folder of the agent's (memd's, 0700): the
-    # widening of an older memd's archive/ must not open that one to the group.
+    # archive/ -> another folder of the agent's (one it may write), or memd's own
+    # .memd/: archives went there, as into the archive folder. Refused, as a
+    # symlinked .memd/ is, before the summary is paid for.
     paths = agent_ws.create_agent("alpha", entries=3)
-    os.chown(paths.memory, 4321, 4321)
-    paths.memory.chmod(0o640)
-    private = paths.dir / "private"
-    private.mkdir(mode=0o700)
-    private.chmod(0o700)
-    (private / "notes").write_text("not for the group\n")
-    paths.archive_dir.symlink_to("private")
-    before = private.stat()
-    compact_agent(paths, FixedSummarizer(), FAST)
-    after = private.stat()
-    assert (stat.S_IMODE(after.st_mode), after.st_gid) == (0o700, before.st_gid)
+    compact_agent(paths, FixedSummarizer(), FAST)  # .memd/ and archive/ exist
+    append_entry(paths.memory, "Human", "a turn after the first compaction " * 20)
+    for old in paths.archive_dir.iterdir():
+        old.rename(paths.dir / old.name)
+    paths.archive_dir.rmdir()
+    (paths.dir / target).mkdir(mode=0o700, exist_ok=True)
+    paths.archive_dir.symlink_to(target)
+    before = {p: p.read_bytes() for p in paths.dir.rglob("*") if p.is_file()}
+    summarizer = FixedSummarizer()
+    with pytest.raises(CompactionAborted) as refused:
+        compact_agent(paths, summarizer, FAST)
+    assert str(refused.value) == (
+        f"agent 'alpha': archive folder {paths.archive_dir} is a symlink, not a real "
+        "folder; nothing is archived through it"
+    )
+    assert summarizer.calls == 0
+    assert {p: p.read_bytes() for p in paths.dir.rglob("*") if p.is_file()} == before
+    assert not [p for p in (paths.dir / target).iterdir() if p.name.startswith("history_")]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give MEMORY.md another group")

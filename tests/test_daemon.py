@@ -2472,3 +2472,27 @@ def test_the_daemon_leaves_no_core_dump(tmp_path: Path) -> None:
         assert daemon.stop() == 0
     core = next(line for line in limits.splitlines() if line.startswith("Max core file size"))
     assert core.split()[4:6] == ["0", "0"], core
+
+
+def test_an_archive_symlink_inside_an_agents_folder_fails_that_agent_alone(
+    ws: AgentWorkspace, run_daemon: Any
+) -> None:
+    """archive/ -> a folder of the agent's own: its archives went there. The daemon
+    refuses that agent's compactions, naming the path, writes nothing for it, and
+    keeps compacting the others."""
+    linked = ws.create_agent("linked")
+    (linked.dir / "notes").mkdir()
+    linked.archive_dir.symlink_to("notes")
+    ws.create_agent("plain")
+    h = run_daemon(ws)
+    before = fill(ws, "linked", 12).read_bytes()
+    entry = h.daemon.services.registry.agents()["linked"]
+    assert wait_until(lambda: entry.job.last_error is not None, timeout=20)
+    assert f"archive folder {linked.archive_dir} is a symlink, not a real folder" in (
+        entry.job.last_error or ""
+    )
+    plain = fill(ws, "plain", 12)
+    assert wait_until(lambda: list((plain.parent / "archive").glob("history_*.md")), timeout=20)
+    assert linked.memory.read_bytes() == before
+    assert list((linked.dir / "notes").iterdir()) == []
+    assert h.stop() == 0

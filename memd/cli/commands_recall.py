@@ -143,7 +143,17 @@ def _reindex(loaded: LoadedConfig, state_dir: Path | None, agent: str | None) ->
                 # As the daemon does: the refused folder is reported, the others go on.
                 print(f"memd: error: {problem}", file=sys.stderr)
         for paths in targets:
-            report = index.reindex_agent(paths)
+            try:
+                report = index.reindex_agent(paths)
+            except MemdError as exc:
+                # Refused once pinned (a symlinked archive/ inside its folder): as
+                # a folder refused above, it keeps no rows and the others go on.
+                index.erase_agent(paths.agent)
+                print(f"{paths.agent}: folder refused; its rows were erased")
+                unreadable.append((paths.agent, exc))
+                if agent is None:
+                    print(f"memd: error: {exc}", file=sys.stderr)
+                continue
             print(f"{paths.agent}: {report.describe()}")
     if unreadable:
         if agent is not None:

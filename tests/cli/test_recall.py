@@ -202,6 +202,33 @@ def test_reindex_erases_the_rows_of_an_agent_whose_folder_is_now_refused(
     assert ("alpha: indexed" in out) is not named
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["every-agent", "named"])
+def test_reindex_treats_an_archive_symlink_inside_the_folder_as_a_refused_folder(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, named: bool
+) -> None:
+    """archive/ -> notes/ inside beta's own folder is refused once pinned (never
+    archived through): --reindex of every agent stopped at it (exit 2, alpha not
+    reindexed). Now as a refused folder: its rows erased, said, the others go on."""
+    code, out, err = run(capsys, "recall", "beta", "kalomiren", *args(ws, state_dir))
+    assert code == 0 and "kalomiren" in out, err
+    folder = ws.root / "agents" / "beta"
+    (folder / "notes").mkdir()
+    (folder / "archive").symlink_to("notes")
+    code, out, err = run(
+        capsys, "recall", "--reindex", *(["beta"] if named else []), *args(ws, state_dir)
+    )
+    assert code == (2 if named else 1), err
+    (line,) = err.splitlines()
+    assert line == (
+        f"memd: error: agent 'beta': archive folder {folder / 'archive'} is a symlink, "
+        "not a real folder; nothing is archived through it"
+    )
+    assert "beta: folder refused; its rows were erased" in out
+    assert ("alpha: indexed" in out) is not named
+    with RecallIndex.open(state_dir, ws.root) as index:
+        assert "beta" not in index.agents()
+
+
 def test_forget_erases_the_agents_rows(
     capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path
 ) -> None:
