@@ -1842,6 +1842,49 @@ def test_encoding_reload_keeps_an_open_breaker(tmp_path):
     assert state is JobState.BREAKER_OPEN and len(compact.calls) == calls, (state, compact.calls)
 
 
+def test_a_reload_whose_encoding_the_daemon_cannot_load_is_refused_whole(tmp_path):
+    """The daemon kept its old encoding, applied the rest and answered "applied":
+    `memd reload` (whose own look-up uses its caller's TIKTOKEN_CACHE_DIR) exited
+    0. The daemon's own look-up decides: the reload is refused, nothing applied."""
+    from memd.errors import TokenizerError
+
+    def counter_factory(encoding):
+        if encoding == "o200k_base":
+            raise TokenizerError("tokenizer encoding 'o200k_base': not found offline (scripted)")
+        return TokenCounter(encoding)
+
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("a", entries=2)
+    cfg = tmp_path / "memd.toml"
+    cfg.write_text(TOML.format(ctx=5000, enc="cl100k_base"))
+    loaded = load_settings(config_file=cfg, workspace=ws.root, environ={})
+    opts = DaemonOptions(
+        config_file=cfg,
+        workspace_flag=ws.root,
+        state_dir=tmp_path / "state",
+        install_signal_handlers=False,
+    )
+    d = Daemon(
+        loaded, opts, compact=ScriptedCompaction(), counter_factory=counter_factory, environ={}
+    )
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        assert d.ready.wait(20)
+        cfg.write_text(TOML.format(ctx=9000, enc="o200k_base"))
+        d.handle_exit(signal.SIGHUP, None)
+        store = d.services.flusher.store
+        assert wait_until(lambda: store.read_last_reload() is not None, timeout=10)
+        answer = store.read_last_reload()
+        assert answer is not None and not answer.ok and answer.errors == 1
+        assert d.config.trigger.context_length == 5000  # nothing of it applied
+        assert d.config.tokenizer.encoding == "cl100k_base"
+        assert d.services.counter.tokenizer.encoding.name == "cl100k_base"
+    finally:
+        d.handle_exit(signal.SIGTERM, None)
+        t.join(20)
+
+
 # -- from review: flush race --------------------
 BIG = {"trigger": {"context_length": 10**6}, "daemon": {"state_flush_s": 0.2}}
 

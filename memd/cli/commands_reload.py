@@ -6,7 +6,10 @@ runs with and says so in its log, while ``kill -HUP`` (and ``systemctl
 reload`` with it) exits 0. This command checks the config first, as the daemon
 will read it (its config file and the settings of its environment, through its
 pointer in the workspace: :func:`memd.cli.common.load`); a config with a
-problem is not sent at all (exit 2, each problem on its own line). Then the
+problem is not sent at all (exit 2, each problem on its own line). Whether
+the tokenizer encoding's file can be found is the daemon's to say (it looks
+with its own ``TIKTOKEN_CACHE_DIR``, and refuses a reload it cannot load the
+encoding of): this command's own look-up only adds to that answer. Then the
 signal, and the wait for the daemon's answer: the ``config_reload`` record it
 appends to the workspace's audit log after every reload, applied or refused.
 The answer to *this* signal is the first record of that daemon whose reload
@@ -86,7 +89,7 @@ def reload_command(
         loaded = load(workspace, config, strict=True)
     except ConfigError as exc:
         raise _refused(exc.problems) from None
-    _check_encoding(loaded.config.tokenizer.encoding)
+    local_problem = _encoding_problem(loaded.config.tokenizer.encoding)
     require_workspace(loaded.workspace)  # a mistyped one: its own line, no state DB made
     directory = state_dir_of(loaded, state_dir)
     if pid is None:
@@ -134,6 +137,7 @@ def reload_command(
             f"daemon pid {pid} refused the configuration"
             + (f" ({count})" if count else "")
             + " and keeps the previous one; its log says why"
+            + (f" (here: {local_problem})" if local_problem else "")
         )
     changed = record.fields.get("changed")
     sections = ", ".join(changed) if isinstance(changed, tuple) and changed else "nothing"
@@ -144,17 +148,23 @@ def reload_command(
     )
 
 
-def _check_encoding(encoding: str) -> None:
-    """The encoding's BPE file must be on this host, as the daemon's tokenizer will
-    look for it: one it cannot load, the daemon keeps the old encoding and
-    applies the rest, and its answer was 'applied (changed: nothing)', exit 0."""
+def _encoding_problem(encoding: str) -> str | None:
+    """Why this command cannot find the encoding's BPE file, or None.
+
+    Not a reason to withhold the signal: the daemon looks with its own
+    environment (its ``TIKTOKEN_CACHE_DIR``, which a shell's may not be), and a
+    daemon that cannot load the encoding refuses the reload whole, which is its
+    answer (exit 2). What this command found is added to that answer."""
     from memd.errors import TokenizerError
     from memd.tokenizer import locate_encoding
 
     try:
         locate_encoding(encoding)
     except TokenizerError as exc:
-        raise _refused([f"{exc} (memd doctor)"]) from None
+        own = os.environ.get("TIKTOKEN_CACHE_DIR")
+        where = f"TIKTOKEN_CACHE_DIR={own}" if own else "TIKTOKEN_CACHE_DIR unset"
+        return f"{exc}, as this command looks ({where}; the daemon looks with its own)"
+    return None
 
 
 def wait_for_answer(

@@ -120,8 +120,8 @@ class Daemon:
     ) -> None:
         self.options = options or DaemonOptions()
         self.config = loaded.config
-        # The tokenizer settings the counts are made with: the configured ones
-        # unless a reload could not load them (see _reload).
+        # The tokenizer settings the counts are made with (a reload whose
+        # tokenizer cannot be loaded is refused: see _reload).
         self._tokenizer_in_use = loaded.config.tokenizer
         self.workspace = loaded.workspace
         self._env_overrides = loaded.env_overrides
@@ -337,23 +337,25 @@ class Daemon:
         new = loaded.config.model_copy(update={"workspace": str(self.workspace)})
         if self.options.config_transform is not None:
             new = self.options.config_transform(new)
-        self.config = new
-        configure_logging(
-            self.options.log_format or new.log.format, self.options.log_level or new.log.level
-        )
         tokenizer: Tokenizer | None = None
         if new.tokenizer != self._tokenizer_in_use:
             try:
                 tokenizer = new_tokenizer(new, self._parts)
-                self._tokenizer_in_use = new.tokenizer
             except MemdError as exc:
-                _log.error("reload: tokenizer unavailable; keeping the old one", error=str(exc))
-        if new.tokenizer != self._tokenizer_in_use:
-            # The counts stay the old tokenizer's, so the services keep its
-            # settings: the state DB labels each count with the encoding it was
-            # made in (a restart that can load the new one must not reuse it),
-            # and the next reload tries the new one again.
-            new = new.model_copy(update={"tokenizer": self._tokenizer_in_use})
+                # Loaded here, with this daemon's environment (its TIKTOKEN_CACHE_DIR,
+                # which `memd reload`'s may not be): the daemon's answer is the one
+                # that counts. Refused whole, as a config with a problem: applying
+                # the rest answered "applied", and the counts stayed the old
+                # encoding's while the operator believed the new one in force.
+                _log.error("reload failed; keeping the previous configuration", error=str(exc))
+                _record_reload(s, ReloadOutcome(os.getpid(), started_ns, ok=False, errors=1))
+                self.notifier.ready(s.flusher.status_text())
+                return
+            self._tokenizer_in_use = new.tokenizer
+        self.config = new
+        configure_logging(
+            self.options.log_format or new.log.format, self.options.log_level or new.log.level
+        )
         # Fan-out: each service takes what it needs from the new config (and the
         # new tokenizer's count, when there is one: summaries, reserved text).
         count_text = None if tokenizer is None else tokenizer.count_text

@@ -134,12 +134,13 @@ def test_a_retry_backoff_above_its_cap_is_refused_by_the_check_and_by_the_daemon
     assert process.stop() == 0
 
 
-def test_an_encoding_this_host_cannot_load_is_refused_without_a_signal(
+def test_an_encoding_the_daemon_cannot_load_is_its_refusal_and_says_what_this_command_found(
     tmp_path: Path, daemon: tuple[DaemonProcess, list[str]]
 ) -> None:
     # r50k_base is an encoding memd knows, but no wheel bundles its file: the
-    # daemon kept its old encoding and applied the rest, and memd reload said
-    # "applied ... (changed: nothing)", exit 0.
+    # daemon kept its old encoding and applied the rest ("applied ... (changed:
+    # nothing)", exit 0). It now refuses the reload whole; this command, whose
+    # own look-up uses its caller's TIKTOKEN_CACHE_DIR, says what it found too.
     process, args = daemon
     config = tmp_path / "memd.toml"
     config.write_text(GOOD + '[tokenizer]\nencoding = "r50k_base"\n')
@@ -150,9 +151,46 @@ def test_an_encoding_this_host_cannot_load_is_refused_without_a_signal(
     )
     assert refused.returncode == 2, refused.stdout + refused.stderr
     [line] = refused.stderr.strip().splitlines()
-    assert line.startswith("memd: error: tokenizer encoding 'r50k_base': ")
-    assert "the daemon keeps the configuration it runs with" in line
-    assert reloads(process) == 0
+    assert line.startswith(
+        f"memd: error: daemon pid {process.pid} refused the configuration (1 problem) and "
+        "keeps the previous one; its log says why (here: tokenizer encoding 'r50k_base': "
+    ), line
+    assert f"as this command looks (TIKTOKEN_CACHE_DIR={empty}; the daemon looks with its own)" in (
+        line
+    )
+    failed = process.wait_for("reload failed; keeping the previous configuration")
+    assert "r50k_base" in failed["error"]
+    assert process.stop() == 0
+
+
+def test_an_encoding_only_this_command_cannot_find_does_not_stop_the_reload(
+    tmp_path: Path,
+    daemon: tuple[DaemonProcess, list[str]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The caller's TIKTOKEN_CACHE_DIR is not the daemon's (a shell beside a
+    # unit's Environment=): its look-up refused, without a signal, an encoding
+    # the daemon loads. The daemon's answer decides.
+    import memd.tokenizer
+    from memd.cli.app import main
+    from memd.errors import TokenizerError
+
+    def not_here(name: str) -> Path:
+        raise TokenizerError(f"tokenizer encoding {name!r}: not found offline (scripted)")
+
+    monkeypatch.setattr(memd.tokenizer, "locate_encoding", not_here)
+    process, args = daemon
+    config = tmp_path / "memd.toml"
+    config.write_text(GOOD + '[tokenizer]\nencoding = "o200k_base"\n')
+    with pytest.raises(SystemExit) as exited:
+        main(["reload", *args, "--pid", str(process.pid)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0, err
+    assert (
+        out.strip() == f"reloaded: daemon pid {process.pid} applied {config} (changed: tokenizer)"
+    )
+    assert reloads(process) == 1
     assert process.stop() == 0
 
 

@@ -300,7 +300,8 @@ def test_a_failed_tokenizer_reload_never_labels_counts_with_the_new_encoding(
         config_file.write_text('[tokenizer]\nencoding = "o200k_base"\n')
         daemon.handle_exit(signal.SIGHUP, None)
         assert reloaded.wait(30)
-        assert daemon.config.tokenizer.encoding == "o200k_base"
+        # Refused whole (the daemon's answer to `memd reload`): nothing of it applied.
+        assert daemon.config.tokenizer.encoding == "cl100k_base"
         assert s.entry_counter.tokenizer is CL100K  # kept: the new one failed to load
         # The next flush writes alice's row (its count is cl100k's).
         s.registry.agents()["alice"].dirty = True
