@@ -902,6 +902,9 @@ class StateStore:
     def __init__(self, conn: sqlite3.Connection, path: Path | None, warnings: list[str]) -> None:
         self._conn = conn
         self._lock = threading.RLock()
+        # limit_waits: from then on, how long (monotonic) an operation may wait
+        # for another process's lock on the DB; None: BUSY_TIMEOUT_S each.
+        self._waits_end: float | None = None
         self.path = path  # None when running on the in-memory fallback
         self.warnings = warnings
         # How the caller chose the state dir (printed by `memd status`/`health`).
@@ -945,6 +948,15 @@ class StateStore:
         with self._lock:
             self._conn.close()
 
+    def limit_waits(self, seconds: float) -> None:
+        """From now on, operations together wait at most ``seconds`` for a lock
+        another process holds on the DB (each waits what is left, then fails as
+        locked). A daemon stopping: the DB is a cache of what the files say, and
+        a long ``sqlite3`` transaction held the stop ``BUSY_TIMEOUT_S`` per write
+        (final flush, heartbeat, …: half a minute). An operation already waiting
+        finishes its own wait."""
+        self._waits_end = time.monotonic() + seconds
+
     def __enter__(self) -> StateStore:
         return self
 
@@ -957,6 +969,9 @@ class StateStore:
         with self._lock:
             if self.path is not None and _file_identity(self.path) != self._identity:
                 self._reopen()
+            if self._waits_end is not None:
+                left_ms = max(0, int((self._waits_end - time.monotonic()) * 1000))
+                self._conn.execute(f"PRAGMA busy_timeout = {left_ms}")
             try:
                 return operation(self._conn)
             except sqlite3.DatabaseError as exc:

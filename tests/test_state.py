@@ -1444,3 +1444,28 @@ def test_a_state_dir_another_uid_owns_or_may_write_in_is_refused(tmp_path: Path)
     state_dir.chmod(0o700)
     os.chown(state_dir, 31002, 31002)
     StateStore.open(state_dir, tmp_path / "ws").close()
+
+
+def test_limit_waits_bounds_every_later_wait_for_another_process_lock(tmp_path: Path) -> None:
+    """A daemon stopping while a `sqlite3` shell holds the DB in a transaction
+    waited BUSY_TIMEOUT_S on each write left (final flush, heartbeat): half a
+    minute. After limit_waits, the writes together wait at most what it gave."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    store = StateStore.open(tmp_path / "state", ws)
+    assert store.path is not None
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("CREATE TABLE held(x)")
+        store.limit_waits(0)
+        with pytest.raises(memd.state.StateError, match="database is locked"):
+            store.write_heartbeat(
+                os.getpid(), started_at=0.0, healthy=True, detail="", agents=0, ts=time.time()
+            )
+        # What each operation now waits: the budget left, here none at all.
+        assert store._conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        store.close()

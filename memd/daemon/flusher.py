@@ -35,6 +35,10 @@ _log = get_logger("memd.daemon")
 # are made, batched: at most one live flush per this long (the periodic flush,
 # daemon.state_flush_s, writes the rest: job states, the heartbeat).
 LIVE_FLUSH_S = 0.1
+# At stop, what the state DB's writes may wait in all for another process's
+# lock on it (a `sqlite3` shell in a transaction): the DB is a cache, the next
+# start recounts what it lacks, and a stop is awaited by systemd, `docker stop`.
+STOP_DB_WAIT_S = 1.0
 
 
 class ErasureChange(NamedTuple):
@@ -82,6 +86,12 @@ class StateFlusher:
     def set_healthy(self, healthy: bool) -> None:
         """The daemon's health as last probed: the next heartbeat writes it."""
         self._healthy = healthy
+
+    def stopping(self) -> None:
+        """The daemon stops: the writes left (final flush, heartbeat) wait at most
+        STOP_DB_WAIT_S in all for a lock another process holds on the state DB."""
+        if self.store is not None:
+            self.store.limit_waits(STOP_DB_WAIT_S)
 
     def close(self) -> None:
         """After the final flush: the heartbeat goes, the DB closes."""

@@ -293,6 +293,8 @@ class Daemon:
         self.notifier.stopping()
         if not quiet:
             _log.info("stopping", compacting=s.runner.running() if s is not None else [])
+        if s is not None:
+            s.flusher.stopping()
         stack.close()
         code = EXIT_FORCED if self.state.force_exit else EXIT_OK
         if not quiet:

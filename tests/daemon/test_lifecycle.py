@@ -657,3 +657,61 @@ def test_a_state_dir_that_is_a_file_leaves_the_daemon_running_without_recall(
         thread.join(60)
     assert codes == [0]
     assert state_file.read_text() == "not a folder\n"
+
+
+def test_a_stop_bounds_its_waits_for_a_state_db_another_process_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `sqlite3` shell in a long transaction on the state DB: SIGTERM waited
+    BUSY_TIMEOUT_S (5 s) per write left (final flush, heartbeat), ~11 s here and
+    ~32 s seen in the field. The stop limits those waits before anything stops;
+    the writes fail as locked (logged) and the daemon exits 0."""
+    import sqlite3
+
+    from support.memfiles import AgentWorkspace
+
+    from memd.daemon.flusher import STOP_DB_WAIT_S
+    from memd.daemon.wiring import Services
+    from memd.state import StateStore
+
+    events: list[str] = []
+    limit = StateStore.limit_waits
+    flush = Services.final_flush
+
+    def limit_waits(self: StateStore, seconds: float) -> None:
+        events.append(f"limit {seconds:g}")
+        limit(self, seconds)
+
+    def final_flush(self: Services) -> None:
+        events.append("final flush")
+        flush(self)
+
+    monkeypatch.setattr(StateStore, "limit_waits", limit_waits)
+    monkeypatch.setattr(Services, "final_flush", final_flush)
+    ws = AgentWorkspace(tmp_path / "ws")
+    ws.create_agent("alice", entries=2)
+    config, _ = build_config({}, {})
+    daemon = Daemon(
+        LoadedConfig(config, None, ws.root, ()),
+        DaemonOptions(state_dir=tmp_path / "state", install_signal_handlers=False),
+        counter_factory=lambda _encoding: CL100K,
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(daemon.run()), daemon=True)
+    thread.start()
+    holder: sqlite3.Connection | None = None
+    try:
+        assert daemon.ready.wait(30)
+        store = daemon.services.flusher.store
+        assert store is not None and store.path is not None
+        holder = sqlite3.connect(store.path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("CREATE TABLE held(x)")
+    finally:
+        daemon.handle_exit(signal.SIGTERM, None)
+        thread.join(60)
+        if holder is not None:
+            holder.execute("ROLLBACK")
+            holder.close()
+    assert codes == [0]
+    assert events == [f"limit {STOP_DB_WAIT_S:g}", "final flush"]
