@@ -1020,3 +1020,36 @@ def test_recall_refusal_names_nothing_inside_another_agents_folder() -> None:
     assert hidden not in reply["error"], reply
     assert "alice" not in reply["error"], reply
     assert "agent 'bob'" in reply["error"], reply
+
+
+def test_idle_connections_past_the_cap_for_all_uids_keep_no_one_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections that send nothing are bounded in all, not only per uid: past
+    MAX_PENDING (here lowered under the per-uid cap, so one uid reaches it) the
+    connection idle the longest is told so and closed, and a request is answered
+    at once, with the request deadline far off (nothing is freed by it)."""
+    import memd.recall.socket_server as socket_server
+
+    monkeypatch.setattr(socket_server, "MAX_PENDING", 8)
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    append_entry(paths.memory, "Human", "the tangerine vault code is 4417")
+    idle: list[socket.socket] = []
+    with RecallIndex.open(tmp_path / "state", ws.root) as index:
+        server = RecallSocketServer(
+            index, ws.root, socket_path_for("", ws.root), request_deadline_s=120.0
+        )
+        server.start()
+        try:
+            idle = [_connect(server.path) for _ in range(3 * 8)]
+            reply = ask(server.path, {"v": 1, "agent": "alpha", "query": "tangerine"}, 60)
+            assert reply["ok"] is True, reply
+            assert reply["results"][0]["text"] == "the tangerine vault code is 4417"
+            idle[0].settimeout(60)
+            told = json.loads(idle[0].makefile("rb").readline())
+            assert told["ok"] is False and "over 8 connections waiting in all" in told["error"]
+        finally:
+            for sock in idle:
+                sock.close()
+            server.stop()
