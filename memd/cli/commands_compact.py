@@ -227,7 +227,7 @@ def compact_now(
         warm_up()  # a failure is said by the first summary, as the daemon's is
     # One line per agent, however narrow the terminal: greppable, as doctor's.
     out = Console(emoji=False, soft_wrap=True)
-    err = Console(stderr=True, emoji=False)
+    err = Console(stderr=True, emoji=False, soft_wrap=True)  # one line each, however long
     failures = refused
     busy = 0
     progress = Progress(

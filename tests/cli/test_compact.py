@@ -176,6 +176,48 @@ def test_all_agents(ws: AgentWorkspace) -> None:
         assert len(list(ws.paths(name).archive_dir.iterdir())) == 1
 
 
+def test_all_agents_says_an_agents_long_error_in_one_line(ws: AgentWorkspace) -> None:
+    """A failed agent's error (here a symlinked archive/, its path long) was
+    wrapped at 80 columns by the error console: two lines, or more."""
+    paths = ws.paths("beta")
+    for old in paths.archive_dir.glob("*"):
+        old.unlink()
+    if paths.archive_dir.exists():
+        paths.archive_dir.rmdir()
+    (paths.dir / "notes").mkdir()
+    paths.archive_dir.symlink_to("notes")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memd",
+            "compact-now",
+            "--all",
+            "-w",
+            str(ws.root),
+            "--summary",
+            "s",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={
+            **env,
+            "MEMD_COMPACTION_DRAIN_QUIET_S": "0.1",
+            "MEMD_SUMMARIZER_KEEP_RECENT_TOKENS": "0",
+        },
+    )
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "warning" not in line]
+    assert errors == [
+        f"memd: error: agent 'beta': archive folder {paths.archive_dir} is a symlink, "
+        "not a real folder; nothing is archived through it"
+    ], result.stderr
+    assert "alpha: compacted" in result.stdout and "gamma: compacted" in result.stdout
+
+
 def test_all_agents_goes_on_past_an_agent_whose_budgets_do_not_fit_its_window(
     ws: AgentWorkspace, tmp_path: Path
 ) -> None:
