@@ -101,6 +101,14 @@ def recall_command(
     with open_recall_index(loaded, state_dir) as index:
         index.sync_agent(paths)
         hits = index.search(agent, query, limit=limit, since_epoch=since_at, role=role)
+        roles = index.roles_if_absent(agent, role) if role and not hits else None
+    if roles is not None:
+        # A mistyped role matched nothing, silently: said, with the agent's roles.
+        having = f"its roles: {', '.join(roles)}" if roles else "it has no entries"
+        print(
+            f"memd: note: agent {agent!r} has no entry of role {role!r} ({having})",
+            file=sys.stderr,
+        )
     if as_json:
         json.dump([hit.as_json() for hit in hits], sys.stdout, ensure_ascii=False, indent=2)
         sys.stdout.write("\n")

@@ -612,6 +612,29 @@ class RecallIndex:
         self._drop_agent_rows(paths.agent)
         return self.sync_agent(paths)
 
+    def roles_if_absent(self, agent: str, role: str) -> list[str] | None:
+        """None when ``agent`` has an entry of ``role`` (case-insensitive, as the
+        search's filter); else the roles its entries have (a role filter that can
+        match nothing is then said with them: roles are free text, the agent's
+        name for its own turns in Swarms, so they cannot be a fixed choice)."""
+
+        def operation(conn: sqlite3.Connection) -> list[str] | None:
+            found = conn.execute(
+                "SELECT 1 FROM sources s JOIN entries e ON e.source_id = s.id"
+                " WHERE s.agent = ? AND e.role = ? COLLATE NOCASE LIMIT 1",
+                (agent, role),
+            ).fetchone()
+            if found is not None:
+                return None
+            rows = conn.execute(
+                "SELECT DISTINCT e.role FROM sources s JOIN entries e ON e.source_id = s.id"
+                " WHERE s.agent = ? ORDER BY 1",
+                (agent,),
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        return self._run(operation)
+
     def agents(self) -> list[str]:
         """Every agent the index holds anything of: rows, or only a name (an
         index written before empty agents lost their row in ``agents``)."""

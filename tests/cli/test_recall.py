@@ -242,3 +242,26 @@ def test_forget_erases_the_agents_rows(
     with RecallIndex.open(state_dir, ws.root) as index:
         assert index.search("alpha", "kalomiren") == []
         assert index.search("beta", "kalomiren")
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_role_no_entry_has_is_said_with_the_agents_roles(
+    capsys: pytest.CaptureFixture[str], ws: AgentWorkspace, state_dir: Path, as_json: bool
+) -> None:
+    """Roles are free text (Swarms writes the agent's own name for its turns), so
+    --role cannot be a fixed choice; a mistyped one matched nothing, silently."""
+    json_flag = ["--json"] if as_json else []
+    code, out, err = run(
+        capsys, "recall", "alpha", "kalomiren", "--role", "Humna", *json_flag, *args(ws, state_dir)
+    )
+    assert code == 0
+    assert (out.strip() == "[]") if as_json else out.startswith("no entry matches")
+    assert err.splitlines() == [
+        "memd: note: agent 'alpha' has no entry of role 'Humna' (its roles: AI, Human)"
+    ]
+    # A role the agent has, in any case: no note, whether or not the query matches.
+    for query in ("kalomiren", "zzyzx"):
+        code, out, err = run(
+            capsys, "recall", "alpha", query, "--role", "human", *args(ws, state_dir)
+        )
+        assert code == 0 and err == "", err
