@@ -62,6 +62,8 @@ from memd.archive_crypto import (
     seal_archive,
 )
 from memd.core.audit import AuditEvent
+from memd.core.carried_lines import CarriedLine
+from memd.core.carry import carry_material
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
     BLOCK_TERMINATOR,
@@ -360,6 +362,8 @@ class CompactionOutcome:
     llm_duration_s: float
     pinned: int = 0  # facts in the new block's pinned section
     evicted: int = 0  # facts that left the pinned section for its budget (still archived)
+    # Decisions, open tasks, errors and people the reply dropped, carried verbatim.
+    carried: int = 0
     partial: bool = False  # the summarizer covered only the oldest part; the rest stays raw
     calls: int = 1  # summarizer model calls
     # What writers appended while the job ran (carried into the new file past
@@ -587,6 +591,15 @@ def read_memory(paths: AgentPaths) -> bytes:
             return read_to_end(fd)
         finally:
             os.close(fd)
+
+
+def lines_the_scan_keeps(lines: Sequence[CarriedLine], scan: Redactor) -> tuple[CarriedLine, ...]:
+    """The carried lines in which the reply's ``scan`` finds nothing to redact
+    (as :func:`pins_the_scan_keeps`: a line is kept whole or not at all; one
+    holding a credential is no candidate at all)."""
+    if not (scan.pii or scan.patterns):
+        return tuple(lines)
+    return tuple(line for line in lines if not scan.spans(line.text))
 
 
 def pins_the_scan_keeps(pins: Sequence[Pin], scan: Redactor) -> tuple[Pin, ...]:
@@ -847,6 +860,10 @@ class _Transaction:
                 )
         new_name = _archive_stem() + self.archive_suffix
         earlier = self._earlier_kept(material.earlier_archives, cut)
+        # What a model's reply (or an operator's) dropped of the decisions, open
+        # tasks, errors and people is carried verbatim; the builtin summary keeps
+        # those itself, in its own sections.
+        carry = carry_material(prefix) if result.model != BUILTIN_MODEL else None
         composed = compose_summary(
             body,
             pins_the_scan_keeps(material.pins, scan),
@@ -856,6 +873,9 @@ class _Transaction:
             archive="archive/" + new_name,
             earlier_archives=earlier,
             note=archive_note(self.options.retention),
+            carried=lines_the_scan_keeps(carry.lines, scan) if carry is not None else (),
+            carried_done=carry.done if carry is not None else frozenset(),
+            block_tokens=self.summary_cap,
         )
         pinned = scan.redact(composed.text, material_secrets)
         if pinned.count:
@@ -1597,6 +1617,7 @@ def _compact_locked(
             llm_duration_s=llm_s,
             pinned=composed.pinned,
             evicted=composed.evicted,
+            carried=composed.carried,
             # Short of what was meant to be summarized (the newest turns kept verbatim
             # by design are no shortfall): the summarizer stopped at its call budget.
             partial=cut < kept_from,

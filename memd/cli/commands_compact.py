@@ -334,6 +334,8 @@ def compact_now(
                 pins = f"; {outcome.pinned} pinned fact(s)" if outcome.pinned else ""
                 if outcome.evicted:
                     pins += f" ({outcome.evicted} aged out to the archives)"
+                if outcome.carried:
+                    pins += f"; {outcome.carried} line(s) the summary left out kept verbatim"
                 partial = (
                     "; partial: newer turns stay raw for the next compaction"
                     if outcome.partial

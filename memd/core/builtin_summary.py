@@ -246,6 +246,21 @@ def _entry_lines(
     return found[:_MAX_LINES_PER_ENTRY]
 
 
+def entry_lines(
+    role: str, timestamp: str, text: str, resolved: list[tuple[str, str]] | None = None
+) -> list[Line]:
+    """The lines this summary takes from one entry (``timestamp`` as its header has
+    it), and its done/fixed sentences into ``resolved``: :mod:`memd.core.carry`
+    finds what a model's summary dropped with the same classifier."""
+    return _entry_lines(role, _stamp(timestamp), text, resolved)
+
+
+def resolved_lines(lines: list[Line], resolved: list[tuple[str, str]]) -> set[int]:
+    """The indices of the open tasks and errors in ``lines`` that a sentence of
+    ``resolved`` says are done or fixed (as this summary ranks them)."""
+    return _resolved_lines(lines, resolved)
+
+
 def _carried_lines(previous_body: str, fallback_stamp: str) -> list[Line]:
     """Lines of the previous summary: its own sections when memd wrote it, else 'Earlier'."""
     lines: list[Line] = []
@@ -299,8 +314,10 @@ def _collect(
     since = since_last_summary(document)
     lines: list[Line] = []
     if since.summary is not None:
-        body = parse_summary(since.summary.summary_text).body
-        lines = _carried_lines(body, _stamp(since.summary.timestamp))
+        previous = parse_summary(since.summary.summary_text)
+        lines = _carried_lines(previous.body, _stamp(since.summary.timestamp))
+        # What memd carried beside a model's summary, each under its own section.
+        lines += [Line(line.section, line.stamp, line.text) for line in previous.carried]
     turns = 0
     first = last = ""
     for turn in since.turns:

@@ -27,6 +27,25 @@ This stays format 2: the version line is unchanged, so older code still reads
 the block (it ignores the line inside the pinned section, or carries it as a
 line of summary text when there are no pins); newer code lifts it out of the
 body and writes a fresh one each time.
+
+Since s11, after a model's summary (never the builtin one, which keeps them
+itself) and before the pinned facts, the decisions, open tasks, errors and
+people the reply did not keep, verbatim (:mod:`memd.core.carried_lines`)::
+
+    {summary}
+
+    Said earlier (verbatim):
+    Decisions:
+    2026-03-02:
+    - Human: We decided to move the queue to the managed broker.
+
+    Pinned facts (…):
+
+Format 2 still, on purpose: a memd from before reads the section as the last
+lines of the summary text (it only lifts out the last paragraph when that is
+the pinned section), so it shows them to its model and its builtin summarizer
+keeps them; a format 3 would have made it read the whole block, pinned facts
+and all, as plain text.
 """
 
 from __future__ import annotations
@@ -36,6 +55,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from memd.core.carried_lines import (
+    CARRIED_HEADING,
+    CarriedLine,
+    ReplyWords,
+    fit_carried,
+    kept_in,
+    parse_carried,
+)
 from memd.core.line_groups import expand_groups
 from memd.core.memfile import MemoryDocument, is_summary_form
 from memd.core.pins import (
@@ -79,6 +106,7 @@ class ParsedSummary:
     latest_archive: str = ""
     earlier_archives: int = 0
     archive_note: str = ""  # the memd-archive line, when the block has one
+    carried: tuple[CarriedLine, ...] = ()  # the "Said earlier" section's lines
 
 
 def parse_summary(text: str) -> ParsedSummary:
@@ -105,9 +133,16 @@ def parse_summary(text: str) -> ParsedSummary:
     if rest.startswith(PINNED_HEADING, at):
         body = rest[:at].rstrip()
         pins_text = rest[at:]
+    # The carried section is the paragraph just before the pinned one (or the
+    # tail), under the same rule.
+    at = body.rfind("\n\n") + 2 if "\n\n" in body else 0
+    carried_text = ""
+    if body.startswith(CARRIED_HEADING, at):
+        body, carried_text = body[:at].rstrip(), body[at:]
     return ParsedSummary(
         body=body.strip(),
         pins=tuple(parse_pinned(pins_text)),
+        carried=tuple(parse_carried(carried_text)),
         version=version,
         latest_archive=match.group(2) or "",
         earlier_archives=int(match.group(3) or 0),
@@ -190,6 +225,8 @@ class ComposedSummary:
     pinned: int  # facts in the pinned section
     covered: int  # pinned-kind facts the summary itself kept (same extractor)
     evicted: int  # facts dropped from the pinned section for its budget
+    carried: int = 0  # lines in the "Said earlier" section
+    carried_evicted: int = 0  # lines the reply dropped that did not fit beside it
 
 
 def compose_summary(
@@ -201,14 +238,34 @@ def compose_summary(
     archive: str = "",
     earlier_archives: int = 0,
     note: str = "",
+    carried: Sequence[CarriedLine] = (),
+    carried_done: frozenset[str] = frozenset(),
+    block_tokens: int = 0,
 ) -> ComposedSummary:
-    """The format-2 text: ``body`` + the pins it does not keep itself + ``note``
-    (see :func:`archive_note`) + the version line."""
+    """The format-2 text: ``body`` + the ``carried`` lines it does not keep itself
+    + the pins it does not keep itself + ``note`` (see :func:`archive_note`) + the
+    version line.
+
+    The carried lines get what ``block_tokens`` (the cap the summary and pinned
+    budgets make together) leaves beside the body and the pins: they never push
+    the block over its cap, and never take a pin's place.  ``carried_done``: the
+    keys of the lines a later turn says are done or fixed, the first to go."""
     body = quote_own_lines(body)
     covered = covered_keys(expand_groups(body))
     missing = [pin for pin in pins if pin.key not in covered]
     section = fit_pins(missing, pinned_tokens, count_text)
     parts = [body.strip()] if body.strip() else []
+    kept_lines = 0
+    evicted_lines = 0
+    if carried:
+        reply = ReplyWords.of(body)
+        dropped = [line for line in carried if not kept_in(reply, line)]
+        used = sum(count_text(part) for part in (*parts, section.text) if part)
+        room = block_tokens - used - _SECTION_JOINS
+        lines = fit_carried(dropped, room, count_text, carried_done)
+        if lines.text:
+            parts.append(lines.text)
+        kept_lines, evicted_lines = len(lines.lines), lines.evicted
     if section.text:
         parts.append(section.text)
     tail = version_line(archive, earlier_archives)
@@ -218,14 +275,25 @@ def compose_summary(
         pinned=len(section.pins),
         covered=len(pins) - len(missing),
         evicted=section.evicted,
+        carried=kept_lines,
+        carried_evicted=evicted_lines,
     )
+
+
+# The blank lines between the body, the carried and the pinned sections (a few
+# tokens each): counted parts joined cost a little more than their sum.
+_SECTION_JOINS: Final = 8
 
 
 # A body line that reads as one of memd's own (the pinned section's heading, the
 # archive note, the version line): the reply quoted it, from a turn that read a
 # memory file aloud or from the previous summary.
 _OWN_LINE_IN_BODY_RE: Final = re.compile(
-    r"(?m)^(?=[ \t]*(?:" + re.escape(PINNED_HEADING) + r"|memd-archive: |memd-summary: v))"
+    r"(?m)^(?=[ \t]*(?:"
+    + re.escape(PINNED_HEADING)
+    + "|"
+    + re.escape(CARRIED_HEADING)
+    + r"|memd-archive: |memd-summary: v))"
 )
 
 
