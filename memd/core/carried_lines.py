@@ -106,22 +106,24 @@ class ReplyWords:
     """The words of a reply, as :func:`kept_in` looks them up."""
 
     words: frozenset[str]
-    stems: frozenset[str]
+    prefixes: frozenset[str]  # each word's first 4 and 5 letters
 
     @classmethod
     def of(cls, text: str) -> ReplyWords:
         words = {word.lower() for word in _WORD_RE.findall(text)}
         # "the tarvok42 queue's" holds "tarvok42": split at joints too.
         words |= {part for word in list(words) for part in re.split(r"[-'./]", word) if part}
-        stems = {word[:_STEM_CHARS] for word in words if len(word) >= _STEM_CHARS}
-        return cls(frozenset(words), frozenset(stems))
+        prefixes = {word[:size] for word in words for size in (4, 5) if len(word) >= size}
+        return cls(frozenset(words), frozenset(prefixes))
 
     def has(self, word: str) -> bool:
+        """``word`` or, with no digit, a word it opens or shares five letters with
+        ("move"/"moves", "migrated"/"migration", "worker"/"workers")."""
         if word in self.words:
             return True
-        return (
-            len(word) >= _STEM_CHARS and not _has_digit(word) and word[:_STEM_CHARS] in self.stems
-        )
+        if _has_digit(word) or len(word) < 4:
+            return False
+        return word[:_STEM_CHARS] in self.prefixes
 
 
 def _has_digit(word: str) -> bool:
@@ -144,20 +146,48 @@ def salient_words(text: str) -> tuple[set[str], set[str]]:
     return anchors, words - anchors
 
 
-def kept_in(reply: ReplyWords, line: CarriedLine) -> bool:
+def kept_in(reply: ReplyWords, line: CarriedLine, rarest: frozenset[str] = frozenset()) -> bool:
     """Whether ``reply`` keeps ``line``: every anchor found again, and at least
     half of its other salient words (on their first letters: a model changes
-    "migrated" to "migration").  A substring test is not enough — a model writes
-    "the managed broker" without saying which queue moves to it — and an exact
-    one too much: it rewords.  A line with nothing salient says nothing a reply
-    could drop."""
+    "migrated" to "migration").
+
+    ``rarest``: the line's words that fewest other lines hold, its anchors when
+    it has none of its own ("the kalvoren queue" beside other queues: a reply
+    naming "a queue" has not kept which one).  A substring test is not enough
+    (a model writes "the managed broker" without saying which queue moves to
+    it) and an exact one too much: it rewords.  A line with nothing salient
+    says nothing a reply could drop."""
     anchors, words = salient_words(line.text)
+    if not anchors:
+        anchors = rarest & words
+        words -= anchors
     if not all(reply.has(anchor) for anchor in anchors):
         return False
     if not words:
         return True
     found = sum(1 for word in words if reply.has(word))
     return 2 * found >= len(words)
+
+
+def dropped_by(reply_text: str, lines: Sequence[CarriedLine]) -> list[CarriedLine]:
+    """The ``lines`` the reply does not keep (:func:`kept_in`).
+
+    A line's rarest words are its salient words held by the fewest of ``lines``
+    (all of them when none is shared: with nothing to tell its words apart,
+    every one must be found)."""
+    reply = ReplyWords.of(reply_text)
+    salient = [salient_words(line.text)[1] for line in lines]
+    held: dict[str, int] = {}
+    for words in salient:
+        for word in words:
+            held[word] = held.get(word, 0) + 1
+    dropped: list[CarriedLine] = []
+    for line, words in zip(lines, salient, strict=True):
+        fewest = min((held[word] for word in words), default=0)
+        rarest = frozenset(word for word in words if held[word] == fewest)
+        if not kept_in(reply, line, rarest):
+            dropped.append(line)
+    return dropped
 
 
 # -- the section -------------------------------------------------------------------

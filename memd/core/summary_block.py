@@ -58,9 +58,8 @@ from typing import Final
 from memd.core.carried_lines import (
     CARRIED_HEADING,
     CarriedLine,
-    ReplyWords,
+    dropped_by,
     fit_carried,
-    kept_in,
     parse_carried,
 )
 from memd.core.line_groups import expand_groups
@@ -258,8 +257,7 @@ def compose_summary(
     kept_lines = 0
     evicted_lines = 0
     if carried:
-        reply = ReplyWords.of(body)
-        dropped = [line for line in carried if not kept_in(reply, line)]
+        dropped = dropped_by(body, carried)
         used = sum(count_text(part) for part in (*parts, section.text) if part)
         room = block_tokens - used - _SECTION_JOINS
         lines = fit_carried(dropped, room, count_text, carried_done)
