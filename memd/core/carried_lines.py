@@ -159,7 +159,7 @@ def kept_in(reply: ReplyWords, line: CarriedLine, rarest: frozenset[str] = froze
     says nothing a reply could drop."""
     anchors, words = salient_words(line.text)
     if not anchors:
-        anchors = rarest & words
+        anchors = set(rarest & words)
         words -= anchors
     if not all(reply.has(anchor) for anchor in anchors):
         return False
