@@ -31,9 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from support.secret_corpus import LOOKALIKES, PLANTED, PLANTED_EXTRA, Planted
 
 from memd.core import memfile
+from memd.core.carry import carry_material
 from memd.core.privacy import Privacy
 from memd.core.secrets import find_secrets
 from memd.core.summary import SummaryRequest
+from memd.core.summary_block import compose_summary
 from memd.summarizers import BuiltinSummarizer
 
 
@@ -165,6 +167,26 @@ def end_to_end() -> None:
     credentials = [p for p in corpus if not p.pii]
     copied = sum(p.secret in summary for p in credentials)
     print(f"builtin summary: {copied}/{len(credentials)} credentials copied into it")
+    # A model's reply that keeps none of it: the lines memd carries beside it
+    # (before the reply scan that would redact what slipped through).
+    data = memfile.render_header("bench", "2026-12-01T10:00:00")
+    for index, planted in enumerate(credentials):
+        stamp = f"2026-12-01T10:{index // 60:02d}:{index % 60:02d}"
+        data += memfile.render_entry("Human", stamp, f"We decided on it: {planted.sentence}")
+    material = carry_material(memfile.parse(data))
+    carried = compose_summary(
+        "Decisions:\n- Several were made.",
+        [],
+        pinned_tokens=0,
+        count_text=lambda text: len(text) // 4,
+        carried=material.lines,
+        block_tokens=1_000_000,
+    )
+    copied = sum(p.secret in carried.text for p in credentials)
+    print(
+        f"carried lines: {copied}/{len(credentials)} credentials carried "
+        f"({carried.carried} decision lines carried of {len(credentials)} turns)"
+    )
 
 
 if __name__ == "__main__":
