@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from memd.compaction import CompactionOptions, pins_the_scan_keeps, read_memory
+from memd.compaction import (
+    CompactionOptions,
+    lines_the_scan_keeps,
+    pins_the_scan_keeps,
+    read_memory,
+)
+from memd.core.carry import carry_material
 from memd.core.memfile import parse, render_summary_block
 from memd.core.pins import fit_pins
 from memd.core.plan import (
@@ -27,6 +33,7 @@ from memd.core.summary_block import compose_summary, material_of
 from memd.core.summary_plan import is_degenerate
 from memd.errors import NothingToCompact
 from memd.redaction_key import process_key
+from memd.summarizers import BUILTIN_MODEL
 from memd.workspace import AgentPaths
 
 CountText = Callable[[str], int]
@@ -125,6 +132,8 @@ def preview(
     material = material_of(summarized, count_text)
     privacy = options.privacy or Privacy(process_key())
     scan = privacy.for_reply(pii=result.redacted_pii)
+    # As the transaction: what a model's reply dropped is carried verbatim.
+    carry = carry_material(summarized) if result.model != BUILTIN_MODEL else None
     composed = compose_summary(
         scan.redact(result.text.strip()).text,
         pins_the_scan_keeps(material.pins, scan),
@@ -132,6 +141,9 @@ def preview(
         count_text=count_text,
         archive="archive/history_(not written).md",
         earlier_archives=material.earlier_archives,
+        carried=lines_the_scan_keeps(carry.lines, scan) if carry is not None else (),
+        carried_done=carry.done if carry is not None else frozenset(),
+        block_tokens=cap,
     )
     if summarizer.model != "provided" and is_degenerate(
         count_text(result.text), material.input_tokens, options.summary_max_tokens
@@ -142,7 +154,12 @@ def preview(
     block = render_summary_block(composed.text, "(dry run)").decode("utf-8", "replace")
     lines += [
         f"  retention: the reply itself kept {composed.covered} of {total} pinned facts "
-        f"({share}); {composed.pinned} more are pinned verbatim, {composed.evicted} age out",
+        f"({share}); {composed.pinned} more are pinned verbatim, {composed.evicted} age out"
+        + (
+            f"; {composed.carried} decision/task/error/person line(s) it left out are kept verbatim"
+            if composed.carried
+            else ""
+        ),
         f"  the block ({count_text(block):,} tokens) that would replace the summarized turns:",
         "",
         block.rstrip(),

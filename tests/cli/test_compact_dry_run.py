@@ -235,3 +235,24 @@ def test_compact_now_says_when_no_compaction_can_bring_an_agent_under(
         "mark of 24, under the 416 a summary block needs: no compaction brings it under its "
         "threshold (memd doctor)"
     ]
+
+
+def test_dry_run_summarize_shows_the_lines_the_reply_left_out_as_a_compaction_would(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    decision = "We decided to move the kalvoren queue to the managed broker."
+    append_entry(ws.root / "agents" / "alpha" / "MEMORY.md", "Human", decision)
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--summarize",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, max_calls=50),
+    )
+    assert code == 0, err
+    assert "decision/task/error/person line(s) it left out are kept verbatim" in out
+    assert f"- Human: {decision}" in out.split("Said earlier (verbatim):", 1)[1]
