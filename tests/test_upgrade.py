@@ -33,8 +33,11 @@ from support.memfiles import append_entry
 
 from memd.archive_crypto import read_archive, read_master_key
 from memd.audit import audit_path, read_audit
-from memd.core.memfile import MemoryDocument
+from memd.core.carry import carry_material
+from memd.core.memfile import MemoryDocument, parse
 from memd.core.plan import lone_summary
+from memd.core.secrets import contains_secret
+from memd.core.summary_block import parse_summary
 from memd.counting import count_file
 from memd.fsutil import SlotJournal
 from memd.state import state_db_path
@@ -544,3 +547,26 @@ def test_compact_now_recovers_every_job_an_old_build_left(
             assert stat.S_IMODE(archive.stat().st_mode) == mode, archive
     for agent in crashed:
         assert f"{agent}: compacted" in out or f"{agent}: nothing to compact" in out, out
+
+
+def test_an_old_builds_summary_blocks_hold_no_carried_section_and_lose_no_line(
+    upgraded: Upgraded,
+) -> None:
+    """The carried section (s11) is read only where memd writes it: every summary
+    block an older build left reads as before, its lines all in its body, pins or
+    provenance, and lends the next compaction's candidates no credential."""
+    for agent in upgraded.agents():
+        for name, data in _sources(upgraded, agent):
+            document = parse(data)
+            for entry in document.entries:
+                if not document.is_summary_entry(entry):
+                    continue
+                parsed = parse_summary(entry.summary_text)
+                assert parsed.carried == (), (agent, name)
+                kept = "\n".join([parsed.body, *(pin.text for pin in parsed.pins)])
+                for line in entry.summary_text.splitlines():
+                    said = line.strip().removeprefix("- ")
+                    if said and not said.startswith(("memd-", "Pinned facts", "20", "undated")):
+                        assert said in kept, (agent, name, line)
+            candidates = carry_material(document.prefix(document.boundary))
+            assert not any(contains_secret(line.text) for line in candidates.lines)
