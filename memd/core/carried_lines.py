@@ -172,9 +172,10 @@ def kept_in(reply: ReplyWords, line: CarriedLine, rarest: frozenset[str] = froze
 def dropped_by(reply_text: str, lines: Sequence[CarriedLine]) -> list[CarriedLine]:
     """The ``lines`` the reply does not keep (:func:`kept_in`).
 
-    A line's rarest words are its salient words held by the fewest of ``lines``
-    (all of them when none is shared: with nothing to tell its words apart,
-    every one must be found)."""
+    A line's rarest words are its salient words held by the fewest of ``lines``,
+    when some are held by more (none when every word is held alike: nothing
+    tells which of its words says which one it is, and a model rewords; half of
+    them must be found, as of any line's other words)."""
     reply = ReplyWords.of(reply_text)
     salient = [salient_words(line.text)[1] for line in lines]
     held: dict[str, int] = {}
@@ -183,8 +184,10 @@ def dropped_by(reply_text: str, lines: Sequence[CarriedLine]) -> list[CarriedLin
             held[word] = held.get(word, 0) + 1
     dropped: list[CarriedLine] = []
     for line, words in zip(lines, salient, strict=True):
-        fewest = min((held[word] for word in words), default=0)
-        rarest = frozenset(word for word in words if held[word] == fewest)
+        counts = [held[word] for word in words]
+        fewest = min(counts, default=0)
+        alike = fewest == max(counts, default=0)
+        rarest = frozenset() if alike else frozenset(w for w in words if held[w] == fewest)
         if not kept_in(reply, line, rarest):
             dropped.append(line)
     return dropped

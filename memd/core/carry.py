@@ -2,13 +2,11 @@
 people in what one compaction summarizes, found with the builtin summarizer's
 classifier (:func:`memd.core.builtin_summary.entry_lines`), not a second one.
 
-The candidates are the lines the previous block carried and the lines of every
-turn since; :func:`memd.core.summary_block.compose_summary` keeps verbatim the
-ones the reply does not keep.  The previous summary's own sentences are not
-candidates (unlike its facts, which stay pinned): a model rewords its last
-summary, so each of them would be carried again beside its new wording, and a
-small compaction's block then outgrew the turns it replaced (refused as not
-shrinking the file).  Credentials are never carried: a
+The candidates are the lines the previous block carried, the lines of the
+previous summary's own text (a decision the last model kept in its words is
+carried if the next one drops it, as a fact it kept stays pinned) and the lines
+of every turn since; :func:`memd.core.summary_block.compose_summary` keeps
+verbatim the ones the reply does not keep.  Credentials are never carried: a
 line holding one (or a placeholder for one) is not a candidate.
 """
 
@@ -17,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memd.core.builtin_summary import Line as BuiltinLine
-from memd.core.builtin_summary import entry_lines, resolved_lines
+from memd.core.builtin_summary import classify, entry_lines, resolved_lines, split_sentences
 from memd.core.carried_lines import CARRIED_SECTIONS, CarriedLine, clip, merge_carried
 from memd.core.memfile import MemoryDocument, is_summary_form
 from memd.core.secrets import contains_secret, find_secrets_by_context, replace_spans
@@ -35,7 +33,12 @@ class CarryMaterial:
 def carry_material(prefix: MemoryDocument) -> CarryMaterial:
     """The candidate lines of ``prefix`` (the part of MEMORY.md being compacted)."""
     block, texts = prefix.since_summary_texts()
-    carried = list(parse_summary(block.summary_text).carried) if block is not None else []
+    carried: list[CarriedLine] = []
+    from_body: list[CarriedLine] = []
+    if block is not None:
+        previous = parse_summary(block.summary_text)
+        carried = list(previous.carried)
+        from_body = _body_lines(previous.body)
     resolved: list[tuple[str, str]] = []
     from_turns: list[CarriedLine] = []
     for role, timestamp, text in texts:
@@ -46,10 +49,23 @@ def carry_material(prefix: MemoryDocument) -> CarryMaterial:
         for line in entry_lines(role, timestamp, screened, resolved):
             if line.section in CARRIED_SECTIONS and _clean(line.text):
                 from_turns.append(CarriedLine(line.section, line.stamp, clip(line.text)))
-    lines = merge_carried(carried, from_turns)
+    lines = merge_carried(from_body, carried, from_turns)
     builtin = [BuiltinLine(line.section, line.stamp, line.text) for line in lines]
     done = frozenset(lines[i].key for i in resolved_lines(builtin, resolved))
     return CarryMaterial(tuple(lines), done)
+
+
+def _body_lines(body: str) -> list[CarriedLine]:
+    """The previous summary's own sentences the classifier puts in a carried
+    section, undated (the summary stands for turns of many days): the first to go."""
+    lines: list[CarriedLine] = []
+    for sentence in split_sentences(body):
+        if sentence.endswith(":") and len(sentence.split()) <= 3:
+            continue  # a heading ("Errors:", "2026-03-02:")
+        section = classify(sentence)
+        if section in CARRIED_SECTIONS and _clean(sentence):
+            lines.append(CarriedLine(section, "", clip(sentence)))
+    return lines
 
 
 def _without_credentials(text: str) -> str:
