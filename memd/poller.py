@@ -13,15 +13,17 @@ What keeps a pass cheap at 10,000 agents (figures in the README):
   held fds (no stat result to build, no Python per file: about a third of an
   ``fstat`` loop; a size that moved is checked in full). The full check (an
   ``fstat``: ctime, size, a single link; the path stat'ed when it differs) is
-  for the files whose size moved, the *hot* ones (reported changed within
-  :data:`HOT_S`, or written within it before their watch, by their mtime: an
-  agent that wrote recently is the one memd compacts, and a compaction
-  renames a new file over MEMORY.md), the files memd replaced itself (told by
-  :meth:`StatPoller.replaced`: checked against their path on the next pass,
-  then hot), and each agent's path is stat'ed in its turn (fixed when it is
-  watched), a slice of the agents each pass, every one within
-  :data:`VERIFY_S`. Held within a share of ``RLIMIT_NOFILE``
-  (:func:`default_fd_budget`), never on a network or FUSE share;
+  for the files whose size moved, the *hot* ones (seen replaced, by a rename
+  over them or unlinked and made again, within :data:`HOT_S`: their writer
+  replaces the file, which the held fd's size never shows), the files memd
+  replaced itself (told by :meth:`StatPoller.replaced`: checked against their
+  path on the next pass), and each agent's path is stat'ed in its turn (fixed
+  when it is watched), a slice of the agents each pass, every one within
+  :data:`VERIFY_S`. An append does not make a file hot: it stays on the same
+  inode, which the size shows (an fstat of every file a fleet wrote in the
+  last minutes, on every pass, cost more than the rest of the pass together).
+  Held within a share of ``RLIMIT_NOFILE`` (:func:`default_fd_budget`), never
+  on a network or FUSE share;
 * otherwise each MEMORY.md is stat'ed relative to a pinned ``agents/`` fd
   (two path components to resolve, not the whole workspace path; on NFS
   fewer directories to revalidate), its signature ``(inode, size, mtime)``,
@@ -47,12 +49,11 @@ a new agent folder, a removed one, one removed and     the next pass
 made again (``agents/`` moved); ``agents/`` replaced
 memd's own compaction of any agent and every append   the next pass after the job
 to the new file (the daemon hands each job's end on)   ends
-any change to a hot MEMORY.md (changed within          the next pass
-:data:`HOT_S`, or written within it before memd
-started): a rename over it, a same-size rewrite, an
-unlink, a rename away
+any change to a hot MEMORY.md (seen replaced within    the next pass
+:data:`HOT_S`): a rename over it, a same-size
+rewrite, an unlink, a rename away
 the same to a MEMORY.md that is not hot (another       :data:`VERIFY_S` (30 s), or
-process's ``compact-now``, an editor's save by         the next pass if ``i`` is
+process's ``compact-now``, an editor's first save by   the next pass if ``i`` is
 rename), and the appends to the new file until then    longer
 a descriptor (``memd-agent.json``) written, replaced   :data:`DESCRIPTOR_S` (30 s), or
 or removed (held open or not)                          the next pass, likewise
@@ -108,11 +109,14 @@ SETTLE_S = 2.0
 # longer), whatever its size says: a same-size rewrite, a replacement or an
 # unlink of a file that is not hot shows within it, as the rescan's would.
 VERIFY_S = 30.0
-# A MEMORY.md reported changed is "hot" this long: its held fd is fstat'ed on
-# every pass (ctime, size, link count), not only sized. An agent that wrote
-# recently is the one memd compacts, and a compaction replaces MEMORY.md by a
-# rename, which the held fd's size does not show: the append after it must
-# still show within one interval.
+# A MEMORY.md seen replaced (another inode at its path, or gone and back) that
+# memd did not replace itself is "hot" this long: its held fd is fstat'ed on
+# every pass (ctime, size, link count), not only sized. Its writer replaces the
+# file (an editor or a framework saving by rename; another process's
+# compaction, which may come again): a rename over it leaves the held fd's size
+# as it was, and the append after it must still show within one interval. An
+# append keeps the inode (the size shows it), and memd hands its own
+# replacements on (:meth:`StatPoller.replaced`): neither makes a file hot.
 HOT_S = 600.0
 # Filesystems where a held fd is harmless and its fstat tells a replacement
 # (nlink drops to 0) or a rename away (ctime moves). Never network or FUSE
@@ -279,8 +283,6 @@ class StatPoller:
         # Agents whose MEMORY.md memd replaced itself (:meth:`replaced`), for the
         # next pass to check against their paths.
         self._replaced: set[str] = set()
-        # MEMORY.md files watched with a recent mtime -> how long they stay hot.
-        self._warm: dict[_File, float] = {}
         # Bumped (under the lock) when the agents watched change; the pass's
         # lists of held and unheld MEMORY.md files are rebuilt when it moved or
         # a file was held or given back (only the pass thread touches these).
@@ -290,7 +292,7 @@ class StatPoller:
         self._held_fds: list[int] = []
         self._held_sizes: list[int] = []  # each one's fd_size
         self._unheld: list[_File] = []  # MEMORY.md files stat'ed by path
-        self._hot: dict[_File, float] = {}  # MEMORY.md reported changed -> hot until
+        self._hot: dict[_File, float] = {}  # MEMORY.md seen replaced -> hot until
         # Given back by the pass thread (the only one that uses them), at the
         # start of its next pass: unwatched agents' held files, unpinned fds.
         self._dropped: list[_Agent] = []
@@ -323,7 +325,6 @@ class StatPoller:
                 self._dropped.extend(self._agents.values())
                 self._agents.clear()
                 self._replaced.clear()
-                self._warm.clear()
                 self._generation += 1
             self._give_back()
             self._held_memory, self._held_fds, self._held_sizes, self._unheld = [], [], [], []
@@ -367,10 +368,6 @@ class StatPoller:
         agent.name(root if dir_fd is not None else None)
         for file in (agent.memory, agent.descriptor):  # outside the lock: a round trip on NFS
             file.seen = _signature(file.name, dir_fd, False)
-        seen = agent.memory.seen
-        # Written within HOT_S (before a restart, say): hot for what is left of it,
-        # as if reported then. memd may compact it soon.
-        warm = -1.0 if seen is None else HOT_S - (time.time() - seen[2] / 1e9)
         with self._lock:
             if self._root_fd != dir_fd:  # pinned or unpinned meanwhile
                 agent.name(self._root_real if self._root_fd is not None else None)
@@ -381,8 +378,6 @@ class StatPoller:
             agent.turn = self._turns
             self._agents[key] = agent
             self._generation += 1
-            if warm > 0:
-                self._warm[agent.memory] = min(warm, HOT_S)
 
     def unwatch(self, key: str) -> None:
         with self._lock:
@@ -398,7 +393,8 @@ class StatPoller:
     def replaced(self, keys: Iterable[str]) -> None:
         """memd replaced these agents' MEMORY.md itself (a compaction's commit): the
         next pass checks each against its path (the held fd is the old file: its
-        size never moves again) and holds it hot, whatever it was before."""
+        size never moves again) and holds the new file, sized each pass like any
+        other (memd tells each of its replacements: it does not make the file hot)."""
         with self._lock:
             self._replaced.update(keys)
 
@@ -532,7 +528,6 @@ class StatPoller:
                 recheck, self._recheck = self._recheck, False
                 replaced = [self._agents[k] for k in self._replaced if k in self._agents]
                 self._replaced.clear()
-                warm, self._warm = self._warm, {}
             gone: list[str] = []
             changed: list[str] = []
             if self._turns_built != generation:
@@ -544,12 +539,6 @@ class StatPoller:
             else:
                 forced = [a for a in agents if a.entry in remade] if remade else []
                 forced += replaced
-            if replaced or warm:
-                now = self._clock()
-                for file, hot_s in warm.items():
-                    self._hot[file] = now + hot_s
-                for agent in replaced:
-                    self._hot[agent.memory] = now + HOT_S
             room = budget - self._held[_DESCRIPTOR]
             memory = self._poll_memory(agents, generation, passes, room, dir_fd, forced)
             for file in memory:
@@ -650,11 +639,13 @@ class StatPoller:
 
         Every held file is sized with one ``lseek`` (no stat result to build:
         a third of an ``fstat``'s cost); the full check (:meth:`_check`) runs
-        on those whose size moved, on the hot ones (reported changed within
+        on those whose size moved, on the hot ones (seen replaced within
         :data:`HOT_S`), on the agents whose turn it is (one in
         ``verify_every``) whose path no longer shows what was seen, and on
         every file not held; and the ``forced`` agents' files are checked
-        against their paths (agents/ replaced, their folder made again).
+        against their paths (agents/ replaced, their folder made again, memd
+        replaced them). A file found replaced otherwise (its writer replaces
+        it) is hot from then on.
         """
         if self._built != generation:
             self._build(agents, generation)
@@ -686,14 +677,20 @@ class StatPoller:
                     del self._hot[file]
                 elif file.fd >= 0:
                     check[file] = None
-        changed = self._check(list(check), room, dir_fd)
-        changed += self._check(self._unheld, room, dir_fd)
+        renewed: list[_File] = []
+        changed = self._check(list(check), room, dir_fd, renewed)
+        changed += self._check(self._unheld, room, dir_fd, renewed)
         if self._built == generation:  # no file held or given back meanwhile
             for file in check:
                 sizes[file.slot] = file.fd_size
         hot_until = now + HOT_S
-        for file in changed:
-            self._hot[file] = hot_until
+        if renewed:
+            # Not the forced ones: a new folder or memd's own compaction says
+            # nothing of how the agent writes its file.
+            told = {agent.memory for agent in forced}
+            for file in renewed:
+                if file not in told:
+                    self._hot[file] = hot_until
         return changed
 
     def _build(self, agents: list[_Agent], generation: int) -> None:
@@ -744,11 +741,19 @@ class StatPoller:
                 file.fd_ctime = -1  # not so: the check stats it and takes the new file
         return self._check(files, room, dir_fd)
 
-    def _check(self, files: list[_File], room: int, dir_fd: int | None) -> list[_File]:
+    def _check(
+        self,
+        files: list[_File],
+        room: int,
+        dir_fd: int | None,
+        renewed: list[_File] | None = None,
+    ) -> list[_File]:
         """The files that changed (``seen`` updated), holding up to ``room`` of their kind open.
 
         A held file whose fstat shows the same ctime and size and one link is
-        unchanged: no path to resolve. Otherwise its path is stat'ed.
+        unchanged: no path to resolve. Otherwise its path is stat'ed. Those
+        whose path names another file than it did (another inode, gone, or
+        back) are also added to ``renewed``.
         """
         stat, fstat, access, exists = os.stat, os.fstat, os.access, os.F_OK
         changed: list[_File] = []
@@ -781,6 +786,8 @@ class StatPoller:
             if now != seen:
                 file.seen = now
                 changed.append(file)
+                if renewed is not None and (now is None or seen is None or now[0] != seen[0]):
+                    renewed.append(file)
         return changed
 
 

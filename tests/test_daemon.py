@@ -310,7 +310,7 @@ def test_polling_mode_counts_and_compacts(ws: AgentWorkspace, run_daemon: Any) -
     fill(ws, "nfs", 20)
     assert wait_until(lambda: compact.committed == 1)
     # The compaction renamed a new file over MEMORY.md; the poller holds the old
-    # one open (its size never moves). The agent wrote recently (hot), so the
+    # one open (its size never moves). memd hands its replacement on, so the
     # rename and the append after it show within a pass or two, not VERIFY_S.
     memory = fill(ws, "nfs", 1)
     assert wait_until(lambda: h.tokens("nfs") == full_tokens(memory))
@@ -348,6 +348,42 @@ def test_polling_the_append_after_memds_own_compaction_of_a_cold_agent_is_counte
     assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
     append_entry(memory, "Human", "the next turn " * 20)
     assert wait_until(lambda: h.tokens("alice") == full_tokens(memory), timeout=10)
+    h.stop()
+
+
+@pytest.mark.parametrize("how", ["replaced", "unlinked and made again"])
+def test_polling_another_process_replacing_memory_md_is_counted(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # Another process (compact-now, an editor saving by rename, an agent starting
+    # its file over) puts a new MEMORY.md in place of the one the poller holds
+    # open, whose size never moves again: the file's turn (VERIFY_S, made short
+    # here) stats its path and the new file, with the appends made to it, is
+    # counted; the one after that on the next pass.
+    monkeypatch.setattr("memd.poller.VERIFY_S", 1.0)
+    ws.create_agent("alice")
+    ws.create_agent("bob")
+    h = run_daemon(
+        ws,
+        compact=ScriptedCompaction(),
+        config={"watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 3600}},
+    )
+    memory = fill(ws, "alice", 3)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
+    poller = h.daemon.services.watches.watcher.backend.poller
+    assert wait_until(lambda: poller.held_fds("alice")[0] >= 0)
+    if how == "replaced":
+        new = memory.with_name("MEMORY.md.new")
+        new.write_bytes(memory.read_bytes()[: len(memory.read_bytes()) // 2])
+        os.replace(new, memory)
+    else:
+        text = memory.read_bytes()
+        memory.unlink()
+        memory.write_bytes(text[: len(text) // 2])
+    append_entry(memory, "Human", "the turn after " * 5)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory), timeout=20)
+    append_entry(memory, "Human", "and the next one " * 5)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory), timeout=20)
     h.stop()
 
 
