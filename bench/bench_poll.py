@@ -26,10 +26,16 @@ window, and each append -> the count that includes it, against poll interval
 
     python bench/bench_poll.py [--part passes|watcher|daemon|all] [--agents 10000]
         [--descriptors 0..1] [--anchor-agents 1000] [--idle-s 10] [--rounds 50]
-        [--fresh]
+        [--fleet idle|fresh|replaced ...] [--fresh]
 
-The fleet's files were last written an hour ago (idle agents) unless
-``--fresh``: written just now, each is hot from its watch (``HOT_S``).
+The fleet (``--fleet``, more than one: each measured in turn, in one run):
+``idle``, the default: MEMORY.md files last written an hour ago; ``fresh``
+(``--fresh``): written just now and each appended to once after the watches
+are up (reported changed), as a fleet that all wrote in the last 10 minutes
+(before, each such file was hot: fstat'ed every pass for ``HOT_S``);
+``replaced``: each replaced once by a rename after the watches are up (a fleet
+of writers that save by rename, or that another process compacted: each hot,
+fstat'ed every pass), measured once every replacement was seen (``VERIFY_S``).
 """
 
 from __future__ import annotations
@@ -115,6 +121,31 @@ DESCRIPTORS = {"share": 0.0}
 
 # When the fleet's MEMORY.md files were last written (None: now, ``--fresh``).
 IDLE_SINCE: dict[str, float | None] = {"at": time.time() - 3600}
+# What happens to every file once watched (``--fleet``): "" nothing (idle),
+# "fresh" an append, "replaced" a rename over it.
+STIR = {"how": ""}
+ENTRY = b"### user \xe2\x80\x94 2026-12-01T10:00:00\n\nhello\n\n---\n\n"
+
+
+def stir_fleet(folders: dict[str, Path]) -> float:
+    """Change every agent's MEMORY.md as ``--fleet`` says, once its watch is up;
+    how long until the poller has seen every change (seconds at most)."""
+    from memd.poller import VERIFY_S
+
+    how = STIR["how"]
+    if not how:
+        return 0.0
+    for folder in folders.values():
+        memory = folder / "MEMORY.md"
+        if how == "fresh":
+            with memory.open("ab") as f:
+                f.write(ENTRY)
+        else:
+            new = folder / "MEMORY.md.new"
+            new.write_bytes(memory.read_bytes() + ENTRY)
+            os.replace(new, memory)
+    # A replacement of a file that is not hot shows in its turn (VERIFY_S).
+    return VERIFY_S + 2.0 if how == "replaced" else 2.0
 
 
 def make_fleet(root: Path, count: int) -> dict[str, Path]:
@@ -183,6 +214,7 @@ def measure(
         try:
             threads = threading.active_count() - threads_before
             time.sleep(2 * interval_s)  # first snapshots taken
+            time.sleep(stir_fleet(folders) + 2 * interval_s)
             cpu0, wall0 = time.process_time(), time.monotonic()
             thread0 = thread_cpu("memd-poll")
             time.sleep(idle_s)
@@ -199,7 +231,7 @@ def measure(
                 with sink.lock:
                     sink.expected[agent] = time.monotonic()
                 with (folders[agent] / "MEMORY.md").open("ab") as f:
-                    f.write(b"### user \xe2\x80\x94 2026-12-01T10:00:00\n\nhello\n\n---\n\n")
+                    f.write(ENTRY)
                 with sink.lock:
                     sink.arrived.wait_for(lambda a=agent: a not in sink.expected, timeout=10)
                 time.sleep(random.Random(len(sink.latencies)).uniform(0, interval_s))
@@ -264,13 +296,17 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             # found: on a fresh state DB every row again, ~0.1 s of CPU at
             # 10,000 agents): wait until a second of CPU costs less than a tenth
             # of a second, at most 60 s.
-            settle_until = time.monotonic() + 60
-            time.sleep(max(3.0, 3 * interval_s, 2.0 + config.daemon.state_flush_s))
-            while time.monotonic() < settle_until:
-                cpu = time.process_time()
-                time.sleep(1.0)
-                if time.process_time() - cpu < 0.1:
-                    break
+            first_wait = max(3.0, 3 * interval_s, 2.0 + config.daemon.state_flush_s)
+            settle(60, first_wait)
+            seen_within = stir_fleet(folders)
+            if seen_within:
+                # Every change seen and counted, the counts flushed.
+                settle(seen_within + 120, seen_within + first_wait)
+                while True:
+                    try:
+                        updates.get_nowait()
+                    except queue.Empty:
+                        break
             threads = threading.active_count() - threads_before - 1  # not the runner
             thread_names = [
                 t.name
@@ -294,7 +330,7 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             for agent in rng.sample(sorted(folders), min(appends, count)):
                 memory = folders[agent] / "MEMORY.md"
                 with memory.open("ab") as f:
-                    f.write(b"### user \xe2\x80\x94 2026-12-01T10:00:00\n\nhello\n\n---\n\n")
+                    f.write(ENTRY)
                 appended, size = time.time(), memory.stat().st_size
                 deadline = time.monotonic() + 10
                 while True:
@@ -327,6 +363,18 @@ def measure_daemon(count: int, idle_s: float, appends: int, interval_s: float) -
             "thread_names": thread_names,
             "gc": [n1 - n0 for n0, n1 in zip(gc_before, gc_after, strict=True)],
         }
+
+
+def settle(at_most_s: float, first_s: float) -> None:
+    """Sleep ``first_s``, then until a second of this process's CPU costs less than a
+    tenth of a second (``at_most_s`` in all)."""
+    settle_until = time.monotonic() + at_most_s
+    time.sleep(first_s)
+    while time.monotonic() < settle_until:
+        cpu = time.process_time()
+        time.sleep(1.0)
+        if time.process_time() - cpu < 0.1:
+            break
 
 
 def legacy_pass(root: Path, folders: dict[str, Path]) -> Callable[[], None]:
@@ -397,6 +445,10 @@ def measure_passes(count: int, rounds: int) -> dict[str, float]:
         time.sleep(SETTLE_S + 0.1)
         for poller in pollers:
             poller.poll_once()
+        if stir_fleet(folders):
+            for poller in pollers:  # every file's turn: each change seen
+                for _ in range(poller.verify_every + 1):
+                    poller.poll_once()
         passes["previous pass (before issue 13)"] = legacy_pass(root, folders)
         paths = [str(folder / "MEMORY.md") for folder in folders.values()]
         # The held poller's own fds (a second set would not fit RLIMIT_NOFILE).
@@ -459,15 +511,27 @@ def main(argv: list[str]) -> int:
         help="share of agents with a memd-agent.json (memd_swarms writes one per agent)",
     )
     parser.add_argument(
-        "--fresh",
-        action="store_true",
-        help="files written just now, not an hour ago: every one hot from its watch "
-        "(a fleet that all wrote in the last 10 minutes)",
+        "--fleet",
+        action="append",
+        choices=["idle", "fresh", "replaced"],
+        help="idle (default): written an hour ago; fresh: written now and each appended "
+        "to once watched; replaced: each replaced by a rename once watched (each hot). "
+        "Give more than one to measure each in turn in one run",
     )
+    parser.add_argument("--fresh", action="store_true", help="the same as --fleet fresh")
     args = parser.parse_args(argv)
     DESCRIPTORS["share"] = args.descriptors
-    if args.fresh:
-        IDLE_SINCE["at"] = None
+    fleets = list(dict.fromkeys((args.fleet or []) + (["fresh"] if args.fresh else [])))
+    for fleet in fleets or ["idle"]:
+        IDLE_SINCE["at"] = None if fleet != "idle" else time.time() - 3600
+        STIR["how"] = "" if fleet == "idle" else fleet
+        print(f"== fleet: {fleet}", flush=True)
+        run(args)
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    """The parts ``args`` asks for, on one kind of fleet."""
     if args.part in ("passes", "all"):
         costs = measure_passes(args.agents, args.rounds)
         load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
@@ -483,7 +547,7 @@ def main(argv: list[str]) -> int:
                 f"memd held / this = {held / cost:.2f}"
             )
         if args.part == "passes":
-            return 0
+            return
     if args.part in ("daemon", "all"):
         row = measure_daemon(args.agents, args.idle_s, args.appends, args.interval_s)
         load = " / ".join(f"{value:.2f}" for value in os.getloadavg())
@@ -510,7 +574,7 @@ def main(argv: list[str]) -> int:
             + ", ".join(str(n) for n in row["gc"])
         )
         if args.part == "daemon":
-            return 0
+            return
     rows = [
         (
             "memd stat poller",
@@ -545,7 +609,6 @@ def main(argv: list[str]) -> int:
     per_agent_anchor = anchor["idle_cpu"] / anchor["agents"]
     if per_agent_memd > 0:
         print(f"idle CPU per agent: watchdog / memd = {per_agent_anchor / per_agent_memd:.1f}x")
-    return 0
 
 
 if __name__ == "__main__":
