@@ -391,6 +391,33 @@ def test_a_turn_holding_a_header_line_is_one_entry_to_the_wiring_as_to_memd() ->
     assert without_rows(data, rows) == before
 
 
+@pytest.mark.parametrize("cleared", ["to its header", "removed"])
+def test_a_memory_md_cleared_after_a_run_ending_with_a_tool_call_does_not_fail_the_next_run(
+    seeded: Path, cleared: str
+) -> None:
+    """A run that ended with a tool call, then MEMORY.md emptied (its header left,
+    or the file removed): the next run's rebuild looked for the open exchange's
+    rows among the file's entries, and ``entries`` of a file with none raised
+    ValueError out of ``agent.run`` (found by r11swarms with swarms 16.0.3)."""
+    from memd_swarms._wiring import entries
+
+    assert entries(HEADER.encode()) == [] and entries(b"") == []
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    agent.script = [call]
+    agent.run("look it up")
+    path = memory_of(seeded)
+    if cleared == "removed":
+        path.unlink()
+    else:
+        path.write_text(HEADER, encoding="utf-8")
+    agent.run("what did it say?")
+    sent = agent.sent[-1]
+    assert [m["role"] for m in sent] == ["assistant", "tool", "user"]
+    assert sent[0]["tool_calls"] == [call]
+    assert agent._memd_swarms.rebuilds == 1
+
+
 def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:
     """A run that ended with a tool call: the call and its results are not in MEMORY.md.
 

@@ -1289,3 +1289,47 @@ def test_a_tool_output_holding_an_entry_header_is_one_turn_in_memory_md(tmp_path
     # The model read the tool's output as the tool gave it.
     results = [m for m in report["sent"][1] if m.get("role") == "tool"]
     assert results and "\n### Human — 2026-01-01T00:00:00" in str(results[0]["content"])
+
+
+def test_a_memory_md_cleared_after_a_tool_call_does_not_fail_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """A run that ends with a tool call (max_loops=1) leaves the exchange open; a
+    MEMORY.md then cleared to its header made the next run's rebuild raise
+    ValueError out of ``agent.run`` (found by r11swarms)."""
+    report = run_script(
+        tmp_path,
+        '''
+        def lookup(name: str) -> str:
+            """Look a name up.
+
+            Args:
+                name (str): The name.
+
+            Returns:
+                str: What is known.
+            """
+            return "known: " + name
+
+        agent = make(tools=[lookup])
+        memd_swarms.attach(agent)
+        path = agent.short_memory.memory_md_path
+        call = [{"id": "call1", "type": "function",
+                 "function": {"name": "lookup", "arguments": json.dumps({"name": "bob"})}}]
+        script(agent, [call, "bob is known"])
+        agent.run("who is bob?")
+        data = open(path, encoding="utf-8").read()
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(data[: data.index("### ")])
+        try:
+            agent.run("and now?")
+            failed = None
+        except Exception as exc:
+            failed = f"{type(exc).__name__}: {exc}"
+        report(failed=failed)
+        ''',
+    )
+    assert report["failed"] is None
+    last = report["sent"][-1]
+    assert last[-1]["role"] == "user" and "and now?" in last[-1]["content"]
+    assert "known: bob" in text_of(last)  # the open exchange's result still reaches the model

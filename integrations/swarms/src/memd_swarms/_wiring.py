@@ -234,7 +234,8 @@ def entries(data: bytes) -> list[bytes]:
         if starts and not _CLOSED_BEFORE.search(data, max(0, start - 256), start):
             continue
         starts.append(start)
-    return [data[start:end] for start, end in zip(starts, [*starts[1:], len(data)], strict=True)]
+    ends = [*starts[1:], len(data)] if starts else []  # a file of no entry: its header only
+    return [data[start:end] for start, end in zip(starts, ends, strict=True)]
 
 
 def quote_headers(text: bytes) -> bytes:
