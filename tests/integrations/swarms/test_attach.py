@@ -418,6 +418,39 @@ def test_a_memory_md_cleared_after_a_run_ending_with_a_tool_call_does_not_fail_t
     assert agent._memd_swarms.rebuilds == 1
 
 
+class FullDiskConversation(FakeConversation):
+    """Appends fail while ``full`` (swarms 16.0.3 logs a failed write and goes on)."""
+
+    full = False
+
+    def _append_to_memory_md(self, role: str, content: Any) -> None:
+        if not self.full:
+            super()._append_to_memory_md(role, content)
+
+
+def test_turns_a_full_disk_kept_out_of_memory_md_stay_in_the_history(seeded: Path) -> None:
+    """The wiring recorded each append it passed to Swarms whether or not it was
+    written: once the disk had room again, the file's new bytes lacked the
+    recorded entries, read as a rewrite, and the rebuild dropped the turns only
+    the history held (found by r11swarms: PELICAN-1 gone from the next request
+    with the real swarms 16.0.3 and a file-size limit)."""
+
+    class FullDiskAgent(FakeAgent):
+        conversation_class = FullDiskConversation
+
+    agent = memd_swarms.attach(FullDiskAgent(seeded))
+    conversation = agent.short_memory
+    conversation.full = True
+    agent.run("remember PELICAN-1")
+    conversation.full = False
+    agent.run("and HERON-2")
+    agent.run("what did I ask you to remember?")
+    assert "PELICAN-1" in json.dumps(agent.sent[-1])
+    assert agent._memd_swarms.rebuilds == 0
+    # Those that are written are recorded: a rewrite is still told.
+    assert len(agent._memd_swarms.appended) == 4  # HERON-2, its answer, the question, its answer
+
+
 def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:
     """A run that ended with a tool call: the call and its results are not in MEMORY.md.
 

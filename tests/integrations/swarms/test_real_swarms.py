@@ -1333,3 +1333,30 @@ def test_a_memory_md_cleared_after_a_tool_call_does_not_fail_the_next_run(
     last = report["sent"][-1]
     assert last[-1]["role"] == "user" and "and now?" in last[-1]["content"]
     assert "known: bob" in text_of(last)  # the open exchange's result still reaches the model
+
+
+def test_turns_a_full_disk_kept_out_of_memory_md_still_reach_the_model(tmp_path: Path) -> None:
+    """swarms logs a failed append to MEMORY.md and goes on; the wiring recorded
+    the entry anyway, so once the file grew again it read as a rewrite and the
+    rebuild dropped the run whose turns only the history held (found by
+    r11swarms). The disk here is full by a file-size limit."""
+    report = run_script(
+        tmp_path,
+        """
+        import resource, signal
+        agent = make()
+        memd_swarms.attach(agent)
+        path = agent.short_memory.memory_md_path
+        script(agent, ["noted", "noted too", "you asked me to remember two words"])
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path), hard))
+        agent.run("remember PELICAN-1")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        agent.run("and HERON-2")
+        agent.run("what did I ask you to remember?")
+        report(rebuilds=agent._memd_swarms.rebuilds)
+        """,
+    )
+    assert "PELICAN-1" in text_of(report["sent"][-1])
+    assert report["rebuilds"] == 0

@@ -1063,6 +1063,31 @@ def _appended_end(data: bytes, at: int, entry: AppendedEntry) -> int | None:
     return end + len(_ENTRY_END)
 
 
+def _ends_with(path: str, entry: AppendedEntry) -> bool:
+    """Whether the file at ``path`` ends with ``entry``'s text and terminator: the
+    append wrote it whole. False when it cannot tell (another writer appended
+    after it: the entry then reads as theirs, which is followed at the next run)."""
+    want = entry.size + len(_ENTRY_END)
+    try:
+        fd = open_regular(memory_target(path))
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, want, size - want) if size >= want else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return (
+        len(tail) == want
+        and tail.endswith(_ENTRY_END)
+        and _digest(tail[: entry.size]) == entry.digest
+    )
+
+
 def _entry_at(data: bytes, at: int) -> bool:
     match = _ENTRY_HEADER.match(data, at)
     return match is not None and bool(match.group(1).strip()) and _is_timestamp(match.group(2))
@@ -1183,7 +1208,14 @@ def wrap_run(agent: Any, wiring: Wiring) -> None:
             content = _with_headers_quoted(content)
             entry = appended_entry(conversation, role, content)
             result = append(role, content, *args, **kwargs)
-            if entry is not None and wiring.appended is not None:
+            # Swarms logs a failed write and goes on (a full disk): an entry
+            # recorded but not in the file would read as a rewrite, and the
+            # rebuild would drop the rows only the history holds.
+            if (
+                entry is not None
+                and wiring.appended is not None
+                and _ends_with(wiring.memory_path, entry)
+            ):
                 wiring.appended.append(entry)
             return result
 
