@@ -447,8 +447,31 @@ def test_turns_a_full_disk_kept_out_of_memory_md_stay_in_the_history(seeded: Pat
     agent.run("what did I ask you to remember?")
     assert "PELICAN-1" in json.dumps(agent.sent[-1])
     assert agent._memd_swarms.rebuilds == 0
-    # Those that are written are recorded: a rewrite is still told.
-    assert len(agent._memd_swarms.appended) == 4  # HERON-2, its answer, the question, its answer
+
+
+def test_the_record_of_swarms_appends_stays_bounded_and_an_edit_of_one_is_a_rewrite(
+    seeded: Path,
+) -> None:
+    """The wiring recorded every entry Swarms appended since the load and each look
+    compared the file's new bytes with all of them: without a re-seed the record
+    grew a turn at a time, and so did each request's check (found by r11swarms:
+    8,000 entries, 123 ms a request, after 4,000 runs). The appends found whole
+    are now compared as one digest with the loaded bytes; one edited in place
+    after that is still a rewrite."""
+    agent = memd_swarms.attach(FakeAgent(seeded))
+    wiring = agent._memd_swarms
+    for turn in range(50):
+        agent.run(f"turn {turn}: remember HERON-{turn}")
+    assert len(wiring.appended) <= 2  # the last run's, not every run's
+    assert wiring.rebuilds == 0
+    path = memory_of(seeded)
+    path.write_text(
+        path.read_text(encoding="utf-8").replace("HERON-3", "EGRET-3"), encoding="utf-8"
+    )
+    agent.run("what do you remember?")
+    assert wiring.rebuilds == 1
+    preload = agent.sent[-1][0]["content"]
+    assert "EGRET-3" in preload and "HERON-3" not in json.dumps(agent.sent[-1])
 
 
 def test_a_rebuild_keeps_the_open_tool_exchange_after_the_memory_in_order(seeded: Path) -> None:

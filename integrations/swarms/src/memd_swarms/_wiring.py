@@ -467,7 +467,14 @@ class Wiring:
     # Swarms appended to (see ``_rewritten``).
     loaded_digest: bytes | None = None
     checked_version: tuple[int, int, int] | None = None
-    # What Swarms appended to the loaded file since it was loaded, entry by entry
+    # The loaded bytes and Swarms' appends after them as found whole at the last
+    # look (their size and digest): a look reads them again and compares them
+    # whole, and checks only the entries appended since one by one (a record
+    # of every append since the load grew with each turn, and each look went
+    # through all of them: 38 ms a request at 2,000 runs without a re-seed, 123 ms at 4,000).
+    checked_size: int = 0
+    checked_digest: bytes | None = None
+    # What Swarms appended to the loaded file since the last look, entry by entry
     # (recorded by ``wrap_run``'s hook on ``_append_to_memory_md``; None: the
     # conversation has no such method and appends are told by their headers):
     # anything else after the loaded bytes was written by another hand (a
@@ -560,6 +567,7 @@ class Wiring:
             self.loaded = snapshot.identity
             self.loaded_size = len(snapshot.data)
             self.loaded_digest = _digest(snapshot.data)
+            self.checked_size, self.checked_digest = self.loaded_size, self.loaded_digest
             self.checked_version = None if snapshot.fd is None else _version(os.fstat(snapshot.fd))
             if self.appended is not None:
                 self.appended = []
@@ -804,9 +812,9 @@ class Wiring:
         version = _version(os.fstat(self.held))
         if version == self.checked_version:
             return APPENDED if self.foreign_pending else None
-        head = _read_prefix(self.held, self.loaded_size)
-        if not self._starts_as_loaded(head):
-            return REWRITTEN
+        known = _read_prefix(self.held, self.checked_size)
+        if len(known) < self.checked_size or _digest(known) != self.checked_digest:
+            return REWRITTEN  # the loaded bytes, or an append of Swarms' found since, changed
         if self.appended is None:
             if not _continues_with_an_entry(self.held, self.loaded_size, version[0]):
                 # The loaded bytes are still its start, but what follows them is no
@@ -820,7 +828,16 @@ class Wiring:
             # was caught mid-rewrite when loaded, its part ending where an entry
             # starts (so what followed looked like Swarms' appends), or another
             # hand appended turns; or an append of Swarms' is not there.
-            change = _change_after(_read_from(self.held, self.loaded_size), self.appended)
+            tail = _read_from(self.held, self.checked_size)
+            change = _change_after(tail, self.appended)
+            if change is None and tail:
+                # All Swarms' own, whole: the next look compares them with the
+                # loaded bytes, and checks only what is appended after them.
+                digest = hashlib.blake2b(known, digest_size=16)
+                digest.update(tail)
+                self.checked_size += len(tail)
+                self.checked_digest = digest.digest()
+                self.appended = []
         self.checked_version = version
         self.foreign_pending = change == APPENDED
         return change
