@@ -1194,6 +1194,33 @@ def test_an_agent_whose_class_cannot_change_says_its_copies_go_without_memory(
     assert "'ada'" in line and "PhasedFanOutWorkflow" in line and "without memd's memory" in line
 
 
+def test_an_agent_whose_class_refuses_a_subclass_is_attached_all_the_same(
+    seeded: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A class whose ``__init_subclass__`` refuses the subclass attach makes for the
+    copies (a registry of subclasses by name) made ``attach`` raise after it had
+    wired the agent (found by r11swarms): it is said, as for a class that
+    cannot change."""
+
+    registered: set[str] = set()
+
+    class Registered(FakeAgent):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            if cls.__name__ in registered:
+                raise TypeError(f"{cls.__name__} is registered already")
+            registered.add(cls.__name__)
+
+    class Ada(Registered):
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="memd_swarms"):
+        agent = memd_swarms.attach(Ada(seeded))
+    assert type(agent) is Ada and agent._memd_swarms is not None
+    (line,) = [r.getMessage() for r in caplog.records if "copies" in r.getMessage()]
+    assert "registered already" in line and "without memd's memory" in line
+
+
 def test_descriptor_tells_memd_the_window_and_what_every_request_carries(seeded: Path) -> None:
     agent = memd_swarms.attach(FakeAgent(seeded, rules="RULES"))
     path = memory_of(seeded).with_name("memd-agent.json")

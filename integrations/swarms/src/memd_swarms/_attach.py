@@ -170,8 +170,9 @@ def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> Non
     never carry the memory. So the agent's class becomes a subclass of its own
     (same name, same constructor signature) whose constructor attaches what it
     builds, as this agent was (without rewriting memd-agent.json: the copy's
-    configuration is the agent's). An agent whose class cannot be changed is
-    said once: its copies run without memd's memory. (A deep copy is none of
+    configuration is the agent's). An agent whose class cannot be changed (or
+    refuses a subclass: its ``__init_subclass__``) is said once: its copies run
+    without memd's memory. (A deep copy is none of
     this: a swarms Agent holds locks, so ``copy.deepcopy`` fails and swarms'
     ``AgentRearrange`` runs the agent itself.)
     """
@@ -179,14 +180,16 @@ def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> Non
     if getattr(base, _COPIES_ATTACHED, False):
         return
     key = (base, recall, float(hold_s))
-    with _copying_lock:
-        copying = _copying_classes.get(key)
-        if copying is None:
-            copying = _copying_class(base, recall=recall, hold_s=hold_s)
-            _copying_classes[key] = copying
     try:
+        with _copying_lock:
+            copying = _copying_classes.get(key)
+            if copying is None:
+                # The class's own __init_subclass__ runs here, and may refuse (a
+                # registry of its subclasses by name): attach is done by now.
+                copying = _copying_class(base, recall=recall, hold_s=hold_s)
+                _copying_classes[key] = copying
         agent.__class__ = copying
-    except TypeError as exc:
+    except Exception as exc:  # a TypeError from __class__, or whatever the class raises
         log.warning(
             "memd_swarms: agent %r: the copies swarms builds of it (PhasedFanOutWorkflow "
             "runs one per use) are not attached and run without memd's memory (%s)",
