@@ -1178,6 +1178,29 @@ def test_copies_built_from_an_attached_agents_class_are_attached(seeded: Path) -
     assert not hasattr(other, "_memd_swarms")
 
 
+@pytest.mark.parametrize("descriptor", [True, False])
+def test_a_copy_with_another_name_tells_memd_its_window(seeded: Path, descriptor: bool) -> None:
+    """A copy built from the agent's class with another ``agent_name`` has a
+    MEMORY.md of its own, attached, but no memd-agent.json was written beside it:
+    memd never learned its window (found by r11swarms). Unless the agent was
+    attached with ``descriptor=False``; a copy of the same name leaves the
+    agent's as it is."""
+    agent = memd_swarms.attach(FakeAgent(seeded), descriptor=descriptor, hold_s=7)
+    ada = memory_of(seeded).with_name("memd-agent.json")
+    before = ada.read_bytes() if descriptor else None
+    bob = type(agent)(seeded, name="bob")
+    assert bob._memd_swarms is not None
+    written = memory_of(seeded, "bob").with_name("memd-agent.json")
+    if descriptor:
+        data = json.loads(written.read_text(encoding="utf-8"))
+        assert (data["agent"], data["context_length"]) == ("bob", 128000)
+        ada.write_text("{}", encoding="utf-8")  # the agent's own, edited: a copy leaves it
+        type(agent)(seeded)
+        assert ada.read_text(encoding="utf-8") == "{}" and before
+    else:
+        assert not written.exists() and not ada.exists()
+
+
 def test_an_agent_whose_class_cannot_change_says_its_copies_go_without_memory(
     seeded: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

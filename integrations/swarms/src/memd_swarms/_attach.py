@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from memd_swarms._descriptor import descriptor_for, write_descriptor
+from memd_swarms._descriptor import DESCRIPTOR_NAME, descriptor_for, write_descriptor
 from memd_swarms._probe import (
     Delivery,
     UnsupportedSwarms,
@@ -150,17 +150,17 @@ def attach(
     if descriptor:
         writer = f"memd-swarms {__version__} (swarms {swarms_version()})"
         write_descriptor(os.path.dirname(str(memory_path)), descriptor_for(agent, writer))
-    _attach_copies(agent, name, recall=recall, hold_s=hold_s)
+    _attach_copies(agent, name, descriptor=descriptor, recall=recall, hold_s=hold_s)
     return agent
 
 
 #: Set on the classes ``_attach_copies`` makes: the agents they build attach themselves.
 _COPIES_ATTACHED = "_memd_swarms_copies_attached"
-_copying_classes: dict[tuple[type[Any], bool, float], type[Any]] = {}
+_copying_classes: dict[tuple[type[Any], bool, bool, float], type[Any]] = {}
 _copying_lock = threading.Lock()
 
 
-def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> None:
+def _attach_copies(agent: Any, name: str, *, descriptor: bool, recall: bool, hold_s: float) -> None:
     """Make the agents swarms builds as copies of ``agent`` attached too.
 
     swarms 16.0.3's ``PhasedFanOutWorkflow`` runs a fresh copy of each agent (and
@@ -170,7 +170,9 @@ def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> Non
     never carry the memory. So the agent's class becomes a subclass of its own
     (same name, same constructor signature) whose constructor attaches what it
     builds, as this agent was (without rewriting memd-agent.json: the copy's
-    configuration is the agent's). An agent whose class cannot be changed (or
+    configuration is the agent's; a copy whose MEMORY.md has none, another
+    ``agent_name``'s, writes its own unless the agent was attached with
+    ``descriptor=False``). An agent whose class cannot be changed (or
     refuses a subclass: its ``__init_subclass__``) is said once: its copies run
     without memd's memory. (A deep copy is none of
     this: a swarms Agent holds locks, so ``copy.deepcopy`` fails and swarms'
@@ -179,14 +181,14 @@ def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> Non
     base = type(agent)
     if getattr(base, _COPIES_ATTACHED, False):
         return
-    key = (base, recall, float(hold_s))
+    key = (base, descriptor, recall, float(hold_s))
     try:
         with _copying_lock:
             copying = _copying_classes.get(key)
             if copying is None:
                 # The class's own __init_subclass__ runs here, and may refuse (a
                 # registry of its subclasses by name): attach is done by now.
-                copying = _copying_class(base, recall=recall, hold_s=hold_s)
+                copying = _copying_class(base, descriptor=descriptor, recall=recall, hold_s=hold_s)
                 _copying_classes[key] = copying
         agent.__class__ = copying
     except Exception as exc:  # a TypeError from __class__, or whatever the class raises
@@ -198,7 +200,7 @@ def _attach_copies(agent: Any, name: str, *, recall: bool, hold_s: float) -> Non
         )
 
 
-def _copying_class(base: type[Any], *, recall: bool, hold_s: float) -> type[Any]:
+def _copying_class(base: type[Any], *, descriptor: bool, recall: bool, hold_s: float) -> type[Any]:
     """A subclass of ``base`` whose constructor attaches each agent it builds."""
     init = base.__init__
 
@@ -206,7 +208,7 @@ def _copying_class(base: type[Any], *, recall: bool, hold_s: float) -> type[Any]
     def init_and_attach(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
-            attach(self, descriptor=False, recall=recall, hold_s=hold_s)
+            attach(self, descriptor=descriptor and _undescribed(self), recall=recall, hold_s=hold_s)
         except (AttachError, UnsupportedSwarms) as exc:  # a copy must not fail swarms' run
             log.warning(
                 "memd_swarms: a copy swarms built of agent %r is not attached: %s",
@@ -222,6 +224,15 @@ def _copying_class(base: type[Any], *, recall: bool, hold_s: float) -> type[Any]
         _COPIES_ATTACHED: True,
     }
     return type(base.__name__, (base,), namespace)
+
+
+def _undescribed(agent: Any) -> bool:
+    """Whether the agent's MEMORY.md has no memd-agent.json beside it (a copy with
+    another ``agent_name`` than the agent it was built from has its own folder)."""
+    path = getattr(getattr(agent, "short_memory", None), "memory_md_path", None)
+    if not path:
+        return False
+    return not os.path.lexists(os.path.join(os.path.dirname(str(path)), DESCRIPTOR_NAME))
 
 
 def status_source(memory_path: str) -> Callable[[], dict[str, Any] | None]:
