@@ -1201,6 +1201,28 @@ def test_a_copy_with_another_name_tells_memd_its_window(seeded: Path, descriptor
         assert not written.exists() and not ada.exists()
 
 
+def test_a_copy_whose_memd_agent_json_cannot_be_written_still_runs(
+    seeded: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A copy swarms builds must not fail swarms' run: one whose memd-agent.json
+    cannot be written (a full disk) is attached all the same, and it is said."""
+    import errno
+
+    from memd_swarms import _attach
+
+    agent = memd_swarms.attach(FakeAgent(seeded))
+
+    def full(folder: str, descriptor: dict[str, Any]) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device", folder)
+
+    monkeypatch.setattr(_attach, "write_descriptor", full)
+    with caplog.at_level(logging.WARNING, logger="memd_swarms"):
+        bob = type(agent)(seeded, name="bob")
+    assert bob._memd_swarms is not None
+    assert any("No space left" in r.getMessage() for r in caplog.records)
+    bob.run("hi")
+
+
 def test_an_agent_whose_class_cannot_change_says_its_copies_go_without_memory(
     seeded: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -215,6 +215,12 @@ def _copying_class(base: type[Any], *, descriptor: bool, recall: bool, hold_s: f
                 getattr(self, "agent_name", "agent"),
                 exc,
             )
+        except OSError as exc:  # its memd-agent.json (a full disk): attached all the same
+            log.warning(
+                "memd_swarms: a copy swarms built of agent %r: %s",
+                getattr(self, "agent_name", "agent"),
+                exc,
+            )
 
     namespace = {
         "__init__": init_and_attach,
