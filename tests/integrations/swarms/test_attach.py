@@ -1412,3 +1412,56 @@ def test_a_hold_that_is_no_number_of_seconds_is_refused(tmp_path: Path, hold_s: 
     """NaN compares false with every deadline: a hold bounded by it never ends."""
     with pytest.raises(AttachError, match=r"^hold_s=.*: give a number of seconds, 0 or more"):
         memd_swarms.attach(FakeAgent(tmp_path), hold_s=hold_s)  # type: ignore[arg-type]
+
+
+def test_turns_written_with_headers_quoted_read_back_whole_to_memd_and_to_the_wiring() -> None:
+    """A property (r11swarms): whatever a turn's text holds (header lines at its
+    start or end, ``---`` lines, CRLF, lone CRs, Unicode line breaks), the entries
+    Swarms writes through the hook are, to memd's parse, the turns as given (their
+    header lines quoted), to the wiring the same entries, and no rewrite."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from memd_swarms._wiring import (
+        _block_text,
+        _change_after,
+        _with_headers_quoted,
+        _written,
+        appended_entry,
+        entries,
+    )
+
+    from memd.core.memfile import parse
+
+    pieces = [
+        "\n", "\r\n", "\r", "---", " ", "\t", "x", "> ", "### ", " — ", "\u2028", "\x85",
+        "### Human — 2026-01-01T00:00:00", "### Tool Executor — 2026-01-01T00:00:00.123",
+        "### a — b — 2026-01-01", "###  — 2026-01-01", "2026-01-01T00:00:00",
+    ]  # fmt: skip
+    texts = st.lists(st.sampled_from(pieces), max_size=14).map("".join)
+    roles = st.sampled_from(["Human", "ada", "Tool Executor"])
+
+    class Conversation:
+        _suppress_memory_md = False
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(roles, texts), min_size=1, max_size=4))
+    def check(turns: list[tuple[str, str]]) -> None:
+        data, recorded, written = HEADER.encode(), [], []
+        for role, text in turns:
+            content = _with_headers_quoted(text)
+            entry = appended_entry(Conversation, role, content)
+            if entry is None:
+                continue
+            data += f"### {role} — 2026-02-02T10:00:00.5\n\n{content.strip()}\n\n---\n\n".encode()
+            recorded.append(entry)
+            written.append((role, text, content.strip()))
+        assert [(e.role, e.text) for e in parse(data).entries] == [
+            (role, quoted) for role, _, quoted in written
+        ]
+        assert _change_after(data[len(HEADER.encode()) :], recorded) is None
+        blocks = entries(data)
+        assert [_block_text(block) for block in blocks] == [
+            _written({"role": role, "content": text}) for role, text, _ in written
+        ]
+
+    check()
