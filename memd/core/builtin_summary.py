@@ -537,16 +537,11 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
             (line.section, line.day, "…" + line.text[-_SHARED_END_CHARS:]),
         ]
         if group is None:
-            candidates = sorted(
-                {
-                    (i, other)
-                    for end in ends
-                    for i, other in alone.get(end, ())
-                    if other not in found
-                },
-                key=lambda candidate: candidate[0],
-            )
-            for _, other in candidates[-_GROUP_CANDIDATES:]:
+            # The newest of them only: a whole list, read for each line, made a
+            # day of 5,000 lines of one tool's errors (their first characters its
+            # role's) take 17 s, where it took 0.3 s before line groups.
+            newest = {i: other for end in ends for i, other in _newest_alone(alone.get(end), found)}
+            for _, other in sorted(newest.items())[-_GROUP_CANDIDATES:]:
                 template = shared(other, line)
                 if template is not None and fits(template, other) and fits(template, line):
                     group = _Group(len(sizes), template)
@@ -561,6 +556,24 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
             found[line] = group
             sizes[group] += 1
     return found
+
+
+def _newest_alone(
+    alone: list[tuple[int, Line]] | None, found: Mapping[Line, _Group]
+) -> list[tuple[int, Line]]:
+    """The newest :data:`_GROUP_CANDIDATES` of ``alone`` not in a group yet;
+    those that are leave the list (each is passed over once)."""
+    if not alone:
+        return []
+    newest: list[tuple[int, Line]] = []
+    at = len(alone)
+    while at and len(newest) < _GROUP_CANDIDATES:
+        at -= 1
+        if alone[at][1] in found:
+            del alone[at]
+        else:
+            newest.append(alone[at])
+    return newest
 
 
 def _render(lines: list[Line], stats: str, groups: Mapping[Line, _Group]) -> str:

@@ -102,8 +102,10 @@ def template_of(first: str, second: str) -> Template | None:
     shortest = min(len(first), len(second))
     start = _shared_length(first, second, shortest)
     tail = _shared_length(first[::-1], second[::-1], shortest - start)
-    if start + tail < MIN_SHARED_CHARS:
-        return None  # most pairs: before the word and quotation rules below
+    if start + tail < MIN_SHARED_CHARS or 2 * (start + tail) < max(len(first), len(second)):
+        # Most pairs: before the word and quotation rules below. The rules only
+        # shrink what is shared, and a slot leaves half of each line shared.
+        return None
     while start > 0 and not first[start - 1].isspace():
         start -= 1
     tail = _shared_length(first[::-1], second[::-1], shortest - start)
