@@ -232,7 +232,7 @@ def _entry_lines(
     found: list[Line] = []
     sentences = split_sentences(body)
     for sentence in sentences:
-        if resolved is not None and _RESOLVED_RE.search(sentence):
+        if resolved is not None and _says_done(sentence):
             resolved.append((stamp, sentence))
         section = classify(sentence)
         if section is not None:
@@ -357,6 +357,30 @@ _RESOLVED_RE: Final = _words(
     r"done|fixed|resolved|closed|completed|finished|shipped|merged|solved|"
     r"works now|working again|no longer fails|passes now|now passes"
 )
+# What makes "done" not said of anything yet: a question ("Is the backfill
+# done?"), or a negation or condition in the words of its clause before it
+# ("still not fixed", "isn't done", "once the orders_2019 backfill is done").
+_NOT_DONE: Final = (
+    "not never no-one nobody nothing isn't aren't wasn't weren't hasn't haven't hadn't "
+    "didn't doesn't don't won't can't cannot yet if once when until unless whether "
+    "before after"
+)
+_NOT_DONE_WORDS: Final = frozenset(_NOT_DONE.split())
+_NOT_DONE_WINDOW: Final = 6
+
+
+def _says_done(sentence: str) -> bool:
+    """Whether ``sentence`` says something is done or fixed (:func:`_resolved_lines`)."""
+    if sentence.rstrip().endswith("?") or _TASK_MARKER_RE.search(sentence):
+        return False
+    for match in _RESOLVED_RE.finditer(sentence):
+        clause = re.split(r"[,;:]", sentence[: match.start()])[-1]
+        before = clause.lower().replace("\u2019", "'").split()[-_NOT_DONE_WINDOW:]
+        if not _NOT_DONE_WORDS.intersection(before):
+            return True
+    return False
+
+
 _SUBJECT_WORD_RE: Final = re.compile(r"[A-Za-z0-9][\w./-]{2,}[A-Za-z0-9]")
 # Words too common to say what a task is about.
 _COMMON: Final = (
@@ -381,7 +405,11 @@ def _resolved_lines(lines: list[Line], resolved: list[tuple[str, str]]) -> set[i
     A task is matched by a word of its own that no other open task or error
     holds ("TODO: rotate the staging token" … "Rotated the staging token,
     done."): a word several share ("the billing docs", "the billing job") says
-    nothing of which one was done. Such a line moves to the Resolved section,
+    nothing of which one was done; and a plain word ("staging") counts only
+    beside another of the task's own, where a code or a file ("kappa-7",
+    "orders_2019") counts alone. A question, a negation or a condition ("Is it
+    done?", "still not fixed", "once it is done") says nothing is done
+    (:func:`_says_done`). Such a line moves to the Resolved section,
     the first to go: the open ones keep their places (s10retain), and carried
     to the next summary it stays resolved, where under Open tasks it was open
     again once the turn saying it was done had been summarized (s11long).
@@ -395,23 +423,34 @@ def _resolved_lines(lines: list[Line], resolved: list[tuple[str, str]]) -> set[i
     for i in candidates:
         for word in words[i]:
             holders[word] = holders.get(word, 0) + 1
-    saying: dict[str, list[tuple[str, str]]] = {}  # word -> sentences saying it is done
+    # word -> (stamp, sentence, its subject words) of the sentences saying it is done
+    saying: dict[str, list[tuple[str, str, set[str]]]] = {}
     for stamp, sentence in resolved:
-        for word in _subject_words(sentence):
+        subject = _subject_words(sentence)
+        for word in subject:
             if holders.get(word) == 1:
-                saying.setdefault(word, []).append((stamp, sentence))
+                saying.setdefault(word, []).append((stamp, sentence, subject))
     done: set[int] = set()
     for i in candidates:
         line = lines[i]
         said = line.text.split(": ", 1)[-1]
         for word in sorted(words[i]):
             if any(
-                sentence != said and (not (stamp and line.stamp) or stamp >= line.stamp)
-                for stamp, sentence in saying.get(word, ())
+                sentence != said
+                and (not (stamp and line.stamp) or stamp >= line.stamp)
+                and (_DISTINCTIVE_RE.search(word) or len(subject & words[i]) >= 2)
+                for stamp, sentence, subject in saying.get(word, ())
             ):
                 done.add(i)
                 break
     return done
+
+
+# A word that names one thing (a code, a file, a table: "kappa-7", "orders_2019"):
+# alone it says which task is done. A plain word ("staging") names a subject
+# several tasks may have, said or not: "The staging deploy is done" resolved
+# "TODO: rotate the staging API token" (r11long); two of its words must be said.
+_DISTINCTIVE_RE: Final = re.compile(r"[\d_./-]")
 
 
 def _eviction_order(

@@ -398,6 +398,31 @@ def test_a_task_or_error_said_done_later_goes_before_the_open_ones(
     assert "TODO: ask legal about the retention clause" not in summary
 
 
+@pytest.mark.parametrize(
+    "later",
+    [
+        "Is the orders_2019 backfill done?",
+        "The kappa7 checksum is still not fixed.",
+        "The orders_2019 backfill isn't done.",
+        "Once the orders_2019 backfill is done we can close the audit.",
+        "The staging deploy is done.",  # another task of the staging stack
+        "The export of the invoices finished early.",  # another export than kappa7's
+    ],
+)
+def test_done_not_said_of_a_task_resolves_nothing(later: str, cl100k: Callable[[str], int]) -> None:
+    # r11long: a question, a negation or a condition said with "done" or
+    # "fixed", or one plain word shared with a task, moved the task to
+    # Resolved, the first lines to go, while it was still open.
+    turns = [
+        ("Human", "We still need to backfill the orders_2019 table before the audit."),
+        ("Tool Executor", "ERROR: checksum mismatch on shard kappa7 during nightly export."),
+        ("Human", "TODO: rotate the staging API token."),
+        ("Agent", later),
+    ]
+    summary = extractive_summary(memfile.parse(build(turns)), max_tokens=2_000, count_text=cl100k)
+    assert "Resolved:" not in summary
+
+
 def test_a_task_said_done_in_a_later_compaction_stays_resolved(
     cl100k: Callable[[str], int],
 ) -> None:
