@@ -24,7 +24,13 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
-from memd.core.line_groups import MIN_SHARED_CHARS, Template, expand_groups, template_of
+from memd.core.line_groups import (
+    MIN_SHARED_CHARS,
+    Template,
+    expand_groups,
+    template_of,
+    written_alone,
+)
 from memd.core.memfile import (
     EntrySegment,
     MemoryDocument,
@@ -645,7 +651,7 @@ def _render(lines: list[Line], stats: str, groups: Mapping[Line, _Group]) -> str
             group = groups.get(line)
             together = members[group] if group is not None else []
             if group is None or len(together) < 2:
-                parts.append(f"- {line.text}")
+                parts.append(written_alone(f"- {line.text}"))
             elif line is together[0]:
                 slots = [group.template.slot(member.text) or "" for member in together]
                 parts.append(f"- {group.template.render(slots)}")

@@ -168,6 +168,19 @@ def _written_as_one(before: str, slots: Sequence[str]) -> bool:
     )
 
 
+def written_alone(line: str) -> str:
+    """``line``, written so that it reads back as itself (:func:`expand_line`): a
+    line said with braces and bars of its own ("Use {dev | prod} profile") has
+    its bars written tight ("{dev|prod}"), where read back it was two lines
+    nobody wrote, and each cost a line of the next summary's budget."""
+    groups = list(_GROUP_RE.finditer(line))
+    if len(groups) != 1 or expand_line(line) == [line]:
+        return line
+    group = groups[0]
+    tight = group.group().replace(SEPARATOR, SEPARATOR.strip())
+    return f"{line[: group.start()]}{tight}{line[group.end() :]}"
+
+
 def expand_groups(text: str) -> str:
     """``text`` with each line written for several (:func:`expand_line`) as those lines."""
     if "{" not in text:

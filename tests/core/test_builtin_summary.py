@@ -530,6 +530,25 @@ def test_lines_that_differ_in_a_few_words_are_written_as_one(
     assert "Resolved:\n2026-01-02:\n- Tool Executor: ERROR worker kappa1: connection" in carried
 
 
+def test_a_line_said_with_braces_and_bars_is_carried_as_itself(
+    cl100k: Callable[[str], int],
+) -> None:
+    # r11long: a sentence said with "{dev | prod}" was written as said, and read
+    # back as two lines nobody wrote ("Use dev profile …", "Use prod profile …"),
+    # each paid for in the next summary's budget: at a full budget, carried with
+    # nothing new, a line fell out (or one of the two, regrouped with another).
+    said = "Use {dev | prod} profile for tenant t28; we decided so."
+    turns = [("Agent", said), ("Human", "We decided to keep Redis for the cache layer.")]
+    summary = extractive_summary(memfile.parse(build(turns)), max_tokens=500, count_text=cl100k)
+    assert "- Agent: Use {dev|prod} profile for tenant t28; we decided so." in summary
+    assert expand_groups(summary) == summary
+    again = memfile.render_header("demo", "2026-01-01T00:00:00")
+    again += memfile.render_summary_block(summary, "2026-01-02T12:00:00")
+    budget = cl100k(summary)
+    carried = extractive_summary(memfile.parse(again), max_tokens=budget, count_text=cl100k)
+    assert carried == summary.split("\n", 1)[1]
+
+
 PEOPLE_NAMES = ("Ilse Brivim", "Ilse Zelquin", "Kofi Mensah")
 
 

@@ -1,6 +1,12 @@
 from __future__ import annotations
 
-from memd.core.line_groups import Template, expand_groups, expand_line, template_of
+from memd.core.line_groups import (
+    Template,
+    expand_groups,
+    expand_line,
+    template_of,
+    written_alone,
+)
 
 
 def test_lines_that_differ_in_a_few_words_share_a_template() -> None:
@@ -93,3 +99,11 @@ def test_braces_and_bars_quoted_from_a_transcript_are_read_as_they_were() -> Non
         "- Agent: worker w12 failed.",
         "- Agent: worker w7 failed.",
     ]
+
+
+def test_a_line_with_braces_of_its_own_is_written_to_read_back_as_itself() -> None:
+    said = "- Agent: Use {dev | prod} profile for tenant t28."
+    assert written_alone(said) == "- Agent: Use {dev|prod} profile for tenant t28."
+    assert expand_line(written_alone(said)) == [written_alone(said)]
+    for line in ("- Human: keep {x | y} and {a | b}", '- Human: "use {a | b} here"', "- a {} b"):
+        assert written_alone(line) == line  # read back as itself already
