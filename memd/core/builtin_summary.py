@@ -536,7 +536,8 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
     cut by the braces:
     a summary line keeps it as it was said. Deterministic."""
     found: dict[Line, _Group] = {}
-    sizes: dict[_Group, int] = {}
+    sizes: list[int] = []  # by group number
+    # The groups of each section and day not yet full, oldest first.
     buckets: dict[tuple[str, str], list[_Group]] = {}
     # The lines not yet in a group, by their section, day and first or last
     # characters: two lines share a template only if they share one or the other
@@ -573,10 +574,9 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
         if line.section == "Timeline":
             continue  # a turn's first words: what differs is what it says
         groups = buckets.setdefault((line.section, line.day), [])
-        group = next(
-            (g for g in groups if sizes[g] < _GROUP_MEMBERS and fits(g.template, line)),
-            None,
-        )
+        # The newest of them only: every group of a day, full or not, read for
+        # each line, made a day of 5,000 lines of one error (416 groups) 5 s.
+        group = next((g for g in groups[-_GROUP_CANDIDATES:] if fits(g.template, line)), None)
         ends = [
             (line.section, line.day, line.text[:_SHARED_END_CHARS]),
             (line.section, line.day, "…" + line.text[-_SHARED_END_CHARS:]),
@@ -592,14 +592,16 @@ def _groups(lines: Sequence[Line]) -> dict[Line, _Group]:
                     group = _Group(len(sizes), template)
                     groups.append(group)
                     found[other] = group
-                    sizes[group] = 1
+                    sizes.append(1)
                     break
         if group is None:
             for end in ends:
                 alone.setdefault(end, []).append((position, line))
         else:
             found[line] = group
-            sizes[group] += 1
+            sizes[group.number] += 1
+            if sizes[group.number] == _GROUP_MEMBERS:
+                groups.remove(group)
     return found
 
 

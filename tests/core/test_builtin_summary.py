@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from memd.core import memfile
 from memd.core.builtin_summary import (
     Line,
+    _Group,
     _groups,
     classify,
     extractive_summary,
@@ -601,3 +602,32 @@ def test_a_day_of_one_tool_s_errors_is_grouped_in_linear_work() -> None:
     CountedLine.lookups = 0
     assert _groups(lines) == {}  # two words differ apart: no template
     assert CountedLine.lookups < 200 * count  # each line: its newest candidates only
+
+
+def test_a_day_of_one_error_in_many_groups_is_grouped_in_linear_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # r11long: each line read every group of its day, full ones too, to find
+    # one it fits: a carried day of 5,000 lines of one error (416 groups of 12)
+    # took 5 s, 1.6 s before line groups.
+    count = 1_200
+    lines = [
+        Line(
+            "Errors",
+            "2026-01-01T00:00:00",
+            f"Tool Executor: ERROR worker w{i}: connection reset by peer while flushing",
+        )
+        for i in range(count)
+    ]
+    lookups = 0
+    group_hash = _Group.__hash__
+
+    def counted(group: _Group) -> int:
+        nonlocal lookups
+        lookups += 1
+        return group_hash(group)
+
+    monkeypatch.setattr(_Group, "__hash__", counted)
+    groups = _groups(lines)
+    assert len(set(groups.values())) == count // 12  # groups of 12
+    assert lookups < 20 * count  # each line: the groups of its day not yet full
