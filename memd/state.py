@@ -719,6 +719,16 @@ class FileKey:
         return cls(result.st_dev, result.st_ino, result.st_size, result.st_mtime_ns, encoding)
 
 
+class LedgerMark(NamedTuple):
+    """How far a reader has followed the ledger (:meth:`StateStore.ledger_written_elsewhere`):
+    the newest row it has seen, and the DB's ``PRAGMA data_version`` then, on the
+    connection it was read on (each connection counts on its own: a reopen starts over)."""
+
+    last_id: int
+    data_version: int
+    connection: int
+
+
 @dataclass(frozen=True, slots=True)
 class SpendingRecord:
     """The daemon's spending against ``[summarizer] max_calls_per_hour`` /
@@ -1369,6 +1379,38 @@ class StateStore:
 
         return self._run(operation)
 
+    def ledger_mark(self) -> LedgerMark:
+        """Where the ledger ends now: what :meth:`ledger_written_elsewhere` reads from."""
+
+        def operation(conn: sqlite3.Connection) -> LedgerMark:
+            version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+            last = conn.execute("SELECT coalesce(max(id), 0) FROM ledger").fetchone()[0]
+            return LedgerMark(int(last), version, id(conn))
+
+        return self._run(operation)
+
+    def ledger_written_elsewhere(self, mark: LedgerMark) -> tuple[LedgerMark, list[str]]:
+        """The agents of the ledger rows after ``mark`` that another process wrote
+        (``memd compact-now`` beside the daemon: the trigger is not ``daemon``), once
+        each, oldest first, and the new mark. Cheap when nothing was committed
+        elsewhere: ``PRAGMA data_version`` moves only when another connection commits
+        (this handle's own writes leave it), and then only the rows past the mark's
+        id are read (ids are never reused: AUTOINCREMENT)."""
+
+        def operation(conn: sqlite3.Connection) -> tuple[LedgerMark, list[str]]:
+            version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+            if (version, id(conn)) == (mark.data_version, mark.connection):
+                return mark, []
+            rows = conn.execute(
+                "SELECT id, agent, trigger FROM ledger WHERE id > ? ORDER BY id",
+                (mark.last_id,),
+            ).fetchall()
+            last = max([mark.last_id, *(int(row[0]) for row in rows)])
+            agents = {str(agent): None for _, agent, trigger in rows if trigger != "daemon"}
+            return LedgerMark(last, version, id(conn)), list(agents)
+
+        return self._run(operation)
+
     def spending_since(self, since: float) -> list[tuple[float, int, float]]:
         """(started_at, model calls, USD) of every ledger row since ``since``, any agent,
         oldest first: what a restarted daemon already spent inside its caps' windows."""
@@ -1936,6 +1978,7 @@ __all__ = [
     "FleetTotals",
     "Heartbeat",
     "LedgerEntry",
+    "LedgerMark",
     "ReloadOutcome",
     "SpendingRecord",
     "StateError",

@@ -387,6 +387,58 @@ def test_polling_another_process_replacing_memory_md_is_counted(
     h.stop()
 
 
+def compact_now(ws: AgentWorkspace, agent: str, state_dir: Path) -> None:
+    """``memd compact-now`` in another process, as an operator runs it beside the daemon."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "memd", "compact-now", agent, "--wait", "10"),
+            *("--summary", "compacted by hand", "--workspace", str(ws.root)),
+            *("--state-dir", str(state_dir)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MEMD_COMPACTION_DRAIN_QUIET_S": "0.05"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{agent}: compacted "), result.stdout
+
+
+def test_polling_sees_compact_now_beside_it_from_the_ledger(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `memd compact-now` beside a polling daemon replaces a MEMORY.md that was only
+    # appended to: the poller holds the old file (its size never moves again) and
+    # would see the new one only in the file's turn (VERIFY_S, made never to come
+    # here). The ledger row compact-now writes is read within a poll interval and
+    # the agent handed to the poller: the appends after it are counted on the next
+    # pass (the deadline is generous for a loaded machine; the wait ends on it).
+    monkeypatch.setattr("memd.poller.VERIFY_S", 10.0**6)
+    ws.create_agent("alice")
+    ws.create_agent("bob")
+    h = run_daemon(
+        ws,
+        compact=ScriptedCompaction(),
+        config={
+            "trigger": {"context_length": 10**6},
+            "watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 3600},
+        },
+    )
+    memory = fill(ws, "alice", 30)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
+    poller = h.daemon.services.watches.watcher.backend.poller
+    assert wait_until(lambda: poller.held_fds("alice")[0] >= 0)
+    before = os.stat(memory).st_ino
+    compact_now(ws, "alice", tmp_path / "state")
+    assert os.stat(memory).st_ino != before  # replaced, not rewritten in place
+    append_entry(memory, "Human", "the turn after " * 5)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory), timeout=10)
+    append_entry(memory, "Human", "and the next one " * 5)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory), timeout=10)
+    assert h.stop() == 0
+
+
 def test_polling_reads_a_descriptor_written_during_the_start_up_pass_again(
     ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,6 +60,38 @@ def workspace(tmp_path: Path) -> Path:
     return ws
 
 
+def test_ledger_written_elsewhere_names_other_processes_compactions(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """What a polling daemon hands its poller: the agents of ledger rows another
+    connection committed after the mark (compact-now's), once each; its own
+    (trigger ``daemon``) are passed over, and the mark moves past them all."""
+    import dataclasses
+
+    def by_hand(agent: str, started_at: float) -> LedgerEntry:
+        return dataclasses.replace(entry(agent, started_at), trigger="compact-now")
+
+    with (
+        StateStore.open(tmp_path / "s", workspace) as daemon,
+        StateStore.open(tmp_path / "s", workspace) as cli,
+    ):
+        cli.record_compaction(by_hand("before", 1.0))
+        mark = daemon.ledger_mark()
+        assert daemon.ledger_written_elsewhere(mark) == (mark, [])
+        daemon.record_compaction(entry("own", 2.0))  # its own commit: nothing moves
+        assert daemon.ledger_written_elsewhere(mark) == (mark, [])
+        cli.record_compaction(by_hand("b", 3.0))
+        cli.record_compaction(entry("other daemon row", 4.0))
+        cli.record_compaction(by_hand("a", 5.0))
+        cli.record_compaction(by_hand("b", 6.0))
+        moved, agents = daemon.ledger_written_elsewhere(mark)
+        assert agents == ["b", "a"]
+        assert moved.last_id > mark.last_id
+        assert daemon.ledger_written_elsewhere(moved) == (moved, [])
+        cli.record_compaction(by_hand("c", 7.0))
+        assert daemon.ledger_written_elsewhere(moved)[1] == ["c"]
+
+
 def test_last_compactions_from_the_ledger(tmp_path: Path, workspace: Path) -> None:
     """What a daemon takes for an agent with no row yet: each named agent's newest
     compaction that wrote an archive, whatever its name holds."""

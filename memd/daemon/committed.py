@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import TYPE_CHECKING
 
 from memd.compaction import CompactionOutcome
 from memd.daemon.archives import ArchiveSurvey
 from memd.daemon.recall import RecallStage
 from memd.daemon.retention import RetentionService
+from memd.errors import describe_error
+from memd.logs import get_logger
 from memd.workspace import AgentPaths
+
+if TYPE_CHECKING:
+    from memd.state import LedgerMark, StateStore
+
+_log = get_logger("memd.daemon")
 
 
 class Replacements:
@@ -53,6 +61,52 @@ class Replacements:
     def wake(self) -> None:
         with self._changed:
             self._changed.notify_all()
+
+
+class OtherCompactions:
+    """Compactions another process committed beside the daemon (``memd compact-now``),
+    as the state DB's ledger records them: their agents' MEMORY.md was replaced
+    under the poller, which holds the old file open and would see the new one only
+    in the file's turn (:data:`memd.poller.VERIFY_S`). :meth:`take`, called each
+    poll interval, hands them on like memd's own replacements: the next pass checks
+    their paths. A ``compact-now`` that could not open the state DB writes no
+    ledger row: its replacement still shows in the file's turn."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+        self._mark: LedgerMark | None = None
+        self._failing = False
+        self._read_mark()
+
+    def _read_mark(self) -> None:
+        try:
+            self._mark = self._store.ledger_mark()
+        except Exception as exc:
+            self._unreadable(exc)
+
+    def take(self) -> list[str]:
+        """The agents another process compacted since the last take (usually none:
+        one ``PRAGMA`` on the daemon's connection)."""
+        if self._mark is None:
+            self._read_mark()  # the rows from before it are read at start-up's count
+            return []
+        try:
+            self._mark, agents = self._store.ledger_written_elsewhere(self._mark)
+        except Exception as exc:
+            self._unreadable(exc)
+            return []
+        self._failing = False
+        return agents
+
+    def _unreadable(self, exc: Exception) -> None:
+        # Said once a spell, not each poll interval: the file's turn still comes.
+        if not self._failing:
+            _log.warning(
+                "state database: ledger unreadable; another process's compactions show "
+                "in each file's turn",
+                error=describe_error(exc),
+            )
+        self._failing = True
 
 
 class AfterCommit:
@@ -91,4 +145,4 @@ class AfterCommit:
                 self._retention.pruned(paths, pruned, "compaction", audit=False)
 
 
-__all__ = ["AfterCommit", "Replacements"]
+__all__ = ["AfterCommit", "OtherCompactions", "Replacements"]

@@ -12,7 +12,9 @@ rescan comes).
 memd's own replacements of MEMORY.md (a compaction's commit) come to it as
 events too, on :class:`memd.daemon.committed.Replacements` (put there as the
 kernel queues a rename, taken by a second thread of this service): the watcher
-is told, and with ``--poll`` its next pass checks those agents' paths.
+is told, and with ``--poll`` its next pass checks those agents' paths. So are
+another process's compactions (``memd compact-now``) with ``--poll``: that thread
+reads the state DB's ledger each poll interval (:class:`OtherCompactions`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import contextlib
 import threading
 from collections.abc import Mapping
 
-from memd.daemon.committed import Replacements
+from memd.daemon.committed import OtherCompactions, Replacements
 from memd.daemon.counter import HintSink
 from memd.daemon.registry import AgentRegistry
 from memd.logs import get_logger
@@ -39,6 +41,8 @@ class WatchService:
         *,
         check_every_s: float,
         replacements: Replacements | None = None,
+        others: OtherCompactions | None = None,
+        others_every_s: float = 1.0,
     ) -> None:
         self.watcher = watcher
         # How long the thread waits for a rescan before checking anyway (reload sets it).
@@ -46,6 +50,10 @@ class WatchService:
         self._registry = registry
         self._hints = hints
         self._replacements = replacements
+        # With --poll only (inotify reports every rename as it happens): another
+        # process's compactions, read from the ledger this often (the poll interval).
+        self._others = others
+        self._others_every_s = others_every_s
         self._synced: set[str] = set()  # the agent set the watches were last matched to
         self._opened = False  # open() put the watcher's stop on the stack
         self._watching = False  # open() watched every agent already
@@ -132,13 +140,17 @@ class WatchService:
                 _log.exception("keeping the watches failed")
 
     def _pass_replaced(self, replacements: Replacements) -> None:
+        others = self._others
+        every_s = None if others is None else self._others_every_s
         while not self._stop.is_set():
-            agents = replacements.take(self._stop)
+            agents = replacements.take(self._stop, every_s)
+            if others is not None and not self._stop.is_set():
+                agents += [agent for agent in others.take() if agent not in agents]
             if agents:
                 try:
                     self.watcher.replaced(agents)
                 except Exception:  # the agents' turns still come
-                    _log.exception("passing memd's replacements to the watcher failed")
+                    _log.exception("passing replacements to the watcher failed")
 
     def tick(self) -> None:
         """Match the watches to the agent set now; ask for a count of every agent

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from memd.audit import AuditLog
 from memd.core.config import MemdConfig
 from memd.daemon.archives import ArchiveSurvey
-from memd.daemon.committed import AfterCommit, Replacements
+from memd.daemon.committed import AfterCommit, OtherCompactions, Replacements
 from memd.daemon.counter import CountService
 from memd.daemon.entries import (
     AgentEntry,
@@ -297,12 +297,18 @@ class Services:
             kind=kind,
             poll_interval_s=watch.poll_interval_s,
         )
+        # Where the ledger ends now, before start-up's count: a compaction another
+        # process commits after this is handed to the poller (earlier ones are counted).
+        store = self.flusher.store
+        others = OtherCompactions(store) if kind == "polling" and store is not None else None
         self.watches = WatchService(
             watcher,
             self.registry,
             self.counter.sink,
             check_every_s=watch.reconcile_s,
             replacements=self.replacements,
+            others=others,
+            others_every_s=watch.poll_interval_s,
         )
         return self.watches
 
