@@ -439,6 +439,93 @@ def test_polling_sees_compact_now_beside_it_from_the_ledger(
     assert h.stop() == 0
 
 
+def test_polling_a_stale_count_over_threshold_spends_no_call_on_a_compacted_file(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The daemon's count of an agent over threshold is stale once compact-now beside
+    # it has compacted the file, until the poller sees the new file: at the next
+    # pass when the ledger says so, in the file's turn when it cannot (compact-now
+    # without the state DB: the case here, the ledger read off, VERIFY_S never
+    # reached). A job started on that count (second's, queued for the LLM slot while
+    # compact-now ran) takes the lock, counts the file, finds it under threshold and
+    # stops: no model call, no archive, no failure; the file is handed to the poller
+    # as after any job, and the count is the new file's.
+    import memd.compaction
+
+    monkeypatch.setattr("memd.poller.VERIFY_S", 10.0**6)
+    monkeypatch.setattr("memd.daemon.committed.OtherCompactions.take", lambda _self: [])
+    checked: list[str] = []
+    real_check = memd.compaction.check_still_over
+
+    def check_still_over(where: Any, check: Any, count_bytes: Any) -> Any:
+        checked.append(where.paths.agent if hasattr(where, "paths") else where.agent)
+        return real_check(where, check, count_bytes)
+
+    monkeypatch.setattr(memd.compaction, "check_still_over", check_still_over)
+    from memd.daemon.runner import Runner
+
+    ended: list[tuple[str, str]] = []  # how each failed or stopped job ended
+    runner_failed = Runner._failed
+
+    def failed(self: Runner, entry: Any, error: BaseException, *args: Any, **kwargs: Any) -> None:
+        ended.append((entry.name, type(error).__name__))
+        runner_failed(self, entry, error, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "_failed", failed)
+    ws.create_agent("first")
+    second = ws.create_agent("second")
+    gated = GatedSummarizer(
+        " ".join(f"The user and the assistant went over point {n}." for n in range(10))
+    )
+    summarized: list[str] = []
+    gated_summarize = gated.summarize
+
+    def summarize(request: SummaryRequest) -> SummaryResult:
+        summarized.append(request.agent)
+        return gated_summarize(request)
+
+    monkeypatch.setattr(gated, "summarize", summarize)
+    h = run_daemon(
+        ws,
+        config={
+            "daemon": {"max_concurrent_llm": 1},
+            "summarizer": {"keep_recent_tokens": 0},
+            "watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 3600},
+        },
+        summarizer_factory=lambda _config, _count: gated,
+    )
+    runner = h.daemon.services.runner
+    fill(ws, "first", 20)
+    assert wait_until(lambda: gated.active == 1, timeout=60)  # first's summary holds the slot
+    memory = fill(ws, "second", 20)
+    assert wait_until(
+        lambda: "second" in runner.running() and len(runner.llm_slots._cond._waiters) == 1,
+        timeout=60,
+    )
+    try:
+        compact_now(ws, "second", tmp_path / "state")
+    finally:
+        gated.release.set()
+    busy = (JobState.PENDING, JobState.RUNNING)
+    assert wait_until(
+        lambda: not runner.running() and h.job("first") not in busy and h.job("second") not in busy,
+        timeout=60,
+    )
+    assert "second" in checked  # the job on the stale count did start
+    assert ("second", "UnderThreshold") in ended
+    assert {how for agent, how in ended if agent == "second"} == {"UnderThreshold"}
+    assert wait_until(lambda: h.tokens("second") == full_tokens(memory), timeout=20)
+    assert "second" not in summarized
+    assert len(list(second.archive_dir.glob("history_*.md"))) == 1  # compact-now's
+    assert h.daemon.services.stats.compactions_ok == 1  # first's
+    assert h.daemon.services.stats.compactions_failed == 0
+    # Stopped as already done (under threshold once locked), not cooled down as
+    # over threshold with nothing to compact (what the transaction would say next).
+    job = h.daemon.services.registry.get("second").job
+    assert (job.state, job.last_error, job.next_attempt_at) == (JobState.IDLE, None, None)
+    assert h.stop() == 0
+
+
 def test_polling_reads_a_descriptor_written_during_the_start_up_pass_again(
     ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
