@@ -49,12 +49,16 @@ a new agent folder, a removed one, one removed and     the next pass
 made again (``agents/`` moved); ``agents/`` replaced
 memd's own compaction of any agent and every append   the next pass after the job
 to the new file (the daemon hands each job's end on)   ends
+another process's ``compact-now`` that wrote the state  within two passes (the
+DB's ledger, and the appends after it (the daemon      daemon reads the ledger
+reads the ledger each ``i`` and hands them on)         each ``i``)
 any change to a hot MEMORY.md (seen replaced within    the next pass
 :data:`HOT_S`): a rename over it, a same-size
 rewrite, an unlink, a rename away
-the same to a MEMORY.md that is not hot (another       :data:`VERIFY_S` (30 s), or
-process's ``compact-now``, an editor's first save by   the next pass if ``i`` is
-rename), and the appends to the new file until then    longer
+the same to a MEMORY.md that is not hot (an editor's    :data:`VERIFY_S` (30 s), or
+first save by rename, ``forget --match``, a            the next pass if ``i`` is
+``compact-now`` that could not open the state DB),     longer
+and the appends to the new file until then
 a descriptor (``memd-agent.json``) written, replaced   :data:`DESCRIPTOR_S` (30 s), or
 or removed (held open or not)                          the next pass, likewise
 =====================================================  ===============================

@@ -1401,11 +1401,13 @@ class StateStore:
             version = int(conn.execute("PRAGMA data_version").fetchone()[0])
             if (version, id(conn)) == (mark.data_version, mark.connection):
                 return mark, []
+            # Another connection: the file was rebuilt or replaced (_reopen), its
+            # ids start over; every row in it is newer than the mark.
+            after = mark.last_id if id(conn) == mark.connection else 0
             rows = conn.execute(
-                "SELECT id, agent, trigger FROM ledger WHERE id > ? ORDER BY id",
-                (mark.last_id,),
+                "SELECT id, agent, trigger FROM ledger WHERE id > ? ORDER BY id", (after,)
             ).fetchall()
-            last = max([mark.last_id, *(int(row[0]) for row in rows)])
+            last = max([after, *(int(row[0]) for row in rows)])
             agents = {str(agent): None for _, agent, trigger in rows if trigger != "daemon"}
             return LedgerMark(last, version, id(conn)), list(agents)
 

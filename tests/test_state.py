@@ -92,6 +92,28 @@ def test_ledger_written_elsewhere_names_other_processes_compactions(
         assert daemon.ledger_written_elsewhere(moved)[1] == ["c"]
 
 
+def test_ledger_written_elsewhere_follows_a_rebuilt_db(tmp_path: Path, workspace: Path) -> None:
+    """The DB file replaced under the daemon (deleted, rebuilt by another process):
+    its handle follows the path, and the new file's ids start over, so its rows
+    are read from the start, not from the old file's last id."""
+    import dataclasses
+
+    with StateStore.open(tmp_path / "s", workspace) as daemon:
+        for n in range(3):
+            daemon.record_compaction(entry("own", float(n)))
+        mark = daemon.ledger_mark()
+        assert mark.last_id == 3
+        path = daemon.path
+        assert path is not None
+        for leftover in path.parent.glob(path.name + "*"):
+            leftover.unlink()
+        with StateStore.open(tmp_path / "s", workspace) as cli:
+            cli.record_compaction(dataclasses.replace(entry("new", 9.0), trigger="compact-now"))
+        moved, agents = daemon.ledger_written_elsewhere(mark)
+        assert agents == ["new"]
+        assert moved.last_id == 1
+
+
 def test_last_compactions_from_the_ledger(tmp_path: Path, workspace: Path) -> None:
     """What a daemon takes for an agent with no row yet: each named agent's newest
     compaction that wrote an archive, whatever its name holds."""

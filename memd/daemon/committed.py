@@ -88,7 +88,8 @@ class OtherCompactions:
         """The agents another process compacted since the last take (usually none:
         one ``PRAGMA`` on the daemon's connection)."""
         if self._mark is None:
-            self._read_mark()  # the rows from before it are read at start-up's count
+            # Unreadable at start: from now on (a compaction before shows in its turn).
+            self._read_mark()
             return []
         try:
             self._mark, agents = self._store.ledger_written_elsewhere(self._mark)
