@@ -47,15 +47,17 @@ open (a local disk):
 an append; a truncation (any size change)              the next pass (<= ``i``)
 a new agent folder, a removed one, one removed and     the next pass
 made again (``agents/`` moved); ``agents/`` replaced
-memd's own compaction of any agent and every append   the next pass after the job
+memd's own compaction of any agent and every append    the next pass after the job
 to the new file (the daemon hands each job's end on)   ends
-another process's ``compact-now`` that wrote the state  within two passes (the
-DB's ledger, and the appends after it (the daemon      daemon reads the ledger
-reads the ledger each ``i`` and hands them on)         each ``i``)
+another process's ``compact-now`` that wrote the       within two passes (the
+state DB's ledger, and the appends after it (the       daemon reads the ledger
+daemon reads the ledger each ``i``, hands them on)     each ``i``)
+``memd forget AGENT``'s unlink (the daemon hands on    the next pass after the
+each tombstone its state flush finds)                  flush that finds it
 any change to a hot MEMORY.md (seen replaced within    the next pass
 :data:`HOT_S`): a rename over it, a same-size
 rewrite, an unlink, a rename away
-the same to a MEMORY.md that is not hot (an editor's    :data:`VERIFY_S` (30 s), or
+the same to a MEMORY.md that is not hot (an editor's   :data:`VERIFY_S` (30 s), or
 first save by rename, ``forget --match``, a            the next pass if ``i`` is
 ``compact-now`` that could not open the state DB),     longer
 and the appends to the new file until then

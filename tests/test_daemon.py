@@ -439,6 +439,44 @@ def test_polling_sees_compact_now_beside_it_from_the_ledger(
     assert h.stop() == 0
 
 
+def test_polling_sees_forget_beside_it_from_its_tombstone(
+    ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `memd forget AGENT` unlinks the MEMORY.md the poller holds open (its size
+    # never moves) and leaves a tombstone in the state DB: the state flush that
+    # finds it hands the agent to the poller, whose next pass sees the file gone
+    # (not in the file's turn, VERIFY_S, made never to come here).
+    monkeypatch.setattr("memd.poller.VERIFY_S", 10.0**6)
+    ws.create_agent("alice")
+    ws.create_agent("bob")
+    h = run_daemon(
+        ws,
+        compact=ScriptedCompaction(),
+        config={
+            "trigger": {"context_length": 10**6},
+            "watch": {"poll": True, "poll_interval_s": 0.1, "reconcile_s": 3600},
+        },
+    )
+    memory = fill(ws, "alice", 10)
+    assert wait_until(lambda: h.tokens("alice") == full_tokens(memory))
+    poller = h.daemon.services.watches.watcher.backend.poller
+    assert wait_until(lambda: poller.held_fds("alice")[0] >= 0)
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "memd", "forget", "alice", "--yes", "--wait", "10"),
+            *("--workspace", str(ws.root), "--state-dir", str(tmp_path / "state")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not memory.exists()
+    assert wait_until(lambda: h.tokens("alice") == 0, timeout=10)
+    assert h.stop() == 0
+
+
 def test_polling_a_stale_count_over_threshold_spends_no_call_on_a_compacted_file(
     ws: AgentWorkspace, run_daemon: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

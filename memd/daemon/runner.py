@@ -346,6 +346,10 @@ class Runner:
                     self.metrics.set_agent(name, entry.tokens, entry.policy.threshold_tokens)
         if not erased:
             return
+        if entry is not None and self._after_commit is not None:
+            # forget unlinked its MEMORY.md: with --poll the held fd is the old file,
+            # whose size never moves; the watch stage has its path checked next pass.
+            self._after_commit.replaced(entry.paths)
         with self._lock:
             self._wakes.drop(name)
             if entry is not None and entry.job.state not in (JobState.PENDING, JobState.RUNNING):
