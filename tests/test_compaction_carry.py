@@ -179,3 +179,39 @@ def test_the_block_stays_under_its_cap_with_many_lines(
     assert 0 < kept < 4 * 12, out
     _summary, memory = block_of(ws)
     assert "c11aq queue" in memory and "c00aq queue" not in memory
+
+
+def forget(ws: AgentWorkspace, tmp_path: Path, pattern: str) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    args = ["forget", "alpha", "--match", pattern, "--yes", "-w", str(ws.root)]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([*args, "--state-dir", str(tmp_path)])
+        except SystemExit as exc:
+            assert exc.code == 0, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "said"),
+    [
+        ("kalvoq queue", "kalvoq"),
+        # Line-anchored: it takes the raw turn whose line opens so; the carried
+        # "- Research-Agent: TODO: the kalvox …" must go with it (r11carry: kept).
+        (r"^TODO: the kalvox", "kalvox"),
+        (r"^ERROR worker kalvow", "kalvow"),
+        (r"^Our contact on the vendor side is Priya", "Kalvoson"),
+        (r"vendor side is Priya Kalvoson\.$", "Kalvoson"),
+    ],
+)
+def test_forget_match_erases_a_carried_line_as_it_erases_the_turn(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, pattern: str, said: str
+) -> None:
+    append(ws, batch("kalvo"))
+    compact(ws, tmp_path, server, "openai/test-model")
+    summary, _memory = block_of(ws)
+    assert said in summary[summary.index(HEADING) :]
+    forget(ws, tmp_path, pattern)
+    paths = ws.paths("alpha")
+    left = [p.name for p in [paths.memory, *paths.archive_dir.iterdir()] if said in p.read_text()]
+    assert left == []
+    assert "kalvoq" in block_of(ws)[1] or said == "kalvoq"  # the other lines stay

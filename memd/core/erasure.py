@@ -24,6 +24,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from memd.core.carried_lines import said_part
 from memd.core.memfile import SUMMARY_PREAMBLE, EntrySegment, HeaderSegment, parse
 from memd.core.pins import PINNED_HEADING
 from memd.errors import MemdError
@@ -134,7 +135,7 @@ def _drop_lines(raw: bytes, pattern: re.Pattern[str], keep_first: int) -> tuple[
         text = _text(line).rstrip("\r\n")
         if text.strip() == PINNED_HEADING:
             in_pinned = True
-        if index >= keep_first and pattern.search(text):
+        if index >= keep_first and _line_matches(text, pattern):
             if in_pinned:
                 pinned += 1
             else:
@@ -142,6 +143,26 @@ def _drop_lines(raw: bytes, pattern: re.Pattern[str], keep_first: int) -> tuple[
             continue
         kept.append(line)
     return b"".join(kept), summary, pinned
+
+
+# A summary's line of what a turn said: "- Human: …" (memd's carried lines and
+# the builtin summary's), "- (2026-03-02T10:30:09) Human: …" (the builtin's before
+# session 10).
+_SAID_LINE_RE = re.compile(r"^[ \t]*[-*][ \t]+(?:\(\d{4}-\d{2}-\d{2}[^)]*\)[ \t]+)?")
+
+
+def _line_matches(text: str, pattern: re.Pattern[str]) -> bool:
+    """Whether ``pattern`` finds ``text``, or what the turn said in it when it is a
+    line quoting a turn: ``^We decided …`` took the raw turn whose line opens so,
+    and must take the summary's ``- Human: We decided …`` with it."""
+    if pattern.search(text):
+        return True
+    bullet = _SAID_LINE_RE.match(text)
+    if bullet is None:
+        return False
+    line = text[bullet.end() :]
+    said = said_part(line)
+    return bool(pattern.search(line)) or (said is not line and bool(pattern.search(said)))
 
 
 def _split_entry(segment: EntrySegment) -> tuple[bytes, bytes, bytes] | None:
