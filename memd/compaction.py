@@ -149,6 +149,9 @@ from memd.workspace import (
 )
 
 _NEWEST_ARCHIVE = "history_9999-12-31_23-59-59_999999.md"
+# What the block's text leaves spare under the bytes it replaces (memd.core.summary_block
+# compose_summary's max_bytes): the sanitizer's quoting of a line or two.
+_SHRINK_SPARE_BYTES = 32
 _TEMP_NAMES = (ARCHIVE_TEMP, NEW_MEMORY_TEMP, DRAIN_NAME)
 
 # 2: the archive may hold only bytes 0..kept_from (K ≤ N) of the snapshot;
@@ -876,12 +879,24 @@ class _Transaction:
             carried=lines_the_scan_keeps(carry.lines, scan) if carry is not None else (),
             carried_done=carry.done if carry is not None else frozenset(),
             block_tokens=self.summary_cap,
+            max_bytes=self._shrinking_text_bytes(snap, cut) if not manual else None,
         )
         pinned = scan.redact(composed.text, material_secrets)
         if pinned.count:
             self.reply_redacted += pinned.count
             composed = dataclasses.replace(composed, text=pinned.text)
         return composed, earlier
+
+    def _shrinking_text_bytes(self, snap: _Snapshot, cut: int) -> int | None:
+        """The most bytes the block's text may take for the block to shrink the
+        file (:meth:`check_summary_size`); None when that is not required."""
+        if not self.options.require_shrink:
+            return None
+        header = snap.document.header
+        replaced = cut - (len(header.raw) if header is not None else 0)
+        framing = len(render_clean_summary_block("", _now_local_iso(), "v")) - 1
+        # The sanitizer may quote a line or two ("> "): a little to spare.
+        return replaced - framing - _SHRINK_SPARE_BYTES
 
     def _earlier_kept(self, earlier: int, size: int) -> int:
         """How many earlier archives the provenance line may name: with retention,

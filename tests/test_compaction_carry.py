@@ -5,6 +5,7 @@ people is carried verbatim in MEMORY.md, compaction after compaction."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from collections.abc import Iterator
@@ -14,9 +15,12 @@ from typing import Any
 import pytest
 from support.memfiles import AgentWorkspace, append_entry
 from support.openai_server import OpenAITestServer
+from support.tokens import CL100K
 
 from memd.cli.app import main
+from memd.compaction import CompactionOptions, compact_agent
 from memd.core.memfile import parse
+from memd.core.summary import SummaryRequest, SummaryResult
 from memd.core.summary_block import parse_summary
 
 # A model's summary that reads well and names nothing (the retention bench's "lossy").
@@ -215,3 +219,44 @@ def test_forget_match_erases_a_carried_line_as_it_erases_the_turn(
     left = [p.name for p in [paths.memory, *paths.archive_dir.iterdir()] if said in p.read_text()]
     assert left == []
     assert "kalvoq" in block_of(ws)[1] or said == "kalvoq"  # the other lines stay
+
+
+class _Fixed:
+    """A model that answers ``text`` to every request."""
+
+    model = "test-fixed"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def summarize(self, request: SummaryRequest) -> SummaryResult:
+        return SummaryResult(text=self.text, model=self.model)
+
+
+def test_a_daemon_compaction_carries_only_what_keeps_the_file_shrinking(tmp_path: Path) -> None:
+    """A model that named twelve decisions, then rewords them away, a few short
+    turns later: carrying all twelve made the block larger than what it replaces,
+    and the daemon refused it as not shrinking the file after paying for the
+    reply (r11carry), at every try until enough turns came. The carried lines
+    give way instead; the reply and the pins never do."""
+    ws = AgentWorkspace(tmp_path / "ws")
+    paths = ws.create_agent("alpha")
+    for index in range(30):
+        append_entry(paths.memory, "Human", f"Some chatter, number {index}, about lunch today.")
+    detailed = "Decisions:\n" + "\n".join(
+        f"- We decided to move the q{i}kalvo queue to broker b{i}zenor after the load test."
+        for i in range(12)
+    )
+    goals = "Goals:\n- " + "Keep the pipeline healthy and the team informed. " * 4
+    vague = goals + "\nDecisions:\n- Several queues move to new brokers after load tests."
+    options = CompactionOptions(lock_wait_s=5, drain_quiet_s=0.05, drain_max_s=2)
+    made = dataclasses.replace(options, require_shrink=False)  # as compact-now makes it
+    compact_agent(paths, _Fixed(detailed), made, count_bytes=CL100K.count_bytes)
+    for index in range(3):
+        append_entry(paths.memory, "Human", f"Thanks, carry on with step {index} of the plan.")
+    before = paths.memory.stat().st_size
+    outcome = compact_agent(paths, _Fixed(vague), options, count_bytes=CL100K.count_bytes)
+    assert paths.memory.stat().st_size < before
+    memory = paths.memory.read_text()
+    assert outcome.carried >= 6 and memory.count("kalvo queue to broker") == outcome.carried
+    assert "q11kalvo" in memory  # the newest mention kept (all undated: the latest lines)

@@ -58,6 +58,7 @@ from typing import Final
 from memd.core.carried_lines import (
     CARRIED_HEADING,
     CarriedLine,
+    CarriedSection,
     dropped_by,
     fit_carried,
     parse_carried,
@@ -240,6 +241,7 @@ def compose_summary(
     carried: Sequence[CarriedLine] = (),
     carried_done: frozenset[str] = frozenset(),
     block_tokens: int = 0,
+    max_bytes: int | None = None,
 ) -> ComposedSummary:
     """The format-2 text: ``body`` + the ``carried`` lines it does not keep itself
     + the pins it does not keep itself + ``note`` (see :func:`archive_note`) + the
@@ -248,7 +250,11 @@ def compose_summary(
     The carried lines get what ``block_tokens`` (the cap the summary and pinned
     budgets make together) leaves beside the body and the pins: they never push
     the block over its cap, and never take a pin's place.  ``carried_done``: the
-    keys of the lines a later turn says are done or fixed, the first to go."""
+    keys of the lines a later turn says are done or fixed, the first to go.
+
+    ``max_bytes``: what the text must stay under for the block to shrink the
+    file (the daemon refuses a block that does not, after paying for the reply):
+    the carried lines give way to it too, never the reply or the pins."""
     body = quote_own_lines(body)
     covered = covered_keys(expand_groups(body))
     missing = [pin for pin in pins if pin.key not in covered]
@@ -261,6 +267,13 @@ def compose_summary(
         used = sum(count_text(part) for part in (*parts, section.text) if part)
         room = block_tokens - used - _SECTION_JOINS
         lines = fit_carried(dropped, room, count_text, carried_done)
+        if max_bytes is not None and lines.text:
+            tail_bytes = _utf8_len(note) + _utf8_len(version_line(archive, earlier_archives)) + 1
+            others = sum(_utf8_len(part) + 2 for part in (*parts, section.text) if part)
+            byte_room = max_bytes - others - tail_bytes - 2
+            if _utf8_len(lines.text) > byte_room:
+                shrunk = fit_carried(lines.lines, byte_room, _utf8_len, carried_done)
+                lines = CarriedSection(shrunk.lines, shrunk.text, lines.evicted + shrunk.evicted)
         if lines.text:
             parts.append(lines.text)
         kept_lines, evicted_lines = len(lines.lines), lines.evicted
@@ -276,6 +289,10 @@ def compose_summary(
         carried=kept_lines,
         carried_evicted=evicted_lines,
     )
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
 
 
 # The blank lines between the body, the carried and the pinned sections (a few
