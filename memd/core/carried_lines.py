@@ -39,8 +39,10 @@ _DAY_HEADING_RE: Final = re.compile(r"^(\d{4}-\d{2}-\d{2}):$")
 _ISO_STAMP_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?")
 _NORMALIZE_RE: Final = re.compile(r"[^\w]+")
 # A word of a line: letters, digits and the joints of names and identifiers
-# ("OPS-1234", "db-7.internal", "O'Neill").
-_WORD_RE: Final = re.compile(r"[A-Za-z0-9](?:[\w'./-]*[A-Za-z0-9])?")
+# ("OPS-1234", "db-7.internal", "O'Neill"), in any script: ASCII alone left a
+# Cyrillic or Chinese task no word, so any reply "kept" it (review r11carry). A
+# run of Chinese or Japanese is one word (no spaces to part it).
+_WORD_RE: Final = re.compile(r"[^\W_](?:[\w'./-]*[^\W_])?")
 # A capitalized word that is not the sentence's first: a name (a person, a product).
 _NAME_RE: Final = re.compile(r"(?<=[\w,;:)] )[A-Z][a-z]+(?:[-'][A-Z]?[a-z]+)*\b")
 # Words that say nothing of which decision, task, error or person a line is.

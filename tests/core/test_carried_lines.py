@@ -384,3 +384,30 @@ def test_what_the_last_model_kept_in_its_words_is_carried_when_the_next_drops_it
         "We decided to move the kalvoren queue to the managed broker."
     ]
     assert carried[0].stamp == ""  # undated: the first to go
+
+
+@pytest.mark.parametrize(
+    ("section", "said", "kept_by"),
+    [
+        (
+            "Open tasks",
+            "TODO: перенести очередь Кальвор на брокер Зенор до пятницы.",
+            "Осталось: перенести очередь Кальвор на брокер Зенор.",
+        ),
+        (
+            "Errors",
+            "ERROR: не удалось подключиться к базе данных кальвор",
+            "Ошибка: не удалось подключиться к базе кальвор.",
+        ),
+        ("Open tasks", "TODO: 卡尔沃队列迁移到泽诺代理", "待办：卡尔沃队列迁移到泽诺代理。"),
+    ],
+)
+def test_a_line_in_another_script_is_carried_when_the_reply_drops_it(
+    section: str, said: str, kept_by: str
+) -> None:
+    """Words were ASCII only: a Cyrillic or Chinese task or error the classifier
+    found had no salient word, so every reply "kept" it and none was ever carried
+    (r11carry)."""
+    line = CarriedLine(section, "2026-03-02T10:00:00", f"Human: {said}")
+    assert dropped_by("Several changes were agreed; some tasks remain open.", [line]) == [line]
+    assert dropped_by(kept_by, [line]) == []
