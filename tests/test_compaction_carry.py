@@ -260,3 +260,29 @@ def test_a_daemon_compaction_carries_only_what_keeps_the_file_shrinking(tmp_path
     memory = paths.memory.read_text()
     assert outcome.carried >= 6 and memory.count("kalvo queue to broker") == outcome.carried
     assert "q11kalvo" in memory  # the newest mention kept (all undated: the latest lines)
+
+
+@pytest.mark.parametrize("privacy", ["", "[privacy]\nredact_local = true\n"])
+def test_a_credential_value_said_again_bare_is_not_carried(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, privacy: str
+) -> None:
+    """A value its context gives away once ("api key: 3fa9…") and later said bare
+    ("rotate the secret key 3fa9…"): a reply is searched for such values only
+    when its model saw the turns as written (a model sent placeholders cannot
+    repeat one), but a carried line is copied from the turns as written, for
+    either. With a redacted (remote) summarizer the bare value was carried into
+    MEMORY.md (r11carry)."""
+    value = "3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3"
+    append(ws, batch("kalvo"))
+    append(
+        ws,
+        [
+            ("Human", f"We decided the api key: {value} stays for the staging cluster."),
+            ("Human", f"TODO: rotate the secret key {value} after the zenorq migration."),
+        ],
+    )
+    compact(ws, tmp_path, server, "openai/test-model", privacy)
+    summary, memory = block_of(ws)
+    carried = "\n".join(line.text for line in parse_summary(summary).carried)
+    assert value not in carried and "zenorq" not in carried
+    assert "kalvoq queue" in carried

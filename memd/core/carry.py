@@ -12,7 +12,9 @@ line holding one (or a placeholder for one) is not a candidate.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Final
 
 from memd.core.builtin_summary import Line as BuiltinLine
 from memd.core.builtin_summary import classify, entry_lines, resolved_lines, split_sentences
@@ -41,15 +43,22 @@ def carry_material(prefix: MemoryDocument) -> CarryMaterial:
         from_body = _body_lines(previous.body)
     resolved: list[tuple[str, str]] = []
     from_turns: list[CarriedLine] = []
+    values: set[str] = set()
     for role, timestamp, text in texts:
         # A summary block quoted in a turn is another memory's (as for pins).
         if is_summary_form(role, text):
             continue
-        screened = _without_credentials(text)
+        screened = _without_credentials(text, values)
         for line in entry_lines(role, timestamp, screened, resolved):
             if line.section in CARRIED_SECTIONS and _clean(line.text):
                 from_turns.append(CarriedLine(line.section, line.stamp, clip(line.text)))
     lines = merge_carried(from_body, carried, from_turns)
+    if values:
+        # A value its context gave away once, said bare elsewhere ("rotate the
+        # secret key 3fa9…"): the reply of a model sent placeholders is not
+        # searched for it, and these lines are copied from the turns as written.
+        said_again = _word_pattern(values)
+        lines = [line for line in lines if said_again.search(line.text) is None]
     builtin = [BuiltinLine(line.section, line.stamp, line.text) for line in lines]
     done = frozenset(lines[i].key for i in resolved_lines(builtin, resolved))
     return CarryMaterial(tuple(lines), done)
@@ -68,16 +77,34 @@ def _body_lines(body: str) -> list[CarriedLine]:
     return lines
 
 
-def _without_credentials(text: str) -> str:
+def _without_credentials(text: str, values: set[str]) -> str:
     """``text`` with each credential its context gives away replaced by a
     placeholder: a sentence holding one is then no candidate (a lone value,
-    ``3fa9…`` on the line after ``api_key =``, reads as no credential)."""
+    ``3fa9…`` on the line after ``api_key =``, reads as no credential). The
+    values replaced are added to ``values`` (those worth searching for)."""
     if not text:
         return text
     spans = find_secrets_by_context(text)
     if not spans:
         return text
+    for span in spans:
+        value = span.value(text)
+        if len(value) >= _MIN_VALUE_CHARS and not value.isalpha():
+            values.add(value)
     return replace_spans(text, spans, lambda span, _value: f"{_PLACEHOLDER}{span.kind}]")
+
+
+# A value searched for wherever it stands: not a short plain word ("postgres" in
+# POSTGRES_PASSWORD=postgres would take every line naming the database).
+_MIN_VALUE_CHARS: Final = 6
+
+
+def _word_pattern(values: set[str]) -> re.Pattern[str]:
+    # Longest first: a value that holds another one is found whole.
+    ordered = sorted(values, key=len, reverse=True)
+    return re.compile(
+        r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, ordered)) + r")(?![A-Za-z0-9_])"
+    )
 
 
 def _clean(line: str) -> bool:

@@ -2178,13 +2178,15 @@ def find_secrets(
 _CONTEXT_RE: Final = re.compile(
     rf"(?i:(?:{_ASSIGN_KEYS}|pass|pwd|_pw|aws|authorization|rediscli_auth)"
     r"[\w.-]{0,40}?[\\\"'`*\]]*\s*(?::|=|%3d|>|,)"
-    r"|(?:bearer|token|pass(?:word|phrase)?|identified|aws|secret)\s"
+    r"|(?:bearer|token|pass(?:word|phrase)?|identified|aws|secret|api[ _-]?key)\s"
     r"|sudo|securestring|password-stdin|>\s*auth\s|(?P<block>private key|putty-user-key-file))"
 )
 # What every match of _CONTEXT_RE holds, lower-cased: found by a plain search
 # (most text holds none), and only around them is the pattern run.
 _CONTEXT_LITERALS: Final = (
     *("pass", "pwd", "_pw", "secret", "token", "api_key", "api-key", "apikey", "private_key"),
+    # A key name spelled with a space, and private[_-]?key's bare form (_ASSIGN_KEYS).
+    *("api key", "privatekey"),
     *("private-key", "credential", "aws", "authorization", "rediscli_auth", "bearer"),
     *("identified", "sudo", "securestring", "private key", "putty-user-key-file"),
     "> auth",  # redis-cli's prompt: 127.0.0.1:6379> AUTH [USER] PW

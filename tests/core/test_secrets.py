@@ -1821,3 +1821,21 @@ def test_a_key_name_written_with_a_space_is_a_key(text: str, secret: str) -> Non
 )
 def test_prose_about_a_spaced_key_name_is_not_a_secret(text: str) -> None:
     assert find_secrets(text) == []
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        "Remember the api key: 3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3 for staging.",
+        "The API Key = 3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3 goes in the vault.",
+        "Here is the api key:\n3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3\nuse it for staging.",
+        "the api key is 3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3, keep it safe",
+        "privatekey=3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3",
+    ],
+)
+def test_find_secrets_by_context_finds_a_key_name_spelled_with_a_space(sentence: str) -> None:
+    """"api key" (88354c9 taught the detector key names spelled with a space) was
+    no literal of the cheap search: the pins' and the carried lines' screen missed
+    it, and "api key: 3fa9…" pinned the value in MEMORY.md (r11carry)."""
+    every = [s for s in find_secrets(sentence) if _known_by_context(sentence, s)]
+    assert every and set(every) <= set(find_secrets_by_context(sentence))
