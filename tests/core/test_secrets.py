@@ -1834,7 +1834,7 @@ def test_prose_about_a_spaced_key_name_is_not_a_secret(text: str) -> None:
     ],
 )
 def test_find_secrets_by_context_finds_a_key_name_spelled_with_a_space(sentence: str) -> None:
-    """"api key" (88354c9 taught the detector key names spelled with a space) was
+    """ "api key" (88354c9 taught the detector key names spelled with a space) was
     no literal of the cheap search: the pins' and the carried lines' screen missed
     it, and "api key: 3fa9…" pinned the value in MEMORY.md (r11carry)."""
     every = [s for s in find_secrets(sentence) if _known_by_context(sentence, s)]
