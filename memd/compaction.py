@@ -867,9 +867,15 @@ class _Transaction:
         # tasks, errors and people is carried verbatim; the builtin summary keeps
         # those itself, in its own sections.
         carry = carry_material(prefix) if result.model != BUILTIN_MODEL else None
+        pins = pins_the_scan_keeps(material.pins, scan)
+        if carry is not None and carry.credentials:
+            # A credential its context gave away in one turn, said bare in another
+            # ("rotate the secret key 3fa9…"): pinned from there, and no reply
+            # scan of a model sent placeholders looks for it (r11carry).
+            pins = tuple(pin for pin in pins if not carry.names_a_credential(pin.text))
         composed = compose_summary(
             body,
-            pins_the_scan_keeps(material.pins, scan),
+            pins,
             pinned_tokens=self.options.pinned_tokens,
             count_text=self.count_text,
             # Same length as the final name: the size checks see the real block.

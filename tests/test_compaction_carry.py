@@ -282,7 +282,9 @@ def test_a_credential_value_said_again_bare_is_not_carried(
         ],
     )
     compact(ws, tmp_path, server, "openai/test-model", privacy)
-    summary, _memory = block_of(ws)
+    summary, memory = block_of(ws)
     carried = "\n".join(line.text for line in parse_summary(summary).carried)
     assert value not in carried and "zenorq" not in carried
     assert "kalvoq queue" in carried
+    # Nor pinned (as a commit id) from the turn that says it bare.
+    assert value not in memory

@@ -13,6 +13,7 @@ line holding one (or a placeholder for one) is not a candidate.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -30,6 +31,13 @@ _PLACEHOLDER = "[REDACTED:"
 class CarryMaterial:
     lines: tuple[CarriedLine, ...]  # candidates, one per key, newest mention kept
     done: frozenset[str]  # keys of the tasks and errors a later turn says are done/fixed
+    # The credential values the turns' context gave away ("api key: 3fa9…").
+    credentials: frozenset[str] = frozenset()
+
+    def names_a_credential(self, text: str) -> bool:
+        """Whether ``text`` holds one of :attr:`credentials` as a word (said bare
+        in another turn, a pin's fact or a line no longer reads as one)."""
+        return bool(self.credentials) and _word_pattern(self.credentials).search(text) is not None
 
 
 def carry_material(prefix: MemoryDocument) -> CarryMaterial:
@@ -61,7 +69,7 @@ def carry_material(prefix: MemoryDocument) -> CarryMaterial:
         lines = [line for line in lines if said_again.search(line.text) is None]
     builtin = [BuiltinLine(line.section, line.stamp, line.text) for line in lines]
     done = frozenset(lines[i].key for i in resolved_lines(builtin, resolved))
-    return CarryMaterial(tuple(lines), done)
+    return CarryMaterial(tuple(lines), done, frozenset(values))
 
 
 def _body_lines(body: str) -> list[CarriedLine]:
@@ -99,7 +107,7 @@ def _without_credentials(text: str, values: set[str]) -> str:
 _MIN_VALUE_CHARS: Final = 6
 
 
-def _word_pattern(values: set[str]) -> re.Pattern[str]:
+def _word_pattern(values: Collection[str]) -> re.Pattern[str]:
     # Longest first: a value that holds another one is found whole.
     ordered = sorted(values, key=len, reverse=True)
     return re.compile(
