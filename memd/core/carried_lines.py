@@ -37,6 +37,9 @@ _MAX_LINE_CHARS: Final = 240
 _DAY_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DAY_HEADING_RE: Final = re.compile(r"^(\d{4}-\d{2}-\d{2}):$")
 _ISO_STAMP_RE: Final = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?")
+_DATE_RE: Final = re.compile(
+    r"(?<![\w-])\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?![\w-])"
+)
 _NORMALIZE_RE: Final = re.compile(r"[^\w]+")
 # A word of a line: letters, digits and the joints of names and identifiers
 # ("OPS-1234", "db-7.internal", "O'Neill"), in any script: ASCII alone left a
@@ -136,7 +139,10 @@ def salient_words(text: str) -> tuple[set[str], set[str]]:
     """(anchors, words) of a line: anchors name *which* one it is (a word with a
     digit, an identifier, a name), words say what it is about (the rest but
     stopwords and words under four letters)."""
-    said = said_part(text)
+    # A date says when, not which one: a model that writes "(as of 2026-03-05)"
+    # in each summary made each wording a new line, one more carried per
+    # compaction (r11carry); the date itself is a pinned fact.
+    said = _DATE_RE.sub(" ", said_part(text))
     anchors = {name.lower() for name in _NAME_RE.findall(said)}
     words: set[str] = set()
     for word in _WORD_RE.findall(said):

@@ -411,3 +411,33 @@ def test_a_line_in_another_script_is_carried_when_the_reply_drops_it(
     line = CarriedLine(section, "2026-03-02T10:00:00", f"Human: {said}")
     assert dropped_by("Several changes were agreed; some tasks remain open.", [line]) == [line]
     assert dropped_by(kept_by, [line]) == []
+
+
+def test_a_reply_that_dates_its_own_wording_adds_no_line_per_compaction() -> None:
+    """A model that keeps a decision in its words with the day of each summary
+    ("status as of 2026-02-05"): a date was an anchor, so each summary's wording
+    was dropped by the next one and carried, one more line per compaction, up to
+    the cap (r11carry: 9 lines after 10 compactions)."""
+    header = memfile.render_header("alpha", "2026-01-01T00:00:00")
+    said = "We decided to move the kalvoq queue to the managed broker."
+    data = header + memfile.render_entry("Human", "2026-01-01T10:00:00", said)
+    carried = []
+    for day in range(1, 11):
+        reply = (
+            "Decisions:\n- It was agreed to move the kalvoq queue onto the managed broker "
+            f"(status as of 2026-02-{day:02d})."
+        )
+        material = carry_material(memfile.parse(data))
+        composed = compose_summary(
+            reply,
+            [],
+            pinned_tokens=200,
+            count_text=word_count,
+            carried=material.lines,
+            block_tokens=3000,
+        )
+        carried.append(composed.carried)
+        stamp = f"2026-02-{day:02d}T10:00:00"
+        data = header + memfile.render_summary_block(composed.text, stamp)
+        data += memfile.render_entry("Human", f"2026-02-{day:02d}T11:00:00", "Thanks, go on.")
+    assert carried == [0] * 10
