@@ -63,7 +63,7 @@ from memd.archive_crypto import (
 )
 from memd.core.audit import AuditEvent
 from memd.core.carried_lines import CarriedLine
-from memd.core.carry import carry_material
+from memd.core.carry import CarryMaterial, carry_material
 from memd.core.config import AgentPolicy, MemdConfig
 from memd.core.memfile import (
     BLOCK_TERMINATOR,
@@ -605,6 +605,16 @@ def lines_the_scan_keeps(lines: Sequence[CarriedLine], scan: Redactor) -> tuple[
     return tuple(line for line in lines if not scan.spans(line.text))
 
 
+def pins_naming_no_credential(pins: Sequence[Pin], carry: CarryMaterial | None) -> tuple[Pin, ...]:
+    """The ``pins`` holding none of the credential values the turns' context gave
+    away: one said bare in another turn ("rotate the secret key 3fa9…") is pinned
+    from there, and no reply scan of a model sent placeholders looks for it
+    (r11carry). ``carry`` None (the builtin summarizer): the pins as given."""
+    if carry is None or not carry.credentials:
+        return tuple(pins)
+    return tuple(pin for pin in pins if not carry.names_a_credential(pin.text))
+
+
 def pins_the_scan_keeps(pins: Sequence[Pin], scan: Redactor) -> tuple[Pin, ...]:
     """The pins in which the reply's ``scan`` finds nothing to redact.
 
@@ -867,15 +877,9 @@ class _Transaction:
         # tasks, errors and people is carried verbatim; the builtin summary keeps
         # those itself, in its own sections.
         carry = carry_material(prefix) if result.model != BUILTIN_MODEL else None
-        pins = pins_the_scan_keeps(material.pins, scan)
-        if carry is not None and carry.credentials:
-            # A credential its context gave away in one turn, said bare in another
-            # ("rotate the secret key 3fa9…"): pinned from there, and no reply
-            # scan of a model sent placeholders looks for it (r11carry).
-            pins = tuple(pin for pin in pins if not carry.names_a_credential(pin.text))
         composed = compose_summary(
             body,
-            pins,
+            pins_naming_no_credential(pins_the_scan_keeps(material.pins, scan), carry),
             pinned_tokens=self.options.pinned_tokens,
             count_text=self.count_text,
             # Same length as the final name: the size checks see the real block.

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from memd.compaction import (
     CompactionOptions,
     lines_the_scan_keeps,
+    pins_naming_no_credential,
     pins_the_scan_keeps,
     read_memory,
 )
@@ -136,7 +137,7 @@ def preview(
     carry = carry_material(summarized) if result.model != BUILTIN_MODEL else None
     composed = compose_summary(
         scan.redact(result.text.strip()).text,
-        pins_the_scan_keeps(material.pins, scan),
+        pins_naming_no_credential(pins_the_scan_keeps(material.pins, scan), carry),
         pinned_tokens=options.pinned_tokens,
         count_text=count_text,
         archive="archive/history_(not written).md",

@@ -256,3 +256,28 @@ def test_dry_run_summarize_shows_the_lines_the_reply_left_out_as_a_compaction_wo
     assert code == 0, err
     assert "decision/task/error/person line(s) it left out are kept verbatim" in out
     assert f"- Human: {decision}" in out.split("Said earlier (verbatim):", 1)[1]
+
+
+def test_dry_run_summarize_pins_no_credential_said_bare_as_a_compaction_would(
+    ws: AgentWorkspace, tmp_path: Path, server: OpenAITestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ "api key: 3fa9…" in one turn, "rotate the secret key 3fa9…" in another: a
+    compaction with a redacted summarizer pins no 3fa9… (r11carry); nor does the
+    block the dry run shows."""
+    value = "3fa9c0d1e2f3a4b5c6d7e8f9a0b1c2d3"
+    memory = ws.root / "agents" / "alpha" / "MEMORY.md"
+    append_entry(memory, "Human", f"We decided the api key: {value} stays for staging.")
+    append_entry(memory, "Human", f"TODO: rotate the secret key {value} after the migration.")
+    code, out, err = run(
+        capsys,
+        "compact-now",
+        "alpha",
+        "--dry-run",
+        "--summarize",
+        "--workspace",
+        str(ws.root),
+        "--config",
+        config(tmp_path, server, max_calls=50, privacy="redact_local = true"),
+    )
+    assert code == 0, err
+    assert "Pinned facts" in out and value not in out
