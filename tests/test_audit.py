@@ -234,4 +234,9 @@ def test_audit_with_a_state_dir_that_is_a_file_is_a_one_line_error(tmp_path: Pat
         assert proc.returncode != 0
         errors = [line for line in proc.stderr.splitlines() if line.startswith("memd: error:")]
         assert len(errors) == 1, proc.stderr
-        assert proc.stdout == ""
+        if extra:  # --json: the same reason as a JSON object on stdout (README "Commands")
+            answer = json.loads(proc.stdout)
+            assert answer == {"error": errors[0].removeprefix("memd: error: "), "exit_code": 2}
+            assert proc.returncode == 2
+        else:
+            assert proc.stdout == ""
